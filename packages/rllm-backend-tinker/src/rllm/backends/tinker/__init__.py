@@ -1,0 +1,1 @@
+"""rllm.backends.tinker"""

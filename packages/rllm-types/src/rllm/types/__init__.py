@@ -1,0 +1,64 @@
+"""rllm.types: the data model shared by every rLLM package (msgspec Structs, no other deps)."""
+
+from rllm.types.arrays import Advantage, FloatArray, TokenArray, as_float_array, as_token_array
+from rllm.types.codec import convert, from_json, from_msgpack, to_builtins, to_json, to_msgpack
+from rllm.types.episode import (
+    Episode,
+    ErrorInfo,
+    Step,
+    TerminationReason,
+    Trajectory,
+    TrajectoryGroup,
+    new_id,
+)
+from rllm.types.errors import InvariantError, SchemaError
+from rllm.types.messages import (
+    ContentBlock,
+    FunctionCall,
+    ImageBlock,
+    ImageURL,
+    Message,
+    TextBlock,
+    ToolCall,
+)
+from rllm.types.task import AgentConfig, EvalOutput, SamplingParams, Signal, Task
+from rllm.types.trace import TraceRecord, Usage
+from rllm.types.version import SCHEMA_VERSION
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Advantage",
+    "AgentConfig",
+    "ContentBlock",
+    "Episode",
+    "ErrorInfo",
+    "EvalOutput",
+    "FloatArray",
+    "FunctionCall",
+    "ImageBlock",
+    "ImageURL",
+    "InvariantError",
+    "Message",
+    "SamplingParams",
+    "SchemaError",
+    "Signal",
+    "Step",
+    "Task",
+    "TerminationReason",
+    "TextBlock",
+    "TokenArray",
+    "ToolCall",
+    "TraceRecord",
+    "Trajectory",
+    "TrajectoryGroup",
+    "Usage",
+    "as_float_array",
+    "as_token_array",
+    "convert",
+    "from_json",
+    "from_msgpack",
+    "new_id",
+    "to_builtins",
+    "to_json",
+    "to_msgpack",
+]

@@ -1,0 +1,143 @@
+"""Steps, trajectories and episodes: what one rollout of an agent produced."""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from typing import Any
+
+import msgspec
+
+from rllm.types.arrays import Advantage, FloatArray, TokenArray, as_float_array, as_token_array
+from rllm.types.errors import InvariantError
+from rllm.types.messages import Message
+from rllm.types.task import Signal
+from rllm.types.version import SCHEMA_VERSION, check_schema_version
+
+
+def new_id() -> str:
+    """A short random id (hex) for steps, trajectories and episodes."""
+    return uuid.uuid4().hex[:16]
+
+
+class TerminationReason(enum.StrEnum):
+    """Why an episode ended. Every episode has one, also when it failed."""
+
+    DONE = "done"
+    MAX_TURNS = "max_turns"
+    TIMEOUT = "timeout"
+    AGENT_ERROR = "agent_error"
+    INFRA_ERROR = "infra_error"
+    CONTEXT_LIMIT = "context_limit"
+    TRUNCATED = "truncated"
+
+
+class ErrorInfo(msgspec.Struct, omit_defaults=True):
+    """What went wrong in a rollout or evaluator: exception type, message and traceback."""
+
+    type: str
+    message: str
+    traceback: str | None = None
+
+    @classmethod
+    def from_exception(cls, exc: BaseException) -> ErrorInfo:
+        import traceback
+
+        return cls(
+            type=type(exc).__name__,
+            message=str(exc),
+            traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        )
+
+
+class Step(msgspec.Struct, omit_defaults=True):
+    """One model call: what went in, what came out, and the exact tokens the sampler produced.
+
+    ``advantage`` is one float for the whole response or a FloatArray with one value per
+    response token. ``logprobs`` are the sampler's, aligned with ``response_ids``.
+    """
+
+    id: str = msgspec.field(default_factory=new_id)
+    input: list[Message] = msgspec.field(default_factory=list)
+    output: Message | None = None
+    prompt_ids: TokenArray | None = None
+    response_ids: TokenArray | None = None
+    logprobs: FloatArray | None = None
+    reward: float | None = None
+    done: bool = False
+    advantage: Advantage | None = None
+    weight_version: int | None = None
+    finish_reason: str | None = None
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+    timing: dict[str, float] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.prompt_ids = as_token_array(self.prompt_ids)
+        self.response_ids = as_token_array(self.response_ids)
+        self.logprobs = as_float_array(self.logprobs)
+        n = None if self.response_ids is None else len(self.response_ids)
+        if self.logprobs is not None and n is not None and len(self.logprobs) != n:
+            raise InvariantError(
+                f"expected {n} logprobs (one per response token), got {len(self.logprobs)}", "logprobs"
+            )
+        adv = self.advantage
+        if adv is not None and not isinstance(adv, float | int):
+            adv = self.advantage = as_float_array(adv)
+            if n is not None and len(adv) != n:
+                raise InvariantError(
+                    f"expected a scalar or {n} per-token advantages, got {len(adv)}", "advantage"
+                )
+
+
+class Trajectory(msgspec.Struct, omit_defaults=True):
+    """The steps of one role (``name``) within an episode, e.g. "solver" or "judge"."""
+
+    id: str = msgspec.field(default_factory=new_id)
+    name: str = "default"
+    steps: list[Step] = msgspec.field(default_factory=list)
+    reward: float | None = None
+    signals: list[Signal] = msgspec.field(default_factory=list)
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class Episode(msgspec.Struct, omit_defaults=True):
+    """One rollout of an agent on one task: its trajectories, outcome and why it ended."""
+
+    task_id: str
+    rollout_index: int = 0
+    id: str = msgspec.field(default_factory=new_id)
+    trajectories: list[Trajectory] = msgspec.field(default_factory=list)
+    artifacts: dict[str, Any] = msgspec.field(default_factory=dict)
+    is_correct: bool | None = None
+    termination_reason: TerminationReason = TerminationReason.DONE
+    error: ErrorInfo | None = None
+    metrics: dict[str, float] = msgspec.field(default_factory=dict)
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        check_schema_version(self.schema_version)
+        if self.rollout_index < 0:
+            raise InvariantError(f"rollout_index must be >= 0, got {self.rollout_index}", "rollout_index")
+
+    def trajectory(self, name: str) -> Trajectory | None:
+        """The first trajectory with this role name, if any."""
+        return next((t for t in self.trajectories if t.name == name), None)
+
+
+class TrajectoryGroup(msgspec.Struct, omit_defaults=True):
+    """Trajectories of one role across the rollouts of one task: the unit advantages compare."""
+
+    task_id: str
+    name: str
+    trajectories: list[Trajectory] = msgspec.field(default_factory=list)
+    episode_ids: list[str] = msgspec.field(default_factory=list)
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        check_schema_version(self.schema_version)
+        if self.episode_ids and len(self.episode_ids) != len(self.trajectories):
+            raise InvariantError(
+                f"expected {len(self.trajectories)} episode_ids (one per trajectory), got {len(self.episode_ids)}",
+                "episode_ids",
+            )

@@ -1,0 +1,73 @@
+"""Tasks, agent configuration and evaluator outputs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from rllm.types.errors import InvariantError
+from rllm.types.messages import ContentBlock
+
+
+class Task(msgspec.Struct, omit_defaults=True):
+    """One dataset row: what the agent is asked, and what the evaluator checks against."""
+
+    id: str
+    instruction: str | list[ContentBlock]
+    ground_truth: Any = None
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class SamplingParams(msgspec.Struct, omit_defaults=True):
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    stop: list[str] | None = None
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature is not None and self.temperature < 0:
+            raise InvariantError(f"temperature must be >= 0, got {self.temperature}", "temperature")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise InvariantError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise InvariantError(f"max_tokens must be >= 1, got {self.max_tokens}", "max_tokens")
+
+
+class AgentConfig(msgspec.Struct, omit_defaults=True):
+    """What an agent needs to reach its model: the session's OpenAI-compatible base URL.
+
+    ``base_url`` already routes to this rollout's session; ``api_key`` is the session token
+    when the gateway requires auth.
+    """
+
+    base_url: str
+    model: str = "default"
+    session_id: str = ""
+    api_key: str = "EMPTY"
+    sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
+    is_validation: bool = False
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class Signal(msgspec.Struct, omit_defaults=True):
+    """A named scalar an evaluator reports beside the reward (e.g. format_ok, tool_calls)."""
+
+    name: str
+    value: float
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class EvalOutput(msgspec.Struct, omit_defaults=True):
+    """An evaluator's verdict on one episode.
+
+    ``trajectory_rewards`` maps a role name to its own reward, for flows whose roles are
+    scored separately (e.g. a judge rewarded for agreeing with the ground truth).
+    """
+
+    reward: float
+    is_correct: bool | None = None
+    signals: list[Signal] = msgspec.field(default_factory=list)
+    trajectory_rewards: dict[str, float] | None = None
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)

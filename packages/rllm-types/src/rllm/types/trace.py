@@ -1,0 +1,69 @@
+"""TraceRecord: what the gateway captured of one LLM call."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+import msgspec
+
+from rllm.types.arrays import FloatArray, TokenArray, as_float_array, as_token_array
+from rllm.types.episode import new_id
+from rllm.types.errors import InvariantError
+from rllm.types.messages import Message
+from rllm.types.version import SCHEMA_VERSION, check_schema_version
+
+TraceStatus = Literal["ok", "abort", "error"]
+
+
+class Usage(msgspec.Struct, omit_defaults=True):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class TraceRecord(msgspec.Struct, omit_defaults=True):
+    """One LLM call as the gateway saw it.
+
+    Token ids and logprobs are the sampler's own (absent for hosted providers, which do not
+    return them). ``segment`` counts token-level segments within a (session, role): it grows
+    when a chat history did not extend the previous turn, so no turn is silently re-tokenized.
+    ``status`` is ``abort`` when the client went away mid-stream; the record is then partial.
+    """
+
+    session_id: str
+    id: str = msgspec.field(default_factory=new_id)
+    role: str = "default"
+    seq: int = 0
+    model: str = ""
+    messages: list[Message] = msgspec.field(default_factory=list)
+    response: Message | None = None
+    prompt_ids: TokenArray | None = None
+    completion_ids: TokenArray | None = None
+    logprobs: FloatArray | None = None
+    finish_reason: str | None = None
+    weight_version: int | None = None
+    segment: int = 0
+    status: TraceStatus = "ok"
+    latency_s: float = 0.0
+    created_at: float = msgspec.field(default_factory=time.time)
+    usage: Usage = msgspec.field(default_factory=Usage)
+    raw_request: dict[str, Any] | None = None
+    raw_response: dict[str, Any] | None = None
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        check_schema_version(self.schema_version)
+        self.prompt_ids = as_token_array(self.prompt_ids)
+        self.completion_ids = as_token_array(self.completion_ids)
+        self.logprobs = as_float_array(self.logprobs)
+        if (
+            self.logprobs is not None
+            and self.completion_ids is not None
+            and len(self.logprobs) != len(self.completion_ids)
+        ):
+            raise InvariantError(
+                f"expected {len(self.completion_ids)} logprobs (one per completion token), got {len(self.logprobs)}",
+                "logprobs",
+            )
