@@ -132,6 +132,9 @@ class TrajectoryGroup(msgspec.Struct, omit_defaults=True):
     name: str
     trajectories: list[Trajectory] = msgspec.field(default_factory=list)
     episode_ids: list[str] = msgspec.field(default_factory=list)
+    # Why each member's episode ended (parallel to trajectories), so filters can mask failed
+    # rollouts without the episodes at hand.
+    termination_reasons: list[TerminationReason] = msgspec.field(default_factory=list)
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -140,4 +143,10 @@ class TrajectoryGroup(msgspec.Struct, omit_defaults=True):
             raise InvariantError(
                 f"expected {len(self.trajectories)} episode_ids (one per trajectory), got {len(self.episode_ids)}",
                 "episode_ids",
+            )
+        if self.termination_reasons and len(self.termination_reasons) != len(self.trajectories):
+            raise InvariantError(
+                f"expected {len(self.trajectories)} termination_reasons (one per trajectory), "
+                f"got {len(self.termination_reasons)}",
+                "termination_reasons",
             )

@@ -1,0 +1,130 @@
+"""The 'say' toy task: an agent loop written with the plain openai client, an evaluator, data."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+from openai import AsyncOpenAI
+
+from rllm.sdk import rollout, role_url, sampling_kwargs
+from rllm.sdk.cookbook import Cookbook
+from rllm.sdk.evaluator import evaluator
+from rllm.types import AgentConfig, Episode, EvalOutput, Task
+
+WORDS = ("apple", "river", "stone", "cloud", "tiger", "lemon", "piano", "rocket")
+
+
+def prompt_for(word: str) -> str:
+    return f"say: {word}"
+
+
+def load_tasks(split: str, turns: int = 2) -> list[Task]:
+    """Every ordered pair (or single word) for train; a fixed shuffled sample of 16 for test."""
+    if split not in ("train", "test"):
+        raise ValueError(f"the say cookbook has splits 'train' and 'test', not {split!r}")
+    combos = list(itertools.product(WORDS, repeat=turns))
+    tasks = [
+        Task(id="-".join(words), instruction=prompt_for(words[0]), ground_truth=list(words), metadata={"words": list(words)})
+        for words in combos
+    ]
+    if split == "test":
+        tasks = random.Random(1234).sample(tasks, min(16, len(tasks)))
+    return tasks
+
+
+def _client(base_url: str, config: AgentConfig) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=base_url, api_key=config.api_key, max_retries=0, timeout=60)
+
+
+async def _say(client: AsyncOpenAI, messages: list[dict], config: AgentConfig) -> str:
+    sampling = {"max_tokens": 4, **sampling_kwargs(config)}
+    reply = await client.chat.completions.create(model=config.model, messages=messages, **sampling)
+    return reply.choices[0].message.content or ""
+
+
+@rollout
+async def say_flow(task: Task, config: AgentConfig) -> dict:
+    """A multi-turn chat: each turn asks for the next word with the whole history kept."""
+    messages: list[dict] = []
+    replies = []
+    async with _client(config.base_url, config) as client:
+        for word in task.metadata["words"]:
+            messages.append({"role": "user", "content": prompt_for(word)})
+            text = await _say(client, messages, config)
+            messages.append({"role": "assistant", "content": text})
+            replies.append(text)
+    return {"replies": replies}
+
+
+def starts_with_word(reply: str, word: str) -> bool:
+    first = reply.strip().split()
+    return bool(first) and first[0] == word
+
+
+@evaluator
+def say_evaluator(task: Task, episode: Episode) -> EvalOutput:
+    words = task.metadata["words"]
+    replies = episode.artifacts.get("replies", [])
+    hits = [starts_with_word(r, w) for r, w in zip(replies, words, strict=False)]
+    reward = sum(hits) / len(words)
+    return EvalOutput(reward=reward, is_correct=len(hits) == len(words) and all(hits))
+
+
+@rollout
+async def duo_flow(task: Task, config: AgentConfig) -> dict:
+    """Two roles, each its own trajectory: the speaker says the word, the repeater repeats it."""
+    word = task.metadata["words"][0]
+    async with (
+        _client(role_url(config, "speaker"), config) as speaker,
+        _client(role_url(config, "repeater"), config) as repeater,
+    ):
+        said = await _say(speaker, [{"role": "user", "content": prompt_for(word)}], config)
+        repeated = await _say(repeater, [{"role": "user", "content": prompt_for(word)}], config)
+    return {"speaker": said, "repeater": repeated}
+
+
+@evaluator
+def duo_evaluator(task: Task, episode: Episode) -> EvalOutput:
+    word = task.metadata["words"][0]
+    speaker = float(starts_with_word(episode.artifacts.get("speaker", ""), word))
+    repeater = float(starts_with_word(episode.artifacts.get("repeater", ""), word))
+    return EvalOutput(
+        reward=(speaker + repeater) / 2,
+        is_correct=speaker == repeater == 1.0,
+        trajectory_rewards={"speaker": speaker, "repeater": repeater},
+    )
+
+
+TRAIN_DEFAULTS = {
+    "total_steps": 60,
+    "tasks_per_step": 8,
+    "group_size": 8,
+    "val_split": "test",
+    "rollout": {"sampling": {"temperature": 1.0, "max_tokens": 4}},
+}
+
+cookbook = Cookbook(
+    name="say",
+    flow=say_flow,
+    evaluator=say_evaluator,
+    load_tasks=load_tasks,
+    description="Multi-turn 'say: WORD' game; reward = fraction of turns answered with the word.",
+    train_defaults=TRAIN_DEFAULTS,
+)
+single_turn_cookbook = Cookbook(
+    name="say-single",
+    flow=say_flow,
+    evaluator=say_evaluator,
+    load_tasks=lambda split: load_tasks(split, turns=1),
+    description="One-turn 'say: WORD'.",
+    train_defaults=TRAIN_DEFAULTS,
+)
+duo_cookbook = Cookbook(
+    name="say-duo",
+    flow=duo_flow,
+    evaluator=duo_evaluator,
+    load_tasks=lambda split: load_tasks(split, turns=1),
+    description="Two roles (speaker, repeater) saying the word; per-role rewards.",
+    train_defaults={**TRAIN_DEFAULTS, "algorithm": {"estimator_by_role": {"speaker": "grpo", "repeater": "rloo"}}},
+)

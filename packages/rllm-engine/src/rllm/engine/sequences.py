@@ -1,0 +1,93 @@
+"""Turn scored trajectories into TrainSequences: the token-level batch a backend trains on.
+
+Token truth: sequences are built from the sampler's own token ids, never from text. Consecutive
+steps of a trajectory are merged into one sequence when step k+1's prompt starts with exactly
+step k's prompt + response tokens (the gateway's cumulative mode guarantees this for chat
+histories that extend); the tokens in between (tool output, the next user turn) are context
+with loss mask 0. When a prompt does not extend the running sequence, a new sequence starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from rllm.engine.backend import TrainSequence
+from rllm.types import FloatArray, Step, TokenArray, Trajectory, TrajectoryGroup
+
+
+class MissingTokensError(ValueError):
+    """A step has no token ids: training needs a sampler that returns them (not a hosted API)."""
+
+
+def sequences_from_groups(groups: Iterable[TrajectoryGroup]) -> list[TrainSequence]:
+    """All TrainSequences of all trajectories in ``groups``, in order."""
+    out: list[TrainSequence] = []
+    for group in groups:
+        group_id = f"{group.task_id}/{group.name}"
+        for index, trajectory in enumerate(group.trajectories):
+            where = f"group {group_id}, trajectory {index} ({trajectory.id})"
+            out.extend(sequences_from_trajectory(trajectory, group_id, where))
+    return out
+
+
+def sequences_from_trajectory(
+    trajectory: Trajectory, group_id: str = "", where: str = ""
+) -> list[TrainSequence]:
+    """Merge the trajectory's steps into as few sequences as token-level prefixes allow."""
+    sequences: list[TrainSequence] = []
+    current: TrainSequence | None = None
+    for number, step in enumerate(trajectory.steps):
+        prompt, response = _token_ids(step, f"{where or trajectory.id}, step {number}")
+        extends = (
+            current is not None
+            and len(prompt) >= len(current.tokens)
+            and prompt[: len(current.tokens)] == current.tokens
+        )
+        if not extends:
+            current = TrainSequence(
+                tokens=TokenArray(),
+                loss_mask=FloatArray(),
+                advantages=FloatArray(),
+                sampler_logprobs=FloatArray(),
+                group_id=group_id,
+                metadata={"trajectory_id": trajectory.id, "name": trajectory.name},
+            )
+            sequences.append(current)
+        assert current is not None
+        _append_context(current, prompt[len(current.tokens) :])
+        _append_response(current, step, response, f"{where or trajectory.id}, step {number}")
+    return sequences
+
+
+def _token_ids(step: Step, where: str) -> tuple[TokenArray, TokenArray]:
+    if step.prompt_ids is None or step.response_ids is None:
+        raise MissingTokensError(
+            f"{where}: step has no prompt/response token ids; training needs a sampler that returns "
+            "token ids (vLLM, SGLang, the local tinker sampler), not a hosted API"
+        )
+    return step.prompt_ids, step.response_ids
+
+
+def _append_context(seq: TrainSequence, tokens: TokenArray) -> None:
+    n = len(tokens)
+    seq.tokens.extend(tokens)
+    zeros = FloatArray(bytes(4 * n))  # float32 zero is all-zero bytes
+    seq.loss_mask.extend(zeros)
+    seq.advantages.extend(zeros)
+    seq.sampler_logprobs.extend(zeros)
+
+
+def _append_response(seq: TrainSequence, step: Step, response: TokenArray, where: str) -> None:
+    n = len(response)
+    seq.tokens.extend(response)
+    seq.loss_mask.extend(FloatArray([1.0]) * n)
+    advantage = step.advantage
+    if advantage is None:
+        raise ValueError(f"{where}: step has no advantage; compute advantages before building sequences")
+    if isinstance(advantage, float | int):
+        seq.advantages.extend(FloatArray([float(advantage)]) * n)
+    else:
+        seq.advantages.extend(advantage)
+    if step.logprobs is None:
+        raise MissingTokensError(f"{where}: step has no sampler logprobs")
+    seq.sampler_logprobs.extend(step.logprobs)

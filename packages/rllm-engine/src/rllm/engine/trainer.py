@@ -1,0 +1,222 @@
+"""The backend-agnostic training loop.
+
+    tasks (seeded order) -> RolloutEngine (n per task, through the gateway) -> group, filter,
+    advantages (rllm.algos) -> TrainSequences -> backend.train_step -> backend.sync_weights ->
+    gateway weight version -> validation / checkpoint every k steps
+
+Scheduling, grouping, advantages, filtering, logging, validation and checkpoint cadence live
+here once; a backend only trains, syncs and saves.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from rllm.algos import compute_advantages, filter_groups, group_trajectories
+from rllm.engine.backend import Backend
+from rllm.engine.checkpoint import TrainerState, latest_checkpoint, load_trainer_state, save_checkpoint
+from rllm.engine.data_order import next_batch
+from rllm.engine.metrics_log import MetricsLogger, plot_reward_curve
+from rllm.engine.progress import TrainProgress
+from rllm.engine.rollout import RolloutConfig, RolloutEngine
+from rllm.engine.sequences import sequences_from_groups
+from rllm.engine.trainer_config import ConfigError, TrainerConfig
+from rllm.gateway import GatewayClient, GatewayConfig, GatewayServer
+from rllm.sdk.cookbook import Cookbook
+from rllm.types import Episode, Task
+
+log = logging.getLogger(__name__)
+
+
+class TrainResult(msgspec.Struct, kw_only=True):
+    steps: int
+    out_dir: str
+    first_reward: float | None
+    final_reward: float | None
+    wall_s: float
+    plot: str | None = None
+
+
+class Trainer:
+    """Runs one training job: a cookbook's flow and evaluator, a backend, a TrainerConfig."""
+
+    def __init__(self, config: TrainerConfig, cookbook: Cookbook, backend: Backend) -> None:
+        self.config = config
+        self.cookbook = cookbook
+        self.backend = backend
+        self.out_dir = Path(config.out_dir)
+        validate_algorithm(config, backend)
+        self.train_tasks = cookbook.load_tasks(config.train_split)
+        self.val_tasks = self._load_val_tasks()
+
+    def _load_val_tasks(self) -> list[Task]:
+        if not self.config.val_split:
+            return []
+        tasks = self.cookbook.load_tasks(self.config.val_split)
+        return tasks[: self.config.val_tasks] if self.config.val_tasks else tasks
+
+    async def fit(self, resume: bool = False) -> TrainResult:
+        """Train for ``total_steps`` optimizer steps (continuing from the latest checkpoint on resume)."""
+        cfg = self.config
+        started = time.perf_counter()
+        state = TrainerState()
+        await self.backend.start()
+        gateway = GatewayServer(self._gateway_config())
+        await gateway.start()
+        client = GatewayClient(gateway.url)
+        try:
+            if resume and (ckpt := latest_checkpoint(self.out_dir)) is not None:
+                state = load_trainer_state(ckpt)
+                state.restore_rng()
+                await self.backend.load_checkpoint(ckpt / "backend")
+                state.weight_version = await self.backend.sync_weights()
+                log.info("resumed from %s at step %d", ckpt, state.step)
+            await client.set_weight_version(state.weight_version)
+            engine = RolloutEngine(
+                flow=self.cookbook.flow,
+                evaluator=self.cookbook.evaluator,
+                gateway_url=gateway.url,
+                config=self._rollout_config(),
+                model=self.backend.served_model_name(),
+            )
+            metrics_log = MetricsLogger(
+                self.out_dir, tensorboard=cfg.tensorboard, wandb=cfg.wandb, config=msgspec.to_builtins(cfg)
+            )
+            rewards: list[float] = []
+            try:
+                with TrainProgress(cfg.total_steps, start=state.step, enabled=cfg.progress) as progress:
+                    if self.val_tasks and cfg.val_every and state.step == 0:
+                        metrics_log.log(0, await self._validate(engine))
+                    while state.step < cfg.total_steps:
+                        metrics = await self._train_one_step(engine, client, state)
+                        rewards.append(metrics["reward/mean"])
+                        if self.val_tasks and cfg.val_every and state.step % cfg.val_every == 0:
+                            metrics.update(await self._validate(engine))
+                        metrics_log.log(state.step, metrics)
+                        progress.update(state.step, metrics)
+                        if cfg.ckpt_every and state.step % cfg.ckpt_every == 0:
+                            await save_checkpoint(self.out_dir, state, self.backend.save_checkpoint)
+            finally:
+                metrics_log.close()
+                await engine.close()
+            plot = plot_reward_curve(metrics_log.path, self.out_dir / "reward.png") if cfg.plot else None
+            return TrainResult(
+                steps=state.step,
+                out_dir=str(self.out_dir),
+                first_reward=rewards[0] if rewards else None,
+                final_reward=rewards[-1] if rewards else None,
+                wall_s=time.perf_counter() - started,
+                plot=str(plot) if plot else None,
+            )
+        finally:
+            await client.close()
+            await gateway.stop()
+            await self.backend.close()
+
+    async def _train_one_step(
+        self, engine: RolloutEngine, client: GatewayClient, state: TrainerState
+    ) -> dict[str, Any]:
+        cfg, algo = self.config, self.config.algorithm
+        tasks, state.data = next_batch(self.train_tasks, cfg.tasks_per_step, cfg.seed, state.data)
+        t0 = time.perf_counter()
+        episodes = await engine.run(tasks, n=cfg.group_size)
+        t1 = time.perf_counter()
+        groups = group_trajectories(episodes, algo)
+        kept, filter_metrics = filter_groups(groups, algo)
+        compute_advantages(kept, algo)
+        sequences = sequences_from_groups(kept)
+        train_metrics: dict[str, float] = {}
+        if sequences:
+            train_metrics = await self.backend.train_step(sequences, algo)
+            # No request may see half-synced weights: drain the gateway while the sampler swaps them.
+            await client.pause()
+            try:
+                state.weight_version = await self.backend.sync_weights()
+                await client.set_weight_version(state.weight_version)
+            finally:
+                await client.resume()
+        t2 = time.perf_counter()
+        state.step += 1
+        return {
+            **episode_metrics(episodes),
+            **{f"filter/{k}": v for k, v in filter_metrics.items()},
+            **{f"train/{k}": v for k, v in train_metrics.items()},
+            "train/sequences": len(sequences),
+            "weight_version": state.weight_version,
+            "time/rollout_s": t1 - t0,
+            "time/train_s": t2 - t1,
+            "batch/task_ids": [t.id for t in tasks],
+        }
+
+    async def _validate(self, engine: RolloutEngine) -> dict[str, float]:
+        episodes = await engine.run(self.val_tasks, n=1, is_validation=True)
+        return {f"val/{k}": v for k, v in episode_metrics(episodes).items()}
+
+    def _gateway_config(self) -> GatewayConfig:
+        cfg = self.config.gateway
+        tokenizer = self.backend.tokenizer_path() if cfg.mode == "cumulative" else None
+        mode = cfg.mode if tokenizer else "plain"
+        return GatewayConfig(
+            upstreams=self.backend.inference_urls(), store=cfg.store, mode=mode, tokenizer_path=tokenizer
+        )
+
+    def _rollout_config(self) -> RolloutConfig:
+        r = self.config.rollout
+        return RolloutConfig(
+            concurrency=r.concurrency,
+            deadline_s=r.deadline_s,
+            max_retries=r.max_retries,
+            sampling=r.sampling,
+            val_sampling=r.val_sampling,
+            progress=False,
+        )
+
+
+def episode_reward(episode: Episode) -> float:
+    """The evaluator's reward for the episode (mean over its rewarded trajectories)."""
+    if "reward" in episode.metrics:
+        return episode.metrics["reward"]
+    rewards = [t.reward for t in episode.trajectories if t.reward is not None]
+    return statistics.fmean(rewards) if rewards else 0.0
+
+
+def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+    if not episodes:
+        return {"reward/mean": 0.0, "episodes": 0}
+    rewards = [episode_reward(e) for e in episodes]
+    out: dict[str, float] = {
+        "reward/mean": statistics.fmean(rewards),
+        "reward/max": max(rewards),
+        "reward/min": min(rewards),
+        "correct/fraction": statistics.fmean(1.0 if e.is_correct else 0.0 for e in episodes),
+        "episodes": len(episodes),
+    }
+    for reason in {e.termination_reason for e in episodes}:
+        out[f"termination/{reason}"] = sum(e.termination_reason == reason for e in episodes) / len(episodes)
+    response_tokens = [
+        len(s.response_ids)
+        for e in episodes
+        for t in e.trajectories
+        for s in t.steps
+        if s.response_ids is not None
+    ]
+    if response_tokens:
+        out["tokens/response_mean"] = statistics.fmean(response_tokens)
+    return out
+
+
+def validate_algorithm(config: TrainerConfig, backend: Backend) -> None:
+    """Refuse, before anything starts, every algorithm option the backend cannot honour."""
+    try:
+        backend.validate(config.algorithm)
+    except ValueError as exc:
+        raise ConfigError(
+            f"backend {config.backend.name!r} cannot run this algorithm config: {exc}"
+        ) from None
