@@ -58,9 +58,9 @@ def tinker(session: nox.Session) -> None:
 
 @nox.session(python="3.11", name="verl")
 def verl_backend(session: nox.Session) -> None:
-    """rllm-backend-verl with verl installed (CPU), including verl-reference checks of rllm-algos."""
+    """rllm-backend-verl's environment (verl on CPU): its tests and the verl-reference checks."""
     _sync(session, "--package", "rllm-backend-verl", "--extra", "verl")
-    session.run(*PYTEST, "packages/rllm-backend-verl/tests", "packages/rllm-algos/tests", *session.posargs)
+    session.run(*PYTEST, "-m", "verl", "packages/rllm-backend-verl", "packages/rllm-algos/tests", *session.posargs)
 
 
 @nox.session(python="3.11", name="verl-reference")

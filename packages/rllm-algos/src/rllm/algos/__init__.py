@@ -1,1 +1,30 @@
-"""rllm.algos"""
+"""rllm.algos: grouping, filters and advantage estimators on rllm-types (numpy only).
+
+The torch policy losses live in ``rllm.algos.losses`` (install the ``torch`` extra); importing
+this package never imports torch.
+"""
+
+from rllm.algos.advantages import compute_advantages
+from rllm.algos.config import AlgorithmConfig, ConfigError
+from rllm.algos.errors import AlgorithmInputError, RewardError
+from rllm.algos.filters import filter_groups
+from rllm.algos.grouping import group_rewards, group_trajectories, trajectory_reward
+from rllm.algos.registry import available_estimators, get_estimator, register_estimator, unregister_estimator
+from rllm.algos.reward_batch import RewardBatch
+
+__all__ = [
+    "AlgorithmConfig",
+    "AlgorithmInputError",
+    "ConfigError",
+    "RewardBatch",
+    "RewardError",
+    "available_estimators",
+    "compute_advantages",
+    "filter_groups",
+    "get_estimator",
+    "group_rewards",
+    "group_trajectories",
+    "register_estimator",
+    "trajectory_reward",
+    "unregister_estimator",
+]

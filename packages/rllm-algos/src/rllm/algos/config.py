@@ -2,11 +2,33 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import msgspec
 
-Aggregation = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+Aggregation = Literal[
+    "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+]
+
+AGGREGATIONS: tuple[str, ...] = (
+    "token-mean",
+    "token-sum",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+)
+LOSSES: tuple[str, ...] = ("ppo_clip", "dual_clip", "gspo", "cispo", "importance_sampling", "cross_entropy")
+KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
+TIS_MODES: tuple[str, ...] = ("none", "token", "sequence")
+STEP_CREDITS: tuple[str, ...] = ("broadcast", "turn")
+# Names accepted in ``mask_terminations``: every TerminationReason value, plus "errors" for both
+# error kinds (agent and infrastructure), which users nearly always want to mask together.
+ERROR_TERMINATIONS: tuple[str, ...] = ("agent_error", "infra_error")
+
+
+class ConfigError(ValueError):
+    """An AlgorithmConfig option has a value rLLM cannot honour; the message names the option."""
 
 
 class AlgorithmConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -21,6 +43,8 @@ class AlgorithmConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     estimator_by_role: dict[str, str] = msgspec.field(default_factory=dict)
     step_credit: Literal["broadcast", "turn"] = "broadcast"
     gamma: float = 1.0
+    # Added to the group std (GRPO) so a near-constant group does not blow up its advantages.
+    epsilon: float = 1e-6
     # filters
     filter_zero_variance: bool = True
     min_group_size: int = 1
@@ -31,7 +55,93 @@ class AlgorithmConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     clip_high: float = 0.2
     dual_clip_c: float = 3.0
     aggregation: Aggregation = "token-mean"
+    # Constant divisor of "seq-mean-token-sum-norm" (Dr.GRPO's max response length). None: the
+    # token width of the batch, which changes with padding; set it for a stable loss scale.
+    loss_scale_factor: float | None = None
     kl_coef: float = 0.0
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    entropy_coef: float = 0.0
     tis: Literal["none", "token", "sequence"] = "none"
     tis_cap: float = 2.0
+
+    def validate(self) -> AlgorithmConfig:
+        """Raise ConfigError naming the first option that cannot work; return self when all can.
+
+        Estimator names are checked against the live registry, so call this after registering
+        custom estimators.
+        """
+        from rllm.algos.registry import available_estimators
+
+        known = available_estimators()
+        if self.estimator not in known:
+            raise ConfigError(
+                f"unknown estimator {self.estimator!r} (option `estimator`); known: {sorted(known)}"
+            )
+        for role, name in self.estimator_by_role.items():
+            if name not in known:
+                raise ConfigError(
+                    f"unknown estimator {name!r} for role {role!r} (option `estimator_by_role`); known: {sorted(known)}"
+                )
+        _one_of("step_credit", self.step_credit, STEP_CREDITS)
+        _one_of("loss", self.loss, LOSSES)
+        _one_of("aggregation", self.aggregation, AGGREGATIONS)
+        _one_of("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
+        _one_of("tis", self.tis, TIS_MODES)
+        from rllm.types import TerminationReason
+
+        allowed = {r.value for r in TerminationReason} | {"errors"}
+        for reason in self.mask_terminations:
+            if reason not in allowed:
+                raise ConfigError(
+                    f"unknown termination reason {reason!r} in `mask_terminations`; known: {sorted(allowed)}"
+                )
+        if not (0.0 <= self.gamma <= 1.0):
+            raise ConfigError(f"`gamma` must be in [0, 1], got {self.gamma}")
+        if self.min_group_size < 1:
+            raise ConfigError(f"`min_group_size` must be >= 1, got {self.min_group_size}")
+        _positive_finite("epsilon", self.epsilon)
+        if not (0.0 <= self.clip_low < 1.0):
+            raise ConfigError(
+                f"`clip_low` must be in [0, 1) so the lower ratio bound stays positive, got {self.clip_low}"
+            )
+        if not (self.clip_high >= 0.0 and math.isfinite(self.clip_high)):
+            raise ConfigError(f"`clip_high` must be a finite number >= 0, got {self.clip_high}")
+        if not (self.dual_clip_c > 1.0 and math.isfinite(self.dual_clip_c)):
+            raise ConfigError(f"`dual_clip_c` must be a finite number > 1, got {self.dual_clip_c}")
+        if self.loss_scale_factor is not None:
+            _positive_finite("loss_scale_factor", self.loss_scale_factor)
+        for name in ("kl_coef", "entropy_coef"):
+            value = getattr(self, name)
+            if not math.isfinite(value):
+                raise ConfigError(f"`{name}` must be finite, got {value}")
+        if self.kl_coef < 0:
+            raise ConfigError(f"`kl_coef` must be >= 0, got {self.kl_coef}")
+        if not (self.tis_cap >= 1.0 and math.isfinite(self.tis_cap)):
+            raise ConfigError(f"`tis_cap` must be a finite number >= 1, got {self.tis_cap}")
+        if self.loss == "cross_entropy" and self.tis != "none":
+            raise ConfigError(
+                "`tis` corrects policy-gradient losses for sampler drift; set tis='none' with loss='cross_entropy'"
+            )
+        return self
+
+    def estimator_for(self, role: str) -> str:
+        """The estimator name for trajectories of ``role`` (per-role map first, then the default)."""
+        return self.estimator_by_role.get(role, self.estimator)
+
+    def masked_termination_reasons(self) -> frozenset[str]:
+        """``mask_terminations`` with the "errors" alias expanded to concrete TerminationReason values."""
+        out = set(self.mask_terminations)
+        if "errors" in out:
+            out.discard("errors")
+            out.update(ERROR_TERMINATIONS)
+        return frozenset(out)
+
+
+def _one_of(option: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"unknown value {value!r} for `{option}`; known: {list(allowed)}")
+
+
+def _positive_finite(option: str, value: float) -> None:
+    if not (value > 0 and math.isfinite(value)):
+        raise ConfigError(f"`{option}` must be a finite number > 0, got {value}")

@@ -60,10 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("name")
     ev.add_argument("--base-url", required=True, help="upstream base URL ending in /v1")
     ev.add_argument("--model", default="default")
-    ev.add_argument("--api-key", default="EMPTY")
     ev.add_argument("--split", default="test")
     ev.add_argument("--attempts", type=int, default=1)
-    ev.add_argument("--out", type=Path, default=None, help="results JSONL (default runs/eval-NAME/results.jsonl)")
+    ev.add_argument("--out", type=Path, default=None, help="results directory (default runs/eval-NAME); re-running resumes")
     ev.set_defaults(handler=_eval)
 
     model = sub.add_parser("model", help="model utilities")
@@ -98,10 +97,10 @@ def _train(args: argparse.Namespace, overrides: list[str]) -> int:
 
 
 def _eval(args: argparse.Namespace, _: list[str]) -> int:
-    from rllm.engine.eval import evaluate
+    from rllm.engine.evaluation import evaluate
 
     cookbook = load_cookbook(args.name)
-    out = args.out or Path("runs") / f"eval-{args.name}" / "results.jsonl"
+    out = args.out or Path("runs") / f"eval-{args.name}"
     summary = asyncio.run(
         evaluate(
             cookbook.load_tasks(args.split),
@@ -109,9 +108,8 @@ def _eval(args: argparse.Namespace, _: list[str]) -> int:
             cookbook.evaluator,
             endpoint=args.base_url,
             attempts=args.attempts,
-            out_path=out,
+            output_dir=out,
             model=args.model,
-            api_key=args.api_key,
         )
     )
     console.print(summary)

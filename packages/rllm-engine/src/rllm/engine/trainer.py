@@ -24,11 +24,12 @@ from rllm.engine.backend import Backend
 from rllm.engine.checkpoint import TrainerState, latest_checkpoint, load_trainer_state, save_checkpoint
 from rllm.engine.data_order import next_batch
 from rllm.engine.metrics_log import MetricsLogger, plot_reward_curve
-from rllm.engine.progress import TrainProgress
-from rllm.engine.rollout import RolloutConfig, RolloutEngine
+from rllm.engine.train_progress import TrainProgress
+from rllm.engine.rollout_config import RolloutConfig
+from rllm.engine.rollout_engine import RolloutEngine
 from rllm.engine.sequences import sequences_from_groups
 from rllm.engine.trainer_config import ConfigError, TrainerConfig
-from rllm.gateway import GatewayClient, GatewayConfig, GatewayServer
+from rllm.gateway import GatewayConfig
 from rllm.sdk.cookbook import Cookbook
 from rllm.types import Episode, Task
 
@@ -68,61 +69,57 @@ class Trainer:
         started = time.perf_counter()
         state = TrainerState()
         await self.backend.start()
-        gateway = GatewayServer(self._gateway_config())
-        await gateway.start()
-        client = GatewayClient(gateway.url)
+        engine = RolloutEngine(
+            self.cookbook.flow, self.cookbook.evaluator, self._rollout_config(), gateway_config=self._gateway_config()
+        )
         try:
+            await engine.start()
             if resume and (ckpt := latest_checkpoint(self.out_dir)) is not None:
                 state = load_trainer_state(ckpt)
                 state.restore_rng()
                 await self.backend.load_checkpoint(ckpt / "backend")
                 state.weight_version = await self.backend.sync_weights()
                 log.info("resumed from %s at step %d", ckpt, state.step)
-            await client.set_weight_version(state.weight_version)
-            engine = RolloutEngine(
-                flow=self.cookbook.flow,
-                evaluator=self.cookbook.evaluator,
-                gateway_url=gateway.url,
-                config=self._rollout_config(),
-                model=self.backend.served_model_name(),
-            )
-            metrics_log = MetricsLogger(
-                self.out_dir, tensorboard=cfg.tensorboard, wandb=cfg.wandb, config=msgspec.to_builtins(cfg)
-            )
-            rewards: list[float] = []
-            try:
-                with TrainProgress(cfg.total_steps, start=state.step, enabled=cfg.progress) as progress:
-                    if self.val_tasks and cfg.val_every and state.step == 0:
-                        metrics_log.log(0, await self._validate(engine))
-                    while state.step < cfg.total_steps:
-                        metrics = await self._train_one_step(engine, client, state)
-                        rewards.append(metrics["reward/mean"])
-                        if self.val_tasks and cfg.val_every and state.step % cfg.val_every == 0:
-                            metrics.update(await self._validate(engine))
-                        metrics_log.log(state.step, metrics)
-                        progress.update(state.step, metrics)
-                        if cfg.ckpt_every and state.step % cfg.ckpt_every == 0:
-                            await save_checkpoint(self.out_dir, state, self.backend.save_checkpoint)
-            finally:
-                metrics_log.close()
-                await engine.close()
-            plot = plot_reward_curve(metrics_log.path, self.out_dir / "reward.png") if cfg.plot else None
-            return TrainResult(
-                steps=state.step,
-                out_dir=str(self.out_dir),
-                first_reward=rewards[0] if rewards else None,
-                final_reward=rewards[-1] if rewards else None,
-                wall_s=time.perf_counter() - started,
-                plot=str(plot) if plot else None,
-            )
+            await engine.client.set_weight_version(state.weight_version)
+            rewards = await self._loop(engine, state)
         finally:
-            await client.close()
-            await gateway.stop()
+            await engine.close()
             await self.backend.close()
+        plot = plot_reward_curve(self.out_dir / "metrics.jsonl", self.out_dir / "reward.png") if cfg.plot else None
+        return TrainResult(
+            steps=state.step,
+            out_dir=str(self.out_dir),
+            first_reward=rewards[0] if rewards else None,
+            final_reward=rewards[-1] if rewards else None,
+            wall_s=time.perf_counter() - started,
+            plot=str(plot) if plot else None,
+        )
 
-    async def _train_one_step(
-        self, engine: RolloutEngine, client: GatewayClient, state: TrainerState
-    ) -> dict[str, Any]:
+    async def _loop(self, engine: RolloutEngine, state: TrainerState) -> list[float]:
+        cfg = self.config
+        rewards: list[float] = []
+        metrics_log = MetricsLogger(
+            self.out_dir, tensorboard=cfg.tensorboard, wandb=cfg.wandb, config=msgspec.to_builtins(cfg)
+        )
+        validating = bool(self.val_tasks and cfg.val_every)
+        try:
+            with TrainProgress(cfg.total_steps, start=state.step, enabled=cfg.progress) as progress:
+                if validating and state.step == 0:
+                    metrics_log.log(0, await self._validate(engine))
+                while state.step < cfg.total_steps:
+                    metrics = await self._train_one_step(engine, state)
+                    rewards.append(metrics["reward/mean"])
+                    if validating and state.step % cfg.val_every == 0:
+                        metrics.update(await self._validate(engine))
+                    metrics_log.log(state.step, metrics)
+                    progress.update(state.step, metrics)
+                    if cfg.ckpt_every and state.step % cfg.ckpt_every == 0:
+                        await save_checkpoint(self.out_dir, state, self.backend.save_checkpoint)
+        finally:
+            metrics_log.close()
+        return rewards
+
+    async def _train_one_step(self, engine: RolloutEngine, state: TrainerState) -> dict[str, Any]:
         cfg, algo = self.config, self.config.algorithm
         tasks, state.data = next_batch(self.train_tasks, cfg.tasks_per_step, cfg.seed, state.data)
         t0 = time.perf_counter()
@@ -130,23 +127,24 @@ class Trainer:
         t1 = time.perf_counter()
         groups = group_trajectories(episodes, algo)
         kept, filter_metrics = filter_groups(groups, algo)
-        compute_advantages(kept, algo)
+        advantage_metrics = compute_advantages(kept, algo)
         sequences = sequences_from_groups(kept)
         train_metrics: dict[str, float] = {}
         if sequences:
             train_metrics = await self.backend.train_step(sequences, algo)
             # No request may see half-synced weights: drain the gateway while the sampler swaps them.
-            await client.pause()
+            await engine.client.pause()
             try:
                 state.weight_version = await self.backend.sync_weights()
-                await client.set_weight_version(state.weight_version)
+                await engine.client.set_weight_version(state.weight_version)
             finally:
-                await client.resume()
+                await engine.client.resume()
         t2 = time.perf_counter()
         state.step += 1
         return {
             **episode_metrics(episodes),
             **{f"filter/{k}": v for k, v in filter_metrics.items()},
+            **{f"advantage/{k}": v for k, v in advantage_metrics.items()},
             **{f"train/{k}": v for k, v in train_metrics.items()},
             "train/sequences": len(sequences),
             "weight_version": state.weight_version,
@@ -163,8 +161,14 @@ class Trainer:
         cfg = self.config.gateway
         tokenizer = self.backend.tokenizer_path() if cfg.mode == "cumulative" else None
         mode = cfg.mode if tokenizer else "plain"
+        # No auto-created sessions: a flow still running past its deadline gets a fast 404.
         return GatewayConfig(
-            upstreams=self.backend.inference_urls(), store=cfg.store, mode=mode, tokenizer_path=tokenizer
+            upstreams=self.backend.inference_urls(),
+            store=cfg.store,
+            tokenizer_mode=mode,
+            tokenizer_path=tokenizer,
+            auto_create_sessions=False,
+            health_interval_s=1.0,
         )
 
     def _rollout_config(self) -> RolloutConfig:
@@ -175,6 +179,7 @@ class Trainer:
             max_retries=r.max_retries,
             sampling=r.sampling,
             val_sampling=r.val_sampling,
+            model=self.backend.served_model_name(),
             progress=False,
         )
 

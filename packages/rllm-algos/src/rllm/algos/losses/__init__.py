@@ -1,0 +1,109 @@
+"""rllm.algos.losses: policy losses, KL penalties and aggregation in torch (the ``torch`` extra).
+
+``compute_policy_loss`` is the one entry point a backend calls per micro-batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rllm.algos.config import AlgorithmConfig
+from rllm.algos.losses import policy
+from rllm.algos.losses.aggregation import aggregate, masked_mean
+from rllm.algos.losses.checks import LossInputError, check_advantages, check_mask, check_tokens
+from rllm.algos.losses.kl import kl_penalty
+from rllm.algos.losses.tis import tis_weights
+
+__all__ = [
+    "LossInputError",
+    "aggregate",
+    "compute_policy_loss",
+    "kl_penalty",
+    "masked_mean",
+    "tis_weights",
+]
+
+
+def compute_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor | None,
+    advantages: torch.Tensor | None,
+    mask: torch.Tensor,
+    config: AlgorithmConfig,
+    *,
+    rollout_logprobs: torch.Tensor | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+    num_tokens: float | None = None,
+    num_sequences: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The scalar training loss for one batch and its metrics.
+
+    Tensors are [batch, tokens] and aligned; ``mask`` is 1 for trained tokens (response tokens
+    the policy produced) and 0 for prompt, tool-output/observation tokens and padding, which
+    never reach the loss or its gradient. ``advantages`` may also be [batch] (one per sequence).
+
+    - ``old_logprobs``: the trainer's log-probs before this update (the PPO ratio's denominator);
+      not needed for ``cross_entropy``.
+    - ``rollout_logprobs``: the sampler's log-probs; required when ``config.tis`` is not "none".
+    - ``ref_logprobs``: the reference model's; required when ``config.kl_coef > 0``.
+    - ``entropy``: per-token entropy, if the backend computed it; reported, and subtracted with
+      ``entropy_coef`` as a bonus.
+    - ``num_tokens`` / ``num_sequences``: global denominators when the batch is a micro-batch.
+
+    total = aggregate(policy loss [* TIS weight]) + kl_coef * aggregate(KL) - entropy_coef * aggregate(entropy)
+    """
+    config.validate()
+    mask = check_mask(mask)
+    lp = check_tokens("logprobs", logprobs, mask)
+    supervised = config.loss == "cross_entropy"
+    old = check_tokens("old_logprobs", old_logprobs, mask, required=not supervised or config.tis != "none")
+    adv = check_advantages(advantages, mask, required=not supervised)
+    rollout = check_tokens("rollout_logprobs", rollout_logprobs, mask, required=config.tis != "none")
+    ref = check_tokens("ref_logprobs", ref_logprobs, mask, required=config.kl_coef > 0)
+    ent = check_tokens("entropy", entropy, mask, required=config.entropy_coef != 0)
+    agg = {
+        "loss_scale_factor": config.loss_scale_factor,
+        "num_tokens": num_tokens,
+        "num_sequences": num_sequences,
+    }
+
+    if supervised:
+        token_loss, token_metrics = policy.cross_entropy(lp, mask)
+    elif config.loss in ("ppo_clip", "dual_clip"):
+        token_loss, token_metrics = policy.ppo_clip(
+            lp, old, adv, mask, config, dual_clip=config.loss == "dual_clip"
+        )
+    else:
+        token_loss, token_metrics = getattr(policy, config.loss)(lp, old, adv, mask, config)
+
+    metrics: dict[str, float] = {}
+    if config.tis != "none":
+        weights, capped = tis_weights(old, rollout, mask, config.tis, config.tis_cap)
+        token_loss = token_loss * weights
+        metrics["tis/weight_mean"] = masked_mean(weights, mask).item()
+        metrics["tis/capped_frac"] = masked_mean(capped.to(lp.dtype), mask).item()
+    policy_loss = aggregate(token_loss, mask, config.aggregation, **agg)
+    total = policy_loss
+    metrics["policy_loss"] = policy_loss.item()
+    for name, value in token_metrics.items():
+        metrics[name] = masked_mean(value, mask).item()
+    if old is not None and not supervised:
+        metrics["approx_kl"] = masked_mean((old - lp).detach(), mask).item()
+    if ref is not None:
+        kl = kl_penalty(lp, ref, config.kl_estimator)
+        kl_loss = aggregate(kl, mask, config.aggregation, **agg)
+        metrics["kl"] = masked_mean(kl.detach(), mask).item()
+        if config.kl_coef > 0:
+            total = total + config.kl_coef * kl_loss
+    if ent is not None:
+        metrics["entropy"] = masked_mean(ent.detach(), mask).item()
+        if config.entropy_coef != 0:
+            total = total - config.entropy_coef * aggregate(ent, mask, config.aggregation, **agg)
+    metrics["num_tokens"] = float(mask.sum().item())
+    metrics["loss"] = total.item()
+    if not torch.isfinite(total):
+        raise LossInputError(
+            f"the loss is not finite ({total.item()}) although every input was; metrics: {metrics}"
+        )
+    return total, metrics
