@@ -66,7 +66,11 @@ def test_no_namespace_init_files() -> None:
 @pytest.mark.skipif(shutil.which("lint-imports") is None, reason="import-linter not installed")
 def test_import_linter_contracts_hold() -> None:
     result = subprocess.run(
-        [shutil.which("lint-imports") or "lint-imports"], cwd=ROOT, capture_output=True, text=True, check=False
+        [shutil.which("lint-imports") or "lint-imports"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "broken" not in result.stdout.lower().replace("0 broken", "")

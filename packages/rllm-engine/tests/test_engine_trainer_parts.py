@@ -17,7 +17,9 @@ from rllm.types import Step, Task, Trajectory
 def test_config_layers_file_then_overrides(tmp_path: Path) -> None:
     path = tmp_path / "run.toml"
     path.write_text('cookbook = "say"\ntotal_steps = 5\n[algorithm]\nestimator = "rloo"\n')
-    config = load_config(path, ["algorithm.clip_high=0.28", "rollout.sampling.temperature=0.7"], base={"seed": 3})
+    config = load_config(
+        path, ["algorithm.clip_high=0.28", "rollout.sampling.temperature=0.7"], base={"seed": 3}
+    )
     assert (config.total_steps, config.seed, config.algorithm.estimator) == (5, 3, "rloo")
     assert config.algorithm.clip_high == 0.28 and config.rollout.sampling.temperature == 0.7
 
@@ -96,7 +98,9 @@ def test_checkpoints_are_atomic_and_pruned(tmp_path: Path) -> None:
 
     async def run() -> None:
         for step in (2, 4, 6):
-            await save_checkpoint(tmp_path, TrainerState(step=step, data=DataCursor(epoch=1, cursor=step)), save_backend)
+            await save_checkpoint(
+                tmp_path, TrainerState(step=step, data=DataCursor(epoch=1, cursor=step)), save_backend
+            )
 
     asyncio.run(run())
     latest = latest_checkpoint(tmp_path)

@@ -7,7 +7,8 @@ import random
 
 from openai import AsyncOpenAI
 
-from rllm.sdk import rollout, role_url, sampling_kwargs
+from rllm.sdk import rollout, sampling_kwargs
+from rllm.sdk.clients import async_openai
 from rllm.sdk.cookbook import Cookbook
 from rllm.sdk.evaluator import evaluator
 from rllm.types import AgentConfig, Episode, EvalOutput, Task
@@ -25,16 +26,17 @@ def load_tasks(split: str, turns: int = 2) -> list[Task]:
         raise ValueError(f"the say cookbook has splits 'train' and 'test', not {split!r}")
     combos = list(itertools.product(WORDS, repeat=turns))
     tasks = [
-        Task(id="-".join(words), instruction=prompt_for(words[0]), ground_truth=list(words), metadata={"words": list(words)})
+        Task(
+            id="-".join(words),
+            instruction=prompt_for(words[0]),
+            ground_truth=list(words),
+            metadata={"words": list(words)},
+        )
         for words in combos
     ]
     if split == "test":
         tasks = random.Random(1234).sample(tasks, min(16, len(tasks)))
     return tasks
-
-
-def _client(base_url: str, config: AgentConfig) -> AsyncOpenAI:
-    return AsyncOpenAI(base_url=base_url, api_key=config.api_key, max_retries=0, timeout=60)
 
 
 async def _say(client: AsyncOpenAI, messages: list[dict], config: AgentConfig) -> str:
@@ -48,7 +50,7 @@ async def say_flow(task: Task, config: AgentConfig) -> dict:
     """A multi-turn chat: each turn asks for the next word with the whole history kept."""
     messages: list[dict] = []
     replies = []
-    async with _client(config.base_url, config) as client:
+    async with async_openai(config) as client:
         for word in task.metadata["words"]:
             messages.append({"role": "user", "content": prompt_for(word)})
             text = await _say(client, messages, config)
@@ -75,12 +77,13 @@ def say_evaluator(task: Task, episode: Episode) -> EvalOutput:
 async def duo_flow(task: Task, config: AgentConfig) -> dict:
     """Two roles, each its own trajectory: the speaker says the word, the repeater repeats it."""
     word = task.metadata["words"][0]
+    prompt = [{"role": "user", "content": prompt_for(word)}]
     async with (
-        _client(role_url(config, "speaker"), config) as speaker,
-        _client(role_url(config, "repeater"), config) as repeater,
+        async_openai(config, role="speaker") as speaker,
+        async_openai(config, role="repeater") as repeater,
     ):
-        said = await _say(speaker, [{"role": "user", "content": prompt_for(word)}], config)
-        repeated = await _say(repeater, [{"role": "user", "content": prompt_for(word)}], config)
+        said = await _say(speaker, prompt, config)
+        repeated = await _say(repeater, prompt, config)
     return {"speaker": said, "repeater": repeated}
 
 
@@ -97,11 +100,15 @@ def duo_evaluator(task: Task, episode: Episode) -> EvalOutput:
 
 
 TRAIN_DEFAULTS = {
-    "total_steps": 60,
+    "total_steps": 200,
     "tasks_per_step": 8,
     "group_size": 8,
     "val_split": "test",
-    "rollout": {"sampling": {"temperature": 1.0, "max_tokens": 4}},
+    "val_every": 25,
+    "rollout": {"sampling": {"temperature": 1.0, "max_tokens": 2}},
+    # Suggested settings for backends that build a tiny model (tinker's local service): a
+    # randomly initialised model learns the task fastest with full fine-tuning at this rate.
+    "backend": {"options": {"model": "tiny", "learning_rate": 1e-3}},
 }
 
 cookbook = Cookbook(
@@ -126,5 +133,8 @@ duo_cookbook = Cookbook(
     evaluator=duo_evaluator,
     load_tasks=lambda split: load_tasks(split, turns=1),
     description="Two roles (speaker, repeater) saying the word; per-role rewards.",
-    train_defaults={**TRAIN_DEFAULTS, "algorithm": {"estimator_by_role": {"speaker": "grpo", "repeater": "rloo"}}},
+    train_defaults={
+        **TRAIN_DEFAULTS,
+        "algorithm": {"estimator_by_role": {"speaker": "grpo", "repeater": "rloo"}},
+    },
 )

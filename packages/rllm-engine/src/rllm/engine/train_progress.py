@@ -5,7 +5,14 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 
 class TrainProgress:
@@ -39,7 +46,11 @@ class TrainProgress:
         elif self.enabled and (step % self._every == 0 or step == self.total):
             seconds = metrics.get("time/rollout_s", 0.0) + metrics.get("time/train_s", 0.0)
             val = f"  val {metrics['val/reward/mean']:.3f}" if "val/reward/mean" in metrics else ""
-            print(f"step {step}/{self.total}  reward {reward:.3f}{val}  {seconds:.2f} s/step", file=sys.stderr, flush=True)
+            print(
+                f"step {step}/{self.total}  reward {reward:.3f}{val}  {seconds:.2f} s/step",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def __exit__(self, *exc: object) -> None:
         if self._bar is not None:

@@ -24,10 +24,10 @@ from rllm.engine.backend import Backend
 from rllm.engine.checkpoint import TrainerState, latest_checkpoint, load_trainer_state, save_checkpoint
 from rllm.engine.data_order import next_batch
 from rllm.engine.metrics_log import MetricsLogger, plot_reward_curve
-from rllm.engine.train_progress import TrainProgress
 from rllm.engine.rollout_config import RolloutConfig
 from rllm.engine.rollout_engine import RolloutEngine
 from rllm.engine.sequences import sequences_from_groups
+from rllm.engine.train_progress import TrainProgress
 from rllm.engine.trainer_config import ConfigError, TrainerConfig
 from rllm.gateway import GatewayConfig
 from rllm.sdk.cookbook import Cookbook
@@ -70,7 +70,10 @@ class Trainer:
         state = TrainerState()
         await self.backend.start()
         engine = RolloutEngine(
-            self.cookbook.flow, self.cookbook.evaluator, self._rollout_config(), gateway_config=self._gateway_config()
+            self.cookbook.flow,
+            self.cookbook.evaluator,
+            self._rollout_config(),
+            gateway_config=self._gateway_config(),
         )
         try:
             await engine.start()
@@ -85,7 +88,11 @@ class Trainer:
         finally:
             await engine.close()
             await self.backend.close()
-        plot = plot_reward_curve(self.out_dir / "metrics.jsonl", self.out_dir / "reward.png") if cfg.plot else None
+        plot = (
+            plot_reward_curve(self.out_dir / "metrics.jsonl", self.out_dir / "reward.png")
+            if cfg.plot
+            else None
+        )
         return TrainResult(
             steps=state.step,
             out_dir=str(self.out_dir),

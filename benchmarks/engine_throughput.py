@@ -1,0 +1,218 @@
+"""Benchmark: RolloutEngine throughput on 5-turn agent flows against a mock upstream.
+
+(a) Latency-bound: the upstream answers after 50 ms; C concurrent rollouts of 5 sequential calls
+    can at best finish C / (5 x 50 ms) rollouts per second. Prints achieved / ideal (target >= 0.9).
+(b) Overhead: a zero-latency upstream; the same agent loop run (1) through the rLLM engine and
+    gateway and (2) calling the upstream directly with no rLLM in the path, in the same run.
+    Prints engine / direct throughput (target >= 0.5).
+
+Layout (like a deployment): the mock upstream and the gateway each run in their own process;
+the engine and the agent flows run in this one. The agent loop uses one shared aiohttp session,
+so the client library's own cost does not hide the engine's. Usage:
+
+    uv run --no-sync python benchmarks/engine_throughput.py [--concurrency 1000] [--rollouts N]
+        [--overhead-concurrency 64] [--overhead-rollouts 2000] [--in-process]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import os
+import platform
+import time
+from typing import Any
+
+TURNS = 5
+
+
+def _install_uvloop() -> None:
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+
+
+def _serve_upstream(latency: float, out: Any) -> None:
+    """Child process: a MockUpstream answering every chat call with a short fixed reply."""
+    _install_uvloop()
+    from rllm.gateway.testing import MockUpstream
+
+    async def main() -> None:
+        upstream = MockUpstream(latency=latency, responder=lambda body: "ok, next step.")
+        await upstream.start()
+        out.put(upstream.url)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+def _serve_gateway(upstream_url: str, out: Any) -> None:
+    """Child process: a GatewayServer in front of the upstream (memory store, no auth)."""
+    _install_uvloop()
+    from rllm.gateway import GatewayConfig, GatewayServer
+
+    async def main() -> None:
+        server = GatewayServer(
+            GatewayConfig(upstreams=[upstream_url], auto_create_sessions=False, health_interval_s=5.0)
+        )
+        await server.start()
+        out.put(server.url)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+def _spawn(target: Any, *args: Any) -> tuple[mp.Process, str]:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=target, args=(*args, queue), daemon=True)
+    proc.start()
+    return proc, queue.get(timeout=60)
+
+
+def make_agent(http: Any) -> Any:
+    """The agent loop both paths run: 5 chat turns, each appending the reply and a new user turn."""
+    from rllm.sdk import rollout
+
+    @rollout
+    async def five_turns(task: Any, config: Any) -> None:
+        messages = [{"role": "user", "content": task.instruction}]
+        url = config.base_url + "/chat/completions"
+        headers = {"Authorization": f"Bearer {config.api_key}"}
+        for turn in range(TURNS):
+            body = {"model": config.model, "messages": messages, "max_tokens": 32}
+            async with http.post(url, json=body, headers=headers) as resp:
+                if resp.status != 200:
+                    raise RuntimeError(f"turn {turn}: HTTP {resp.status}: {await resp.text()}")
+                data = await resp.json()
+            messages.append({"role": "assistant", "content": data["choices"][0]["message"]["content"]})
+            messages.append({"role": "user", "content": f"continue ({turn + 1})"})
+
+    return five_turns
+
+
+async def run_engine(
+    gateway_url: str | None, upstream_url: str, concurrency: int, rollouts: int
+) -> dict[str, float]:
+    import aiohttp
+
+    from rllm.engine.rollout_config import RolloutConfig
+    from rllm.engine.rollout_engine import RolloutEngine
+    from rllm.types import Task
+
+    tasks = [Task(id=f"t{i}", instruction=f"task {i}: solve it") for i in range(rollouts)]
+    config = RolloutConfig(n=1, concurrency=concurrency, progress=False, max_retries=0, deadline_s=300)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        if gateway_url is not None:
+            engine = RolloutEngine(make_agent(http), None, config, gateway_url=gateway_url)
+        else:
+            engine = RolloutEngine(make_agent(http), None, config, upstreams=[upstream_url])
+        async with engine:
+            await engine.run(tasks[: min(50, rollouts)])  # warm-up: connections, imports
+            t0 = time.perf_counter()
+            episodes = await engine.run(tasks)
+            elapsed = time.perf_counter() - t0
+    ok = [ep for ep in episodes if str(ep.termination_reason) == "done"]
+    steps = sum(len(t.steps) for ep in ok for t in ep.trajectories)
+    if len(ok) != rollouts or steps != rollouts * TURNS:
+        failed = next((ep for ep in episodes if ep.error is not None), None)
+        raise SystemExit(
+            f"engine run lost work: {len(ok)}/{rollouts} ok, {steps} steps; e.g. {failed and failed.error}"
+        )
+    return {"rollouts_per_s": rollouts / elapsed, "elapsed_s": elapsed}
+
+
+async def run_direct(upstream_url: str, concurrency: int, rollouts: int) -> dict[str, float]:
+    import aiohttp
+
+    from rllm.types import AgentConfig, Task
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        agent = make_agent(http)
+        config = AgentConfig(base_url=upstream_url)
+        queue: asyncio.Queue[int] = asyncio.Queue()
+
+        async def worker() -> None:
+            while not queue.empty():
+                i = queue.get_nowait()
+                await agent.run(Task(id=f"t{i}", instruction=f"task {i}: solve it"), config)
+
+        for i in range(min(50, rollouts)):  # warm-up
+            queue.put_nowait(i)
+        await asyncio.gather(*(worker() for _ in range(min(concurrency, 50))))
+        for i in range(rollouts):
+            queue.put_nowait(i)
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(min(concurrency, rollouts))))
+        elapsed = time.perf_counter() - t0
+    return {"rollouts_per_s": rollouts / elapsed, "elapsed_s": elapsed}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--concurrency", type=int, default=1000, help="(a) concurrent rollouts")
+    parser.add_argument("--latency", type=float, default=0.05, help="(a) upstream latency, seconds")
+    parser.add_argument(
+        "--rollouts", type=int, default=None, help="(a) rollouts to time (default 2 x concurrency)"
+    )
+    parser.add_argument("--overhead-concurrency", type=int, default=64, help="(b) concurrent rollouts")
+    parser.add_argument("--overhead-rollouts", type=int, default=2000, help="(b) rollouts per path")
+    parser.add_argument(
+        "--in-process", action="store_true", help="start the gateway inside the engine's process"
+    )
+    parser.add_argument("--skip-a", action="store_true")
+    parser.add_argument("--skip-b", action="store_true")
+    args = parser.parse_args()
+    _install_uvloop()
+    print(
+        f"# engine_throughput  {time.strftime('%Y-%m-%d %H:%M:%S')}  {platform.platform()}  cpus={os.cpu_count()}"
+    )
+    print(
+        f"# gateway: {'in the engine process' if args.in_process else 'own process'}; upstream: own process"
+    )
+    procs: list[mp.Process] = []
+    try:
+        if not args.skip_a:
+            proc, upstream = _spawn(_serve_upstream, args.latency)
+            procs.append(proc)
+            gateway = None
+            if not args.in_process:
+                proc, gateway = _spawn(_serve_gateway, upstream)
+                procs.append(proc)
+            n = args.rollouts or 2 * args.concurrency
+            result = asyncio.run(run_engine(gateway, upstream, args.concurrency, n))
+            ideal = args.concurrency / (TURNS * args.latency)
+            print(
+                f"(a) latency {args.latency * 1000:.0f} ms, concurrency {args.concurrency}, {n} rollouts: "
+                f"{result['rollouts_per_s']:.1f} rollouts/s vs ideal {ideal:.1f} -> ratio "
+                f"{result['rollouts_per_s'] / ideal:.3f} (target >= 0.9)"
+            )
+        if not args.skip_b:
+            proc, upstream0 = _spawn(_serve_upstream, 0.0)
+            procs.append(proc)
+            gateway0 = None
+            if not args.in_process:
+                proc, gateway0 = _spawn(_serve_gateway, upstream0)
+                procs.append(proc)
+            c, n = args.overhead_concurrency, args.overhead_rollouts
+            direct = asyncio.run(run_direct(upstream0, c, n))
+            engine = asyncio.run(run_engine(gateway0, upstream0, c, n))
+            print(
+                f"(b) zero latency, concurrency {c}, {n} rollouts: direct {direct['rollouts_per_s']:.1f} rollouts/s, "
+                f"engine+gateway {engine['rollouts_per_s']:.1f} rollouts/s -> ratio "
+                f"{engine['rollouts_per_s'] / direct['rollouts_per_s']:.3f} (target >= 0.5)"
+            )
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.join(timeout=5)
+
+
+if __name__ == "__main__":
+    main()

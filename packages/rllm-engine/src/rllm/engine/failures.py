@@ -1,0 +1,74 @@
+"""Classify why a flow failed: the agent's fault, the infrastructure's, or the context limit.
+
+A flow talks to the gateway with whatever client it likes (openai, httpx, aiohttp, litellm), so
+errors are recognised by duck typing along the exception chain (``__cause__``/``__context__``)
+instead of importing every client library: connection failures, timeouts of the HTTP client and
+HTTP 5xx/429 answers are infrastructure; everything else is the agent's.
+"""
+
+from __future__ import annotations
+
+import re
+
+from rllm.sdk.errors import InfraError
+from rllm.types import TerminationReason
+
+_INFRA_TYPE_NAMES = frozenset(
+    {
+        "APIConnectionError",  # openai, litellm
+        "APITimeoutError",
+        "InternalServerError",
+        "ServiceUnavailableError",
+        "RateLimitError",
+        "ConnectError",  # httpx
+        "ConnectTimeout",
+        "ReadTimeout",
+        "ReadError",
+        "RemoteProtocolError",
+        "ServerDisconnectedError",  # aiohttp
+        "ClientConnectionError",
+        "ClientConnectorError",
+        "ClientPayloadError",
+    }
+)
+_CONTEXT_LIMIT = re.compile(
+    r"context length|maximum context|context window|too many tokens|prompt is too long", re.I
+)
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in seen and len(seen) < 16:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen
+
+
+def _status_code(exc: BaseException) -> int | None:
+    for attr in ("status_code", "status"):
+        value = getattr(exc, attr, None)
+        if isinstance(value, int) and 100 <= value < 600:
+            return value
+    response = getattr(exc, "response", None)
+    value = getattr(response, "status_code", None)
+    return value if isinstance(value, int) else None
+
+
+def classify_exception(exc: BaseException) -> TerminationReason:
+    """INFRA_ERROR, CONTEXT_LIMIT or AGENT_ERROR for an exception that escaped a flow."""
+    for err in _chain(exc):
+        if isinstance(err, InfraError | ConnectionError):
+            return TerminationReason.INFRA_ERROR
+        if any(cls.__name__ in _INFRA_TYPE_NAMES for cls in type(err).__mro__):
+            return TerminationReason.INFRA_ERROR
+        status = _status_code(err)
+        if status is not None and (status >= 500 or status == 429):
+            return TerminationReason.INFRA_ERROR
+        if status == 400 and _CONTEXT_LIMIT.search(str(err)):
+            return TerminationReason.CONTEXT_LIMIT
+    return TerminationReason.AGENT_ERROR
+
+
+RETRYABLE = frozenset({TerminationReason.INFRA_ERROR})
+FAILED = frozenset({TerminationReason.AGENT_ERROR, TerminationReason.INFRA_ERROR, TerminationReason.TIMEOUT})

@@ -1,0 +1,58 @@
+"""RolloutConfig: how many rollouts, how concurrent, how long each may take, how often to retry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from rllm.types import InvariantError, SamplingParams
+
+
+class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Settings of a :class:`~rllm.engine.rollout_engine.RolloutEngine`.
+
+    ``deadline_s`` bounds one attempt of one rollout (None: no deadline). ``max_retries`` counts
+    extra attempts after an infrastructure failure (gateway/upstream), each on a fresh session;
+    agent errors and timeouts are never retried, since running the same failing agent again
+    would only waste compute. Retry ``k`` waits ``retry_backoff_s * 2**(k-1)``: long enough for
+    the gateway's health check to bring a recovered upstream back. ``flow_threads`` sizes the thread pool for *sync* flows
+    (default: ``concurrency``). ``val_sampling`` replaces ``sampling`` for validation runs.
+    """
+
+    n: int = 1
+    concurrency: int = 64
+    deadline_s: float | None = 600.0
+    max_retries: int = 2
+    retry_backoff_s: float = 1.0
+    eval_timeout_s: float | None = 300.0
+    model: str = "default"
+    sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
+    val_sampling: SamplingParams | None = None
+    flow_threads: int | None = None
+    progress: bool = True
+    keep_sessions: bool = False
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise InvariantError(f"n (rollouts per task) must be >= 1, got {self.n}", "n")
+        if self.concurrency < 1:
+            raise InvariantError(f"concurrency must be >= 1, got {self.concurrency}", "concurrency")
+        if self.deadline_s is not None and self.deadline_s <= 0:
+            raise InvariantError(f"deadline_s must be > 0 or None, got {self.deadline_s}", "deadline_s")
+        if self.max_retries < 0:
+            raise InvariantError(f"max_retries must be >= 0, got {self.max_retries}", "max_retries")
+        if self.retry_backoff_s < 0:
+            raise InvariantError(
+                f"retry_backoff_s must be >= 0, got {self.retry_backoff_s}", "retry_backoff_s"
+            )
+        if self.eval_timeout_s is not None and self.eval_timeout_s <= 0:
+            raise InvariantError(
+                f"eval_timeout_s must be > 0 or None, got {self.eval_timeout_s}", "eval_timeout_s"
+            )
+        if self.flow_threads is not None and self.flow_threads < 1:
+            raise InvariantError(f"flow_threads must be >= 1, got {self.flow_threads}", "flow_threads")
+
+    def sampling_for(self, is_validation: bool) -> SamplingParams:
+        return self.val_sampling if is_validation and self.val_sampling is not None else self.sampling

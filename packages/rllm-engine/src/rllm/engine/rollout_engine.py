@@ -1,0 +1,363 @@
+"""RolloutEngine: run a flow on many tasks in parallel through the gateway and return Episodes.
+
+For every rollout the engine creates a gateway session, hands the flow that session's URL, runs
+it under a deadline, fetches the session's traces, builds the Episode (trajectories by role,
+Steps with the sampler's token ids and logprobs), scores it with the evaluator and deletes the
+session. The batch always completes: every rollout ends as an Episode whose
+``termination_reason`` says why (done, agent_error, timeout, infra_error, ...). Infrastructure
+failures are retried on a fresh session; the failed attempt's traces are discarded with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from rllm.engine.episode_builder import build_episode, failed_episode
+from rllm.engine.failures import FAILED, RETRYABLE, classify_exception
+from rllm.engine.flow_runner import DeadlineExceeded, call_with_deadline
+from rllm.engine.progress import RolloutProgress
+from rllm.engine.rollout_config import RolloutConfig
+from rllm.sdk.evaluator import EvaluatorFn, as_evaluator, to_eval_output
+from rllm.sdk.flow import RolloutFlow, as_flow
+from rllm.types import (
+    AgentConfig,
+    Episode,
+    ErrorInfo,
+    EvalOutput,
+    Task,
+    TerminationReason,
+    TraceRecord,
+    convert,
+    to_builtins,
+)
+
+
+def as_tasks(tasks: Iterable[Task | dict[str, Any]]) -> list[Task]:
+    """Tasks from Task objects or plain dicts; a bad row raises SchemaError naming its index."""
+    out: list[Task] = []
+    for i, row in enumerate(tasks):
+        if isinstance(row, Task):
+            out.append(row)
+            continue
+        try:
+            out.append(convert(row, Task))
+        except Exception as exc:
+            raise type(exc)(f"task #{i}: {exc}") from None
+    return out
+
+
+class RolloutEngine:
+    """Runs ``flow`` on tasks, ``n`` rollouts each, at most ``config.concurrency`` at a time.
+
+    Give ``gateway_url`` to attach to a running gateway, or ``upstreams`` (OpenAI-compatible base
+    URLs) / ``gateway_config`` to have the engine start its own on loopback. Use as an async
+    context manager, or call ``start()`` / ``close()``.
+    """
+
+    def __init__(
+        self,
+        flow: Any,
+        evaluator: Any = None,
+        config: RolloutConfig | None = None,
+        *,
+        gateway_url: str | None = None,
+        admin_key: str | None = None,
+        upstreams: list[str] | None = None,
+        gateway_config: Any = None,
+    ) -> None:
+        if gateway_url is None and not upstreams and gateway_config is None:
+            raise ValueError(
+                "RolloutEngine needs gateway_url (attach), upstreams or gateway_config (own gateway)"
+            )
+        if gateway_url is not None and (upstreams or gateway_config is not None):
+            raise ValueError(
+                "give either gateway_url (attach) or upstreams/gateway_config (own gateway), not both"
+            )
+        self.flow: RolloutFlow = as_flow(flow)
+        self.evaluator: EvaluatorFn | None = None if evaluator is None else as_evaluator(evaluator)
+        self.config = config or RolloutConfig()
+        self._gateway_url = gateway_url
+        self._admin_key = admin_key
+        self._upstreams = list(upstreams or [])
+        self._gateway_config = gateway_config
+        self._server: Any = None
+        self._client: Any = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._deletions: set[asyncio.Task[None]] = set()
+        self.last_stats: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def gateway_url(self) -> str:
+        if self._gateway_url is None:
+            raise RuntimeError("the engine's gateway is not started; call `await engine.start()` first")
+        return self._gateway_url
+
+    @property
+    def client(self) -> Any:
+        """The GatewayClient (admin calls: weight version, pause/resume, workers)."""
+        if self._client is None:
+            raise RuntimeError("the engine is not started; call `await engine.start()` first")
+        return self._client
+
+    async def start(self) -> RolloutEngine:
+        from rllm.gateway import GatewayClient
+
+        if self._client is not None:
+            return self
+        if self._gateway_url is None:
+            from rllm.gateway import GatewayConfig, GatewayServer
+
+            # No auto-created sessions: a sync flow still running after its deadline (its session
+            # deleted) must get a fast 404, not silently start a new, orphaned session.
+            # Health checks every 2 s, so a worker marked failed is back by the second retry
+            # (backoff 1 s, then 2 s) instead of failing every retry with 503.
+            cfg = self._gateway_config or GatewayConfig(
+                upstreams=self._upstreams,
+                admin_key=self._admin_key,
+                auto_create_sessions=False,
+                health_interval_s=2.0,
+            )
+            self._admin_key = cfg.admin_key
+            self._server = GatewayServer(cfg)
+            await self._server.start()
+            self._gateway_url = self._server.url
+        self._client = GatewayClient(self._gateway_url, admin_key=self._admin_key)
+        if not self.flow.is_async:
+            workers = self.config.flow_threads or self.config.concurrency
+            self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rllm-flow")
+        return self
+
+    async def close(self) -> None:
+        await self._drain_deletions()
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+        if self._server is not None:
+            await self._server.stop()
+            self._server = None
+            self._gateway_url = None
+        if self._executor is not None:
+            # Do not wait: a sync flow past its deadline may still hold a thread.
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
+    async def __aenter__(self) -> RolloutEngine:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ batch API
+    async def run(
+        self, tasks: Iterable[Task | dict[str, Any]], n: int | None = None, is_validation: bool = False
+    ) -> list[Episode]:
+        """All episodes, ordered by task then ``rollout_index`` (0..n-1)."""
+        task_list = as_tasks(tasks)
+        by_task: dict[int, list[Episode]] = {}
+        async for index, episodes in self.stream_indexed(task_list, n=n, is_validation=is_validation):
+            by_task[index] = episodes
+        return [ep for i in range(len(task_list)) for ep in by_task[i]]
+
+    async def stream(
+        self, tasks: Iterable[Task | dict[str, Any]], n: int | None = None, is_validation: bool = False
+    ) -> AsyncIterator[list[Episode]]:
+        """Yield each task's ``n`` episodes as soon as all of them are finished."""
+        async for _, episodes in self.stream_indexed(as_tasks(tasks), n=n, is_validation=is_validation):
+            yield episodes
+
+    async def stream_indexed(
+        self, tasks: list[Task], n: int | None = None, is_validation: bool = False
+    ) -> AsyncIterator[tuple[int, list[Episode]]]:
+        """Like :meth:`stream`, with each group's position in ``tasks``."""
+        await self.start()
+        n = self.config.n if n is None else n
+        if n < 1:
+            raise ValueError(f"n (rollouts per task) must be >= 1, got {n}")
+        total = len(tasks) * n
+        if total == 0:
+            return
+        # Task-major order, so early tasks complete early (streamed eval results, resumability).
+        pending: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
+        for ti in range(len(tasks)):
+            for ri in range(n):
+                pending.put_nowait((ti, ri))
+        results: list[list[Episode | None]] = [[None] * n for _ in tasks]
+        remaining = [n] * len(tasks)
+        finished: asyncio.Queue[int] = asyncio.Queue()
+        progress = RolloutProgress(
+            total, "validation" if is_validation else "rollouts", enabled=self.config.progress
+        )
+
+        async def worker() -> None:
+            while True:
+                try:
+                    ti, ri = pending.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                episode = await self.run_one(tasks[ti], ri, is_validation=is_validation)
+                results[ti][ri] = episode
+                progress.update(episode)
+                remaining[ti] -= 1
+                if remaining[ti] == 0:
+                    finished.put_nowait(ti)
+
+        workers = [asyncio.create_task(worker()) for _ in range(min(self.config.concurrency, total))]
+        try:
+            for _ in range(len(tasks)):
+                ti = await finished.get()
+                yield ti, [ep for ep in results[ti] if ep is not None]
+        finally:
+            for w in workers:
+                w.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+            await self._drain_deletions()
+            progress.close()
+            self.last_stats = progress.summary()
+
+    # ------------------------------------------------------------------ one rollout
+    async def run_one(self, task: Task, rollout_index: int = 0, is_validation: bool = False) -> Episode:
+        """One rollout with retries and scoring. Never raises (except on cancellation)."""
+        started = time.monotonic()
+        retried: list[dict[str, Any]] = []
+        attempt = 0
+        while True:
+            try:
+                episode = await self._attempt(task, rollout_index, is_validation, attempt)
+            except Exception as exc:  # an engine/gateway-side bug must not sink the batch
+                episode = failed_episode(
+                    task.id, rollout_index, TerminationReason.INFRA_ERROR, ErrorInfo.from_exception(exc)
+                )
+            if episode.termination_reason not in RETRYABLE or attempt >= self.config.max_retries:
+                break
+            retried.append({"attempt": attempt, "error": episode.error.message if episode.error else ""})
+            attempt += 1
+            await asyncio.sleep(self.config.retry_backoff_s * (2 ** (attempt - 1)))
+        episode.metrics["attempts"] = float(attempt + 1)
+        if retried:
+            episode.metadata["retried"] = retried
+        await self._score(task, episode)
+        episode.metrics["rollout_s"] = time.monotonic() - started
+        return episode
+
+    async def _attempt(self, task: Task, rollout_index: int, is_validation: bool, attempt: int) -> Episode:
+        sampling = self.config.sampling_for(is_validation)
+        meta = {"task_id": task.id, "rollout_index": rollout_index, "attempt": attempt}
+        try:
+            session = await self.client.create_session(sampling=sampling, metadata=meta)
+        except Exception as exc:
+            return failed_episode(
+                task.id, rollout_index, TerminationReason.INFRA_ERROR, ErrorInfo.from_exception(exc)
+            )
+        agent_config = AgentConfig(
+            base_url=session.base_url,
+            model=self.config.model,
+            session_id=session.session_id,
+            api_key=session.token or "EMPTY",
+            sampling=sampling,
+            is_validation=is_validation,
+            metadata={**self.config.metadata, **meta},
+        )
+        try:
+            return await self._run_flow_in_session(task, rollout_index, agent_config)
+        finally:
+            if not self.config.keep_sessions:
+                # In the background, off the rollout's critical path; the batch waits for all
+                # deletions before it returns, so no session outlives the batch.
+                task = asyncio.create_task(self._delete_session(session.session_id))
+                self._deletions.add(task)
+                task.add_done_callback(self._deletions.discard)
+
+    async def _run_flow_in_session(self, task: Task, rollout_index: int, config: AgentConfig) -> Episode:
+        result: Any = None
+        reason = TerminationReason.DONE
+        error: ErrorInfo | None = None
+        try:
+            result = await call_with_deadline(
+                self.flow.run,
+                (task, config),
+                is_async=self.flow.is_async,
+                deadline_s=self.config.deadline_s,
+                executor=self._executor,
+            )
+        except DeadlineExceeded as exc:
+            reason, error = TerminationReason.TIMEOUT, ErrorInfo(type="Timeout", message=f"rollout {exc}")
+        except Exception as exc:
+            reason, error = classify_exception(exc), ErrorInfo.from_exception(exc)
+
+        try:
+            traces = await self.client.get_traces(config.session_id)
+        except Exception as exc:
+            return failed_episode(
+                task.id, rollout_index, TerminationReason.INFRA_ERROR, ErrorInfo.from_exception(exc)
+            )
+
+        if reason == TerminationReason.AGENT_ERROR and _last_call_failed(traces):
+            # The flow crashed right after the gateway reported an upstream failure: not its fault.
+            reason = TerminationReason.INFRA_ERROR
+        if reason != TerminationReason.DONE:
+            return failed_episode(task.id, rollout_index, reason, error, traces)
+        try:
+            return build_episode(task.id, rollout_index, result, traces)
+        except Exception as exc:
+            return failed_episode(
+                task.id, rollout_index, TerminationReason.AGENT_ERROR, ErrorInfo.from_exception(exc), traces
+            )
+
+    async def _drain_deletions(self) -> None:
+        while self._deletions:
+            await asyncio.gather(*list(self._deletions), return_exceptions=True)
+
+    async def _delete_session(self, session_id: str) -> None:
+        try:
+            await self.client.delete_session(session_id)
+        except Exception:  # best effort: the gateway may be gone; nothing left to release then
+            pass
+
+    # ------------------------------------------------------------------ scoring
+    async def _score(self, task: Task, episode: Episode) -> None:
+        """Apply the evaluator. Failed rollouts get reward 0 without evaluation (nothing to grade);
+        an evaluator exception gives reward 0 and is recorded in ``metadata["eval_error"]``."""
+        if episode.termination_reason in FAILED:
+            self._apply(episode, EvalOutput(reward=0.0, is_correct=False))
+            return
+        if self.evaluator is None:
+            if any(t.reward is not None for t in episode.trajectories):
+                return  # the flow scored itself
+            self._apply(episode, EvalOutput(reward=0.0))
+            return
+        try:
+            value = await call_with_deadline(
+                self.evaluator.evaluate,
+                (task, episode),
+                is_async=self.evaluator.is_async,
+                deadline_s=self.config.eval_timeout_s,
+                executor=None,  # the default pool: hung sync flows must not starve evaluation
+            )
+            output = to_eval_output(value, source=f"evaluator {self.evaluator.name!r}")
+        except Exception as exc:
+            episode.metadata["eval_error"] = to_builtins(ErrorInfo.from_exception(exc))
+            output = EvalOutput(reward=0.0, is_correct=False)
+        self._apply(episode, output)
+
+    @staticmethod
+    def _apply(episode: Episode, output: EvalOutput) -> None:
+        episode.is_correct = output.is_correct
+        overrides = output.trajectory_rewards or {}
+        for trajectory in episode.trajectories:
+            trajectory.reward = overrides.get(trajectory.name, output.reward)
+            if output.signals:
+                trajectory.signals.extend(output.signals)
+        episode.metrics["reward"] = output.reward
+        for signal in output.signals:
+            episode.metrics[f"signal/{signal.name}"] = signal.value
+        if output.metadata:
+            episode.metadata["eval"] = output.metadata
+
+
+def _last_call_failed(traces: list[TraceRecord]) -> bool:
+    return bool(traces) and max(traces, key=lambda t: t.seq).status == "error"

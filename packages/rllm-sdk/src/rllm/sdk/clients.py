@@ -1,0 +1,56 @@
+"""Cheap OpenAI clients for flows.
+
+Building an ``openai.AsyncOpenAI`` from scratch creates an httpx client and a fresh SSL context
+(about 45 ms here); a flow that does that per rollout spends more time building clients than
+talking to the model. One pool shared by hundreds of concurrent rollouts is no better: httpx
+scans its connections on every request. So each rollout gets its own small client, built
+without TLS for the gateway's plain-HTTP loopback URLs and with one shared SSL context
+otherwise. Close it when the rollout ends (``async with async_openai(config) as client``).
+
+``openai`` is an optional dependency (``pip install 'rllm-sdk[openai]'``), imported on first use.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from rllm.sdk.session import role_url
+from rllm.types import AgentConfig
+
+_TIMEOUT_S = 600.0
+
+
+def async_openai(config: AgentConfig, role: str | None = None, **kwargs: Any) -> Any:
+    """An ``openai.AsyncOpenAI`` for this rollout's session (or one of its roles)."""
+    import httpx
+    from openai import AsyncOpenAI
+
+    args = _client_args(config, role, kwargs)
+    http = httpx.AsyncClient(verify=_verify(args["base_url"]), timeout=_TIMEOUT_S)
+    return AsyncOpenAI(**args, http_client=http)
+
+
+def sync_openai(config: AgentConfig, role: str | None = None, **kwargs: Any) -> Any:
+    """An ``openai.OpenAI`` for sync flows; close it (``with``) when the rollout ends."""
+    import httpx
+    from openai import OpenAI
+
+    args = _client_args(config, role, kwargs)
+    return OpenAI(**args, http_client=httpx.Client(verify=_verify(args["base_url"]), timeout=_TIMEOUT_S))
+
+
+def _verify(base_url: str) -> Any:
+    return _shared_ssl_context() if base_url.startswith("https:") else False
+
+
+@functools.cache
+def _shared_ssl_context() -> Any:
+    import ssl
+
+    return ssl.create_default_context()
+
+
+def _client_args(config: AgentConfig, role: str | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+    base_url = role_url(config, role) if role else config.base_url
+    return {"base_url": base_url, "api_key": config.api_key or "EMPTY", "max_retries": 0, **kwargs}

@@ -1,0 +1,63 @@
+"""Math answer grading with math-verify (install ``rllm-sdk[math]``).
+
+Extracts the model's final answer (the last ``\\boxed{}``; else math-verify's own LaTeX and
+expression extraction) and checks symbolic equivalence with the ground truth, so ``\\frac{1}{2}``,
+``0.5`` and ``1/2`` all match.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from rllm.sdk.rewards.boxed import extract_boxed
+from rllm.types import EvalOutput, Signal
+
+
+def _math_verify() -> Any:
+    try:
+        import math_verify
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise ImportError("math grading needs math-verify: pip install 'rllm-sdk[math]'") from exc
+    return math_verify
+
+
+def _timeout() -> int | None:
+    # math-verify times out with signal.alarm, which only works in the main thread; engines run
+    # sync evaluators in worker threads, where the timeout must be off (the deadline is theirs).
+    return 5 if threading.current_thread() is threading.main_thread() else None
+
+
+def _parse(text: str) -> list[Any]:
+    mv = _math_verify()
+    configs = [mv.LatexExtractionConfig(), mv.ExprExtractionConfig()]
+    return mv.parse(text, extraction_config=configs, parsing_timeout=_timeout())
+
+
+def _as_latex(text: str) -> str:
+    """Wrap a bare answer in ``$...$`` so the LaTeX extractor sees it; keep text that has math already."""
+    return text if ("$" in text or "\\(" in text or "\\[" in text) else f"${text}$"
+
+
+def grade_math(response: str, ground_truth: str | float | int) -> bool:
+    """True if the final answer in ``response`` is mathematically equivalent to ``ground_truth``."""
+    mv = _math_verify()
+    boxed = extract_boxed(response)
+    gold = _parse(_as_latex(str(ground_truth)))
+    if not gold:
+        raise ValueError(f"cannot parse the ground truth {ground_truth!r} as math")
+    pred = _parse(_as_latex(boxed)) if boxed is not None else _parse(response)
+    if not pred:
+        return False
+    return bool(mv.verify(gold, pred, timeout_seconds=_timeout()))
+
+
+def math_reward(response: str, ground_truth: str | float | int) -> EvalOutput:
+    """An EvalOutput for math answers: reward 1/0, is_correct, and a ``has_boxed`` format signal."""
+    correct = grade_math(response, ground_truth)
+    has_boxed = extract_boxed(response) is not None
+    return EvalOutput(
+        reward=1.0 if correct else 0.0,
+        is_correct=correct,
+        signals=[Signal(name="has_boxed", value=1.0 if has_boxed else 0.0)],
+    )

@@ -1,0 +1,130 @@
+"""Reward helpers: boxed extraction, matching, math-verify grading, and the LLM judge against a
+real loopback OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from rllm.sdk.rewards import (
+    exact_match,
+    extract_boxed,
+    normalize_text,
+    normalized_match,
+    numeric_match,
+    parse_number,
+)
+from rllm.types import Episode, Message, Step, Task, Trajectory
+
+HAS_MATH_VERIFY = importlib.util.find_spec("math_verify") is not None
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("so \\boxed{42}.", "42"),
+        ("\\boxed{1} then \\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
+        ("$\\boxed 7$", "7"),
+        ("\\fbox{x+1}", "x+1"),
+        ("no box here", None),
+        ("\\boxed{unterminated", None),
+    ],
+)
+def test_extract_boxed(text, expected):
+    assert extract_boxed(text) == expected
+
+
+def test_exact_and_normalised_match():
+    assert exact_match(" Paris\n", "Paris") and not exact_match("paris", "Paris")
+    assert normalize_text("The  Café, Paris!") == "cafe paris"
+    assert normalized_match("the eiffel tower", ["Big Ben", "Eiffel Tower."])
+    assert not normalized_match("tower", "Eiffel Tower")
+
+
+def test_numeric_match_with_tolerance():
+    assert parse_number("The total is 1,234.5 dollars") == 1234.5
+    assert parse_number("about 45%") == pytest.approx(0.45)
+    assert parse_number("no digits") is None
+    assert numeric_match("answer: 3.14159", "3.1416", rel_tol=1e-4)
+    assert not numeric_match("answer: 3.14", "3.1416", rel_tol=1e-4)
+    assert numeric_match("x = -2e3", -2000)
+    assert not numeric_match("none", "1")
+    with pytest.raises(ValueError, match="tolerances"):
+        numeric_match("1", "1", rel_tol=-1)
+
+
+@pytest.mark.skipif(not HAS_MATH_VERIFY, reason="math-verify not installed (rllm-sdk[math])")
+@pytest.mark.parametrize(
+    ("response", "truth", "ok"),
+    [
+        ("The answer is \\boxed{\\frac{1}{2}}", "0.5", True),
+        ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}", True),
+        ("Thus $x = 1/2$.", "\\frac12", True),
+        ("\\boxed{3}", "4", False),
+        ("I don't know", "4", False),
+        ("\\boxed{x^2+2x+1}", "(x+1)^2", True),
+    ],
+)
+def test_grade_math_symbolic_equivalence(response, truth, ok):
+    from rllm.sdk.rewards import grade_math
+
+    assert grade_math(response, truth) is ok
+
+
+@pytest.mark.skipif(not HAS_MATH_VERIFY, reason="math-verify not installed (rllm-sdk[math])")
+def test_math_reward_works_off_the_main_thread_and_reports_format():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rllm.sdk.rewards import math_reward
+
+    with ThreadPoolExecutor(1) as pool:  # engines run sync evaluators in threads (no signal.alarm)
+        out = pool.submit(math_reward, "so \\boxed{10}", 10).result()
+    assert out.reward == 1.0 and out.is_correct is True
+    assert out.signals[0].name == "has_boxed" and out.signals[0].value == 1.0
+
+
+def test_parse_verdict():
+    from rllm.sdk.rewards import parse_verdict
+    from rllm.sdk.rewards.judge import JudgeParseError
+
+    assert parse_verdict("fine\nVERDICT: CORRECT") == (1.0, True)
+    assert parse_verdict("VERDICT: CORRECT ... on reflection VERDICT: incorrect") == (0.0, False)
+    assert parse_verdict("SCORE: 0.75") == (0.75, True)
+    with pytest.raises(JudgeParseError, match="no 'VERDICT"):
+        parse_verdict("looks good to me")
+    with pytest.raises(JudgeParseError, match="outside"):
+        parse_verdict("SCORE: 7")
+
+
+async def test_llm_judge_calls_a_real_openai_compatible_server():
+    pytest.importorskip("openai")
+    MockUpstream = pytest.importorskip("rllm.gateway.testing").MockUpstream  # a real loopback server
+    from rllm.sdk.rewards import LLMJudge
+
+    seen: list[str] = []
+
+    def responder(body):
+        prompt = body["messages"][-1]["content"]
+        seen.append(prompt)
+        return (
+            "Matches.\nVERDICT: CORRECT"
+            if "Paris" in prompt.split("Answer to grade:")[1]
+            else "VERDICT: INCORRECT"
+        )
+
+    async with MockUpstream(responder=responder) as server:
+        judge = LLMJudge(base_url=server.url, model="mock-model")
+        task = Task(id="q", instruction="Capital of France?", ground_truth="Paris")
+
+        def episode(answer: str) -> Episode:
+            step = Step(output=Message(role="assistant", content=answer))
+            return Episode(task_id="q", trajectories=[Trajectory(steps=[step])])
+
+        good = await judge.evaluate(task, episode("It is Paris."))
+        bad = await judge.evaluate(task, episode("It is Lyon."))
+        await judge.aclose()
+    assert (good.reward, good.is_correct) == (1.0, True)
+    assert (bad.reward, bad.is_correct) == (0.0, False)
+    assert "Capital of France?" in seen[0] and "Reference answer:\nParis" in seen[0]
+    assert good.metadata["judge_reply"].endswith("VERDICT: CORRECT")
