@@ -1,0 +1,122 @@
+"""TinkerBackend: the ``tinker`` entry point. Picks the local or remote service from its config."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import msgspec
+
+from rllm.algos.config import AlgorithmConfig
+from rllm.backends.tinker.config import TinkerBackendConfig
+from rllm.engine.backend import TrainSequence
+
+
+class _Service(Protocol):
+    async def start(self) -> None: ...
+    def inference_urls(self) -> list[str]: ...
+    def served_model_name(self) -> str: ...
+    def tokenizer_path(self) -> str | None: ...
+    async def train_step(self, batch: list[TrainSequence], algo: AlgorithmConfig) -> dict[str, float]: ...
+    async def sync_weights(self) -> int: ...
+    async def save_checkpoint(self, path: Path) -> None: ...
+    async def load_checkpoint(self, path: Path) -> None: ...
+    async def close(self) -> None: ...
+
+
+def parse_config(options: TinkerBackendConfig | Mapping[str, Any] | None) -> TinkerBackendConfig:
+    """A typed config from a mapping (TOML/YAML/CLI), with errors that name the bad option."""
+    if isinstance(options, TinkerBackendConfig):
+        return options
+    try:
+        return msgspec.convert(dict(options or {}), TinkerBackendConfig)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"invalid tinker backend options: {exc}") from exc
+
+
+class TinkerBackend:
+    """Implements rllm.engine's Backend protocol on a Tinker-style service.
+
+    ``service = "local"`` (default) trains in-process with torch/transformers/peft and serves an
+    OpenAI-compatible sampler on loopback; ``service = "remote"`` drives the Tinker API with the
+    official ``tinker`` SDK.
+    """
+
+    name = "tinker"
+
+    def __init__(
+        self, options: TinkerBackendConfig | Mapping[str, Any] | None = None, **overrides: Any
+    ) -> None:
+        config = parse_config(options)
+        if overrides:
+            config = parse_config({**msgspec.to_builtins(config), **overrides})
+        self.config = config
+        self._service: _Service | None = None
+
+    @staticmethod
+    def init_tiny_model(path: str | Path, vocab_words: Iterable[str] = (), seed: int = 0) -> Path:
+        """A tiny random Llama + word-level tokenizer covering ``vocab_words`` (tests, toy tasks)."""
+        from rllm.backends.tinker.tiny import init_tiny_model
+
+        return init_tiny_model(path, vocab_words=vocab_words, seed=seed)
+
+    # Backend protocol ------------------------------------------------------------------------
+    def validate(self, algo: AlgorithmConfig) -> None:
+        algo.validate()
+        if self.config.service == "remote":
+            from rllm.backends.tinker.remote.losses import check_supported
+
+            check_supported(algo, self.config)
+        # The local service honours every option: it runs rllm.algos' own loss on its own logprobs.
+
+    def _get_service(self) -> _Service:
+        if self._service is None:
+            if self.config.service == "local":
+                from rllm.backends.tinker.local.service import LocalService
+
+                self._service = LocalService(self.config)
+            else:
+                from rllm.backends.tinker.remote.service import RemoteService
+
+                self._service = RemoteService(self.config)
+        return self._service
+
+    def _started(self) -> _Service:
+        if self._service is None:
+            raise RuntimeError("TinkerBackend is not started: await backend.start() first")
+        return self._service
+
+    async def start(self) -> None:
+        await self._get_service().start()
+
+    def inference_urls(self) -> list[str]:
+        return self._started().inference_urls()
+
+    def served_model_name(self) -> str:
+        return self._get_service().served_model_name()
+
+    def tokenizer_path(self) -> str | None:
+        return self._get_service().tokenizer_path()
+
+    async def train_step(self, batch: list[TrainSequence], algo: AlgorithmConfig) -> dict[str, float]:
+        return await self._started().train_step(batch, algo)
+
+    async def sync_weights(self) -> int:
+        return await self._started().sync_weights()
+
+    async def save_checkpoint(self, path: Path) -> None:
+        await self._started().save_checkpoint(Path(path))
+
+    async def load_checkpoint(self, path: Path) -> None:
+        await self._started().load_checkpoint(Path(path))
+
+    async def close(self) -> None:
+        if self._service is not None:
+            await self._service.close()
+            self._service = None
+
+    @property
+    def service(self) -> _Service:
+        """The running service (LocalService or RemoteService), for tests and diagnostics."""
+        return self._started()

@@ -1,0 +1,93 @@
+"""TinkerBackendConfig: the typed configuration of the Tinker backend (local and remote services)."""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+import msgspec
+
+
+class LoraConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """LoRA adapter shape. ``rank = 0`` means full fine-tuning (every weight trains)."""
+
+    rank: int = 0
+    alpha: float = 16.0
+    dropout: float = 0.0
+    # "all-linear" lets peft pick every linear layer except the output head.
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+
+
+class RemoteConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Where the remote Tinker service lives. Empty strings fall back to the SDK's environment
+    variables (``TINKER_BASE_URL``, ``TINKER_API_KEY``)."""
+
+    base_url: str = ""
+    api_key: str = ""
+    # The Tinker OpenAI-compatible inference endpoint the gateway routes agents to (ends in /v1).
+    inference_url: str = ""
+    # Name of a sampler checkpoint path the OpenAI endpoint serves; set after each sync_weights.
+    sampler_checkpoint_prefix: str = "rllm"
+    request_timeout_s: float = 600.0
+
+    def resolved_api_key(self) -> str:
+        return self.api_key or os.environ.get("TINKER_API_KEY", "")
+
+    def resolved_base_url(self) -> str | None:
+        return self.base_url or os.environ.get("TINKER_BASE_URL") or None
+
+
+class TinkerBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Everything the backend needs. One struct for both services; fields a service does not use
+    are ignored by it (documented per field)."""
+
+    service: Literal["local", "remote"] = "local"
+    model: str = ""  # local path or hub name (local: loaded with transformers; remote: base model name)
+    lora: LoraConfig = msgspec.field(default_factory=LoraConfig)
+    # optimizer (AdamW)
+    learning_rate: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # max global grad norm; <= 0 disables clipping
+    # How one train_step is cut: the batch is split into ``mini_batches`` optimizer steps, repeated
+    # ``ppo_epochs`` times. Each mini-batch is further cut into micro-batches of at most
+    # ``micro_batch_tokens`` padded tokens for gradient accumulation (0 = no cut).
+    mini_batches: int = 1
+    ppo_epochs: int = 1
+    micro_batch_tokens: int = 0
+    shuffle_seed: int | None = None  # shuffle sequences before cutting mini-batches (None = keep order)
+    # local service
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on CUDA, fp32 on CPU
+    torch_threads: int = 0  # 0 = min(cpu count, 4) on CPU
+    seed: int = 0
+    served_model_name: str = ""  # defaults to the model path's last component
+    sampler_host: str = "127.0.0.1"
+    sampler_port: int = 0  # 0 = any free port
+    sampler_max_batch: int = 64  # most sequences generated together
+    sampler_max_tokens: int = 256  # default max_tokens when a request sets none
+    # A batch keeps collecting requests while they arrive less than this apart (0 = take only
+    # what is already queued).
+    sampler_batch_window_ms: float = 1.0
+    # "copy": the sampler owns a second copy of the weights, refreshed by sync_weights (training
+    # never disturbs serving). "shared": one module; optimizer steps pause sampling (saves memory).
+    sampler_weights: Literal["copy", "shared"] = "copy"
+    gradient_checkpointing: bool = False
+    # remote service
+    remote: RemoteConfig = msgspec.field(default_factory=RemoteConfig)
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.mini_batches >= 1, "mini_batches must be >= 1"),
+            (self.ppo_epochs >= 1, "ppo_epochs must be >= 1"),
+            (self.micro_batch_tokens >= 0, "micro_batch_tokens must be >= 0"),
+            (self.learning_rate > 0, "learning_rate must be > 0"),
+            (self.lora.rank >= 0, "lora.rank must be >= 0"),
+            (self.sampler_max_batch >= 1, "sampler_max_batch must be >= 1"),
+            (self.sampler_max_tokens >= 1, "sampler_max_tokens must be >= 1"),
+            (self.torch_threads >= 0, "torch_threads must be >= 0"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(f"TinkerBackendConfig: {message}")

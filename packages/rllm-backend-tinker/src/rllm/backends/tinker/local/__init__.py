@@ -1,0 +1,1 @@
+"""The local service: in-process torch + transformers (+ peft) training and an HTTP sampler."""

@@ -1,0 +1,101 @@
+"""From TrainSequences to padded tensors, mini-batches and micro-batches."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rllm.engine.backend import TrainSequence
+
+
+@dataclass
+class PaddedBatch:
+    """Right-padded tensors. Per-token tensors are shifted: column j concerns token j+1, the one the
+    model predicts from tokens[:j+1]; token 0 is never predicted and never trained."""
+
+    input_ids: torch.Tensor  # [B, L] long
+    attention_mask: torch.Tensor  # [B, L] long
+    targets: torch.Tensor  # [B, L-1] long
+    mask: torch.Tensor  # [B, L-1] float
+    advantages: torch.Tensor  # [B, L-1] float
+    sampler_logprobs: torch.Tensor  # [B, L-1] float
+    indices: list[int]  # positions of these sequences in the train_step batch
+
+    @property
+    def num_tokens(self) -> float:
+        return float(self.mask.sum())
+
+
+def check_sequences(batch: list[TrainSequence], vocab_size: int) -> None:
+    """Clear errors for malformed sequences, naming the sequence and the field. (Non-finite
+    values at trained tokens are caught by rllm.algos' loss checks, with their position.)"""
+    if not batch:
+        raise ValueError("train_step got an empty batch")
+    for i, seq in enumerate(batch):
+        n = len(seq.tokens)
+        if n < 2:
+            raise ValueError(f"batch[{i}]: a sequence needs at least 2 tokens to train on, got {n}")
+        for name in ("loss_mask", "advantages", "sampler_logprobs"):
+            if len(getattr(seq, name)) != n:
+                raise ValueError(f"batch[{i}].{name} has {len(getattr(seq, name))} values for {n} tokens")
+        tokens = np.frombuffer(seq.tokens, dtype=np.int32)
+        if tokens.min() < 0 or tokens.max() >= vocab_size:
+            raise ValueError(f"batch[{i}].tokens has ids outside the vocabulary [0, {vocab_size})")
+
+
+def split_mini_batches(size: int, count: int, seed: int | None) -> list[list[int]]:
+    """``count`` nearly equal index groups (fewer when the batch is smaller)."""
+    order = list(range(size))
+    if seed is not None:
+        random.Random(seed).shuffle(order)
+    count = min(count, size)
+    return [list(chunk) for chunk in np.array_split(np.array(order), count)]
+
+
+def split_micro_batches(batch: list[TrainSequence], indices: list[int], max_tokens: int) -> list[list[int]]:
+    """Cut a mini-batch so each piece's padded size (rows x longest) stays under ``max_tokens``."""
+    if max_tokens <= 0:
+        return [indices]
+    pieces: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i in indices:
+        n = len(batch[i].tokens)
+        if current and (len(current) + 1) * max(longest, n) > max_tokens:
+            pieces.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, n)
+    if current:
+        pieces.append(current)
+    return pieces
+
+
+def pad(batch: list[TrainSequence], indices: list[int], pad_id: int, device: torch.device) -> PaddedBatch:
+    seqs = [batch[i] for i in indices]
+    width = max(len(s.tokens) for s in seqs)
+    ids = np.full((len(seqs), width), pad_id, dtype=np.int64)
+    attention = np.zeros((len(seqs), width), dtype=np.int64)
+    mask = np.zeros((len(seqs), width), dtype=np.float32)
+    adv = np.zeros((len(seqs), width), dtype=np.float32)
+    slp = np.zeros((len(seqs), width), dtype=np.float32)
+    for row, s in enumerate(seqs):
+        n = len(s.tokens)
+        ids[row, :n] = np.frombuffer(s.tokens, dtype=np.int32)
+        attention[row, :n] = 1
+        mask[row, :n] = np.frombuffer(s.loss_mask, dtype=np.float32)
+        adv[row, :n] = np.frombuffer(s.advantages, dtype=np.float32)
+        slp[row, :n] = np.frombuffer(s.sampler_logprobs, dtype=np.float32)
+    input_ids = torch.from_numpy(ids).to(device)
+    return PaddedBatch(
+        input_ids=input_ids,
+        attention_mask=torch.from_numpy(attention).to(device),
+        targets=input_ids[:, 1:],
+        mask=torch.from_numpy(mask[:, 1:]).to(device),
+        advantages=torch.from_numpy(adv[:, 1:]).to(device),
+        sampler_logprobs=torch.from_numpy(slp[:, 1:]).to(device),
+        indices=list(indices),
+    )

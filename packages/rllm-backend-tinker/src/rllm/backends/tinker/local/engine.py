@@ -1,0 +1,303 @@
+"""SamplerEngine: dynamic batching of generation requests over one model, with a KV cache.
+
+A worker thread takes every queued request (up to ``max_batch`` sequences), left-pads the
+prompts into one batch and decodes them together with ``past_key_values``; requests arriving
+meanwhile form the next batch. Each batch runs under ``weights_lock`` so a weight swap
+(``update_weights``) waits for the running batch and no sequence mixes two weight versions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+
+from rllm.backends.tinker.local.sampling import GREEDY_TEMPERATURE, RowSampling, sample_next
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GenerationRequest:
+    """One prompt to complete ``n`` times. Validated by the HTTP layer before it gets here."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    n: int = 1
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    top_logprobs: int = 0
+
+
+@dataclass
+class GeneratedSequence:
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]]  # per generated token; empty lists unless requested
+    text: str
+    finish_reason: str  # "stop" | "length"
+    weight_version: int
+
+
+@dataclass(eq=False)  # identity-hashed: used as a dict key
+class _Pending:
+    request: GenerationRequest
+    future: Future[list[GeneratedSequence]]
+
+
+@dataclass
+class _Row:
+    pending: _Pending
+    choice: int
+    sampling: RowSampling
+    stop_ids: set[int]
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
+    finish_reason: str | None = None
+    text_cut: int | None = None
+
+
+class SamplerEngine:
+    """Owns the sampling model; thread-safe ``submit`` returns a concurrent Future."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: object,
+        device: torch.device,
+        max_batch: int,
+        batch_window_s: float = 0.001,
+    ) -> None:
+        self.model = model
+        self.batch_window_s = batch_window_s
+        self.tokenizer = tokenizer
+        self.device = device
+        self.max_batch = max_batch
+        self.weights_lock = threading.Lock()
+        self.weight_version = 0
+        self.batches_run = 0  # observability: how many decode batches ran (tests check batching)
+        self.max_batch_seen = 0
+        self.busy_s = 0.0  # time spent decoding (observability: HTTP overhead = latency - busy)
+        self._queue: queue.Queue[_Pending | None] = queue.Queue()
+        self._carry: list[_Pending] = []
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        eos = getattr(tokenizer, "eos_token_id", None)
+        self._eos_ids = {eos} if isinstance(eos, int) else set(eos or [])
+        self._pad_id = getattr(tokenizer, "pad_token_id", None)
+        if self._pad_id is None:
+            self._pad_id = next(iter(self._eos_ids), 0)
+        config = getattr(model, "config", None)
+        self.max_positions: int = int(getattr(config, "max_position_embeddings", 1 << 30) or (1 << 30))
+
+    # lifecycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="rllm-sampler-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._queue.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        # Requests still waiting would otherwise hang their HTTP clients forever.
+        leftovers = list(self._carry)
+        self._carry.clear()
+        while not self._queue.empty():
+            item = self._queue.get_nowait()
+            if item is not None:
+                leftovers.append(item)
+        for p in leftovers:
+            if not p.future.done():
+                p.future.set_exception(RuntimeError("sampler engine stopped before this request ran"))
+
+    def submit(self, request: GenerationRequest) -> Future[list[GeneratedSequence]]:
+        future: Future[list[GeneratedSequence]] = Future()
+        if self._stopping:
+            future.set_exception(RuntimeError("sampler engine is stopped"))
+            return future
+        self._queue.put(_Pending(request, future))
+        return future
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Hold sampling between batches (a running batch finishes first)."""
+        with self.weights_lock:
+            yield
+
+    def update_weights(self, apply: Callable[[], None]) -> int:
+        """Run ``apply`` (which changes the sampler's weights) with sampling paused; bump version."""
+        with self.weights_lock:
+            apply()
+            self.weight_version += 1
+            return self.weight_version
+
+    # worker ----------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            batch = self._next_batch()
+            if batch is None:
+                return
+            try:
+                with self.weights_lock:
+                    started = time.perf_counter()
+                    results = self._generate(batch)
+                    self.busy_s += time.perf_counter() - started
+            except Exception as exc:  # one bad batch must not kill the server
+                logger.exception("sampler batch failed")
+                for p in batch:
+                    if not p.future.done():
+                        p.future.set_exception(exc)
+                continue
+            for p, seqs in results.items():
+                p.future.set_result(seqs)
+
+    def _next_batch(self) -> list[_Pending] | None:
+        """Everything queued now, up to max_batch sequences; blocks only while nothing waits.
+
+        Once a request is in hand, requests keep being collected while they arrive less than
+        ``batch_window_s`` apart: concurrent clients (a group of rollouts) rarely hit the queue
+        at the same instant, and one batch of 32 rows costs about what a batch of 8 does.
+        """
+        batch: list[_Pending] = []
+        rows = 0
+        if not self._carry:
+            first = self._queue.get()
+            if first is None:
+                return None
+            self._carry.append(first)
+        while True:
+            while self._carry:
+                p = self._carry[0]
+                if batch and rows + p.request.n > self.max_batch:
+                    return batch
+                batch.append(self._carry.pop(0))
+                rows += p.request.n
+            try:
+                item = (
+                    self._queue.get(timeout=self.batch_window_s)
+                    if self.batch_window_s > 0
+                    else self._queue.get_nowait()
+                )
+            except queue.Empty:
+                return batch
+            if item is None:
+                self._queue.put(None)  # stop after this batch
+                return batch
+            self._carry.append(item)
+
+    @torch.inference_mode()
+    def _generate(self, batch: list[_Pending]) -> dict[_Pending, list[GeneratedSequence]]:
+        rows: list[_Row] = []
+        for p in batch:
+            r = p.request
+            stop_ids = set(r.stop_token_ids) | (set() if r.ignore_eos else self._eos_ids)
+            for choice in range(r.n):
+                generator = None
+                if r.seed is not None and r.temperature >= GREEDY_TEMPERATURE:
+                    generator = torch.Generator(device=self.device).manual_seed(r.seed + choice)
+                rows.append(_Row(p, choice, RowSampling(r.temperature, r.top_p, generator), stop_ids))
+        self.batches_run += 1
+        self.max_batch_seen = max(self.max_batch_seen, len(rows))
+        version = self.weight_version
+        self._decode(rows)
+        out: dict[_Pending, list[GeneratedSequence]] = {p: [] for p in batch}
+        for row in rows:
+            text = self.tokenizer.decode(row.token_ids, skip_special_tokens=True)
+            if row.text_cut is not None:
+                text = text[: row.text_cut]
+            out[row.pending].append(
+                GeneratedSequence(
+                    token_ids=row.token_ids,
+                    logprobs=row.logprobs,
+                    top_logprobs=row.top,
+                    text=text,
+                    finish_reason=row.finish_reason or "length",
+                    weight_version=version,
+                )
+            )
+        return out
+
+    def _decode(self, rows: list[_Row]) -> None:
+        device = self.device
+        prompts = [row.pending.request.prompt_ids for row in rows]
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, prompt in enumerate(prompts):
+            input_ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            attention[i, width - len(prompt) :] = 1
+        input_ids, attention = input_ids.to(device), attention.to(device)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        top_k = max(row.pending.request.top_logprobs for row in rows)
+        active = list(range(len(rows)))  # row index of each batch position still decoding
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache = out.past_key_values
+        logits = out.logits[:, -1, :]
+        while True:
+            sampled = sample_next(logits, [rows[i].sampling for i in active], top_k)
+            tokens = sampled.tokens.tolist()
+            logprobs = sampled.logprobs.tolist()
+            tops_ids = sampled.top_ids.tolist() if sampled.top_ids is not None else None
+            tops_lp = sampled.top_logprobs.tolist() if sampled.top_logprobs is not None else None
+            keep: list[int] = []
+            for pos, i in enumerate(active):
+                row = rows[i]
+                request = row.pending.request
+                row.token_ids.append(tokens[pos])
+                row.logprobs.append(logprobs[pos])
+                k = request.top_logprobs
+                row.top.append(
+                    list(zip(tops_ids[pos][:k], tops_lp[pos][:k], strict=True)) if k and tops_ids else []
+                )
+                if tokens[pos] in row.stop_ids or (request.stop and self._hit_stop_string(row)):
+                    row.finish_reason = "stop"
+                elif len(row.token_ids) >= request.max_tokens:
+                    row.finish_reason = "length"
+                else:
+                    keep.append(pos)
+            if not keep:
+                return
+            next_tokens = sampled.tokens[:, None]
+            if len(keep) < len(active):  # drop finished rows from the batch and the KV cache
+                index = torch.tensor(keep, device=device)
+                cache.batch_select_indices(index)
+                attention, positions, next_tokens = attention[index], positions[index], next_tokens[index]
+                active = [active[pos] for pos in keep]
+            attention = torch.cat([attention, attention.new_ones((len(active), 1))], dim=-1)
+            positions = positions[:, -1:] + 1
+            out = self.model(
+                input_ids=next_tokens,
+                attention_mask=attention,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            cache = out.past_key_values
+            logits = out.logits[:, -1, :]
+
+    def _hit_stop_string(self, row: _Row) -> bool:
+        text = self.tokenizer.decode(row.token_ids, skip_special_tokens=True)
+        cuts = [text.find(s) for s in row.pending.request.stop if s and s in text]
+        if not cuts:
+            return False
+        row.text_cut = min(cuts)  # the returned text ends before the stop string (like vLLM)
+        return True

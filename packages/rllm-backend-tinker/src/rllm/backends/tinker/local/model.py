@@ -1,0 +1,82 @@
+"""Loading the policy: device/dtype/thread choice, transformers causal LM, optional LoRA."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from rllm.backends.tinker.config import TinkerBackendConfig
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` picks CUDA when present, else CPU; anything else must be available."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"TinkerBackendConfig.device={name!r} but CUDA is not available here")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``auto`` means bf16 on CUDA (halves memory, tensor cores) and fp32 on CPU (bf16 is slow there)."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+    return _DTYPES[name]
+
+
+def configure_threads(requested: int, device: torch.device) -> int:
+    """On CPU, use every core up to 4: small matmuls gain little beyond that and the sampler,
+    the trainer and the gateway share the machine. Returns the thread count set."""
+    if device.type != "cpu":
+        return torch.get_num_threads()
+    count = requested or max(1, min(os.cpu_count() or 1, 4))
+    torch.set_num_threads(count)
+    return count
+
+
+def load_tokenizer(path: str) -> object:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token_id is None:  # left-padded batches need a pad id; it is always masked out
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_policy(config: TinkerBackendConfig, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """The trainable model: the base LM, wrapped with LoRA adapters when ``lora.rank > 0``.
+
+    Dropout stays off (eval mode) for training too, so training logprobs match the sampler's.
+    """
+    from transformers import AutoModelForCausalLM
+
+    if not config.model:
+        raise ValueError("TinkerBackendConfig.model is empty: give a local model directory or a hub name")
+    if Path(config.model).expanduser().exists():
+        source = str(Path(config.model).expanduser())
+    else:
+        source = config.model  # a hub name: transformers downloads it (users with network)
+    torch.manual_seed(config.seed)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(device)
+    if config.lora.rank > 0:
+        from peft import LoraConfig, get_peft_model
+
+        lora = LoraConfig(
+            r=config.lora.rank,
+            lora_alpha=config.lora.alpha,
+            lora_dropout=config.lora.dropout,
+            target_modules=config.lora.target_modules,
+            task_type="CAUSAL_LM",
+        )
+        model = get_peft_model(model, lora)
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.train()
+    else:
+        model.eval()
+    return model

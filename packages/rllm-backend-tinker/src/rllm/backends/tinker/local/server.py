@@ -1,0 +1,206 @@
+"""SamplerServer: an aiohttp OpenAI-compatible server on loopback in front of a SamplerEngine.
+
+It runs on its own thread and event loop, so a busy caller loop (the Trainer's) never stalls
+inference, and blocking torch work stays on the engine's worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import threading
+from typing import Any
+
+from aiohttp import web
+
+from rllm.backends.tinker.local.engine import SamplerEngine
+from rllm.backends.tinker.local.protocol import (
+    MAX_TOP_LOGPROBS,
+    RequestError,
+    chat_response,
+    completion_response,
+    parse_messages,
+    parse_prompts,
+    parse_sampling,
+)
+
+
+class SamplerServer:
+    """Serves ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models`` and ``/health``."""
+
+    def __init__(
+        self,
+        engine: SamplerEngine,
+        model_name: str,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        default_max_tokens: int = 256,
+    ) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.host = host
+        self.port = port
+        self.default_max_tokens = default_max_tokens
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+        self.url = ""
+
+    # lifecycle -------------------------------------------------------------------------------
+    def start(self) -> str:
+        """Start the server thread; returns the base URL (ending in /v1) once it is listening."""
+        ready = threading.Event()
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            try:
+                loop.run_until_complete(self._serve())
+            except BaseException as exc:
+                errors.append(exc)
+                ready.set()
+                return
+            ready.set()
+            loop.run_forever()
+            loop.run_until_complete(self._runner.cleanup() if self._runner else asyncio.sleep(0))
+            loop.close()
+
+        self._thread = threading.Thread(target=run, name="rllm-sampler-http", daemon=True)
+        self._thread.start()
+        ready.wait(timeout=60)
+        if errors:
+            raise RuntimeError(
+                f"sampler server failed to start on {self.host}:{self.port}: {errors[0]}"
+            ) from errors[0]
+        return self.url
+
+    async def _serve(self) -> None:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._completions)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.url = f"http://{self.host}:{port}/v1"
+
+    def stop(self) -> None:
+        if self._loop is not None and self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    # handlers --------------------------------------------------------------------------------
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "weight_version": self.engine.weight_version})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        card = {
+            "id": self.model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "rllm",
+            "max_model_len": self.engine.max_positions,
+        }
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        try:
+            body = await _json_body(request)
+            messages = parse_messages(body)
+            add_generation_prompt = bool(body.get("add_generation_prompt", True))
+            template_kwargs = body.get("chat_template_kwargs") or {}
+            if not isinstance(template_kwargs, dict):
+                raise RequestError("'chat_template_kwargs' must be an object", "chat_template_kwargs")
+            try:
+                text = self.engine.tokenizer.apply_chat_template(
+                    messages,
+                    tokenize=False,
+                    add_generation_prompt=add_generation_prompt,
+                    **template_kwargs,
+                )
+            except Exception as exc:
+                raise RequestError(
+                    f"the chat template could not render 'messages': {exc}", "messages"
+                ) from exc
+            prompt_ids = self._encode(text)
+            gen = parse_sampling(body, prompt_ids, self.default_max_tokens, self.engine.max_positions)
+            want_logprobs = bool(body.get("logprobs", False))
+            top = body.get("top_logprobs") or 0
+            if not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
+                raise RequestError(
+                    f"'top_logprobs' must be an integer in [0, {MAX_TOP_LOGPROBS}]", "top_logprobs"
+                )
+            gen.top_logprobs = top if want_logprobs else 0
+        except RequestError as exc:
+            return web.json_response(exc.body(), status=400)
+        seqs = await asyncio.wrap_future(self.engine.submit(gen))
+        return web.json_response(
+            chat_response(
+                self.model_name,
+                prompt_ids,
+                seqs,
+                self._decode_token,
+                logprobs=want_logprobs,
+                return_token_ids=bool(body.get("return_token_ids", False)),
+            )
+        )
+
+    async def _completions(self, request: web.Request) -> web.Response:
+        try:
+            body = await _json_body(request)
+            if body.get("echo"):
+                raise RequestError("'echo' is not supported by the local sampler", "echo")
+            prompts = parse_prompts(body, self._encode)
+            logprobs = body.get("logprobs")
+            if logprobs is not None and (
+                not isinstance(logprobs, int)
+                or isinstance(logprobs, bool)
+                or not 0 <= logprobs <= MAX_TOP_LOGPROBS
+            ):
+                raise RequestError(f"'logprobs' must be an integer in [0, {MAX_TOP_LOGPROBS}]", "logprobs")
+            gens = [
+                parse_sampling(body, p, self.default_max_tokens, self.engine.max_positions) for p in prompts
+            ]
+            for g in gens:
+                g.top_logprobs = logprobs or 0
+        except RequestError as exc:
+            return web.json_response(exc.body(), status=400)
+        results = await asyncio.gather(*(asyncio.wrap_future(self.engine.submit(g)) for g in gens))
+        return web.json_response(
+            completion_response(
+                self.model_name,
+                prompts,
+                list(results),
+                self._decode_token,
+                logprobs=logprobs,
+                return_token_ids=bool(body.get("return_token_ids", False)),
+            )
+        )
+
+    # helpers ---------------------------------------------------------------------------------
+    def _encode(self, text: str) -> list[int]:
+        ids = self.engine.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if not ids:
+            raise RequestError("the prompt is empty after tokenization", "prompt")
+        return list(ids)
+
+    @functools.lru_cache(maxsize=65536)  # noqa: B019 - the server lives as long as its tokenizer
+    def _decode_token(self, token_id: int) -> str:
+        return self.engine.tokenizer.decode([token_id])
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RequestError(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise RequestError("request body must be a JSON object")
+    return body

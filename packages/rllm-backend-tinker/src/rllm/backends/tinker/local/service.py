@@ -1,0 +1,190 @@
+"""LocalService: the embedded Tinker-style service — trainer, sampler engine and HTTP server in
+one process, sharing the device."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import threading
+from pathlib import Path
+
+import torch
+
+from rllm.algos.config import AlgorithmConfig
+from rllm.backends.tinker.config import TinkerBackendConfig
+from rllm.backends.tinker.local import checkpoint
+from rllm.backends.tinker.local.engine import SamplerEngine
+from rllm.backends.tinker.local.model import (
+    configure_threads,
+    load_policy,
+    load_tokenizer,
+    resolve_device,
+    resolve_dtype,
+)
+from rllm.backends.tinker.local.server import SamplerServer
+from rllm.backends.tinker.local.trainer import LocalTrainer
+from rllm.engine.backend import TrainSequence
+
+logger = logging.getLogger(__name__)
+
+
+class LocalService:
+    """Trains with torch in-process and serves the synced weights over OpenAI-compatible HTTP."""
+
+    def __init__(self, config: TinkerBackendConfig) -> None:
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.tokenizer: object | None = None
+        self.trainer: LocalTrainer | None = None
+        self.engine: SamplerEngine | None = None
+        self.server: SamplerServer | None = None
+        self._url = ""
+        # Serialises train_step / sync / checkpoint work (they run on worker threads).
+        self._work_lock = threading.Lock()
+
+    # lifecycle -------------------------------------------------------------------------------
+    async def start(self) -> None:
+        await asyncio.to_thread(self._start_sync)
+
+    def _start_sync(self) -> None:
+        cfg = self.config
+        if not cfg.model:
+            raise ValueError("TinkerBackendConfig.model is empty: give a local model directory or a hub name")
+        threads = configure_threads(cfg.torch_threads, self.device)
+        self.tokenizer = load_tokenizer(cfg.model)
+        model = load_policy(cfg, self.device, self.dtype)
+        self.trainer = LocalTrainer(
+            model, cfg, self.device, self.tokenizer.pad_token_id, self._load_reference
+        )
+        if cfg.sampler_weights == "copy":
+            sampler_model = copy.deepcopy(model).eval()
+            for p in sampler_model.parameters():
+                p.requires_grad_(False)
+        else:
+            sampler_model = model
+        self.engine = SamplerEngine(
+            sampler_model,
+            self.tokenizer,
+            self.device,
+            cfg.sampler_max_batch,
+            batch_window_s=cfg.sampler_batch_window_ms / 1000.0,
+        )
+        self.engine.start()
+        self.server = SamplerServer(
+            self.engine,
+            self.served_model_name(),
+            host=cfg.sampler_host,
+            port=cfg.sampler_port,
+            default_max_tokens=cfg.sampler_max_tokens,
+        )
+        self._url = self.server.start()
+        logger.info(
+            "local tinker service: %s on %s (%s, %d threads), sampler at %s",
+            cfg.model,
+            self.device,
+            self.dtype,
+            threads,
+            self._url,
+        )
+
+    def _load_reference(self) -> torch.nn.Module:
+        """The initial weights for KL: reloaded from the model path (full fine-tuning only)."""
+        from transformers import AutoModelForCausalLM
+
+        reference = (
+            AutoModelForCausalLM.from_pretrained(self.config.model, dtype=self.dtype).to(self.device).eval()
+        )
+        for p in reference.parameters():
+            p.requires_grad_(False)
+        return reference
+
+    async def close(self) -> None:
+        if self.server is not None:
+            await asyncio.to_thread(self.server.stop)
+            self.server = None
+        if self.engine is not None:
+            await asyncio.to_thread(self.engine.stop)
+            self.engine = None
+        self.trainer = None  # drop the model and optimizer state
+
+    # endpoints -------------------------------------------------------------------------------
+    def inference_urls(self) -> list[str]:
+        if not self._url:
+            raise RuntimeError("the local service is not started: await backend.start() first")
+        return [self._url]
+
+    def served_model_name(self) -> str:
+        return self.config.served_model_name or Path(self.config.model).name or self.config.model
+
+    def tokenizer_path(self) -> str | None:
+        return self.config.model
+
+    # training --------------------------------------------------------------------------------
+    def _require_started(self) -> tuple[LocalTrainer, SamplerEngine]:
+        if self.trainer is None or self.engine is None:
+            raise RuntimeError("the local service is not started: await backend.start() first")
+        return self.trainer, self.engine
+
+    async def train_step(self, batch: list[TrainSequence], algo: AlgorithmConfig) -> dict[str, float]:
+        trainer, engine = self._require_started()
+        # With shared weights, optimizer steps must not run while a batch is being sampled.
+        guard = engine.paused if self.config.sampler_weights == "shared" else None
+
+        def work() -> dict[str, float]:
+            with self._work_lock:
+                return trainer.train_step(batch, algo, guard)
+
+        return await asyncio.to_thread(work)
+
+    async def sync_weights(self) -> int:
+        _, engine = self._require_started()
+
+        def work() -> int:
+            with self._work_lock:
+                return engine.update_weights(self._copy_weights_to_sampler)
+
+        return await asyncio.to_thread(work)
+
+    def _copy_weights_to_sampler(self) -> None:
+        """Copy the trainable tensors (all of them for full fine-tuning, the adapters for LoRA)."""
+        trainer, engine = self._require_started()
+        if engine.model is trainer.model:
+            return
+        target = dict(engine.model.named_parameters())
+        with torch.no_grad():
+            for name, param in trainer.model.named_parameters():
+                if param.requires_grad:
+                    target[name].copy_(param)
+
+    async def save_checkpoint(self, path: Path) -> None:
+        trainer, engine = self._require_started()
+
+        def work() -> None:
+            with self._work_lock:
+                state = {
+                    "weight_version": engine.weight_version,
+                    "optimizer_steps": trainer.optimizer_steps,
+                    "model": self.config.model,
+                }
+                checkpoint.save(Path(path), trainer.model, trainer.optimizer, self.tokenizer, state)
+
+        await asyncio.to_thread(work)
+
+    async def load_checkpoint(self, path: Path) -> None:
+        trainer, engine = self._require_started()
+
+        def work() -> None:
+            with self._work_lock:
+                state = checkpoint.load(Path(path), trainer.model, trainer.optimizer)
+                trainer.optimizer_steps = int(state.get("optimizer_steps", 0))
+                version = int(state.get("weight_version", 0))
+
+                def apply() -> None:
+                    self._copy_weights_to_sampler()
+                    engine.weight_version = version - 1  # update_weights adds one
+
+                engine.update_weights(apply)
+
+        await asyncio.to_thread(work)

@@ -1,0 +1,224 @@
+"""LocalTrainer: forward_backward with rllm.algos' loss, AdamW optim_step, and train_step.
+
+One ``train_step`` = ``ppo_epochs`` x ``mini_batches`` optimizer steps. Each mini-batch's
+gradient is accumulated over micro-batches, each micro-batch loss weighted by its share of the
+mini-batch (tokens for token-level aggregations, sequences for sequence-level ones) so the
+accumulated gradient equals that of the whole mini-batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+import numpy as np
+import torch
+
+from rllm.algos.config import AlgorithmConfig
+from rllm.backends.tinker.config import TinkerBackendConfig
+from rllm.backends.tinker.local.batching import (
+    PaddedBatch,
+    check_sequences,
+    pad,
+    split_micro_batches,
+    split_mini_batches,
+)
+from rllm.backends.tinker.local.loss import policy_loss
+from rllm.engine.backend import TrainSequence
+
+# Loss metrics that micro-batches add up (global denominators); the rest are token-weighted means.
+_SUMMED_METRICS = {"loss", "policy_loss", "num_tokens"}
+
+
+def token_logprobs_and_entropy(
+    model: torch.nn.Module, batch: PaddedBatch, *, with_entropy: bool = True, entropy_grad: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token logprobs of ``batch.targets`` ([B, L-1], float32) and, optionally, the policy's
+    entropy at each position — with gradient only when it is a loss term (``entropy_coef``),
+    otherwise it is a metric and costs no backward memory."""
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
+    logits = logits[:, :-1, :].float()
+    log_norm = torch.logsumexp(logits, dim=-1)
+    logprobs = logits.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1) - log_norm
+    entropy = None
+    if with_entropy or entropy_grad:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            probs = torch.softmax(logits, dim=-1)
+            entropy = log_norm - (probs * logits).sum(-1)
+    return logprobs, entropy
+
+
+class LocalTrainer:
+    """Owns the optimizer of a (possibly LoRA-wrapped) causal LM."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: TinkerBackendConfig,
+        device: torch.device,
+        pad_id: int,
+        reference_loader: Callable[[], torch.nn.Module] | None = None,
+    ) -> None:
+        self.model = model
+        self.config = config
+        self.device = device
+        self.pad_id = pad_id
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("the model has no trainable parameters (check lora.target_modules)")
+        self.optimizer = torch.optim.AdamW(
+            self.params,
+            lr=config.learning_rate,
+            betas=config.betas,
+            eps=config.eps,
+            weight_decay=config.weight_decay,
+            foreach=True,
+        )
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.optimizer_steps = 0
+        self._reference_loader = reference_loader
+        self._reference: torch.nn.Module | None = None
+
+    # reference policy (KL) -------------------------------------------------------------------
+    def reference_logprobs(self, batch: PaddedBatch) -> torch.Tensor:
+        """Logprobs under the initial weights: the base model with adapters off (LoRA) or a frozen
+        copy loaded from the model path (full fine-tuning), loaded on first use."""
+        with torch.no_grad():
+            if hasattr(self.model, "disable_adapter"):
+                with self.model.disable_adapter():
+                    return token_logprobs_and_entropy(self.model, batch, with_entropy=False)[0]
+            if self._reference is None:
+                if self._reference_loader is None:
+                    raise ValueError("kl_coef > 0 needs a reference model, but none can be loaded")
+                self._reference = self._reference_loader()
+            return token_logprobs_and_entropy(self._reference, batch, with_entropy=False)[0]
+
+    # the Tinker-style primitives -------------------------------------------------------------
+    def forward_backward(
+        self,
+        batch: list[TrainSequence],
+        indices: list[int],
+        algo: AlgorithmConfig,
+        old_logprobs: dict[int, torch.Tensor] | None,
+    ) -> dict[str, float]:
+        """Accumulate the gradient of the loss over ``batch[indices]``; returns metrics.
+
+        Micro-batches pass the mini-batch's token and sequence counts to the loss, so their
+        losses (and gradients) sum to the mini-batch's. Micro-batches without a trained token
+        are skipped (they carry no gradient).
+        """
+        pieces = split_micro_batches(batch, indices, self.config.micro_batch_tokens)
+        padded = [
+            p for p in (pad(batch, piece, self.pad_id, self.device) for piece in pieces) if p.num_tokens > 0
+        ]
+        num_tokens = sum(p.num_tokens for p in padded)
+        num_sequences = float(sum(int((p.mask.sum(-1) > 0).sum()) for p in padded))
+        sums: dict[str, float] = defaultdict(float)
+        entropy_grad = algo.entropy_coef != 0
+        for piece in padded:
+            share = piece.num_tokens / num_tokens  # for averaging per-token metrics
+            logprobs, entropy = token_logprobs_and_entropy(self.model, piece, entropy_grad=entropy_grad)
+            if old_logprobs is None:
+                old = logprobs.detach()
+            else:
+                old = _stack_rows([old_logprobs[i] for i in piece.indices], logprobs.shape[1], self.device)
+            ref = self.reference_logprobs(piece) if algo.kl_coef > 0 else None
+            loss, metrics = policy_loss(
+                logprobs,
+                old,
+                piece.advantages,
+                piece.mask,
+                algo,
+                sampler_logprobs=piece.sampler_logprobs,
+                ref_logprobs=ref,
+                entropy=entropy,
+                num_tokens=num_tokens,
+                num_sequences=num_sequences,
+            )
+            loss.backward()
+            for key, value in metrics.items():
+                sums[key] += float(value) * (1.0 if key in _SUMMED_METRICS else share)
+            gap = (logprobs.detach() - piece.sampler_logprobs).abs()
+            diff = torch.where(piece.mask > 0, gap, torch.zeros_like(gap)).sum() / piece.num_tokens
+            sums["sampler_logprob_abs_diff"] += float(diff) * share
+        sums["num_sequences"] = num_sequences
+        return dict(sums)
+
+    def optim_step(self, guard: Callable[[], AbstractContextManager[None]] | None = None) -> float:
+        """Clip the global grad norm, apply AdamW, clear gradients; returns the pre-clip norm.
+
+        A step without any gradient (a mini-batch with no trained token) changes nothing."""
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if not grads:
+            return 0.0
+        if self.config.grad_clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(self.params, self.config.grad_clip)
+        else:
+            norm = torch.linalg.vector_norm(torch.stack([g.detach().norm() for g in grads]))
+        with guard() if guard is not None else contextlib.nullcontext():
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer_steps += 1
+        return float(norm)
+
+    def train_step(
+        self,
+        batch: list[TrainSequence],
+        algo: AlgorithmConfig,
+        guard: Callable[[], AbstractContextManager[None]] | None = None,
+    ) -> dict[str, float]:
+        """All mini-batch updates of one batch; metrics averaged over the optimizer steps."""
+        started = time.perf_counter()
+        check_sequences(batch, self.vocab_size)
+        if not any(np.frombuffer(s.loss_mask, dtype=np.float32)[1:].any() for s in batch):
+            raise ValueError(
+                "train_step got a batch without a trained token (every loss_mask is 0 after token 0)"
+            )
+        cfg = self.config
+        groups = split_mini_batches(len(batch), cfg.mini_batches, cfg.shuffle_seed)
+        old = None
+        if len(groups) * cfg.ppo_epochs > 1:  # later updates need the pre-update policy's logprobs
+            old = self._snapshot_logprobs(batch, groups)
+        totals: dict[str, float] = defaultdict(float)
+        grad_norms: list[float] = []
+        for _ in range(cfg.ppo_epochs):
+            for indices in groups:
+                metrics = self.forward_backward(batch, indices, algo, old)
+                grad_norms.append(self.optim_step(guard))
+                for key, value in metrics.items():
+                    totals[key] += value
+        steps = len(grad_norms)
+        out = {
+            key: value / steps for key, value in totals.items() if key not in ("num_tokens", "num_sequences")
+        }
+        out["num_tokens"] = totals["num_tokens"] / cfg.ppo_epochs
+        out["num_sequences"] = float(len(batch))
+        out["grad_norm"] = sum(grad_norms) / steps
+        out["grad_norm_max"] = max(grad_norms)
+        out["optimizer_steps"] = float(steps)
+        out["lr"] = float(self.optimizer.param_groups[0]["lr"])
+        out["train_step_s"] = time.perf_counter() - started
+        return out
+
+    def _snapshot_logprobs(
+        self, batch: list[TrainSequence], groups: list[list[int]]
+    ) -> dict[int, torch.Tensor]:
+        snapshot: dict[int, torch.Tensor] = {}
+        with torch.no_grad():
+            for indices in groups:
+                for piece in split_micro_batches(batch, indices, self.config.micro_batch_tokens):
+                    padded = pad(batch, piece, self.pad_id, self.device)
+                    logprobs, _ = token_logprobs_and_entropy(self.model, padded, with_entropy=False)
+                    for row, i in enumerate(piece):
+                        snapshot[i] = logprobs[row, : len(batch[i].tokens) - 1]
+        return snapshot
+
+
+def _stack_rows(rows: list[torch.Tensor], width: int, device: torch.device) -> torch.Tensor:
+    out = torch.zeros((len(rows), width), dtype=torch.float32, device=device)
+    for i, row in enumerate(rows):
+        out[i, : row.shape[0]] = row
+    return out

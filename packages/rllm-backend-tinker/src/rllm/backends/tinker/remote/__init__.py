@@ -1,0 +1,1 @@
+"""The remote service: the Tinker API through the official ``tinker`` SDK."""

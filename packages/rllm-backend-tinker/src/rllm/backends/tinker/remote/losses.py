@@ -1,0 +1,104 @@
+"""Which Tinker loss runs an AlgorithmConfig, and which options the remote service must refuse.
+
+Tinker's built-in losses take per-token advantages and sum over tokens, and each is linear in the
+advantage per token. So our aggregation (token-mean, seq-mean-..., see rllm.algos) is honoured
+exactly by scaling each token's advantage by its aggregation weight (``token_weights``).
+Losses without a built-in twin (dual_clip) run our own rllm.algos loss client-side through
+``forward_backward_custom``.
+
+The remote service's "old" policy is the sampler (Tinker's convention: the datum's ``logprobs``
+are the sampling logprobs), so it cannot also correct trainer/sampler drift (``tis``), has no
+reference model for ``kl_coef`` and no per-token entropy for ``entropy_coef``: those are refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rllm.algos.config import AlgorithmConfig
+from rllm.backends.tinker.config import TinkerBackendConfig
+
+# our loss name -> Tinker's built-in loss_fn (the rest go through forward_backward_custom)
+BUILTIN_LOSSES = {
+    "importance_sampling": "importance_sampling",
+    "ppo_clip": "ppo",
+    "cispo": "cispo",
+    "gspo": "gspo",
+    "cross_entropy": "cross_entropy",
+}
+CLIPPED_LOSSES = {"ppo", "cispo", "gspo"}
+
+
+@dataclass(frozen=True)
+class LossPlan:
+    """``loss_fn`` is a Tinker built-in name, or "custom" for forward_backward_custom."""
+
+    loss_fn: str
+    loss_fn_config: dict[str, float] | None
+
+
+def check_supported(algo: AlgorithmConfig, config: TinkerBackendConfig) -> None:
+    """Raise ValueError naming every option the remote service cannot honour."""
+    problems = []
+    if algo.kl_coef > 0:
+        problems.append("`kl_coef` > 0: the remote service has no reference-model logprobs; set kl_coef=0")
+    if algo.entropy_coef != 0:
+        problems.append(
+            "`entropy_coef` != 0: Tinker returns logprobs only, not the entropy; set entropy_coef=0"
+        )
+    if algo.tis != "none":
+        problems.append(
+            "`tis`: the remote service uses the sampler's logprobs as the old policy, so there is no "
+            "trainer/sampler mismatch to correct; set tis='none'"
+        )
+    if config.lora.rank == 0:
+        problems.append(
+            "`lora.rank` = 0 (full fine-tuning): the Tinker service trains LoRA adapters; set lora.rank > 0"
+        )
+    if config.lora.target_modules != "all-linear":
+        problems.append(
+            "`lora.target_modules`: Tinker chooses its LoRA targets itself; leave it 'all-linear'"
+        )
+    if config.micro_batch_tokens:
+        problems.append("`micro_batch_tokens`: Tinker splits requests itself; leave it 0")
+    if problems:
+        raise ValueError("the tinker backend's remote service cannot honour: " + "; ".join(problems))
+
+
+def plan_loss(algo: AlgorithmConfig) -> LossPlan:
+    name = BUILTIN_LOSSES.get(algo.loss)
+    if name is None:
+        return LossPlan("custom", None)
+    if name in CLIPPED_LOSSES:
+        return LossPlan(
+            name, {"clip_low_threshold": 1.0 - algo.clip_low, "clip_high_threshold": 1.0 + algo.clip_high}
+        )
+    return LossPlan(name, None)
+
+
+def token_weights(masks: list[np.ndarray], algo: AlgorithmConfig) -> list[np.ndarray]:
+    """Per-token factors that turn Tinker's token sum into ``algo.aggregation`` over this batch.
+
+    Sequences without a trained token are not counted (as in rllm.algos.losses.aggregate).
+    """
+    counts = [float(m.sum()) for m in masks]
+    total_tokens = sum(counts)
+    sequences = float(sum(1 for c in counts if c > 0))
+    width = max(len(m) for m in masks)
+    out = []
+    for mask, count in zip(masks, counts, strict=True):
+        if algo.aggregation == "token-mean":
+            scale = 1.0 / total_tokens if total_tokens else 0.0
+        elif algo.aggregation == "token-sum":
+            scale = 1.0
+        elif algo.aggregation == "seq-mean-token-sum":
+            scale = 1.0 / sequences if sequences else 0.0
+        elif algo.aggregation == "seq-mean-token-mean":
+            scale = 1.0 / (sequences * count) if count else 0.0
+        else:  # seq-mean-token-sum-norm
+            norm = algo.loss_scale_factor if algo.loss_scale_factor is not None else float(width)
+            scale = 1.0 / (sequences * norm) if sequences else 0.0
+        out.append((mask * scale).astype(np.float32))
+    return out

@@ -1,0 +1,30 @@
+"""The locally built tiny model and tokenizer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tinker_helpers import WORDS
+from transformers import AutoConfig, AutoTokenizer
+
+
+def test_words_are_single_tokens_and_the_chat_template_round_trips(tiny_model_path: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    for word in [*WORDS, "say", ":"]:
+        ids = tokenizer(word, add_special_tokens=False)["input_ids"]
+        assert len(ids) == 1 and ids[0] != tokenizer.unk_token_id, word
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "say: plum"}, {"role": "assistant", "content": "plum"}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "say : plum plum"
+    assert ids.count(tokenizer.eos_token_id) == 2 and tokenizer.eos_token == "<|end|>"
+    assert tokenizer.convert_ids_to_tokens(ids[-1]) == "<|assistant|>"
+
+
+def test_model_shape_is_servable(tiny_model_path: Path) -> None:
+    config = AutoConfig.from_pretrained(tiny_model_path)
+    assert config.model_type == "llama" and config.head_dim >= 64 and config.num_hidden_layers == 2
+    assert config.eos_token_id == AutoTokenizer.from_pretrained(tiny_model_path).eos_token_id

@@ -1,0 +1,70 @@
+"""Helpers shared by the tinker backend tests (named uniquely: test modules import it by path)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import torch
+
+from rllm.backends.tinker import TinkerBackend
+from rllm.engine.backend import TrainSequence
+from rllm.types import FloatArray, TokenArray
+
+WORDS = ["apple", "banana", "cherry", "grape", "lemon", "mango", "peach", "plum"]
+
+
+def started_backend(model: Path, **options: object) -> TinkerBackend:
+    """A started local backend (from sync code). Its sampler runs on its own threads, so any
+    event loop can use it afterwards."""
+    return asyncio.run(start_backend(model, **options))
+
+
+async def start_backend(model: Path, **options: object) -> TinkerBackend:
+    backend = TinkerBackend({"model": str(model), "torch_threads": 2, **options})
+    await backend.start()
+    return backend
+
+
+def prompt_ids(backend: TinkerBackend, word: str) -> list[int]:
+    tokenizer = backend.service.tokenizer
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": f"say: {word}"}], tokenize=False, add_generation_prompt=True
+    )
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def reply_sequence(backend: TinkerBackend, word: str, reply: str, advantage: float) -> TrainSequence:
+    """Prompt 'say: word' + the reply's tokens and EOS, trained with one advantage."""
+    tokenizer = backend.service.tokenizer
+    prompt = prompt_ids(backend, word)
+    response = [*tokenizer(reply, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
+    tokens = prompt + response
+    logprobs = policy_logprobs(backend, tokens)
+    return TrainSequence(
+        tokens=TokenArray(tokens),
+        loss_mask=FloatArray([0.0] * len(prompt) + [1.0] * len(response)),
+        advantages=FloatArray([advantage] * len(tokens)),
+        sampler_logprobs=FloatArray([0.0] * len(prompt) + logprobs[len(prompt) - 1 :]),
+    )
+
+
+def policy_logprobs(
+    backend: TinkerBackend, tokens: list[int], model: torch.nn.Module | None = None
+) -> list[float]:
+    """Teacher-forced log p(tokens[i] | tokens[:i]) for i >= 1 under the trainer's model."""
+    model = model if model is not None else backend.service.trainer.model
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([tokens])).logits[0, :-1].float()
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(tokens[1:])[:, None]).squeeze(-1)
+    return logp.tolist()
+
+
+def reply_logprob(
+    backend: TinkerBackend, word: str, reply: str, model: torch.nn.Module | None = None
+) -> float:
+    """Total logprob of the reply (and EOS) after 'say: word' (trainer's model unless given)."""
+    tokenizer = backend.service.tokenizer
+    prompt = prompt_ids(backend, word)
+    tokens = [*prompt, *tokenizer(reply, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
+    return sum(policy_logprobs(backend, tokens, model)[len(prompt) - 1 :])
