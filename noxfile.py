@@ -60,7 +60,9 @@ def tinker(session: nox.Session) -> None:
 def verl_backend(session: nox.Session) -> None:
     """rllm-backend-verl's environment (verl on CPU): its tests and the verl-reference checks."""
     _sync(session, "--package", "rllm-backend-verl", "--extra", "verl")
-    session.run(*PYTEST, "-m", "verl", "packages/rllm-backend-verl", "packages/rllm-algos/tests", *session.posargs)
+    session.run(
+        *PYTEST, "-m", "verl", "packages/rllm-backend-verl", "packages/rllm-algos/tests", *session.posargs
+    )
 
 
 @nox.session(python="3.11", name="verl-reference")

@@ -156,7 +156,6 @@ def main() -> None:
 
     print("pydantic v2 JSON (list fields):")
     p_eps = to_pydantic(episodes)
-    del episodes
     t_enc, blob = timed("encode", p_eps.model_dump_json)
     t_dec, back = timed("decode", lambda: PEpisodes.model_validate_json(blob))
     assert len(back.episodes) == len(p_eps.episodes)

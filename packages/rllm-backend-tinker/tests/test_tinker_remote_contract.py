@@ -1,234 +1,365 @@
-"""Contract tests of the remote service: our batches become the SDK's real types
-(tinker.types.Datum / ModelInput / TensorData / AdamParams); only the network is faked, by
-FakeTinkerServiceClient below. A live test runs when TINKER_API_KEY is set."""
+"""Contract tests of the remote service, end to end: our TinkerBackend(service="remote") drives
+the REAL official ``tinker`` SDK (ServiceClient, TrainingClient, futures, protobuf/zstd
+encoding, JWT auth) over REAL HTTP to FakeTinkerServer (fake_tinker_server.py), a loopback
+stand-in for the paid Tinker service that validates and records what arrives on the wire and
+trains a tiny bigram model with the documented losses. A live test runs when TINKER_API_KEY is set.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
+import tinker
 import torch
-from tinker import types
+from fake_tinker_server import FAKE_API_KEY, FakeTinkerServer
 
 from rllm.algos.config import AlgorithmConfig
 from rllm.algos.losses import compute_policy_loss
-from rllm.backends.tinker import TinkerBackend, TinkerBackendConfig, parse_config
+from rllm.backends.tinker import TinkerBackend
 from rllm.backends.tinker.remote.custom_loss import make_custom_loss
 from rllm.backends.tinker.remote.datums import to_datums
 from rllm.backends.tinker.remote.losses import plan_loss
-from rllm.backends.tinker.remote.service import RemoteService
 from rllm.engine.backend import TrainSequence
 from rllm.types import FloatArray, TokenArray
 
-
-def _sequence(rng: np.random.Generator, prompt: int, response: int) -> TrainSequence:
-    n = prompt + response
-    return TrainSequence(
-        tokens=TokenArray(rng.integers(0, 100, n).tolist()),
-        loss_mask=FloatArray([0.0] * prompt + [1.0] * response),
-        advantages=FloatArray([float(rng.normal())] * n),
-        sampler_logprobs=FloatArray([0.0] * prompt + (-rng.random(response) * 3).tolist()),
-    )
-
-
-def _batch(seed: int = 0) -> list[TrainSequence]:
-    rng = np.random.default_rng(seed)
-    return [_sequence(rng, 4, 3), _sequence(rng, 2, 6), _sequence(rng, 5, 1)]
+MODEL = "Qwen/Qwen3-4B-Instruct-2507"
+INFERENCE_URL = "https://tinker.example/oai/api/v1"
+AGGREGATIONS = [
+    "token-mean",
+    "token-sum",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+]
 
 
-def _remote_config(**overrides: Any) -> TinkerBackendConfig:
-    return parse_config(
+@pytest.fixture(scope="module")
+def fake_tinker() -> Iterator[FakeTinkerServer]:
+    with FakeTinkerServer() as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def _no_tinker_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the config under test decides where the SDK connects and with which credential."""
+    for name in ("TINKER_BASE_URL", "TINKER_CREDENTIAL_CMD", "TINKER_PROJECT_ID", "TINKER_TAGS"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _remote(server: FakeTinkerServer, **overrides: Any) -> TinkerBackend:
+    remote = {"base_url": server.url, "api_key": FAKE_API_KEY, "inference_url": INFERENCE_URL}
+    return TinkerBackend(
         {
             "service": "remote",
-            "model": "Qwen/Qwen3-4B-Instruct-2507",
+            "model": MODEL,
             "lora": {"rank": 8},
-            "learning_rate": 3e-5,
-            "remote": {"inference_url": "https://tinker.example/oai/api/v1"},
+            "learning_rate": 3e-2,
+            "remote": {**remote, **overrides.pop("remote", {})},
             **overrides,
         }
     )
 
 
-def test_datums_are_shifted_and_typed() -> None:
-    batch = _batch()
-    algo = AlgorithmConfig(loss="ppo_clip", aggregation="token-sum")
-    datums = to_datums(batch, algo, plan_loss(algo))
-    for seq, datum in zip(batch, datums, strict=True):
-        assert isinstance(datum, types.Datum) and isinstance(datum.model_input, types.ModelInput)
-        tokens = list(seq.tokens)
-        assert datum.model_input.to_ints() == tokens[:-1]
-        inputs = datum.loss_fn_inputs
-        assert set(inputs) == {"target_tokens", "logprobs", "advantages"}
-        assert all(isinstance(v, types.TensorData) for v in inputs.values())
-        assert inputs["target_tokens"].dtype == "int64" and inputs["target_tokens"].data == tokens[1:]
-        assert inputs["logprobs"].dtype == "float32"
-        assert np.allclose(inputs["logprobs"].data, list(seq.sampler_logprobs)[1:])
-        # token-sum: the advantage of a masked (prompt) token is 0, trained tokens keep theirs
-        expected = np.array(list(seq.advantages)[1:]) * np.array(list(seq.loss_mask)[1:])
-        assert np.allclose(inputs["advantages"].data, expected)
+@pytest.fixture
+async def backend(fake_tinker: FakeTinkerServer) -> AsyncIterator[TinkerBackend]:
+    backend = _remote(fake_tinker)
+    await backend.start()
+    yield backend
+    await backend.close()
 
 
-def _tinker_builtin_loss(
-    name: str, datums: list[types.Datum], logprobs: list[torch.Tensor], cfg: dict
-) -> torch.Tensor:
-    """Tinker's documented built-in losses, summed over tokens of all datums (the server's side)."""
-    total = torch.zeros(())
-    for datum, lp in zip(datums, logprobs, strict=True):
-        adv = datum.loss_fn_inputs["advantages"].to_torch()
-        ratio = torch.exp(lp - datum.loss_fn_inputs["logprobs"].to_torch())
-        if name == "importance_sampling":
-            total = total - (ratio * adv).sum()
-        else:  # ppo
-            clipped = torch.clamp(ratio, cfg["clip_low_threshold"], cfg["clip_high_threshold"])
-            total = total - torch.minimum(ratio * adv, clipped * adv).sum()
-    return total
+def _model_id(backend: TinkerBackend) -> str:
+    return backend.service.training_client.model_id
 
 
-@pytest.mark.parametrize(
-    "aggregation",
-    ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"],
-)
-@pytest.mark.parametrize("loss", ["ppo_clip", "importance_sampling"])
-def test_builtin_losses_reproduce_our_aggregated_loss(loss: str, aggregation: str) -> None:
-    batch = _batch(1)
-    algo = AlgorithmConfig(loss=loss, aggregation=aggregation, clip_low=0.1, clip_high=0.3)
-    plan = plan_loss(algo)
-    assert plan.loss_fn == {"ppo_clip": "ppo", "importance_sampling": "importance_sampling"}[loss]
-    datums = to_datums(batch, algo, plan)
-    rng = torch.Generator().manual_seed(0)
-    # current-policy logprobs near the sampler's, so some ratios leave the clip range
-    current = [
-        d.loss_fn_inputs["logprobs"].to_torch() + 0.4 * torch.randn(d.model_input.length, generator=rng)
-        for d in datums
-    ]
-    theirs = _tinker_builtin_loss(plan.loss_fn, datums, current, plan.loss_fn_config or {})
-    width = max(len(s.tokens) - 1 for s in batch)
+def _wire(server: FakeTinkerServer, backend: TinkerBackend, name: str) -> list[Any]:
+    """What reached the fake service for this backend's current training run."""
+    return [b for b in server.bodies(name) if b.get("model_id") == _model_id(backend)]
 
-    def pad(rows: list[torch.Tensor]) -> torch.Tensor:
-        return torch.stack([torch.nn.functional.pad(r, (0, width - len(r))) for r in rows])
 
-    mask = pad([torch.tensor(list(s.loss_mask)[1:]) for s in batch])
-    ours, _ = compute_policy_loss(
-        pad(current),
-        pad([torch.tensor(list(s.sampler_logprobs)[1:]) for s in batch]),
-        pad([torch.tensor(list(s.advantages)[1:]) for s in batch]),
-        mask,
+def _batch(server: FakeTinkerServer, model_id: str, seed: int = 0) -> list[TrainSequence]:
+    """Sequences as a sampler of the current remote policy would report them: sampler logprobs are
+    the service model's own plus noise, so importance ratios sit near 1 and some leave the clip range."""
+    rng = np.random.default_rng(seed)
+    batch = []
+    for prompt, response in [(4, 3), (2, 6), (5, 1)]:
+        n = prompt + response
+        tokens = rng.integers(0, 100, n).tolist()
+        model_lp = np.array(server.model_logprobs(model_id, tokens))
+        sampler = [0.0] * prompt + (model_lp + rng.normal(0.0, 0.3, n - 1))[prompt - 1 :].tolist()
+        batch.append(
+            TrainSequence(
+                tokens=TokenArray(tokens),
+                loss_mask=FloatArray([0.0] * prompt + [1.0] * response),
+                advantages=FloatArray([float(rng.normal())] * n),
+                sampler_logprobs=FloatArray(sampler),
+            )
+        )
+    return batch
+
+
+def _padded(rows: list[list[float]]) -> torch.Tensor:
+    width = max(len(r) for r in rows)
+    return torch.tensor([r + [0.0] * (width - len(r)) for r in rows])
+
+
+def _our_loss(
+    batch: list[TrainSequence], current: list[list[float]], algo: AlgorithmConfig
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """rllm.algos' loss on the service model's logprobs (shifted like the datums)."""
+    return compute_policy_loss(
+        _padded(current),
+        _padded([list(s.sampler_logprobs)[1:] for s in batch]),
+        _padded([list(s.advantages)[1:] for s in batch]),
+        _padded([list(s.loss_mask)[1:] for s in batch]),
         algo,
     )
-    assert float(theirs) == pytest.approx(float(ours), rel=1e-5, abs=1e-6)
 
 
-def test_cross_entropy_uses_weights_and_dual_clip_goes_custom() -> None:
-    batch = _batch(2)
-    algo = AlgorithmConfig(loss="cross_entropy", aggregation="token-sum")
-    datums = to_datums(batch, algo, plan_loss(algo))
-    assert set(datums[0].loss_fn_inputs) == {"target_tokens", "weights"}
-    assert datums[0].loss_fn_inputs["weights"].data == list(batch[0].loss_mask)[1:]
-    assert plan_loss(AlgorithmConfig(loss="dual_clip")).loss_fn == "custom"
-    assert plan_loss(AlgorithmConfig(loss="gspo")).loss_fn == "gspo"
-    assert plan_loss(AlgorithmConfig(loss="cispo")).loss_fn_config == pytest.approx(
-        {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
+async def test_start_opens_a_session_and_a_lora_run(
+    backend: TinkerBackend, fake_tinker: FakeTinkerServer
+) -> None:
+    model_id = _model_id(backend)
+    (create,) = [b for b in fake_tinker.bodies("create_model") if model_id.startswith(b["session_id"])]
+    assert create["base_model"] == MODEL and create["lora_config"]["rank"] == 8
+    assert create["lora_config"]["seed"] == 0 and create["optimizer_config"] == {"type": "adamw"}
+    # the first sampler checkpoint exists from the start, so agents can sample before any training
+    assert backend.served_model_name() == f"tinker://{model_id}/sampler_weights/rllm-v0"
+    assert backend.served_model_name() in fake_tinker.sampler_checkpoints
+    assert backend.inference_urls() == [INFERENCE_URL]
+    assert backend.tokenizer_path() == MODEL  # get_info's tokenizer_id
+    assert fake_tinker.violations == []
+
+
+async def test_datums_on_the_wire_are_shifted_and_typed(
+    backend: TinkerBackend, fake_tinker: FakeTinkerServer
+) -> None:
+    batch = _batch(fake_tinker, _model_id(backend))
+    await backend.train_step(batch, AlgorithmConfig(loss="ppo_clip", aggregation="token-sum"))
+    (request,) = _wire(fake_tinker, backend, "forward_backward")
+    assert request["content_encoding"] == "zstd" and request["forward_only"] is False
+    assert request["loss_fn"] == "ppo"
+    assert request["loss_fn_config"] == pytest.approx({"clip_low_threshold": 0.8, "clip_high_threshold": 1.2})
+    for seq, datum in zip(batch, request["data"], strict=True):
+        tokens = list(seq.tokens)
+        assert datum["model_input"] == tokens[:-1] and datum["target_tokens"] == tokens[1:]
+        assert np.allclose(datum["logprobs"], list(seq.sampler_logprobs)[1:])
+        # token-sum: a prompt token's advantage is 0, a trained token keeps its own
+        expected = np.array(list(seq.advantages)[1:]) * np.array(list(seq.loss_mask)[1:])
+        assert np.allclose(datum["advantages"], expected)
+    assert fake_tinker.violations == []
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+@pytest.mark.parametrize("loss", ["ppo_clip", "importance_sampling", "cross_entropy"])
+async def test_builtin_losses_on_the_service_equal_our_aggregated_loss(
+    loss: str, aggregation: str, backend: TinkerBackend, fake_tinker: FakeTinkerServer
+) -> None:
+    """Tinker's built-ins sum over tokens; our per-token scaling must make that sum equal to
+    rllm.algos' aggregated loss, computed here on the same (pre-update) model logprobs."""
+    model_id = _model_id(backend)
+    batch = _batch(fake_tinker, model_id, seed=1)
+    current = [fake_tinker.model_logprobs(model_id, list(s.tokens)) for s in batch]
+    algo = AlgorithmConfig(loss=loss, aggregation=aggregation, clip_low=0.1, clip_high=0.3)
+    metrics = await backend.train_step(batch, algo)
+    ours, _ = _our_loss(batch, current, algo)
+    assert metrics["tinker/loss:sum"] == pytest.approx(float(ours), rel=1e-4, abs=1e-6)
+    (request,) = _wire(fake_tinker, backend, "forward_backward")
+    assert request["loss_fn"] == plan_loss(algo).loss_fn
+    assert fake_tinker.violations == []
+
+
+@pytest.mark.parametrize("loss", ["cispo", "gspo"])
+async def test_other_builtins_send_their_name_and_clip_thresholds(
+    loss: str, backend: TinkerBackend, fake_tinker: FakeTinkerServer
+) -> None:
+    batch = _batch(fake_tinker, _model_id(backend), seed=2)
+    metrics = await backend.train_step(batch, AlgorithmConfig(loss=loss, clip_low=0.2, clip_high=0.28))
+    (request,) = _wire(fake_tinker, backend, "forward_backward")
+    assert request["loss_fn"] == loss
+    assert request["loss_fn_config"] == pytest.approx(
+        {"clip_low_threshold": 0.8, "clip_high_threshold": 1.28}
     )
+    assert np.isfinite(metrics["tinker/loss:sum"]) and fake_tinker.violations == []
 
 
-def test_custom_loss_runs_rllm_algos_on_tinker_logprobs() -> None:
-    batch = _batch(3)
-    algo = AlgorithmConfig(loss="dual_clip", dual_clip_c=2.0)
+async def test_dual_clip_runs_our_loss_through_forward_backward_custom(
+    backend: TinkerBackend, fake_tinker: FakeTinkerServer
+) -> None:
+    """No built-in twin: the SDK runs a forward pass, our rllm.algos loss on the returned
+    logprobs, then a cross_entropy backward with weights = -dLoss/dlogprob."""
+    model_id = _model_id(backend)
+    batch = _batch(fake_tinker, model_id, seed=3)
+    algo = AlgorithmConfig(loss="dual_clip", dual_clip_c=2.0, aggregation="seq-mean-token-mean")
+    current = [fake_tinker.model_logprobs(model_id, list(s.tokens)) for s in batch]
+    metrics = await backend.train_step(batch, algo)
+
+    forward, backward = _wire(fake_tinker, backend, "forward_backward")
+    assert (forward["loss_fn"], forward["forward_only"]) == ("cross_entropy", True)
+    assert (backward["loss_fn"], backward["forward_only"]) == ("cross_entropy", False)
+    assert forward["seq_id"] + 1 == backward["seq_id"]
+    # what we compute locally on the service's logprobs is what the service is asked to backprop
     datums = to_datums(batch, algo, plan_loss(algo))
-    # what the SDK hands a custom loss: one leaf tensor with gradient per datum
-    logprobs = [(d.loss_fn_inputs["logprobs"].to_torch() - 0.3).requires_grad_(True) for d in datums]
-    loss, metrics = make_custom_loss(algo)(datums, logprobs)
+    logprobs = [torch.tensor(lp, requires_grad=True) for lp in current]
+    loss, our_metrics = make_custom_loss(algo)(datums, logprobs)
     loss.backward()
-    assert all(lp.grad is not None and lp.grad.shape == lp.shape for lp in logprobs)
-    for datum, lp in zip(datums, logprobs, strict=True):  # prompt tokens get no gradient
-        masked = datum.loss_fn_inputs["weights"].to_torch() == 0
-        assert torch.all(lp.grad[masked] == 0)
-    assert "clip_frac_lower" in metrics and np.isfinite(float(loss.detach()))
+    for seq, fwd, bwd, lp in zip(batch, forward["data"], backward["data"], logprobs, strict=True):
+        assert set(fwd) == {"model_input", "target_tokens", "weights"}  # only these leave the client
+        assert fwd["weights"] == list(seq.loss_mask)[1:]
+        assert np.allclose(bwd["weights"], (-lp.grad).tolist(), atol=1e-6)
+        assert all(w == 0 for w, m in zip(bwd["weights"], list(seq.loss_mask)[1:], strict=True) if m == 0)
+    assert metrics["tinker/loss:sum"] == pytest.approx(float(loss.detach()), rel=1e-5)
+    assert all(f"tinker/{k}" in metrics for k in our_metrics)
+    assert fake_tinker.violations == []
 
 
-class FakeTinkerServiceClient:
-    """A FAKE of the network side of tinker.ServiceClient / TrainingClient: it records the SDK
-    types it is given and answers like the service would, without any HTTP."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, Any]] = []
-        self.saved = 0
-
-    # ServiceClient
-    def create_lora_training_client(self, base_model: str, rank: int, seed: int) -> FakeTinkerServiceClient:
-        self.calls.append(("create_lora_training_client", (base_model, rank, seed)))
-        return self
-
-    def create_training_client_from_state_with_optimizer(self, path: str) -> FakeTinkerServiceClient:
-        self.calls.append(("create_training_client_from_state_with_optimizer", path))
-        return self
-
-    # TrainingClient
-    def forward_backward(self, data: list[types.Datum], loss_fn: str, loss_fn_config: dict | None) -> Any:
-        assert all(isinstance(d, types.Datum) for d in data)
-        self.calls.append(("forward_backward", (data, loss_fn, loss_fn_config)))
-        return SimpleNamespace(metrics={"loss:sum": -0.5})
-
-    def forward_backward_custom(self, data: list[types.Datum], loss_fn: Any) -> Any:
-        logprobs = [d.loss_fn_inputs["logprobs"].to_torch().clone().requires_grad_(True) for d in data]
-        loss, _metrics = loss_fn(data, logprobs)
-        loss.backward()
-        self.calls.append(("forward_backward_custom", data))
-        return SimpleNamespace(metrics={"loss:sum": float(loss.detach())})
-
-    def optim_step(self, params: types.AdamParams) -> Any:
-        assert isinstance(params, types.AdamParams)
-        self.calls.append(("optim_step", params))
-        return SimpleNamespace()
-
-    def save_weights_for_sampler(self, name: str) -> Any:
-        self.saved += 1
-        self.calls.append(("save_weights_for_sampler", name))
-        return SimpleNamespace(path=f"tinker://run-1/sampler_weights/{name}")
-
-    def save_state(self, name: str) -> Any:
-        self.calls.append(("save_state", name))
-        return SimpleNamespace(path=f"tinker://run-1/weights/{name}")
-
-
-async def test_remote_service_drives_the_sdk(tmp_path: Path) -> None:
-    fake = FakeTinkerServiceClient()
-    service = RemoteService(_remote_config(mini_batches=2, grad_clip=0.5), client_factory=lambda cfg: fake)
-    await service.start()
-    assert fake.calls[0] == ("create_lora_training_client", ("Qwen/Qwen3-4B-Instruct-2507", 8, 0))
-    assert service.served_model_name() == "tinker://run-1/sampler_weights/rllm-v0"
-    assert service.inference_urls() == ["https://tinker.example/oai/api/v1"]
-    metrics = await service.train_step(_batch(), AlgorithmConfig(loss="ppo_clip"))
-    kinds = [name for name, _ in fake.calls]
-    assert kinds.count("forward_backward") == 2 and kinds.count("optim_step") == 2
-    assert metrics["optimizer_steps"] == 2.0 and metrics["tinker/loss:sum"] == -0.5
-    adam = next(arg for name, arg in fake.calls if name == "optim_step")
-    assert (adam.learning_rate, adam.grad_clip_norm, adam.beta1) == (3e-5, 0.5, 0.9)
-    _, loss_fn, loss_cfg = next(arg for name, arg in fake.calls if name == "forward_backward")
-    assert loss_fn == "ppo" and loss_cfg == pytest.approx(
-        {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
+async def test_optim_steps_use_our_adamw_settings_in_seq_order(fake_tinker: FakeTinkerServer) -> None:
+    backend = _remote(
+        fake_tinker,
+        mini_batches=2,
+        ppo_epochs=2,
+        grad_clip=0.5,
+        weight_decay=0.01,
+        betas=(0.8, 0.95),
+        eps=1e-6,
     )
-    await service.train_step(_batch(), AlgorithmConfig(loss="dual_clip"))
-    assert "forward_backward_custom" in [name for name, _ in fake.calls]
-    assert await service.sync_weights() == 1
-    assert service.served_model_name().endswith("rllm-v1")
-    await service.save_checkpoint(tmp_path / "ckpt")
-    await service.load_checkpoint(tmp_path / "ckpt")
-    assert (
-        "create_training_client_from_state_with_optimizer",
-        "tinker://run-1/weights/rllm-state-v1",
-    ) in fake.calls
-    assert service.weight_version == 1
+    await backend.start()
+    try:
+        model_id = _model_id(backend)
+        before = fake_tinker.models[model_id].logits.detach().clone()
+        metrics = await backend.train_step(_batch(fake_tinker, model_id, seed=4), AlgorithmConfig())
+        assert metrics["optimizer_steps"] == 4.0 and metrics["num_sequences"] == 3.0
+        steps = _wire(fake_tinker, backend, "optim_step")
+        assert len(steps) == 4 and len(_wire(fake_tinker, backend, "forward_backward")) == 4
+        assert steps[0]["adam_params"] == pytest.approx(
+            {
+                "learning_rate": 3e-2,
+                "beta1": 0.8,
+                "beta2": 0.95,
+                "eps": 1e-6,
+                "weight_decay": 0.01,
+                "grad_clip_norm": 0.5,
+            }
+        )
+        model = fake_tinker.models[model_id]
+        # forward_backward, optim_step alternate, and every request ran in seq_id order
+        assert model.seq_ids == list(range(1, len(model.seq_ids) + 1)) and model.optimizer_steps == 4
+        assert not torch.equal(before, model.logits.detach())
+        assert "tinker/optim/grad_norm" in metrics
+    finally:
+        await backend.close()
+    assert fake_tinker.violations == []
+
+
+async def test_sync_weights_changes_the_served_model_name(
+    backend: TinkerBackend, fake_tinker: FakeTinkerServer
+) -> None:
+    """The Trainer must re-read served_model_name() after each sync: it names the new checkpoint."""
+    model_id = _model_id(backend)
+    first = backend.served_model_name()
+    await backend.train_step(
+        _batch(fake_tinker, model_id, seed=5), AlgorithmConfig(loss="importance_sampling")
+    )
+    assert await backend.sync_weights() == 1
+    served = backend.served_model_name()
+    assert served == f"tinker://{model_id}/sampler_weights/rllm-v1" != first
+    saved = fake_tinker.sampler_checkpoints[served]
+    assert torch.equal(saved, fake_tinker.models[model_id].logits.detach())
+    assert not torch.equal(saved, fake_tinker.sampler_checkpoints[first])
+    assert await backend.sync_weights() == 2 and backend.served_model_name().endswith("rllm-v2")
+
+
+async def test_checkpoint_round_trip_restores_weights_and_adam_state(
+    backend: TinkerBackend, fake_tinker: FakeTinkerServer, tmp_path: Path
+) -> None:
+    old_id = _model_id(backend)
+    algo = AlgorithmConfig(loss="importance_sampling")
+    await backend.train_step(_batch(fake_tinker, old_id, seed=6), algo)
+    await backend.sync_weights()
+    await backend.save_checkpoint(tmp_path / "ckpt")
+    saved = fake_tinker.models[old_id]
+    saved_logits = saved.logits.detach().clone()
+    saved_moments = saved.optimizer.state[saved.logits]["exp_avg"].clone()
+    await backend.train_step(_batch(fake_tinker, old_id, seed=7), algo)  # drift past the checkpoint
+
+    await backend.load_checkpoint(tmp_path / "ckpt")
+    new_id = _model_id(backend)
+    assert new_id != old_id  # a new training run continues from the saved state
+    (load,) = [
+        b
+        for b in fake_tinker.bodies("load_weights")
+        if new_id == f"{b['session_id']}:train:{b['model_seq_id']}"
+    ]
+    assert load["optimizer"] is True and load["path"] == f"tinker://{old_id}/weights/rllm-state-v1-s1"
+    restored = fake_tinker.models[new_id]
+    assert torch.equal(restored.logits.detach(), saved_logits)
+    assert torch.equal(restored.optimizer.state[restored.logits]["exp_avg"], saved_moments)
+    assert backend.service.weight_version == 1
+    assert backend.served_model_name() == f"tinker://{new_id}/sampler_weights/rllm-v1"
+    metrics = await backend.train_step(_batch(fake_tinker, new_id, seed=8), algo)
+    assert metrics["optimizer_steps"] == 1.0 and restored.seq_ids[0] == 1
+    assert fake_tinker.violations == []
+
+
+async def test_checkpoint_errors_name_the_problem(backend: TinkerBackend, tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="not a remote tinker checkpoint"):
+        await backend.load_checkpoint(tmp_path / "missing")
+    await backend.save_checkpoint(tmp_path / "ckpt")
+    state = tmp_path / "ckpt" / "tinker_remote_state.json"
+    saved = state.read_text()
+    state.write_text(saved.replace(MODEL, "other/model"))
+    with pytest.raises(ValueError, match="other/model"):
+        await backend.load_checkpoint(tmp_path / "ckpt")
+    # a failure the service reports on the future reaches the caller through the SDK
+    state.write_text(saved.replace("/weights/", "/weights/gone-"))
+    with pytest.raises(tinker.RequestFailedError, match="no training checkpoint"):
+        await backend.load_checkpoint(tmp_path / "ckpt")
+
+
+async def test_validate_refusals_stop_before_the_network(
+    backend: TinkerBackend, fake_tinker: FakeTinkerServer
+) -> None:
+    for algo, option in [
+        (AlgorithmConfig(kl_coef=0.1), "kl_coef"),
+        (AlgorithmConfig(entropy_coef=0.01), "entropy_coef"),
+        (AlgorithmConfig(tis="token"), "tis"),
+    ]:
+        with pytest.raises(ValueError, match=option):
+            backend.validate(algo)
+        with pytest.raises(ValueError, match=option):
+            await backend.train_step(_batch(fake_tinker, _model_id(backend)), algo)
+    assert _wire(fake_tinker, backend, "forward_backward") == []
+
+
+async def test_close_finishes_the_session(fake_tinker: FakeTinkerServer) -> None:
+    backend = _remote(fake_tinker)
+    await backend.start()
+    session_id = _model_id(backend).split(":")[0]
+    await backend.close()
+    assert fake_tinker.sessions[session_id]["finished"] == "success"
+
+
+async def test_a_rejected_api_key_fails_start_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
+    with FakeTinkerServer() as server:  # its own server: the rejection is recorded as a violation
+        backend = _remote(server, remote={"api_key": "tml-wrong-key"})
+        with pytest.raises(tinker.AuthenticationError):
+            await backend.start()
+        await backend.close()
+        assert server.violations == ["/api/v1/client/config: bad credential"]
+        monkeypatch.delenv("TINKER_API_KEY", raising=False)
+        with pytest.raises(ValueError, match="API key"):
+            await _remote(server, remote={"api_key": ""}).start()
 
 
 @pytest.mark.live
 @pytest.mark.skipif(not os.environ.get("TINKER_API_KEY"), reason="needs TINKER_API_KEY (live Tinker service)")
 async def test_live_remote_train_step() -> None:
-    model = os.environ.get("TINKER_TEST_MODEL", "Qwen/Qwen3-4B-Instruct-2507")
+    model = os.environ.get("TINKER_TEST_MODEL", MODEL)
     url = os.environ.get(
         "TINKER_OAI_URL", "https://tinker.thinkingmachines.dev/services/tinker-prod/oai/api/v1"
     )
@@ -245,8 +376,18 @@ async def test_live_remote_train_step() -> None:
     backend.validate(algo)
     await backend.start()
     try:
-        metrics = await backend.train_step(_batch(), algo)
+        rng = np.random.default_rng(0)
+        batch = [
+            TrainSequence(
+                tokens=TokenArray(rng.integers(100, 1000, 8).tolist()),
+                loss_mask=FloatArray([0.0] * 4 + [1.0] * 4),
+                advantages=FloatArray([1.0] * 8),
+                sampler_logprobs=FloatArray([0.0] * 4 + [-1.0] * 4),
+            )
+        ]
+        metrics = await backend.train_step(batch, algo)
         assert metrics["optimizer_steps"] == 1.0
-        assert await backend.sync_weights() == 1
+        first = backend.served_model_name()
+        assert await backend.sync_weights() == 1 and backend.served_model_name() != first
     finally:
         await backend.close()

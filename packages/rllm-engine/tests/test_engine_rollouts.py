@@ -261,7 +261,8 @@ async def test_sync_flow_past_deadline_times_out_and_later_calls_fail_fast(gatew
 
 
 async def test_upstream_dying_mid_run_is_retried_on_a_fresh_session(gateway, upstream):
-    upstream.fail("die", count=1)
+    # The gateway itself retries one dropped connection; a second drop reaches the engine.
+    upstream.fail("die", count=2)
     config = RolloutConfig(max_retries=2, retry_backoff_s=0.3, progress=False)
     async with RolloutEngine(calculator_agent, contains_four, config, gateway_url=gateway.url) as engine:
         (ep,) = await engine.run([Task(id="x", instruction="use the calculator: 1+3")])

@@ -47,13 +47,19 @@ tool_calls = st.builds(ToolCall, id=text, function=st.builds(FunctionCall, name=
 blocks = st.lists(
     st.one_of(
         st.builds(TextBlock, text=text),
-        st.builds(ImageBlock, image_url=st.builds(ImageURL, url=st.just("data:image/png;base64,iVBORw0KGgo="))),
+        st.builds(
+            ImageBlock, image_url=st.builds(ImageURL, url=st.just("data:image/png;base64,iVBORw0KGgo="))
+        ),
     ),
     max_size=3,
 )
 messages = st.one_of(
-    st.builds(Message, role=st.sampled_from(["system", "user", "assistant"]), content=st.one_of(text, blocks)),
-    st.builds(Message, role=st.just("assistant"), content=st.none(), tool_calls=st.lists(tool_calls, max_size=2)),
+    st.builds(
+        Message, role=st.sampled_from(["system", "user", "assistant"]), content=st.one_of(text, blocks)
+    ),
+    st.builds(
+        Message, role=st.just("assistant"), content=st.none(), tool_calls=st.lists(tool_calls, max_size=2)
+    ),
     st.builds(Message, role=st.just("tool"), content=text, tool_call_id=text),
 )
 
@@ -131,7 +137,12 @@ STRATEGIES = {
         TrajectoryGroup,
     ),
     "Task": (
-        st.builds(Task, id=text, instruction=st.one_of(text, blocks), ground_truth=st.one_of(text, st.integers(-(2**63), 2**63 - 1))),
+        st.builds(
+            Task,
+            id=text,
+            instruction=st.one_of(text, blocks),
+            ground_truth=st.one_of(text, st.integers(-(2**63), 2**63 - 1)),
+        ),
         Task,
     ),
     "AgentConfig": (
@@ -169,7 +180,9 @@ def test_round_trip_msgpack_and_json(name: str) -> None:
 
 
 def test_arrays_stay_packed_end_to_end() -> None:
-    step = Step(prompt_ids=[1, 2], response_ids=[3, 4, 5], logprobs=[-0.5, -0.25, 0.0], advantage=[1.0, 2.0, 3.0])
+    step = Step(
+        prompt_ids=[1, 2], response_ids=[3, 4, 5], logprobs=[-0.5, -0.25, 0.0], advantage=[1.0, 2.0, 3.0]
+    )
     back = from_msgpack(to_msgpack(step), Step)
     assert type(back.response_ids) is TokenArray and back.response_ids.itemsize == 4
     assert type(back.logprobs) is FloatArray and back.logprobs.itemsize == 4

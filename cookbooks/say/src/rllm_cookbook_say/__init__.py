@@ -100,15 +100,15 @@ def duo_evaluator(task: Task, episode: Episode) -> EvalOutput:
 
 
 TRAIN_DEFAULTS = {
-    "total_steps": 200,
-    "tasks_per_step": 8,
+    "total_steps": 160,
+    "tasks_per_step": 16,
     "group_size": 8,
     "val_split": "test",
-    "val_every": 25,
+    "val_every": 20,
     "rollout": {"sampling": {"temperature": 1.0, "max_tokens": 2}},
     # Suggested settings for backends that build a tiny model (tinker's local service): a
     # randomly initialised model learns the task fastest with full fine-tuning at this rate.
-    "backend": {"options": {"model": "tiny", "learning_rate": 1e-3}},
+    "backend": {"options": {"model": "tiny", "learning_rate": 5e-4}},
 }
 
 cookbook = Cookbook(

@@ -1,11 +1,11 @@
 """The `rllm` command.
 
-    rllm train NAME [--backend tinker|verl] [--config FILE] [--resume] [key.sub=value ...]
-    rllm eval NAME --base-url URL [--model M] [--split test] [--attempts K] [--out FILE]
-    rllm model init-tiny PATH [--cookbook NAME] [--backend tinker]
-    rllm view RUN_DIR
-    rllm cookbooks | rllm backends
-    rllm gateway serve [...]          (the rllm-gateway server)
+rllm train NAME [--backend tinker|verl] [--config FILE] [--resume] [key.sub=value ...]
+rllm eval NAME --base-url URL [--model M] [--split test] [--attempts K] [--out FILE]
+rllm model init-tiny PATH [--cookbook NAME] [--backend tinker]
+rllm view RUN_DIR
+rllm cookbooks | rllm backends
+rllm gateway serve [...]          (the rllm-gateway server)
 """
 
 from __future__ import annotations
@@ -47,12 +47,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rllm", description="Train and evaluate language agents with RL.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    train = sub.add_parser("train", help="train a cookbook's agent", description="Extra `key.sub=value` arguments override the config.")
+    train = sub.add_parser(
+        "train",
+        help="train a cookbook's agent",
+        description="Extra `key.sub=value` arguments override the config.",
+    )
     train.add_argument("name", help="cookbook name (see `rllm cookbooks`)")
     train.add_argument("--backend", default=None, help="training backend (default: tinker)")
     train.add_argument("--config", type=Path, default=None, help="TOML or YAML TrainerConfig file")
     train.add_argument("--out", default=None, help="run directory (default runs/NAME)")
-    train.add_argument("--resume", action="store_true", help="continue from the run directory's latest checkpoint")
+    train.add_argument(
+        "--resume", action="store_true", help="continue from the run directory's latest checkpoint"
+    )
     train.add_argument("-v", "--verbose", action="store_true")
     train.set_defaults(handler=_train)
 
@@ -62,7 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--model", default="default")
     ev.add_argument("--split", default="test")
     ev.add_argument("--attempts", type=int, default=1)
-    ev.add_argument("--out", type=Path, default=None, help="results directory (default runs/eval-NAME); re-running resumes")
+    ev.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="results directory (default runs/eval-NAME); re-running resumes",
+    )
     ev.set_defaults(handler=_eval)
 
     model = sub.add_parser("model", help="model utilities")
@@ -77,8 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
     view.add_argument("run_dir", type=Path)
     view.set_defaults(handler=_view)
 
-    sub.add_parser("cookbooks", help="list installed cookbooks").set_defaults(handler=lambda a, e: _list(COOKBOOKS_GROUP))
-    sub.add_parser("backends", help="list installed backends").set_defaults(handler=lambda a, e: _list(BACKENDS_GROUP))
+    sub.add_parser("cookbooks", help="list installed cookbooks").set_defaults(
+        handler=lambda a, e: _list(COOKBOOKS_GROUP)
+    )
+    sub.add_parser("backends", help="list installed backends").set_defaults(
+        handler=lambda a, e: _list(BACKENDS_GROUP)
+    )
     sub.add_parser("gateway", help="run the rLLM gateway (rllm-gateway ...)", add_help=False)
     return parser
 
@@ -86,7 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _train(args: argparse.Namespace, overrides: list[str]) -> int:
     from rllm.engine.launch import build_trainer
 
-    trainer = build_trainer(args.name, config_path=args.config, overrides=overrides, backend=args.backend, out_dir=args.out)
+    trainer = build_trainer(
+        args.name, config_path=args.config, overrides=overrides, backend=args.backend, out_dir=args.out
+    )
     result = asyncio.run(trainer.fit(resume=args.resume))
     console.print(
         f"[bold green]done[/bold green]: {result.steps} steps in {result.wall_s:.0f} s; "

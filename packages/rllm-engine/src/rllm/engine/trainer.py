@@ -144,6 +144,8 @@ class Trainer:
             try:
                 state.weight_version = await self.backend.sync_weights()
                 await engine.client.set_weight_version(state.weight_version)
+                # Remote services serve each synced checkpoint under its own model name.
+                engine.config.model = self.backend.served_model_name()
             finally:
                 await engine.client.resume()
         t2 = time.perf_counter()

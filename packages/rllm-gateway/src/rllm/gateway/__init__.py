@@ -1,1 +1,24 @@
-"""rllm.gateway"""
+"""rllm.gateway: an OpenAI-compatible, session-routed proxy that captures exact token ids and
+logprobs from inference servers, for RL training of language agents.
+
+Embed it (``GatewayServer(GatewayConfig(...))``), drive it (``GatewayClient``), or run it
+(``rllm-gateway serve``). ``rllm.gateway.testing.MockUpstream`` is a vLLM look-alike for tests.
+"""
+
+from rllm.gateway.client import GatewayAPIError, GatewayClient, SessionInfo
+from rllm.gateway.config import GatewayConfig, load_config
+from rllm.gateway.server import GatewayServer
+from rllm.gateway.store import MemoryTraceStore, SqliteTraceStore, TraceStore, open_store
+
+__all__ = [
+    "GatewayAPIError",
+    "GatewayClient",
+    "GatewayConfig",
+    "GatewayServer",
+    "MemoryTraceStore",
+    "SessionInfo",
+    "SqliteTraceStore",
+    "TraceStore",
+    "load_config",
+    "open_store",
+]

@@ -1,0 +1,628 @@
+"""A FAKE of the remote, paid Tinker training service, for contract tests.
+
+The real service cannot run here (it is a hosted GPU service behind an API key), so this module
+stands in for it: a real aiohttp HTTP server on 127.0.0.1 that speaks the wire protocol the
+official ``tinker`` SDK uses (learned by reading the installed SDK, version 0.38):
+
+- JSON POSTs under ``/api/v1``: client/config, auth/token (API key -> short-lived JWT, sent back
+  as ``X-API-Key`` on every later request), client/dynamic_config, create_session,
+  session_heartbeat, sessions/{id}/finish, telemetry, create_model, get_info, optim_step,
+  save_weights, save_weights_for_sampler, load_weights, retrieve_future.
+- ``forward_backward`` bodies are protobuf (the SDK's published ``tinker_public.proto``),
+  zstd-compressed when the client config asks for it; ForwardBackwardOutput results go back
+  as protobuf too.
+- Training calls answer at once with a future (``request_id``); the SDK polls
+  ``retrieve_future`` until the result is ready (this fake answers ``try_again`` first, so
+  the polling path runs). Requests of one model run in ``seq_id`` order, as the service does.
+
+It validates what the SDK sends (this is the contract under test): loss names, loss_fn_config
+keys, each datum's loss_fn_inputs (names, dtypes, lengths aligned with the model input), Adam
+parameters, checkpoint names and paths. A violation answers HTTP 400 naming the problem and is
+kept in ``violations``.
+
+Where the service computes, the fake computes too, deterministically: each training model is a
+bigram language model (a [vocab, vocab] logit table, seeded from the LoRA seed) trained with the
+documented built-in losses and torch's AdamW, so logprobs, losses and updates are real numbers
+that move when our backend trains. Only this one file is a fake; the SDK and HTTP are real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import itertools
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import zstandard
+from aiohttp import web
+from tinker.proto import tinker_public_pb2 as pb
+
+API = "/api/v1"
+FAKE_API_KEY = "tml-fake-test-key"
+
+# Documented inputs of Tinker's built-in losses (tinker-docs, "Loss Functions").
+LOSS_INPUTS = {
+    "cross_entropy": {"target_tokens", "weights"},
+    "importance_sampling": {"target_tokens", "logprobs", "advantages"},
+    "ppo": {"target_tokens", "logprobs", "advantages"},
+    "cispo": {"target_tokens", "logprobs", "advantages"},
+    "gspo": {"target_tokens", "logprobs", "advantages"},
+}
+CLIP_CONFIG = {"clip_low_threshold", "clip_high_threshold"}
+LOSS_CONFIG_KEYS = {"ppo": CLIP_CONFIG, "cispo": CLIP_CONFIG, "gspo": CLIP_CONFIG}
+ADAM_KEYS = {"learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm"}
+
+
+class ContractError(ValueError):
+    """A request that breaks the contract between the SDK and the service."""
+
+
+@dataclass
+class RecordedRequest:
+    path: str
+    body: Any  # parsed JSON, or a dict summary of a protobuf forward_backward
+
+
+@dataclass
+class FakeFuture:
+    request_id: str
+    model_id: str | None
+    result: dict[str, Any] | bytes | None = None  # bytes = protobuf ForwardBackwardOutput
+    error: str | None = None
+    polls: int = 0
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    created: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class FakeModel:
+    """One training run: a bigram LM (logits[prev_token] -> next token) and its AdamW state."""
+
+    model_id: str
+    base_model: str
+    lora_rank: int
+    logits: torch.nn.Parameter
+    optimizer: torch.optim.AdamW
+    next_seq: int = 1
+    pending: dict[int, tuple[Any, FakeFuture]] = field(default_factory=dict)
+    seq_ids: list[int] = field(default_factory=list)
+    checkpoint_names: set[tuple[str, str]] = field(default_factory=set)
+    optimizer_steps: int = 0
+
+    def token_logprobs(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(self.logits[inputs], dim=-1).gather(-1, targets[:, None]).squeeze(-1)
+
+
+def _new_model(model_id: str, base_model: str, rank: int, seed: int, vocab: int) -> FakeModel:
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.nn.Parameter(torch.randn(vocab, vocab, generator=generator) * 0.5)
+    return FakeModel(model_id, base_model, rank, logits, torch.optim.AdamW([logits]))
+
+
+def _fake_jwt(subject: str, lifetime_s: int = 3600) -> str:
+    """An unsigned JWT with the claims the SDK reads (exp, iat); the SDK does not verify it."""
+
+    def part(obj: dict[str, Any]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(obj).encode()).rstrip(b"=").decode()
+
+    now = int(time.time())
+    claims = {"iss": "fake-tinker", "sub": subject, "iat": now, "exp": now + lifetime_s}
+    return f"{part({'alg': 'none', 'typ': 'JWT'})}.{part(claims)}.fake-signature"
+
+
+# ---- protobuf <-> arrays ---------------------------------------------------------------------
+
+
+def _tensor(msg: pb.Tensor, where: str) -> np.ndarray:
+    if msg.WhichOneof("encoding") != "dense":
+        raise ContractError(f"{where}: expected a dense tensor")
+    dtype = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64}.get(msg.dtype)
+    if dtype is None:
+        raise ContractError(f"{where}: dtype {pb.DType.Name(msg.dtype)} is not float32/int64")
+    values = np.frombuffer(msg.dense, dtype=dtype)
+    if list(msg.shape) != [values.size]:
+        raise ContractError(f"{where}: shape {list(msg.shape)} does not match {values.size} values")
+    return values
+
+
+def _batched_float32(rows: list[np.ndarray]) -> pb.BatchedTensor:
+    sizes = [r.astype(np.float32).nbytes for r in rows]
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    data = b"".join(r.astype(np.float32).tobytes() for r in rows)
+    return pb.BatchedTensor(data=data, offsets=offsets.tobytes(), dtype=pb.DTYPE_FLOAT32)
+
+
+# ---- losses (server side, summed over tokens as Tinker documents) ----------------------------
+
+
+def _loss(
+    name: str, lp: torch.Tensor, inputs: dict[str, torch.Tensor], cfg: dict[str, float]
+) -> torch.Tensor:
+    if name == "cross_entropy":
+        return -(lp * inputs["weights"]).sum()
+    adv, old = inputs["advantages"], inputs["logprobs"]
+    ratio = torch.exp(lp - old)
+    if name == "importance_sampling":
+        return -(ratio * adv).sum()
+    low, high = cfg["clip_low_threshold"], cfg["clip_high_threshold"]
+    if name == "ppo":
+        return -torch.minimum(ratio * adv, torch.clamp(ratio, low, high) * adv).sum()
+    if name == "cispo":
+        return -(torch.clamp(ratio, low, high).detach() * lp * adv).sum()
+    # gspo (the fake's reading): one length-normalised ratio per sequence over its trained tokens
+    trained = adv != 0
+    if not bool(trained.any()):
+        return (lp * 0).sum()
+    seq_ratio = torch.exp((lp - old)[trained].mean())
+    return -torch.minimum(seq_ratio * adv, torch.clamp(seq_ratio, low, high) * adv)[trained].sum()
+
+
+class FakeTinkerServer:
+    """The fake service, run on its own thread and event loop (the SDK blocks its caller while
+    it creates a session, so the server must not share the test's loop).
+
+    ``client_config`` overrides the feature flags sent to the SDK from /client/config.
+    """
+
+    def __init__(
+        self,
+        api_key: str = FAKE_API_KEY,
+        vocab_size: int = 128,
+        client_config: dict[str, Any] | None = None,
+        try_again_polls: int = 1,
+        seq_gap_timeout_s: float = 3.0,
+    ) -> None:
+        self.api_key = api_key
+        self.vocab_size = vocab_size
+        self.client_config = {
+            "pjwt_auth_enabled": True,
+            "proto_compress_fwdbwd": True,
+            "use_pyqwest_transport": True,
+            "custom_loss_server_side": False,
+            **(client_config or {}),
+        }
+        self.try_again_polls = try_again_polls
+        self.seq_gap_timeout_s = seq_gap_timeout_s
+        self.requests: list[RecordedRequest] = []
+        self.violations: list[str] = []
+        self.sessions: dict[str, dict[str, Any]] = {}
+        self.models: dict[str, FakeModel] = {}
+        self.sampler_checkpoints: dict[str, torch.Tensor] = {}
+        self.state_checkpoints: dict[str, dict[str, Any]] = {}
+        self._futures: dict[str, FakeFuture] = {}
+        self._jwts: set[str] = set()
+        self._ids = itertools.count(1)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> str:
+        ready = threading.Event()
+
+        def run() -> None:
+            self._loop = asyncio.new_event_loop()
+            self._loop.run_until_complete(self._serve())
+            ready.set()
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=run, name="fake-tinker-server", daemon=True)
+        self._thread.start()
+        if not ready.wait(10):
+            raise RuntimeError("the fake Tinker server did not start")
+        return self.url
+
+    async def _serve(self) -> None:
+        app = web.Application(middlewares=[self._auth_and_record], client_max_size=64 * 1024 * 1024)
+        app.add_routes([web.post(f"{API}/{name}", handler) for name, handler in self._routes().items()])
+        app.add_routes([web.post(API + "/sessions/{session_id}/finish", self._finish_session)])
+        # The fake decodes Content-Encoding itself: the SDK's zstd bodies are part of the contract.
+        self._runner = web.AppRunner(app, auto_decompress=False, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.url = f"http://127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        if self._loop is None:
+            return
+        runner = self._runner
+        if runner is not None:
+            asyncio.run_coroutine_threadsafe(runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(10)
+        self._loop = None
+
+    def __enter__(self) -> FakeTinkerServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- what tests look at ------------------------------------------------------------------
+    def bodies(self, name: str) -> list[Any]:
+        """Recorded bodies of one endpoint (``name`` as after /api/v1/)."""
+        return [r.body for r in self.requests if r.path == f"{API}/{name}"]
+
+    def model_logprobs(self, model_id: str, tokens: list[int]) -> list[float]:
+        """log p(tokens[i] | tokens[i-1]) for i >= 1 under a model's current weights."""
+        model = self.models[model_id]
+        t = torch.tensor(tokens)
+        with torch.no_grad():
+            return model.token_logprobs(t[:-1], t[1:]).tolist()
+
+    # ---- HTTP plumbing -----------------------------------------------------------------------
+    def _routes(self) -> dict[str, Any]:
+        return {
+            "client/config": self._client_config,
+            "auth/token": self._auth_token,
+            "client/dynamic_config": self._dynamic_config,
+            "create_session": self._create_session,
+            "session_heartbeat": self._heartbeat,
+            "telemetry": self._telemetry,
+            "create_model": self._create_model,
+            "get_info": self._get_info,
+            "forward_backward": self._forward_backward,
+            "optim_step": self._optim_step,
+            "save_weights_for_sampler": self._save_for_sampler,
+            "save_weights": self._save_state,
+            "load_weights": self._load_weights,
+            "retrieve_future": self._retrieve_future,
+        }
+
+    @web.middleware
+    async def _auth_and_record(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        key = request.headers.get("X-API-Key", "")
+        # The API key itself is good only for fetching flags and exchanging it for a JWT.
+        key_only = request.path in (f"{API}/client/config", f"{API}/auth/token")
+        if not self.client_config["pjwt_auth_enabled"]:
+            ok = key == self.api_key
+        else:
+            ok = key == self.api_key if key_only else key in self._jwts
+        if not ok:
+            self.violations.append(f"{request.path}: bad credential")
+            return web.json_response({"detail": "invalid credential"}, status=401)
+        try:
+            return await handler(request)
+        except ContractError as exc:
+            self.violations.append(f"{request.path}: {exc}")
+            return web.json_response({"detail": str(exc)}, status=400)
+
+    async def _json(self, request: web.Request) -> dict[str, Any]:
+        raw = await request.read()
+        try:
+            body = json.loads(raw) if raw else {}
+        except json.JSONDecodeError as exc:
+            raise ContractError(f"body is not JSON: {exc}") from exc
+        self.requests.append(RecordedRequest(request.path, body))
+        return body
+
+    def _new_future(self, model_id: str | None) -> FakeFuture:
+        future = FakeFuture(request_id=f"req-{next(self._ids)}", model_id=model_id)
+        self._futures[future.request_id] = future
+        return future
+
+    @staticmethod
+    def _future_json(future: FakeFuture) -> web.Response:
+        return web.json_response({"request_id": future.request_id, "model_id": future.model_id})
+
+    def _model(self, body: dict[str, Any]) -> FakeModel:
+        model = self.models.get(str(body.get("model_id")))
+        if model is None:
+            raise ContractError(f"unknown model_id {body.get('model_id')!r}")
+        return model
+
+    def _enqueue(self, model: FakeModel, seq_id: Any, op: Any) -> FakeFuture:
+        """Run ``op`` when every earlier seq_id of this model has run (the service's ordering)."""
+        if not isinstance(seq_id, int) or seq_id < model.next_seq or seq_id in model.pending:
+            raise ContractError(f"seq_id {seq_id!r} is stale or repeated (next is {model.next_seq})")
+        future = self._new_future(model.model_id)
+        model.pending[seq_id] = (op, future)
+        while model.next_seq in model.pending:
+            seq = model.next_seq
+            run, fut = model.pending.pop(seq)
+            model.seq_ids.append(seq)
+            model.next_seq += 1
+            try:
+                fut.result = run()
+            except ContractError as exc:  # a user error found while running: a failed future
+                self.violations.append(f"seq {seq}: {exc}")
+                fut.error = str(exc)
+            fut.done.set()
+        return future
+
+    # ---- session and auth --------------------------------------------------------------------
+    async def _client_config(self, request: web.Request) -> web.Response:
+        body = await self._json(request)
+        if not body.get("sdk_version"):
+            raise ContractError("client/config without sdk_version")
+        return web.json_response(self.client_config)
+
+    async def _auth_token(self, request: web.Request) -> web.Response:
+        await self._json(request)
+        jwt = _fake_jwt("fake-user")
+        self._jwts.add(jwt)
+        return web.json_response({"jwt": jwt})
+
+    async def _dynamic_config(self, request: web.Request) -> web.Response:
+        await self._json(request)
+        return web.json_response({"refresh_interval_sec": 300, "sample_cancel_enabled": False})
+
+    async def _create_session(self, request: web.Request) -> web.Response:
+        body = await self._json(request)
+        session_id = f"fake-session-{next(self._ids)}"
+        self.sessions[session_id] = {"sdk_version": body.get("sdk_version"), "finished": None}
+        return web.json_response({"type": "create_session", "session_id": session_id})
+
+    async def _heartbeat(self, request: web.Request) -> web.Response:
+        body = await self._json(request)
+        if body.get("session_id") not in self.sessions:
+            raise ContractError(f"heartbeat for unknown session {body.get('session_id')!r}")
+        return web.json_response({"type": "session_heartbeat"})
+
+    async def _finish_session(self, request: web.Request) -> web.Response:
+        body = await self._json(request)
+        session = self.sessions.get(request.match_info["session_id"])
+        if session is None:
+            raise ContractError(f"finish of unknown session {request.match_info['session_id']!r}")
+        if body.get("reason", {}).get("type") not in ("success", "errored", "interrupted"):
+            raise ContractError(f"finish reason {body.get('reason')!r}")
+        session["finished"] = body["reason"]["type"]
+        return web.json_response({})
+
+    async def _telemetry(self, request: web.Request) -> web.Response:
+        await self._json(request)
+        return web.json_response({"status": "accepted"})
+
+    # ---- models --------------------------------------------------------------------------------
+    async def _create_model(self, request: web.Request) -> web.Response:
+        body = await self._json(request)
+        session_id, seq = body.get("session_id"), body.get("model_seq_id")
+        if session_id not in self.sessions or not isinstance(seq, int):
+            raise ContractError(f"create_model needs a known session_id and model_seq_id, got {body!r}")
+        lora = body.get("lora_config") or {}
+        if not isinstance(lora.get("rank"), int) or lora["rank"] < 1:
+            raise ContractError(f"lora_config.rank must be a positive int, got {lora.get('rank')!r}")
+        if (body.get("optimizer_config") or {}).get("type") != "adamw":
+            raise ContractError(f"optimizer_config {body.get('optimizer_config')!r} is not adamw")
+        if not body.get("base_model"):
+            raise ContractError("create_model without base_model")
+        model_id = f"{session_id}:train:{seq}"
+        seed = lora.get("seed") or 0
+        self.models[model_id] = _new_model(model_id, body["base_model"], lora["rank"], seed, self.vocab_size)
+        future = self._new_future(model_id)
+        future.result = {"model_id": model_id, "type": "create_model"}
+        future.done.set()
+        return self._future_json(future)
+
+    async def _get_info(self, request: web.Request) -> web.Response:
+        model = self._model(await self._json(request))
+        return web.json_response(
+            {
+                "type": "get_info",
+                "model_id": model.model_id,
+                "model_data": {
+                    "arch": "fake-bigram",
+                    "model_name": model.base_model,
+                    "tokenizer_id": model.base_model,
+                },
+                "is_lora": True,
+                "lora_rank": model.lora_rank,
+                "model_name": model.base_model,
+            }
+        )
+
+    # ---- training ------------------------------------------------------------------------------
+    async def _forward_backward(self, request: web.Request) -> web.Response:
+        if request.content_type != "application/x-protobuf":
+            raise ContractError(f"forward_backward body must be protobuf, got {request.content_type}")
+        raw = await request.read()
+        encoding = request.headers.get("Content-Encoding", "")
+        if encoding == "zstd":
+            raw = zstandard.ZstdDecompressor().decompress(raw)
+        elif encoding:
+            raise ContractError(f"unexpected Content-Encoding {encoding!r}")
+        msg = pb.ForwardBackwardRequest()
+        msg.ParseFromString(raw)
+        parsed = self._parse_forward_backward(msg)
+        parsed["content_encoding"] = encoding
+        self.requests.append(RecordedRequest(request.path, parsed))
+        model = self._model({"model_id": msg.model_id})
+        future = self._enqueue(model, msg.seq_id, lambda: self._run_forward_backward(model, parsed))
+        return self._future_json(future)
+
+    def _parse_forward_backward(self, msg: pb.ForwardBackwardRequest) -> dict[str, Any]:
+        loss_fn = msg.loss_fn
+        if loss_fn not in LOSS_INPUTS:
+            raise ContractError(f"unknown loss_fn {loss_fn!r}; built-ins are {sorted(LOSS_INPUTS)}")
+        config = {k: v.number for k, v in msg.loss_fn_config_v2.items()}
+        if dict(msg.loss_fn_config) != config:
+            raise ContractError("loss_fn_config and loss_fn_config_v2 disagree")
+        expected = LOSS_CONFIG_KEYS.get(loss_fn, set())
+        if set(config) != expected:
+            raise ContractError(
+                f"{loss_fn} takes loss_fn_config keys {sorted(expected)}, got {sorted(config)}"
+            )
+        if expected and not config["clip_low_threshold"] < 1.0 < config["clip_high_threshold"]:
+            raise ContractError(f"{loss_fn}: clip thresholds must satisfy low < 1 < high, got {config}")
+        if not msg.data:
+            raise ContractError("forward_backward with no data")
+        datums = []
+        for i, datum in enumerate(msg.data):
+            where = f"data[{i}]"
+            tokens = np.concatenate(
+                [np.frombuffer(c.encoded_text.tokens, dtype=np.int32) for c in datum.model_input]
+            )
+            names = set(datum.loss_fn_inputs)
+            if names != LOSS_INPUTS[loss_fn]:
+                raise ContractError(
+                    f"{where}: {loss_fn} takes loss_fn_inputs {sorted(LOSS_INPUTS[loss_fn])}, got {sorted(names)}"
+                )
+            inputs = {name: _tensor(t, f"{where}.{name}") for name, t in datum.loss_fn_inputs.items()}
+            for name, values in inputs.items():
+                want = np.int64 if name == "target_tokens" else np.float32
+                if values.dtype != want:
+                    raise ContractError(f"{where}.{name}: dtype {values.dtype}, expected {np.dtype(want)}")
+                if values.size != tokens.size:
+                    raise ContractError(
+                        f"{where}.{name}: {values.size} values for a model input of {tokens.size} tokens"
+                    )
+            for name, values in (("model_input", tokens), ("target_tokens", inputs["target_tokens"])):
+                if values.size and (values.min() < 0 or values.max() >= self.vocab_size):
+                    raise ContractError(
+                        f"{where}.{name}: token id outside the vocabulary [0, {self.vocab_size})"
+                    )
+            datums.append({"model_input": tokens.tolist(), **{k: v.tolist() for k, v in inputs.items()}})
+        return {
+            "model_id": msg.model_id,
+            "seq_id": msg.seq_id,
+            "loss_fn": loss_fn,
+            "loss_fn_config": config,
+            "forward_only": msg.forward_only,
+            "data": datums,
+        }
+
+    def _run_forward_backward(self, model: FakeModel, req: dict[str, Any]) -> bytes:
+        total = torch.zeros(())
+        logprobs = []
+        for datum in req["data"]:
+            inputs = {k: torch.tensor(v) for k, v in datum.items() if k != "model_input"}
+            lp = model.token_logprobs(torch.tensor(datum["model_input"]), inputs["target_tokens"])
+            total = total + _loss(req["loss_fn"], lp, inputs, req["loss_fn_config"])
+            logprobs.append(lp.detach().numpy())
+        if not req["forward_only"]:
+            total.backward()  # gradients accumulate until optim_step, as on the service
+        out = pb.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord")
+        out.metrics["loss:sum"] = float(total.detach())
+        record = out.loss_fn_outputs.add()
+        record.num_datums = len(logprobs)
+        record.fields["logprobs"].CopyFrom(_batched_float32(logprobs))
+        return out.SerializeToString()
+
+    async def _optim_step(self, request: web.Request) -> web.Response:
+        body = await self._json(request)
+        params = body.get("adam_params")
+        if not isinstance(params, dict) or set(params) != ADAM_KEYS:
+            raise ContractError(f"optim_step needs adam_params with keys {sorted(ADAM_KEYS)}, got {params!r}")
+        if params["learning_rate"] <= 0 or not 0 <= params["beta1"] < 1 or not 0 <= params["beta2"] < 1:
+            raise ContractError(f"optim_step: invalid adam_params {params}")
+        model = self._model(body)
+        future = self._enqueue(model, body.get("seq_id"), lambda: self._run_optim_step(model, params))
+        return self._future_json(future)
+
+    @staticmethod
+    def _run_optim_step(model: FakeModel, params: dict[str, float]) -> dict[str, Any]:
+        for group in model.optimizer.param_groups:
+            group.update(
+                lr=params["learning_rate"],
+                betas=(params["beta1"], params["beta2"]),
+                eps=params["eps"],
+                weight_decay=params["weight_decay"],
+            )
+        clip = params["grad_clip_norm"] if params["grad_clip_norm"] > 0 else float("inf")
+        if model.logits.grad is None:
+            model.logits.grad = torch.zeros_like(model.logits)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_([model.logits], clip))
+        model.optimizer.step()
+        model.optimizer.zero_grad()
+        model.optimizer_steps += 1
+        return {"metrics": {"grad_norm": grad_norm}}
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def _checkpoint_path(self, model: FakeModel, kind: str, name: Any) -> str:
+        if not isinstance(name, str) or not name or "/" in name:
+            raise ContractError(f"checkpoint name {name!r} must be a non-empty string without '/'")
+        if (kind, name) in model.checkpoint_names:
+            raise ContractError(f"a {kind} checkpoint named {name!r} already exists in {model.model_id}")
+        model.checkpoint_names.add((kind, name))
+        return f"tinker://{model.model_id}/{kind}/{name}"
+
+    async def _save_for_sampler(self, request: web.Request) -> web.Response:
+        body = await self._json(request)
+        model = self._model(body)
+
+        def run() -> dict[str, Any]:
+            path = self._checkpoint_path(model, "sampler_weights", body.get("path"))
+            self.sampler_checkpoints[path] = model.logits.detach().clone()
+            return {"path": path, "type": "save_weights_for_sampler"}
+
+        return self._future_json(self._enqueue(model, body.get("seq_id"), run))
+
+    async def _save_state(self, request: web.Request) -> web.Response:
+        body = await self._json(request)
+        model = self._model(body)
+
+        def run() -> dict[str, Any]:
+            path = self._checkpoint_path(model, "weights", body.get("path"))
+            self.state_checkpoints[path] = {
+                "base_model": model.base_model,
+                "lora_rank": model.lora_rank,
+                "logits": model.logits.detach().clone(),
+                "optimizer": copy.deepcopy(model.optimizer.state_dict()),
+            }
+            return {"path": path, "type": "save_weights"}
+
+        return self._future_json(self._enqueue(model, body.get("seq_id"), run))
+
+    async def _load_weights(self, request: web.Request) -> web.Response:
+        body = await self._json(request)
+        session_id, seq = body.get("session_id"), body.get("model_seq_id")
+        if session_id not in self.sessions or not isinstance(seq, int) or body.get("model_id"):
+            raise ContractError(f"load_weights: only create-via-load addressing is faked, got {body!r}")
+        model_id = f"{session_id}:train:{seq}"
+        future = self._new_future(model_id)
+        state = self.state_checkpoints.get(body.get("path"))
+        if state is None:
+            future.error = f"no training checkpoint at {body.get('path')!r}"
+        else:
+            model = _new_model(
+                model_id, body.get("base_model") or state["base_model"], state["lora_rank"], 0, 1
+            )
+            model.logits = torch.nn.Parameter(state["logits"].clone())
+            model.optimizer = torch.optim.AdamW([model.logits])
+            if body.get("optimizer"):
+                model.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
+            self.models[model_id] = model
+            future.result = {"path": body["path"], "model_id": model_id, "type": "load_weights"}
+        future.done.set()
+        return self._future_json(future)
+
+    # ---- futures -------------------------------------------------------------------------------
+    async def _retrieve_future(self, request: web.Request) -> web.Response:
+        body = await self._json(request)
+        future = self._futures.get(str(body.get("request_id")))
+        if future is None:
+            raise ContractError(f"retrieve_future of unknown request_id {body.get('request_id')!r}")
+        if future.polls < self.try_again_polls or not future.done.is_set():
+            future.polls += 1
+            with_timeout = asyncio.wait_for(future.done.wait(), 0.5)
+            try:
+                await with_timeout
+            except TimeoutError:
+                if time.monotonic() - future.created > self.seq_gap_timeout_s:
+                    future.error = "never ran: an earlier seq_id of this model never arrived"
+                    future.done.set()
+            if future.polls <= self.try_again_polls or not future.done.is_set():
+                return web.json_response(
+                    {"type": "try_again", "request_id": future.request_id, "queue_state": "active"}
+                )
+        if future.error is not None:
+            return web.json_response({"error": future.error, "category": "user"})
+        if isinstance(future.result, bytes):
+            if "application/x-protobuf" not in request.headers.get("Accept", ""):
+                raise ContractError(
+                    "a ForwardBackwardOutput was polled without Accept: application/x-protobuf"
+                )
+            return web.Response(body=future.result, content_type="application/x-protobuf")
+        return web.json_response(future.result)

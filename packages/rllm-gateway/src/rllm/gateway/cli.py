@@ -1,0 +1,94 @@
+"""``rllm-gateway serve``: run a gateway from a config file (TOML/YAML) and flags (flags win)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from rllm.gateway.config import load_config
+from rllm.gateway.server import GatewayServer
+from rllm.types import SchemaError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rllm-gateway", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="run the gateway until SIGINT/SIGTERM")
+    s.add_argument(
+        "--config", help="TOML or YAML file with gateway settings (a [gateway] table or top level)"
+    )
+    s.add_argument("--host")
+    s.add_argument("--port", type=int)
+    s.add_argument(
+        "--upstream",
+        action="append",
+        dest="upstreams",
+        metavar="URL",
+        help="OpenAI-compatible base URL ending in /v1 (repeatable)",
+    )
+    s.add_argument("--store", help="'memory' or 'sqlite:/path/file.db'")
+    s.add_argument("--admin-key", help="admin API key (or set RLLM_GATEWAY_ADMIN_KEY)")
+    s.add_argument(
+        "--session-auth",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="require the per-session token on session routes",
+    )
+    s.add_argument("--auto-create-sessions", action=argparse.BooleanOptionalAction, default=None)
+    s.add_argument("--max-body-bytes", type=int)
+    s.add_argument("--upstream-timeout-s", type=float)
+    s.add_argument("--tokenizer-path")
+    s.add_argument("--tokenizer-mode", choices=["plain", "cumulative"])
+    s.add_argument("--health-interval-s", type=float)
+    s.add_argument(
+        "--hosted-model", help="send requests through LiteLLM to this model, e.g. openai/gpt-4o-mini"
+    )
+    s.add_argument("--hosted-api-base")
+    s.add_argument("--model-name", help="model name to send upstream, whatever the client asked for")
+    s.add_argument("--log-level")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
+    if overrides.get("admin_key") is None and os.environ.get("RLLM_GATEWAY_ADMIN_KEY"):
+        overrides["admin_key"] = os.environ["RLLM_GATEWAY_ADMIN_KEY"]
+    if overrides.get("hosted_api_key") is None and os.environ.get("RLLM_GATEWAY_HOSTED_API_KEY"):
+        overrides["hosted_api_key"] = os.environ["RLLM_GATEWAY_HOSTED_API_KEY"]
+    try:
+        config = load_config(args.config, **overrides)
+    except (SchemaError, OSError) as exc:
+        print(f"rllm-gateway: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:  # pragma: no cover - Windows
+        pass
+    asyncio.run(_serve(GatewayServer(config)))
+    return 0
+
+
+async def _serve(server: GatewayServer) -> None:
+    await server.start()
+    # One parseable line, so scripts and tests can find the port when --port 0 was given.
+    print(f"rllm-gateway listening on {server.url}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

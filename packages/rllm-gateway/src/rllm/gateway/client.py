@@ -1,0 +1,160 @@
+"""GatewayClient: the engine's async handle on a gateway's admin API (aiohttp)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from rllm.types import SamplingParams, TraceRecord, from_msgpack, to_builtins
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
+
+
+class SessionInfo(msgspec.Struct):
+    """What creating a session returns: its id, its token (the agent's api_key) and its base URL."""
+
+    session_id: str
+    token: str
+    base_url: str
+
+
+class GatewayAPIError(RuntimeError):
+    """The gateway answered an admin call with an error (status and OpenAI-style message)."""
+
+    def __init__(self, status: int, message: str, method: str, path: str) -> None:
+        super().__init__(f"{method} {path} -> {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+class GatewayClient:
+    """Async client: ``async with GatewayClient(url, admin_key=...) as gw: ...``."""
+
+    def __init__(self, url: str, admin_key: str | None = None, *, timeout_s: float = 600.0) -> None:
+        self.url = url.rstrip("/")
+        self.admin_key = admin_key
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._http: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> GatewayClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    def _session(self) -> aiohttp.ClientSession:
+        if self._http is None or self._http.closed:
+            headers = {"Authorization": f"Bearer {self.admin_key}"} if self.admin_key else {}
+            self._http = aiohttp.ClientSession(headers=headers, timeout=self._timeout)
+        return self._http
+
+    async def _call(
+        self, method: str, path: str, body: Any = None, *, accept: str = "application/json"
+    ) -> bytes:
+        data = _encode(body) if body is not None else None
+        headers = {"Accept": accept}
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        async with self._session().request(method, self.url + path, data=data, headers=headers) as resp:
+            raw = await resp.read()
+            if resp.status >= 400:
+                try:
+                    message = _decode(raw)["error"]["message"]
+                except Exception:
+                    message = raw[:500].decode(errors="replace")
+                raise GatewayAPIError(resp.status, message, method, path)
+            return raw
+
+    async def _json(self, method: str, path: str, body: Any = None) -> Any:
+        return _decode(await self._call(method, path, body))
+
+    # ----------------------------------------------------------- sessions
+    def session_url(self, session_id: str, role: str | None = None) -> str:
+        """The OpenAI base URL an agent should use for this session (and role)."""
+        if role is None:
+            return f"{self.url}/sessions/{session_id}/v1"
+        return f"{self.url}/sessions/{session_id}/roles/{role}/v1"
+
+    async def create_session(
+        self,
+        session_id: str | None = None,
+        sampling: SamplingParams | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> SessionInfo:
+        body: dict[str, Any] = {}
+        if session_id is not None:
+            body["session_id"] = session_id
+        if sampling is not None:
+            body["sampling"] = to_builtins(sampling)
+        if metadata:
+            body["metadata"] = metadata
+        data = await self._json("POST", "/admin/sessions", body)
+        return SessionInfo(data["session_id"], data["token"], data["base_url"])
+
+    async def list_sessions(self) -> list[dict[str, Any]]:
+        return (await self._json("GET", "/admin/sessions"))["sessions"]
+
+    async def delete_session(self, session_id: str) -> int:
+        """Delete a session and its traces; returns how many traces were freed."""
+        return (await self._json("DELETE", f"/admin/sessions/{session_id}"))["traces"]
+
+    async def get_traces(self, session_id: str, role: str | None = None) -> list[TraceRecord]:
+        """The session's traces ordered by ``seq`` (msgpack on the wire: packed token arrays)."""
+        path = f"/admin/sessions/{session_id}/traces?format=msgpack"
+        if role is not None:
+            path += f"&role={role}"
+        return from_msgpack(await self._call("GET", path, accept="application/msgpack"), list[TraceRecord])
+
+    async def query_traces(
+        self,
+        *,
+        session_id: str | None = None,
+        role: str | None = None,
+        since: float | None = None,
+        limit: int | None = None,
+    ) -> list[TraceRecord]:
+        params = {"format": "msgpack"}
+        for k, v in (("session_id", session_id), ("role", role), ("since", since), ("limit", limit)):
+            if v is not None:
+                params[k] = str(v)
+        query = "&".join(f"{k}={v}" for k, v in params.items())
+        return from_msgpack(await self._call("GET", f"/admin/traces?{query}"), list[TraceRecord])
+
+    async def flush(self) -> None:
+        """Wait until every trace captured so far is committed to the store."""
+        await self._json("POST", "/admin/flush")
+
+    # ----------------------------------------------------------- weights & admission
+    async def get_weight_version(self) -> int:
+        return (await self._json("GET", "/admin/weight_version"))["weight_version"]
+
+    async def set_weight_version(self, version: int) -> None:
+        await self._json("PUT", "/admin/weight_version", {"weight_version": version})
+
+    async def pause(self, timeout_s: float = 600.0) -> None:
+        """Stop admitting new requests (they wait) and return once in-flight ones have drained."""
+        await self._json("POST", f"/admin/pause?timeout={timeout_s}")
+
+    async def resume(self) -> None:
+        await self._json("POST", "/admin/resume")
+
+    # ----------------------------------------------------------- workers
+    async def add_worker(self, url: str) -> dict[str, Any]:
+        return await self._json("POST", "/admin/workers", {"url": url})
+
+    async def remove_worker(self, url: str) -> None:
+        await self._json("DELETE", "/admin/workers", {"url": url})
+
+    async def list_workers(self) -> list[dict[str, Any]]:
+        return (await self._json("GET", "/admin/workers"))["workers"]
+
+    async def health(self) -> dict[str, Any]:
+        return await self._json("GET", "/health")

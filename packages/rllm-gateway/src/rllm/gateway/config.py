@@ -1,0 +1,110 @@
+"""GatewayConfig: every knob of the gateway, typed, loadable from TOML/YAML and CLI flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from rllm.types import InvariantError, SamplingParams, SchemaError, convert
+
+
+class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Configuration of one gateway process.
+
+    ``store`` is ``"memory"`` or ``"sqlite:/path/file.db"``. ``tokenizer_path`` with
+    ``tokenizer_mode="cumulative"`` turns on token-level bridging of multi-turn chats (see
+    :mod:`rllm.gateway.cumulative`); ``"plain"`` forwards chat requests as they come.
+    ``hosted_model`` sends requests through LiteLLM (e.g. ``"openai/gpt-4o-mini"``) instead of
+    the ``upstreams``; traces then hold text and usage but no token ids.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    upstreams: list[str] = msgspec.field(default_factory=list)
+    store: str = "memory"
+    admin_key: str | None = None
+    session_auth: bool = False
+    auto_create_sessions: bool = True
+    max_body_bytes: int = 32 * 1024 * 1024
+    upstream_timeout_s: float = 600.0
+    connect_timeout_s: float = 5.0
+    tokenizer_path: str | None = None
+    tokenizer_mode: Literal["plain", "cumulative"] = "plain"
+    health_interval_s: float = 5.0
+    max_connections_per_worker: int = 1024
+    retries: int = 2
+    store_raw: bool = False
+    sqlite_batch_ms: float = 5.0
+    default_sampling: SamplingParams | None = None
+    hosted_model: str | None = None
+    hosted_api_key: str | None = None
+    hosted_api_base: str | None = None
+    model_name: str | None = None
+    log_level: str = "warning"
+    shutdown_timeout_s: float = 5.0
+    fast_http: bool = True  # lean keep-alive client for non-streaming plain-http upstream calls
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.port <= 65535):
+            raise InvariantError(f"port must be in 0..65535, got {self.port}", "port")
+        if self.store != "memory" and not self.store.startswith("sqlite:"):
+            raise InvariantError(
+                f"store must be 'memory' or 'sqlite:/path/file.db', got {self.store!r}", "store"
+            )
+        if self.store.startswith("sqlite:") and not self.store[len("sqlite:") :]:
+            raise InvariantError("sqlite store needs a path: 'sqlite:/path/file.db'", "store")
+        for i, url in enumerate(self.upstreams):
+            if not url.startswith(("http://", "https://")):
+                raise InvariantError(
+                    f"upstream must be an http(s) base URL ending in /v1, got {url!r}", f"upstreams[{i}]"
+                )
+        self.upstreams = [u.rstrip("/") for u in self.upstreams]
+        if self.max_body_bytes < 1024:
+            raise InvariantError(
+                f"max_body_bytes must be >= 1024, got {self.max_body_bytes}", "max_body_bytes"
+            )
+        if self.upstream_timeout_s <= 0:
+            raise InvariantError("upstream_timeout_s must be > 0", "upstream_timeout_s")
+        if self.tokenizer_mode == "cumulative" and not self.tokenizer_path:
+            raise InvariantError("tokenizer_mode='cumulative' needs tokenizer_path", "tokenizer_path")
+        if self.admin_key == "":
+            self.admin_key = None
+
+
+def load_config(path: str | Path | None = None, **overrides: Any) -> GatewayConfig:
+    """Read a TOML (``.toml``) or YAML (``.yaml``/``.yml``) file, then apply ``overrides``.
+
+    Overrides whose value is None are ignored so CLI flags that were not given do not mask
+    the file. A bad field raises SchemaError naming the field (and the file).
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        raw = p.read_bytes()
+        try:
+            if p.suffix == ".toml":
+                data = msgspec.toml.decode(raw)
+            elif p.suffix in (".yaml", ".yml"):
+                try:
+                    data = msgspec.yaml.decode(raw)
+                except ImportError:
+                    raise SchemaError(
+                        f"config file {p}: YAML needs PyYAML (pip install pyyaml); or use TOML"
+                    ) from None
+            elif p.suffix == ".json":
+                data = msgspec.json.decode(raw)
+            else:
+                raise SchemaError(f"config file {p} must end in .toml, .yaml, .yml or .json")
+        except msgspec.DecodeError as exc:
+            raise SchemaError(f"config file {p} is malformed: {exc}") from None
+        if not isinstance(data, dict):
+            raise SchemaError(f"config file {p} must hold a table/mapping at the top level")
+        data = dict(data.get("gateway", data))  # allow a [gateway] table
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return convert(data, GatewayConfig)
+    except SchemaError as exc:
+        where = f" in {path}" if path is not None else ""
+        raise SchemaError(f"invalid gateway config{where}: {exc.reason}", exc.path) from None

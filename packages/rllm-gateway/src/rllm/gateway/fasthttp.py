@@ -1,0 +1,182 @@
+"""A lean HTTP/1.1 keep-alive client for the gateway's non-streaming upstream POSTs.
+
+The general-purpose aiohttp client spends most of the gateway's per-request CPU on features a
+loopback JSON POST does not need (cookies, redirects, tracing hooks, multidict headers). This
+client writes one pre-formatted request and parses only the status line, Content-Length /
+chunked framing and Connection: close. Streaming responses still use aiohttp.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from urllib.parse import urlsplit
+
+
+class UpstreamConnectError(ConnectionError):
+    """Could not open a connection (the worker is down)."""
+
+
+class UpstreamDropped(ConnectionError):
+    """The connection closed before a whole response arrived."""
+
+
+class _Conn(asyncio.Protocol):
+    __slots__ = ("buf", "closed", "transport", "waiter")
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.waiter: asyncio.Future[None] | None = None
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def wait_data(self) -> None:
+        self.waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self.waiter
+        finally:
+            self.waiter = None
+
+
+class FastHttpPool:
+    """Keep-alive connections per (host, port); ``post`` returns (status, body)."""
+
+    def __init__(self, *, connect_timeout_s: float, read_timeout_s: float, max_idle: int = 1024) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self.max_idle = max_idle
+        self._idle: dict[tuple[str, int], deque[_Conn]] = {}
+
+    async def _connect(self, host: str, port: int) -> _Conn:
+        loop = asyncio.get_running_loop()
+        try:
+            _, proto = await asyncio.wait_for(
+                loop.create_connection(_Conn, host, port), self.connect_timeout_s
+            )
+        except (OSError, TimeoutError) as exc:
+            raise UpstreamConnectError(f"cannot connect to {host}:{port}: {exc}") from None
+        return proto
+
+    async def post(self, url: str, body: bytes, content_type: str = "application/json") -> tuple[int, bytes]:
+        """POST ``body``; retries once on a fresh connection if a reused one was already closed."""
+        parts = urlsplit(url)
+        host = parts.hostname or "127.0.0.1"
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        if parts.scheme != "http":
+            raise ValueError("FastHttpPool speaks plain http only")
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode("latin-1")
+        key = (host, port)
+        idle = self._idle.setdefault(key, deque())
+        while idle:
+            conn = idle.pop()
+            if conn.closed:
+                continue
+            try:
+                return await self._exchange(key, conn, head, body)
+            except UpstreamDropped:
+                continue  # stale keep-alive connection; try another / a fresh one
+        conn = await self._connect(host, port)
+        return await self._exchange(key, conn, head, body)
+
+    async def _exchange(
+        self, key: tuple[str, int], conn: _Conn, head: bytes, body: bytes
+    ) -> tuple[int, bytes]:
+        assert conn.transport is not None
+        conn.buf.clear()
+        conn.transport.write(head + body)
+        try:
+            status, payload, keep = await asyncio.wait_for(self._read_response(conn), self.read_timeout_s)
+        except BaseException:
+            conn.transport.abort()
+            raise
+        if keep and not conn.closed and len(self._idle[key]) < self.max_idle:
+            self._idle[key].append(conn)
+        else:
+            conn.transport.close()
+        return status, payload
+
+    async def _read_response(self, conn: _Conn) -> tuple[int, bytes, bool]:
+        buf = conn.buf
+        while True:
+            end = buf.find(b"\r\n\r\n")
+            if end >= 0:
+                break
+            if conn.closed:
+                raise UpstreamDropped("connection closed before the response headers")
+            await conn.wait_data()
+        lines = bytes(buf[:end]).split(b"\r\n")
+        del buf[: end + 4]
+        try:
+            status = int(lines[0].split(b" ", 2)[1])
+        except (IndexError, ValueError):
+            raise UpstreamDropped(f"malformed status line {lines[0][:80]!r}") from None
+        length = -1
+        chunked = False
+        keep = lines[0].startswith(b"HTTP/1.1")
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"content-length":
+                length = int(value.strip())
+            elif name == b"transfer-encoding":
+                chunked = b"chunked" in value.lower()
+            elif name == b"connection":
+                v = value.strip().lower()
+                keep = v != b"close" and (keep or v == b"keep-alive")
+        if chunked:
+            return status, await self._read_chunked(conn), keep
+        if length < 0:  # body runs to the end of the connection
+            while not conn.closed:
+                await conn.wait_data()
+            return status, bytes(buf), False
+        while len(buf) < length:
+            if conn.closed:
+                raise UpstreamDropped("connection closed mid-body")
+            await conn.wait_data()
+        payload = bytes(buf[:length])
+        del buf[:length]
+        return status, payload, keep
+
+    async def _read_chunked(self, conn: _Conn) -> bytes:
+        buf = conn.buf
+        out = bytearray()
+        while True:
+            while (nl := buf.find(b"\r\n")) < 0:
+                if conn.closed:
+                    raise UpstreamDropped("connection closed mid-chunk")
+                await conn.wait_data()
+            size = int(bytes(buf[:nl]).split(b";")[0], 16)
+            while len(buf) < nl + 2 + size + 2:
+                if conn.closed:
+                    raise UpstreamDropped("connection closed mid-chunk")
+                await conn.wait_data()
+            out += buf[nl + 2 : nl + 2 + size]
+            del buf[: nl + 2 + size + 2]
+            if size == 0:
+                return bytes(out)
+
+    def close(self) -> None:
+        for idle in self._idle.values():
+            for conn in idle:
+                if conn.transport is not None:
+                    conn.transport.close()
+        self._idle.clear()

@@ -1,0 +1,82 @@
+"""Hosted providers (OpenAI, Anthropic, ...) through LiteLLM, for evaluation with API models.
+
+Hosted APIs return no token ids, so their traces hold messages, text, tool calls and usage.
+LiteLLM is an optional extra (``rllm-gateway[hosted]``), imported only when configured.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from rllm.gateway.capture import Captured, capture_response
+
+# Request fields passed on to litellm.acompletion; anything else the client sent is dropped.
+_PASS = (
+    "messages",
+    "tools",
+    "tool_choice",
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "max_completion_tokens",
+    "stop",
+    "seed",
+    "response_format",
+    "parallel_tool_calls",
+    "presence_penalty",
+    "frequency_penalty",
+    "n",
+    "user",
+)
+
+
+class HostedProvider:
+    def __init__(self, model: str, *, api_key: str | None = None, api_base: str | None = None) -> None:
+        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch at import
+        import litellm
+
+        self._litellm = litellm
+        self.model = model
+        self.api_key = api_key
+        self.api_base = api_base
+
+    async def complete(self, body: dict[str, Any]) -> tuple[dict[str, Any], Captured]:
+        kwargs = {k: body[k] for k in _PASS if k in body}
+        if self.api_key is not None:
+            kwargs["api_key"] = self.api_key
+        if self.api_base is not None:
+            kwargs["api_base"] = self.api_base
+        resp = await self._litellm.acompletion(model=self.model, **kwargs)
+        data = resp.model_dump(exclude_none=False)
+        data.pop("_hidden_params", None)
+        cap = capture_response(data, chat=True)
+        cap.prompt_ids = cap.completion_ids = cap.logprobs = None  # hosted APIs have no token truth
+        return data, cap
+
+
+def as_sse_chunks(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """A whole chat.completion as stream chunks (for clients that asked to stream)."""
+    base = {
+        "id": data.get("id", ""),
+        "object": "chat.completion.chunk",
+        "created": data.get("created", int(time.time())),
+        "model": data.get("model", ""),
+    }
+    out = []
+    for c in data.get("choices") or ():
+        msg = c.get("message") or {}
+        delta: dict[str, Any] = {"role": "assistant", "content": msg.get("content")}
+        if msg.get("tool_calls"):
+            delta["tool_calls"] = [{"index": i, **tc} for i, tc in enumerate(msg["tool_calls"])]
+        out.append({**base, "choices": [{"index": c.get("index", 0), "delta": delta, "finish_reason": None}]})
+        out.append(
+            {
+                **base,
+                "choices": [
+                    {"index": c.get("index", 0), "delta": {}, "finish_reason": c.get("finish_reason")}
+                ],
+            }
+        )
+    return out

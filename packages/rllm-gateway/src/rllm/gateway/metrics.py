@@ -1,0 +1,62 @@
+"""Prometheus metrics of one gateway (its own registry, so several gateways can share a process)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+if TYPE_CHECKING:
+    from rllm.gateway.server import GatewayServer
+    from rllm.types import TraceRecord
+
+
+class GatewayMetrics:
+    def __init__(self, server: GatewayServer) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.calls = Counter(
+            "rllm_gateway_llm_calls", "LLM calls proxied, by trace status", ["status"], registry=r
+        )
+        self.latency = Histogram(
+            "rllm_gateway_llm_call_seconds",
+            "Latency of proxied LLM calls (gateway in to last byte)",
+            registry=r,
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300),
+        )
+        self.completion_tokens = Counter(
+            "rllm_gateway_completion_tokens", "Completion tokens captured", registry=r
+        )
+        self.prompt_tokens = Counter("rllm_gateway_prompt_tokens", "Prompt tokens captured", registry=r)
+        self.retries = Counter(
+            "rllm_gateway_upstream_retries", "Requests retried on another worker", registry=r
+        )
+        self.inflight = Gauge("rllm_gateway_inflight_requests", "Requests being proxied now", registry=r)
+        self.weight_version = Gauge("rllm_gateway_weight_version", "Current weight version", registry=r)
+        stored = Gauge("rllm_gateway_store_traces", "Traces held by the trace store", registry=r)
+        stored.set_function(lambda: server.store.trace_count())
+        sessions = Gauge("rllm_gateway_sessions", "Open sessions", registry=r)
+        sessions.set_function(lambda: len(server.sessions))
+        healthy = Gauge("rllm_gateway_healthy_workers", "Upstream workers passing health checks", registry=r)
+        healthy.set_function(lambda: server.pool.healthy_count())
+        workers = Gauge("rllm_gateway_workers", "Upstream workers configured", registry=r)
+        workers.set_function(lambda: len(server.pool.workers))
+        self._status_children = {s: self.calls.labels(status=s) for s in ("ok", "abort", "error")}
+
+    def observe(self, trace: TraceRecord) -> None:
+        self._status_children[trace.status].inc()
+        self.latency.observe(trace.latency_s)
+        if trace.completion_ids is not None:
+            self.completion_tokens.inc(len(trace.completion_ids))
+        if trace.prompt_ids is not None:
+            self.prompt_tokens.inc(len(trace.prompt_ids))
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,1055 @@
+"""The gateway HTTP server (aiohttp): session-routed OpenAI-compatible proxy plus admin API.
+
+aiohttp serves and forwards (keep-alive client pools); msgspec decodes and encodes JSON. The
+request hot path does: auth, decode, validate, inject capture fields, forward, read capture
+fields, strip what was injected, encode, append one TraceRecord to the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import re
+import socket
+import threading
+import time
+from typing import Any
+
+import aiohttp
+import msgspec
+from aiohttp import web
+
+from rllm.gateway.capture import (
+    Captured,
+    ClientWants,
+    StreamCapture,
+    apply_sampling,
+    capture_response,
+    inject_capture,
+    strip_injected,
+)
+from rllm.gateway.config import GatewayConfig
+from rllm.gateway.errors import GatewayError, error_body, error_response
+from rllm.gateway.fasthttp import FastHttpPool, UpstreamConnectError, UpstreamDropped
+from rllm.gateway.metrics import GatewayMetrics
+from rllm.gateway.sessions import Session
+from rllm.gateway.store import open_store
+from rllm.gateway.workers import NoHealthyWorker, Worker, WorkerPool
+from rllm.types import (
+    FunctionCall,
+    Message,
+    SamplingParams,
+    SchemaError,
+    ToolCall,
+    TraceRecord,
+    Usage,
+    convert,
+    to_builtins,
+    to_json,
+    to_msgpack,
+)
+
+log = logging.getLogger("rllm.gateway")
+
+_json_decode = msgspec.json.Decoder().decode
+_json_encode = msgspec.json.Encoder().encode
+_JSON = "application/json"
+_MSGPACK = "application/msgpack"
+_SESSION_ID_RE = re.compile(r"^[A-Za-z0-9._:@-]{1,200}$")
+_RETRYABLE = (
+    aiohttp.ClientConnectorError,
+    aiohttp.ServerDisconnectedError,
+    aiohttp.ClientOSError,
+    ConnectionResetError,
+)
+
+
+class _UpstreamFailed(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class GatewayServer:
+    """One gateway: ``await start()``, ``url``, ``await stop()``; or ``start_in_thread()``.
+
+    Several servers may live in one process (tests); each has its own store, metrics
+    registry and HTTP client pool.
+    """
+
+    def __init__(self, config: GatewayConfig | None = None) -> None:
+        self.config = config or GatewayConfig()
+        self.store = open_store(self.config.store, batch_ms=self.config.sqlite_batch_ms)
+        self.pool = WorkerPool(self.config.upstreams)
+        self.sessions: dict[str, Session] = {}
+        self.weight_version = 0
+        self.metrics = GatewayMetrics(self)
+        self.inflight = 0
+        self._admit = asyncio.Event()
+        self._drained: asyncio.Event | None = None
+        self._http: aiohttp.ClientSession | None = None
+        self._runner: web.AppRunner | None = None
+        self._health_task: asyncio.Task[None] | None = None
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._bridge: Any = None  # cumulative.TokenBridge, loaded lazily in start()
+        self._hosted: Any = None
+        self._fast: FastHttpPool | None = None
+        self.port = self.config.port
+        self.host = self.config.host
+        for row in self.store.load_sessions():
+            s = Session.from_row(row)
+            s.next_seq = self.store.max_seq(s.session_id) + 1
+            self.sessions[s.session_id] = s
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def start(self) -> GatewayServer:
+        cfg = self.config
+        self._admit = asyncio.Event()
+        self._admit.set()
+        self._http = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(
+                limit=0, limit_per_host=cfg.max_connections_per_worker, ttl_dns_cache=None
+            ),
+            timeout=aiohttp.ClientTimeout(
+                total=None, sock_connect=cfg.connect_timeout_s, sock_read=cfg.upstream_timeout_s
+            ),
+            json_serialize=lambda o: _json_encode(o).decode(),
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent",),
+        )
+        self._fast = FastHttpPool(
+            connect_timeout_s=cfg.connect_timeout_s, read_timeout_s=cfg.upstream_timeout_s
+        )
+        if cfg.tokenizer_mode == "cumulative":
+            from rllm.gateway.cumulative import TokenBridge
+
+            self._bridge = TokenBridge.load(cfg.tokenizer_path)  # type: ignore[arg-type]
+        if cfg.hosted_model:
+            from rllm.gateway.hosted import HostedProvider
+
+            self._hosted = HostedProvider(
+                cfg.hosted_model, api_key=cfg.hosted_api_key, api_base=cfg.hosted_api_base
+            )
+        app = self._build_app()
+        self._runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            handler_cancellation=True,
+            shutdown_timeout=cfg.shutdown_timeout_s,
+        )
+        await self._runner.setup()
+        sock = socket.socket(socket.AF_INET6 if ":" in cfg.host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((cfg.host, cfg.port))
+        self.port = sock.getsockname()[1]
+        await web.SockSite(self._runner, sock, backlog=4096).start()
+        if self.pool.workers:
+            await self.pool.check_all(self._http, timeout_s=min(2.0, cfg.connect_timeout_s))
+        if cfg.health_interval_s > 0:
+            self._health_task = asyncio.create_task(self.pool.health_loop(self._http, cfg.health_interval_s))
+        return self
+
+    async def stop(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._health_task
+            self._health_task = None
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+        if self._fast is not None:
+            self._fast.close()
+        await self.store.close()
+
+    async def __aenter__(self) -> GatewayServer:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def start_in_thread(self) -> GatewayServer:
+        """Serve from a private event loop in a daemon thread, for synchronous callers."""
+        ready = threading.Event()
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                import uvloop
+
+                loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+            except ImportError:  # pragma: no cover - Windows
+                loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            self._loop = loop
+            try:
+                loop.run_until_complete(self.start())
+            except BaseException as exc:
+                errors.append(exc)
+                ready.set()
+                return
+            ready.set()
+            loop.run_forever()
+            loop.run_until_complete(self.stop())
+            loop.close()
+
+        self._thread = threading.Thread(target=run, name="rllm-gateway", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if errors:
+            raise errors[0]
+        return self
+
+    def stop_in_thread(self) -> None:
+        if self._loop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=30)
+            self._thread = None
+            self._loop = None
+
+    # ------------------------------------------------------------------ app
+    def _build_app(self) -> web.Application:
+        app = web.Application(
+            client_max_size=self.config.max_body_bytes, middlewares=[self._errors_middleware]
+        )
+        r = app.router
+        for prefix in ("/sessions/{sid}", "/sessions/{sid}/roles/{role}", ""):
+            r.add_post(prefix + "/v1/chat/completions", self._chat)
+            r.add_post(prefix + "/v1/completions", self._completions)
+            r.add_get(prefix + "/v1/models", self._models)
+        r.add_get("/sessions/{sid}/traces", self._session_traces)
+        r.add_get("/health", self._health)
+        r.add_get("/metrics", self._metrics)
+        r.add_post("/admin/sessions", self._create_session)
+        r.add_get("/admin/sessions", self._list_sessions)
+        r.add_get("/admin/sessions/{sid}", self._get_session)
+        r.add_delete("/admin/sessions/{sid}", self._delete_session)
+        r.add_get("/admin/sessions/{sid}/traces", self._session_traces)
+        r.add_get("/admin/traces", self._query_traces)
+        r.add_post("/admin/flush", self._flush)
+        r.add_get("/admin/workers", self._list_workers)
+        r.add_post("/admin/workers", self._add_worker)
+        r.add_delete("/admin/workers", self._remove_worker)
+        r.add_get("/admin/weight_version", self._get_weight_version)
+        r.add_put("/admin/weight_version", self._set_weight_version)
+        r.add_post("/admin/weight_version", self._set_weight_version)
+        r.add_post("/admin/pause", self._pause)
+        r.add_post("/admin/resume", self._resume)
+        return app
+
+    @web.middleware
+    async def _errors_middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except GatewayError as exc:
+            return error_response(exc.status, exc.message, param=exc.param, code=exc.code)
+        except web.HTTPRequestEntityTooLarge as exc:
+            return (
+                error_response(
+                    413,
+                    f"request body exceeds the gateway's limit of {self.config.max_body_bytes} bytes",
+                    code="request_too_large",
+                )
+                if exc.status == 413
+                else error_response(exc.status, exc.reason)
+            )
+        except web.HTTPException as exc:
+            if exc.status == 404:
+                return error_response(
+                    404, f"no route for {request.method} {request.path}", code="unknown_route"
+                )
+            if exc.status == 405:
+                return error_response(405, f"method {request.method} not allowed on {request.path}")
+            return error_response(exc.status, exc.reason or "error")
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except Exception as exc:  # the gateway answers, it never crashes
+            log.exception("internal error on %s", request.path)
+            return error_response(500, f"internal gateway error: {type(exc).__name__}: {exc}")
+
+    # ------------------------------------------------------------------ auth
+    @staticmethod
+    def _bearer(request: web.Request) -> str | None:
+        auth = request.headers.get("Authorization")
+        if auth and auth[:7].lower() == "bearer ":
+            return auth[7:].strip()
+        return request.headers.get("X-API-Key")
+
+    def _is_admin(self, presented: str | None) -> bool:
+        key = self.config.admin_key
+        return (
+            key is not None
+            and presented is not None
+            and hmac.compare_digest(presented.encode(), key.encode())
+        )
+
+    def _require_admin(self, request: web.Request) -> None:
+        if self.config.admin_key is None:
+            return
+        presented = self._bearer(request)
+        if presented is None:
+            raise GatewayError(
+                401, "admin route needs 'Authorization: Bearer <admin key>'", code="missing_api_key"
+            )
+        if not self._is_admin(presented):
+            raise GatewayError(403, "the API key is not the admin key", code="invalid_api_key")
+
+    def _session_for(self, request: web.Request, sid: str | None) -> Session:
+        if sid is None:
+            sid = request.headers.get("X-RLLM-Session")
+            if not sid:
+                raise GatewayError(
+                    400,
+                    "plain /v1 routes need an X-RLLM-Session header (or use /sessions/{session_id}/v1)",
+                    param="X-RLLM-Session",
+                    code="missing_session",
+                )
+        session = self.sessions.get(sid)
+        if self.config.session_auth:
+            presented = self._bearer(request)
+            if not self._is_admin(presented):
+                if session is None:
+                    # With per-session tokens only the admin brings sessions into being.
+                    raise GatewayError(
+                        404, f"unknown session {sid!r}", param="session_id", code="unknown_session"
+                    )
+                if presented is None or not session.token_matches(presented):
+                    raise GatewayError(
+                        401, f"invalid or missing token for session {sid!r}", code="invalid_api_key"
+                    )
+        if session is None:
+            if not self.config.auto_create_sessions:
+                raise GatewayError(
+                    404, f"unknown session {sid!r}", param="session_id", code="unknown_session"
+                )
+            session = self._new_session(sid, None, None)
+        return session
+
+    def _new_session(
+        self, sid: str, sampling: SamplingParams | None, metadata: dict[str, Any] | None
+    ) -> Session:
+        if not _SESSION_ID_RE.match(sid):
+            raise GatewayError(
+                400, f"invalid session id {sid!r}: use 1-200 of [A-Za-z0-9._:@-]", param="session_id"
+            )
+        s = Session(sid, sampling=sampling, metadata=metadata)
+        self.sessions[sid] = s
+        self.store.put_session(s.row())
+        return s
+
+    # ------------------------------------------------------------------ proxy routes
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._proxy(request, chat=True)
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._proxy(request, chat=False)
+
+    async def _models(self, request: web.Request) -> web.StreamResponse:
+        sid = request.match_info.get("sid")
+        if sid is not None or request.headers.get("X-RLLM-Session"):
+            self._session_for(request, sid)
+        if self._hosted is not None:
+            data = [{"id": self.config.hosted_model, "object": "model", "owned_by": "hosted"}]
+            return web.Response(body=_json_encode({"object": "list", "data": data}), content_type=_JSON)
+        assert self._http is not None
+        try:
+            w = self.pool.pick(None)
+        except NoHealthyWorker as exc:
+            raise GatewayError(503, str(exc), code="no_healthy_worker") from None
+        try:
+            async with self._http.get(f"{w.url}/models") as resp:
+                body = await resp.read()
+                return web.Response(status=resp.status, body=body, content_type=_JSON)
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise GatewayError(
+                502, f"upstream {w.url} failed: {type(exc).__name__}", code="upstream_error"
+            ) from None
+
+    async def _read_body(self, request: web.Request) -> dict[str, Any]:
+        raw = await request.read()
+        if not raw:
+            raise GatewayError(400, "request body is empty; expected a JSON object", code="invalid_json")
+        try:
+            body = _json_decode(raw)
+        except msgspec.DecodeError as exc:
+            raise GatewayError(400, f"malformed JSON in request body: {exc}", code="invalid_json") from None
+        if not isinstance(body, dict):
+            raise GatewayError(
+                400, f"request body must be a JSON object, got {type(body).__name__}", code="invalid_json"
+            )
+        return body
+
+    @staticmethod
+    def _validate(body: dict[str, Any], chat: bool) -> list[Message]:
+        if "stream" in body and not isinstance(body["stream"], bool):
+            raise GatewayError(400, "'stream' must be a boolean", param="stream", code="invalid_type")
+        for name, types in (
+            ("temperature", (int, float)),
+            ("top_p", (int, float)),
+            ("max_tokens", (int,)),
+            ("n", (int,)),
+            ("seed", (int,)),
+        ):
+            v = body.get(name)
+            if v is not None and (not isinstance(v, types) or isinstance(v, bool)):
+                raise GatewayError(
+                    400, f"'{name}' must be a number, got {type(v).__name__}", param=name, code="invalid_type"
+                )
+        if body.get("n", 1) not in (None, 1):
+            raise GatewayError(400, "the gateway captures one choice per call: 'n' must be 1", param="n")
+        if chat:
+            msgs = body.get("messages")
+            if not isinstance(msgs, list) or not msgs:
+                raise GatewayError(
+                    400,
+                    "'messages' must be a non-empty list of messages",
+                    param="messages",
+                    code="invalid_type",
+                )
+            try:
+                return convert(msgs, list[Message])
+            except SchemaError as exc:
+                raise GatewayError(
+                    400,
+                    f"invalid message: {exc.reason}",
+                    param=f"messages{_bracket(exc.path)}",
+                    code="invalid_type",
+                ) from None
+        prompt = body.get("prompt")
+        ok = isinstance(prompt, str) or (
+            isinstance(prompt, list)
+            and prompt
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+        )
+        if not ok:
+            raise GatewayError(
+                400,
+                "'prompt' must be a string or a non-empty list of token ids",
+                param="prompt",
+                code="invalid_type",
+            )
+        return []
+
+    async def _proxy(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        t0 = time.perf_counter()
+        match = request.match_info
+        session = self._session_for(request, match.get("sid"))
+        role = match.get("role") or request.headers.get("X-RLLM-Role") or "default"
+        body = await self._read_body(request)
+        messages = self._validate(body, chat)
+        if not self._admit.is_set():
+            await self._admit.wait()
+        apply_sampling(body, session.sampling or self.config.default_sampling)
+        stream = bool(body.get("stream"))
+        seq = session.next_seq
+        session.next_seq = seq + 1
+        trace = TraceRecord(
+            session_id=session.session_id,
+            role=role,
+            seq=seq,
+            messages=messages,
+            weight_version=self.weight_version,
+            model=body.get("model") or "",
+        )
+        if chat and body.get("tools"):
+            trace.metadata["tools"] = body["tools"]
+        if not chat:
+            trace.metadata["prompt"] = body["prompt"]
+        if self.config.store_raw:
+            trace.raw_request = dict(body)
+        self.inflight += 1
+        self.metrics.inflight.inc()
+        try:
+            if self._hosted is not None:
+                return await self._hosted_call(request, body, trace, chat, stream, t0)
+            bridge = None
+            if chat and self._bridge is not None:
+                bridge = self._bridge.prepare(session, role, body, messages, trace)
+            wants = inject_capture(body, chat=chat and bridge is None, stream=stream)
+            path = "/chat/completions" if chat and bridge is None else "/completions"
+            if stream:
+                return await self._forward_stream(
+                    request, session, path, body, wants, trace, t0, chat, bridge
+                )
+            return await self._forward(session, path, body, wants, trace, t0, chat, bridge)
+        finally:
+            self.inflight -= 1
+            self.metrics.inflight.dec()
+            if self.inflight == 0 and self._drained is not None:
+                self._drained.set()
+
+    def _finish_trace(self, trace: TraceRecord, cap: Captured | None, status: str, t0: float) -> None:
+        trace.latency_s = time.perf_counter() - t0
+        trace.status = status  # type: ignore[assignment]
+        if cap is not None:
+            fill_trace(trace, cap)
+        self.store.put(trace)
+        self.metrics.observe(trace)
+
+    async def _post(
+        self, session: Session, path: str, body: dict[str, Any]
+    ) -> tuple[Worker, aiohttp.ClientResponse]:
+        """POST to the session's worker; on a connection failure try another (nothing sent back yet)."""
+        assert self._http is not None
+        tried: set[str] = set()
+        last_err = ""
+        fresh_retry_used: set[str] = set()
+        for _ in range(self.config.retries + 2):
+            try:
+                w = self.pool.pick(session.worker, tried or None)
+            except NoHealthyWorker as exc:
+                msg = f"{exc}; last error: {last_err}" if last_err else str(exc)
+                raise GatewayError(503, msg, code="no_healthy_worker") from None
+            session.worker = w.url
+            self._set_model(w, body)
+            w.inflight += 1
+            w.requests += 1
+            try:
+                resp = await self._http.post(
+                    w.url + path, data=_json_encode(body), headers={"Content-Type": _JSON}
+                )
+                return w, resp
+            except _RETRYABLE as exc:
+                last_err = f"{w.url}: {type(exc).__name__}: {exc}"
+                self.metrics.retries.inc()
+                stale = not isinstance(exc, aiohttp.ClientConnectorError)
+                if stale and w.url not in fresh_retry_used:
+                    # A pooled keep-alive connection the upstream had just closed: one more try on
+                    # a fresh connection before calling the worker dead.
+                    fresh_retry_used.add(w.url)
+                    continue
+                self.pool.mark_failed(w, last_err)
+                tried.add(w.url)
+            except TimeoutError:
+                raise GatewayError(504, f"upstream {w.url} timed out", code="upstream_timeout") from None
+            finally:
+                w.inflight -= 1
+        raise GatewayError(
+            502, f"all upstream attempts failed; last error: {last_err}", code="upstream_error"
+        )
+
+    def _set_model(self, w: Worker, body: dict[str, Any]) -> None:
+        # Agents often send a placeholder model name; the worker serves what it serves.
+        want = self.config.model_name
+        if want is None and w.models and body.get("model") not in w.models:
+            want = w.models[0]
+        if want is not None:
+            body["model"] = want
+
+    async def _post_whole(self, session: Session, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
+        """Non-streaming POST through the lean keep-alive client, with the same failover as _post."""
+        assert self._fast is not None
+        tried: set[str] = set()
+        dropped_once: set[str] = set()
+        last_err = ""
+        for _ in range(self.config.retries + 2):
+            try:
+                w = self.pool.pick(session.worker, tried or None)
+            except NoHealthyWorker as exc:
+                msg = f"{exc}; last error: {last_err}" if last_err else str(exc)
+                raise GatewayError(503, msg, code="no_healthy_worker") from None
+            session.worker = w.url
+            self._set_model(w, body)
+            w.inflight += 1
+            w.requests += 1
+            try:
+                return await self._fast.post(w.url + path, _json_encode(body))
+            except TimeoutError:  # before OSError: TimeoutError is one
+                raise GatewayError(504, f"upstream {w.url} timed out", code="upstream_timeout") from None
+            except (UpstreamConnectError, UpstreamDropped, OSError) as exc:
+                last_err = f"{w.url}: {type(exc).__name__}: {exc}"
+                self.metrics.retries.inc()
+                if not isinstance(exc, UpstreamConnectError) and w.url not in dropped_once:
+                    dropped_once.add(w.url)  # one dropped connection does not condemn a worker
+                    continue
+                self.pool.mark_failed(w, last_err)
+                tried.add(w.url)
+            finally:
+                w.inflight -= 1
+        raise GatewayError(
+            502, f"all upstream attempts failed; last error: {last_err}", code="upstream_error"
+        )
+
+    async def _forward(
+        self,
+        session: Session,
+        path: str,
+        body: dict[str, Any],
+        wants: ClientWants,
+        trace: TraceRecord,
+        t0: float,
+        chat: bool,
+        bridge: Any,
+    ) -> web.Response:
+        try:
+            if self.config.fast_http and not any(u.startswith("https:") for u in self.pool.workers):
+                status, raw = await self._post_whole(session, path, body)
+            else:
+                w, resp = await self._post(session, path, body)
+                w.inflight += 1
+                try:
+                    raw = await resp.read()
+                    status = resp.status
+                finally:
+                    w.inflight -= 1
+                    resp.release()
+        except GatewayError as exc:
+            trace.metadata["error"] = exc.message
+            self._finish_trace(trace, None, "error", t0)
+            raise
+        except TimeoutError:
+            trace.metadata["error"] = "upstream timeout"
+            self._finish_trace(trace, None, "error", t0)
+            raise GatewayError(504, "upstream timed out while answering", code="upstream_timeout") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            trace.metadata["error"] = f"{type(exc).__name__}: {exc}"
+            self._finish_trace(trace, None, "error", t0)
+            raise GatewayError(
+                502, f"upstream failed mid-response: {type(exc).__name__}", code="upstream_error"
+            ) from None
+        except asyncio.CancelledError:
+            self._finish_trace(trace, None, "abort", t0)
+            raise
+        if status != 200:
+            trace.metadata["error"] = raw[:2000].decode(errors="replace")
+            trace.metadata["upstream_status"] = status
+            self._finish_trace(trace, None, "error", t0)
+            return web.Response(status=status, body=raw, content_type=_JSON)
+        try:
+            data = _json_decode(raw)
+        except msgspec.DecodeError:
+            trace.metadata["error"] = "upstream sent malformed JSON"
+            self._finish_trace(trace, None, "error", t0)
+            raise GatewayError(502, "upstream sent malformed JSON", code="upstream_error") from None
+        if self.config.store_raw:
+            trace.raw_response = dict(data)
+        if bridge is not None:
+            cap = capture_response(data, chat=False)
+            self._bridge.commit(session, bridge, cap, trace)
+            data = self._bridge.to_chat(data, cap, bridge)
+            out = _json_encode(data)
+        else:
+            cap = capture_response(data, chat=chat)
+            out = _json_encode(data) if strip_injected(data, wants) else raw
+        self._finish_trace(trace, cap, "ok", t0)
+        return web.Response(body=out, content_type=_JSON)
+
+    async def _forward_stream(
+        self,
+        request: web.Request,
+        session: Session,
+        path: str,
+        body: dict[str, Any],
+        wants: ClientWants,
+        trace: TraceRecord,
+        t0: float,
+        chat: bool,
+        bridge: Any,
+    ) -> web.StreamResponse:
+        sc = StreamCapture(chat=chat and bridge is None)
+        out: web.StreamResponse | None = None
+        try:
+            w, resp = await self._post(session, path, body)
+        except GatewayError as exc:
+            trace.metadata["error"] = exc.message
+            self._finish_trace(trace, None, "error", t0)
+            raise
+        except asyncio.CancelledError:
+            self._finish_trace(trace, None, "abort", t0)
+            raise
+        w.inflight += 1
+        status = "ok"
+        try:
+            if resp.status != 200:
+                raw = await resp.read()
+                trace.metadata["error"] = raw[:2000].decode(errors="replace")
+                trace.metadata["upstream_status"] = resp.status
+                status = "error"
+                return web.Response(status=resp.status, body=raw, content_type=_JSON)
+            out = web.StreamResponse(
+                headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+            )
+            await out.prepare(request)
+            buf = b""
+            done = False
+            async for piece in resp.content.iter_any():
+                buf += piece
+                while True:
+                    end = buf.find(b"\n\n")
+                    if end < 0:
+                        break
+                    event, buf = buf[:end], buf[end + 2 :]
+                    payload = _sse_data(event)
+                    if payload is None:
+                        continue
+                    if payload == b"[DONE]":
+                        done = True
+                        break
+                    try:
+                        chunk = _json_decode(payload)
+                    except msgspec.DecodeError:
+                        await out.write(b"data: " + payload + b"\n\n")
+                        continue
+                    if isinstance(chunk, dict):
+                        if bridge is not None:
+                            StreamCapture.feed(sc, chunk)
+                            chunk = self._bridge.chunk_to_chat(chunk, bridge)
+                            payload = _json_encode(chunk)
+                        else:
+                            sc.feed(chunk)
+                            if strip_injected(chunk, wants):
+                                payload = _json_encode(chunk)
+                    await out.write(b"data: " + payload + b"\n\n")
+                if done:
+                    break
+            if not done:
+                status = "error"
+                trace.metadata["error"] = "upstream closed the stream before [DONE]"
+                payload = error_body(502, "upstream closed the stream before [DONE]")
+                await out.write(b"data: " + payload + b"\n\n")
+            await out.write(b"data: [DONE]\n\n")
+            sc.saw_done = done
+            return out
+        except asyncio.CancelledError:
+            status = "abort"  # the client went away: closing ``resp`` cancels the upstream request
+            raise
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+            status = "abort"
+            raise
+        except TimeoutError:
+            status = "error"
+            trace.metadata["error"] = "upstream timed out mid-stream"
+            if out is None:
+                raise GatewayError(504, "upstream timed out", code="upstream_timeout") from None
+            return out
+        except (aiohttp.ClientError, OSError) as exc:
+            status = "error"
+            trace.metadata["error"] = f"upstream failed mid-stream: {type(exc).__name__}: {exc}"
+            if out is None:
+                raise GatewayError(502, trace.metadata["error"], code="upstream_error") from None
+            with contextlib.suppress(Exception):
+                await out.write(b"data: " + error_body(502, trace.metadata["error"]) + b"\n\n")
+            return out
+        finally:
+            w.inflight -= 1
+            resp.close()
+            cap = sc.result()
+            if bridge is not None and status == "ok":
+                self._bridge.commit(session, bridge, cap, trace)
+            self._finish_trace(trace, cap if (status != "error" or cap.completion_ids) else None, status, t0)
+
+    async def _hosted_call(
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        trace: TraceRecord,
+        chat: bool,
+        stream: bool,
+        t0: float,
+    ) -> web.StreamResponse:
+        if not chat:
+            raise GatewayError(400, "hosted providers are reached through /v1/chat/completions only")
+        try:
+            data, cap = await self._hosted.complete(body)
+        except asyncio.CancelledError:
+            self._finish_trace(trace, None, "abort", t0)
+            raise
+        except Exception as exc:
+            trace.metadata["error"] = f"{type(exc).__name__}: {exc}"
+            self._finish_trace(trace, None, "error", t0)
+            status = getattr(exc, "status_code", 502)
+            raise GatewayError(
+                status if isinstance(status, int) and 400 <= status < 600 else 502,
+                f"hosted provider failed: {type(exc).__name__}",
+                code="upstream_error",
+            ) from None
+        self._finish_trace(trace, cap, "ok", t0)
+        if not stream:
+            return web.Response(body=_json_encode(data), content_type=_JSON)
+        from rllm.gateway.hosted import as_sse_chunks
+
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await out.prepare(request)
+        for chunk in as_sse_chunks(data):
+            await out.write(b"data: " + _json_encode(chunk) + b"\n\n")
+        await out.write(b"data: [DONE]\n\n")
+        return out
+
+    # ------------------------------------------------------------------ admin routes
+    async def _health(self, request: web.Request) -> web.Response:
+        body = {
+            "status": "ok",
+            "workers": len(self.pool.workers),
+            "healthy_workers": self.pool.healthy_count(),
+            "paused": not self._admit.is_set(),
+            "inflight": self.inflight,
+            "weight_version": self.weight_version,
+        }
+        return web.Response(body=_json_encode(body), content_type=_JSON)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body, ctype = self.metrics.render()
+        return web.Response(body=body, headers={"Content-Type": ctype})
+
+    async def _admin_body(self, request: web.Request) -> dict[str, Any]:
+        if not request.can_read_body:
+            return {}
+        return await self._read_body(request)
+
+    async def _create_session(self, request: web.Request) -> web.Response:
+        self._require_admin(request)
+        body = await self._admin_body(request)
+        sid = body.get("session_id")
+        if sid is None:
+            from rllm.types import new_id
+
+            sid = new_id()
+        if not isinstance(sid, str):
+            raise GatewayError(400, "'session_id' must be a string", param="session_id")
+        sampling = None
+        if body.get("sampling") is not None:
+            try:
+                sampling = convert(body["sampling"], SamplingParams)
+            except SchemaError as exc:
+                raise GatewayError(
+                    400, f"invalid sampling: {exc.reason}", param=f"sampling.{exc.path}"
+                ) from None
+        metadata = body.get("metadata") or {}
+        if not isinstance(metadata, dict):
+            raise GatewayError(400, "'metadata' must be an object", param="metadata")
+        existing = self.sessions.get(sid)
+        if existing is not None:
+            if sampling is not None:
+                existing.sampling = sampling
+            existing.metadata.update(metadata)
+            self.store.put_session(existing.row())
+            s = existing
+        else:
+            s = self._new_session(sid, sampling, metadata)
+        return web.Response(body=_json_encode(s.info(self.url, with_token=True)), content_type=_JSON)
+
+    async def _list_sessions(self, request: web.Request) -> web.Response:
+        self._require_admin(request)
+        data = [s.info(self.url, with_token=False) for s in self.sessions.values()]
+        return web.Response(body=_json_encode({"sessions": data}), content_type=_JSON)
+
+    def _existing(self, sid: str) -> Session:
+        s = self.sessions.get(sid)
+        if s is None:
+            raise GatewayError(404, f"unknown session {sid!r}", param="session_id", code="unknown_session")
+        return s
+
+    async def _get_session(self, request: web.Request) -> web.Response:
+        self._require_admin(request)
+        s = self._existing(request.match_info["sid"])
+        return web.Response(body=_json_encode(s.info(self.url, with_token=False)), content_type=_JSON)
+
+    async def _delete_session(self, request: web.Request) -> web.Response:
+        self._require_admin(request)
+        sid = request.match_info["sid"]
+        existed = self.sessions.pop(sid, None) is not None
+        n = await self.store.delete_session(sid)
+        if not existed and n == 0:
+            raise GatewayError(404, f"unknown session {sid!r}", param="session_id", code="unknown_session")
+        return web.Response(body=_json_encode({"deleted": sid, "traces": n}), content_type=_JSON)
+
+    async def _session_traces(self, request: web.Request) -> web.Response:
+        sid = request.match_info["sid"]
+        if request.path.startswith("/admin/"):
+            self._require_admin(request)
+        else:
+            # An agent may read its own session with its token; the admin may read any.
+            s = self.sessions.get(sid)
+            presented = self._bearer(request)
+            guarded = self.config.session_auth or self.config.admin_key is not None
+            if guarded and not self._is_admin(presented):  # noqa: SIM102 - reads better as two steps
+                if s is None or presented is None or not s.token_matches(presented):
+                    raise GatewayError(
+                        401, f"invalid or missing token for session {sid!r}", code="invalid_api_key"
+                    )
+        role = request.query.get("role")
+        records = await self.store.get(sid)
+        if role is not None:
+            records = [r for r in records if r.role == role]
+        return _records_response(request, records)
+
+    async def _query_traces(self, request: web.Request) -> web.Response:
+        self._require_admin(request)
+        q = request.query
+        try:
+            since = float(q["since"]) if "since" in q else None
+            limit = int(q["limit"]) if "limit" in q else None
+        except ValueError:
+            raise GatewayError(400, "'since' must be a number and 'limit' an integer") from None
+        records = await self.store.query(
+            session_id=q.get("session_id"), role=q.get("role"), since=since, limit=limit
+        )
+        return _records_response(request, records)
+
+    async def _flush(self, request: web.Request) -> web.Response:
+        self._require_admin(request)
+        await self.store.flush()
+        return web.Response(
+            body=_json_encode({"flushed": True, "traces": self.store.trace_count()}), content_type=_JSON
+        )
+
+    async def _list_workers(self, request: web.Request) -> web.Response:
+        self._require_admin(request)
+        data = [w.info() for w in self.pool.workers.values()]
+        return web.Response(body=_json_encode({"workers": data}), content_type=_JSON)
+
+    async def _worker_url(self, request: web.Request) -> str:
+        body = await self._admin_body(request)
+        url = body.get("url") or request.query.get("url")
+        if not isinstance(url, str) or not url:
+            raise GatewayError(400, "'url' (an upstream base URL ending in /v1) is required", param="url")
+        return url
+
+    async def _add_worker(self, request: web.Request) -> web.Response:
+        self._require_admin(request)
+        url = await self._worker_url(request)
+        try:
+            w = self.pool.add(url)
+        except ValueError as exc:
+            raise GatewayError(400, str(exc), param="url") from None
+        assert self._http is not None
+        await self.pool.check(self._http, w, timeout_s=min(2.0, self.config.connect_timeout_s))
+        return web.Response(body=_json_encode(w.info()), content_type=_JSON)
+
+    async def _remove_worker(self, request: web.Request) -> web.Response:
+        self._require_admin(request)
+        url = await self._worker_url(request)
+        if not self.pool.remove(url):
+            raise GatewayError(404, f"unknown worker {url!r}", param="url")
+        return web.Response(body=_json_encode({"removed": url.rstrip("/")}), content_type=_JSON)
+
+    async def _get_weight_version(self, request: web.Request) -> web.Response:
+        self._require_admin(request)
+        return web.Response(body=_json_encode({"weight_version": self.weight_version}), content_type=_JSON)
+
+    async def _set_weight_version(self, request: web.Request) -> web.Response:
+        self._require_admin(request)
+        body = await self._admin_body(request)
+        v = body.get("weight_version")
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise GatewayError(400, "'weight_version' must be an integer", param="weight_version")
+        self.weight_version = v
+        self.metrics.weight_version.set(v)
+        return web.Response(body=_json_encode({"weight_version": v}), content_type=_JSON)
+
+    async def _pause(self, request: web.Request) -> web.Response:
+        """Stop admitting requests (they wait) and return once in-flight ones have finished."""
+        self._require_admin(request)
+        self._admit.clear()
+        timeout = float(request.query.get("timeout", "600"))
+        if self.inflight:
+            self._drained = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._drained.wait(), timeout)
+            except TimeoutError:
+                raise GatewayError(
+                    504, f"{self.inflight} requests still in flight after {timeout}s"
+                ) from None
+            finally:
+                self._drained = None
+        return web.Response(
+            body=_json_encode({"paused": True, "inflight": self.inflight}), content_type=_JSON
+        )
+
+    async def _resume(self, request: web.Request) -> web.Response:
+        self._require_admin(request)
+        self._admit.set()
+        return web.Response(body=_json_encode({"paused": False}), content_type=_JSON)
+
+
+def _bracket(path: str) -> str:
+    # "[2].content" -> "[2].content"; "" -> ""
+    return path if path.startswith("[") or not path else f".{path}"
+
+
+def _sse_data(event: bytes) -> bytes | None:
+    """The data of one SSE event (lines joined), or None for comments/empty events."""
+    data = None
+    for line in event.split(b"\n"):
+        line = line.rstrip(b"\r")
+        if line.startswith(b"data:"):
+            part = line[5:]
+            if part.startswith(b" "):
+                part = part[1:]
+            data = part if data is None else data + b"\n" + part
+    return data
+
+
+def _records_response(request: web.Request, records: list[TraceRecord]) -> web.Response:
+    fmt = request.query.get("format")
+    if fmt == "msgpack" or (fmt is None and _MSGPACK in request.headers.get("Accept", "")):
+        return web.Response(body=to_msgpack(records), content_type=_MSGPACK)
+    return web.Response(body=to_json(records), content_type=_JSON)
+
+
+def fill_trace(trace: TraceRecord, cap: Captured) -> None:
+    """Copy what was captured into the trace, tolerating upstreams that omit parts."""
+    if cap.model:
+        trace.model = cap.model
+    tool_calls = None
+    if cap.tool_calls:
+        try:
+            tool_calls = [
+                ToolCall(
+                    id=str(tc.get("id") or f"call_{i}"),
+                    function=FunctionCall(
+                        name=tc["function"]["name"], arguments=tc["function"].get("arguments") or "{}"
+                    ),
+                )
+                for i, tc in enumerate(cap.tool_calls)
+            ]
+        except (KeyError, TypeError):
+            trace.metadata["capture_warning"] = "unreadable tool_calls"
+    trace.response = Message(
+        role="assistant", content=cap.text or None, tool_calls=tool_calls, reasoning=cap.reasoning or None
+    )
+    trace.finish_reason = cap.finish_reason
+    ids = cap.completion_ids
+    lps = cap.logprobs
+    if cap.prompt_ids is not None:
+        trace.prompt_ids = _tokens(cap.prompt_ids)
+    if ids:
+        trace.completion_ids = _tokens(ids)
+        if lps and len(lps) == len(ids):
+            from rllm.types import FloatArray
+
+            trace.logprobs = FloatArray(lps)
+        elif lps:
+            trace.metadata["capture_warning"] = f"{len(lps)} logprobs for {len(ids)} tokens; logprobs dropped"
+    u = cap.usage
+    if isinstance(u, dict):
+        trace.usage = Usage(
+            prompt_tokens=u.get("prompt_tokens") or 0,
+            completion_tokens=u.get("completion_tokens") or 0,
+            total_tokens=u.get("total_tokens") or 0,
+        )
+    elif trace.prompt_ids is not None or trace.completion_ids is not None:
+        p = len(trace.prompt_ids or ())
+        c = len(trace.completion_ids or ())
+        trace.usage = Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c)
+
+
+def _tokens(ids: list[int]) -> Any:
+    from rllm.types import TokenArray
+
+    return TokenArray(ids)
+
+
+__all__ = ["GatewayServer", "fill_trace", "to_builtins"]

@@ -1,0 +1,337 @@
+"""Trace stores: where captured TraceRecords live until the engine collects them.
+
+Both stores implement :class:`TraceStore`. ``put`` is synchronous and cheap because it runs on
+the request hot path: the memory store appends to a list, the SQLite store appends to a queue
+that a background thread writes in batches (one transaction per batch, WAL journal), so a
+request never waits on the disk. ``flush`` waits until everything put so far is committed;
+a committed trace survives a crash of the gateway process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+import msgspec
+
+from rllm.types import TraceRecord, from_msgpack, to_msgpack
+
+
+class SessionRow(msgspec.Struct, omit_defaults=True):
+    """What a store keeps of a session so it survives a restart (tokens, sampling, metadata)."""
+
+    session_id: str
+    token: str | None = None
+    sampling: dict[str, Any] | None = None
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+    created_at: float = 0.0
+
+
+class TraceStore(Protocol):
+    def put(self, record: TraceRecord) -> None: ...
+    async def get(self, session_id: str) -> list[TraceRecord]: ...
+    async def query(
+        self,
+        *,
+        session_id: str | None = None,
+        role: str | None = None,
+        since: float | None = None,
+        limit: int | None = None,
+    ) -> list[TraceRecord]: ...
+    async def delete_session(self, session_id: str) -> int: ...
+    async def flush(self) -> None: ...
+    def trace_count(self) -> int: ...
+    def put_session(self, row: SessionRow) -> None: ...
+    def load_sessions(self) -> list[SessionRow]: ...
+    def max_seq(self, session_id: str) -> int: ...
+    async def close(self) -> None: ...
+
+
+def _filter(records: Iterable[TraceRecord], role: str | None, since: float | None) -> list[TraceRecord]:
+    return [
+        r for r in records if (role is None or r.role == role) and (since is None or r.created_at >= since)
+    ]
+
+
+class MemoryTraceStore:
+    """Traces in a dict of lists; lost when the process ends. The default, and the fastest."""
+
+    def __init__(self) -> None:
+        self._by_session: dict[str, list[TraceRecord]] = {}
+        self._count = 0
+
+    def put(self, record: TraceRecord) -> None:
+        lst = self._by_session.get(record.session_id)
+        if lst is None:
+            lst = self._by_session[record.session_id] = []
+        lst.append(record)
+        self._count += 1
+
+    async def get(self, session_id: str) -> list[TraceRecord]:
+        return sorted(self._by_session.get(session_id, ()), key=_seq_key)
+
+    async def query(
+        self,
+        *,
+        session_id: str | None = None,
+        role: str | None = None,
+        since: float | None = None,
+        limit: int | None = None,
+    ) -> list[TraceRecord]:
+        if session_id is not None:
+            pool: Iterable[TraceRecord] = self._by_session.get(session_id, ())
+        else:
+            pool = (r for lst in self._by_session.values() for r in lst)
+        out = sorted(_filter(pool, role, since), key=lambda r: (r.created_at, r.seq))
+        return out[:limit] if limit is not None else out
+
+    async def delete_session(self, session_id: str) -> int:
+        lst = self._by_session.pop(session_id, [])
+        self._count -= len(lst)
+        return len(lst)
+
+    async def flush(self) -> None:
+        return None
+
+    def trace_count(self) -> int:
+        return self._count
+
+    def put_session(self, row: SessionRow) -> None:
+        return None  # sessions live in the registry; nothing outlives the process
+
+    def load_sessions(self) -> list[SessionRow]:
+        return []
+
+    def max_seq(self, session_id: str) -> int:
+        return -1
+
+    async def close(self) -> None:
+        return None
+
+
+def _seq_key(r: TraceRecord) -> int:
+    return r.seq
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS traces (
+    id TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    role TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    data BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS traces_by_session ON traces(session_id, seq);
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id TEXT PRIMARY KEY,
+    data BLOB NOT NULL
+);
+"""
+
+
+class SqliteTraceStore:
+    """Traces in one SQLite file (WAL). Writes are batched on a background thread.
+
+    Reads first ``flush`` so a reader always sees every trace put before it asked.
+    """
+
+    def __init__(self, path: str, *, batch_ms: float = 5.0) -> None:
+        self.path = path
+        self._batch_s = batch_ms / 1000.0
+        self._pending: list[tuple[str, Any]] = []
+        self._cond = threading.Condition()
+        self._put_seq = 0  # items handed to the writer
+        self._done_seq = 0  # items committed
+        self._closed = False
+        self._error: BaseException | None = None
+        self._count = 0
+        self._write_conn = self._connect()
+        self._write_conn.executescript(_SCHEMA)
+        self._write_conn.commit()
+        self._count = self._write_conn.execute("SELECT COUNT(*) FROM traces").fetchone()[0]
+        self._read_conn = self._connect()
+        self._read_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._writer, name="rllm-trace-writer", daemon=True)
+        self._thread.start()
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        # NORMAL in WAL mode is durable against a crash of the process (kill -9); only an OS
+        # crash or power loss can lose the last transactions.
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA busy_timeout=5000")
+        return conn
+
+    # --------------------------------------------------------------- writes
+    def put(self, record: TraceRecord) -> None:
+        with self._cond:
+            self._pending.append(("trace", record))
+            self._put_seq += 1
+            self._count += 1
+            self._cond.notify()
+
+    def put_session(self, row: SessionRow) -> None:
+        with self._cond:
+            self._pending.append(("session", row))
+            self._put_seq += 1
+            self._cond.notify()
+
+    def _writer(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closed:
+                    self._cond.wait()
+                if not self._pending and self._closed:
+                    return
+            if self._batch_s:
+                time.sleep(self._batch_s)  # let a burst accumulate into one transaction
+            with self._cond:
+                batch, self._pending = self._pending, []
+            try:
+                self._write_batch(batch)
+            except BaseException as exc:  # keep serving; flush() reports it
+                self._error = exc
+            with self._cond:
+                self._done_seq += len(batch)
+                self._cond.notify_all()
+
+    def _write_batch(self, batch: list[tuple[str, Any]]) -> None:
+        traces = []
+        sessions = []
+        deletes = []
+        for kind, item in batch:
+            if kind == "trace":
+                traces.append(
+                    (item.id, item.session_id, item.role, item.seq, item.created_at, to_msgpack(item))
+                )
+            elif kind == "session":
+                sessions.append((item.session_id, msgspec.msgpack.encode(item)))
+            else:
+                deletes.append((item,))
+        conn = self._write_conn
+        conn.execute("BEGIN")
+        try:
+            if sessions:
+                conn.executemany("INSERT OR REPLACE INTO sessions(session_id, data) VALUES (?, ?)", sessions)
+            if traces:
+                conn.executemany(
+                    "INSERT OR REPLACE INTO traces(id, session_id, role, seq, created_at, data) VALUES (?,?,?,?,?,?)",
+                    traces,
+                )
+            if deletes:
+                conn.executemany("DELETE FROM traces WHERE session_id = ?", deletes)
+                conn.executemany("DELETE FROM sessions WHERE session_id = ?", deletes)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def _wait_committed(self, target: int) -> None:
+        with self._cond:
+            while self._done_seq < target:
+                self._cond.wait(timeout=1.0)
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise RuntimeError(f"trace store {self.path}: write failed: {err}") from err
+
+    async def flush(self) -> None:
+        with self._cond:
+            target = self._put_seq
+            if self._done_seq >= target and self._error is None:
+                return
+        await asyncio.get_running_loop().run_in_executor(None, self._wait_committed, target)
+
+    # --------------------------------------------------------------- reads
+    def _read(self, sql: str, args: tuple[Any, ...]) -> list[TraceRecord]:
+        with self._read_lock:
+            rows = self._read_conn.execute(sql, args).fetchall()
+        return [from_msgpack(row[0], TraceRecord) for row in rows]
+
+    async def _read_async(self, sql: str, args: tuple[Any, ...]) -> list[TraceRecord]:
+        await self.flush()
+        return await asyncio.get_running_loop().run_in_executor(None, self._read, sql, args)
+
+    async def get(self, session_id: str) -> list[TraceRecord]:
+        return await self._read_async(
+            "SELECT data FROM traces WHERE session_id = ? ORDER BY seq", (session_id,)
+        )
+
+    async def query(
+        self,
+        *,
+        session_id: str | None = None,
+        role: str | None = None,
+        since: float | None = None,
+        limit: int | None = None,
+    ) -> list[TraceRecord]:
+        where, args = [], []
+        if session_id is not None:
+            where.append("session_id = ?")
+            args.append(session_id)
+        if role is not None:
+            where.append("role = ?")
+            args.append(role)
+        if since is not None:
+            where.append("created_at >= ?")
+            args.append(since)
+        sql = "SELECT data FROM traces"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY created_at, seq"
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(limit)
+        return await self._read_async(sql, tuple(args))
+
+    async def delete_session(self, session_id: str) -> int:
+        await self.flush()
+        with self._read_lock:
+            n = self._read_conn.execute(
+                "SELECT COUNT(*) FROM traces WHERE session_id = ?", (session_id,)
+            ).fetchone()[0]
+        with self._cond:
+            self._pending.append(("delete", session_id))
+            self._put_seq += 1
+            self._count -= n
+            self._cond.notify()
+        await self.flush()
+        return n
+
+    def trace_count(self) -> int:
+        return self._count
+
+    def load_sessions(self) -> list[SessionRow]:
+        with self._read_lock:
+            rows = self._read_conn.execute("SELECT data FROM sessions").fetchall()
+        return [msgspec.msgpack.decode(r[0], type=SessionRow) for r in rows]
+
+    def max_seq(self, session_id: str) -> int:
+        with self._read_lock:
+            row = self._read_conn.execute(
+                "SELECT MAX(seq) FROM traces WHERE session_id = ?", (session_id,)
+            ).fetchone()
+        return -1 if row[0] is None else int(row[0])
+
+    async def close(self) -> None:
+        await self.flush()
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 10)
+        self._write_conn.close()
+        self._read_conn.close()
+
+
+def open_store(spec: str, *, batch_ms: float = 5.0) -> MemoryTraceStore | SqliteTraceStore:
+    """``"memory"`` or ``"sqlite:/path/file.db"`` -> a store."""
+    if spec == "memory":
+        return MemoryTraceStore()
+    if spec.startswith("sqlite:"):
+        return SqliteTraceStore(spec[len("sqlite:") :], batch_ms=batch_ms)
+    raise ValueError(f"unknown store {spec!r}: use 'memory' or 'sqlite:/path/file.db'")

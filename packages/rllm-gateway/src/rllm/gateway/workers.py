@@ -1,0 +1,118 @@
+"""Upstream workers: sticky-per-session routing, least-loaded fallback, health checks.
+
+A session sticks to one worker so its multi-turn prefix stays in that worker's KV cache. When
+that worker is unhealthy or removed, the session moves to the least-loaded healthy worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+
+class NoHealthyWorker(Exception):
+    """No upstream can take the request (all down, or none configured)."""
+
+
+@dataclass(slots=True)
+class Worker:
+    url: str
+    healthy: bool = True
+    inflight: int = 0
+    requests: int = 0
+    failures: int = 0
+    last_check: float = 0.0
+    last_error: str | None = None
+    models: list[str] | None = None
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "healthy": self.healthy,
+            "inflight": self.inflight,
+            "requests": self.requests,
+            "failures": self.failures,
+            "last_check": self.last_check,
+            "last_error": self.last_error,
+            "models": self.models,
+        }
+
+
+class WorkerPool:
+    def __init__(self, urls: list[str]) -> None:
+        self.workers: dict[str, Worker] = {}
+        for u in urls:
+            self.add(u)
+
+    def add(self, url: str) -> Worker:
+        url = url.rstrip("/")
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"worker url must be an http(s) base URL ending in /v1, got {url!r}")
+        w = self.workers.get(url)
+        if w is None:
+            w = self.workers[url] = Worker(url)
+        return w
+
+    def remove(self, url: str) -> bool:
+        return self.workers.pop(url.rstrip("/"), None) is not None
+
+    def healthy_count(self) -> int:
+        return sum(1 for w in self.workers.values() if w.healthy)
+
+    def pick(self, sticky: str | None, exclude: set[str] | None = None) -> Worker:
+        """The sticky worker if it is usable, else the least-loaded healthy one."""
+        if sticky is not None:
+            w = self.workers.get(sticky)
+            if w is not None and w.healthy and (exclude is None or sticky not in exclude):
+                return w
+        best: Worker | None = None
+        for w in self.workers.values():
+            if not w.healthy or (exclude is not None and w.url in exclude):
+                continue
+            # Ties (e.g. an idle pool) go to the worker that has served least, spreading sessions.
+            if best is None or (w.inflight, w.requests) < (best.inflight, best.requests):
+                best = w
+        if best is None:
+            if not self.workers:
+                raise NoHealthyWorker("no upstream workers are configured")
+            raise NoHealthyWorker(f"no healthy upstream worker (of {len(self.workers)})")
+        return best
+
+    def mark_failed(self, w: Worker, error: str) -> None:
+        w.healthy = False
+        w.failures += 1
+        w.last_error = error
+
+    async def check(self, session: aiohttp.ClientSession, w: Worker, timeout_s: float) -> None:
+        """GET {url}/models: healthy if it answers 200 in time."""
+        try:
+            async with session.get(f"{w.url}/models", timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                raw = await resp.read()
+                ok = resp.status == 200
+                if ok:
+                    try:
+                        w.models = [m["id"] for m in json.loads(raw)["data"]]
+                    except (ValueError, KeyError, TypeError):
+                        w.models = None
+                err = None if ok else f"/models answered {resp.status}"
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            ok, err = False, f"{type(exc).__name__}: {exc}"
+        w.healthy = ok
+        w.last_check = time.time()
+        if err is not None:
+            w.last_error = err
+
+    async def check_all(self, session: aiohttp.ClientSession, timeout_s: float) -> None:
+        await asyncio.gather(*(self.check(session, w, timeout_s) for w in list(self.workers.values())))
+
+    async def health_loop(self, session: aiohttp.ClientSession, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            with contextlib.suppress(Exception):
+                await self.check_all(session, timeout_s=max(1.0, interval_s))
