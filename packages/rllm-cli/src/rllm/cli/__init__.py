@@ -1,1 +1,1 @@
-"""rllm.cli"""
+"""rllm.cli: the `rllm` command (entry point `rllm.cli.main:main`)."""

@@ -146,10 +146,17 @@ def _view(args: argparse.Namespace, _: list[str]) -> int:
     if not rows:
         raise FileNotFoundError(f"no metrics.jsonl with rows in {args.run_dir}")
     table = Table(title=str(args.run_dir))
-    keys = ["step", "reward/mean", "val/reward/mean", "train/loss", "time/rollout_s", "time/train_s"]
-    keys = [k for k in keys if any(k in r for r in rows)]
+    columns = {
+        "step": "step",
+        "reward/mean": "reward",
+        "val/reward/mean": "val reward",
+        "train/loss": "loss",
+        "time/rollout_s": "rollout s",
+        "time/train_s": "train s",
+    }
+    keys = [k for k in columns if any(k in r for r in rows)]
     for key in keys:
-        table.add_column(key, justify="right")
+        table.add_column(columns[key], justify="right")
     stride = max(1, len(rows) // 20)
     for row in rows[::stride] + ([rows[-1]] if (len(rows) - 1) % stride else []):
         table.add_row(*(_fmt(row.get(k)) for k in keys))

@@ -48,8 +48,11 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+PLOT_SERIES = {"reward/mean": "train reward (sampled)", "val/reward/mean": "validation reward"}
+
+
 def plot_reward_curve(
-    metrics_path: Path, png_path: Path, keys: tuple[str, ...] = ("reward/mean", "val/reward/mean")
+    metrics_path: Path, png_path: Path, series: dict[str, str] = PLOT_SERIES
 ) -> Path | None:
     """Draw reward against step for the keys present; None when matplotlib is missing."""
     try:
@@ -62,10 +65,11 @@ def plot_reward_curve(
         return None
     rows = read_metrics(metrics_path)
     fig, ax = plt.subplots(figsize=(7, 4))
-    for key in keys:
+    for key, label in series.items():
         points = [(r["step"], r[key]) for r in rows if key in r]
         if points:
-            ax.plot(*zip(*points, strict=True), label=key, marker="." if len(points) < 60 else None)
+            ax.plot(*zip(*points, strict=True), label=label, marker="." if len(points) < 60 else None)
+    ax.set_title(f"{metrics_path.parent.name}: reward per step")
     ax.set_xlabel("step")
     ax.set_ylabel("reward")
     ax.set_ylim(-0.05, 1.05)

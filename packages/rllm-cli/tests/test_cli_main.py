@@ -1,0 +1,42 @@
+"""The `rllm` command's argument handling and error reporting (no training here)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rllm.cli.main import main
+
+
+def test_view_summarises_metrics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = [{"step": i, "reward/mean": i / 10, "train/loss": 0.1} for i in range(1, 6)]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    assert main(["view", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "reward" in out and "0.500" in out
+
+
+def test_view_of_an_empty_run_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["view", str(tmp_path)]) == 2
+    assert "no metrics.jsonl" in capsys.readouterr().err
+
+
+def test_bad_config_file_names_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text("total_steps = 3\n[algorithm]\nclip_low = 'wide'\n")
+    assert main(["train", "say", "--config", str(config), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "algorithm.clip_low" in err and "float" in err
+
+
+def test_unknown_backend_lists_installed_ones(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "say", "--backend", "verl", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no backend named 'verl'" in err and "tinker" in err
+
+
+def test_unknown_arguments_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["view", "somewhere", "--bogus"])
