@@ -1,7 +1,8 @@
 """Benchmark: RolloutEngine throughput on 5-turn agent flows against a mock upstream.
 
 (a) Latency-bound: the upstream answers after 50 ms; C concurrent rollouts of 5 sequential calls
-    can at best finish C / (5 x 50 ms) rollouts per second. Prints achieved / ideal (target >= 0.9).
+    can at best finish C / (5 x 50 ms) rollouts per second. Prints achieved / ideal (target >= 0.9),
+    and the same agent loop calling the upstream directly (no rLLM): the machine's own ceiling.
 (b) Overhead: a zero-latency upstream; the same agent loop run (1) through the rLLM engine and
     gateway and (2) calling the upstream directly with no rLLM in the path, in the same run.
     Prints engine / direct throughput (target >= 0.5).
@@ -192,6 +193,14 @@ def main() -> None:
                 f"(a) latency {args.latency * 1000:.0f} ms, concurrency {args.concurrency}, {n} rollouts: "
                 f"{result['rollouts_per_s']:.1f} rollouts/s vs ideal {ideal:.1f} -> ratio "
                 f"{result['rollouts_per_s'] / ideal:.3f} (target >= 0.9)"
+            )
+            # The machine's own ceiling: the same agent loop on the same upstream with no rLLM in
+            # the path. Where it is far below the ideal, the CPU (not rLLM) bounds the ratio.
+            direct = asyncio.run(run_direct(upstream, args.concurrency, n))
+            print(
+                f"    direct (no rLLM, same upstream and concurrency): {direct['rollouts_per_s']:.1f} "
+                f"rollouts/s = {direct['rollouts_per_s'] / ideal:.3f} of ideal; engine / direct = "
+                f"{result['rollouts_per_s'] / direct['rollouts_per_s']:.3f}"
             )
         if not args.skip_b:
             proc, upstream0 = _spawn(_serve_upstream, 0.0)

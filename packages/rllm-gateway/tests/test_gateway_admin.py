@@ -1,4 +1,5 @@
-"""Admin API through GatewayClient: sessions, traces, weight version, pause/drain, workers, metrics."""
+"""Admin API through GatewayClient (HTTP) and LocalGatewayClient (in process): sessions, traces,
+weight version, pause/drain, workers, metrics. Tests taking ``admin`` run once per client."""
 
 from __future__ import annotations
 
@@ -8,8 +9,20 @@ import aiohttp
 import openai
 import pytest
 
-from rllm.gateway import GatewayAPIError, GatewayClient, GatewayConfig, GatewayServer
+from rllm.gateway import GatewayAPIError, GatewayClient, GatewayConfig, GatewayServer, LocalGatewayClient
 from rllm.gateway.testing import MockUpstream
+
+
+@pytest.fixture(params=["http", "in_process"])
+async def admin(request, gateway):
+    """The same admin API over HTTP and as direct calls into the server."""
+    if request.param == "http":
+        async with GatewayClient(gateway.url) as c:
+            yield c
+    else:
+        c = gateway.local_client()
+        assert isinstance(c, LocalGatewayClient)
+        yield c
 
 
 async def _chat(url: str, text: str = "hi", **kw) -> str:
@@ -18,7 +31,8 @@ async def _chat(url: str, text: str = "hi", **kw) -> str:
     return r.choices[0].message.content
 
 
-async def test_create_list_delete_session_frees_traces(client, gateway):
+async def test_create_list_delete_session_frees_traces(admin, gateway):
+    client = admin
     info = await client.create_session(metadata={"task": "t1"})
     assert info.base_url == f"{gateway.url}/sessions/{info.session_id}/v1" and info.token
     await _chat(info.base_url)
@@ -33,7 +47,8 @@ async def test_create_list_delete_session_frees_traces(client, gateway):
     assert e.value.status == 404
 
 
-async def test_weight_version_is_stamped_on_traces(client):
+async def test_weight_version_is_stamped_on_traces(admin):
+    client = admin
     s = await client.create_session("wv")
     assert await client.get_weight_version() == 0
     await _chat(s.base_url)
@@ -43,7 +58,8 @@ async def test_weight_version_is_stamped_on_traces(client):
     assert [t.weight_version for t in await client.get_traces("wv")] == [0, 7]
 
 
-async def test_pause_drains_inflight_and_holds_new_requests(client, mock):
+async def test_pause_drains_inflight_and_holds_new_requests(admin, mock):
+    client = admin
     mock.latency = 0.3
     s = await client.create_session("p")
     first = asyncio.create_task(_chat(s.base_url, "in flight"))
@@ -60,7 +76,8 @@ async def test_pause_drains_inflight_and_holds_new_requests(client, mock):
     assert [(t.messages[0].content, t.weight_version) for t in traces] == [("in flight", 0), ("late", 1)]
 
 
-async def test_json_and_msgpack_trace_endpoints_agree(client, gateway):
+async def test_json_and_msgpack_trace_endpoints_agree(admin, gateway):
+    client = admin
     s = await client.create_session("fmt")
     await _chat(s.base_url, "one")
     async with aiohttp.ClientSession() as http:
@@ -157,7 +174,8 @@ def test_thread_variant_for_sync_callers():
             gw.stop_in_thread()
 
 
-async def test_concurrent_sessions_lose_and_mix_no_traces(client, mock):
+async def test_concurrent_sessions_lose_and_mix_no_traces(admin, mock):
+    client = admin
     mock.latency = 0.002
     http = aiohttp.ClientSession()
 
@@ -182,3 +200,107 @@ async def test_concurrent_sessions_lose_and_mix_no_traces(client, mock):
         assert [t.seq for t in traces] == [0, 1, 2]
         assert [t.response.content for t in traces] == [f"echo: s{k} t{t}" for t in range(3)]
         assert all(len(t.logprobs) == len(t.completion_ids) for t in traces)
+
+
+async def test_finish_session_returns_traces_and_deletes_the_session(admin, gateway):
+    s = await admin.create_session(metadata={"task": "t"})
+    await _chat(s.base_url, "one")
+    await _chat(admin.session_url(s.session_id, "judge"), "two")
+    traces = await admin.finish_session(s.session_id)
+    assert [(t.seq, t.role, t.messages[0].content) for t in traces] == [
+        (0, "default", "one"),
+        (1, "judge", "two"),
+    ]
+    assert all(t.completion_ids and len(t.logprobs) == len(t.completion_ids) for t in traces)
+    assert await admin.list_sessions() == [] and gateway.store.trace_count() == 0
+    with pytest.raises(GatewayAPIError) as e:
+        await admin.finish_session("never-existed")
+    assert e.value.status == 404 and "never-existed" in e.value.message
+
+
+async def test_in_process_client_matches_http_client(gateway):
+    """Both clients give the same answers for the same server state (sessions, workers, health)."""
+    local = gateway.local_client()
+    async with GatewayClient(gateway.url) as http:
+        info = await local.create_session("same", metadata={"k": [1, 2]})
+        assert info.base_url == http.session_url("same") == local.session_url("same")
+        await _chat(info.base_url, "x")
+        assert await local.list_sessions() == await http.list_sessions()
+        assert await local.list_workers() == await http.list_workers()
+        assert await local.health() == await http.health()
+        assert [t.id for t in await local.get_traces("same")] == [t.id for t in await http.get_traces("same")]
+        assert [t.id for t in await local.query_traces(session_id="same")] == [
+            t.id for t in await http.query_traces(session_id="same")
+        ]
+        # Reads are copies: a caller mutating them does not change what the gateway holds.
+        (mine,) = await local.get_traces("same")
+        mine.messages.clear()
+        (again,) = await http.get_traces("same")
+        assert again.messages[0].content == "x"
+        with pytest.raises(GatewayAPIError) as e:
+            await local.set_weight_version("3")  # type: ignore[arg-type]
+        assert e.value.status == 400 and "weight_version" in e.value.message
+        with pytest.raises(GatewayAPIError) as e:
+            await local.remove_worker("http://127.0.0.1:1/v1")
+        assert e.value.status == 404
+
+
+async def test_in_process_client_refuses_another_event_loop(gateway):
+    local = gateway.local_client()
+
+    def other_thread() -> str:
+        try:
+            asyncio.run(local.list_sessions())
+        except RuntimeError as exc:
+            return str(exc)
+        return "no error"
+
+    message = await asyncio.to_thread(other_thread)
+    assert "event loop" in message and gateway.url in message
+
+
+async def test_trace_of_a_call_in_flight_when_its_session_finished_is_not_kept(admin, gateway, mock):
+    """A flow past its deadline may still have a call in flight when the engine finishes its
+    session; that call's trace has nobody to read it and must not leak into the store."""
+    mock.latency = 0.3
+    s = await admin.create_session("late")
+    call = asyncio.create_task(_chat(s.base_url, "slow"))
+    await asyncio.sleep(0.1)
+    assert await admin.finish_session("late") == []
+    await call  # the upstream still answers the call that was already on its way
+    assert gateway.store.trace_count() == 0 and "late" not in gateway.sessions
+
+
+async def test_probe_timeout_does_not_follow_a_short_interval():
+    """A 50 ms health interval used to mean a 1 s probe timeout: a server answering /models in
+    1.2 s under load was marked down and every request got 503. The timeout is its own setting."""
+    async with MockUpstream() as m:
+        cfg = GatewayConfig(upstreams=[m.url], health_interval_s=0.05)
+        assert cfg.health_timeout_s >= 2
+        async with GatewayServer(cfg) as gw:
+            m.models_latency = 1.2
+            w = gw.pool.workers[m.url]
+            for _ in range(15):
+                await asyncio.sleep(0.1)
+                assert w.healthy, w.last_error
+            assert m.stats.by_path["/v1/models"] >= 2  # probes were sent and outlived 1 s
+
+
+async def test_only_worker_marked_unhealthy_by_a_slow_probe_still_serves():
+    """When no worker is marked healthy the gateway still tries the one that failed longest ago,
+    instead of answering 503 to everything until the next probe succeeds."""
+    async with MockUpstream() as m:
+        cfg = GatewayConfig(upstreams=[m.url], health_interval_s=0.05, health_timeout_s=0.05)
+        async with GatewayServer(cfg) as gw:
+            m.models_latency = 0.3  # every probe now times out; completions still answer at once
+            w = gw.pool.workers[m.url]
+            for _ in range(100):
+                await asyncio.sleep(0.02)
+                if not w.healthy:
+                    break
+            assert not w.healthy and "Timeout" in (w.last_error or "")
+            url = f"{gw.url}/sessions/busy/v1"
+            answers = [await _chat(url, f"q{i}") for i in range(10)]
+            assert answers == [f"echo: q{i}" for i in range(10)]
+            traces = await gw.local_client().get_traces("busy")
+            assert [t.status for t in traces] == ["ok"] * 10

@@ -1,9 +1,10 @@
 """RolloutEngine: run a flow on many tasks in parallel through the gateway and return Episodes.
 
 For every rollout the engine creates a gateway session, hands the flow that session's URL, runs
-it under a deadline, fetches the session's traces, builds the Episode (trajectories by role,
-Steps with the sampler's token ids and logprobs), scores it with the evaluator and deletes the
-session. The batch always completes: every rollout ends as an Episode whose
+it under a deadline, finishes the session (takes its traces and deletes it, one admin call),
+builds the Episode (trajectories by role, Steps with the sampler's token ids and logprobs) and
+scores it with the evaluator. An engine that starts its own gateway makes those admin calls in
+process (``GatewayServer.local_client()``); one attached to a gateway makes them over HTTP. The batch always completes: every rollout ends as an Episode whose
 ``termination_reason`` says why (done, agent_error, timeout, infra_error, ...). Infrastructure
 failures are retried on a fresh session; the failed attempt's traces are discarded with it.
 """
@@ -88,6 +89,7 @@ class RolloutEngine:
         self._client: Any = None
         self._executor: ThreadPoolExecutor | None = None
         self._deletions: set[asyncio.Task[None]] = set()
+        self._finish_route = True  # False once an attached (older) gateway lacked it
         self.last_stats: dict[str, float] = {}
 
     # ------------------------------------------------------------------ lifecycle
@@ -99,7 +101,8 @@ class RolloutEngine:
 
     @property
     def client(self) -> Any:
-        """The GatewayClient (admin calls: weight version, pause/resume, workers)."""
+        """The gateway admin client (weight version, pause/resume, workers): a GatewayClient over
+        HTTP when attached, the server's in-process LocalGatewayClient when the engine owns it."""
         if self._client is None:
             raise RuntimeError("the engine is not started; call `await engine.start()` first")
         return self._client
@@ -126,7 +129,10 @@ class RolloutEngine:
             self._server = GatewayServer(cfg)
             await self._server.start()
             self._gateway_url = self._server.url
-        self._client = GatewayClient(self._gateway_url, admin_key=self._admin_key)
+            # Same process, same event loop: admin calls need no HTTP round trip to ourselves.
+            self._client = self._server.local_client()
+        else:
+            self._client = GatewayClient(self._gateway_url, admin_key=self._admin_key)
         if not self.flow.is_async:
             workers = self.config.flow_threads or self.config.concurrency
             self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rllm-flow")
@@ -262,17 +268,36 @@ class RolloutEngine:
             is_validation=is_validation,
             metadata={**self.config.metadata, **meta},
         )
+        closed: list[bool] = []
         try:
-            return await self._run_flow_in_session(task, rollout_index, agent_config)
+            return await self._run_flow_in_session(task, rollout_index, agent_config, closed)
         finally:
-            if not self.config.keep_sessions:
-                # In the background, off the rollout's critical path; the batch waits for all
-                # deletions before it returns, so no session outlives the batch.
-                task = asyncio.create_task(self._delete_session(session.session_id))
-                self._deletions.add(task)
-                task.add_done_callback(self._deletions.discard)
+            if not closed and not self.config.keep_sessions:
+                # The session was not finished (collecting failed, or cancelled): delete it in the
+                # background; the batch waits for all deletions, so no session outlives the batch.
+                deletion = asyncio.create_task(self._delete_session(session.session_id))
+                self._deletions.add(deletion)
+                deletion.add_done_callback(self._deletions.discard)
 
-    async def _run_flow_in_session(self, task: Task, rollout_index: int, config: AgentConfig) -> Episode:
+    async def _collect_traces(self, session_id: str, closed: list[bool]) -> list[TraceRecord]:
+        """The session's traces; unless sessions are kept, also deletes it (appending to ``closed``)."""
+        if self.config.keep_sessions:
+            return await self.client.get_traces(session_id)
+        if self._finish_route:
+            try:
+                traces = await self.client.finish_session(session_id)
+            except Exception as exc:
+                if getattr(exc, "status", None) != 404 or "no route" not in str(exc):
+                    raise
+                self._finish_route = False  # a gateway from before the finish route
+            else:
+                closed.append(True)
+                return traces
+        return await self.client.get_traces(session_id)  # deleted afterwards, in the background
+
+    async def _run_flow_in_session(
+        self, task: Task, rollout_index: int, config: AgentConfig, closed: list[bool]
+    ) -> Episode:
         result: Any = None
         reason = TerminationReason.DONE
         error: ErrorInfo | None = None
@@ -290,7 +315,7 @@ class RolloutEngine:
             reason, error = classify_exception(exc), ErrorInfo.from_exception(exc)
 
         try:
-            traces = await self.client.get_traces(config.session_id)
+            traces = await self._collect_traces(config.session_id, closed)
         except Exception as exc:
             return failed_episode(
                 task.id, rollout_index, TerminationReason.INFRA_ERROR, ErrorInfo.from_exception(exc)

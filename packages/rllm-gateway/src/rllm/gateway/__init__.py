@@ -1,12 +1,14 @@
 """rllm.gateway: an OpenAI-compatible, session-routed proxy that captures exact token ids and
 logprobs from inference servers, for RL training of language agents.
 
-Embed it (``GatewayServer(GatewayConfig(...))``), drive it (``GatewayClient``), or run it
+Embed it (``GatewayServer(GatewayConfig(...))``), drive it (``GatewayClient`` over HTTP, or
+``server.local_client()`` in the same process), or run it
 (``rllm-gateway serve``). ``rllm.gateway.testing.MockUpstream`` is a vLLM look-alike for tests.
 """
 
 from rllm.gateway.client import GatewayAPIError, GatewayClient, SessionInfo
 from rllm.gateway.config import GatewayConfig, load_config
+from rllm.gateway.local_client import LocalGatewayClient
 from rllm.gateway.server import GatewayServer
 from rllm.gateway.store import MemoryTraceStore, SqliteTraceStore, TraceStore, open_store
 
@@ -15,6 +17,7 @@ __all__ = [
     "GatewayClient",
     "GatewayConfig",
     "GatewayServer",
+    "LocalGatewayClient",
     "MemoryTraceStore",
     "SessionInfo",
     "SqliteTraceStore",

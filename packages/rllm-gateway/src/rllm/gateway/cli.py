@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tokenizer-path")
     s.add_argument("--tokenizer-mode", choices=["plain", "cumulative"])
     s.add_argument("--health-interval-s", type=float)
+    s.add_argument("--health-timeout-s", type=float)
     s.add_argument(
         "--hosted-model", help="send requests through LiteLLM to this model, e.g. openai/gpt-4o-mini"
     )

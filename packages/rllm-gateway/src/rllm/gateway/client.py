@@ -106,6 +106,12 @@ class GatewayClient:
         """Delete a session and its traces; returns how many traces were freed."""
         return (await self._json("DELETE", f"/admin/sessions/{session_id}"))["traces"]
 
+    async def finish_session(self, session_id: str) -> list[TraceRecord]:
+        """Delete a session and return its traces ordered by ``seq``: one round trip where
+        ``get_traces`` + ``delete_session`` take two (the end of every rollout)."""
+        path = f"/admin/sessions/{session_id}/finish?format=msgpack"
+        return from_msgpack(await self._call("POST", path, accept="application/msgpack"), list[TraceRecord])
+
     async def get_traces(self, session_id: str, role: str | None = None) -> list[TraceRecord]:
         """The session's traces ordered by ``seq`` (msgpack on the wire: packed token arrays)."""
         path = f"/admin/sessions/{session_id}/traces?format=msgpack"

@@ -33,6 +33,9 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tokenizer_path: str | None = None
     tokenizer_mode: Literal["plain", "cumulative"] = "plain"
     health_interval_s: float = 5.0
+    # A probe's own timeout, independent of the interval: a short interval must not turn one slow
+    # /models answer under load into "worker down".
+    health_timeout_s: float = 5.0
     max_connections_per_worker: int = 1024
     retries: int = 2
     store_raw: bool = False
@@ -67,6 +70,10 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             )
         if self.upstream_timeout_s <= 0:
             raise InvariantError("upstream_timeout_s must be > 0", "upstream_timeout_s")
+        if self.health_timeout_s <= 0:
+            raise InvariantError(
+                f"health_timeout_s must be > 0, got {self.health_timeout_s}", "health_timeout_s"
+            )
         if self.tokenizer_mode == "cumulative" and not self.tokenizer_path:
             raise InvariantError("tokenizer_mode='cumulative' needs tokenizer_path", "tokenizer_path")
         if self.admin_key == "":

@@ -104,7 +104,9 @@ class FastHttpPool:
         conn.buf.clear()
         conn.transport.write(head + body)
         try:
-            status, payload, keep = await asyncio.wait_for(self._read_response(conn), self.read_timeout_s)
+            # asyncio.timeout, not wait_for: wait_for wraps the read in a new Task per request.
+            async with asyncio.timeout(self.read_timeout_s):
+                status, payload, keep = await self._read_response(conn)
         except BaseException:
             conn.transport.abort()
             raise

@@ -98,6 +98,7 @@ class GatewayServer:
         self._bridge: Any = None  # cumulative.TokenBridge, loaded lazily in start()
         self._hosted: Any = None
         self._fast: FastHttpPool | None = None
+        self._serving_loop: asyncio.AbstractEventLoop | None = None
         self.port = self.config.port
         self.host = self.config.host
         for row in self.store.load_sessions():
@@ -112,6 +113,7 @@ class GatewayServer:
 
     async def start(self) -> GatewayServer:
         cfg = self.config
+        self._serving_loop = asyncio.get_running_loop()
         self._admit = asyncio.Event()
         self._admit.set()
         self._http = aiohttp.ClientSession(
@@ -155,7 +157,9 @@ class GatewayServer:
         if self.pool.workers:
             await self.pool.check_all(self._http, timeout_s=min(2.0, cfg.connect_timeout_s))
         if cfg.health_interval_s > 0:
-            self._health_task = asyncio.create_task(self.pool.health_loop(self._http, cfg.health_interval_s))
+            self._health_task = asyncio.create_task(
+                self.pool.health_loop(self._http, cfg.health_interval_s, cfg.health_timeout_s)
+            )
         return self
 
     async def stop(self) -> None:
@@ -173,6 +177,19 @@ class GatewayServer:
         if self._fast is not None:
             self._fast.close()
         await self.store.close()
+        self._serving_loop = None
+
+    @property
+    def serving_loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop the server runs on (None when stopped); in-process admin calls must use it."""
+        return self._serving_loop
+
+    def local_client(self) -> Any:
+        """An in-process admin client (same async API as GatewayClient, no HTTP): for the code
+        that owns this server and runs on its event loop, e.g. an engine that embeds its gateway."""
+        from rllm.gateway.local_client import LocalGatewayClient
+
+        return LocalGatewayClient(self)
 
     async def __aenter__(self) -> GatewayServer:
         return await self.start()
@@ -236,6 +253,7 @@ class GatewayServer:
         r.add_get("/admin/sessions", self._list_sessions)
         r.add_get("/admin/sessions/{sid}", self._get_session)
         r.add_delete("/admin/sessions/{sid}", self._delete_session)
+        r.add_post("/admin/sessions/{sid}/finish", self._finish_session)
         r.add_get("/admin/sessions/{sid}/traces", self._session_traces)
         r.add_get("/admin/traces", self._query_traces)
         r.add_post("/admin/flush", self._flush)
@@ -495,7 +513,10 @@ class GatewayServer:
         trace.status = status  # type: ignore[assignment]
         if cap is not None:
             fill_trace(trace, cap)
-        self.store.put(trace)
+        if trace.session_id in self.sessions:
+            self.store.put(trace)
+        # else the session was deleted (finished) while this call was in flight: nobody can read
+        # the trace any more, and storing it would leak it.
         self.metrics.observe(trace)
 
     async def _post(
@@ -520,6 +541,8 @@ class GatewayServer:
                 resp = await self._http.post(
                     w.url + path, data=_json_encode(body), headers={"Content-Type": _JSON}
                 )
+                if not w.healthy:
+                    self.pool.mark_answered(w)
                 return w, resp
             except _RETRYABLE as exc:
                 last_err = f"{w.url}: {type(exc).__name__}: {exc}"
@@ -565,7 +588,10 @@ class GatewayServer:
             w.inflight += 1
             w.requests += 1
             try:
-                return await self._fast.post(w.url + path, _json_encode(body))
+                answer = await self._fast.post(w.url + path, _json_encode(body))
+                if not w.healthy:
+                    self.pool.mark_answered(w)
+                return answer
             except TimeoutError:  # before OSError: TimeoutError is one
                 raise GatewayError(504, f"upstream {w.url} timed out", code="upstream_timeout") from None
             except (UpstreamConnectError, UpstreamDropped, OSError) as exc:
@@ -789,15 +815,7 @@ class GatewayServer:
 
     # ------------------------------------------------------------------ admin routes
     async def _health(self, request: web.Request) -> web.Response:
-        body = {
-            "status": "ok",
-            "workers": len(self.pool.workers),
-            "healthy_workers": self.pool.healthy_count(),
-            "paused": not self._admit.is_set(),
-            "inflight": self.inflight,
-            "weight_version": self.weight_version,
-        }
-        return web.Response(body=_json_encode(body), content_type=_JSON)
+        return web.Response(body=_json_encode(self.health_info()), content_type=_JSON)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         body, ctype = self.metrics.render()
@@ -808,16 +826,113 @@ class GatewayServer:
             return {}
         return await self._read_body(request)
 
+    # ------------------------------------------------------------------ admin operations
+    # One implementation each, shared by the HTTP admin routes and LocalGatewayClient. They raise
+    # GatewayError (status + message) on bad input.
+    def open_session(
+        self,
+        session_id: str | None = None,
+        sampling: SamplingParams | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> Session:
+        """Create a session, or update an existing one's sampling and metadata."""
+        if session_id is None:
+            from rllm.types import new_id
+
+            session_id = new_id()
+        if not isinstance(session_id, str):
+            raise GatewayError(400, "'session_id' must be a string", param="session_id")
+        if sampling is not None and not isinstance(sampling, SamplingParams):
+            raise GatewayError(400, "'sampling' must be SamplingParams", param="sampling")
+        if metadata is None:
+            metadata = {}
+        elif not isinstance(metadata, dict):
+            raise GatewayError(400, "'metadata' must be an object", param="metadata")
+        existing = self.sessions.get(session_id)
+        if existing is not None:
+            if sampling is not None:
+                existing.sampling = sampling
+            existing.metadata.update(metadata)
+            self.store.put_session(existing.row())
+            return existing
+        return self._new_session(session_id, sampling, dict(metadata))
+
+    async def close_session(self, session_id: str) -> int:
+        """Delete a session and its traces; how many traces were freed. 404 if it never existed."""
+        existed = self.sessions.pop(session_id, None) is not None
+        n = await self.store.delete_session(session_id)
+        if not existed and n == 0:
+            raise GatewayError(
+                404, f"unknown session {session_id!r}", param="session_id", code="unknown_session"
+            )
+        return n
+
+    async def finish_session(self, session_id: str) -> list[TraceRecord]:
+        """Delete a session and return its traces (ordered by ``seq``): the end of a rollout in one
+        step. The session is unregistered first, so a call still in flight for it (a flow past its
+        deadline) leaves no trace behind. 404 if the session never existed."""
+        existed = self.sessions.pop(session_id, None) is not None
+        records = await self.store.get(session_id)
+        n = await self.store.delete_session(session_id)
+        if not existed and n == 0 and not records:
+            raise GatewayError(
+                404, f"unknown session {session_id!r}", param="session_id", code="unknown_session"
+            )
+        return records
+
+    def set_weight_version(self, version: int) -> None:
+        """Stamp this version on every trace from now on."""
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise GatewayError(400, "'weight_version' must be an integer", param="weight_version")
+        self.weight_version = version
+        self.metrics.weight_version.set(version)
+
+    async def pause(self, timeout_s: float = 600.0) -> None:
+        """Stop admitting requests (they wait) and return once in-flight ones have finished."""
+        self._admit.clear()
+        if self.inflight:
+            self._drained = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._drained.wait(), timeout_s)
+            except TimeoutError:
+                raise GatewayError(
+                    504, f"{self.inflight} requests still in flight after {timeout_s}s"
+                ) from None
+            finally:
+                self._drained = None
+
+    def resume(self) -> None:
+        self._admit.set()
+
+    def health_info(self) -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "workers": len(self.pool.workers),
+            "healthy_workers": self.pool.healthy_count(),
+            "paused": not self._admit.is_set(),
+            "inflight": self.inflight,
+            "weight_version": self.weight_version,
+        }
+
+    async def add_worker(self, url: str) -> Worker:
+        """Add an upstream (checked once right away)."""
+        try:
+            w = self.pool.add(url)
+        except ValueError as exc:
+            raise GatewayError(400, str(exc), param="url") from None
+        assert self._http is not None
+        await self.pool.check(self._http, w, timeout_s=min(2.0, self.config.connect_timeout_s))
+        return w
+
+    def remove_worker(self, url: str) -> str:
+        if not self.pool.remove(url):
+            raise GatewayError(404, f"unknown worker {url!r}", param="url")
+        return url.rstrip("/")
+
+    # ------------------------------------------------------------------ admin routes (HTTP)
     async def _create_session(self, request: web.Request) -> web.Response:
         self._require_admin(request)
         body = await self._admin_body(request)
-        sid = body.get("session_id")
-        if sid is None:
-            from rllm.types import new_id
-
-            sid = new_id()
-        if not isinstance(sid, str):
-            raise GatewayError(400, "'session_id' must be a string", param="session_id")
         sampling = None
         if body.get("sampling") is not None:
             try:
@@ -826,18 +941,7 @@ class GatewayServer:
                 raise GatewayError(
                     400, f"invalid sampling: {exc.reason}", param=f"sampling.{exc.path}"
                 ) from None
-        metadata = body.get("metadata") or {}
-        if not isinstance(metadata, dict):
-            raise GatewayError(400, "'metadata' must be an object", param="metadata")
-        existing = self.sessions.get(sid)
-        if existing is not None:
-            if sampling is not None:
-                existing.sampling = sampling
-            existing.metadata.update(metadata)
-            self.store.put_session(existing.row())
-            s = existing
-        else:
-            s = self._new_session(sid, sampling, metadata)
+        s = self.open_session(body.get("session_id"), sampling, body.get("metadata") or {})
         return web.Response(body=_json_encode(s.info(self.url, with_token=True)), content_type=_JSON)
 
     async def _list_sessions(self, request: web.Request) -> web.Response:
@@ -859,11 +963,12 @@ class GatewayServer:
     async def _delete_session(self, request: web.Request) -> web.Response:
         self._require_admin(request)
         sid = request.match_info["sid"]
-        existed = self.sessions.pop(sid, None) is not None
-        n = await self.store.delete_session(sid)
-        if not existed and n == 0:
-            raise GatewayError(404, f"unknown session {sid!r}", param="session_id", code="unknown_session")
+        n = await self.close_session(sid)
         return web.Response(body=_json_encode({"deleted": sid, "traces": n}), content_type=_JSON)
+
+    async def _finish_session(self, request: web.Request) -> web.Response:
+        self._require_admin(request)
+        return _records_response(request, await self.finish_session(request.match_info["sid"]))
 
     async def _session_traces(self, request: web.Request) -> web.Response:
         sid = request.match_info["sid"]
@@ -919,21 +1024,13 @@ class GatewayServer:
 
     async def _add_worker(self, request: web.Request) -> web.Response:
         self._require_admin(request)
-        url = await self._worker_url(request)
-        try:
-            w = self.pool.add(url)
-        except ValueError as exc:
-            raise GatewayError(400, str(exc), param="url") from None
-        assert self._http is not None
-        await self.pool.check(self._http, w, timeout_s=min(2.0, self.config.connect_timeout_s))
+        w = await self.add_worker(await self._worker_url(request))
         return web.Response(body=_json_encode(w.info()), content_type=_JSON)
 
     async def _remove_worker(self, request: web.Request) -> web.Response:
         self._require_admin(request)
-        url = await self._worker_url(request)
-        if not self.pool.remove(url):
-            raise GatewayError(404, f"unknown worker {url!r}", param="url")
-        return web.Response(body=_json_encode({"removed": url.rstrip("/")}), content_type=_JSON)
+        removed = self.remove_worker(await self._worker_url(request))
+        return web.Response(body=_json_encode({"removed": removed}), content_type=_JSON)
 
     async def _get_weight_version(self, request: web.Request) -> web.Response:
         self._require_admin(request)
@@ -943,34 +1040,24 @@ class GatewayServer:
         self._require_admin(request)
         body = await self._admin_body(request)
         v = body.get("weight_version")
-        if not isinstance(v, int) or isinstance(v, bool):
-            raise GatewayError(400, "'weight_version' must be an integer", param="weight_version")
-        self.weight_version = v
-        self.metrics.weight_version.set(v)
+        self.set_weight_version(v)  # type: ignore[arg-type] - validated there
         return web.Response(body=_json_encode({"weight_version": v}), content_type=_JSON)
 
     async def _pause(self, request: web.Request) -> web.Response:
         """Stop admitting requests (they wait) and return once in-flight ones have finished."""
         self._require_admin(request)
-        self._admit.clear()
-        timeout = float(request.query.get("timeout", "600"))
-        if self.inflight:
-            self._drained = asyncio.Event()
-            try:
-                await asyncio.wait_for(self._drained.wait(), timeout)
-            except TimeoutError:
-                raise GatewayError(
-                    504, f"{self.inflight} requests still in flight after {timeout}s"
-                ) from None
-            finally:
-                self._drained = None
+        try:
+            timeout = float(request.query.get("timeout", "600"))
+        except ValueError:
+            raise GatewayError(400, "'timeout' must be a number of seconds", param="timeout") from None
+        await self.pause(timeout)
         return web.Response(
             body=_json_encode({"paused": True, "inflight": self.inflight}), content_type=_JSON
         )
 
     async def _resume(self, request: web.Request) -> web.Response:
         self._require_admin(request)
-        self._admit.set()
+        self.resume()
         return web.Response(body=_json_encode({"paused": False}), content_type=_JSON)
 
 

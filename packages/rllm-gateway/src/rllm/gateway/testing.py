@@ -76,7 +76,8 @@ class MockUpstream:
     """A loopback vLLM look-alike. ``await start()`` / ``url`` (ends in ``/v1``) / ``await stop()``.
 
     ``latency`` (seconds) delays each answer (before the first byte); ``chunk_delay`` spaces
-    streamed chunks. ``model`` is the name served at /v1/models.
+    streamed chunks. ``model`` is the name served at /v1/models; ``models_latency`` delays that
+    route alone (a server busy enough to answer health probes slowly while it still serves).
     """
 
     def __init__(
@@ -99,6 +100,7 @@ class MockUpstream:
         self.host = host
         self.port = port
         self.max_model_len = max_model_len
+        self.models_latency = 0.0
         self.failure: MockFailure | None = None
         self.stats = MockStats()
         self._runner: web.AppRunner | None = None
@@ -233,6 +235,8 @@ class MockUpstream:
 
     async def _models(self, request: web.Request) -> web.Response:
         self._count(request.path, None)
+        if self.models_latency:
+            await asyncio.sleep(self.models_latency)
         body = {
             "object": "list",
             "data": [

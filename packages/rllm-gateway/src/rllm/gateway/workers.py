@@ -2,6 +2,11 @@
 
 A session sticks to one worker so its multi-turn prefix stays in that worker's KV cache. When
 that worker is unhealthy or removed, the session moves to the least-loaded healthy worker.
+
+"Unhealthy" is a hint, not a verdict: a probe can time out because the worker is busy, not down.
+When no worker is marked healthy, requests still go to the one whose last failure is oldest; a
+worker that is really down refuses the connection at once (and is excluded for that request),
+one that answers is marked healthy again. So one slow probe never locks every request out.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ class Worker:
     failures: int = 0
     last_check: float = 0.0
     last_error: str | None = None
+    failed_at: float = 0.0  # monotonic time of the last failure (probe or request)
     models: list[str] | None = None
 
     def info(self) -> dict[str, Any]:
@@ -66,7 +72,9 @@ class WorkerPool:
         return sum(1 for w in self.workers.values() if w.healthy)
 
     def pick(self, sticky: str | None, exclude: set[str] | None = None) -> Worker:
-        """The sticky worker if it is usable, else the least-loaded healthy one."""
+        """The sticky worker if it is usable, else the least-loaded healthy one, else (none healthy)
+        the one whose last failure is oldest. Raises NoHealthyWorker only when every worker is
+        excluded (already failed this request) or none is configured."""
         if sticky is not None:
             w = self.workers.get(sticky)
             if w is not None and w.healthy and (exclude is None or sticky not in exclude):
@@ -78,6 +86,13 @@ class WorkerPool:
             # Ties (e.g. an idle pool) go to the worker that has served least, spreading sessions.
             if best is None or (w.inflight, w.requests) < (best.inflight, best.requests):
                 best = w
+        if best is not None:
+            return best
+        for w in self.workers.values():
+            if exclude is not None and w.url in exclude:
+                continue
+            if best is None or w.failed_at < best.failed_at:
+                best = w
         if best is None:
             if not self.workers:
                 raise NoHealthyWorker("no upstream workers are configured")
@@ -88,6 +103,12 @@ class WorkerPool:
         w.healthy = False
         w.failures += 1
         w.last_error = error
+        w.failed_at = time.monotonic()
+
+    @staticmethod
+    def mark_answered(w: Worker) -> None:
+        """A worker that just answered a request is up, whatever its last probe said."""
+        w.healthy = True
 
     async def check(self, session: aiohttp.ClientSession, w: Worker, timeout_s: float) -> None:
         """GET {url}/models: healthy if it answers 200 in time."""
@@ -107,12 +128,13 @@ class WorkerPool:
         w.last_check = time.time()
         if err is not None:
             w.last_error = err
+            w.failed_at = time.monotonic()
 
     async def check_all(self, session: aiohttp.ClientSession, timeout_s: float) -> None:
         await asyncio.gather(*(self.check(session, w, timeout_s) for w in list(self.workers.values())))
 
-    async def health_loop(self, session: aiohttp.ClientSession, interval_s: float) -> None:
+    async def health_loop(self, session: aiohttp.ClientSession, interval_s: float, timeout_s: float) -> None:
         while True:
             await asyncio.sleep(interval_s)
             with contextlib.suppress(Exception):
-                await self.check_all(session, timeout_s=max(1.0, interval_s))
+                await self.check_all(session, timeout_s=timeout_s)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-import uuid
+import os
 from typing import Any
 
 import msgspec
@@ -16,8 +16,11 @@ from rllm.types.version import SCHEMA_VERSION, check_schema_version
 
 
 def new_id() -> str:
-    """A short random id (hex) for steps, trajectories and episodes."""
-    return uuid.uuid4().hex[:16]
+    """A short random id (16 hex digits) for steps, trajectories, episodes and traces.
+
+    os.urandom directly: uuid4() costs several times more, and ids are made on every LLM call.
+    """
+    return os.urandom(8).hex()
 
 
 class TerminationReason(enum.StrEnum):
