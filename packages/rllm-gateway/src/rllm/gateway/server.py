@@ -13,7 +13,6 @@ import hmac
 import logging
 import re
 import socket
-import threading
 import time
 from typing import Any
 
@@ -21,6 +20,7 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
+from rllm.gateway.background import BackgroundLoop
 from rllm.gateway.capture import (
     Captured,
     ClientWants,
@@ -93,8 +93,7 @@ class GatewayServer:
         self._http: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
         self._health_task: asyncio.Task[None] | None = None
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._background = BackgroundLoop("rllm-gateway", use_uvloop=True)
         self._bridge: Any = None  # cumulative.TokenBridge, loaded lazily in start()
         self._hosted: Any = None
         self._fast: FastHttpPool | None = None
@@ -199,42 +198,11 @@ class GatewayServer:
 
     def start_in_thread(self) -> GatewayServer:
         """Serve from a private event loop in a daemon thread, for synchronous callers."""
-        ready = threading.Event()
-        errors: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                import uvloop
-
-                loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-            except ImportError:  # pragma: no cover - Windows
-                loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(loop)
-            self._loop = loop
-            try:
-                loop.run_until_complete(self.start())
-            except BaseException as exc:
-                errors.append(exc)
-                ready.set()
-                return
-            ready.set()
-            loop.run_forever()
-            loop.run_until_complete(self.stop())
-            loop.close()
-
-        self._thread = threading.Thread(target=run, name="rllm-gateway", daemon=True)
-        self._thread.start()
-        ready.wait()
-        if errors:
-            raise errors[0]
+        self._background.start(self.start, self.stop)
         return self
 
     def stop_in_thread(self) -> None:
-        if self._loop is not None and self._thread is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=30)
-            self._thread = None
-            self._loop = None
+        self._background.stop()
 
     # ------------------------------------------------------------------ app
     def _build_app(self) -> web.Application:

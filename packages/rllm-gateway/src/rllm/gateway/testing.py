@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -28,6 +27,8 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
+
+from rllm.gateway.background import BackgroundLoop
 
 _json_encode = msgspec.json.Encoder().encode
 _json_decode = msgspec.json.Decoder().decode
@@ -104,8 +105,7 @@ class MockUpstream:
         self.failure: MockFailure | None = None
         self.stats = MockStats()
         self._runner: web.AppRunner | None = None
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._background = BackgroundLoop("mock-upstream")
         self._eos_id: int | None = None
         self._lp_cache: dict[int, dict[str, Any]] = {}
         if tokenizer is not None:
@@ -148,36 +148,11 @@ class MockUpstream:
 
     def start_in_thread(self) -> MockUpstream:
         """Run on a private event loop in a daemon thread (for sync callers)."""
-        ready = threading.Event()
-        errors: list[BaseException] = []
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            try:
-                loop.run_until_complete(self.start())
-            except BaseException as exc:  # surfaced to the caller below
-                errors.append(exc)
-                ready.set()
-                return
-            ready.set()
-            loop.run_forever()
-            loop.run_until_complete(self.stop())
-            loop.close()
-
-        self._thread = threading.Thread(target=run, name="mock-upstream", daemon=True)
-        self._thread.start()
-        ready.wait()
-        if errors:
-            raise errors[0]
+        self._background.start(self.start, self.stop)
         return self
 
     def stop_in_thread(self) -> None:
-        if self._loop is not None and self._thread is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=10)
-            self._thread = None
-            self._loop = None
+        self._background.stop(timeout=10)
 
     def fail(self, mode: str = "status", status: int = 500, count: int | None = None) -> None:
         """Inject failures; see :class:`MockFailure`. ``clear_failure()`` undoes it."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import threading
 from typing import Any
 
 from aiohttp import web
@@ -24,6 +23,7 @@ from rllm.backends.tinker.local.protocol import (
     parse_prompts,
     parse_sampling,
 )
+from rllm.gateway.background import BackgroundLoop
 
 
 class SamplerServer:
@@ -43,38 +43,17 @@ class SamplerServer:
         self.host = host
         self.port = port
         self.default_max_tokens = default_max_tokens
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._background = BackgroundLoop("rllm-sampler-http")
         self._runner: web.AppRunner | None = None
-        self._thread: threading.Thread | None = None
         self.url = ""
 
     # lifecycle -------------------------------------------------------------------------------
     def start(self) -> str:
         """Start the server thread; returns the base URL (ending in /v1) once it is listening."""
-        ready = threading.Event()
-        errors: list[BaseException] = []
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            try:
-                loop.run_until_complete(self._serve())
-            except BaseException as exc:
-                errors.append(exc)
-                ready.set()
-                return
-            ready.set()
-            loop.run_forever()
-            loop.run_until_complete(self._runner.cleanup() if self._runner else asyncio.sleep(0))
-            loop.close()
-
-        self._thread = threading.Thread(target=run, name="rllm-sampler-http", daemon=True)
-        self._thread.start()
-        ready.wait(timeout=60)
-        if errors:
-            raise RuntimeError(
-                f"sampler server failed to start on {self.host}:{self.port}: {errors[0]}"
-            ) from errors[0]
+        try:
+            self._background.start(self._serve, self._cleanup)
+        except Exception as exc:
+            raise RuntimeError(f"sampler server failed to start on {self.host}:{self.port}: {exc}") from exc
         return self.url
 
     async def _serve(self) -> None:
@@ -90,11 +69,12 @@ class SamplerServer:
         port = self._runner.addresses[0][1]
         self.url = f"http://{self.host}:{port}/v1"
 
+    async def _cleanup(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
     def stop(self) -> None:
-        if self._loop is not None and self._loop.is_running():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(timeout=30)
+        self._background.stop()
 
     # handlers --------------------------------------------------------------------------------
     async def _health(self, request: web.Request) -> web.Response:
