@@ -14,7 +14,8 @@ import logging
 import re
 import socket
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import aiohttp
 import msgspec
@@ -58,6 +59,7 @@ _json_encode = msgspec.json.Encoder().encode
 _JSON = "application/json"
 _MSGPACK = "application/msgpack"
 _SESSION_ID_RE = re.compile(r"^[A-Za-z0-9._:@-]{1,200}$")
+_T = TypeVar("_T")
 _RETRYABLE = (
     aiohttp.ClientConnectorError,
     aiohttp.ServerDisconnectedError,
@@ -490,58 +492,42 @@ class GatewayServer:
     async def _post(
         self, session: Session, path: str, body: dict[str, Any]
     ) -> tuple[Worker, aiohttp.ClientResponse]:
-        """POST to the session's worker; on a connection failure try another (nothing sent back yet)."""
+        """POST through aiohttp (streaming, https upstreams), with failover."""
         assert self._http is not None
-        tried: set[str] = set()
-        last_err = ""
-        fresh_retry_used: set[str] = set()
-        for _ in range(self.config.retries + 2):
-            try:
-                w = self.pool.pick(session.worker, tried or None)
-            except NoHealthyWorker as exc:
-                msg = f"{exc}; last error: {last_err}" if last_err else str(exc)
-                raise GatewayError(503, msg, code="no_healthy_worker") from None
-            session.worker = w.url
-            self._set_model(w, body)
-            w.inflight += 1
-            w.requests += 1
-            try:
-                resp = await self._http.post(
-                    w.url + path, data=_json_encode(body), headers={"Content-Type": _JSON}
-                )
-                if not w.healthy:
-                    self.pool.mark_answered(w)
-                return w, resp
-            except _RETRYABLE as exc:
-                last_err = f"{w.url}: {type(exc).__name__}: {exc}"
-                self.metrics.retries.inc()
-                stale = not isinstance(exc, aiohttp.ClientConnectorError)
-                if stale and w.url not in fresh_retry_used:
-                    # A pooled keep-alive connection the upstream had just closed: one more try on
-                    # a fresh connection before calling the worker dead.
-                    fresh_retry_used.add(w.url)
-                    continue
-                self.pool.mark_failed(w, last_err)
-                tried.add(w.url)
-            except TimeoutError:
-                raise GatewayError(504, f"upstream {w.url} timed out", code="upstream_timeout") from None
-            finally:
-                w.inflight -= 1
-        raise GatewayError(
-            502, f"all upstream attempts failed; last error: {last_err}", code="upstream_error"
-        )
+        http = self._http
 
-    def _set_model(self, w: Worker, body: dict[str, Any]) -> None:
-        # Agents often send a placeholder model name; the worker serves what it serves.
-        want = self.config.model_name
-        if want is None and w.models and body.get("model") not in w.models:
-            want = w.models[0]
-        if want is not None:
-            body["model"] = want
+        def send(w: Worker) -> Awaitable[aiohttp.ClientResponse]:
+            return http.post(w.url + path, data=_json_encode(body), headers={"Content-Type": _JSON})
+
+        return await self._failover(session, body, send, _RETRYABLE, aiohttp.ClientConnectorError)
 
     async def _post_whole(self, session: Session, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
-        """Non-streaming POST through the lean keep-alive client, with the same failover as _post."""
+        """Non-streaming POST through the lean keep-alive client, with failover."""
         assert self._fast is not None
+        fast = self._fast
+        _, answer = await self._failover(
+            session,
+            body,
+            lambda w: fast.post(w.url + path, _json_encode(body)),
+            (UpstreamConnectError, UpstreamDropped, OSError),
+            UpstreamConnectError,
+        )
+        return answer
+
+    async def _failover(
+        self,
+        session: Session,
+        body: dict[str, Any],
+        send: Callable[[Worker], Awaitable[_T]],
+        retryable: tuple[type[BaseException], ...],
+        refused: type[BaseException],
+    ) -> tuple[Worker, _T]:
+        """Send to the session's worker; retry while nothing has been answered yet.
+
+        A dropped kept-alive connection gets one more try on the same worker (the upstream may
+        just have closed it); a refused connection, or a second drop, marks the worker failed
+        and moves on to another.
+        """
         tried: set[str] = set()
         dropped_once: set[str] = set()
         last_err = ""
@@ -556,17 +542,17 @@ class GatewayServer:
             w.inflight += 1
             w.requests += 1
             try:
-                answer = await self._fast.post(w.url + path, _json_encode(body))
+                answer = await send(w)
                 if not w.healthy:
                     self.pool.mark_answered(w)
-                return answer
-            except TimeoutError:  # before OSError: TimeoutError is one
+                return w, answer
+            except TimeoutError:  # before the retryable errors: TimeoutError is an OSError
                 raise GatewayError(504, f"upstream {w.url} timed out", code="upstream_timeout") from None
-            except (UpstreamConnectError, UpstreamDropped, OSError) as exc:
+            except retryable as exc:
                 last_err = f"{w.url}: {type(exc).__name__}: {exc}"
                 self.metrics.retries.inc()
-                if not isinstance(exc, UpstreamConnectError) and w.url not in dropped_once:
-                    dropped_once.add(w.url)  # one dropped connection does not condemn a worker
+                if not isinstance(exc, refused) and w.url not in dropped_once:
+                    dropped_once.add(w.url)
                     continue
                 self.pool.mark_failed(w, last_err)
                 tried.add(w.url)
@@ -575,6 +561,14 @@ class GatewayServer:
         raise GatewayError(
             502, f"all upstream attempts failed; last error: {last_err}", code="upstream_error"
         )
+
+    def _set_model(self, w: Worker, body: dict[str, Any]) -> None:
+        # Agents often send a placeholder model name; the worker serves what it serves.
+        want = self.config.model_name
+        if want is None and w.models and body.get("model") not in w.models:
+            want = w.models[0]
+        if want is not None:
+            body["model"] = want
 
     async def _forward(
         self,
