@@ -106,6 +106,7 @@ TRAIN_DEFAULTS = {
     "group_size": 4,
     "val_split": "test",
     "val_every": 20,
+    "ckpt_every": 40,
     "rollout": {"sampling": {"temperature": 1.0, "max_tokens": 2}},
     # Suggested settings for backends that build a tiny model (tinker's local service): a
     # randomly initialised model learns the task fastest with full fine-tuning at this rate.
