@@ -24,6 +24,13 @@ def test_config_layers_file_then_overrides(tmp_path: Path) -> None:
     assert config.algorithm.clip_high == 0.28 and config.rollout.sampling.temperature == 0.7
 
 
+def test_overrides_leave_the_base_defaults_untouched() -> None:
+    base = {"cookbook": "say", "backend": {"name": "tinker", "options": {"learning_rate": 0.1}}}
+    config = load_config(None, ["backend.name=other", "backend.options.learning_rate=0.2"], base=base)
+    assert config.backend.name == "other" and config.backend.options == {"learning_rate": 0.2}
+    assert base == {"cookbook": "say", "backend": {"name": "tinker", "options": {"learning_rate": 0.1}}}
+
+
 def test_config_yaml(tmp_path: Path) -> None:
     path = tmp_path / "run.yaml"
     path.write_text("cookbook: say\nbackend:\n  name: tinker\n  options: {learning_rate: 0.01}\n")

@@ -6,6 +6,7 @@ cannot honour stops the run before anything starts, with the key's dotted path i
 
 from __future__ import annotations
 
+import copy
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -75,7 +76,7 @@ def load_config(
     path: str | Path | None, overrides: list[str] = (), base: dict[str, Any] | None = None
 ) -> TrainerConfig:
     """Read a TOML or YAML file (optional), apply ``key.sub=value`` overrides, validate."""
-    doc: dict[str, Any] = dict(base or {})
+    doc: dict[str, Any] = copy.deepcopy(base or {})  # overrides must never edit the caller's defaults
     if path is not None:
         doc = _merge(doc, read_config_file(Path(path)))
     for item in overrides:
