@@ -37,13 +37,15 @@ def test_training_improves_reward(tmp_path: Path) -> None:
     trainer = build_trainer(
         "say-single",
         out_dir=str(tmp_path),
-        overrides=[*FAST, "seed=0", "total_steps=60", "val_every=0"],
+        overrides=[*FAST, "seed=0", "total_steps=80", "val_every=0"],
     )
     result = asyncio.run(trainer.fit())
     rewards = [row["reward/mean"] for row in read_metrics(tmp_path / "metrics.jsonl")]
-    assert len(rewards) == 60 and result.steps == 60
-    assert mean(rewards[:5]) < 0.2
-    assert mean(rewards[-10:]) >= mean(rewards[:5]) + 0.25, rewards
+    assert len(rewards) == 80 and result.steps == 80
+    # Sampling order varies with request batching, so the bar leaves room: a random policy
+    # scores about 0.01; the last ten steps must be far above it.
+    assert mean(rewards[:5]) < 0.1
+    assert mean(rewards[-10:]) >= 0.3, rewards
 
 
 def test_multi_role_flow_with_per_role_estimators(tmp_path: Path) -> None:
