@@ -69,13 +69,14 @@ class Trainer:
         started = time.perf_counter()
         state = TrainerState()
         await self.backend.start()
-        engine = RolloutEngine(
-            self.cookbook.flow,
-            self.cookbook.evaluator,
-            self._rollout_config(),
-            gateway_config=self._gateway_config(),
-        )
+        engine: RolloutEngine | None = None
         try:
+            engine = RolloutEngine(
+                self.cookbook.flow,
+                self.cookbook.evaluator,
+                self._rollout_config(),
+                gateway_config=self._gateway_config(),
+            )
             await engine.start()
             if resume and (ckpt := latest_checkpoint(self.out_dir)) is not None:
                 state = load_trainer_state(ckpt)
@@ -86,7 +87,8 @@ class Trainer:
             await engine.client.set_weight_version(state.weight_version)
             rewards = await self._loop(engine, state)
         finally:
-            await engine.close()
+            if engine is not None:
+                await engine.close()
             await self.backend.close()
         plot = (
             plot_reward_curve(self.out_dir / "metrics.jsonl", self.out_dir / "reward.png")
