@@ -22,13 +22,14 @@ class UpstreamDropped(ConnectionError):
 
 
 class _Conn(asyncio.Protocol):
-    __slots__ = ("buf", "closed", "transport", "waiter")
+    __slots__ = ("buf", "closed", "timed_out", "transport", "waiter")
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
         self.waiter: asyncio.Future[None] | None = None
         self.closed = False
+        self.timed_out = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -45,12 +46,23 @@ class _Conn(asyncio.Protocol):
         if w is not None and not w.done():
             w.set_result(None)
 
+    def time_out(self) -> None:
+        """Read deadline passed: wake the reader, which then raises TimeoutError."""
+        self.timed_out = True
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
     async def wait_data(self) -> None:
+        if self.timed_out:
+            raise TimeoutError
         self.waiter = asyncio.get_running_loop().create_future()
         try:
             await self.waiter
         finally:
             self.waiter = None
+        if self.timed_out:
+            raise TimeoutError
 
 
 class FastHttpPool:
@@ -61,6 +73,8 @@ class FastHttpPool:
         self.read_timeout_s = read_timeout_s
         self.max_idle = max_idle
         self._idle: dict[tuple[str, int], deque[_Conn]] = {}
+        # url -> ((host, port), request head up to "Content-Length: "): parsed once per upstream URL.
+        self._heads: dict[tuple[str, str], tuple[tuple[str, int], bytes]] = {}
 
     async def _connect(self, host: str, port: int) -> _Conn:
         loop = asyncio.get_running_loop()
@@ -74,18 +88,14 @@ class FastHttpPool:
 
     async def post(self, url: str, body: bytes, content_type: str = "application/json") -> tuple[int, bytes]:
         """POST ``body``; retries once on a fresh connection if a reused one was already closed."""
-        parts = urlsplit(url)
-        host = parts.hostname or "127.0.0.1"
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        if parts.scheme != "http":
-            raise ValueError("FastHttpPool speaks plain http only")
-        path = parts.path + (f"?{parts.query}" if parts.query else "")
-        head = (
-            f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: {content_type}\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        ).encode("latin-1")
-        key = (host, port)
-        idle = self._idle.setdefault(key, deque())
+        cached = self._heads.get((url, content_type))
+        if cached is None:
+            cached = self._parse(url, content_type)
+        key, prefix = cached
+        head = b"%s%d\r\n\r\n" % (prefix, len(body))
+        idle = self._idle.get(key)
+        if idle is None:
+            idle = self._idle[key] = deque()
         while idle:
             conn = idle.pop()
             if conn.closed:
@@ -94,8 +104,24 @@ class FastHttpPool:
                 return await self._exchange(key, conn, head, body)
             except UpstreamDropped:
                 continue  # stale keep-alive connection; try another / a fresh one
-        conn = await self._connect(host, port)
+        conn = await self._connect(*key)
         return await self._exchange(key, conn, head, body)
+
+    def _parse(self, url: str, content_type: str) -> tuple[tuple[str, int], bytes]:
+        parts = urlsplit(url)
+        host = parts.hostname or "127.0.0.1"
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        if parts.scheme != "http":
+            raise ValueError("FastHttpPool speaks plain http only")
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        prefix = (
+            f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: {content_type}\r\n"
+            "Content-Length: "
+        ).encode("latin-1")
+        if len(self._heads) >= 4096:  # bounded: URLs come from the worker list, but be safe
+            self._heads.clear()
+        entry = self._heads[(url, content_type)] = ((host, port), prefix)
+        return entry
 
     async def _exchange(
         self, key: tuple[str, int], conn: _Conn, head: bytes, body: bytes
@@ -103,13 +129,16 @@ class FastHttpPool:
         assert conn.transport is not None
         conn.buf.clear()
         conn.transport.write(head + body)
+        # A plain timer handle, not asyncio.timeout/wait_for: those cost a Timeout object (or a
+        # Task) per request; the handle just wakes the reader, which raises TimeoutError.
+        timer = asyncio.get_running_loop().call_later(self.read_timeout_s, conn.time_out)
         try:
-            # asyncio.timeout, not wait_for: wait_for wraps the read in a new Task per request.
-            async with asyncio.timeout(self.read_timeout_s):
-                status, payload, keep = await self._read_response(conn)
+            status, payload, keep = await self._read_response(conn)
         except BaseException:
             conn.transport.abort()
             raise
+        finally:
+            timer.cancel()
         if keep and not conn.closed and len(self._idle[key]) < self.max_idle:
             self._idle[key].append(conn)
         else:

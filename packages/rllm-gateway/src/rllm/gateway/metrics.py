@@ -38,7 +38,9 @@ class GatewayMetrics:
         self.retries = Counter(
             "rllm_gateway_upstream_retries", "Requests retried on another worker", registry=r
         )
-        self.inflight = Gauge("rllm_gateway_inflight_requests", "Requests being proxied now", registry=r)
+        # Read from the server at scrape time: no lock-taking inc/dec on every request.
+        inflight = Gauge("rllm_gateway_inflight_requests", "Requests being proxied now", registry=r)
+        inflight.set_function(lambda: server.inflight)
         self.weight_version = Gauge("rllm_gateway_weight_version", "Current weight version", registry=r)
         stored = Gauge("rllm_gateway_store_traces", "Traces held by the trace store", registry=r)
         stored.set_function(lambda: server.store.trace_count())
@@ -49,14 +51,40 @@ class GatewayMetrics:
         workers = Gauge("rllm_gateway_workers", "Upstream workers configured", registry=r)
         workers.set_function(lambda: len(server.pool.workers))
         self._status_children = {s: self.calls.labels(status=s) for s in ("ok", "abort", "error")}
+        # Per-call counts are summed in plain ints and moved into the prometheus counters at
+        # scrape time (or every _FLUSH_EVERY calls): each prometheus inc takes a lock.
+        self._pending_status: dict[str, int] = dict.fromkeys(self._status_children, 0)
+        self._pending_completion = 0
+        self._pending_prompt = 0
+        self._pending_calls = 0
+
+    _FLUSH_EVERY = 512
 
     def observe(self, trace: TraceRecord) -> None:
-        self._status_children[trace.status].inc()
+        self._pending_status[trace.status] += 1
         self.latency.observe(trace.latency_s)
         if trace.completion_ids is not None:
-            self.completion_tokens.inc(len(trace.completion_ids))
+            self._pending_completion += len(trace.completion_ids)
         if trace.prompt_ids is not None:
-            self.prompt_tokens.inc(len(trace.prompt_ids))
+            self._pending_prompt += len(trace.prompt_ids)
+        self._pending_calls += 1
+        if self._pending_calls >= self._FLUSH_EVERY:
+            self.flush()
+
+    def flush(self) -> None:
+        """Move the summed per-call counts into the prometheus counters."""
+        for status, n in self._pending_status.items():
+            if n:
+                self._status_children[status].inc(n)
+                self._pending_status[status] = 0
+        if self._pending_completion:
+            self.completion_tokens.inc(self._pending_completion)
+            self._pending_completion = 0
+        if self._pending_prompt:
+            self.prompt_tokens.inc(self._pending_prompt)
+            self._pending_prompt = 0
+        self._pending_calls = 0
 
     def render(self) -> tuple[bytes, str]:
+        self.flush()
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -14,6 +14,7 @@ import logging
 import re
 import socket
 import time
+from array import array
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -39,10 +40,12 @@ from rllm.gateway.sessions import Session
 from rllm.gateway.store import open_store
 from rllm.gateway.workers import NoHealthyWorker, Worker, WorkerPool
 from rllm.types import (
+    FloatArray,
     FunctionCall,
     Message,
     SamplingParams,
     SchemaError,
+    TokenArray,
     ToolCall,
     TraceRecord,
     Usage,
@@ -60,6 +63,7 @@ _JSON = "application/json"
 _MSGPACK = "application/msgpack"
 _SESSION_ID_RE = re.compile(r"^[A-Za-z0-9._:@-]{1,200}$")
 _T = TypeVar("_T")
+_A = TypeVar("_A", bound=array)
 _RETRYABLE = (
     aiohttp.ClientConnectorError,
     aiohttp.ServerDisconnectedError,
@@ -458,7 +462,6 @@ class GatewayServer:
         if self.config.store_raw:
             trace.raw_request = dict(body)
         self.inflight += 1
-        self.metrics.inflight.inc()
         try:
             if self._hosted is not None:
                 return await self._hosted_call(request, body, trace, chat, stream, t0)
@@ -474,7 +477,6 @@ class GatewayServer:
             return await self._forward(session, path, body, wants, trace, t0, chat, bridge)
         finally:
             self.inflight -= 1
-            self.metrics.inflight.dec()
             if self.inflight == 0 and self._drained is not None:
                 self._drained.set()
 
@@ -1077,9 +1079,7 @@ def fill_trace(trace: TraceRecord, cap: Captured) -> None:
     if ids:
         trace.completion_ids = _tokens(ids)
         if lps and len(lps) == len(ids):
-            from rllm.types import FloatArray
-
-            trace.logprobs = FloatArray(lps)
+            trace.logprobs = _packed(FloatArray, "f", lps)
         elif lps:
             trace.metadata["capture_warning"] = f"{len(lps)} logprobs for {len(ids)} tokens; logprobs dropped"
     u = cap.usage
@@ -1096,9 +1096,17 @@ def fill_trace(trace: TraceRecord, cap: Captured) -> None:
 
 
 def _tokens(ids: list[int]) -> Any:
-    from rllm.types import TokenArray
+    return _packed(TokenArray, "i", ids)
 
-    return TokenArray(ids)
+
+def _packed(cls: type[_A], typecode: str, values: Any) -> _A:
+    # array.fromlist is about 2.5x faster than the generic extend() the constructors use; it
+    # only takes a list (what JSON decoding gives), so anything else goes through cls(values).
+    if type(values) is list:
+        out = array.__new__(cls, typecode)
+        out.fromlist(values)
+        return out
+    return cls(values)
 
 
 __all__ = ["GatewayServer", "fill_trace", "to_builtins"]
