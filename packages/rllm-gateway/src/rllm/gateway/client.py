@@ -13,6 +13,13 @@ _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
 
 
+def session_base_url(gateway_url: str, session_id: str, role: str | None = None) -> str:
+    """``{gateway}/sessions/{sid}/v1``, or ``.../roles/{role}/v1`` for one role of a multi-role flow."""
+    if role is None:
+        return f"{gateway_url}/sessions/{session_id}/v1"
+    return f"{gateway_url}/sessions/{session_id}/roles/{role}/v1"
+
+
 class SessionInfo(msgspec.Struct):
     """What creating a session returns: its id, its token (the agent's api_key) and its base URL."""
 
@@ -79,9 +86,7 @@ class GatewayClient:
     # ----------------------------------------------------------- sessions
     def session_url(self, session_id: str, role: str | None = None) -> str:
         """The OpenAI base URL an agent should use for this session (and role)."""
-        if role is None:
-            return f"{self.url}/sessions/{session_id}/v1"
-        return f"{self.url}/sessions/{session_id}/roles/{role}/v1"
+        return session_base_url(self.url, session_id, role)
 
     async def create_session(
         self,

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
-from rllm.gateway.client import GatewayAPIError, SessionInfo
+from rllm.gateway.client import GatewayAPIError, SessionInfo, session_base_url
 from rllm.gateway.errors import GatewayError
 from rllm.types import SamplingParams, TraceRecord, from_msgpack, to_msgpack
 
@@ -89,9 +89,7 @@ class LocalGatewayClient:
     # ----------------------------------------------------------- sessions
     def session_url(self, session_id: str, role: str | None = None) -> str:
         """The OpenAI base URL an agent should use for this session (and role)."""
-        if role is None:
-            return f"{self.url}/sessions/{session_id}/v1"
-        return f"{self.url}/sessions/{session_id}/roles/{role}/v1"
+        return session_base_url(self.url, session_id, role)
 
     async def create_session(
         self,
@@ -102,7 +100,7 @@ class LocalGatewayClient:
         s = self._sync(
             "POST", "/admin/sessions", lambda: self.server.open_session(session_id, sampling, metadata)
         )
-        return SessionInfo(s.session_id, s.token, f"{self.url}/sessions/{s.session_id}/v1")
+        return SessionInfo(s.session_id, s.token, session_base_url(self.url, s.session_id))
 
     async def list_sessions(self) -> list[dict[str, Any]]:
         url = self.url
