@@ -23,6 +23,7 @@ import multiprocessing as mp
 import os
 import platform
 import time
+from pathlib import Path
 from typing import Any
 
 TURNS = 5
@@ -65,6 +66,18 @@ def _serve_gateway(upstream_url: str, out: Any) -> None:
         await asyncio.Event().wait()
 
     asyncio.run(main())
+
+
+def _cpu(pids: dict[str, int]) -> dict[str, float]:
+    """utime + stime (seconds) of each process, from /proc (Linux)."""
+    out = {}
+    for name, pid in pids.items():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            out[name] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            out[name] = float("nan")
+    return out
 
 
 def _spawn(target: Any, *args: Any) -> tuple[mp.Process, str]:
@@ -210,13 +223,23 @@ def main() -> None:
                 proc, gateway0 = _spawn(_serve_gateway, upstream0)
                 procs.append(proc)
             c, n = args.overhead_concurrency, args.overhead_rollouts
+            pids = {"agent+engine": os.getpid(), "upstream": procs[-2 if gateway0 else -1].pid}
+            if gateway0:
+                pids["gateway"] = procs[-1].pid
+            before = _cpu(pids)
             direct = asyncio.run(run_direct(upstream0, c, n))
+            middle = _cpu(pids)
             engine = asyncio.run(run_engine(gateway0, upstream0, c, n))
+            after = _cpu(pids)
             print(
                 f"(b) zero latency, concurrency {c}, {n} rollouts: direct {direct['rollouts_per_s']:.1f} rollouts/s, "
                 f"engine+gateway {engine['rollouts_per_s']:.1f} rollouts/s -> ratio "
                 f"{engine['rollouts_per_s'] / direct['rollouts_per_s']:.3f} (target >= 0.5)"
             )
+            # CPU per rollout by process (warm-up included): where the proxied layout's time goes.
+            for label, t0, t1 in (("direct", before, middle), ("engine", middle, after)):
+                per = {k: (t1[k] - t0[k]) / (n + 50) * 1e6 for k in pids}
+                print(f"    cpu/rollout {label}: " + ", ".join(f"{k} {v:.0f} us" for k, v in per.items()))
     finally:
         for proc in procs:
             proc.terminate()

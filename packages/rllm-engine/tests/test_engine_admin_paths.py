@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import openai
 import pytest
-from aiohttp import web
 
 from rllm.engine.rollout_config import RolloutConfig
 from rllm.engine.rollout_engine import RolloutEngine
 from rllm.gateway import GatewayClient, GatewayConfig, GatewayServer, LocalGatewayClient
+from rllm.gateway.httpserver import Request, Response, RouteNotFound
 from rllm.sdk import AgentConfig, Task, rollout
 from rllm.types import TerminationReason
 
@@ -80,8 +80,8 @@ async def test_owned_and_attached_gateways_give_the_same_episodes(upstream, path
 class _GatewayWithoutFinishRoute(GatewayServer):
     """A real gateway answering the finish route as one released before it existed did."""
 
-    async def _finish_session(self, request: web.Request) -> web.Response:
-        raise web.HTTPNotFound()  # what aiohttp raises for an unknown route
+    async def _finish_session(self, request: Request) -> Response:
+        raise RouteNotFound(request.path)  # what the gateway's router raises for an unknown route
 
 
 async def test_attached_gateway_without_finish_route_falls_back_to_read_then_delete(upstream):

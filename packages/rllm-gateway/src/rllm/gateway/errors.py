@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import msgspec
-from aiohttp import web
+
+from rllm.gateway.httpserver import Response
 
 _encode = msgspec.json.Encoder().encode
 
@@ -45,8 +46,8 @@ def error_body(status: int, message: str, *, param: str | None = None, code: str
 
 def error_response(
     status: int, message: str, *, param: str | None = None, code: str | None = None
-) -> web.Response:
-    return web.Response(
+) -> Response:
+    return Response(
         status=status,
         body=error_body(status, message, param=param, code=code),
         content_type="application/json",

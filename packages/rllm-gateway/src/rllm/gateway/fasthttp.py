@@ -1,9 +1,10 @@
-"""A lean HTTP/1.1 keep-alive client for the gateway's non-streaming upstream POSTs.
+"""A lean HTTP/1.1 keep-alive client for whole (non-streaming) request/response exchanges.
 
-The general-purpose aiohttp client spends most of the gateway's per-request CPU on features a
-loopback JSON POST does not need (cookies, redirects, tracing hooks, multidict headers). This
-client writes one pre-formatted request and parses only the status line, Content-Length /
-chunked framing and Connection: close. Streaming responses still use aiohttp.
+The general-purpose aiohttp client spends most of its per-request CPU on features a loopback
+JSON call does not need (cookies, redirects, tracing hooks, multidict headers). This client
+writes one pre-formatted request and parses only the status line, Content-Length / chunked
+framing and Connection: close. The gateway forwards with it; the engine's GatewayClient makes
+its admin calls with it. Streaming responses still use aiohttp.
 """
 
 from __future__ import annotations
@@ -66,15 +67,16 @@ class _Conn(asyncio.Protocol):
 
 
 class FastHttpPool:
-    """Keep-alive connections per (host, port); ``post`` returns (status, body)."""
+    """Keep-alive connections per (host, port); ``request``/``post`` return (status, body)."""
 
     def __init__(self, *, connect_timeout_s: float, read_timeout_s: float, max_idle: int = 1024) -> None:
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self.max_idle = max_idle
         self._idle: dict[tuple[str, int], deque[_Conn]] = {}
-        # url -> ((host, port), request head up to "Content-Length: "): parsed once per upstream URL.
-        self._heads: dict[tuple[str, str], tuple[tuple[str, int], bytes]] = {}
+        # (method, url, content type, extra headers) -> ((host, port), request head up to
+        # "Content-Length: "): formatted once per distinct request shape.
+        self._heads: dict[tuple[str, str, str, bytes], tuple[tuple[str, int], bytes]] = {}
 
     async def _connect(self, host: str, port: int) -> _Conn:
         loop = asyncio.get_running_loop()
@@ -87,10 +89,23 @@ class FastHttpPool:
         return proto
 
     async def post(self, url: str, body: bytes, content_type: str = "application/json") -> tuple[int, bytes]:
-        """POST ``body``; retries once on a fresh connection if a reused one was already closed."""
-        cached = self._heads.get((url, content_type))
+        """POST ``body``; retries on a fresh connection if a reused one was already closed."""
+        return await self.request("POST", url, body, content_type=content_type)
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        body: bytes = b"",
+        *,
+        content_type: str = "application/json",
+        headers: bytes = b"",
+    ) -> tuple[int, bytes]:
+        """One exchange; ``headers`` are preformatted ``Name: value\\r\\n`` lines."""
+        shape = (method, url, content_type, headers)
+        cached = self._heads.get(shape)
         if cached is None:
-            cached = self._parse(url, content_type)
+            cached = self._parse(shape)
         key, prefix = cached
         head = b"%s%d\r\n\r\n" % (prefix, len(body))
         idle = self._idle.get(key)
@@ -107,7 +122,8 @@ class FastHttpPool:
         conn = await self._connect(*key)
         return await self._exchange(key, conn, head, body)
 
-    def _parse(self, url: str, content_type: str) -> tuple[tuple[str, int], bytes]:
+    def _parse(self, shape: tuple[str, str, str, bytes]) -> tuple[tuple[str, int], bytes]:
+        method, url, content_type, headers = shape
         parts = urlsplit(url)
         host = parts.hostname or "127.0.0.1"
         port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -115,12 +131,13 @@ class FastHttpPool:
             raise ValueError("FastHttpPool speaks plain http only")
         path = parts.path + (f"?{parts.query}" if parts.query else "")
         prefix = (
-            f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: {content_type}\r\n"
-            "Content-Length: "
-        ).encode("latin-1")
-        if len(self._heads) >= 4096:  # bounded: URLs come from the worker list, but be safe
+            f"{method} {path} HTTP/1.1\r\nHost: {parts.netloc}\r\n".encode("latin-1")
+            + headers
+            + f"Content-Type: {content_type}\r\nContent-Length: ".encode("latin-1")
+        )
+        if len(self._heads) >= 4096:  # bounded: admin paths carry session ids
             self._heads.clear()
-        entry = self._heads[(url, content_type)] = ((host, port), prefix)
+        entry = self._heads[shape] = ((host, port), prefix)
         return entry
 
     async def _exchange(

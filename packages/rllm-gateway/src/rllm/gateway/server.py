@@ -1,6 +1,7 @@
-"""The gateway HTTP server (aiohttp): session-routed OpenAI-compatible proxy plus admin API.
+"""The gateway HTTP server: session-routed OpenAI-compatible proxy plus admin API.
 
-aiohttp serves and forwards (keep-alive client pools); msgspec decodes and encodes JSON. The
+A lean httptools server (httpserver.py) serves; a lean keep-alive client (fasthttp.py) forwards
+whole responses, aiohttp forwards streams; msgspec decodes and encodes JSON. The
 request hot path does: auth, decode, validate, inject capture fields, forward, read capture
 fields, strip what was injected, encode, append one TraceRecord to the store.
 """
@@ -20,7 +21,6 @@ from typing import Any, TypeVar
 
 import aiohttp
 import msgspec
-from aiohttp import web
 
 from rllm.gateway.background import BackgroundLoop
 from rllm.gateway.capture import (
@@ -35,6 +35,15 @@ from rllm.gateway.capture import (
 from rllm.gateway.config import GatewayConfig
 from rllm.gateway.errors import GatewayError, error_body, error_response
 from rllm.gateway.fasthttp import FastHttpPool, UpstreamConnectError, UpstreamDropped
+from rllm.gateway.httpserver import (
+    HttpServer,
+    MethodNotAllowed,
+    Request,
+    Response,
+    RouteNotFound,
+    Router,
+    StreamResponse,
+)
 from rllm.gateway.metrics import GatewayMetrics
 from rllm.gateway.sessions import Session
 from rllm.gateway.store import open_store
@@ -97,7 +106,8 @@ class GatewayServer:
         self._admit = asyncio.Event()
         self._drained: asyncio.Event | None = None
         self._http: aiohttp.ClientSession | None = None
-        self._runner: web.AppRunner | None = None
+        self._server: HttpServer | None = None
+        self._router = self._build_router()
         self._health_task: asyncio.Task[None] | None = None
         self._background = BackgroundLoop("rllm-gateway", use_uvloop=True)
         self._bridge: Any = None  # cumulative.TokenBridge, loaded lazily in start()
@@ -145,20 +155,15 @@ class GatewayServer:
             self._hosted = HostedProvider(
                 cfg.hosted_model, api_key=cfg.hosted_api_key, api_base=cfg.hosted_api_base
             )
-        app = self._build_app()
-        self._runner = web.AppRunner(
-            app,
-            access_log=None,
-            handle_signals=False,
-            handler_cancellation=True,
-            shutdown_timeout=cfg.shutdown_timeout_s,
+        self._server = HttpServer(
+            self._dispatch, lambda status, msg: error_response(status, msg), max_body_bytes=cfg.max_body_bytes
         )
-        await self._runner.setup()
         sock = socket.socket(socket.AF_INET6 if ":" in cfg.host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((cfg.host, cfg.port))
         self.port = sock.getsockname()[1]
-        await web.SockSite(self._runner, sock, backlog=4096).start()
+        sock.setblocking(False)
+        await self._server.start(sock, backlog=4096)
         if self.pool.workers:
             await self.pool.check_all(self._http, timeout_s=min(2.0, cfg.connect_timeout_s))
         if cfg.health_interval_s > 0:
@@ -173,9 +178,9 @@ class GatewayServer:
             with contextlib.suppress(BaseException):
                 await self._health_task
             self._health_task = None
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._server is not None:
+            await self._server.stop(self.config.shutdown_timeout_s)
+            self._server = None
         if self._http is not None:
             await self._http.close()
             self._http = None
@@ -210,70 +215,59 @@ class GatewayServer:
     def stop_in_thread(self) -> None:
         self._background.stop()
 
-    # ------------------------------------------------------------------ app
-    def _build_app(self) -> web.Application:
-        app = web.Application(
-            client_max_size=self.config.max_body_bytes, middlewares=[self._errors_middleware]
-        )
-        r = app.router
+    # ------------------------------------------------------------------ routing
+    def _build_router(self) -> Router:
+        r = Router()
         for prefix in ("/sessions/{sid}", "/sessions/{sid}/roles/{role}", ""):
-            r.add_post(prefix + "/v1/chat/completions", self._chat)
-            r.add_post(prefix + "/v1/completions", self._completions)
-            r.add_get(prefix + "/v1/models", self._models)
-        r.add_get("/sessions/{sid}/traces", self._session_traces)
-        r.add_get("/health", self._health)
-        r.add_get("/metrics", self._metrics)
-        r.add_post("/admin/sessions", self._create_session)
-        r.add_get("/admin/sessions", self._list_sessions)
-        r.add_get("/admin/sessions/{sid}", self._get_session)
-        r.add_delete("/admin/sessions/{sid}", self._delete_session)
-        r.add_post("/admin/sessions/{sid}/finish", self._finish_session)
-        r.add_get("/admin/sessions/{sid}/traces", self._session_traces)
-        r.add_get("/admin/traces", self._query_traces)
-        r.add_post("/admin/flush", self._flush)
-        r.add_get("/admin/workers", self._list_workers)
-        r.add_post("/admin/workers", self._add_worker)
-        r.add_delete("/admin/workers", self._remove_worker)
-        r.add_get("/admin/weight_version", self._get_weight_version)
-        r.add_put("/admin/weight_version", self._set_weight_version)
-        r.add_post("/admin/weight_version", self._set_weight_version)
-        r.add_post("/admin/pause", self._pause)
-        r.add_post("/admin/resume", self._resume)
-        return app
+            r.add("POST", prefix + "/v1/chat/completions", self._chat)
+            r.add("POST", prefix + "/v1/completions", self._completions)
+            r.add("GET", prefix + "/v1/models", self._models)
+        routes: list[tuple[str, str, Any]] = [
+            ("GET", "/sessions/{sid}/traces", self._session_traces),
+            ("GET", "/health", self._health),
+            ("GET", "/metrics", self._metrics),
+            ("POST", "/admin/sessions", self._create_session),
+            ("GET", "/admin/sessions", self._list_sessions),
+            ("GET", "/admin/sessions/{sid}", self._get_session),
+            ("DELETE", "/admin/sessions/{sid}", self._delete_session),
+            ("POST", "/admin/sessions/{sid}/finish", self._finish_session),
+            ("GET", "/admin/sessions/{sid}/traces", self._session_traces),
+            ("GET", "/admin/traces", self._query_traces),
+            ("POST", "/admin/flush", self._flush),
+            ("GET", "/admin/workers", self._list_workers),
+            ("POST", "/admin/workers", self._add_worker),
+            ("DELETE", "/admin/workers", self._remove_worker),
+            ("GET", "/admin/weight_version", self._get_weight_version),
+            ("PUT", "/admin/weight_version", self._set_weight_version),
+            ("POST", "/admin/weight_version", self._set_weight_version),
+            ("POST", "/admin/pause", self._pause),
+            ("POST", "/admin/resume", self._resume),
+        ]
+        for method, path, handler in routes:
+            r.add(method, path, handler)
+        return r
 
-    @web.middleware
-    async def _errors_middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+    async def _dispatch(self, request: Request) -> Response | StreamResponse:
+        """Route one request and map every failure to an OpenAI-style error: the gateway answers,
+        it never crashes."""
         try:
+            handler, request.match_info = self._router.resolve(request.method, request.path)
             return await handler(request)
         except GatewayError as exc:
             return error_response(exc.status, exc.message, param=exc.param, code=exc.code)
-        except web.HTTPRequestEntityTooLarge as exc:
-            return (
-                error_response(
-                    413,
-                    f"request body exceeds the gateway's limit of {self.config.max_body_bytes} bytes",
-                    code="request_too_large",
-                )
-                if exc.status == 413
-                else error_response(exc.status, exc.reason)
-            )
-        except web.HTTPException as exc:
-            if exc.status == 404:
-                return error_response(
-                    404, f"no route for {request.method} {request.path}", code="unknown_route"
-                )
-            if exc.status == 405:
-                return error_response(405, f"method {request.method} not allowed on {request.path}")
-            return error_response(exc.status, exc.reason or "error")
+        except RouteNotFound:
+            return error_response(404, f"no route for {request.method} {request.path}", code="unknown_route")
+        except MethodNotAllowed:
+            return error_response(405, f"method {request.method} not allowed on {request.path}")
         except (asyncio.CancelledError, ConnectionResetError):
             raise
-        except Exception as exc:  # the gateway answers, it never crashes
+        except Exception as exc:
             log.exception("internal error on %s", request.path)
             return error_response(500, f"internal gateway error: {type(exc).__name__}: {exc}")
 
     # ------------------------------------------------------------------ auth
     @staticmethod
-    def _bearer(request: web.Request) -> str | None:
+    def _bearer(request: Request) -> str | None:
         auth = request.headers.get("Authorization")
         if auth and auth[:7].lower() == "bearer ":
             return auth[7:].strip()
@@ -287,7 +281,7 @@ class GatewayServer:
             and hmac.compare_digest(presented.encode(), key.encode())
         )
 
-    def _require_admin(self, request: web.Request) -> None:
+    def _require_admin(self, request: Request) -> None:
         if self.config.admin_key is None:
             return
         presented = self._bearer(request)
@@ -298,7 +292,7 @@ class GatewayServer:
         if not self._is_admin(presented):
             raise GatewayError(403, "the API key is not the admin key", code="invalid_api_key")
 
-    def _session_for(self, request: web.Request, sid: str | None) -> Session:
+    def _session_for(self, request: Request, sid: str | None) -> Session:
         if sid is None:
             sid = request.headers.get("X-RLLM-Session")
             if not sid:
@@ -342,19 +336,19 @@ class GatewayServer:
         return s
 
     # ------------------------------------------------------------------ proxy routes
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
+    async def _chat(self, request: Request) -> StreamResponse:
         return await self._proxy(request, chat=True)
 
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
+    async def _completions(self, request: Request) -> StreamResponse:
         return await self._proxy(request, chat=False)
 
-    async def _models(self, request: web.Request) -> web.StreamResponse:
+    async def _models(self, request: Request) -> StreamResponse:
         sid = request.match_info.get("sid")
         if sid is not None or request.headers.get("X-RLLM-Session"):
             self._session_for(request, sid)
         if self._hosted is not None:
             data = [{"id": self.config.hosted_model, "object": "model", "owned_by": "hosted"}]
-            return web.Response(body=_json_encode({"object": "list", "data": data}), content_type=_JSON)
+            return Response(body=_json_encode({"object": "list", "data": data}), content_type=_JSON)
         assert self._http is not None
         try:
             w = self.pool.pick(None)
@@ -363,13 +357,13 @@ class GatewayServer:
         try:
             async with self._http.get(f"{w.url}/models") as resp:
                 body = await resp.read()
-                return web.Response(status=resp.status, body=body, content_type=_JSON)
+                return Response(status=resp.status, body=body, content_type=_JSON)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise GatewayError(
                 502, f"upstream {w.url} failed: {type(exc).__name__}", code="upstream_error"
             ) from None
 
-    async def _read_body(self, request: web.Request) -> dict[str, Any]:
+    async def _read_body(self, request: Request) -> dict[str, Any]:
         raw = await request.read()
         if not raw:
             raise GatewayError(400, "request body is empty; expected a JSON object", code="invalid_json")
@@ -434,7 +428,7 @@ class GatewayServer:
             )
         return []
 
-    async def _proxy(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+    async def _proxy(self, request: Request, *, chat: bool) -> StreamResponse:
         t0 = time.perf_counter()
         match = request.match_info
         session = self._session_for(request, match.get("sid"))
@@ -582,7 +576,7 @@ class GatewayServer:
         t0: float,
         chat: bool,
         bridge: Any,
-    ) -> web.Response:
+    ) -> Response:
         try:
             if self.config.fast_http and not any(u.startswith("https:") for u in self.pool.workers):
                 status, raw = await self._post_whole(session, path, body)
@@ -616,7 +610,7 @@ class GatewayServer:
             trace.metadata["error"] = raw[:2000].decode(errors="replace")
             trace.metadata["upstream_status"] = status
             self._finish_trace(trace, None, "error", t0)
-            return web.Response(status=status, body=raw, content_type=_JSON)
+            return Response(status=status, body=raw, content_type=_JSON)
         try:
             data = _json_decode(raw)
         except msgspec.DecodeError:
@@ -634,11 +628,11 @@ class GatewayServer:
             cap = capture_response(data, chat=chat)
             out = _json_encode(data) if strip_injected(data, wants) else raw
         self._finish_trace(trace, cap, "ok", t0)
-        return web.Response(body=out, content_type=_JSON)
+        return Response(body=out, content_type=_JSON)
 
     async def _forward_stream(
         self,
-        request: web.Request,
+        request: Request,
         session: Session,
         path: str,
         body: dict[str, Any],
@@ -647,9 +641,9 @@ class GatewayServer:
         t0: float,
         chat: bool,
         bridge: Any,
-    ) -> web.StreamResponse:
+    ) -> StreamResponse:
         sc = StreamCapture(chat=chat and bridge is None)
-        out: web.StreamResponse | None = None
+        out: StreamResponse | None = None
         try:
             w, resp = await self._post(session, path, body)
         except GatewayError as exc:
@@ -667,10 +661,8 @@ class GatewayServer:
                 trace.metadata["error"] = raw[:2000].decode(errors="replace")
                 trace.metadata["upstream_status"] = resp.status
                 status = "error"
-                return web.Response(status=resp.status, body=raw, content_type=_JSON)
-            out = web.StreamResponse(
-                headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-            )
+                return Response(status=resp.status, body=raw, content_type=_JSON)
+            out = StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
             await out.prepare(request)
             buf = b""
             done = False
@@ -742,13 +734,13 @@ class GatewayServer:
 
     async def _hosted_call(
         self,
-        request: web.Request,
+        request: Request,
         body: dict[str, Any],
         trace: TraceRecord,
         chat: bool,
         stream: bool,
         t0: float,
-    ) -> web.StreamResponse:
+    ) -> StreamResponse:
         if not chat:
             raise GatewayError(400, "hosted providers are reached through /v1/chat/completions only")
         try:
@@ -767,10 +759,10 @@ class GatewayServer:
             ) from None
         self._finish_trace(trace, cap, "ok", t0)
         if not stream:
-            return web.Response(body=_json_encode(data), content_type=_JSON)
+            return Response(body=_json_encode(data), content_type=_JSON)
         from rllm.gateway.hosted import as_sse_chunks
 
-        out = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        out = StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await out.prepare(request)
         for chunk in as_sse_chunks(data):
             await out.write(b"data: " + _json_encode(chunk) + b"\n\n")
@@ -778,14 +770,14 @@ class GatewayServer:
         return out
 
     # ------------------------------------------------------------------ admin routes
-    async def _health(self, request: web.Request) -> web.Response:
-        return web.Response(body=_json_encode(self.health_info()), content_type=_JSON)
+    async def _health(self, request: Request) -> Response:
+        return Response(body=_json_encode(self.health_info()), content_type=_JSON)
 
-    async def _metrics(self, request: web.Request) -> web.Response:
+    async def _metrics(self, request: Request) -> Response:
         body, ctype = self.metrics.render()
-        return web.Response(body=body, headers={"Content-Type": ctype})
+        return Response(body=body, headers={"Content-Type": ctype})
 
-    async def _admin_body(self, request: web.Request) -> dict[str, Any]:
+    async def _admin_body(self, request: Request) -> dict[str, Any]:
         if not request.can_read_body:
             return {}
         return await self._read_body(request)
@@ -894,7 +886,7 @@ class GatewayServer:
         return url.rstrip("/")
 
     # ------------------------------------------------------------------ admin routes (HTTP)
-    async def _create_session(self, request: web.Request) -> web.Response:
+    async def _create_session(self, request: Request) -> Response:
         self._require_admin(request)
         body = await self._admin_body(request)
         sampling = None
@@ -906,12 +898,12 @@ class GatewayServer:
                     400, f"invalid sampling: {exc.reason}", param=f"sampling.{exc.path}"
                 ) from None
         s = self.open_session(body.get("session_id"), sampling, body.get("metadata") or {})
-        return web.Response(body=_json_encode(s.info(self.url, with_token=True)), content_type=_JSON)
+        return Response(body=_json_encode(s.info(self.url, with_token=True)), content_type=_JSON)
 
-    async def _list_sessions(self, request: web.Request) -> web.Response:
+    async def _list_sessions(self, request: Request) -> Response:
         self._require_admin(request)
         data = [s.info(self.url, with_token=False) for s in self.sessions.values()]
-        return web.Response(body=_json_encode({"sessions": data}), content_type=_JSON)
+        return Response(body=_json_encode({"sessions": data}), content_type=_JSON)
 
     def _existing(self, sid: str) -> Session:
         s = self.sessions.get(sid)
@@ -919,22 +911,22 @@ class GatewayServer:
             raise GatewayError(404, f"unknown session {sid!r}", param="session_id", code="unknown_session")
         return s
 
-    async def _get_session(self, request: web.Request) -> web.Response:
+    async def _get_session(self, request: Request) -> Response:
         self._require_admin(request)
         s = self._existing(request.match_info["sid"])
-        return web.Response(body=_json_encode(s.info(self.url, with_token=False)), content_type=_JSON)
+        return Response(body=_json_encode(s.info(self.url, with_token=False)), content_type=_JSON)
 
-    async def _delete_session(self, request: web.Request) -> web.Response:
+    async def _delete_session(self, request: Request) -> Response:
         self._require_admin(request)
         sid = request.match_info["sid"]
         n = await self.close_session(sid)
-        return web.Response(body=_json_encode({"deleted": sid, "traces": n}), content_type=_JSON)
+        return Response(body=_json_encode({"deleted": sid, "traces": n}), content_type=_JSON)
 
-    async def _finish_session(self, request: web.Request) -> web.Response:
+    async def _finish_session(self, request: Request) -> Response:
         self._require_admin(request)
         return _records_response(request, await self.finish_session(request.match_info["sid"]))
 
-    async def _session_traces(self, request: web.Request) -> web.Response:
+    async def _session_traces(self, request: Request) -> Response:
         sid = request.match_info["sid"]
         if request.path.startswith("/admin/"):
             self._require_admin(request)
@@ -954,7 +946,7 @@ class GatewayServer:
             records = [r for r in records if r.role == role]
         return _records_response(request, records)
 
-    async def _query_traces(self, request: web.Request) -> web.Response:
+    async def _query_traces(self, request: Request) -> Response:
         self._require_admin(request)
         q = request.query
         try:
@@ -967,47 +959,47 @@ class GatewayServer:
         )
         return _records_response(request, records)
 
-    async def _flush(self, request: web.Request) -> web.Response:
+    async def _flush(self, request: Request) -> Response:
         self._require_admin(request)
         await self.store.flush()
-        return web.Response(
+        return Response(
             body=_json_encode({"flushed": True, "traces": self.store.trace_count()}), content_type=_JSON
         )
 
-    async def _list_workers(self, request: web.Request) -> web.Response:
+    async def _list_workers(self, request: Request) -> Response:
         self._require_admin(request)
         data = [w.info() for w in self.pool.workers.values()]
-        return web.Response(body=_json_encode({"workers": data}), content_type=_JSON)
+        return Response(body=_json_encode({"workers": data}), content_type=_JSON)
 
-    async def _worker_url(self, request: web.Request) -> str:
+    async def _worker_url(self, request: Request) -> str:
         body = await self._admin_body(request)
         url = body.get("url") or request.query.get("url")
         if not isinstance(url, str) or not url:
             raise GatewayError(400, "'url' (an upstream base URL ending in /v1) is required", param="url")
         return url
 
-    async def _add_worker(self, request: web.Request) -> web.Response:
+    async def _add_worker(self, request: Request) -> Response:
         self._require_admin(request)
         w = await self.add_worker(await self._worker_url(request))
-        return web.Response(body=_json_encode(w.info()), content_type=_JSON)
+        return Response(body=_json_encode(w.info()), content_type=_JSON)
 
-    async def _remove_worker(self, request: web.Request) -> web.Response:
+    async def _remove_worker(self, request: Request) -> Response:
         self._require_admin(request)
         removed = self.remove_worker(await self._worker_url(request))
-        return web.Response(body=_json_encode({"removed": removed}), content_type=_JSON)
+        return Response(body=_json_encode({"removed": removed}), content_type=_JSON)
 
-    async def _get_weight_version(self, request: web.Request) -> web.Response:
+    async def _get_weight_version(self, request: Request) -> Response:
         self._require_admin(request)
-        return web.Response(body=_json_encode({"weight_version": self.weight_version}), content_type=_JSON)
+        return Response(body=_json_encode({"weight_version": self.weight_version}), content_type=_JSON)
 
-    async def _set_weight_version(self, request: web.Request) -> web.Response:
+    async def _set_weight_version(self, request: Request) -> Response:
         self._require_admin(request)
         body = await self._admin_body(request)
         v = body.get("weight_version")
         self.set_weight_version(v)  # type: ignore[arg-type] - validated there
-        return web.Response(body=_json_encode({"weight_version": v}), content_type=_JSON)
+        return Response(body=_json_encode({"weight_version": v}), content_type=_JSON)
 
-    async def _pause(self, request: web.Request) -> web.Response:
+    async def _pause(self, request: Request) -> Response:
         """Stop admitting requests (they wait) and return once in-flight ones have finished."""
         self._require_admin(request)
         try:
@@ -1015,14 +1007,12 @@ class GatewayServer:
         except ValueError:
             raise GatewayError(400, "'timeout' must be a number of seconds", param="timeout") from None
         await self.pause(timeout)
-        return web.Response(
-            body=_json_encode({"paused": True, "inflight": self.inflight}), content_type=_JSON
-        )
+        return Response(body=_json_encode({"paused": True, "inflight": self.inflight}), content_type=_JSON)
 
-    async def _resume(self, request: web.Request) -> web.Response:
+    async def _resume(self, request: Request) -> Response:
         self._require_admin(request)
         self.resume()
-        return web.Response(body=_json_encode({"paused": False}), content_type=_JSON)
+        return Response(body=_json_encode({"paused": False}), content_type=_JSON)
 
 
 def _bracket(path: str) -> str:
@@ -1043,11 +1033,11 @@ def _sse_data(event: bytes) -> bytes | None:
     return data
 
 
-def _records_response(request: web.Request, records: list[TraceRecord]) -> web.Response:
+def _records_response(request: Request, records: list[TraceRecord]) -> Response:
     fmt = request.query.get("format")
     if fmt == "msgpack" or (fmt is None and _MSGPACK in request.headers.get("Accept", "")):
-        return web.Response(body=to_msgpack(records), content_type=_MSGPACK)
-    return web.Response(body=to_json(records), content_type=_JSON)
+        return Response(body=to_msgpack(records), content_type=_MSGPACK)
+    return Response(body=to_json(records), content_type=_JSON)
 
 
 def fill_trace(trace: TraceRecord, cap: Captured) -> None:
