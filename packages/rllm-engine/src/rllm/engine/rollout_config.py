@@ -18,6 +18,8 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     would only waste compute. Retry ``k`` waits ``retry_backoff_s * 2**(k-1)``: long enough for
     the gateway's health check to bring a recovered upstream back. ``flow_threads`` sizes the thread pool for *sync* flows
     (default: ``concurrency``). ``val_sampling`` replaces ``sampling`` for validation runs.
+    ``gc_gen0_threshold`` raises CPython's young-generation GC threshold while the engine runs
+    (see :mod:`rllm.engine.gc_tuning`); None leaves the collector alone.
     """
 
     n: int = 1
@@ -33,6 +35,7 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     progress: bool = True
     keep_sessions: bool = False
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+    gc_gen0_threshold: int | None = 20_000
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -50,6 +53,10 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if self.eval_timeout_s is not None and self.eval_timeout_s <= 0:
             raise InvariantError(
                 f"eval_timeout_s must be > 0 or None, got {self.eval_timeout_s}", "eval_timeout_s"
+            )
+        if self.gc_gen0_threshold is not None and self.gc_gen0_threshold < 1:
+            raise InvariantError(
+                f"gc_gen0_threshold must be >= 1 or None, got {self.gc_gen0_threshold}", "gc_gen0_threshold"
             )
         if self.flow_threads is not None and self.flow_threads < 1:
             raise InvariantError(f"flow_threads must be >= 1, got {self.flow_threads}", "flow_threads")

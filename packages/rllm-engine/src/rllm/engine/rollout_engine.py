@@ -20,6 +20,7 @@ from typing import Any
 from rllm.engine.episode_builder import build_episode, failed_episode
 from rllm.engine.failures import FAILED, RETRYABLE, classify_exception
 from rllm.engine.flow_runner import DeadlineExceeded, call_with_deadline
+from rllm.engine.gc_tuning import raise_gc_threshold, restore_gc_threshold
 from rllm.engine.progress import RolloutProgress
 from rllm.engine.rollout_config import RolloutConfig
 from rllm.sdk.evaluator import EvaluatorFn, as_evaluator, to_eval_output
@@ -90,6 +91,7 @@ class RolloutEngine:
         self._executor: ThreadPoolExecutor | None = None
         self._deletions: set[asyncio.Task[None]] = set()
         self._finish_route = True  # False once an attached (older) gateway lacked it
+        self._gc_restore: tuple[int, int, int] | None = None
         self.last_stats: dict[str, float] = {}
 
     # ------------------------------------------------------------------ lifecycle
@@ -136,9 +138,12 @@ class RolloutEngine:
         if not self.flow.is_async:
             workers = self.config.flow_threads or self.config.concurrency
             self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rllm-flow")
+        self._gc_restore = raise_gc_threshold(self.config.gc_gen0_threshold)
         return self
 
     async def close(self) -> None:
+        restore_gc_threshold(self._gc_restore)
+        self._gc_restore = None
         await self._drain_deletions()
         if self._client is not None:
             await self._client.close()

@@ -403,13 +403,18 @@ class MockUpstream:
         return out
 
     def _chat_logprob(self, token_id: int) -> dict[str, Any]:
-        tok = self.token_text(token_id)
-        return {
-            "token": tok,
-            "logprob": _logprob_of(token_id),
-            "bytes": list(tok.encode()),
-            "top_logprobs": [],
-        }
+        # Cached per token id (only ever encoded, never mutated): a benchmark's upstream should
+        # spend its CPU on HTTP, not on rebuilding the same entries.
+        entry = self._lp_cache.get(token_id)
+        if entry is None:
+            tok = self.token_text(token_id)
+            entry = self._lp_cache[token_id] = {
+                "token": tok,
+                "logprob": _logprob_of(token_id),
+                "bytes": list(tok.encode()),
+                "top_logprobs": [],
+            }
+        return entry
 
     def _completion_logprobs(self, ids: list[int]) -> dict[str, Any]:
         tokens = [self.token_text(t) for t in ids]

@@ -1,0 +1,59 @@
+"""GC threshold tuning while an engine runs: raised on start, restored on close, never lowered."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from rllm.engine.gc_tuning import raise_gc_threshold, restore_gc_threshold
+from rllm.engine.rollout_config import RolloutConfig
+from rllm.engine.rollout_engine import RolloutEngine
+from rllm.sdk import rollout
+from rllm.types import InvariantError
+
+
+@pytest.fixture(autouse=True)
+def _keep_gc_settings():
+    before, enabled = gc.get_threshold(), gc.isenabled()
+    yield
+    gc.set_threshold(*before)
+    (gc.enable if enabled else gc.disable)()
+
+
+def test_raise_and_restore():
+    gc.set_threshold(700, 10, 10)
+    previous = raise_gc_threshold(5000)
+    assert previous == (700, 10, 10) and gc.get_threshold() == (5000, 10, 10)
+    assert raise_gc_threshold(3000) is None and gc.get_threshold() == (5000, 10, 10)  # never lowered
+    restore_gc_threshold(previous)
+    assert gc.get_threshold() == (700, 10, 10)
+
+
+def test_disabled_collector_and_none_are_left_alone():
+    gc.set_threshold(700, 10, 10)
+    assert raise_gc_threshold(None) is None
+    gc.disable()
+    assert raise_gc_threshold(5000) is None and gc.get_threshold() == (700, 10, 10)
+    gc.enable()
+    gc.set_threshold(0)  # threshold 0 also means "no automatic collection"
+    assert raise_gc_threshold(5000) is None
+
+
+def test_config_refuses_a_bad_threshold():
+    with pytest.raises(InvariantError, match="gc_gen0_threshold"):
+        RolloutConfig(gc_gen0_threshold=0)
+
+
+@rollout
+async def _noop(task, config):
+    return {"gc_gen0": gc.get_threshold()[0]}
+
+
+async def test_engine_raises_while_running_and_restores_on_close(upstream):
+    gc.set_threshold(700, 10, 10)
+    config = RolloutConfig(progress=False, gc_gen0_threshold=12_345)
+    async with RolloutEngine(_noop, None, config, upstreams=[upstream.url]) as engine:
+        (episode,) = await engine.run([{"id": "t", "instruction": "x"}])
+        assert episode.artifacts["gc_gen0"] == 12_345
+    assert gc.get_threshold() == (700, 10, 10)
