@@ -2,7 +2,10 @@
 
 (a) Latency-bound: the upstream answers after 50 ms; C concurrent rollouts of 5 sequential calls
     can at best finish C / (5 x 50 ms) rollouts per second. Prints achieved / ideal (target >= 0.9),
-    and the same agent loop calling the upstream directly (no rLLM): the machine's own ceiling.
+    and the same agent loop calling the upstream directly from one process (no rLLM). 1,000
+    concurrent rollouts are 20,000 LLM calls/s: more than one core of agent code and HTTP, so
+    reaching the target needs ``--workers`` (engine worker processes, each with its own embedded
+    gateway) and ``--upstreams`` (mock processes) on a machine with the cores for them.
 (b) Overhead: a zero-latency upstream; the same agent loop run (1) through the rLLM engine and
     gateway and (2) calling the upstream directly with no rLLM in the path, in the same run.
     Prints engine / direct throughput (target >= 0.5).
@@ -13,18 +16,22 @@ so the client library's own cost does not hide the engine's. Usage:
 
     uv run --no-sync python benchmarks/engine_throughput.py [--concurrency 1000] [--rollouts N]
         [--overhead-concurrency 64] [--overhead-rollouts 2000] [--in-process]
+        [--workers N --upstreams K]   # (a) on a many-core machine, e.g. --workers 6 --upstreams 4
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import multiprocessing as mp
 import os
 import platform
 import time
 from pathlib import Path
 from typing import Any
+
+from rllm.sdk import rollout
 
 TURNS = 5
 
@@ -88,48 +95,71 @@ def _spawn(target: Any, *args: Any) -> tuple[mp.Process, str]:
     return proc, queue.get(timeout=60)
 
 
-def make_agent(http: Any) -> Any:
-    """The agent loop both paths run: 5 chat turns, each appending the reply and a new user turn."""
-    from rllm.sdk import rollout
+_HTTP: dict[int, Any] = {}  # one aiohttp session per event loop (and so per process)
 
-    @rollout
-    async def five_turns(task: Any, config: Any) -> None:
-        messages = [{"role": "user", "content": task.instruction}]
-        url = config.base_url + "/chat/completions"
-        headers = {"Authorization": f"Bearer {config.api_key}"}
-        for turn in range(TURNS):
-            body = {"model": config.model, "messages": messages, "max_tokens": 32}
-            async with http.post(url, json=body, headers=headers) as resp:
-                if resp.status != 200:
-                    raise RuntimeError(f"turn {turn}: HTTP {resp.status}: {await resp.text()}")
-                data = await resp.json()
-            messages.append({"role": "assistant", "content": data["choices"][0]["message"]["content"]})
-            messages.append({"role": "user", "content": f"continue ({turn + 1})"})
 
-    return five_turns
+def _http() -> Any:
+    import aiohttp
+
+    loop = asyncio.get_running_loop()
+    session = _HTTP.get(id(loop))
+    if session is None or session.closed:
+        session = _HTTP[id(loop)] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        if mp.parent_process() is not None:
+            # An engine worker process keeps this session until it exits; asyncio would report
+            # it as unclosed then, once per worker.
+            logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    return session
+
+
+async def _close_http() -> None:
+    session = _HTTP.pop(id(asyncio.get_running_loop()), None)
+    if session is not None:
+        await session.close()
+
+
+@rollout
+async def five_turns(task: Any, config: Any) -> None:
+    """The agent loop every path runs: 5 chat turns, each appending the reply and a new user turn.
+    Module-level, so worker processes can import it; one shared aiohttp session per process, so
+    the client library's own cost does not hide the engine's."""
+    http = _http()
+    messages = [{"role": "user", "content": task.instruction}]
+    url = config.base_url + "/chat/completions"
+    headers = {"Authorization": f"Bearer {config.api_key}"}
+    for turn in range(TURNS):
+        body = {"model": config.model, "messages": messages, "max_tokens": 32}
+        async with http.post(url, json=body, headers=headers) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"turn {turn}: HTTP {resp.status}: {await resp.text()}")
+            data = await resp.json()
+        messages.append({"role": "assistant", "content": data["choices"][0]["message"]["content"]})
+        messages.append({"role": "user", "content": f"continue ({turn + 1})"})
 
 
 async def run_engine(
-    gateway_url: str | None, upstream_url: str, concurrency: int, rollouts: int
+    gateway_url: str | None, upstream_urls: list[str], concurrency: int, rollouts: int, workers: int = 1
 ) -> dict[str, float]:
-    import aiohttp
-
     from rllm.engine.rollout_config import RolloutConfig
     from rllm.engine.rollout_engine import RolloutEngine
     from rllm.types import Task
 
     tasks = [Task(id=f"t{i}", instruction=f"task {i}: solve it") for i in range(rollouts)]
-    config = RolloutConfig(n=1, concurrency=concurrency, progress=False, max_retries=0, deadline_s=300)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-        if gateway_url is not None:
-            engine = RolloutEngine(make_agent(http), None, config, gateway_url=gateway_url)
-        else:
-            engine = RolloutEngine(make_agent(http), None, config, upstreams=[upstream_url])
+    config = RolloutConfig(
+        n=1, concurrency=concurrency, progress=False, max_retries=0, deadline_s=300, workers=workers
+    )
+    if gateway_url is not None:
+        engine = RolloutEngine(five_turns, None, config, gateway_url=gateway_url)
+    else:
+        engine = RolloutEngine(five_turns, None, config, upstreams=upstream_urls)
+    try:
         async with engine:
-            await engine.run(tasks[: min(50, rollouts)])  # warm-up: connections, imports
+            await engine.run(tasks[: min(50 * workers, rollouts)])  # warm-up: connections, imports
             t0 = time.perf_counter()
             episodes = await engine.run(tasks)
             elapsed = time.perf_counter() - t0
+    finally:
+        await _close_http()
     ok = [ep for ep in episodes if str(ep.termination_reason) == "done"]
     steps = sum(len(t.steps) for ep in ok for t in ep.trajectories)
     if len(ok) != rollouts or steps != rollouts * TURNS:
@@ -141,20 +171,17 @@ async def run_engine(
 
 
 async def run_direct(upstream_url: str, concurrency: int, rollouts: int) -> dict[str, float]:
-    import aiohttp
-
     from rllm.types import AgentConfig, Task
 
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-        agent = make_agent(http)
-        config = AgentConfig(base_url=upstream_url)
-        queue: asyncio.Queue[int] = asyncio.Queue()
+    config = AgentConfig(base_url=upstream_url)
+    queue: asyncio.Queue[int] = asyncio.Queue()
 
-        async def worker() -> None:
-            while not queue.empty():
-                i = queue.get_nowait()
-                await agent.run(Task(id=f"t{i}", instruction=f"task {i}: solve it"), config)
+    async def worker() -> None:
+        while not queue.empty():
+            i = queue.get_nowait()
+            await five_turns.run(Task(id=f"t{i}", instruction=f"task {i}: solve it"), config)
 
+    try:
         for i in range(min(50, rollouts)):  # warm-up
             queue.put_nowait(i)
         await asyncio.gather(*(worker() for _ in range(min(concurrency, 50))))
@@ -163,6 +190,8 @@ async def run_direct(upstream_url: str, concurrency: int, rollouts: int) -> dict
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(min(concurrency, rollouts))))
         elapsed = time.perf_counter() - t0
+    finally:
+        await _close_http()
     return {"rollouts_per_s": rollouts / elapsed, "elapsed_s": elapsed}
 
 
@@ -180,6 +209,13 @@ def main() -> None:
     parser.add_argument(
         "--in-process", action="store_true", help="start the gateway inside the engine's process"
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="(a) engine worker processes, each with its own embedded gateway (RolloutConfig.workers)",
+    )
+    parser.add_argument("--upstreams", type=int, default=1, help="(a) mock upstream processes")
     parser.add_argument("--skip-a", action="store_true")
     parser.add_argument("--skip-b", action="store_true")
     args = parser.parse_args()
@@ -187,31 +223,36 @@ def main() -> None:
     print(
         f"# engine_throughput  {time.strftime('%Y-%m-%d %H:%M:%S')}  {platform.platform()}  cpus={os.cpu_count()}"
     )
-    print(
-        f"# gateway: {'in the engine process' if args.in_process else 'own process'}; upstream: own process"
-    )
+    layout = "in the engine process" if args.in_process else "own process"
+    if args.workers > 1:
+        layout = f"one embedded in each of {args.workers} engine worker processes (a)"
+    print(f"# gateway: {layout}; upstream: own process ({args.upstreams} for (a))")
     procs: list[mp.Process] = []
     try:
         if not args.skip_a:
-            proc, upstream = _spawn(_serve_upstream, args.latency)
-            procs.append(proc)
+            upstreams = []
+            for _ in range(args.upstreams):
+                proc, url = _spawn(_serve_upstream, args.latency)
+                procs.append(proc)
+                upstreams.append(url)
+            upstream = upstreams[0]
             gateway = None
-            if not args.in_process:
+            if not args.in_process and args.workers == 1:
                 proc, gateway = _spawn(_serve_gateway, upstream)
                 procs.append(proc)
             n = args.rollouts or 2 * args.concurrency
-            result = asyncio.run(run_engine(gateway, upstream, args.concurrency, n))
+            result = asyncio.run(run_engine(gateway, upstreams, args.concurrency, n, args.workers))
             ideal = args.concurrency / (TURNS * args.latency)
             print(
                 f"(a) latency {args.latency * 1000:.0f} ms, concurrency {args.concurrency}, {n} rollouts: "
                 f"{result['rollouts_per_s']:.1f} rollouts/s vs ideal {ideal:.1f} -> ratio "
                 f"{result['rollouts_per_s'] / ideal:.3f} (target >= 0.9)"
             )
-            # The machine's own ceiling: the same agent loop on the same upstream with no rLLM in
-            # the path. Where it is far below the ideal, the CPU (not rLLM) bounds the ratio.
+            # One process's own ceiling: the same agent loop on one upstream with no rLLM in the
+            # path. Where it is far below the ideal, the CPU (not rLLM) bounds a one-process run.
             direct = asyncio.run(run_direct(upstream, args.concurrency, n))
             print(
-                f"    direct (no rLLM, same upstream and concurrency): {direct['rollouts_per_s']:.1f} "
+                f"    direct (no rLLM, one process, same concurrency): {direct['rollouts_per_s']:.1f} "
                 f"rollouts/s = {direct['rollouts_per_s'] / ideal:.3f} of ideal; engine / direct = "
                 f"{result['rollouts_per_s'] / direct['rollouts_per_s']:.3f}"
             )
@@ -229,7 +270,7 @@ def main() -> None:
             before = _cpu(pids)
             direct = asyncio.run(run_direct(upstream0, c, n))
             middle = _cpu(pids)
-            engine = asyncio.run(run_engine(gateway0, upstream0, c, n))
+            engine = asyncio.run(run_engine(gateway0, [upstream0], c, n))
             after = _cpu(pids)
             print(
                 f"(b) zero latency, concurrency {c}, {n} rollouts: direct {direct['rollouts_per_s']:.1f} rollouts/s, "

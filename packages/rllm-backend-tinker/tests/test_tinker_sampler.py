@@ -9,6 +9,7 @@ import urllib.request
 
 import openai
 import torch
+from tinker_helpers import teacher_forced_logprobs
 
 from rllm.backends.tinker import TinkerBackend
 
@@ -19,11 +20,7 @@ def _client(backend: TinkerBackend) -> openai.OpenAI:
 
 def _teacher_forced(backend: TinkerBackend, tokens: list[int], temperature: float = 1.0) -> torch.Tensor:
     """log p(tokens[i] | tokens[:i]) for i >= 1 under the sampler's model, by one full forward pass."""
-    model = backend.service.engine.model
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([tokens])).logits[0, :-1].float() / temperature
-        logp = torch.log_softmax(logits, dim=-1)
-    return logp.gather(-1, torch.tensor(tokens[1:])[:, None]).squeeze(-1)
+    return teacher_forced_logprobs(backend.service.engine.model, tokens, temperature)
 
 
 def _post(url: str, body: dict) -> tuple[int, dict]:

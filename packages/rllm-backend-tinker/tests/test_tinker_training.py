@@ -10,7 +10,14 @@ import numpy as np
 import openai
 import pytest
 import torch
-from tinker_helpers import prompt_ids, reply_logprob, reply_sequence, start_backend, started_backend
+from tinker_helpers import (
+    cpu_params,
+    prompt_ids,
+    reply_logprob,
+    reply_sequence,
+    start_backend,
+    started_backend,
+)
 
 from rllm.algos.config import AlgorithmConfig
 from rllm.backends.tinker import TinkerBackend
@@ -76,9 +83,10 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(tiny_model_path: Pa
             for micro in (0, 12):
                 model = copy.deepcopy(backend.service.trainer.model)
                 config = TinkerBackendConfig(model=str(tiny_model_path), micro_batch_tokens=micro)
-                trainer = LocalTrainer(model, config, torch.device("cpu"), 0)
+                # the copy lives where the backend's model does (CUDA on a GPU machine)
+                trainer = LocalTrainer(model, config, backend.service.device, 0)
                 trainer.forward_backward(batch, list(range(len(batch))), algo, None)
-                grads.append(torch.cat([p.grad.flatten() for p in trainer.params]))
+                grads.append(torch.cat([p.grad.flatten() for p in trainer.params]).cpu())
             assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4), aggregation
     finally:
         asyncio.run(backend.close())
@@ -208,9 +216,9 @@ async def test_checkpoint_round_trip(tiny_model_path: Path, tmp_path: Path) -> N
             await source.train_step(_contrast_batch(source), algo)
         await source.sync_weights()
         await source.save_checkpoint(tmp_path / "ckpt")
-        expected = {n: p.detach().clone() for n, p in source.service.trainer.model.named_parameters()}
+        expected = cpu_params(source.service.trainer.model)  # CPU copies: compared with a CPU reload below
         expected_next = await source.train_step(_contrast_batch(source), algo)
-        after_next = {n: p.detach().clone() for n, p in source.service.trainer.model.named_parameters()}
+        after_next = cpu_params(source.service.trainer.model)
     finally:
         await source.close()
     assert {"model.safetensors", "optimizer.pt", "config.json", "tokenizer.json"} <= {
@@ -219,15 +227,15 @@ async def test_checkpoint_round_trip(tiny_model_path: Path, tmp_path: Path) -> N
     restored = await start_backend(tiny_model_path, learning_rate=1e-2)
     try:
         await restored.load_checkpoint(tmp_path / "ckpt")
-        for name, param in restored.service.trainer.model.named_parameters():
+        for name, param in cpu_params(restored.service.trainer.model).items():
             assert torch.equal(param, expected[name]), name
         assert restored.service.engine.weight_version == 1
-        sampler_params = dict(restored.service.engine.model.named_parameters())
+        sampler_params = cpu_params(restored.service.engine.model)
         assert all(torch.equal(sampler_params[n], p) for n, p in expected.items())
         # the optimizer state came back too: the next step is the same step
         got_next = await restored.train_step(_contrast_batch(restored), algo)
         assert got_next["loss"] == pytest.approx(expected_next["loss"], abs=1e-6)
-        for name, param in restored.service.trainer.model.named_parameters():
+        for name, param in cpu_params(restored.service.trainer.model).items():
             assert torch.allclose(param, after_next[name], atol=1e-6), name
         assert await restored.sync_weights() == 2
     finally:
@@ -247,7 +255,7 @@ async def test_lora_checkpoint_round_trip_and_kind_mismatch(tiny_model_path: Pat
     try:
         await source.train_step(_contrast_batch(source), AlgorithmConfig())
         await source.save_checkpoint(tmp_path / "lora")
-        expected = {n: p.detach().clone() for n, p in source.service.trainer.model.named_parameters()}
+        expected = cpu_params(source.service.trainer.model)
     finally:
         await source.close()
     assert {"adapter_model.safetensors", "adapter_config.json", "optimizer.pt"} <= {
@@ -256,7 +264,7 @@ async def test_lora_checkpoint_round_trip_and_kind_mismatch(tiny_model_path: Pat
     restored = await start_backend(tiny_model_path, lora=lora)
     try:
         await restored.load_checkpoint(tmp_path / "lora")
-        for name, param in restored.service.trainer.model.named_parameters():
+        for name, param in cpu_params(restored.service.trainer.model).items():
             assert torch.equal(param, expected[name]), name
     finally:
         await restored.close()

@@ -21,9 +21,22 @@ def started_backend(model: Path, **options: object) -> TinkerBackend:
 
 
 async def start_backend(model: Path, **options: object) -> TinkerBackend:
-    backend = TinkerBackend({"model": str(model), "torch_threads": 2, **options})
+    """Device stays "auto" (CUDA when the machine has one, so the tests run where users train),
+    but dtype defaults to float32: the exact-match tolerances below hold only in full precision.
+    The default precision (bf16 on CUDA) has its own test, test_tinker_cuda_bf16.py."""
+    backend = TinkerBackend({"model": str(model), "torch_threads": 2, "dtype": "float32", **options})
     await backend.start()
     return backend
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where the model's weights live: inputs must be built there (CPU or CUDA)."""
+    return next(model.parameters()).device
+
+
+def cpu_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Detached CPU copies of every parameter (comparable with any other model, on any device)."""
+    return {name: param.detach().cpu().clone() for name, param in model.named_parameters()}
 
 
 def prompt_ids(backend: TinkerBackend, word: str) -> list[int]:
@@ -53,11 +66,22 @@ def policy_logprobs(
     backend: TinkerBackend, tokens: list[int], model: torch.nn.Module | None = None
 ) -> list[float]:
     """Teacher-forced log p(tokens[i] | tokens[:i]) for i >= 1 under the trainer's model."""
-    model = model if model is not None else backend.service.trainer.model
+    return teacher_forced_logprobs(
+        model if model is not None else backend.service.trainer.model, tokens
+    ).tolist()
+
+
+def teacher_forced_logprobs(
+    model: torch.nn.Module, tokens: list[int], temperature: float = 1.0
+) -> torch.Tensor:
+    """log p(tokens[i] | tokens[:i]) for i >= 1 by one full forward pass, as float32 on the CPU
+    (computed on the model's device, so it works for CPU and CUDA models alike)."""
+    device = model_device(model)
     with torch.no_grad():
-        logits = model(input_ids=torch.tensor([tokens])).logits[0, :-1].float()
-        logp = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(tokens[1:])[:, None]).squeeze(-1)
-    return logp.tolist()
+        logits = model(input_ids=torch.tensor([tokens], device=device)).logits[0, :-1].float() / temperature
+        targets = torch.tensor(tokens[1:], device=device)[:, None]
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, targets).squeeze(-1)
+    return logp.cpu()
 
 
 def reply_logprob(

@@ -18,7 +18,9 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     would only waste compute. Retry ``k`` waits ``retry_backoff_s * 2**(k-1)``: long enough for
     the gateway's health check to bring a recovered upstream back. ``flow_threads`` sizes the thread pool for *sync* flows
     (default: ``concurrency``). ``val_sampling`` replaces ``sampling`` for validation runs.
-    ``gc_gen0_threshold`` raises CPython's young-generation GC threshold while the engine runs
+    ``workers`` > 1 runs the flows in that many processes, each with its own embedded gateway
+    (or attached to the same one), for more agent traffic than one core carries; flows must then
+    be importable (see :mod:`rllm.engine.workers`). ``gc_gen0_threshold`` raises CPython's young-generation GC threshold while the engine runs
     (see :mod:`rllm.engine.gc_tuning`); None leaves the collector alone.
     """
 
@@ -36,6 +38,7 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     keep_sessions: bool = False
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
     gc_gen0_threshold: int | None = 20_000
+    workers: int = 1
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -54,6 +57,8 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise InvariantError(
                 f"eval_timeout_s must be > 0 or None, got {self.eval_timeout_s}", "eval_timeout_s"
             )
+        if self.workers < 1:
+            raise InvariantError(f"workers must be >= 1, got {self.workers}", "workers")
         if self.gc_gen0_threshold is not None and self.gc_gen0_threshold < 1:
             raise InvariantError(
                 f"gc_gen0_threshold must be >= 1 or None, got {self.gc_gen0_threshold}", "gc_gen0_threshold"

@@ -17,12 +17,15 @@ from collections.abc import AsyncIterator, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import msgspec
+
 from rllm.engine.episode_builder import build_episode, failed_episode
 from rllm.engine.failures import FAILED, RETRYABLE, classify_exception
 from rllm.engine.flow_runner import DeadlineExceeded, call_with_deadline
 from rllm.engine.gc_tuning import raise_gc_threshold, restore_gc_threshold
 from rllm.engine.progress import RolloutProgress
 from rllm.engine.rollout_config import RolloutConfig
+from rllm.engine.workers import GatewayGroup, WorkerDied, WorkerPool
 from rllm.sdk.evaluator import EvaluatorFn, as_evaluator, to_eval_output
 from rllm.sdk.flow import RolloutFlow, as_flow
 from rllm.types import (
@@ -79,6 +82,7 @@ class RolloutEngine:
             raise ValueError(
                 "give either gateway_url (attach) or upstreams/gateway_config (own gateway), not both"
             )
+        self._flow_arg, self._evaluator_arg = flow, evaluator  # what worker processes rebuild from
         self.flow: RolloutFlow = as_flow(flow)
         self.evaluator: EvaluatorFn | None = None if evaluator is None else as_evaluator(evaluator)
         self.config = config or RolloutConfig()
@@ -92,6 +96,7 @@ class RolloutEngine:
         self._deletions: set[asyncio.Task[None]] = set()
         self._finish_route = True  # False once an attached (older) gateway lacked it
         self._gc_restore: tuple[int, int, int] | None = None
+        self._pool: WorkerPool | None = None
         self.last_stats: dict[str, float] = {}
 
     # ------------------------------------------------------------------ lifecycle
@@ -114,6 +119,8 @@ class RolloutEngine:
 
         if self._client is not None:
             return self
+        if self.config.workers > 1:
+            return await self._start_workers()
         if self._gateway_url is None:
             from rllm.gateway import GatewayConfig, GatewayServer
 
@@ -141,7 +148,33 @@ class RolloutEngine:
         self._gc_restore = raise_gc_threshold(self.config.gc_gen0_threshold)
         return self
 
+    async def _start_workers(self) -> RolloutEngine:
+        from rllm.gateway import GatewayClient
+
+        kwargs = {
+            "flow": self._flow_arg,
+            "evaluator": self._evaluator_arg,
+            "config": msgspec.structs.replace(self.config, workers=1, progress=False),
+            "gateway_url": self._gateway_url,
+            "admin_key": self._admin_key,
+            "upstreams": self._upstreams or None,
+            "gateway_config": self._gateway_config,
+        }
+        self._pool = await WorkerPool(self.config.workers, kwargs).start()
+        if self._gateway_url is not None:  # attached: every worker uses the same gateway
+            self._client = GatewayClient(self._gateway_url, admin_key=self._admin_key)
+        else:
+            admin_key = self._admin_key or getattr(self._gateway_config, "admin_key", None)
+            self._client = GatewayGroup(self._pool.gateway_urls, admin_key)
+            self._gateway_url = self._pool.gateway_urls[0]
+        return self
+
     async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+            if self._gateway_config is not None or self._upstreams:
+                self._gateway_url = None
         restore_gc_threshold(self._gc_restore)
         self._gc_restore = None
         await self._drain_deletions()
@@ -233,6 +266,8 @@ class RolloutEngine:
     # ------------------------------------------------------------------ one rollout
     async def run_one(self, task: Task, rollout_index: int = 0, is_validation: bool = False) -> Episode:
         """One rollout with retries and scoring. Never raises (except on cancellation)."""
+        if self._pool is not None:
+            return await self._run_on_worker(task, rollout_index, is_validation)
         started = time.monotonic()
         retried: list[dict[str, Any]] = []
         attempt = 0
@@ -253,6 +288,19 @@ class RolloutEngine:
             episode.metadata["retried"] = retried
         await self._score(task, episode)
         episode.metrics["rollout_s"] = time.monotonic() - started
+        return episode
+
+    async def _run_on_worker(self, task: Task, rollout_index: int, is_validation: bool) -> Episode:
+        assert self._pool is not None
+        for _ in range(self.config.max_retries + 1):
+            try:
+                return await self._pool.run_one(task, rollout_index, is_validation)
+            except WorkerDied as exc:
+                died = exc
+        episode = failed_episode(
+            task.id, rollout_index, TerminationReason.INFRA_ERROR, ErrorInfo.from_exception(died)
+        )
+        self._apply(episode, EvalOutput(reward=0.0, is_correct=False))
         return episode
 
     async def _attempt(self, task: Task, rollout_index: int, is_validation: bool, attempt: int) -> Episode:

@@ -12,7 +12,7 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
-from rllm.sdk.flow import _check_arity, is_async_callable
+from rllm.sdk.flow import _check_arity, is_async_callable, reduce_by_name
 from rllm.types import Episode, EvalOutput, Task
 
 EvalResult: TypeAlias = EvalOutput | float | bool | tuple[float, bool]
@@ -40,6 +40,9 @@ class EvaluatorFn:
 
     def evaluate(self, task: Task, episode: Episode) -> EvalResult | Awaitable[EvalResult]:
         return self.fn(task, episode)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return reduce_by_name(self)
 
     def __call__(self, task: Task, episode: Episode) -> EvalResult | Awaitable[EvalResult]:
         return self.fn(task, episode)

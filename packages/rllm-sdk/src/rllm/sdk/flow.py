@@ -16,7 +16,9 @@ The same flow object runs unchanged for evaluation and training.
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
+import pickle
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeAlias, overload, runtime_checkable
 
@@ -55,6 +57,9 @@ class RolloutFlow:
     def __repr__(self) -> str:
         kind = "async " if self.is_async else ""
         return f"<{kind}rollout flow {self.name!r}>"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return reduce_by_name(self)
 
 
 @overload
@@ -96,6 +101,23 @@ def as_flow(obj: Any) -> RolloutFlow:
     raise TypeError(
         f"expected a flow: a @rollout function, a function (task, config) or an object with run(task, config); got {obj!r}"
     )
+
+
+def reduce_by_name(wrapper: Any) -> tuple[Any, ...]:
+    """Pickle a decorated function's wrapper by reference (module + qualified name), as pickle
+    does for plain functions: the wrapped function itself cannot be pickled by reference, since
+    its module attribute is the wrapper. Lets worker processes receive module-level flows."""
+    module, qualname = getattr(wrapper, "__module__", None), getattr(wrapper, "__qualname__", "")
+    if not module or "<locals>" in qualname or "<lambda>" in qualname:
+        raise pickle.PicklingError(f"{wrapper!r} is not defined at module level, so it cannot be pickled")
+    return (_import_by_name, (module, qualname))
+
+
+def _import_by_name(module: str, qualname: str) -> Any:
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 def is_async_callable(fn: Any) -> bool:

@@ -1,0 +1,144 @@
+"""The local backend at its default precision on a GPU: CUDA + bf16 (skipped without CUDA).
+
+The other tests pin float32 so their exact tolerances hold on any device; these check what users
+get by default on a GPU, with bounds that bf16's 8-bit mantissa allows.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import openai
+import pytest
+import torch
+from tinker_helpers import reply_logprob, reply_sequence, start_backend, teacher_forced_logprobs
+
+from rllm.algos.config import AlgorithmConfig
+from rllm.backends.tinker import TinkerBackend
+from rllm.engine.backend import TrainSequence
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+# bf16 logits carry ~3 significant digits; sampler (KV-cached, batched) and teacher-forced passes
+# round differently, so their logprobs agree to a few hundredths, not to 1e-4 as in float32.
+BF16_MEAN_ABS_LOGPROB_GAP = 0.1
+
+
+def _contrast_batch(backend: TinkerBackend) -> list[TrainSequence]:
+    return [
+        reply_sequence(backend, "apple", "apple", 1.0),
+        reply_sequence(backend, "apple", "banana", -1.0),
+        reply_sequence(backend, "plum", "plum", 1.0),
+        reply_sequence(backend, "plum", "cherry", -1.0),
+    ]
+
+
+def _assert_on_cuda(model: torch.nn.Module, dtype: torch.dtype | None) -> None:
+    for name, param in model.named_parameters():
+        assert param.device.type == "cuda", (name, param.device)
+        assert dtype is None or param.dtype == dtype, (name, param.dtype)
+
+
+async def _sampler_gap(backend: TinkerBackend, client: openai.AsyncOpenAI) -> float:
+    """Mean |sampler logprob - teacher-forced logprob| over the tokens of 4 sampled replies."""
+    body = (
+        await client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "say: apple"}],
+            max_tokens=6,
+            n=4,
+            seed=1,
+            logprobs=True,
+            extra_body={"return_token_ids": True, "ignore_eos": True},
+        )
+    ).model_dump()
+    prompt, gaps = body["prompt_token_ids"], []
+    for choice in body["choices"]:
+        ids = choice["token_ids"]
+        sampled = torch.tensor([c["logprob"] for c in choice["logprobs"]["content"]])
+        forced = teacher_forced_logprobs(backend.service.engine.model, prompt + ids)[len(prompt) - 1 :]
+        assert sampled.shape == forced.shape and torch.isfinite(sampled).all()
+        gaps.append((sampled - forced).abs())
+    return float(torch.cat(gaps).mean())
+
+
+async def _say_rate(backend: TinkerBackend, client: openai.AsyncOpenAI, word: str) -> float:
+    """The reward of the trivial task: share of 16 sampled first tokens that are ``word``."""
+    target = backend.service.tokenizer.convert_tokens_to_ids(word)
+    body = (
+        await client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": f"say: {word}"}],
+            max_tokens=1,
+            n=16,
+            seed=2,
+            temperature=1.0,
+            extra_body={"return_token_ids": True},
+        )
+    ).model_dump()
+    return sum(c["token_ids"][0] == target for c in body["choices"]) / 16
+
+
+async def test_default_precision_is_bf16_on_cuda_and_it_trains(tiny_model_path: Path) -> None:
+    backend = await start_backend(tiny_model_path, dtype="auto", learning_rate=1e-2)
+    client = openai.AsyncOpenAI(base_url=backend.inference_urls()[0], api_key="x", max_retries=0)
+    try:
+        service = backend.service
+        assert service.device.type == "cuda" and service.dtype == torch.bfloat16
+        _assert_on_cuda(service.trainer.model, torch.bfloat16)
+        _assert_on_cuda(service.engine.model, torch.bfloat16)
+
+        assert await _sampler_gap(backend, client) < BF16_MEAN_ABS_LOGPROB_GAP
+        before = await _say_rate(backend, client, "apple")
+
+        # policy gradient on a contrast batch moves the two replies apart
+        good, bad = reply_logprob(backend, "apple", "apple"), reply_logprob(backend, "apple", "banana")
+        for _ in range(5):
+            metrics = await backend.train_step(_contrast_batch(backend), AlgorithmConfig(loss="ppo_clip"))
+            assert all(math.isfinite(v) for v in metrics.values()), metrics
+            assert metrics["sampler_logprob_abs_diff"] < BF16_MEAN_ABS_LOGPROB_GAP, metrics
+        assert reply_logprob(backend, "apple", "apple") > good + 1.0
+        assert reply_logprob(backend, "apple", "banana") < bad - 1.0
+
+        # supervised steps: the loss is finite and falls
+        batch = [reply_sequence(backend, w, w, 0.0) for w in ("apple", "mango", "peach")]
+        losses = [
+            (await backend.train_step(batch, AlgorithmConfig(loss="cross_entropy")))["loss"] for _ in range(6)
+        ]
+        assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0] * 0.5, losses
+
+        # after a sync the sampler serves the trained policy: the reward went up
+        assert await backend.sync_weights() == 1
+        _assert_on_cuda(service.trainer.model, torch.bfloat16)  # optimizer steps kept the dtype
+        _assert_on_cuda(service.engine.model, torch.bfloat16)
+        after = await _say_rate(backend, client, "apple")
+        assert after >= 0.75 and after > before, (before, after)
+        assert await _sampler_gap(backend, client) < BF16_MEAN_ABS_LOGPROB_GAP
+    finally:
+        await client.close()
+        await backend.close()
+
+
+async def test_lora_on_a_bf16_base_trains_and_syncs(tiny_model_path: Path) -> None:
+    backend = await start_backend(
+        tiny_model_path, dtype="auto", learning_rate=5e-2, lora={"rank": 4, "alpha": 8}
+    )
+    try:
+        trainer = backend.service.trainer
+        frozen = [p for p in trainer.model.parameters() if not p.requires_grad]
+        assert frozen and all(p.device.type == "cuda" and p.dtype == torch.bfloat16 for p in frozen)
+        _assert_on_cuda(trainer.model, None)  # adapters may be kept in float32 by peft: any dtype
+        good = reply_logprob(backend, "apple", "apple")
+        algo = AlgorithmConfig(loss="ppo_clip", kl_coef=0.1)
+        first = await backend.train_step(_contrast_batch(backend), algo)
+        for _ in range(2):
+            last = await backend.train_step(_contrast_batch(backend), algo)
+        assert abs(first["kl"]) < 1e-3 and last["kl"] > 0.0  # adapters start at zero: policy == base
+        assert all(math.isfinite(v) for v in last.values()), last
+        assert reply_logprob(backend, "apple", "apple") > good + 0.5
+        await backend.sync_weights()
+        sampled = reply_logprob(backend, "apple", "apple", backend.service.engine.model)
+        assert sampled == pytest.approx(reply_logprob(backend, "apple", "apple"), abs=1e-2)
+    finally:
+        await backend.close()

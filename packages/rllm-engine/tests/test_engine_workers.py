@@ -1,0 +1,114 @@
+"""Rollouts across worker processes (RolloutConfig.workers > 1): real spawned processes, each
+with its own embedded gateway, in front of a real loopback upstream; flows use the openai client."""
+
+from __future__ import annotations
+
+import importlib
+import textwrap
+
+import pytest
+
+from rllm.engine.rollout_config import RolloutConfig
+from rllm.engine.rollout_engine import RolloutEngine
+from rllm.gateway import GatewayServer
+from rllm.sdk import rollout
+from rllm.types import TerminationReason
+
+# Worker processes are spawned, so their flow must be importable: it lives in a module written
+# to a temporary directory on sys.path (inherited by the workers).
+FLOWS = """
+import os
+from pathlib import Path
+
+import openai
+
+from rllm.sdk import rollout
+
+
+@rollout
+async def two_turns(task, config):
+    marker = config.metadata.get("die_once")
+    if marker and task.id == "t0" and not Path(marker).exists():
+        Path(marker).write_text("died")
+        os._exit(3)  # the worker process dies mid-rollout
+    client = openai.AsyncOpenAI(base_url=config.base_url, api_key=config.api_key, max_retries=0)
+    messages = [{"role": "user", "content": f"{task.instruction} #{task.id}"}]
+    for turn in range(2):
+        reply = await client.chat.completions.create(model=config.model, messages=messages)
+        messages += [reply.choices[0].message.model_dump(exclude_none=True),
+                     {"role": "user", "content": f"go on {turn} #{task.id}"}]
+    await client.close()
+    return {"pid": os.getpid()}
+"""
+
+
+@pytest.fixture
+def flows(tmp_path, monkeypatch):
+    (tmp_path / "rllm_worker_flows.py").write_text(textwrap.dedent(FLOWS))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return importlib.import_module("rllm_worker_flows")
+
+
+def _tasks(n: int) -> list[dict[str, str]]:
+    return [{"id": f"t{i}", "instruction": "what is 2 + 2?"} for i in range(n)]
+
+
+async def test_rollouts_spread_over_worker_processes_with_their_own_gateways(flows, upstream):
+    config = RolloutConfig(n=2, concurrency=16, workers=2, progress=False)
+    async with RolloutEngine(flows.two_turns, None, config, upstreams=[upstream.url]) as engine:
+        await engine.client.set_weight_version(7)  # reaches every worker's gateway
+        assert await engine.client.get_weight_version() == 7
+        episodes = await engine.run(_tasks(20))
+    assert len(episodes) == 40
+    assert [(ep.task_id, ep.rollout_index) for ep in episodes] == [
+        (f"t{i}", r) for i in range(20) for r in range(2)
+    ]
+    pids = set()
+    for ep in episodes:
+        assert ep.termination_reason == TerminationReason.DONE, ep.error
+        (traj,) = ep.trajectories
+        assert len(traj.steps) == 2
+        for step in traj.steps:
+            assert step.weight_version == 7
+            assert len(step.response_ids) == len(step.logprobs) > 0
+        assert traj.steps[1].input[-1].content == f"go on 0 #{ep.task_id}"  # no cross-talk
+        pids.add(ep.artifacts["pid"])
+    assert len(pids) == 2  # both processes served rollouts
+
+
+async def test_a_dead_worker_fails_over_and_the_batch_completes(flows, upstream, tmp_path):
+    marker = tmp_path / "died"
+    config = RolloutConfig(n=1, concurrency=8, workers=2, progress=False, metadata={"die_once": str(marker)})
+    async with RolloutEngine(flows.two_turns, None, config, upstreams=[upstream.url]) as engine:
+        episodes = await engine.run(_tasks(12))
+        assert sum(w.alive for w in engine._pool.workers) == 1
+    assert marker.exists()
+    assert all(ep.termination_reason == TerminationReason.DONE for ep in episodes), [
+        ep.error for ep in episodes if ep.error
+    ]
+
+
+async def test_workers_attached_to_one_gateway(flows, gateway: GatewayServer):
+    config = RolloutConfig(n=1, concurrency=8, workers=2, progress=False)
+    async with RolloutEngine(flows.two_turns, None, config, gateway_url=gateway.url) as engine:
+        episodes = await engine.run(_tasks(6))
+    assert all(ep.termination_reason == TerminationReason.DONE for ep in episodes)
+    assert gateway.sessions == {} and gateway.store.trace_count() == 0  # every session finished
+
+
+async def test_a_flow_that_cannot_be_imported_is_refused(upstream):
+    @rollout
+    async def local_flow(task, config):
+        return None
+
+    config = RolloutConfig(workers=2, progress=False)
+    with pytest.raises(ValueError, match="importable flow"):
+        async with RolloutEngine(local_flow, None, config, upstreams=[upstream.url]):
+            pass
+
+
+def test_config_refuses_zero_workers():
+    from rllm.types import InvariantError
+
+    with pytest.raises(InvariantError, match="workers"):
+        RolloutConfig(workers=0)
