@@ -6,11 +6,13 @@
 #   here:   bash scripts/device_check.sh --prepare   # (re)build .whl/: our wheels + cp312 deps from uv.lock
 #   there:  bash scripts/device_check.sh             # device `run` with carry [".whl"]
 #
-# Only the wheels travel: the image's torch/transformers/peft/numpy are the ones used. Logs and
-# summary.txt go to $OUT (at most 8 files come back). Env knobs: DEVCHK_BUDGET (seconds for the
-# whole script, default 420), DEVCHK_PARTS (default a,b,c,d: tinker tests, e2e tests, train say,
-# throughput), DEVCHK_SAY_S (time limit of the `rllm train say` run, default 150), DEVCHK_WORK
-# (scratch folder, default /tmp).
+# Nothing is fetched there: .whl carries our packages' dist-info (entry points) and the dependencies
+# the image lacks; the image's torch/transformers/peft/numpy are the ones used, and the tree's own
+# source replaces our wheels' code. Logs and summary.txt go to $OUT (at most 8 files come back).
+# Env knobs: DEVCHK_BUDGET (seconds for the whole script, default 420); DEVCHK_PARTS (default
+# a,b,e,c,d: a tinker tests, b e2e tests, e engine benchmark, c train say, d throughput; run in
+# the order a b e d c);
+# DEVCHK_SAY_S (time limit of the `rllm train say` run, default 150); DEVCHK_WORK (scratch, /tmp).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -48,7 +50,7 @@ WORK=${DEVCHK_WORK:-/tmp}  # /tmp/site gets the wheels, /tmp/runs the training r
 SITE=$WORK/site
 mkdir -p "$WORK"
 BUDGET=${DEVCHK_BUDGET:-420}
-PARTS=${DEVCHK_PARTS:-a,b,c,d}
+PARTS=${DEVCHK_PARTS:-a,b,e,c,d}
 DEADLINE=$((SECONDS + BUDGET))
 TAG="devchk-$$"
 ENVLOG="$OUT/env.log"
@@ -64,6 +66,16 @@ note() { echo "$*" | tee -a "$SUMMARY"; }
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
 } >"$ENVLOG" 2>&1 || { cat "$ENVLOG"; note "install: FAIL (see env.log)"; exit 1; }
 export PYTHONPATH=$SITE PATH=$SITE/bin:$PATH
+# Our wheels bring the dist-info (entry points, console scripts); the code that travelled with the
+# tree replaces theirs, so a wheel built before the latest edit cannot hide it (rebuild the wheels
+# with --prepare when a pyproject.toml changes).
+stale=0
+for src in packages/*/src cookbooks/*/src; do
+    n=$(diff -rq -x __pycache__ "$src" "$SITE" 2>/dev/null | grep -c -e '^Files ' -e "^Only in $src")
+    stale=$((stale + n))
+    cp -r "$src"/. "$SITE"/
+done
+note "source overlay: $stale file(s) of the tree differed from the carried wheels"
 
 # Every Requires-Dist of what we installed must be met by /tmp/site or the image; a too-old image
 # package is replaced from .whl/fallback. Prints the fallback wheels still needed (--need) or a report.
@@ -95,7 +107,7 @@ for path in sorted(wheels):
         if req.marker and "extra" in str(req.marker) or req.marker and not req.marker.evaluate():
             continue
         wanted = [(req.name, req.specifier)]
-        for extra in req.extras:  # e.g. httpx[http2] -> h2
+        for extra in req.extras if version(req.name) else ():  # e.g. httpx[http2] -> h2
             for sub in metadata.requires(req.name) or []:
                 sreq = Requirement(sub)
                 if sreq.marker and sreq.marker.evaluate({"extra": extra}) and "extra" in str(sreq.marker):
@@ -111,7 +123,7 @@ if sys.argv[1] == "--need":
 else:
     print("\n".join(sorted(set(lines))))
     print("dependency problems:", len(problems) + len(need))
-    print("\n".join(problems + [f"unmet even after fallback: {p}" for p in sorted(need)]))
+    print("\n".join(sorted(set(problems)) + [f"unmet even after fallback: {p}" for p in sorted(need)]))
 PY
 for _ in 1 2 3; do
     need=$(python3 "$WORK/devchk_deps.py" --need "$SITE" 2>>"$ENVLOG") || break
@@ -148,7 +160,7 @@ PY
     python3 -c "import rllm.backends.tinker, rllm.cli.main, rllm.gateway.server, rllm_cookbook_say, tinker, openai, zstandard; print('imports ok')"
     echo "cookbooks: $(rllm cookbooks | tr '\n' ' ')  backends: $(rllm backends | tr '\n' ' ')"
 } >>"$ENVLOG" 2>&1
-cat "$ENVLOG"
+sed -n '/^== nvidia-smi/,$p' "$ENVLOG"  # the dependency lines above it stay in env.log
 note "cuda: $(python3 -c 'import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "NOT AVAILABLE", "| torch", torch.__version__, "| bf16", torch.cuda.is_available() and torch.cuda.is_bf16_supported())' 2>&1 | tail -1)"
 
 # ---- parts ---------------------------------------------------------------------------------
@@ -176,7 +188,7 @@ part() {
     note "$label: $verdict in $((SECONDS - t0))s $(grep -E '(passed|failed|error)' "$log" | tail -1)"
 }
 want() { [[ ",$PARTS," == *",$1,"* ]]; }
-PYTEST=(python3 -m pytest -q -p no:cacheprovider)
+PYTEST=(python3 -m pytest -q --tb=short -p no:cacheprovider)
 
 curve() {  # reward curve of a run directory: every row of metrics.jsonl that trains, plus validation
     python3 - "$1" <<'PY'
@@ -186,15 +198,18 @@ train = [r for r in rows if "reward/mean" in r]
 print(f"{'step':>5} {'reward':>7} {'val':>6} {'rollout_s':>9} {'train_s':>7}")
 for r in rows:
     val = r.get("val/reward/mean")
-    print(f"{r.get('step', 0):>5} {r.get('reward/mean', float('nan')):7.3f} "
+    if "reward/mean" not in r and val is None:
+        continue
+    rew = r.get("reward/mean")
+    print(f"{r.get('step', 0):>5} {'' if rew is None else f'{rew:7.3f}':>7} "
           f"{'' if val is None else f'{val:6.3f}':>6} {r.get('time/rollout_s', 0):9.2f} {r.get('time/train_s', 0):7.2f}")
 if train:
     secs = [r.get("time/rollout_s", 0) + r.get("time/train_s", 0) for r in train]
     warm = secs[1:] or secs
     print(f"steps {len(train)}; reward first {train[0]['reward/mean']:.3f} -> last-10 mean "
           f"{sum(r['reward/mean'] for r in train[-10:]) / len(train[-10:]):.3f}; "
-          f"{len(warm) / sum(warm):.2f} steps/s after the first step "
-          f"({sum(warm) / len(warm):.2f} s/step; {sum(r.get('episodes', 0) for r in train[1:]) / sum(warm):.0f} episodes/s)")
+          f"{len(warm) / max(sum(warm), 1e-9):.2f} steps/s after the first step "
+          f"({sum(warm) / len(warm):.2f} s/step; {sum(r.get('episodes', 0) for r in train[1:]) / max(sum(warm), 1e-9):.0f} episodes/s)")
 PY
 }
 gpu_peak() {  # peak GPU memory and mean utilisation between two line numbers of gpu_monitor.csv
@@ -202,6 +217,7 @@ gpu_peak() {  # peak GPU memory and mean utilisation between two line numbers of
         END {if (n) printf "GPU memory peak %d MiB, mean utilisation %.0f%% over %d samples\n", m, u/n, n}'
 }
 
+# Order: tests first, then the short throughput run, then the main job with whatever time is left.
 if want a; then
     part "a tinker backend tests (GPU)" 150 "$OUT/a_tinker.log" "${PYTEST[@]}" packages/rllm-backend-tinker/tests
     if [ "$RC" -ne 0 ]; then  # same tests with CUDA hidden: GPU-only failures vs. image/version failures
@@ -209,33 +225,51 @@ if want a; then
             env CUDA_VISIBLE_DEVICES= "${PYTEST[@]}" packages/rllm-backend-tinker/tests
     fi
 fi
-if want c; then
-    rm -rf $WORK/runs/say
-    part "c rllm train say (main job)" "${DEVCHK_SAY_S:-150}" "$OUT/c_train_say.log" rllm train say --out $WORK/runs/say
-    if [ -s $WORK/runs/say/metrics.jsonl ]; then
-        { echo "== reward curve"; curve $WORK/runs/say; } 2>&1 | tee -a "$OUT/c_train_say.log" | tail -1 | sed 's/^/  /' | tee -a "$SUMMARY"
-        rllm view $WORK/runs/say >>"$OUT/c_train_say.log" 2>&1
-        cp $WORK/runs/say/reward.png "$OUT/" 2>/dev/null
-    fi
+if want b; then
+    part "b end-to-end training tests" 200 "$OUT/b_e2e.log" "${PYTEST[@]}" tests/test_train_e2e.py
 fi
+if want e; then  # issue 5's engine benchmark on 16 cores: (a) with worker processes, then (b)
+    part "e engine throughput (a): 1000 concurrent, 50 ms upstream, 8 workers, 4 upstreams" 90 \
+        "$OUT/d_throughput.log" python3 benchmarks/engine_throughput.py --skip-b --workers 8 --upstreams 4 --rollouts 6000
+    grep -E '^\(a\)|direct \(no rLLM' "$OUT/d_throughput.log" | tail -2 | sed 's/^/  /' | tee -a "$SUMMARY"
+    part "e2 engine throughput (a): 12 workers" 60 "$OUT/d_throughput.log" \
+        python3 benchmarks/engine_throughput.py --skip-b --workers 12 --upstreams 3 --rollouts 6000
+    grep -E '^\(a\)' "$OUT/d_throughput.log" | tail -1 | sed 's/^/  /' | tee -a "$SUMMARY"
+    part "e3 engine throughput (b): zero latency, engine+gateway vs direct" 60 "$OUT/d_throughput.log" \
+        python3 benchmarks/engine_throughput.py --skip-a --overhead-rollouts 4000
+    grep -E '^\(b\)' "$OUT/d_throughput.log" | tail -1 | sed 's/^/  /' | tee -a "$SUMMARY"
+fi
+FAST=(val_every=0 ckpt_every=0 tensorboard=false plot=false)
 if want d; then
-    rm -rf $WORK/runs/tp
+    rm -rf "$WORK/runs/tp"
     from=$(wc -l <"$OUT/gpu_monitor.csv")
     part "d throughput: 20 say steps, no validation/checkpoints" 60 "$OUT/d_throughput.log" \
-        rllm train say --out $WORK/runs/tp total_steps=20 val_every=0 ckpt_every=0 tensorboard=false plot=false
+        rllm train say --out "$WORK/runs/tp" total_steps=20 "${FAST[@]}"
     to=$(wc -l <"$OUT/gpu_monitor.csv")
-    if [ -s $WORK/runs/tp/metrics.jsonl ]; then
-        { curve $WORK/runs/tp | tail -1; gpu_peak "$from" "$to"; } | tee -a "$OUT/d_throughput.log" | sed 's/^/  /' | tee -a "$SUMMARY"
+    if [ -s "$WORK/runs/tp/metrics.jsonl" ]; then
+        { curve "$WORK/runs/tp" | tail -1; gpu_peak "$from" "$to"; } | tee -a "$OUT/d_throughput.log" | sed 's/^/  /' | tee -a "$SUMMARY"
     fi
 fi
-if want b; then
-    part "b end-to-end training tests" 240 "$OUT/b_e2e.log" "${PYTEST[@]}" tests/test_train_e2e.py
+if want c; then
+    rm -rf "$WORK/runs/say"
+    from=$(wc -l <"$OUT/gpu_monitor.csv")
+    part "c rllm train say (main job, README defaults)" "${DEVCHK_SAY_S:-150}" "$OUT/c_train_say.log" \
+        rllm train say --out "$WORK/runs/say"
+    to=$(wc -l <"$OUT/gpu_monitor.csv")
+    if [ -s "$WORK/runs/say/metrics.jsonl" ]; then
+        { echo "== reward curve"; curve "$WORK/runs/say"; } 2>&1 | tee -a "$OUT/c_train_say.log" | tail -1 | sed 's/^/  /' | tee -a "$SUMMARY"
+        gpu_peak "$from" "$to" | tee -a "$OUT/c_train_say.log" | sed 's/^/  /' | tee -a "$SUMMARY"
+        rllm view "$WORK/runs/say" >>"$OUT/c_train_say.log" 2>&1
+        cp "$WORK/runs/say/reward.png" "$OUT/" 2>/dev/null
+    fi
 fi
 if want d && [ $((DEADLINE - SECONDS)) -gt 60 ]; then  # the same 20 steps on the 16 CPU cores, for the ratio
-    rm -rf $WORK/runs/tp-cpu
+    rm -rf "$WORK/runs/tp-cpu"
     part "d2 throughput on CPU (CUDA hidden)" 50 "$OUT/d_throughput.log" \
-        env CUDA_VISIBLE_DEVICES= rllm train say --out $WORK/runs/tp-cpu total_steps=20 val_every=0 ckpt_every=0 tensorboard=false plot=false
-    [ -s $WORK/runs/tp-cpu/metrics.jsonl ] && curve $WORK/runs/tp-cpu | tail -1 | tee -a "$OUT/d_throughput.log" | sed 's/^/  /' | tee -a "$SUMMARY"
+        env CUDA_VISIBLE_DEVICES= rllm train say --out "$WORK/runs/tp-cpu" total_steps=20 "${FAST[@]}"
+    if [ -s "$WORK/runs/tp-cpu/metrics.jsonl" ]; then
+        curve "$WORK/runs/tp-cpu" | tail -1 | tee -a "$OUT/d_throughput.log" | sed 's/^/  /' | tee -a "$SUMMARY"
+    fi
 fi
 note "total ${SECONDS}s"
 echo "== summary"; cat "$SUMMARY"

@@ -266,3 +266,10 @@ async def test_stop_lets_an_in_flight_request_finish(served):
         resp = await pending
         assert resp.status == 200 and await resp.json() == {"slow": "done"}
     assert not server.connections
+
+
+async def test_oversized_request_head_gets_431_and_the_connection_closes(served):
+    _, _, port = served
+    raw = b"GET /echo HTTP/1.1\r\nHost: x\r\n" + b"X-Filler: " + b"a" * 70_000 + b"\r\n\r\n"
+    data = await _exchange(port, raw, until_close=True)
+    assert data.startswith(b"HTTP/1.1 431 ") and b"Connection: close" in data

@@ -29,6 +29,7 @@ log = logging.getLogger("rllm.gateway.http")
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _MAX_PIPELINED = 32  # queued requests per connection before we stop reading from it
+_MAX_HEAD_BYTES = 64 * 1024  # request line + headers; more is refused with 431
 
 
 class Headers:
@@ -154,6 +155,10 @@ Handler = Callable[[Request], Awaitable[Response | StreamResponse]]
 ErrorFactory = Callable[[int, str], Response]
 
 
+class _HeadTooLarge(Exception):
+    """A request's line and headers outgrew _MAX_HEAD_BYTES (a slow-headers attack or a bug)."""
+
+
 class RouteNotFound(Exception):
     """No route for the path (404)."""
 
@@ -239,6 +244,7 @@ class _HttpProtocol(asyncio.Protocol):
         self._body: list[bytes] = []
         self._size = 0
         self._too_big = False
+        self._head_bytes = 0
 
     # ---------------------------------------------------------------- transport events
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -261,7 +267,10 @@ class _HttpProtocol(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self._fail(400, "protocol upgrades are not supported")
         except httptools.HttpParserError as exc:
-            self._fail(400, f"malformed HTTP request: {exc}")
+            if self._head_bytes > _MAX_HEAD_BYTES:  # httptools wraps our _HeadTooLarge
+                self._fail(431, f"request line and headers exceed {_MAX_HEAD_BYTES} bytes")
+            else:
+                self._fail(400, f"malformed HTTP request: {exc}")
 
     def pause_writing(self) -> None:
         if self.paused is None:
@@ -302,11 +311,19 @@ class _HttpProtocol(asyncio.Protocol):
         self._body = []
         self._size = 0
         self._too_big = False
+        self._head_bytes = 0
+
+    def _count_head(self, n: int) -> None:
+        self._head_bytes += n
+        if self._head_bytes > _MAX_HEAD_BYTES:
+            raise _HeadTooLarge  # stops the parser; data_received answers 431
 
     def on_url(self, url: bytes) -> None:
+        self._count_head(len(url))
         self._url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value))
         self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
