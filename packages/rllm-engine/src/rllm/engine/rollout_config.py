@@ -37,7 +37,7 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     progress: bool = True
     keep_sessions: bool = False
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
-    gc_gen0_threshold: int | None = 20_000
+    gc_gen0_threshold: int | None = 50_000
     workers: int = 1
 
     def __post_init__(self) -> None:
