@@ -17,6 +17,7 @@ from tinker_helpers import reply_logprob, reply_sequence, start_backend, teacher
 from rllm.algos.config import AlgorithmConfig
 from rllm.backends.tinker import TinkerBackend
 from rllm.engine.backend import TrainSequence
+from rllm.types import FloatArray, TokenArray
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -63,21 +64,40 @@ async def _sampler_gap(backend: TinkerBackend, client: openai.AsyncOpenAI) -> fl
     return float(torch.cat(gaps).mean())
 
 
-async def _say_rate(backend: TinkerBackend, client: openai.AsyncOpenAI, word: str) -> float:
-    """The reward of the trivial task: share of 16 sampled first tokens that are ``word``."""
+async def _sampled_batch(
+    backend: TinkerBackend, client: openai.AsyncOpenAI, word: str
+) -> tuple[list[TrainSequence], float]:
+    """16 sampled replies to 'say: word' as a train batch carrying the sampler's own (bf16)
+    logprobs and group-relative advantages, and their mean reward (first token == word)."""
     target = backend.service.tokenizer.convert_tokens_to_ids(word)
     body = (
         await client.chat.completions.create(
             model="m",
             messages=[{"role": "user", "content": f"say: {word}"}],
-            max_tokens=1,
+            max_tokens=2,
             n=16,
             seed=2,
             temperature=1.0,
+            logprobs=True,
             extra_body={"return_token_ids": True},
         )
     ).model_dump()
-    return sum(c["token_ids"][0] == target for c in body["choices"]) / 16
+    prompt = body["prompt_token_ids"]
+    rewards = [float(c["token_ids"][0] == target) for c in body["choices"]]
+    mean = sum(rewards) / len(rewards)
+    batch = []
+    for choice, reward in zip(body["choices"], rewards, strict=True):
+        ids = choice["token_ids"]
+        logprobs = [c["logprob"] for c in choice["logprobs"]["content"]]
+        batch.append(
+            TrainSequence(
+                tokens=TokenArray(prompt + ids),
+                loss_mask=FloatArray([0.0] * len(prompt) + [1.0] * len(ids)),
+                advantages=FloatArray([reward - mean] * (len(prompt) + len(ids))),
+                sampler_logprobs=FloatArray([0.0] * len(prompt) + logprobs),
+            )
+        )
+    return batch, mean
 
 
 async def test_default_precision_is_bf16_on_cuda_and_it_trains(tiny_model_path: Path) -> None:
@@ -90,29 +110,33 @@ async def test_default_precision_is_bf16_on_cuda_and_it_trains(tiny_model_path: 
         _assert_on_cuda(service.engine.model, torch.bfloat16)
 
         assert await _sampler_gap(backend, client) < BF16_MEAN_ABS_LOGPROB_GAP
-        before = await _say_rate(backend, client, "apple")
+
+        # one policy-gradient step on the sampler's own replies: the trainer's bf16 logprobs of
+        # them agree with the sampler's (the gap the TIS correction would otherwise have to fix)
+        batch, before = await _sampled_batch(backend, client, "apple")
+        metrics = await backend.train_step(batch, AlgorithmConfig(loss="ppo_clip"))
+        assert all(math.isfinite(v) for v in metrics.values()), metrics
+        assert metrics["sampler_logprob_abs_diff"] < BF16_MEAN_ABS_LOGPROB_GAP, metrics
 
         # policy gradient on a contrast batch moves the two replies apart
         good, bad = reply_logprob(backend, "apple", "apple"), reply_logprob(backend, "apple", "banana")
         for _ in range(5):
             metrics = await backend.train_step(_contrast_batch(backend), AlgorithmConfig(loss="ppo_clip"))
             assert all(math.isfinite(v) for v in metrics.values()), metrics
-            assert metrics["sampler_logprob_abs_diff"] < BF16_MEAN_ABS_LOGPROB_GAP, metrics
         assert reply_logprob(backend, "apple", "apple") > good + 1.0
         assert reply_logprob(backend, "apple", "banana") < bad - 1.0
 
-        # supervised steps: the loss is finite and falls
-        batch = [reply_sequence(backend, w, w, 0.0) for w in ("apple", "mango", "peach")]
-        losses = [
-            (await backend.train_step(batch, AlgorithmConfig(loss="cross_entropy")))["loss"] for _ in range(6)
-        ]
+        # supervised steps on the trivial task (always answer "apple"): the loss is finite and falls
+        supervised = [reply_sequence(backend, "apple", "apple", 0.0)]
+        algo = AlgorithmConfig(loss="cross_entropy")
+        losses = [(await backend.train_step(supervised, algo))["loss"] for _ in range(6)]
         assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0] * 0.5, losses
 
-        # after a sync the sampler serves the trained policy: the reward went up
+        # after a sync the sampler serves the trained policy: the task's reward went up
         assert await backend.sync_weights() == 1
         _assert_on_cuda(service.trainer.model, torch.bfloat16)  # optimizer steps kept the dtype
         _assert_on_cuda(service.engine.model, torch.bfloat16)
-        after = await _say_rate(backend, client, "apple")
+        _, after = await _sampled_batch(backend, client, "apple")
         assert after >= 0.75 and after > before, (before, after)
         assert await _sampler_gap(backend, client) < BF16_MEAN_ABS_LOGPROB_GAP
     finally:
