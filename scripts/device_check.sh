@@ -229,11 +229,11 @@ if want b; then
     part "b end-to-end training tests" 200 "$OUT/b_e2e.log" "${PYTEST[@]}" tests/test_train_e2e.py
 fi
 if want e; then  # issue 5's engine benchmark on 16 cores: (a) with worker processes, then (b)
-    part "e engine throughput (a): 1000 concurrent, 50 ms upstream, 8 workers, 4 upstreams" 90 \
-        "$OUT/d_throughput.log" python3 benchmarks/engine_throughput.py --skip-b --workers 8 --upstreams 4 --rollouts 6000
+    part "e engine throughput (a): 1000 concurrent, 50 ms upstream, 11 workers, 4 upstreams" 90 \
+        "$OUT/d_throughput.log" python3 benchmarks/engine_throughput.py --skip-b --workers 11 --upstreams 4 --rollouts 20000
     grep -E '^\(a\)|direct \(no rLLM' "$OUT/d_throughput.log" | tail -2 | sed 's/^/  /' | tee -a "$SUMMARY"
     part "e2 engine throughput (a): 12 workers" 60 "$OUT/d_throughput.log" \
-        python3 benchmarks/engine_throughput.py --skip-b --workers 12 --upstreams 3 --rollouts 6000
+        python3 benchmarks/engine_throughput.py --skip-b --workers 12 --upstreams 4 --rollouts 20000
     grep -E '^\(a\)' "$OUT/d_throughput.log" | tail -1 | sed 's/^/  /' | tee -a "$SUMMARY"
     part "e3 engine throughput (b): zero latency, engine+gateway vs direct" 60 "$OUT/d_throughput.log" \
         python3 benchmarks/engine_throughput.py --skip-a --overhead-rollouts 4000
