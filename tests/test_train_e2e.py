@@ -63,6 +63,22 @@ def test_multi_role_flow_with_per_role_estimators(tmp_path: Path) -> None:
     assert {"advantage/speaker/mean", "advantage/repeater/mean"} <= set(rows[-1])
 
 
+def test_rollout_workers_train_through_their_own_gateways(tmp_path: Path) -> None:
+    # Two worker processes, each with its own cumulative-mode gateway; the trainer's weight
+    # syncs and pause/resume reach both (rllm.engine.workers.GatewayGroup).
+    trainer = build_trainer(
+        "say-single",
+        out_dir=str(tmp_path),
+        overrides=[*FAST, "total_steps=3", "val_every=0", "rollout.workers=2"],
+    )
+    assert trainer.config.rollout.workers == 2
+    asyncio.run(trainer.fit())
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    versions = [row["weight_version"] for row in rows]
+    assert versions == sorted(versions) and versions[-1] >= 1  # a step may train nothing (all filtered)
+    assert all(row["episodes"] == 128 and row["termination/done"] == 1.0 for row in rows)
+
+
 def test_backend_refuses_what_it_cannot_honour(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="algorithm"):
         build_trainer("say", out_dir=str(tmp_path), overrides=["algorithm.estimator=no-such-estimator"])

@@ -38,7 +38,7 @@ async def two_turns(task, config):
         messages += [reply.choices[0].message.model_dump(exclude_none=True),
                      {"role": "user", "content": f"go on {turn} #{task.id}"}]
     await client.close()
-    return {"pid": os.getpid()}
+    return {"pid": os.getpid(), "model": config.model}
 """
 
 
@@ -59,6 +59,10 @@ async def test_rollouts_spread_over_worker_processes_with_their_own_gateways(flo
         await engine.client.set_weight_version(7)  # reaches every worker's gateway
         assert await engine.client.get_weight_version() == 7
         episodes = await engine.run(_tasks(20))
+        # a trainer renames the served model after a remote weight sync: workers follow
+        engine.config.model = "policy-v2"
+        renamed = await engine.run(_tasks(4))
+    assert {ep.artifacts["model"] for ep in renamed} == {"policy-v2"}
     assert len(episodes) == 40
     assert [(ep.task_id, ep.rollout_index) for ep in episodes] == [
         (f"t{i}", r) for i in range(20) for r in range(2)

@@ -294,7 +294,7 @@ class RolloutEngine:
         assert self._pool is not None
         for _ in range(self.config.max_retries + 1):
             try:
-                return await self._pool.run_one(task, rollout_index, is_validation)
+                return await self._pool.run_one(task, rollout_index, is_validation, self.config.model)
             except WorkerDied as exc:
                 died = exc
         episode = failed_episode(

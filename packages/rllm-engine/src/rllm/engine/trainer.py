@@ -186,6 +186,7 @@ class Trainer:
         r = self.config.rollout
         return RolloutConfig(
             concurrency=r.concurrency,
+            workers=r.workers,
             deadline_s=r.deadline_s,
             max_retries=r.max_retries,
             sampling=r.sampling,

@@ -24,6 +24,7 @@ class ConfigError(ValueError):
 
 class RolloutSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     concurrency: int = 64
+    workers: int = 1  # processes running flows, each with its own gateway (RolloutConfig.workers)
     deadline_s: float = 120.0
     max_retries: int = 1
     sampling: SamplingParams = msgspec.field(default_factory=lambda: SamplingParams(temperature=1.0))

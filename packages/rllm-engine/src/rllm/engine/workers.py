@@ -36,6 +36,7 @@ class _Job(msgspec.Struct, array_like=True):
     task: Task
     rollout_index: int
     is_validation: bool
+    model: str  # the parent's current model name: a trainer renames it after remote weight syncs
 
 
 class _Done(msgspec.Struct, array_like=True):
@@ -77,6 +78,7 @@ async def _serve(sock: socket.socket, engine_kwargs: dict[str, Any]) -> None:
         running: set[asyncio.Task[None]] = set()
 
         async def run(job: _Job) -> None:
+            engine.config.model = job.model
             episode = await engine.run_one(job.task, job.rollout_index, job.is_validation)
             _write_frame(writer, to_msgpack(_Done(job.id, episode)))
 
@@ -175,7 +177,7 @@ class WorkerPool:
             raise
         return self
 
-    async def run_one(self, task: Task, rollout_index: int, is_validation: bool) -> Episode:
+    async def run_one(self, task: Task, rollout_index: int, is_validation: bool, model: str) -> Episode:
         """Run one rollout on the least-loaded live worker; raises WorkerDied if it exits first."""
         live = [w for w in self.workers if w.alive]
         if not live:
@@ -184,7 +186,7 @@ class WorkerPool:
         self._ids += 1
         fut: asyncio.Future[Episode] = asyncio.get_running_loop().create_future()
         w.pending[self._ids] = fut
-        _write_frame(w.writer, to_msgpack(_Job(self._ids, task, rollout_index, is_validation)))
+        _write_frame(w.writer, to_msgpack(_Job(self._ids, task, rollout_index, is_validation, model)))
         return await fut
 
     async def close(self) -> None:
