@@ -12,7 +12,13 @@ from pathlib import Path
 import openai
 import pytest
 import torch
-from tinker_helpers import reply_logprob, reply_sequence, start_backend, teacher_forced_logprobs
+from tinker_helpers import (
+    contrast_batch,
+    reply_logprob,
+    reply_sequence,
+    start_backend,
+    teacher_forced_logprobs,
+)
 
 from rllm.algos.config import AlgorithmConfig
 from rllm.backends.tinker import TinkerBackend
@@ -24,15 +30,6 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 # bf16 logits carry ~3 significant digits; sampler (KV-cached, batched) and teacher-forced passes
 # round differently, so their logprobs agree to a few hundredths, not to 1e-4 as in float32.
 BF16_MEAN_ABS_LOGPROB_GAP = 0.1
-
-
-def _contrast_batch(backend: TinkerBackend) -> list[TrainSequence]:
-    return [
-        reply_sequence(backend, "apple", "apple", 1.0),
-        reply_sequence(backend, "apple", "banana", -1.0),
-        reply_sequence(backend, "plum", "plum", 1.0),
-        reply_sequence(backend, "plum", "cherry", -1.0),
-    ]
 
 
 def _assert_on_cuda(model: torch.nn.Module, dtype: torch.dtype | None) -> None:
@@ -121,7 +118,7 @@ async def test_default_precision_is_bf16_on_cuda_and_it_trains(tiny_model_path: 
         # policy gradient on a contrast batch moves the two replies apart
         good, bad = reply_logprob(backend, "apple", "apple"), reply_logprob(backend, "apple", "banana")
         for _ in range(5):
-            metrics = await backend.train_step(_contrast_batch(backend), AlgorithmConfig(loss="ppo_clip"))
+            metrics = await backend.train_step(contrast_batch(backend), AlgorithmConfig(loss="ppo_clip"))
             assert all(math.isfinite(v) for v in metrics.values()), metrics
         assert reply_logprob(backend, "apple", "apple") > good + 1.0
         assert reply_logprob(backend, "apple", "banana") < bad - 1.0
@@ -157,9 +154,9 @@ async def test_lora_on_a_bf16_base_trains_and_syncs(tiny_model_path: Path) -> No
         _assert_on_cuda(trainer.model, None)  # adapters may be kept in float32 by peft: any dtype
         good = reply_logprob(backend, "apple", "apple")
         algo = AlgorithmConfig(loss="ppo_clip", kl_coef=0.1)
-        first = await backend.train_step(_contrast_batch(backend), algo)
+        first = await backend.train_step(contrast_batch(backend), algo)
         for _ in range(2):
-            last = await backend.train_step(_contrast_batch(backend), algo)
+            last = await backend.train_step(contrast_batch(backend), algo)
         assert abs(first["kl"]) < 1e-3 and last["kl"] > 0.0  # adapters start at zero: policy == base
         assert all(math.isfinite(v) for v in last.values()), last
         assert reply_logprob(backend, "apple", "apple") > good + 0.5

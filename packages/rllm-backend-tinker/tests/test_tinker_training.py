@@ -11,6 +11,7 @@ import openai
 import pytest
 import torch
 from tinker_helpers import (
+    contrast_batch,
     cpu_params,
     prompt_ids,
     reply_logprob,
@@ -27,21 +28,12 @@ from rllm.engine.backend import TrainSequence
 from rllm.types import FloatArray, TokenArray
 
 
-def _contrast_batch(backend: TinkerBackend) -> list[TrainSequence]:
-    return [
-        reply_sequence(backend, "apple", "apple", 1.0),
-        reply_sequence(backend, "apple", "banana", -1.0),
-        reply_sequence(backend, "plum", "plum", 1.0),
-        reply_sequence(backend, "plum", "cherry", -1.0),
-    ]
-
-
 async def test_train_steps_raise_the_logprob_of_advantaged_tokens(backend: TinkerBackend) -> None:
     good, bad = reply_logprob(backend, "apple", "apple"), reply_logprob(backend, "apple", "banana")
     algo = AlgorithmConfig(loss="ppo_clip")
     backend.validate(algo)
     for _ in range(5):
-        metrics = await backend.train_step(_contrast_batch(backend), algo)
+        metrics = await backend.train_step(contrast_batch(backend), algo)
     assert reply_logprob(backend, "apple", "apple") > good + 1.0
     assert reply_logprob(backend, "apple", "banana") < bad - 1.0
     for key in ("loss", "grad_norm", "entropy", "clip_frac", "approx_kl", "num_tokens", "lr"):
@@ -64,7 +56,7 @@ async def test_mini_batches_and_epochs_make_several_optimizer_steps(tiny_model_p
     )
     try:
         algo = AlgorithmConfig(loss="ppo_clip", clip_low=0.05, clip_high=0.05)
-        metrics = await backend.train_step(_contrast_batch(backend), algo)
+        metrics = await backend.train_step(contrast_batch(backend), algo)
         assert metrics["optimizer_steps"] == 4.0
         # later updates are measured against the pre-update policy, so ratios move and get clipped
         assert metrics["approx_kl"] != 0.0
@@ -76,7 +68,7 @@ async def test_mini_batches_and_epochs_make_several_optimizer_steps(tiny_model_p
 def test_micro_batches_accumulate_to_the_full_batch_gradient(tiny_model_path: Path) -> None:
     backend = started_backend(tiny_model_path)
     try:
-        batch = _contrast_batch(backend)
+        batch = contrast_batch(backend)
         for aggregation in ("token-mean", "seq-mean-token-mean"):
             algo = AlgorithmConfig(loss="ppo_clip", aggregation=aggregation)
             grads = []
@@ -130,7 +122,7 @@ async def test_shared_weights_mode_trains_and_serves(tiny_model_path: Path) -> N
     try:
         assert backend.service.engine.model is backend.service.trainer.model
         good = reply_logprob(backend, "apple", "apple")
-        await backend.train_step(_contrast_batch(backend), AlgorithmConfig())
+        await backend.train_step(contrast_batch(backend), AlgorithmConfig())
         assert await backend.sync_weights() == 1
         assert reply_logprob(backend, "apple", "apple", backend.service.engine.model) > good
     finally:
@@ -145,8 +137,8 @@ async def test_lora_trains_only_adapters_and_kl_uses_the_base_model(tiny_model_p
         assert frozen and all("lora_" in n for n, p in trainer.model.named_parameters() if p.requires_grad)
         good = reply_logprob(backend, "apple", "apple")
         algo = AlgorithmConfig(loss="ppo_clip", kl_coef=0.1)
-        first = await backend.train_step(_contrast_batch(backend), algo)
-        second = await backend.train_step(_contrast_batch(backend), algo)
+        first = await backend.train_step(contrast_batch(backend), algo)
+        second = await backend.train_step(contrast_batch(backend), algo)
         assert first["kl"] == pytest.approx(0.0, abs=1e-6)  # adapters start at zero: policy == base
         assert second["kl"] > 0.0
         assert reply_logprob(backend, "apple", "apple") > good
@@ -163,13 +155,13 @@ async def test_lora_trains_only_adapters_and_kl_uses_the_base_model(tiny_model_p
 
 async def test_full_fine_tuning_kl_against_the_initial_weights(backend: TinkerBackend) -> None:
     algo = AlgorithmConfig(loss="ppo_clip", kl_coef=0.5, kl_estimator="k3")
-    first = await backend.train_step(_contrast_batch(backend), algo)
-    second = await backend.train_step(_contrast_batch(backend), algo)
+    first = await backend.train_step(contrast_batch(backend), algo)
+    second = await backend.train_step(contrast_batch(backend), algo)
     assert first["kl"] == pytest.approx(0.0, abs=1e-6) and second["kl"] > 0.0
 
 
 async def test_entropy_bonus_and_tis_are_honoured(backend: TinkerBackend) -> None:
-    batch = _contrast_batch(backend)
+    batch = contrast_batch(backend)
     for seq in batch:  # pretend the sampler was more confident than the trainer
         seq.sampler_logprobs = FloatArray([v + 0.5 if v else 0.0 for v in seq.sampler_logprobs])
     metrics = await backend.train_step(batch, AlgorithmConfig(tis="token", tis_cap=1.5, entropy_coef=0.01))
@@ -213,11 +205,11 @@ async def test_checkpoint_round_trip(tiny_model_path: Path, tmp_path: Path) -> N
     source = await start_backend(tiny_model_path, learning_rate=1e-2)
     try:
         for _ in range(2):
-            await source.train_step(_contrast_batch(source), algo)
+            await source.train_step(contrast_batch(source), algo)
         await source.sync_weights()
         await source.save_checkpoint(tmp_path / "ckpt")
         expected = cpu_params(source.service.trainer.model)  # CPU copies: compared with a CPU reload below
-        expected_next = await source.train_step(_contrast_batch(source), algo)
+        expected_next = await source.train_step(contrast_batch(source), algo)
         after_next = cpu_params(source.service.trainer.model)
     finally:
         await source.close()
@@ -233,7 +225,7 @@ async def test_checkpoint_round_trip(tiny_model_path: Path, tmp_path: Path) -> N
         sampler_params = cpu_params(restored.service.engine.model)
         assert all(torch.equal(sampler_params[n], p) for n, p in expected.items())
         # the optimizer state came back too: the next step is the same step
-        got_next = await restored.train_step(_contrast_batch(restored), algo)
+        got_next = await restored.train_step(contrast_batch(restored), algo)
         assert got_next["loss"] == pytest.approx(expected_next["loss"], abs=1e-6)
         for name, param in cpu_params(restored.service.trainer.model).items():
             assert torch.allclose(param, after_next[name], atol=1e-6), name
@@ -253,7 +245,7 @@ async def test_lora_checkpoint_round_trip_and_kind_mismatch(tiny_model_path: Pat
     lora = {"rank": 4, "alpha": 8}
     source = await start_backend(tiny_model_path, learning_rate=5e-2, lora=lora)
     try:
-        await source.train_step(_contrast_batch(source), AlgorithmConfig())
+        await source.train_step(contrast_batch(source), AlgorithmConfig())
         await source.save_checkpoint(tmp_path / "lora")
         expected = cpu_params(source.service.trainer.model)
     finally:

@@ -92,3 +92,13 @@ def reply_logprob(
     prompt = prompt_ids(backend, word)
     tokens = [*prompt, *tokenizer(reply, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
     return sum(policy_logprobs(backend, tokens, model)[len(prompt) - 1 :])
+
+
+def contrast_batch(backend: TinkerBackend) -> list[TrainSequence]:
+    """Two prompts, each with a rewarded reply (its own word) and a penalised one."""
+    return [
+        reply_sequence(backend, "apple", "apple", 1.0),
+        reply_sequence(backend, "apple", "banana", -1.0),
+        reply_sequence(backend, "plum", "plum", 1.0),
+        reply_sequence(backend, "plum", "cherry", -1.0),
+    ]
