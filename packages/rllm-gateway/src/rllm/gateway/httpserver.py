@@ -296,6 +296,11 @@ class _HttpProtocol(asyncio.Protocol):
         if not self.closed and self.transport is not None:
             self.transport.close()
 
+    @property
+    def handler(self) -> asyncio.Task[None] | None:
+        """The task answering the current request, if any."""
+        return self._task
+
     def idle(self) -> bool:
         return self._task is None and not self._queue
 
@@ -478,9 +483,11 @@ class HttpServer:
             if not self.connections:
                 break
             await asyncio.sleep(0.02)
+        handlers = [c.handler for c in self.connections if c.handler is not None]
         for conn in list(self.connections):
-            conn.close()
-        await asyncio.sleep(0)  # let connection_lost run (it cancels any handler still going)
+            conn.close()  # connection_lost cancels a handler still going
+        if handlers:  # let them finish their cleanup (an aborted trace is still stored)
+            await asyncio.wait(handlers, timeout=timeout_s)
         self._server = None
 
 
