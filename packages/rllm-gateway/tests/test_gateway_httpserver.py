@@ -273,3 +273,18 @@ async def test_oversized_request_head_gets_431_and_the_connection_closes(served)
     raw = b"GET /echo HTTP/1.1\r\nHost: x\r\n" + b"X-Filler: " + b"a" * 70_000 + b"\r\n\r\n"
     data = await _exchange(port, raw, until_close=True)
     assert data.startswith(b"HTTP/1.1 431 ") and b"Connection: close" in data
+
+
+async def test_head_is_get_without_the_body(served):
+    _, _, port = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"HEAD /items/a/parts/b HTTP/1.1\r\nHost: x\r\n\r\nGET /items/c/parts/d HTTP/1.1\r\nHost: x\r\n\r\n"
+    )
+    head = await reader.readuntil(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK") and b"Content-Length: 26" in head
+    # no body follows the HEAD answer: the next bytes are the GET's status line
+    second = await reader.readuntil(b"\r\n\r\n")
+    assert second.startswith(b"HTTP/1.1 200 OK")
+    assert await reader.readexactly(26) == b'{"item": "c", "part": "d"}'
+    writer.close()

@@ -198,6 +198,8 @@ class Router:
             else:
                 raise RouteNotFound(path)
         handler = methods.get(method)
+        if handler is None and method == "HEAD":  # HEAD is GET without the body (RFC 9110)
+            handler = methods.get("GET")
         if handler is None:
             raise MethodNotAllowed(method)
         return handler, params
@@ -402,14 +404,14 @@ class _HttpProtocol(asyncio.Protocol):
         elif isinstance(resp, StreamResponse):
             resp = Response(status=resp.status, headers=resp.headers)
         if isinstance(resp, Response):
-            self._write_response(resp, keep_alive)
+            self._write_response(resp, keep_alive, with_body=req.method != "HEAD")
         self.last_active = server.loop.time()
         if not keep_alive:
             self.close()
         elif self._queue:
             self._next()
 
-    def _write_response(self, resp: Response, keep_alive: bool) -> None:
+    def _write_response(self, resp: Response, keep_alive: bool, with_body: bool = True) -> None:
         head = _status_line(resp.status)
         extra = ""
         if resp.headers:
@@ -424,7 +426,7 @@ class _HttpProtocol(asyncio.Protocol):
             + f"Content-Type: {ctype}\r\nContent-Length: {len(resp.body)}\r\n{extra}{tail}\r\n".encode(
                 "latin-1"
             )
-            + resp.body
+            + (resp.body if with_body else b"")
         )
 
 
