@@ -98,7 +98,9 @@ async def _serve(sock: socket.socket, engine_kwargs: dict[str, Any]) -> None:
 
 # ----------------------------------------------------------------------------- parent side
 class _Worker:
-    def __init__(self, index: int, process: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+    def __init__(
+        self, index: int, process: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         self.index = index
         self.process = process
         self.reader = reader
