@@ -3,9 +3,10 @@
 Building an ``openai.AsyncOpenAI`` from scratch creates an httpx client and a fresh SSL context
 (about 45 ms here); a flow that does that per rollout spends more time building clients than
 talking to the model. One pool shared by hundreds of concurrent rollouts is no better: httpx
-scans its connections on every request. So each rollout gets its own small client, built
-without TLS for the gateway's plain-HTTP loopback URLs and with one shared SSL context
-otherwise. Close it when the rollout ends (``async with async_openai(config) as client``).
+scans its connections on every request. So each rollout gets its own small client, all of them
+sharing one SSL context: httpx builds a new one per client otherwise, even with
+``verify=False`` for plain-HTTP URLs (1.2 ms against 0.1 ms per client here). Close it when the
+rollout ends (``async with async_openai(config) as client``).
 
 ``openai`` is an optional dependency (``pip install 'rllm-sdk[openai]'``), imported on first use.
 """
@@ -27,7 +28,7 @@ def async_openai(config: AgentConfig, role: str | None = None, **kwargs: Any) ->
     from openai import AsyncOpenAI
 
     args = _client_args(config, role, kwargs)
-    http = httpx.AsyncClient(verify=_verify(args["base_url"]), timeout=_TIMEOUT_S)
+    http = httpx.AsyncClient(verify=_shared_ssl_context(), timeout=_TIMEOUT_S)
     return AsyncOpenAI(**args, http_client=http)
 
 
@@ -37,11 +38,7 @@ def sync_openai(config: AgentConfig, role: str | None = None, **kwargs: Any) -> 
     from openai import OpenAI
 
     args = _client_args(config, role, kwargs)
-    return OpenAI(**args, http_client=httpx.Client(verify=_verify(args["base_url"]), timeout=_TIMEOUT_S))
-
-
-def _verify(base_url: str) -> Any:
-    return _shared_ssl_context() if base_url.startswith("https:") else False
+    return OpenAI(**args, http_client=httpx.Client(verify=_shared_ssl_context(), timeout=_TIMEOUT_S))
 
 
 @functools.cache
