@@ -27,6 +27,7 @@ import logging
 import multiprocessing as mp
 import os
 import platform
+import resource
 import time
 from pathlib import Path
 from typing import Any
@@ -217,6 +218,12 @@ def main() -> None:
     parser.add_argument("--overhead-concurrency", type=int, default=64, help="(b) concurrent rollouts")
     parser.add_argument("--overhead-rollouts", type=int, default=2000, help="(b) rollouts per path")
     parser.add_argument(
+        "--overhead-workers",
+        type=int,
+        default=1,
+        help="(b) engine worker processes (>1: each embeds its gateway; the direct loop stays one process)",
+    )
+    parser.add_argument(
         "--in-process", action="store_true", help="start the gateway inside the engine's process"
     )
     parser.add_argument(
@@ -271,27 +278,34 @@ def main() -> None:
             proc, upstream0 = _spawn(_serve_upstream, 0.0)
             procs.append(proc)
             gateway0 = None
-            if not args.in_process:
+            if not args.in_process and args.overhead_workers == 1:
                 proc, gateway0 = _spawn(_serve_gateway, upstream0)
                 procs.append(proc)
-            c, n = args.overhead_concurrency, args.overhead_rollouts
-            pids = {"agent+engine": os.getpid(), "upstream": procs[-2 if gateway0 else -1].pid}
+            c, n, workers = args.overhead_concurrency, args.overhead_rollouts, args.overhead_workers
+            # "this process" runs the direct agent loop, then the engine (and its agents when
+            # workers == 1); worker processes are counted once they have exited (RUSAGE_CHILDREN).
+            pids = {"this process": os.getpid(), "upstream": procs[-2 if gateway0 else -1].pid}
             if gateway0:
                 pids["gateway"] = procs[-1].pid
             before = _cpu(pids)
             direct = asyncio.run(run_direct(upstream0, c, n))
             middle = _cpu(pids)
-            engine = asyncio.run(run_engine(gateway0, [upstream0], c, n))
+            children = resource.getrusage(resource.RUSAGE_CHILDREN)
+            engine = asyncio.run(run_engine(gateway0, [upstream0], c, n, workers))
             after = _cpu(pids)
+            ended = resource.getrusage(resource.RUSAGE_CHILDREN)
             print(
-                f"(b) zero latency, concurrency {c}, {n} rollouts: direct {direct['rollouts_per_s']:.1f} rollouts/s, "
-                f"engine+gateway {engine['rollouts_per_s']:.1f} rollouts/s -> ratio "
-                f"{engine['rollouts_per_s'] / direct['rollouts_per_s']:.3f} (target >= 0.5)"
+                f"(b) zero latency, concurrency {c}, {n} rollouts, {workers} engine process(es): direct "
+                f"{direct['rollouts_per_s']:.1f} rollouts/s, engine+gateway {engine['rollouts_per_s']:.1f} "
+                f"rollouts/s -> ratio {engine['rollouts_per_s'] / direct['rollouts_per_s']:.3f} (target >= 0.5)"
             )
             # CPU per rollout by process (warm-up included): where the proxied layout's time goes.
             for label, t0, t1 in (("direct", before, middle), ("engine", middle, after)):
                 per = {k: (t1[k] - t0[k]) / (n + 50) * 1e6 for k in pids}
                 print(f"    cpu/rollout {label}: " + ", ".join(f"{k} {v:.0f} us" for k, v in per.items()))
+            if workers > 1:
+                spent = ended.ru_utime + ended.ru_stime - children.ru_utime - children.ru_stime
+                print(f"      + engine worker processes {spent / (n + 50) * 1e6:.0f} us (startup included)")
     finally:
         for proc in procs:
             proc.terminate()
