@@ -16,7 +16,8 @@ so the client library's own cost does not hide the engine's. Usage:
 
     uv run --no-sync python benchmarks/engine_throughput.py [--concurrency 1000] [--rollouts N]
         [--overhead-concurrency 64] [--overhead-rollouts 2000] [--in-process]
-        [--workers N --upstreams K]   # (a) on a many-core machine, e.g. --workers 6 --upstreams 4
+        [--workers N --upstreams K]   # (a) on a many-core machine, e.g. --workers 12 --upstreams 4
+        [--overhead-workers 2]        # (b) with two engine worker processes
 """
 
 from __future__ import annotations
