@@ -39,6 +39,15 @@ async def two_turns(task, config):
                      {"role": "user", "content": f"go on {turn} #{task.id}"}]
     await client.close()
     return {"pid": os.getpid(), "model": config.model}
+
+
+@rollout
+def one_turn_sync(task, config):
+    with openai.OpenAI(base_url=config.base_url, api_key=config.api_key, max_retries=0) as client:
+        reply = client.chat.completions.create(
+            model=config.model, messages=[{"role": "user", "content": f"{task.instruction} #{task.id}"}]
+        )
+    return {"text": reply.choices[0].message.content}
 """
 
 
@@ -90,6 +99,17 @@ async def test_a_dead_worker_fails_over_and_the_batch_completes(flows, upstream,
     assert all(ep.termination_reason == TerminationReason.DONE for ep in episodes), [
         ep.error for ep in episodes if ep.error
     ]
+
+
+async def test_sync_flows_run_in_each_workers_thread_pool(flows, upstream):
+    config = RolloutConfig(n=2, concurrency=8, workers=2, progress=False)
+    async with RolloutEngine(flows.one_turn_sync, None, config, upstreams=[upstream.url]) as engine:
+        episodes = await engine.run(_tasks(4))
+    assert len(episodes) == 8
+    for ep in episodes:
+        assert ep.termination_reason == TerminationReason.DONE, ep.error
+        (step,) = ep.trajectories[0].steps
+        assert step.input[-1].content.endswith(f"#{ep.task_id}") and len(step.response_ids) > 0
 
 
 async def test_workers_attached_to_one_gateway(flows, gateway: GatewayServer):
