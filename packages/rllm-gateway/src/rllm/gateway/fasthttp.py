@@ -74,9 +74,9 @@ class FastHttpPool:
         self.read_timeout_s = read_timeout_s
         self.max_idle = max_idle
         self._idle: dict[tuple[str, int], deque[_Conn]] = {}
-        # (method, url, content type, extra headers) -> ((host, port), request head up to
-        # "Content-Length: "): formatted once per distinct request shape.
-        self._heads: dict[tuple[str, str, str, bytes], tuple[tuple[str, int], bytes]] = {}
+        # (origin, content type, extra headers) -> ((host, port), the head's lines after the
+        # request line, up to "Content-Length: "): formatted once per upstream or gateway.
+        self._heads: dict[tuple[str, str, bytes], tuple[tuple[str, int], bytes]] = {}
 
     async def _connect(self, host: str, port: int) -> _Conn:
         loop = asyncio.get_running_loop()
@@ -102,12 +102,21 @@ class FastHttpPool:
         headers: bytes = b"",
     ) -> tuple[int, bytes]:
         """One exchange; ``headers`` are preformatted ``Name: value\\r\\n`` lines."""
-        shape = (method, url, content_type, headers)
+        if not url.startswith("http://"):
+            raise ValueError("FastHttpPool speaks plain http only")
+        cut = url.find("/", 7)  # origin | request target; admin targets differ per session
+        origin, target = (url, "/") if cut < 0 else (url[:cut], url[cut:])
+        shape = (origin, content_type, headers)
         cached = self._heads.get(shape)
         if cached is None:
             cached = self._parse(shape)
-        key, prefix = cached
-        head = b"%s%d\r\n\r\n" % (prefix, len(body))
+        key, tail = cached
+        head = b"%s %s HTTP/1.1\r\n%s%d\r\n\r\n" % (
+            method.encode("latin-1"),
+            target.encode("latin-1"),
+            tail,
+            len(body),
+        )
         idle = self._idle.get(key)
         if idle is None:
             idle = self._idle[key] = deque()
@@ -122,22 +131,15 @@ class FastHttpPool:
         conn = await self._connect(*key)
         return await self._exchange(key, conn, head, body)
 
-    def _parse(self, shape: tuple[str, str, str, bytes]) -> tuple[tuple[str, int], bytes]:
-        method, url, content_type, headers = shape
-        parts = urlsplit(url)
-        host = parts.hostname or "127.0.0.1"
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        if parts.scheme != "http":
-            raise ValueError("FastHttpPool speaks plain http only")
-        path = parts.path + (f"?{parts.query}" if parts.query else "")
-        prefix = (
-            f"{method} {path} HTTP/1.1\r\nHost: {parts.netloc}\r\n".encode("latin-1")
+    def _parse(self, shape: tuple[str, str, bytes]) -> tuple[tuple[str, int], bytes]:
+        origin, content_type, headers = shape
+        parts = urlsplit(origin)
+        tail = (
+            f"Host: {parts.netloc}\r\n".encode("latin-1")
             + headers
             + f"Content-Type: {content_type}\r\nContent-Length: ".encode("latin-1")
         )
-        if len(self._heads) >= 4096:  # bounded: admin paths carry session ids
-            self._heads.clear()
-        entry = self._heads[shape] = ((host, port), prefix)
+        entry = self._heads[shape] = ((parts.hostname or "127.0.0.1", parts.port or 80), tail)
         return entry
 
     async def _exchange(
