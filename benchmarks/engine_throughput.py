@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from rllm.sdk import rollout
 
 TURNS = 5
@@ -123,25 +125,30 @@ async def _close_http() -> None:
 @rollout
 async def five_turns(task: Any, config: Any) -> None:
     """The agent loop every path runs: 5 chat turns, each appending the reply and a new user turn.
-    Module-level, so worker processes can import it; one shared aiohttp session per process, so
-    the client library's own cost does not hide the engine's."""
+    Module-level, so worker processes can import it; one shared aiohttp session per process and
+    msgspec JSON, so the agent's own cost does not hide the engine's."""
     http = _http()
     messages = [{"role": "user", "content": task.instruction}]
     url = config.base_url + "/chat/completions"
-    headers = {"Authorization": f"Bearer {config.api_key}"}
+    headers = {"Authorization": f"Bearer {config.api_key}", "Content-Type": "application/json"}
     for turn in range(TURNS):
         body = {"model": config.model, "messages": messages, "max_tokens": 32}
-        async with http.post(url, json=body, headers=headers) as resp:
+        async with http.post(url, data=msgspec.json.encode(body), headers=headers) as resp:
             if resp.status != 200:
                 raise RuntimeError(f"turn {turn}: HTTP {resp.status}: {await resp.text()}")
-            data = await resp.json()
+            data = msgspec.json.decode(await resp.read())
         messages.append({"role": "assistant", "content": data["choices"][0]["message"]["content"]})
         messages.append({"role": "user", "content": f"continue ({turn + 1})"})
 
 
 async def run_engine(
-    gateway_url: str | None, upstream_urls: list[str], concurrency: int, rollouts: int, workers: int = 1
-) -> dict[str, float]:
+    gateway_url: str | None,
+    upstream_urls: list[str],
+    concurrency: int,
+    rollouts: int,
+    workers: int = 1,
+    watch: dict[str, int] | None = None,
+) -> dict[str, Any]:
     from rllm.engine.rollout_config import RolloutConfig
     from rllm.engine.rollout_engine import RolloutEngine
     from rllm.types import Task
@@ -157,12 +164,19 @@ async def run_engine(
     try:
         async with engine:
             await engine.run(tasks[: min(50 * workers, rollouts)])  # warm-up: connections, imports
+            # CPU of every process in the timed window: which one saturates first.
+            pids = {"engine (parent)": os.getpid(), **(watch or {})}
+            for i, child in enumerate(mp.active_children()):
+                if child.name.startswith("rllm-rollout-"):
+                    pids[f"worker {i}"] = child.pid
             episodes, done_at = [], []
+            cpu0 = _cpu(pids)
             t0 = time.perf_counter()
             async for group in engine.stream(tasks):
                 episodes.extend(group)
                 done_at.append(time.perf_counter())
             elapsed = time.perf_counter() - t0
+            cpu1 = _cpu(pids)
     finally:
         await _close_http()
     ok = [ep for ep in episodes if str(ep.termination_reason) == "done"]
@@ -179,7 +193,21 @@ async def run_engine(
     if rollouts >= 3 * concurrency:
         first, last = done_at[concurrency - 1], done_at[rollouts - concurrency - 1]
         steady = (rollouts - 2 * concurrency) / (last - first)
-    return {"rollouts_per_s": rollouts / elapsed, "elapsed_s": elapsed, "steady_per_s": steady}
+    busy = {k: (cpu1[k] - cpu0[k]) / elapsed for k in pids}
+    return {"rollouts_per_s": rollouts / elapsed, "elapsed_s": elapsed, "steady_per_s": steady, "busy": busy}
+
+
+def _print_busy(busy: dict[str, float], rollouts_per_s: float) -> None:
+    """Cores each process kept busy, and its CPU per rollout (workers and upstreams summed)."""
+    groups: dict[str, list[float]] = {}
+    for name, cores in busy.items():
+        groups.setdefault(name.split(" ")[0], []).append(cores)
+    parts = []
+    for name, values in groups.items():
+        total = sum(values)
+        spread = f" ({len(values)} procs, max {max(values):.2f})" if len(values) > 1 else ""
+        parts.append(f"{name} {total:.2f} cores{spread} = {total / rollouts_per_s * 1e6:.0f} us/rollout")
+    print("    cpu: " + "; ".join(parts))
 
 
 async def run_direct(upstream_url: str, concurrency: int, rollouts: int) -> dict[str, float]:
@@ -259,7 +287,10 @@ def main() -> None:
                 proc, gateway = _spawn(_serve_gateway, upstream)
                 procs.append(proc)
             n = args.rollouts or 2 * args.concurrency
-            result = asyncio.run(run_engine(gateway, upstreams, args.concurrency, n, args.workers))
+            watch = {f"upstream {i}": p.pid for i, p in enumerate(procs[: args.upstreams])}
+            if gateway is not None:
+                watch["gateway"] = procs[-1].pid
+            result = asyncio.run(run_engine(gateway, upstreams, args.concurrency, n, args.workers, watch))
             ideal = args.concurrency / (TURNS * args.latency)
             print(
                 f"(a) latency {args.latency * 1000:.0f} ms, concurrency {args.concurrency}, {n} rollouts: "
@@ -267,6 +298,7 @@ def main() -> None:
                 f"{result['rollouts_per_s'] / ideal:.3f} (target >= 0.9); steady state "
                 f"{result['steady_per_s']:.1f} rollouts/s -> ratio {result['steady_per_s'] / ideal:.3f}"
             )
+            _print_busy(result["busy"], result["rollouts_per_s"])
             # One process's own ceiling: the same agent loop on one upstream with no rLLM in the
             # path. Where it is far below the ideal, the CPU (not rLLM) bounds a one-process run.
             direct = asyncio.run(run_direct(upstream, args.concurrency, min(n, 4 * args.concurrency)))

@@ -12,6 +12,7 @@
 # Env knobs: DEVCHK_BUDGET (seconds for the whole script, default 420); DEVCHK_PARTS (default
 # a,b,e,c,d: a tinker tests, b e2e tests, e engine benchmark, c train say, d throughput; run in
 # the order a b e d c);
+# DEVCHK_A_COMBOS (engine benchmark (a) runs as "workers:upstreams" pairs, default "12:4 11:4 10:5");
 # DEVCHK_SAY_S (time limit of the `rllm train say` run, default 150); DEVCHK_WORK (scratch, /tmp).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -228,16 +229,16 @@ fi
 if want b; then
     part "b end-to-end training tests" 200 "$OUT/b_e2e.log" "${PYTEST[@]}" tests/test_train_e2e.py
 fi
-if want e; then  # issue 5's engine benchmark on 16 cores: (a) with worker processes, then (b)
-    part "e engine throughput (a): 1000 concurrent, 50 ms upstream, 11 workers, 4 upstreams" 90 \
-        "$OUT/d_throughput.log" python3 benchmarks/engine_throughput.py --skip-b --workers 11 --upstreams 4 --rollouts 20000
-    grep -E '^\(a\)|direct \(no rLLM' "$OUT/d_throughput.log" | tail -2 | sed 's/^/  /' | tee -a "$SUMMARY"
-    part "e2 engine throughput (a): 12 workers" 60 "$OUT/d_throughput.log" \
-        python3 benchmarks/engine_throughput.py --skip-b --workers 12 --upstreams 4 --rollouts 20000
-    grep -E '^\(a\)' "$OUT/d_throughput.log" | tail -1 | sed 's/^/  /' | tee -a "$SUMMARY"
-    part "e3 engine throughput (b): zero latency, engine+gateway vs direct" 60 "$OUT/d_throughput.log" \
+if want e; then  # issue 5's engine benchmark on 16 cores: (a) per "workers:upstreams" combo, then (b)
+    for combo in ${DEVCHK_A_COMBOS:-12:4 11:4 10:5}; do
+        part "e engine throughput (a): 1000 concurrent, 50 ms upstream, ${combo%:*} workers, ${combo#*:} upstreams" 60 \
+            "$OUT/e_engine.log" python3 benchmarks/engine_throughput.py --skip-b --workers "${combo%:*}" \
+            --upstreams "${combo#*:}" --rollouts 20000
+        grep -E '^\(a\)|^    cpu:|direct \(no rLLM' "$OUT/e_engine.log" | tail -3 | sed 's/^/  /' | tee -a "$SUMMARY"
+    done
+    part "e3 engine throughput (b): zero latency, engine+gateway vs direct" 60 "$OUT/e_engine.log" \
         python3 benchmarks/engine_throughput.py --skip-a --overhead-rollouts 4000
-    grep -E '^\(b\)' "$OUT/d_throughput.log" | tail -1 | sed 's/^/  /' | tee -a "$SUMMARY"
+    grep -E '^\(b\)' "$OUT/e_engine.log" | tail -1 | sed 's/^/  /' | tee -a "$SUMMARY"
 fi
 FAST=(val_every=0 ckpt_every=0 tensorboard=false plot=false)
 if want d; then

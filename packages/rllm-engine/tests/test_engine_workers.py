@@ -136,3 +136,55 @@ def test_config_refuses_zero_workers():
 
     with pytest.raises(InvariantError, match="workers"):
         RolloutConfig(workers=0)
+
+
+async def test_frames_survive_any_chunking_over_a_real_socket_pair():
+    """The pipe's framing: frames split at every byte, several per read, and one of 3 MB."""
+    import asyncio
+    import socket
+
+    from rllm.engine.workers import _HEADER, _Frames
+
+    payloads = [b"", b"x", bytes(range(256)) * 3, b"y" * (3 << 20), b"tail"]
+    wire = b"".join(_HEADER.pack(len(p)) + p for p in payloads)
+    got: list[bytes] = []
+    lost = asyncio.Event()
+    frames = _Frames(lambda view: got.append(bytes(view)), lost.set)
+    for cut in (1, 3, 4, 7, 1000, 65536, len(wire)):  # one protocol fed directly, in pieces
+        for i in range(0, len(wire), cut):
+            frames.data_received(wire[i : i + cut])
+    assert got == payloads * 7
+
+    got.clear()
+    a, b = socket.socketpair()
+    loop = asyncio.get_running_loop()
+    transport, _ = await loop.create_connection(
+        lambda: _Frames(lambda v: got.append(bytes(v)), lost.set), sock=a
+    )
+    b.setblocking(False)
+    await loop.sock_sendall(b, wire)
+    while len(got) < len(payloads):
+        await asyncio.sleep(0.01)
+    assert got == payloads
+    b.close()
+    await asyncio.wait_for(lost.wait(), 5)
+    transport.close()
+
+
+async def test_a_bad_frame_closes_the_pipe():
+    import asyncio
+    import socket
+
+    from rllm.engine.workers import _HEADER, _Frames
+
+    def refuse(view: memoryview) -> None:
+        raise ValueError("not a frame we know")
+
+    lost = asyncio.Event()
+    a, b = socket.socketpair()
+    _, pipe = await asyncio.get_running_loop().create_connection(lambda: _Frames(refuse, lost.set), sock=a)
+    b.sendall(_HEADER.pack(3) + b"abc")
+    await asyncio.wait_for(lost.wait(), 5)
+    with pytest.raises(ConnectionResetError):
+        pipe.send(b"more")
+    b.close()

@@ -37,6 +37,8 @@ class _App:
         r.add("GET", "/stream", self.stream)
         r.add("GET", "/big-stream", self.big_stream)
         r.add("GET", "/stream-then-fail", self.stream_then_fail)
+        r.add("GET", "/abort", self.abort)
+        r.add("GET", "/stream-then-abort", self.stream_then_abort)
 
     async def dispatch(self, request: Request) -> Response | StreamResponse:
         try:
@@ -96,6 +98,17 @@ class _App:
         await out.prepare(request)
         await out.write(b"partial")
         return error_response(500, "broke after the stream began")
+
+    async def abort(self, request: Request) -> Response:
+        request.abort()
+        return Response(body=b'{"never": "sent"}')
+
+    async def stream_then_abort(self, request: Request) -> StreamResponse:
+        out = StreamResponse()
+        await out.prepare(request)
+        await out.write(b"partial")
+        request.abort()
+        return out
 
 
 @pytest.fixture
@@ -288,3 +301,34 @@ async def test_head_is_get_without_the_body(served):
     assert second.startswith(b"HTTP/1.1 200 OK")
     assert await reader.readexactly(26) == b'{"item": "c", "part": "d"}'
     writer.close()
+
+
+async def test_abort_drops_the_connection_without_an_answer(served):
+    _, server, port = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /abort HTTP/1.1\r\nHost: x\r\n\r\n")
+    try:
+        data = await asyncio.wait_for(reader.read(), 5)
+    except ConnectionResetError:
+        data = b""
+    writer.close()
+    assert data == b""  # neither the handler's response nor anything else
+    for _ in range(50):
+        if not server.connections:
+            break
+        await asyncio.sleep(0.02)
+    assert not server.connections
+    # the server itself carries on
+    async with aiohttp.ClientSession() as s, s.post(f"http://127.0.0.1:{port}/echo", data=b"{}") as r:
+        assert r.status == 200
+
+
+async def test_abort_mid_stream_leaves_the_stream_unterminated(served):
+    _, _, port = served
+    data = await _exchange(port, b"GET /stream-then-abort HTTP/1.1\r\nHost: x\r\n\r\n", until_close=True)
+    assert b"Transfer-Encoding: chunked" in data and b"partial" in data
+    assert not data.endswith(b"0\r\n\r\n")
+    async with aiohttp.ClientSession() as s:
+        with pytest.raises(aiohttp.ClientPayloadError):
+            async with s.get(f"http://127.0.0.1:{port}/stream-then-abort") as r:
+                await r.read()

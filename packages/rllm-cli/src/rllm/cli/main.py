@@ -11,7 +11,6 @@ rllm gateway serve [...]          (the rllm-gateway server)
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from rllm.engine.event_loop import run
 from rllm.engine.metrics_log import read_metrics
 from rllm.engine.plugins import BACKENDS_GROUP, COOKBOOKS_GROUP, PluginNotFoundError, available, load_cookbook
 from rllm.engine.trainer_config import ConfigError
@@ -104,7 +104,7 @@ def _train(args: argparse.Namespace, overrides: list[str]) -> int:
     trainer = build_trainer(
         args.name, config_path=args.config, overrides=overrides, backend=args.backend, out_dir=args.out
     )
-    result = asyncio.run(trainer.fit(resume=args.resume))
+    result = run(trainer.fit(resume=args.resume))
     console.print(
         f"[bold green]done[/bold green]: {result.steps} steps in {result.wall_s:.0f} s; "
         f"reward {result.first_reward:.3f} -> {result.final_reward:.3f}; run dir {result.out_dir}"
@@ -118,7 +118,7 @@ def _eval(args: argparse.Namespace, _: list[str]) -> int:
 
     cookbook = load_cookbook(args.name)
     out = args.out or Path("runs") / f"eval-{args.name}"
-    summary = asyncio.run(
+    summary = run(
         evaluate(
             cookbook.load_tasks(args.split),
             cookbook.flow,

@@ -115,12 +115,22 @@ class RolloutEngine:
         return self._client
 
     async def start(self) -> RolloutEngine:
-        from rllm.gateway import GatewayClient
-
         if self._client is not None:
             return self
-        if self.config.workers > 1:
-            return await self._start_workers()
+        # The parent of worker processes too: it decodes every Episode they send back.
+        self._gc_restore = raise_gc_threshold(self.config.gc_gen0_threshold)
+        try:
+            if self.config.workers > 1:
+                return await self._start_workers()
+            return await self._start_here()
+        except BaseException:
+            restore_gc_threshold(self._gc_restore)
+            self._gc_restore = None
+            raise
+
+    async def _start_here(self) -> RolloutEngine:
+        from rllm.gateway import GatewayClient
+
         if self._gateway_url is None:
             from rllm.gateway import GatewayConfig, GatewayServer
 
@@ -145,7 +155,6 @@ class RolloutEngine:
         if not self.flow.is_async:
             workers = self.config.flow_threads or self.config.concurrency
             self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rllm-flow")
-        self._gc_restore = raise_gc_threshold(self.config.gc_gen0_threshold)
         return self
 
     async def _start_workers(self) -> RolloutEngine:

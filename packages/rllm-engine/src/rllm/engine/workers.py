@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import multiprocessing
 import pickle
 import socket
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -25,6 +27,7 @@ import msgspec
 from rllm.types import Episode, Task, from_msgpack, to_msgpack
 
 _HEADER = struct.Struct("<I")
+log = logging.getLogger("rllm.engine.workers")
 
 
 class WorkerDied(ConnectionError):
@@ -48,48 +51,90 @@ class _Ready(msgspec.Struct, array_like=True):
     gateway_url: str
 
 
-async def _read_frame(reader: asyncio.StreamReader) -> bytes:
-    (size,) = _HEADER.unpack(await reader.readexactly(_HEADER.size))
-    return await reader.readexactly(size)
+class _Frames(asyncio.Protocol):
+    """Length-prefixed frames over a stream socket. Each whole frame goes to ``on_frame`` as it
+    arrives (no coroutine per frame: the parent reads an Episode per rollout); ``on_lost`` runs
+    once when the other side goes away. A frame ``on_frame`` cannot handle ends the connection."""
 
+    def __init__(self, on_frame: Callable[[memoryview], None], on_lost: Callable[[], None]) -> None:
+        self._on_frame = on_frame
+        self._on_lost = on_lost
+        self._buf = bytearray()
+        self._need = _HEADER.size  # bytes the buffer must hold before a frame can be complete
+        self.transport: asyncio.Transport | None = None
 
-def _write_frame(writer: asyncio.StreamWriter, payload: bytes) -> None:
-    writer.write(_HEADER.pack(len(payload)) + payload)
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self._on_lost()
+
+    def data_received(self, data: bytes) -> None:
+        if self._buf:
+            self._buf += data
+            if len(self._buf) < self._need:
+                return  # most of a large frame is still on its way: no re-parsing meanwhile
+            data = bytes(self._buf)
+            self._buf.clear()
+        view, pos, end = memoryview(data), 0, len(data)
+        try:
+            while end - pos >= _HEADER.size:
+                (size,) = _HEADER.unpack_from(data, pos)
+                if end - pos - _HEADER.size < size:
+                    break
+                pos += _HEADER.size
+                self._on_frame(view[pos : pos + size])
+                pos += size
+        except Exception:
+            log.exception("bad frame from a rollout worker pipe; closing it")
+            if self.transport is not None:
+                self.transport.close()
+            return
+        self._buf += view[pos:]
+        self._need = _HEADER.size
+        if end - pos >= _HEADER.size:
+            self._need += _HEADER.unpack_from(data, pos)[0]
+
+    def send(self, payload: bytes) -> None:
+        if self.transport is None or self.transport.is_closing():
+            raise ConnectionResetError("the other end of the rollout worker pipe is gone")
+        self.transport.write(_HEADER.pack(len(payload)) + payload)
 
 
 # ----------------------------------------------------------------------------- worker side
 def _worker_main(sock: socket.socket, engine_kwargs: dict[str, Any]) -> None:
     """Entry point of a worker process."""
-    try:
-        import uvloop
+    from rllm.engine.event_loop import run
 
-        uvloop.install()
-    except ImportError:
-        pass
-    asyncio.run(_serve(sock, engine_kwargs))
+    run(_serve(sock, engine_kwargs))
 
 
 async def _serve(sock: socket.socket, engine_kwargs: dict[str, Any]) -> None:
     from rllm.engine.rollout_engine import RolloutEngine
 
-    reader, writer = await asyncio.open_connection(sock=sock)
+    loop = asyncio.get_running_loop()
+    running: set[asyncio.Task[None]] = set()
+    closed = asyncio.Event()
+
     async with RolloutEngine(**engine_kwargs) as engine:
-        _write_frame(writer, to_msgpack(_Ready(engine.gateway_url)))
-        running: set[asyncio.Task[None]] = set()
 
         async def run(job: _Job) -> None:
             engine.config.model = job.model
             episode = await engine.run_one(job.task, job.rollout_index, job.is_validation)
-            _write_frame(writer, to_msgpack(_Done(job.id, episode)))
+            with contextlib.suppress(ConnectionResetError):  # the parent is gone: nobody to tell
+                pipe.send(to_msgpack(_Done(job.id, episode)))
 
+        def on_frame(frame: memoryview) -> None:
+            t = loop.create_task(run(from_msgpack(frame, _Job)))
+            running.add(t)
+            t.add_done_callback(running.discard)
+
+        # Connected once the engine is up: jobs the parent sends meanwhile wait in the socket.
+        _, pipe = await loop.create_connection(lambda: _Frames(on_frame, closed.set), sock=sock)
+        pipe.send(to_msgpack(_Ready(engine.gateway_url)))
         try:
-            while True:
-                job = from_msgpack(await _read_frame(reader), _Job)
-                t = asyncio.create_task(run(job))
-                running.add(t)
-                t.add_done_callback(running.discard)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass  # the parent closed the pipe: shut down
+            await closed.wait()  # the parent closed the pipe: shut down
         finally:
             for t in running:
                 t.cancel()
@@ -98,34 +143,33 @@ async def _serve(sock: socket.socket, engine_kwargs: dict[str, Any]) -> None:
 
 # ----------------------------------------------------------------------------- parent side
 class _Worker:
-    def __init__(
-        self, index: int, process: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
+    def __init__(self, index: int, process: Any) -> None:
         self.index = index
         self.process = process
-        self.reader = reader
-        self.writer = writer
+        self.pipe: _Frames | None = None
         self.pending: dict[int, asyncio.Future[Episode]] = {}
         self.alive = True
         self.gateway_url = ""
-        self.listener: asyncio.Task[None] | None = None
+        self.ready: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
-    async def listen(self) -> None:
-        try:
-            while True:
-                done = from_msgpack(await _read_frame(self.reader), _Done)
-                fut = self.pending.pop(done.id, None)
-                if fut is not None and not fut.done():
-                    fut.set_result(done.episode)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            self.alive = False
-            code = self.process.exitcode
-            for fut in self.pending.values():
-                if not fut.done():
-                    fut.set_exception(WorkerDied(f"rollout worker {self.index} exited (code {code})"))
-            self.pending.clear()
+    def on_frame(self, frame: memoryview) -> None:
+        if not self.ready.done():
+            self.ready.set_result(from_msgpack(frame, _Ready).gateway_url)
+            return
+        done = from_msgpack(frame, _Done)
+        fut = self.pending.pop(done.id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(done.episode)
+
+    def on_lost(self) -> None:
+        self.alive = False
+        code = self.process.exitcode
+        if not self.ready.done():
+            self.ready.set_exception(ConnectionResetError(f"exit code {code}"))
+        for fut in self.pending.values():
+            if not fut.done():
+                fut.set_exception(WorkerDied(f"rollout worker {self.index} exited (code {code})"))
+        self.pending.clear()
 
 
 class WorkerPool:
@@ -144,6 +188,7 @@ class WorkerPool:
 
     async def start(self) -> WorkerPool:
         ctx = multiprocessing.get_context("spawn")
+        loop = asyncio.get_running_loop()
         try:
             for i in range(self.n):
                 parent_sock, child_sock = socket.socketpair()
@@ -162,18 +207,19 @@ class WorkerPool:
                         f"lambda or a local function): {exc}"
                     ) from None
                 child_sock.close()
-                reader, writer = await asyncio.open_connection(sock=parent_sock)
-                self.workers.append(_Worker(i, proc, reader, writer))
+                w = _Worker(i, proc)
+                self.workers.append(w)
+                _, w.pipe = await loop.create_connection(
+                    lambda w=w: _Frames(w.on_frame, w.on_lost), sock=parent_sock
+                )
             for w in self.workers:
                 try:
-                    frame = await asyncio.wait_for(_read_frame(w.reader), self.start_timeout_s)
-                except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
+                    w.gateway_url = await asyncio.wait_for(asyncio.shield(w.ready), self.start_timeout_s)
+                except (ConnectionError, TimeoutError):
                     raise RuntimeError(
                         f"rollout worker {w.index} did not start (exit code {w.process.exitcode}); "
                         "is the flow importable (defined at module level)?"
                     ) from None
-                w.gateway_url = from_msgpack(frame, _Ready).gateway_url
-                w.listener = asyncio.create_task(w.listen())
         except BaseException:
             await self.close()
             raise
@@ -185,22 +231,25 @@ class WorkerPool:
         if not live:
             raise WorkerDied("every rollout worker has exited")
         w = min(live, key=lambda w: len(w.pending))
+        assert w.pipe is not None
         self._ids += 1
         fut: asyncio.Future[Episode] = asyncio.get_running_loop().create_future()
         w.pending[self._ids] = fut
-        _write_frame(w.writer, to_msgpack(_Job(self._ids, task, rollout_index, is_validation, model)))
+        try:
+            w.pipe.send(to_msgpack(_Job(self._ids, task, rollout_index, is_validation, model)))
+        except ConnectionResetError:
+            w.pending.pop(self._ids, None)
+            raise WorkerDied(f"rollout worker {w.index} exited (code {w.process.exitcode})") from None
         return await fut
 
     async def close(self) -> None:
         for w in self.workers:
-            with contextlib.suppress(Exception):
-                w.writer.close()
+            if w.pipe is not None and w.pipe.transport is not None:
+                w.pipe.transport.close()
         for w in self.workers:
             await asyncio.to_thread(w.process.join, 10)
             if w.process.is_alive():
                 w.process.kill()
-            if w.listener is not None:
-                await asyncio.gather(w.listener, return_exceptions=True)
         self.workers = []
 
 

@@ -90,6 +90,15 @@ class Request:
     async def read(self) -> bytes:
         return self.body
 
+    def abort(self) -> None:
+        """Drop the connection now, without an answer and without flushing what is queued.
+
+        For servers that play a crashing peer (the mock upstream's "die" modes). The handler
+        should return right after; whatever it returns is not sent.
+        """
+        if self._conn is not None:
+            self._conn.abort()
+
 
 class Response:
     """A whole response, written with its head in one transport write."""
@@ -297,6 +306,13 @@ class _HttpProtocol(asyncio.Protocol):
     def close(self) -> None:
         if not self.closed and self.transport is not None:
             self.transport.close()
+
+    def abort(self) -> None:
+        # Marked closed at once, not when connection_lost runs on the next loop pass, so that the
+        # handler's return writes nothing (no answer, no closing chunk) to the dead transport.
+        if not self.closed and self.transport is not None:
+            self.closed = True
+            self.transport.abort()
 
     @property
     def handler(self) -> asyncio.Task[None] | None:
