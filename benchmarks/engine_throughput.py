@@ -194,7 +194,34 @@ async def run_engine(
         first, last = done_at[concurrency - 1], done_at[rollouts - concurrency - 1]
         steady = (rollouts - 2 * concurrency) / (last - first)
     busy = {k: (cpu1[k] - cpu0[k]) / elapsed for k in pids}
-    return {"rollouts_per_s": rollouts / elapsed, "elapsed_s": elapsed, "steady_per_s": steady, "busy": busy}
+    # Where a rollout's time goes: the upstream calls as the gateway timed them, the rest of the
+    # rollout as the engine (or its worker) timed it, and the remainder of the time in flight.
+    calls_s = sum(s.timing.get("latency_s", 0.0) for ep in ok for t in ep.trajectories for s in t.steps)
+    rollout_s = sum(ep.metrics.get("rollout_s", 0.0) for ep in ok)
+    return {
+        "rollouts_per_s": rollouts / elapsed,
+        "elapsed_s": elapsed,
+        "steady_per_s": steady,
+        "busy": busy,
+        "calls_s": calls_s / len(ok),
+        "rollout_s": rollout_s / len(ok),
+    }
+
+
+def _print_latency(result: dict[str, Any], concurrency: int, ideal_s: float) -> None:
+    """Little's law: with ``concurrency`` rollouts always in flight, each spends concurrency / rate
+    seconds in flight; split that into the upstream calls, the rest of the rollout and dispatch."""
+    rate = (
+        result["steady_per_s"]
+        if result["steady_per_s"] == result["steady_per_s"]
+        else result["rollouts_per_s"]
+    )
+    in_flight, rollout, calls = concurrency / rate, result["rollout_s"], result["calls_s"]
+    print(
+        f"    per rollout: {in_flight * 1e3:.1f} ms in flight (ideal {ideal_s * 1e3:.0f}) = upstream calls "
+        f"{calls * 1e3:.1f} ms (as the gateway timed them) + rest of the rollout {(rollout - calls) * 1e3:.1f} ms "
+        f"(agent, sessions, episode) + {(in_flight - rollout) * 1e3:.1f} ms dispatch and queueing"
+    )
 
 
 def _print_busy(busy: dict[str, float], rollouts_per_s: float) -> None:
@@ -299,6 +326,7 @@ def main() -> None:
                 f"{result['steady_per_s']:.1f} rollouts/s -> ratio {result['steady_per_s'] / ideal:.3f}"
             )
             _print_busy(result["busy"], result["rollouts_per_s"])
+            _print_latency(result, args.concurrency, TURNS * args.latency)
             # One process's own ceiling: the same agent loop on one upstream with no rLLM in the
             # path. Where it is far below the ideal, the CPU (not rLLM) bounds a one-process run.
             direct = asyncio.run(run_direct(upstream, args.concurrency, min(n, 4 * args.concurrency)))

@@ -234,7 +234,7 @@ if want e; then  # issue 5's engine benchmark on 16 cores: (a) per "workers:upst
         part "e engine throughput (a): 1000 concurrent, 50 ms upstream, ${combo%:*} workers, ${combo#*:} upstreams" 60 \
             "$OUT/e_engine.log" python3 benchmarks/engine_throughput.py --skip-b --workers "${combo%:*}" \
             --upstreams "${combo#*:}" --rollouts 20000
-        grep -E '^\(a\)|^    cpu:|direct \(no rLLM' "$OUT/e_engine.log" | tail -3 | sed 's/^/  /' | tee -a "$SUMMARY"
+        grep -E '^\(a\)|^    cpu:|^    per rollout:|direct \(no rLLM' "$OUT/e_engine.log" | tail -4 | sed 's/^/  /' | tee -a "$SUMMARY"
     done
     part "e3 engine throughput (b): zero latency, engine+gateway vs direct" 60 "$OUT/e_engine.log" \
         python3 benchmarks/engine_throughput.py --skip-a --overhead-rollouts 4000

@@ -42,6 +42,17 @@ async def two_turns(task, config):
 
 
 @rollout
+async def timed(task, config):
+    import asyncio, time
+    start = time.time()
+    client = openai.AsyncOpenAI(base_url=config.base_url, api_key=config.api_key, max_retries=0)
+    await client.chat.completions.create(model=config.model, messages=[{"role": "user", "content": "hi"}])
+    await client.close()
+    await asyncio.sleep(0.1)
+    return {"pid": os.getpid(), "start": start, "end": time.time()}
+
+
+@rollout
 def one_turn_sync(task, config):
     with openai.OpenAI(base_url=config.base_url, api_key=config.api_key, max_retries=0) as client:
         reply = client.chat.completions.create(
@@ -87,6 +98,30 @@ async def test_rollouts_spread_over_worker_processes_with_their_own_gateways(flo
         assert traj.steps[1].input[-1].content == f"go on 0 #{ep.task_id}"  # no cross-talk
         pids.add(ep.artifacts["pid"])
     assert len(pids) == 2  # both processes served rollouts
+
+
+def _most_at_once(episodes) -> int:
+    events = sorted(
+        [(ep.artifacts["start"], 1) for ep in episodes] + [(ep.artifacts["end"], -1) for ep in episodes]
+    )
+    running = most = 0
+    for _, delta in events:  # an end sorts before a start at the same instant
+        running += delta
+        most = max(most, running)
+    return most
+
+
+@pytest.mark.parametrize(("concurrency", "workers"), [(3, 2), (1, 2)])
+async def test_concurrency_is_split_between_workers_and_never_exceeded(flows, upstream, concurrency, workers):
+    """Each worker runs at most its share; the jobs sent ahead (prefetch) wait in the worker."""
+    config = RolloutConfig(n=1, concurrency=concurrency, workers=workers, progress=False)
+    async with RolloutEngine(flows.timed, None, config, upstreams=[upstream.url]) as engine:
+        assert engine._pool.capacity > concurrency or concurrency < workers
+        episodes = await engine.run(_tasks(10))
+    assert all(ep.termination_reason == TerminationReason.DONE for ep in episodes)
+    assert _most_at_once(episodes) == concurrency
+    if concurrency >= workers:
+        assert len({ep.artifacts["pid"] for ep in episodes}) == workers
 
 
 async def test_a_dead_worker_fails_over_and_the_batch_completes(flows, upstream, tmp_path):

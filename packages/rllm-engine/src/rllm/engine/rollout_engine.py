@@ -169,7 +169,9 @@ class RolloutEngine:
             "upstreams": self._upstreams or None,
             "gateway_config": self._gateway_config,
         }
-        self._pool = await WorkerPool(self.config.workers, kwargs).start()
+        self._pool = await WorkerPool(
+            self.config.workers, kwargs, concurrency=self.config.concurrency
+        ).start()
         if self._gateway_url is not None:  # attached: every worker uses the same gateway
             self._client = GatewayClient(self._gateway_url, admin_key=self._admin_key)
         else:
@@ -259,7 +261,10 @@ class RolloutEngine:
                 if remaining[ti] == 0:
                     finished.put_nowait(ti)
 
-        workers = [asyncio.create_task(worker()) for _ in range(min(self.config.concurrency, total))]
+        # With worker processes, each enforces its share of the concurrency and queues a few
+        # jobs more (see WorkerPool): keep that many in flight from here.
+        width = self._pool.capacity if self._pool is not None else self.config.concurrency
+        workers = [asyncio.create_task(worker()) for _ in range(min(width, total))]
         try:
             for _ in range(len(tasks)):
                 ti = await finished.get()

@@ -118,10 +118,14 @@ async def _serve(sock: socket.socket, engine_kwargs: dict[str, Any]) -> None:
     closed = asyncio.Event()
 
     async with RolloutEngine(**engine_kwargs) as engine:
+        # This worker's share of the engine's concurrency. The parent sends a few jobs more than
+        # that; they wait here and start the moment a rollout ends, without a round trip.
+        slots = asyncio.Semaphore(engine.config.concurrency)
 
         async def run(job: _Job) -> None:
-            engine.config.model = job.model
-            episode = await engine.run_one(job.task, job.rollout_index, job.is_validation)
+            async with slots:
+                engine.config.model = job.model
+                episode = await engine.run_one(job.task, job.rollout_index, job.is_validation)
             with contextlib.suppress(ConnectionResetError):  # the parent is gone: nobody to tell
                 pipe.send(to_msgpack(_Done(job.id, episode)))
 
@@ -143,9 +147,10 @@ async def _serve(sock: socket.socket, engine_kwargs: dict[str, Any]) -> None:
 
 # ----------------------------------------------------------------------------- parent side
 class _Worker:
-    def __init__(self, index: int, process: Any) -> None:
+    def __init__(self, index: int, process: Any, capacity: int) -> None:
         self.index = index
         self.process = process
+        self.capacity = capacity  # its concurrency share plus the prefetch
         self.pipe: _Frames | None = None
         self.pending: dict[int, asyncio.Future[Episode]] = {}
         self.alive = True
@@ -173,14 +178,38 @@ class _Worker:
 
 
 class WorkerPool:
-    """N worker processes, each running a RolloutEngine built from ``engine_kwargs``."""
+    """N worker processes, each running a RolloutEngine built from ``engine_kwargs``.
 
-    def __init__(self, n: int, engine_kwargs: dict[str, Any], *, start_timeout_s: float = 120.0) -> None:
+    ``concurrency`` (rollouts running at once) is split between the workers; each also gets up
+    to ``prefetch`` jobs more than its share, queued in the worker, so that a finished rollout's
+    slot is refilled at once instead of after a round trip through this process.
+    ``capacity`` is how many jobs the pool takes at a time.
+    """
+
+    def __init__(
+        self,
+        n: int,
+        engine_kwargs: dict[str, Any],
+        *,
+        concurrency: int,
+        prefetch: int | None = None,
+        start_timeout_s: float = 120.0,
+    ) -> None:
         self.n = n
         self.engine_kwargs = engine_kwargs
         self.start_timeout_s = start_timeout_s
+        self.slots = [concurrency // n + (i < concurrency % n) for i in range(n)]
+        self.prefetch = max(1, concurrency // (8 * n)) if prefetch is None else prefetch
         self.workers: list[_Worker] = []
         self._ids = 0
+
+    def _capacity(self, index: int) -> int:
+        # A worker without a share (concurrency < workers) gets no jobs while the others live.
+        return self.slots[index] + self.prefetch if self.slots[index] else 0
+
+    @property
+    def capacity(self) -> int:
+        return sum(self._capacity(i) for i in range(self.n))
 
     @property
     def gateway_urls(self) -> list[str]:
@@ -194,6 +223,9 @@ class WorkerPool:
                 parent_sock, child_sock = socket.socketpair()
                 kwargs = dict(self.engine_kwargs)
                 kwargs["gateway_config"] = _per_worker(kwargs.get("gateway_config"), i)
+                kwargs["config"] = msgspec.structs.replace(
+                    kwargs["config"], concurrency=max(1, self.slots[i])
+                )
                 proc = ctx.Process(
                     target=_worker_main, args=(child_sock, kwargs), name=f"rllm-rollout-{i}", daemon=True
                 )
@@ -207,7 +239,7 @@ class WorkerPool:
                         f"lambda or a local function): {exc}"
                     ) from None
                 child_sock.close()
-                w = _Worker(i, proc)
+                w = _Worker(i, proc, self._capacity(i))
                 self.workers.append(w)
                 _, w.pipe = await loop.create_connection(
                     lambda w=w: _Frames(w.on_frame, w.on_lost), sock=parent_sock
@@ -226,11 +258,12 @@ class WorkerPool:
         return self
 
     async def run_one(self, task: Task, rollout_index: int, is_validation: bool, model: str) -> Episode:
-        """Run one rollout on the least-loaded live worker; raises WorkerDied if it exits first."""
+        """Run one rollout on the live worker with the most room; raises WorkerDied if it exits
+        first. (After a worker died the others may get more than their capacity: they queue it.)"""
         live = [w for w in self.workers if w.alive]
         if not live:
             raise WorkerDied("every rollout worker has exited")
-        w = min(live, key=lambda w: len(w.pending))
+        w = max(live, key=lambda w: w.capacity - len(w.pending))
         assert w.pipe is not None
         self._ids += 1
         fut: asyncio.Future[Episode] = asyncio.get_running_loop().create_future()
