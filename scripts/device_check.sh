@@ -12,7 +12,8 @@
 # Env knobs: DEVCHK_BUDGET (seconds for the whole script, default 420); DEVCHK_PARTS (default
 # a,b,e,c,d: a tinker tests, b e2e tests, e engine benchmark, c train say, d throughput; run in
 # the order a b e d c);
-# DEVCHK_A_COMBOS (engine benchmark (a) runs as "workers:upstreams" pairs, default "12:4 11:4 10:5");
+# DEVCHK_A_COMBOS (engine benchmark (a) runs as "workers:upstreams" pairs, default "12:4 11:4 10:5")
+# and DEVCHK_A_ROLLOUTS (rollouts per (a) run, default 20000);
 # DEVCHK_SAY_S (time limit of the `rllm train say` run, default 150); DEVCHK_WORK (scratch, /tmp).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -233,7 +234,7 @@ if want e; then  # issue 5's engine benchmark on 16 cores: (a) per "workers:upst
     for combo in ${DEVCHK_A_COMBOS:-12:4 11:4 10:5}; do
         part "e engine throughput (a): 1000 concurrent, 50 ms upstream, ${combo%:*} workers, ${combo#*:} upstreams" 60 \
             "$OUT/e_engine.log" python3 benchmarks/engine_throughput.py --skip-b --workers "${combo%:*}" \
-            --upstreams "${combo#*:}" --rollouts 20000
+            --upstreams "${combo#*:}" --rollouts "${DEVCHK_A_ROLLOUTS:-20000}"
         grep -E '^\(a\)|^    cpu:|^    per rollout:|direct \(no rLLM' "$OUT/e_engine.log" | tail -4 | sed 's/^/  /' | tee -a "$SUMMARY"
     done
     part "e3 engine throughput (b): zero latency, engine+gateway vs direct" 60 "$OUT/e_engine.log" \

@@ -114,35 +114,35 @@ async def _serve(sock: socket.socket, engine_kwargs: dict[str, Any]) -> None:
     from rllm.engine.rollout_engine import RolloutEngine
 
     loop = asyncio.get_running_loop()
-    running: set[asyncio.Task[None]] = set()
+    jobs: asyncio.Queue[_Job] = asyncio.Queue()
     closed = asyncio.Event()
 
     async with RolloutEngine(**engine_kwargs) as engine:
-        # This worker's share of the engine's concurrency. The parent sends a few jobs more than
-        # that; they wait here and start the moment a rollout ends, without a round trip.
-        slots = asyncio.Semaphore(engine.config.concurrency)
 
-        async def run(job: _Job) -> None:
-            async with slots:
+        async def runner() -> None:
+            # One runner per slot of this worker's share of the concurrency. The parent sends a
+            # few jobs more than that; a runner whose rollout ends takes the next one from the
+            # queue at once, without waiting for a round trip or another loop pass.
+            while True:
+                job = await jobs.get()
                 engine.config.model = job.model
                 episode = await engine.run_one(job.task, job.rollout_index, job.is_validation)
-            with contextlib.suppress(ConnectionResetError):  # the parent is gone: nobody to tell
-                pipe.send(to_msgpack(_Done(job.id, episode)))
+                with contextlib.suppress(ConnectionResetError):  # the parent is gone: nobody to tell
+                    pipe.send(to_msgpack(_Done(job.id, episode)))
 
         def on_frame(frame: memoryview) -> None:
-            t = loop.create_task(run(from_msgpack(frame, _Job)))
-            running.add(t)
-            t.add_done_callback(running.discard)
+            jobs.put_nowait(from_msgpack(frame, _Job))
 
         # Connected once the engine is up: jobs the parent sends meanwhile wait in the socket.
         _, pipe = await loop.create_connection(lambda: _Frames(on_frame, closed.set), sock=sock)
+        runners = [loop.create_task(runner()) for _ in range(engine.config.concurrency)]
         pipe.send(to_msgpack(_Ready(engine.gateway_url)))
         try:
             await closed.wait()  # the parent closed the pipe: shut down
         finally:
-            for t in running:
+            for t in runners:
                 t.cancel()
-            await asyncio.gather(*running, return_exceptions=True)
+            await asyncio.gather(*runners, return_exceptions=True)
 
 
 # ----------------------------------------------------------------------------- parent side
