@@ -223,3 +223,18 @@ async def test_a_bad_frame_closes_the_pipe():
     with pytest.raises(ConnectionResetError):
         pipe.send(b"more")
     b.close()
+
+
+def test_worker_shares_and_prefetch():
+    from rllm.engine.workers import WorkerPool
+    from rllm.types import InvariantError
+
+    pool = WorkerPool(3, {}, concurrency=1000)
+    assert pool.slots == [334, 333, 333] and pool.prefetch == 166  # half a share queued ahead
+    assert pool.capacity == 1000 + 3 * 166
+    exact = WorkerPool(3, {}, concurrency=10, prefetch=0)
+    assert exact.capacity == 10  # no jobs queued ahead: every job the pool takes runs at once
+    few = WorkerPool(4, {}, concurrency=2)
+    assert few.slots == [1, 1, 0, 0] and few.capacity == 4  # workers without a share get nothing
+    with pytest.raises(InvariantError, match="worker_prefetch"):
+        RolloutConfig(worker_prefetch=-1)

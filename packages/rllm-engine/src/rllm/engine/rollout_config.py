@@ -20,7 +20,9 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     (default: ``concurrency``). ``val_sampling`` replaces ``sampling`` for validation runs.
     ``workers`` > 1 runs the flows in that many processes, each with its own embedded gateway
     (or attached to the same one), for more agent traffic than one core carries; flows must then
-    be importable (see :mod:`rllm.engine.workers`). ``gc_gen0_threshold`` raises CPython's young-generation GC threshold while the engine runs
+    be importable (see :mod:`rllm.engine.workers`); each runs its share of ``concurrency`` and
+    holds ``worker_prefetch`` more jobs queued (default: half its share), so its slots stay busy
+    while this process is briefly stalled (e.g. collecting garbage). ``gc_gen0_threshold`` raises CPython's young-generation GC threshold while the engine runs
     (see :mod:`rllm.engine.gc_tuning`); None leaves the collector alone.
     """
 
@@ -39,6 +41,7 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
     gc_gen0_threshold: int | None = 50_000
     workers: int = 1
+    worker_prefetch: int | None = None
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -59,6 +62,10 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             )
         if self.workers < 1:
             raise InvariantError(f"workers must be >= 1, got {self.workers}", "workers")
+        if self.worker_prefetch is not None and self.worker_prefetch < 0:
+            raise InvariantError(
+                f"worker_prefetch must be >= 0 or None, got {self.worker_prefetch}", "worker_prefetch"
+            )
         if self.gc_gen0_threshold is not None and self.gc_gen0_threshold < 1:
             raise InvariantError(
                 f"gc_gen0_threshold must be >= 1 or None, got {self.gc_gen0_threshold}", "gc_gen0_threshold"

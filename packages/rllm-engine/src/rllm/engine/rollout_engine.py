@@ -170,7 +170,10 @@ class RolloutEngine:
             "gateway_config": self._gateway_config,
         }
         self._pool = await WorkerPool(
-            self.config.workers, kwargs, concurrency=self.config.concurrency
+            self.config.workers,
+            kwargs,
+            concurrency=self.config.concurrency,
+            prefetch=self.config.worker_prefetch,
         ).start()
         if self._gateway_url is not None:  # attached: every worker uses the same gateway
             self._client = GatewayClient(self._gateway_url, admin_key=self._admin_key)

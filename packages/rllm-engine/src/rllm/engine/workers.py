@@ -181,9 +181,11 @@ class WorkerPool:
     """N worker processes, each running a RolloutEngine built from ``engine_kwargs``.
 
     ``concurrency`` (rollouts running at once) is split between the workers; each also gets up
-    to ``prefetch`` jobs more than its share, queued in the worker, so that a finished rollout's
-    slot is refilled at once instead of after a round trip through this process.
-    ``capacity`` is how many jobs the pool takes at a time.
+    to ``prefetch`` jobs more than its share (default: half its share), queued in the worker, so
+    that a finished rollout's slot is refilled at once instead of after a round trip through
+    this process, and stays busy while this process pauses (a full garbage collection of a
+    parent holding thousands of Episodes takes tens of milliseconds). ``capacity`` is how many
+    jobs the pool takes at a time.
     """
 
     def __init__(
@@ -199,7 +201,7 @@ class WorkerPool:
         self.engine_kwargs = engine_kwargs
         self.start_timeout_s = start_timeout_s
         self.slots = [concurrency // n + (i < concurrency % n) for i in range(n)]
-        self.prefetch = max(1, concurrency // (8 * n)) if prefetch is None else prefetch
+        self.prefetch = max(1, concurrency // (2 * n)) if prefetch is None else prefetch
         self.workers: list[_Worker] = []
         self._ids = 0
 
