@@ -262,6 +262,47 @@ async def run_direct(upstream_url: str, concurrency: int, rollouts: int) -> dict
     return {"rollouts_per_s": rollouts / elapsed, "elapsed_s": elapsed}
 
 
+def _direct_process(upstream_url: str, concurrency: int, rollouts: int, barrier: Any, out: Any) -> None:
+    """Child process: warm up, wait for the others, then time the direct agent loop."""
+    _install_uvloop()
+
+    async def timed() -> tuple[float, float]:
+        await run_direct(upstream_url, concurrency, min(50, rollouts))  # warm-up: connections, imports
+        await asyncio.to_thread(barrier.wait)
+        t0 = time.time()
+        await run_direct(upstream_url, concurrency, rollouts)
+        return t0, time.time()
+
+    out.put(asyncio.run(timed()))
+
+
+def run_direct_processes(
+    upstreams: list[str], concurrency: int, rollouts: int, processes: int
+) -> dict[str, float]:
+    """The direct agent loop in ``processes`` processes at once; with 1, in this process."""
+    if processes == 1:
+        return asyncio.run(run_direct(upstreams[0], concurrency, rollouts))
+    ctx = mp.get_context("spawn")
+    barrier, out = ctx.Barrier(processes), ctx.Queue()
+    shares = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
+    counts = [rollouts // processes + (i < rollouts % processes) for i in range(processes)]
+    procs = [
+        ctx.Process(
+            target=_direct_process,
+            args=(upstreams[i % len(upstreams)], shares[i], counts[i], barrier, out),
+            daemon=True,
+        )
+        for i in range(processes)
+    ]
+    for proc in procs:
+        proc.start()
+    spans = [out.get(timeout=600) for _ in procs]
+    for proc in procs:
+        proc.join(timeout=10)
+    elapsed = max(end for _, end in spans) - min(start for start, _ in spans)
+    return {"rollouts_per_s": rollouts / elapsed, "elapsed_s": elapsed}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -327,13 +368,14 @@ def main() -> None:
             )
             _print_busy(result["busy"], result["rollouts_per_s"])
             _print_latency(result, args.concurrency, TURNS * args.latency)
-            # One process's own ceiling: the same agent loop on one upstream with no rLLM in the
-            # path. Where it is far below the ideal, the CPU (not rLLM) bounds a one-process run.
-            direct = asyncio.run(run_direct(upstream, args.concurrency, min(n, 4 * args.concurrency)))
+            # The machine's own ceiling: the same agent loop with no rLLM in the path, in as many
+            # processes as the engine had (each with its share of the concurrency, the upstreams
+            # dealt round robin). Where it is below the ideal, the CPU (not rLLM) bounds the run.
+            direct = run_direct_processes(upstreams, args.concurrency, n, args.workers)
             print(
-                f"    direct (no rLLM, one process, same concurrency): {direct['rollouts_per_s']:.1f} "
-                f"rollouts/s = {direct['rollouts_per_s'] / ideal:.3f} of ideal; engine / direct = "
-                f"{result['rollouts_per_s'] / direct['rollouts_per_s']:.3f}"
+                f"    direct (no rLLM, {args.workers} process(es), same concurrency): "
+                f"{direct['rollouts_per_s']:.1f} rollouts/s = {direct['rollouts_per_s'] / ideal:.3f} of ideal; "
+                f"engine / direct = {result['rollouts_per_s'] / direct['rollouts_per_s']:.3f}"
             )
         if not args.skip_b:
             proc, upstream0 = _spawn(_serve_upstream, 0.0)
