@@ -148,6 +148,7 @@ async def run_engine(
     rollouts: int,
     workers: int = 1,
     watch: dict[str, int] | None = None,
+    prefetch: int | None = None,
 ) -> dict[str, Any]:
     from rllm.engine.rollout_config import RolloutConfig
     from rllm.engine.rollout_engine import RolloutEngine
@@ -155,7 +156,13 @@ async def run_engine(
 
     tasks = [Task(id=f"t{i}", instruction=f"task {i}: solve it") for i in range(rollouts)]
     config = RolloutConfig(
-        n=1, concurrency=concurrency, progress=False, max_retries=0, deadline_s=300, workers=workers
+        n=1,
+        concurrency=concurrency,
+        progress=False,
+        max_retries=0,
+        deadline_s=300,
+        workers=workers,
+        worker_prefetch=prefetch,
     )
     if gateway_url is not None:
         engine = RolloutEngine(five_turns, None, config, gateway_url=gateway_url)
@@ -330,6 +337,9 @@ def main() -> None:
         help="(a) engine worker processes, each with its own embedded gateway (RolloutConfig.workers)",
     )
     parser.add_argument("--upstreams", type=int, default=1, help="(a) mock upstream processes")
+    parser.add_argument(
+        "--prefetch", type=int, default=None, help="(a) RolloutConfig.worker_prefetch (default: half a share)"
+    )
     parser.add_argument("--skip-a", action="store_true")
     parser.add_argument("--skip-b", action="store_true")
     args = parser.parse_args()
@@ -358,7 +368,9 @@ def main() -> None:
             watch = {f"upstream {i}": p.pid for i, p in enumerate(procs[: args.upstreams])}
             if gateway is not None:
                 watch["gateway"] = procs[-1].pid
-            result = asyncio.run(run_engine(gateway, upstreams, args.concurrency, n, args.workers, watch))
+            result = asyncio.run(
+                run_engine(gateway, upstreams, args.concurrency, n, args.workers, watch, args.prefetch)
+            )
             ideal = args.concurrency / (TURNS * args.latency)
             print(
                 f"(a) latency {args.latency * 1000:.0f} ms, concurrency {args.concurrency}, {n} rollouts: "
