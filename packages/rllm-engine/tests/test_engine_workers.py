@@ -3,6 +3,7 @@ with its own embedded gateway, in front of a real loopback upstream; flows use t
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import textwrap
 
@@ -50,6 +51,11 @@ async def timed(task, config):
     await client.close()
     await asyncio.sleep(0.1)
     return {"pid": os.getpid(), "start": start, "end": time.time()}
+
+
+@rollout
+async def unsendable(task, config):
+    return {"handle": object()} if task.id == "t1" else {"ok": True}
 
 
 @rollout
@@ -238,3 +244,12 @@ def test_worker_shares_and_prefetch():
     assert few.slots == [1, 1, 0, 0] and few.capacity == 4  # workers without a share get nothing
     with pytest.raises(InvariantError, match="worker_prefetch"):
         RolloutConfig(worker_prefetch=-1)
+
+
+async def test_an_episode_that_cannot_leave_its_worker_fails_alone(flows, upstream):
+    config = RolloutConfig(n=1, concurrency=4, workers=2, progress=False)
+    async with RolloutEngine(flows.unsendable, None, config, upstreams=[upstream.url]) as engine:
+        episodes = await asyncio.wait_for(engine.run(_tasks(3)), 60)  # no hang waiting for t1
+    reasons = [ep.termination_reason for ep in episodes]
+    assert reasons == [TerminationReason.DONE, TerminationReason.AGENT_ERROR, TerminationReason.DONE]
+    assert "msgpack-encodable" in episodes[1].error.message and episodes[1].metrics["reward"] == 0.0

@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-from rllm.types import Episode, Task, from_msgpack, to_msgpack
+from rllm.types import Episode, ErrorInfo, EvalOutput, Task, TerminationReason, from_msgpack, to_msgpack
 
 _HEADER = struct.Struct("<I")
 log = logging.getLogger("rllm.engine.workers")
@@ -128,7 +128,7 @@ async def _serve(sock: socket.socket, engine_kwargs: dict[str, Any]) -> None:
                 engine.config.model = job.model
                 episode = await engine.run_one(job.task, job.rollout_index, job.is_validation)
                 with contextlib.suppress(ConnectionResetError):  # the parent is gone: nobody to tell
-                    pipe.send(to_msgpack(_Done(job.id, episode)))
+                    pipe.send(_encode_done(job, episode))
 
         def on_frame(frame: memoryview) -> None:
             jobs.put_nowait(from_msgpack(frame, _Job))
@@ -143,6 +143,25 @@ async def _serve(sock: socket.socket, engine_kwargs: dict[str, Any]) -> None:
             for t in runners:
                 t.cancel()
             await asyncio.gather(*runners, return_exceptions=True)
+
+
+def _encode_done(job: _Job, episode: Episode) -> bytes:
+    """The Done frame; an episode that cannot be encoded (a flow returned artifacts msgpack cannot
+    carry) comes back as an agent_error saying so, rather than leaving the parent waiting."""
+    try:
+        return to_msgpack(_Done(job.id, episode))
+    except Exception as exc:
+        from rllm.engine.episode_builder import failed_episode
+        from rllm.engine.rollout_engine import RolloutEngine
+
+        error = ErrorInfo(
+            type=type(exc).__name__,
+            message=f"the rollout's Episode cannot be sent from its worker process (with workers > 1 "
+            f"a flow's result, artifacts and metadata must be msgpack-encodable): {exc}",
+        )
+        failed = failed_episode(job.task.id, job.rollout_index, TerminationReason.AGENT_ERROR, error)
+        RolloutEngine._apply(failed, EvalOutput(reward=0.0, is_correct=False))
+        return to_msgpack(_Done(job.id, failed))
 
 
 # ----------------------------------------------------------------------------- parent side
