@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import os
 import textwrap
 
 import pytest
@@ -253,3 +254,31 @@ async def test_an_episode_that_cannot_leave_its_worker_fails_alone(flows, upstre
     reasons = [ep.termination_reason for ep in episodes]
     assert reasons == [TerminationReason.DONE, TerminationReason.AGENT_ERROR, TerminationReason.DONE]
     assert "msgpack-encodable" in episodes[1].error.message and episodes[1].metrics["reward"] == 0.0
+
+
+async def test_a_worker_that_dies_while_starting_is_reported(tmp_path, monkeypatch, upstream):
+    (tmp_path / "rllm_flows_broken_in_workers.py").write_text(
+        textwrap.dedent(
+            """
+            import os
+
+            from rllm.sdk import rollout
+
+            if os.environ["RLLM_TEST_PARENT_PID"] != str(os.getpid()):  # a (spawned) worker
+                raise ImportError("this module cannot be imported in a worker process")
+
+
+            @rollout
+            async def flow(task, config):
+                return None
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("RLLM_TEST_PARENT_PID", str(os.getpid()))
+    module = importlib.import_module("rllm_flows_broken_in_workers")
+    config = RolloutConfig(workers=2, progress=False)
+    engine = RolloutEngine(module.flow, None, config, upstreams=[upstream.url])
+    with pytest.raises(RuntimeError, match="did not start"):
+        await asyncio.wait_for(engine.start(), 60)
+    assert engine._pool is None or engine._pool.workers == []

@@ -174,6 +174,7 @@ class _Worker:
         self.pending: dict[int, asyncio.Future[Episode]] = {}
         self.alive = True
         self.gateway_url = ""
+        # Its gateway's URL once it is up; "" if it exited first.
         self.ready: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
     def on_frame(self, frame: memoryview) -> None:
@@ -189,7 +190,7 @@ class _Worker:
         self.alive = False
         code = self.process.exitcode
         if not self.ready.done():
-            self.ready.set_exception(ConnectionResetError(f"exit code {code}"))
+            self.ready.set_result("")  # exited before it was ready: start() says so
         for fut in self.pending.values():
             if not fut.done():
                 fut.set_exception(WorkerDied(f"rollout worker {self.index} exited (code {code})"))
@@ -266,13 +267,13 @@ class WorkerPool:
                     lambda w=w: _Frames(w.on_frame, w.on_lost), sock=parent_sock
                 )
             for w in self.workers:
-                try:
-                    w.gateway_url = await asyncio.wait_for(asyncio.shield(w.ready), self.start_timeout_s)
-                except (ConnectionError, TimeoutError):
+                with contextlib.suppress(TimeoutError):
+                    w.gateway_url = await asyncio.wait_for(w.ready, self.start_timeout_s)
+                if not w.gateway_url:
                     raise RuntimeError(
                         f"rollout worker {w.index} did not start (exit code {w.process.exitcode}); "
                         "is the flow importable (defined at module level)?"
-                    ) from None
+                    )
         except BaseException:
             await self.close()
             raise
