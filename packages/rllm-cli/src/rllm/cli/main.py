@@ -104,7 +104,7 @@ def _train(args: argparse.Namespace, overrides: list[str]) -> int:
     trainer = build_trainer(
         args.name, config_path=args.config, overrides=overrides, backend=args.backend, out_dir=args.out
     )
-    result = run(trainer.fit(resume=args.resume))
+    result = run(trainer.fit(resume=args.resume), uvloop_default=False)
     console.print(
         f"[bold green]done[/bold green]: {result.steps} steps in {result.wall_s:.0f} s; "
         f"reward {result.first_reward:.3f} -> {result.final_reward:.3f}; run dir {result.out_dir}"
@@ -127,7 +127,8 @@ def _eval(args: argparse.Namespace, _: list[str]) -> int:
             attempts=args.attempts,
             output_dir=out,
             model=args.model,
-        )
+        ),
+        uvloop_default=False,
     )
     console.print(summary)
     return 0
