@@ -3,9 +3,10 @@
 Every rollout is a few HTTP exchanges through the gateway, and with hundreds in flight the event
 loop's own overhead (callbacks, socket reads and writes) is a large share of the engine's CPU;
 uvloop does that work in C. Rollout worker processes use it by default; ``rllm train`` /
-``rllm eval`` keep asyncio's own loop unless asked (in three runs of the README's main job on
-uvloop the final reward landed lower, 0.73–0.79 against 0.97: not yet explained, so not the
-default). ``RLLM_UVLOOP=1`` / ``0`` turns it on / off everywhere.
+``rllm eval`` keep asyncio's own loop unless asked: the README's main job was measured on it,
+and on uvloop that job ran up to 15% faster but two of four runs ended at a lower reward
+(0.73–0.79 against 0.92–0.97 in every other run, asyncio's included) — most likely run-to-run
+spread, not yet ruled out. ``RLLM_UVLOOP=1`` / ``0`` turns it on / off everywhere.
 """
 
 from __future__ import annotations
