@@ -282,3 +282,17 @@ async def test_a_worker_that_dies_while_starting_is_reported(tmp_path, monkeypat
     with pytest.raises(RuntimeError, match="did not start"):
         await asyncio.wait_for(engine.start(), 60)
     assert engine._pool is None or engine._pool.workers == []
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_run_one_takes_the_model_name_per_rollout(flows, upstream, workers):
+    """Rollouts from before and after a rename can be in flight together: the name goes with
+    each rollout, not through the shared config."""
+    from rllm.types import Task
+
+    config = RolloutConfig(n=1, concurrency=4, workers=workers, progress=False, model="policy-v1")
+    async with RolloutEngine(flows.two_turns, None, config, upstreams=[upstream.url]) as engine:
+        task = Task(id="t0", instruction="what is 2 + 2?")
+        old, new = await asyncio.gather(engine.run_one(task), engine.run_one(task, model="policy-v2"))
+    assert (old.artifacts["model"], new.artifacts["model"]) == ("policy-v1", "policy-v2")
+    assert engine.config.model == "policy-v1"

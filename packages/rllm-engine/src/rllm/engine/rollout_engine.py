@@ -281,16 +281,21 @@ class RolloutEngine:
             self.last_stats = progress.summary()
 
     # ------------------------------------------------------------------ one rollout
-    async def run_one(self, task: Task, rollout_index: int = 0, is_validation: bool = False) -> Episode:
-        """One rollout with retries and scoring. Never raises (except on cancellation)."""
+    async def run_one(
+        self, task: Task, rollout_index: int = 0, is_validation: bool = False, *, model: str | None = None
+    ) -> Episode:
+        """One rollout with retries and scoring. Never raises (except on cancellation).
+
+        ``model`` (default ``config.model``) is the name the flow is given for this rollout."""
+        model = self.config.model if model is None else model
         if self._pool is not None:
-            return await self._run_on_worker(task, rollout_index, is_validation)
+            return await self._run_on_worker(task, rollout_index, is_validation, model)
         started = time.monotonic()
         retried: list[dict[str, Any]] = []
         attempt = 0
         while True:
             try:
-                episode = await self._attempt(task, rollout_index, is_validation, attempt)
+                episode = await self._attempt(task, rollout_index, is_validation, attempt, model)
             except Exception as exc:  # an engine/gateway-side bug must not sink the batch
                 episode = failed_episode(
                     task.id, rollout_index, TerminationReason.INFRA_ERROR, ErrorInfo.from_exception(exc)
@@ -307,11 +312,13 @@ class RolloutEngine:
         episode.metrics["rollout_s"] = time.monotonic() - started
         return episode
 
-    async def _run_on_worker(self, task: Task, rollout_index: int, is_validation: bool) -> Episode:
+    async def _run_on_worker(
+        self, task: Task, rollout_index: int, is_validation: bool, model: str
+    ) -> Episode:
         assert self._pool is not None
         for _ in range(self.config.max_retries + 1):
             try:
-                return await self._pool.run_one(task, rollout_index, is_validation, self.config.model)
+                return await self._pool.run_one(task, rollout_index, is_validation, model)
             except WorkerDied as exc:
                 died = exc
         episode = failed_episode(
@@ -320,7 +327,9 @@ class RolloutEngine:
         self._apply(episode, EvalOutput(reward=0.0, is_correct=False))
         return episode
 
-    async def _attempt(self, task: Task, rollout_index: int, is_validation: bool, attempt: int) -> Episode:
+    async def _attempt(
+        self, task: Task, rollout_index: int, is_validation: bool, attempt: int, model: str
+    ) -> Episode:
         sampling = self.config.sampling_for(is_validation)
         meta = {"task_id": task.id, "rollout_index": rollout_index, "attempt": attempt}
         try:
@@ -331,7 +340,7 @@ class RolloutEngine:
             )
         agent_config = AgentConfig(
             base_url=session.base_url,
-            model=self.config.model,
+            model=model,
             session_id=session.session_id,
             api_key=session.token or "EMPTY",
             sampling=sampling,

@@ -125,8 +125,11 @@ async def _serve(sock: socket.socket, engine_kwargs: dict[str, Any]) -> None:
             # queue at once, without waiting for a round trip or another loop pass.
             while True:
                 job = await jobs.get()
-                engine.config.model = job.model
-                episode = await engine.run_one(job.task, job.rollout_index, job.is_validation)
+                # The model name travels with the job, not through the shared config: rollouts
+                # from before and after a rename can be in flight together.
+                episode = await engine.run_one(
+                    job.task, job.rollout_index, job.is_validation, model=job.model
+                )
                 with contextlib.suppress(ConnectionResetError):  # the parent is gone: nobody to tell
                     pipe.send(_encode_done(job, episode))
 
