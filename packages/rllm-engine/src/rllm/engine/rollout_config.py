@@ -17,8 +17,8 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     agent errors and timeouts are never retried, since running the same failing agent again
     would only waste compute. Retry ``k`` waits ``retry_backoff_s * 2**(k-1)``: long enough for
     the gateway's health check to bring a recovered upstream back. ``flow_threads`` sizes the
-    thread pool for *sync* flows (default: ``concurrency``). ``val_sampling`` replaces ``sampling`` for validation runs.
-    ``workers`` > 1 runs the flows in that many processes, each with its own embedded gateway
+    thread pool for *sync* flows (default: ``concurrency``). ``val_sampling`` replaces
+    ``sampling`` for validation runs. ``workers`` > 1 runs the flows in that many processes, each with its own embedded gateway
     (or attached to the same one), for more agent traffic than one core carries; flows must then
     be importable (see :mod:`rllm.engine.workers`); each runs its share of ``concurrency`` and
     holds ``worker_prefetch`` more jobs queued (default: half its share), so its slots stay busy
