@@ -13,10 +13,8 @@ import pytest
 from rllm.gateway.errors import error_response
 from rllm.gateway.httpserver import (
     HttpServer,
-    MethodNotAllowed,
     Request,
     Response,
-    RouteNotFound,
     Router,
     StreamResponse,
 )
@@ -41,13 +39,7 @@ class _App:
         r.add("GET", "/stream-then-abort", self.stream_then_abort)
 
     async def dispatch(self, request: Request) -> Response | StreamResponse:
-        try:
-            handler, request.match_info = self.router.resolve(request.method, request.path)
-        except RouteNotFound:
-            return error_response(404, f"no route for {request.path}")
-        except MethodNotAllowed:
-            return error_response(405, f"{request.method} not allowed")
-        return await handler(request)
+        return await self.router.dispatch(request, error_response)
 
     async def echo(self, request: Request) -> Response:
         body = await request.read()

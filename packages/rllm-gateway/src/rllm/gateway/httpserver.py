@@ -213,6 +213,17 @@ class Router:
             raise MethodNotAllowed(method)
         return handler, params
 
+    async def dispatch(self, request: Request, on_error: ErrorFactory) -> Response | StreamResponse:
+        """Run the request's handler (``match_info`` set); an unknown path is answered with
+        ``on_error(404, ...)``, a known one asked with another method with ``on_error(405, ...)``."""
+        try:
+            handler, request.match_info = self.resolve(request.method, request.path)
+            return await handler(request)
+        except RouteNotFound:
+            return on_error(404, f"no route for {request.method} {request.path}")
+        except MethodNotAllowed:
+            return on_error(405, f"method {request.method} not allowed on {request.path}")
+
 
 def _status_line(status: int) -> bytes:
     return b"HTTP/1.1 %d %b\r\n" % (status, _REASONS.get(status, b"Unknown"))

@@ -36,10 +36,8 @@ import msgspec
 from rllm.gateway.background import BackgroundLoop
 from rllm.gateway.httpserver import (
     HttpServer,
-    MethodNotAllowed,
     Request,
     Response,
-    RouteNotFound,
     Router,
     StreamResponse,
 )
@@ -237,13 +235,7 @@ class MockUpstream:
 
     # ---------------------------------------------------------------- handlers
     async def _dispatch(self, request: Request) -> Response | StreamResponse:
-        try:
-            handler, request.match_info = self._router.resolve(request.method, request.path)
-        except RouteNotFound:
-            return _error(404, f"no route for {request.method} {request.path}")
-        except MethodNotAllowed:
-            return _error(405, f"method {request.method} not allowed on {request.path}")
-        return await handler(request)
+        return await self._router.dispatch(request, _error)
 
     async def _health(self, request: Request) -> Response:
         return Response(body=b"ok", content_type="text/plain; charset=utf-8")
@@ -324,18 +316,9 @@ class MockUpstream:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             return _error(400, "messages must be a non-empty list", param="messages")
-        if self.failure is not None:
-            failed = await self._maybe_fail(request)
-            if failed is not None:
-                return failed
-        if self.latency:
-            await asyncio.sleep(self.latency)
-        reply = await self._reply_for(body)
-        prompt_ids = self.render_chat(messages, body.get("tools"))
-        gen = self._generate(reply, body)
-        if body.get("stream"):
-            return await self._stream(request, body, prompt_ids, gen, chat=True)
-        return Response(body=_json_encode(self._chat_body(body, prompt_ids, gen)))
+        return await self._answer(
+            request, body, lambda: self.render_chat(messages, body.get("tools")), chat=True
+        )
 
     async def _completions(self, request: Request) -> Response | StreamResponse:
         body = self._read(request)
@@ -350,6 +333,13 @@ class MockUpstream:
             prompt_ids = prompt[0]
         else:
             return _error(400, "prompt must be a string or a non-empty list of token ids", param="prompt")
+        return await self._answer(request, body, lambda: prompt_ids, chat=False)
+
+    async def _answer(
+        self, request: Request, body: dict[str, Any], prompt: Callable[[], list[int]], *, chat: bool
+    ) -> Response | StreamResponse:
+        """What both routes do once the request is valid: injected failure, latency, the reply,
+        then a stream or a whole body. ``prompt`` gives the prompt's ids (rendered only now)."""
         if self.failure is not None:
             failed = await self._maybe_fail(request)
             if failed is not None:
@@ -357,10 +347,12 @@ class MockUpstream:
         if self.latency:
             await asyncio.sleep(self.latency)
         reply = await self._reply_for(body)
+        prompt_ids = prompt()
         gen = self._generate(reply, body)
         if body.get("stream"):
-            return await self._stream(request, body, prompt_ids, gen, chat=False)
-        return Response(body=_json_encode(self._completion_body(body, prompt_ids, gen)))
+            return await self._stream(request, body, prompt_ids, gen, chat=chat)
+        answer = self._chat_body if chat else self._completion_body
+        return Response(body=_json_encode(answer(body, prompt_ids, gen)))
 
     def _generate(self, reply: MockReply, body: dict[str, Any]) -> _Generation:
         text = reply.text

@@ -37,10 +37,8 @@ from rllm.gateway.errors import GatewayError, error_body, error_response
 from rllm.gateway.fasthttp import FastHttpPool, UpstreamConnectError, UpstreamDropped
 from rllm.gateway.httpserver import (
     HttpServer,
-    MethodNotAllowed,
     Request,
     Response,
-    RouteNotFound,
     Router,
     StreamResponse,
 )
@@ -86,6 +84,10 @@ class _UpstreamFailed(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+def _route_error(status: int, message: str) -> Response:
+    return error_response(status, message, code="unknown_route" if status == 404 else None)
 
 
 class GatewayServer:
@@ -251,14 +253,9 @@ class GatewayServer:
         """Route one request and map every failure to an OpenAI-style error: the gateway answers,
         it never crashes."""
         try:
-            handler, request.match_info = self._router.resolve(request.method, request.path)
-            return await handler(request)
+            return await self._router.dispatch(request, _route_error)
         except GatewayError as exc:
             return error_response(exc.status, exc.message, param=exc.param, code=exc.code)
-        except RouteNotFound:
-            return error_response(404, f"no route for {request.method} {request.path}", code="unknown_route")
-        except MethodNotAllowed:
-            return error_response(405, f"method {request.method} not allowed on {request.path}")
         except (asyncio.CancelledError, ConnectionResetError):
             raise
         except Exception as exc:
