@@ -52,6 +52,12 @@ def _install_uvloop() -> None:
 def _serve_upstream(latency: float, out: Any) -> None:
     """Child process: a MockUpstream answering every chat call with a short fixed reply."""
     _install_uvloop()
+    from rllm.engine.gc_tuning import raise_gc_threshold
+    from rllm.engine.rollout_config import RolloutConfig
+
+    # Like the engine's own processes: with hundreds of answers pending (each a task, a timer and
+    # a request) the default threshold spent about a tenth of this stand-in's CPU collecting.
+    raise_gc_threshold(RolloutConfig().gc_gen0_threshold)
     from rllm.gateway.testing import MockUpstream
 
     async def main() -> None:

