@@ -213,6 +213,35 @@ async def test_frames_survive_any_chunking_over_a_real_socket_pair():
     transport.close()
 
 
+async def test_frames_sent_in_one_loop_pass_go_out_together_and_in_order():
+    """send() queues; the pass's frames leave in one write after it (each write wakes the peer)."""
+    import asyncio
+    import socket
+
+    from rllm.engine.workers import _Frames
+
+    loop = asyncio.get_running_loop()
+    a, b = socket.socketpair()
+    got: list[bytes] = []
+    lost = asyncio.Event()
+    _, sender = await loop.create_connection(lambda: _Frames(lambda v: None, lost.set), sock=a)
+    _, receiver = await loop.create_connection(
+        lambda: _Frames(lambda v: got.append(bytes(v)), lost.set), sock=b
+    )
+    payloads = [f"job {i}".encode() * (i + 1) for i in range(100)] + [b"z" * (1 << 20)]
+    writes: list[int] = []
+    real_write = sender.transport.write
+    sender.transport.write = lambda data: (writes.append(len(data)), real_write(data))  # type: ignore[method-assign]
+    for p in payloads:
+        sender.send(p)
+    assert writes == []  # nothing written while this pass runs
+    while len(got) < len(payloads):
+        await asyncio.sleep(0.01)
+    assert got == payloads and len(writes) == 1
+    receiver.transport.close()
+    await asyncio.wait_for(lost.wait(), 5)
+
+
 async def test_a_bad_frame_closes_the_pipe():
     import asyncio
     import socket
