@@ -52,8 +52,8 @@ def _install_uvloop() -> None:
 def _serve_upstream(latency: float, out: Any) -> None:
     """Child process: a MockUpstream answering every chat call with a short fixed reply."""
     _install_uvloop()
-    from rllm.engine.gc_tuning import raise_gc_threshold
     from rllm.engine.rollout_config import RolloutConfig
+    from rllm.gateway.gc_tuning import raise_gc_threshold
 
     # Like the engine's own processes: with hundreds of answers pending (each a task, a timer and
     # a request) the default threshold spent about a tenth of this stand-in's CPU collecting.
@@ -70,14 +70,16 @@ def _serve_upstream(latency: float, out: Any) -> None:
 
 
 def _serve_gateway(upstream_url: str, out: Any) -> None:
-    """Child process: a GatewayServer in front of the upstream (memory store, no auth)."""
-    _install_uvloop()
+    """Child process: a GatewayServer in front of the upstream (memory store, no auth), set up
+    as `rllm-gateway serve` sets up its process."""
     from rllm.gateway import GatewayConfig, GatewayServer
+    from rllm.gateway.cli import prepare_process
+
+    config = GatewayConfig(upstreams=[upstream_url], auto_create_sessions=False, health_interval_s=5.0)
+    prepare_process(config)
 
     async def main() -> None:
-        server = GatewayServer(
-            GatewayConfig(upstreams=[upstream_url], auto_create_sessions=False, health_interval_s=5.0)
-        )
+        server = GatewayServer(config)
         await server.start()
         out.put(server.url)
         await asyncio.Event().wait()

@@ -1,4 +1,5 @@
-"""GC threshold tuning while an engine runs: raised on start, restored on close, never lowered."""
+"""GC threshold while an engine runs: raised on start, restored on close (the helpers' own rules
+are tested with the gateway, which owns them)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import gc
 
 import pytest
 
-from rllm.engine.gc_tuning import raise_gc_threshold, restore_gc_threshold
 from rllm.engine.rollout_config import RolloutConfig
 from rllm.engine.rollout_engine import RolloutEngine
 from rllm.sdk import rollout
@@ -19,25 +19,6 @@ def _keep_gc_settings():
     yield
     gc.set_threshold(*before)
     (gc.enable if enabled else gc.disable)()
-
-
-def test_raise_and_restore():
-    gc.set_threshold(700, 10, 10)
-    previous = raise_gc_threshold(5000)
-    assert previous == (700, 10, 10) and gc.get_threshold() == (5000, 10, 10)
-    assert raise_gc_threshold(3000) is None and gc.get_threshold() == (5000, 10, 10)  # never lowered
-    restore_gc_threshold(previous)
-    assert gc.get_threshold() == (700, 10, 10)
-
-
-def test_disabled_collector_and_none_are_left_alone():
-    gc.set_threshold(700, 10, 10)
-    assert raise_gc_threshold(None) is None
-    gc.disable()
-    assert raise_gc_threshold(5000) is None and gc.get_threshold() == (700, 10, 10)
-    gc.enable()
-    gc.set_threshold(0)  # threshold 0 also means "no automatic collection"
-    assert raise_gc_threshold(5000) is None
 
 
 def test_config_refuses_a_bad_threshold():

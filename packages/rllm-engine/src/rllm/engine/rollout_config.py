@@ -24,7 +24,7 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     holds ``worker_prefetch`` more jobs queued (default: half its share), so its slots stay busy
     while this process is briefly stalled (e.g. collecting garbage). ``gc_gen0_threshold``
     raises CPython's young-generation GC threshold while the engine runs (see
-    :mod:`rllm.engine.gc_tuning`); None leaves the collector alone.
+    :mod:`rllm.gateway.gc_tuning`); None leaves the collector alone.
     """
 
     n: int = 1

@@ -22,10 +22,10 @@ import msgspec
 from rllm.engine.episode_builder import build_episode, failed_episode
 from rllm.engine.failures import FAILED, RETRYABLE, classify_exception
 from rllm.engine.flow_runner import DeadlineExceeded, call_with_deadline
-from rllm.engine.gc_tuning import raise_gc_threshold, restore_gc_threshold
 from rllm.engine.progress import RolloutProgress
 from rllm.engine.rollout_config import RolloutConfig
 from rllm.engine.workers import GatewayGroup, WorkerDied, WorkerPool
+from rllm.gateway.gc_tuning import raise_gc_threshold, restore_gc_threshold
 from rllm.sdk.evaluator import EvaluatorFn, as_evaluator, to_eval_output
 from rllm.sdk.flow import RolloutFlow, as_flow
 from rllm.types import (

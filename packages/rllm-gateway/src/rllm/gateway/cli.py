@@ -9,7 +9,8 @@ import os
 import signal
 import sys
 
-from rllm.gateway.config import load_config
+from rllm.gateway.config import GatewayConfig, load_config
+from rllm.gateway.gc_tuning import raise_gc_threshold
 from rllm.gateway.server import GatewayServer
 from rllm.types import SchemaError
 
@@ -69,14 +70,21 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    prepare_process(config)
+    asyncio.run(_serve(GatewayServer(config)))
+    return 0
+
+
+def prepare_process(config: GatewayConfig) -> None:
+    """What a process that only serves a gateway sets for itself: uvloop (when installed) and
+    the GC threshold (traces in the store would otherwise be walked by every full collection)."""
+    raise_gc_threshold(config.gc_gen0_threshold)
     try:
         import uvloop
 
         uvloop.install()
     except ImportError:  # pragma: no cover - Windows
         pass
-    asyncio.run(_serve(GatewayServer(config)))
-    return 0
 
 
 async def _serve(server: GatewayServer) -> None:

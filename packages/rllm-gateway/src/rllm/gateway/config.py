@@ -17,7 +17,10 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ``tokenizer_mode="cumulative"`` turns on token-level bridging of multi-turn chats (see
     :mod:`rllm.gateway.cumulative`); ``"plain"`` forwards chat requests as they come.
     ``hosted_model`` sends requests through LiteLLM (e.g. ``"openai/gpt-4o-mini"``) instead of
-    the ``upstreams``; traces then hold text and usage but no token ids.
+    the ``upstreams``; traces then hold text and usage but no token ids. ``gc_gen0_threshold``
+    is the young-generation GC threshold ``rllm-gateway serve`` sets for its process (see
+    :mod:`rllm.gateway.gc_tuning`; None leaves the collector alone); an embedded gateway
+    does not touch its host process's collector.
     """
 
     host: str = "127.0.0.1"
@@ -48,6 +51,7 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     log_level: str = "warning"
     shutdown_timeout_s: float = 5.0
     fast_http: bool = True  # lean keep-alive client for non-streaming plain-http upstream calls
+    gc_gen0_threshold: int | None = 50_000
 
     def __post_init__(self) -> None:
         if not (0 <= self.port <= 65535):
@@ -76,6 +80,11 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             )
         if self.tokenizer_mode == "cumulative" and not self.tokenizer_path:
             raise InvariantError("tokenizer_mode='cumulative' needs tokenizer_path", "tokenizer_path")
+        if self.gc_gen0_threshold is not None and self.gc_gen0_threshold < 1:
+            raise InvariantError(
+                f"gc_gen0_threshold must be >= 1 or None, got {self.gc_gen0_threshold}",
+                "gc_gen0_threshold",
+            )
         if self.admin_key == "":
             self.admin_key = None
 
