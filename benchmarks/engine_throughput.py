@@ -213,6 +213,7 @@ async def run_engine(
     # rollout as the engine (or its worker) timed it, and the remainder of the time in flight.
     calls_s = sum(s.timing.get("latency_s", 0.0) for ep in ok for t in ep.trajectories for s in t.steps)
     rollout_s = sum(ep.metrics.get("rollout_s", 0.0) for ep in ok)
+    lags = [ep.metrics.get("loop_lag_s", 0.0) for ep in ok]
     return {
         "rollouts_per_s": rollouts / elapsed,
         "elapsed_s": elapsed,
@@ -220,6 +221,7 @@ async def run_engine(
         "busy": busy,
         "calls_s": calls_s / len(ok),
         "rollout_s": rollout_s / len(ok),
+        "loop_lag_s": (sum(lags) / len(lags), max(lags)),
     }
 
 
@@ -235,7 +237,9 @@ def _print_latency(result: dict[str, Any], concurrency: int, ideal_s: float) -> 
     print(
         f"    per rollout: {in_flight * 1e3:.1f} ms in flight (ideal {ideal_s * 1e3:.0f}) = upstream calls "
         f"{calls * 1e3:.1f} ms (as the gateway timed them) + rest of the rollout {(rollout - calls) * 1e3:.1f} ms "
-        f"(agent, sessions, episode) + {(in_flight - rollout) * 1e3:.1f} ms dispatch and queueing"
+        f"(agent, sessions, episode) + {(in_flight - rollout) * 1e3:.1f} ms dispatch and queueing; "
+        f"event-loop lag where the flows ran: mean {result['loop_lag_s'][0] * 1e3:.1f} ms, "
+        f"max {result['loop_lag_s'][1] * 1e3:.1f} ms"
     )
 
 

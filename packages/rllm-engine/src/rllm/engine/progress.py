@@ -1,4 +1,5 @@
-"""A rich progress bar for rollouts: done/total, rollouts/s, success rate and error count.
+"""A rich progress bar for rollouts: done/total, rollouts/s, success rate, error count and the
+event-loop lag of the processes running the flows (see :mod:`rllm.engine.loop_lag`).
 
 Disabled when stderr is not a terminal (CI logs, files) or when the caller asks, so batch logs
 stay clean; the counters are kept either way and end up in the engine's metrics.
@@ -21,6 +22,8 @@ class RolloutProgress:
         self.ok = 0
         self.errors = 0
         self.by_reason: dict[str, int] = {}
+        self.max_loop_lag_s = 0.0
+        self.loop_lag_s = 0.0  # as of the latest episode
         self.started = time.monotonic()
         self._progress: Any = None
         self._task_id: Any = None
@@ -41,11 +44,14 @@ class RolloutProgress:
             TextColumn("{task.fields[rate]:.1f} rollouts/s"),
             TextColumn("ok {task.fields[ok_pct]:.0f}%"),
             TextColumn("[red]errors {task.fields[errors]}"),
+            TextColumn("loop lag {task.fields[lag_ms]:.0f} ms"),
             TimeElapsedColumn(),
             console=console,
             transient=False,
         )
-        self._task_id = self._progress.add_task(description, total=self.total, rate=0.0, ok_pct=0.0, errors=0)
+        self._task_id = self._progress.add_task(
+            description, total=self.total, rate=0.0, ok_pct=0.0, errors=0, lag_ms=0.0
+        )
         self._progress.start()
 
     @property
@@ -59,6 +65,8 @@ class RolloutProgress:
     def update(self, episode: Episode) -> None:
         self.done += 1
         reason = str(episode.termination_reason)
+        self.loop_lag_s = episode.metrics.get("loop_lag_s", 0.0)
+        self.max_loop_lag_s = max(self.max_loop_lag_s, self.loop_lag_s)
         self.by_reason[reason] = self.by_reason.get(reason, 0) + 1
         if episode.termination_reason in (
             TerminationReason.AGENT_ERROR,
@@ -75,6 +83,7 @@ class RolloutProgress:
                 rate=self.rate(),
                 ok_pct=100.0 * self.ok / self.done,
                 errors=self.errors,
+                lag_ms=self.loop_lag_s * 1e3,
             )
 
     def close(self) -> None:
@@ -88,4 +97,5 @@ class RolloutProgress:
             "rollouts_per_s": self.rate(),
             "success_rate": self.ok / self.done if self.done else 0.0,
             "errors": float(self.errors),
+            "loop_lag_max_s": self.max_loop_lag_s,
         }

@@ -22,6 +22,7 @@ import msgspec
 from rllm.engine.episode_builder import build_episode, failed_episode
 from rllm.engine.failures import FAILED, RETRYABLE, classify_exception
 from rllm.engine.flow_runner import DeadlineExceeded, call_with_deadline
+from rllm.engine.loop_lag import LoopLagMonitor
 from rllm.engine.progress import RolloutProgress
 from rllm.engine.rollout_config import RolloutConfig
 from rllm.engine.workers import GatewayGroup, WorkerDied, WorkerPool
@@ -97,6 +98,7 @@ class RolloutEngine:
         self._finish_route = True  # False once an attached (older) gateway lacked it
         self._gc_restore: tuple[int, int, int] | None = None
         self._pool: WorkerPool | None = None
+        self._lag = LoopLagMonitor()  # of the loop the flows run on (each worker has its own)
         self.last_stats: dict[str, float] = {}
 
     # ------------------------------------------------------------------ lifecycle
@@ -155,6 +157,7 @@ class RolloutEngine:
         if not self.flow.is_async:
             workers = self.config.flow_threads or self.config.concurrency
             self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rllm-flow")
+        self._lag.start()
         return self
 
     async def _start_workers(self) -> RolloutEngine:
@@ -184,6 +187,7 @@ class RolloutEngine:
         return self
 
     async def close(self) -> None:
+        self._lag.stop()
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
@@ -310,6 +314,7 @@ class RolloutEngine:
             episode.metadata["retried"] = retried
         await self._score(task, episode)
         episode.metrics["rollout_s"] = time.monotonic() - started
+        episode.metrics["loop_lag_s"] = self._lag.check()
         return episode
 
     async def _run_on_worker(

@@ -226,6 +226,8 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     ]
     if response_tokens:
         out["tokens/response_mean"] = statistics.fmean(response_tokens)
+    # How late the rollouts' event loops ran (rllm.engine.loop_lag): high means CPU-bound.
+    out["time/loop_lag_max_s"] = max(e.metrics.get("loop_lag_s", 0.0) for e in episodes)
     return out
 
 
