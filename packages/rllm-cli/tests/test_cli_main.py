@@ -40,3 +40,21 @@ def test_unknown_backend_lists_installed_ones(tmp_path: Path, capsys: pytest.Cap
 def test_unknown_arguments_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["view", "somewhere", "--bogus"])
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--max-tokens", "0"], "max_tokens must be >= 1"),
+        (["--temperature", "-1"], "temperature must be >= 0"),
+        (["--workers", "0"], "workers must be >= 1"),
+        (["--concurrency", "0"], "concurrency must be >= 1"),
+    ],
+)
+def test_eval_refuses_bad_settings_before_running(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    out = tmp_path / "eval"
+    assert main(["eval", "say", "--base-url", "http://127.0.0.1:9/v1", "--out", str(out), *flags]) == 2
+    assert message in capsys.readouterr().err
+    assert not (out / "results.jsonl").exists()

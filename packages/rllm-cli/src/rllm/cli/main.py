@@ -1,7 +1,8 @@
 """The `rllm` command.
 
 rllm train NAME [--backend tinker|verl] [--config FILE] [--resume] [key.sub=value ...]
-rllm eval NAME --base-url URL [--model M] [--split test] [--attempts K] [--out FILE]
+rllm eval NAME --base-url URL [--model M] [--split test] [--attempts K] [--out DIR]
+          [--concurrency C] [--workers W] [--temperature T] [--max-tokens N]
 rllm model init-tiny PATH [--cookbook NAME] [--backend tinker]
 rllm view RUN_DIR
 rllm cookbooks | rllm backends
@@ -68,6 +69,15 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--model", default="default")
     ev.add_argument("--split", default="test")
     ev.add_argument("--attempts", type=int, default=1)
+    ev.add_argument("--concurrency", type=int, default=32, help="rollouts running at once")
+    ev.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="processes running the flows (more agent traffic than one core carries)",
+    )
+    ev.add_argument("--temperature", type=float, help="sampling temperature (default: the flow's)")
+    ev.add_argument("--max-tokens", type=int, help="completion token limit (default: the flow's)")
     ev.add_argument(
         "--out",
         type=Path,
@@ -115,7 +125,9 @@ def _train(args: argparse.Namespace, overrides: list[str]) -> int:
 
 def _eval(args: argparse.Namespace, _: list[str]) -> int:
     from rllm.engine.evaluation import evaluate
+    from rllm.types import SamplingParams
 
+    sampling = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
     cookbook = load_cookbook(args.name)
     out = args.out or Path("runs") / f"eval-{args.name}"
     summary = run(
@@ -127,6 +139,9 @@ def _eval(args: argparse.Namespace, _: list[str]) -> int:
             attempts=args.attempts,
             output_dir=out,
             model=args.model,
+            concurrency=args.concurrency,
+            workers=args.workers,
+            sampling=sampling,
         ),
         uvloop_default=False,
     )

@@ -198,13 +198,17 @@ async def evaluate(
     admin_key: str | None = None,
     model: str = "default",
     concurrency: int = 32,
+    workers: int = 1,
     deadline_s: float | None = 600.0,
     max_retries: int = 2,
     sampling: SamplingParams | None = None,
     save_episodes: bool = True,
     progress: bool = True,
 ) -> EvalSummary:
-    """Run ``attempts`` rollouts of ``flow`` per task, grade them, write results and a summary."""
+    """Run ``attempts`` rollouts of ``flow`` per task, grade them, write results and a summary.
+
+    ``concurrency`` rollouts run at once, in ``workers`` processes (``RolloutConfig.workers``:
+    for more agent traffic than one core carries; the flow must then be importable)."""
     if attempts < 1:
         raise ValueError(f"attempts must be >= 1, got {attempts}")
     if (endpoint is None) == (gateway_url is None):
@@ -222,6 +226,7 @@ async def evaluate(
     config = RolloutConfig(
         n=attempts,
         concurrency=concurrency,
+        workers=workers,
         deadline_s=deadline_s,
         max_retries=max_retries,
         model=model,
