@@ -28,6 +28,22 @@ async def test_idle_loop_shows_little_lag_and_a_blocked_one_shows_the_block():
         monitor.stop()
 
 
+async def test_only_ticks_while_busy_count():
+    busy = False
+    monitor = LoopLagMonitor(interval_s=0.02, busy=lambda: busy)
+    monitor.start()
+    try:
+        time.sleep(0.15)  # e.g. a trainer's update between rollout batches
+        await asyncio.sleep(0.05)
+        assert monitor.lag_s == 0.0 and monitor.late_ticks == 0
+        busy = True
+        time.sleep(0.15)
+        await asyncio.sleep(0.05)
+        assert monitor.lag_s >= 0.12 and monitor.late_ticks == 1
+    finally:
+        monitor.stop()
+
+
 @rollout
 async def answer_then_block(task, config):
     async with async_openai(config) as client:
@@ -49,11 +65,15 @@ async def test_episodes_carry_the_lag_and_a_blocking_flow_gets_one_warning(gatew
         assert calm.metrics["loop_lag_s"] < 0.1
         assert not [r for r in caplog.records if "event loop" in r.getMessage()]
 
-        blocked = await engine.run([{"id": f"b{i}", "instruction": "block: 2+2?"} for i in range(2)])
+        one = await engine.run([{"id": "b0", "instruction": "block: 2+2?"}])
+        assert one[0].metrics["loop_lag_s"] >= 0.19  # on the Episode, but one block is no warning
+        assert not [r for r in caplog.records if "event loop" in r.getMessage()]
+
+        blocked = await engine.run([{"id": f"b{i}", "instruction": "block: 2+2?"} for i in range(1, 4)])
         # A 0.3 s block makes the tick that fell due during it late by 0.3 s minus up to one
         # 0.1 s interval.
         assert all(ep.metrics["loop_lag_s"] >= 0.19 for ep in blocked)
         assert engine.last_stats["loop_lag_max_s"] >= 0.19
     warnings = [r.getMessage() for r in caplog.records if "event loop" in r.getMessage()]
-    assert len(warnings) == 1  # once per engine, not per rollout
+    assert len(warnings) == 1  # after the third late tick, once per engine
     assert "rollout.workers" in warnings[0] and "blocks the loop" in warnings[0]

@@ -5,7 +5,10 @@ waited for the loop: an LLM answer waiting to be read while other rollouts' code
 process with more agent traffic than one core carries (or one that a flow blocks with
 synchronous code) this grows to tens or hundreds of milliseconds, and every LLM call of every
 rollout in the process pays it. The engine stamps it on each Episode (``metrics["loop_lag_s"]``)
-and warns once when it is large, naming the two usual causes.
+and warns once when it keeps being large, naming the two usual causes. Only ticks while rollouts
+run count (a trainer's update between batches is not the rollouts' concern), and a single late
+tick does not warn: the first use of a client library (openai imports its resources lazily:
+~0.4 s) blocks once.
 """
 
 from __future__ import annotations
@@ -13,18 +16,26 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+from collections.abc import Callable
 
 log = logging.getLogger("rllm.engine")
 
-# Lag at which the engine warns: far above what a healthy loop shows (well under 10 ms).
+# A tick this late is a "late tick": far above what a healthy loop shows (well under 10 ms).
 WARN_LAG_S = 0.1
+# Late ticks (while rollouts run) before the engine warns: more than a one-off warm-up.
+WARN_AFTER = 3
 
 
 class LoopLagMonitor:
-    """Tracks the worst lateness of a periodic timer over the last ``window`` ticks."""
+    """Tracks the worst lateness of a periodic timer over the last ``window`` ticks that came
+    while ``busy()`` was true (default: always)."""
 
-    def __init__(self, interval_s: float = 0.1, window: int = 10) -> None:
+    def __init__(
+        self, interval_s: float = 0.1, window: int = 10, busy: Callable[[], bool] | None = None
+    ) -> None:
         self.interval_s = interval_s
+        self.late_ticks = 0  # ticks later than WARN_LAG_S while busy
+        self._busy = busy or (lambda: True)
         self._recent: collections.deque[float] = collections.deque(maxlen=window)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handle: asyncio.TimerHandle | None = None
@@ -49,7 +60,10 @@ class LoopLagMonitor:
 
     def _tick(self) -> None:
         assert self._loop is not None
-        self._recent.append(self._loop.time() - self._due)
+        if self._busy():
+            late = self._loop.time() - self._due
+            self._recent.append(late)
+            self.late_ticks += late > WARN_LAG_S
         self._schedule()
 
     @property
@@ -58,22 +72,25 @@ class LoopLagMonitor:
         that has held the loop since it was due)."""
         if self._loop is None:
             return 0.0
-        overdue = self._loop.time() - self._due if self._handle is not None else 0.0
+        overdue = self._loop.time() - self._due if self._handle is not None and self._busy() else 0.0
         return max(0.0, overdue, *self._recent)
 
     def check(self) -> float:
-        """The current lag; the first time it exceeds :data:`WARN_LAG_S`, a warning that says
-        what usually causes it and what to change."""
+        """The current lag; once :data:`WARN_AFTER` ticks have been late, a warning (one) that
+        says what usually causes it and what to change."""
         lag = self.lag_s
-        if lag > WARN_LAG_S and not self._warned:
+        if self.late_ticks >= WARN_AFTER and not self._warned:
             self._warned = True
             log.warning(
-                "the event loop running rollouts is %.0f ms late: every LLM call in this process "
-                "waits that long. Either the process is CPU-bound (raise rollout.workers, i.e. "
+                "the event loop running rollouts has been late by more than %.0f ms %d times "
+                "(now %.0f ms): every LLM call in this process waits that long. Either the "
+                "process is CPU-bound (raise rollout.workers, i.e. "
                 "RolloutConfig.workers, to spread the flows over more processes, up to the cores, "
                 "or lower the concurrency), or a flow blocks the loop with synchronous code (make "
                 "it a sync flow, which runs in a thread, or move the blocking part to "
                 "asyncio.to_thread).",
+                WARN_LAG_S * 1e3,
+                self.late_ticks,
                 lag * 1e3,
             )
         return lag

@@ -98,7 +98,9 @@ class RolloutEngine:
         self._finish_route = True  # False once an attached (older) gateway lacked it
         self._gc_restore: tuple[int, int, int] | None = None
         self._pool: WorkerPool | None = None
-        self._lag = LoopLagMonitor()  # of the loop the flows run on (each worker has its own)
+        self._running = 0  # rollouts in progress in this process
+        # The loop the flows run on (each worker process has its own), while they run.
+        self._lag = LoopLagMonitor(busy=lambda: self._running > 0)
         self.last_stats: dict[str, float] = {}
 
     # ------------------------------------------------------------------ lifecycle
@@ -294,6 +296,13 @@ class RolloutEngine:
         model = self.config.model if model is None else model
         if self._pool is not None:
             return await self._run_on_worker(task, rollout_index, is_validation, model)
+        self._running += 1
+        try:
+            return await self._run_here(task, rollout_index, is_validation, model)
+        finally:
+            self._running -= 1
+
+    async def _run_here(self, task: Task, rollout_index: int, is_validation: bool, model: str) -> Episode:
         started = time.monotonic()
         retried: list[dict[str, Any]] = []
         attempt = 0
