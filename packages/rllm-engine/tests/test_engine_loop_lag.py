@@ -40,6 +40,7 @@ async def test_only_ticks_while_busy_count():
         time.sleep(0.15)
         await asyncio.sleep(0.05)
         assert monitor.lag_s >= 0.12 and monitor.late_ticks == 1
+        assert monitor.check() >= 0.12  # one late tick: no warning (see the engine test)
     finally:
         monitor.stop()
 
@@ -69,11 +70,11 @@ async def test_episodes_carry_the_lag_and_a_blocking_flow_gets_one_warning(gatew
         assert one[0].metrics["loop_lag_s"] >= 0.19  # on the Episode, but one block is no warning
         assert not [r for r in caplog.records if "event loop" in r.getMessage()]
 
-        blocked = await engine.run([{"id": f"b{i}", "instruction": "block: 2+2?"} for i in range(1, 4)])
+        blocked = await engine.run([{"id": f"b{i}", "instruction": "block: 2+2?"} for i in range(1, 6)])
         # A 0.3 s block makes the tick that fell due during it late by 0.3 s minus up to one
         # 0.1 s interval.
         assert all(ep.metrics["loop_lag_s"] >= 0.19 for ep in blocked)
         assert engine.last_stats["loop_lag_max_s"] >= 0.19
     warnings = [r.getMessage() for r in caplog.records if "event loop" in r.getMessage()]
-    assert len(warnings) == 1  # after the third late tick, once per engine
+    assert len(warnings) == 1  # once most recent ticks were late; once per engine
     assert "rollout.workers" in warnings[0] and "blocks the loop" in warnings[0]
