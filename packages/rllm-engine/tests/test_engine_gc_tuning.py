@@ -13,14 +13,6 @@ from rllm.sdk import rollout
 from rllm.types import InvariantError
 
 
-@pytest.fixture(autouse=True)
-def _keep_gc_settings():
-    before, enabled = gc.get_threshold(), gc.isenabled()
-    yield
-    gc.set_threshold(*before)
-    (gc.enable if enabled else gc.disable)()
-
-
 def test_config_refuses_a_bad_threshold():
     with pytest.raises(InvariantError, match="gc_gen0_threshold"):
         RolloutConfig(gc_gen0_threshold=0)
@@ -32,9 +24,13 @@ async def _noop(task, config):
 
 
 async def test_engine_raises_while_running_and_restores_on_close(upstream):
+    before = gc.get_threshold()
     gc.set_threshold(700, 10, 10)
-    config = RolloutConfig(progress=False, gc_gen0_threshold=12_345)
-    async with RolloutEngine(_noop, None, config, upstreams=[upstream.url]) as engine:
-        (episode,) = await engine.run([{"id": "t", "instruction": "x"}])
-        assert episode.artifacts["gc_gen0"] == 12_345
-    assert gc.get_threshold() == (700, 10, 10)
+    try:
+        config = RolloutConfig(progress=False, gc_gen0_threshold=12_345)
+        async with RolloutEngine(_noop, None, config, upstreams=[upstream.url]) as engine:
+            (episode,) = await engine.run([{"id": "t", "instruction": "x"}])
+            assert episode.artifacts["gc_gen0"] == 12_345
+        assert gc.get_threshold() == (700, 10, 10)
+    finally:
+        gc.set_threshold(*before)
