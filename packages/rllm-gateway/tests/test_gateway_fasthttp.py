@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 from aiohttp import web
 
-from rllm.gateway.fasthttp import FastHttpPool, UpstreamConnectError
+from rllm.gateway.fasthttp import FastHttpPool, UpstreamConnectError, UpstreamDropped, parse_response
 
 
 @pytest.fixture
@@ -61,3 +62,72 @@ async def test_connect_failure_is_reported():
     pool = FastHttpPool(connect_timeout_s=1, read_timeout_s=1)
     with pytest.raises(UpstreamConnectError):
         await pool.post("http://127.0.0.1:9/v1/x", b"{}")
+
+
+async def test_send_nowait_answers_from_the_connection_callback(server):
+    url, peers = server
+    pool = FastHttpPool(connect_timeout_s=2, read_timeout_s=5)
+    assert pool.send_nowait(f"{url}/fixed", b"cold", lambda outcome: None) is None  # nothing idle yet
+    assert await pool.post(f"{url}/fixed", b"warm") == (200, b"Lwarm")
+    answered: asyncio.Future = asyncio.get_running_loop().create_future()
+    assert pool.send_nowait(f"{url}/fixed", b"now", answered.set_result) is not None
+    assert await answered == (200, b"Lnow")
+    assert len(peers) == 1  # the connection went back to the pool and is reused
+    chunked: asyncio.Future = asyncio.get_running_loop().create_future()
+    pool.send_nowait(f"{url}/chunked", b"", chunked.set_result)
+    assert await chunked == (200, b"ab" + b"cdef" * 1000)
+    # Cancelled: the callback never runs and the connection (its answer still coming) is dropped.
+    seen: list = []
+    handle = pool.send_nowait(f"{url}/fixed", b"x", seen.append)
+    handle.cancel()
+    assert await pool.post(f"{url}/fixed", b"y") == (200, b"Ly")
+    await asyncio.sleep(0.05)
+    assert seen == [] and len(peers) == 2
+    pool.close()
+
+
+async def test_send_nowait_reports_a_dead_connection_and_a_timeout():
+    hold: list[asyncio.StreamWriter] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(int(re.search(rb"Content-Length: (\d+)", head).group(1)))
+        if b"/hang" in head:
+            hold.append(writer)  # never answers
+        elif b"/die" in head:
+            writer.close()
+        else:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+            await serve(reader, writer)
+
+    srv = await asyncio.start_server(serve, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
+    pool = FastHttpPool(connect_timeout_s=2, read_timeout_s=0.2)
+    for path, error in (("/die", UpstreamDropped), ("/hang", TimeoutError)):
+        assert await pool.post(f"{url}/ok", b"{}") == (200, b"ok")
+        outcome: asyncio.Future = asyncio.get_running_loop().create_future()
+        assert pool.send_nowait(url + path, b"{}", outcome.set_result) is not None
+        assert isinstance(await outcome, error)
+    pool.close()
+    srv.close()
+
+
+@pytest.mark.parametrize("split", [1, 7, 64])
+def test_parse_response_waits_for_whole_messages(split):
+    chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3;x=1\r\nabc\r\n2\r\n\r\n\r\n0\r\n\r\n"
+    fixed = b"HTTP/1.1 201 Created\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello"
+    for wire, want in ((chunked, (200, b"abc\r\n", True)), (fixed, (201, b"hello", False))):
+        buf = bytearray()
+        for i in range(0, len(wire), split):
+            assert parse_response(buf, closed=False) is None
+            buf += wire[i : i + split]
+        assert parse_response(buf, closed=False) == want
+        assert buf == bytearray()  # the message was taken off the buffer
+    to_eof = bytearray(b"HTTP/1.0 200 OK\r\n\r\nrest of it")
+    assert parse_response(to_eof, closed=False) is None
+    assert parse_response(to_eof, closed=True) == (200, b"rest of it", False)
+    with pytest.raises(UpstreamDropped, match="mid-body"):
+        parse_response(bytearray(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nshort"), closed=True)
+    with pytest.raises(UpstreamDropped, match="status line"):
+        parse_response(bytearray(b"garbage\r\n\r\n"), closed=False)

@@ -51,6 +51,9 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     log_level: str = "warning"
     shutdown_timeout_s: float = 5.0
     fast_http: bool = True  # lean keep-alive client for non-streaming plain-http upstream calls
+    # With fast_http: answer non-streaming calls from I/O callbacks, with no task per call
+    # (rllm.gateway.proxy_lane); False runs every call in a task (for comparison or debugging).
+    proxy_lane: bool = True
     gc_gen0_threshold: int | None = 50_000
 
     def __post_init__(self) -> None:

@@ -5,12 +5,19 @@ JSON call does not need (cookies, redirects, tracing hooks, multidict headers). 
 writes one pre-formatted request and parses only the status line, Content-Length / chunked
 framing and Connection: close. The gateway forwards with it; the engine's GatewayClient makes
 its admin calls with it. Streaming responses still use aiohttp.
+
+Two ways to use it: ``await post(...)``, or ``send_nowait(...)``, which writes the request on a
+kept-alive connection at once and hands the answer to a callback from the connection's own I/O
+callback. The second costs no task and no event-loop pass between the answer arriving and the
+callback running: the gateway's proxy lane uses it so that a call's answer is written back to
+its client in the same pass as it arrives.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 
@@ -22,8 +29,85 @@ class UpstreamDropped(ConnectionError):
     """The connection closed before a whole response arrived."""
 
 
+Answer = tuple[int, bytes]  # status, body
+Outcome = Answer | BaseException  # what a send_nowait callback receives
+OnAnswer = Callable[[Outcome], None]
+
+
+def parse_response(buf: bytearray, closed: bool) -> tuple[int, bytes, bool] | None:
+    """Take one whole response off the front of ``buf``: (status, body, keep-alive), or None
+    while more bytes are needed. ``closed``: no more bytes will come, so a body without a length
+    ends here and anything short is an error (UpstreamDropped)."""
+    end = buf.find(b"\r\n\r\n")
+    if end < 0:
+        if closed:
+            raise UpstreamDropped("connection closed before the response headers")
+        return None
+    lines = bytes(buf[:end]).split(b"\r\n")
+    try:
+        status = int(lines[0].split(b" ", 2)[1])
+    except (IndexError, ValueError):
+        raise UpstreamDropped(f"malformed status line {lines[0][:80]!r}") from None
+    length = -1
+    chunked = False
+    keep = lines[0].startswith(b"HTTP/1.1")
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"content-length":
+            length = int(value.strip())
+        elif name == b"transfer-encoding":
+            chunked = b"chunked" in value.lower()
+        elif name == b"connection":
+            v = value.strip().lower()
+            keep = v != b"close" and (keep or v == b"keep-alive")
+    start = end + 4
+    if chunked:
+        # The last chunk ends in an empty line: until the buffer does, it cannot be whole.
+        whole = _dechunk(buf, start) if buf.endswith(b"\r\n\r\n") else None
+        if whole is None:
+            if closed:
+                raise UpstreamDropped("connection closed mid-chunk")
+            return None
+        body, stop = whole
+    elif length < 0:  # the body runs to the end of the connection
+        if not closed:
+            return None
+        body, stop, keep = bytes(buf[start:]), len(buf), False
+    else:
+        stop = start + length
+        if len(buf) < stop:
+            if closed:
+                raise UpstreamDropped("connection closed mid-body")
+            return None
+        body = bytes(buf[start:stop])
+    del buf[:stop]
+    return status, body, keep
+
+
+def _dechunk(buf: bytearray, pos: int) -> tuple[bytes, int] | None:
+    """The body of a chunked message starting at ``pos`` and where it ends, or None if short."""
+    out = bytearray()
+    while True:
+        nl = buf.find(b"\r\n", pos)
+        if nl < 0:
+            return None
+        size = int(bytes(buf[pos:nl]).split(b";")[0], 16)
+        data = nl + 2
+        if size == 0:
+            trailer_end = buf.find(b"\r\n\r\n", nl)  # the terminating chunk's (empty) trailer
+            return (bytes(out), trailer_end + 4) if trailer_end >= 0 else None
+        if len(buf) < data + size + 2:
+            return None
+        out += buf[data : data + size]
+        pos = data + size + 2
+
+
 class _Conn(asyncio.Protocol):
-    __slots__ = ("buf", "closed", "timed_out", "transport", "waiter")
+    """One kept-alive connection: awaited with ``wait_data``, or in callback mode while
+    ``on_answer`` is set (a ``send_nowait`` exchange)."""
+
+    __slots__ = ("buf", "closed", "key", "on_answer", "pool", "timed_out", "timer", "transport", "waiter")
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -31,28 +115,79 @@ class _Conn(asyncio.Protocol):
         self.waiter: asyncio.Future[None] | None = None
         self.closed = False
         self.timed_out = False
+        self.on_answer: OnAnswer | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.pool: FastHttpPool | None = None
+        self.key: tuple[str, int] = ("", 0)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
+        if self.on_answer is not None:
+            self._deliver()
+            return
         w = self.waiter
         if w is not None and not w.done():
             w.set_result(None)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self.on_answer is not None:
+            self._deliver()
+            return
         w = self.waiter
         if w is not None and not w.done():
             w.set_result(None)
 
     def time_out(self) -> None:
-        """Read deadline passed: wake the reader, which then raises TimeoutError."""
+        """Read deadline passed: wake the reader (which raises TimeoutError), or fail the callback."""
         self.timed_out = True
+        if self.on_answer is not None:
+            self._settle(TimeoutError())
+            return
         w = self.waiter
         if w is not None and not w.done():
             w.set_result(None)
+
+    def _deliver(self) -> None:
+        try:
+            parsed = parse_response(self.buf, self.closed)
+        except UpstreamDropped as exc:
+            self._settle(exc)
+            return
+        if parsed is not None:
+            self._settle(parsed)
+
+    def _settle(self, outcome: tuple[int, bytes, bool] | BaseException) -> None:
+        callback, self.on_answer = self.on_answer, None
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if isinstance(outcome, tuple):
+            status, body, keep = outcome
+            if keep and not self.closed and self.pool is not None:
+                self.pool.release(self)
+            else:
+                self.transport.close()  # type: ignore[union-attr]
+            assert callback is not None
+            callback((status, body))
+        else:
+            self.transport.abort()  # type: ignore[union-attr]
+            assert callback is not None
+            callback(outcome)
+
+    def cancel(self) -> None:
+        """Give up on a ``send_nowait`` exchange: its callback is not called; the connection,
+        whose answer may still arrive, is dropped."""
+        if self.on_answer is None:
+            return
+        self.on_answer = None
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.transport.abort()  # type: ignore[union-attr]
 
     async def wait_data(self) -> None:
         if self.timed_out:
@@ -66,8 +201,12 @@ class _Conn(asyncio.Protocol):
             raise TimeoutError
 
 
+Connection = _Conn  # what send_nowait returns: the exchange's handle (``cancel()``)
+
+
 class FastHttpPool:
-    """Keep-alive connections per (host, port); ``request``/``post`` return (status, body)."""
+    """Keep-alive connections per (host, port); ``request``/``post`` return (status, body),
+    ``send_nowait`` hands it to a callback."""
 
     def __init__(self, *, connect_timeout_s: float, read_timeout_s: float, max_idle: int = 1024) -> None:
         self.connect_timeout_s = connect_timeout_s
@@ -78,14 +217,13 @@ class FastHttpPool:
         # request line, up to "Content-Length: "): formatted once per upstream or gateway.
         self._heads: dict[tuple[str, str, bytes], tuple[tuple[str, int], bytes]] = {}
 
-    async def _connect(self, host: str, port: int) -> _Conn:
+    async def _connect(self, key: tuple[str, int]) -> _Conn:
         loop = asyncio.get_running_loop()
         try:
-            _, proto = await asyncio.wait_for(
-                loop.create_connection(_Conn, host, port), self.connect_timeout_s
-            )
+            _, proto = await asyncio.wait_for(loop.create_connection(_Conn, *key), self.connect_timeout_s)
         except (OSError, TimeoutError) as exc:
-            raise UpstreamConnectError(f"cannot connect to {host}:{port}: {exc}") from None
+            raise UpstreamConnectError(f"cannot connect to {key[0]}:{key[1]}: {exc}") from None
+        proto.pool, proto.key = self, key
         return proto
 
     async def post(self, url: str, body: bytes, content_type: str = "application/json") -> tuple[int, bytes]:
@@ -102,6 +240,32 @@ class FastHttpPool:
         headers: bytes = b"",
     ) -> tuple[int, bytes]:
         """One exchange; ``headers`` are preformatted ``Name: value\\r\\n`` lines."""
+        key, head = self._head(method, url, len(body), content_type, headers)
+        while (conn := self._take_idle(key)) is not None:
+            try:
+                return await self._exchange(conn, head, body)
+            except UpstreamDropped:
+                continue  # stale keep-alive connection; try another / a fresh one
+        return await self._exchange(await self._connect(key), head, body)
+
+    def send_nowait(self, url: str, body: bytes, on_answer: OnAnswer) -> _Conn | None:
+        """POST ``body`` (JSON) on an idle kept-alive connection now; None when none is idle
+        (then use ``post``, which may connect). ``on_answer`` is called once, later, from the
+        connection's I/O callback, with (status, body) or the error that ended the exchange
+        (UpstreamDropped, TimeoutError). The returned handle's ``cancel()`` gives up on it."""
+        key, head = self._head("POST", url, len(body), "application/json", b"")
+        conn = self._take_idle(key)
+        if conn is None:
+            return None
+        conn.buf.clear()
+        conn.on_answer = on_answer
+        conn.transport.write(head + body)  # type: ignore[union-attr]
+        conn.timer = asyncio.get_running_loop().call_later(self.read_timeout_s, conn.time_out)
+        return conn
+
+    def _head(
+        self, method: str, url: str, length: int, content_type: str, headers: bytes
+    ) -> tuple[tuple[str, int], bytes]:
         if not url.startswith("http://"):
             raise ValueError("FastHttpPool speaks plain http only")
         cut = url.find("/", 7)  # origin | request target; admin targets differ per session
@@ -111,25 +275,30 @@ class FastHttpPool:
         if cached is None:
             cached = self._parse(shape)
         key, tail = cached
-        head = b"%s %s HTTP/1.1\r\n%s%d\r\n\r\n" % (
+        return key, b"%s %s HTTP/1.1\r\n%s%d\r\n\r\n" % (
             method.encode("latin-1"),
             target.encode("latin-1"),
             tail,
-            len(body),
+            length,
         )
+
+    def _take_idle(self, key: tuple[str, int]) -> _Conn | None:
         idle = self._idle.get(key)
-        if idle is None:
-            idle = self._idle[key] = deque()
         while idle:
             conn = idle.pop()
-            if conn.closed:
-                continue
-            try:
-                return await self._exchange(key, conn, head, body)
-            except UpstreamDropped:
-                continue  # stale keep-alive connection; try another / a fresh one
-        conn = await self._connect(*key)
-        return await self._exchange(key, conn, head, body)
+            if not conn.closed:
+                return conn
+        return None
+
+    def release(self, conn: _Conn) -> None:
+        """A connection whose exchange ended cleanly goes back to the idle pool (or is closed)."""
+        idle = self._idle.get(conn.key)
+        if idle is None:
+            idle = self._idle[conn.key] = deque()
+        if len(idle) < self.max_idle:
+            idle.append(conn)
+        else:
+            conn.transport.close()  # type: ignore[union-attr]
 
     def _parse(self, shape: tuple[str, str, bytes]) -> tuple[tuple[str, int], bytes]:
         origin, content_type, headers = shape
@@ -142,9 +311,7 @@ class FastHttpPool:
         entry = self._heads[shape] = ((parts.hostname or "127.0.0.1", parts.port or 80), tail)
         return entry
 
-    async def _exchange(
-        self, key: tuple[str, int], conn: _Conn, head: bytes, body: bytes
-    ) -> tuple[int, bytes]:
+    async def _exchange(self, conn: _Conn, head: bytes, body: bytes) -> tuple[int, bytes]:
         assert conn.transport is not None
         conn.buf.clear()
         conn.transport.write(head + body)
@@ -152,77 +319,19 @@ class FastHttpPool:
         # Task) per request; the handle just wakes the reader, which raises TimeoutError.
         timer = asyncio.get_running_loop().call_later(self.read_timeout_s, conn.time_out)
         try:
-            status, payload, keep = await self._read_response(conn)
+            while (parsed := parse_response(conn.buf, conn.closed)) is None:
+                await conn.wait_data()
         except BaseException:
             conn.transport.abort()
             raise
         finally:
             timer.cancel()
-        if keep and not conn.closed and len(self._idle[key]) < self.max_idle:
-            self._idle[key].append(conn)
+        status, payload, keep = parsed
+        if keep and not conn.closed:
+            self.release(conn)
         else:
             conn.transport.close()
         return status, payload
-
-    async def _read_response(self, conn: _Conn) -> tuple[int, bytes, bool]:
-        buf = conn.buf
-        while True:
-            end = buf.find(b"\r\n\r\n")
-            if end >= 0:
-                break
-            if conn.closed:
-                raise UpstreamDropped("connection closed before the response headers")
-            await conn.wait_data()
-        lines = bytes(buf[:end]).split(b"\r\n")
-        del buf[: end + 4]
-        try:
-            status = int(lines[0].split(b" ", 2)[1])
-        except (IndexError, ValueError):
-            raise UpstreamDropped(f"malformed status line {lines[0][:80]!r}") from None
-        length = -1
-        chunked = False
-        keep = lines[0].startswith(b"HTTP/1.1")
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            if name == b"content-length":
-                length = int(value.strip())
-            elif name == b"transfer-encoding":
-                chunked = b"chunked" in value.lower()
-            elif name == b"connection":
-                v = value.strip().lower()
-                keep = v != b"close" and (keep or v == b"keep-alive")
-        if chunked:
-            return status, await self._read_chunked(conn), keep
-        if length < 0:  # body runs to the end of the connection
-            while not conn.closed:
-                await conn.wait_data()
-            return status, bytes(buf), False
-        while len(buf) < length:
-            if conn.closed:
-                raise UpstreamDropped("connection closed mid-body")
-            await conn.wait_data()
-        payload = bytes(buf[:length])
-        del buf[:length]
-        return status, payload, keep
-
-    async def _read_chunked(self, conn: _Conn) -> bytes:
-        buf = conn.buf
-        out = bytearray()
-        while True:
-            while (nl := buf.find(b"\r\n")) < 0:
-                if conn.closed:
-                    raise UpstreamDropped("connection closed mid-chunk")
-                await conn.wait_data()
-            size = int(bytes(buf[:nl]).split(b";")[0], 16)
-            while len(buf) < nl + 2 + size + 2:
-                if conn.closed:
-                    raise UpstreamDropped("connection closed mid-chunk")
-                await conn.wait_data()
-            out += buf[nl + 2 : nl + 2 + size]
-            del buf[: nl + 2 + size + 2]
-            if size == 0:
-                return bytes(out)
 
     def close(self) -> None:
         for idle in self._idle.values():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import re
 import socket
@@ -20,7 +21,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import parse_qsl, unquote
 
 import httptools
@@ -89,6 +90,16 @@ class Request:
 
     async def read(self) -> bytes:
         return self.body
+
+    def respond(self, resp: Response) -> None:
+        """Answer a request that ``HttpServer(early=...)`` kept (returned a Pending for)."""
+        if self._conn is not None:
+            self._conn.respond(self, resp)
+
+    def respond_later(self, answer: Awaitable[Response | StreamResponse]) -> None:
+        """Hand a kept request over to a task: it is answered with what ``answer`` returns."""
+        if self._conn is not None:
+            self._conn.answer_in_task(self, answer)
 
     def abort(self) -> None:
         """Drop the connection now, without an answer and without flushing what is queued.
@@ -162,6 +173,18 @@ class StreamResponse:
 
 Handler = Callable[[Request], Awaitable[Response | StreamResponse]]
 ErrorFactory = Callable[[int, str], Response]
+
+
+class Pending(Protocol):
+    """A request being answered outside a task: ``cancel()`` when its client goes away."""
+
+    def cancel(self) -> None: ...
+
+
+# Runs in the connection's I/O callback, before any task: None (dispatch as usual), a Response
+# (sent at once), an awaitable (answered by a task), or a Pending (the early handler calls
+# ``request.respond`` or ``request.respond_later`` itself).
+EarlyHandler = Callable[[Request], "Response | Awaitable[Response | StreamResponse] | Pending | None"]
 
 
 class _HeadTooLarge(Exception):
@@ -247,7 +270,8 @@ class _DateCache:
 
 
 class _HttpProtocol(asyncio.Protocol):
-    """One client connection. Requests are answered in order, one handler task at a time."""
+    """One client connection. Requests are answered in order, one at a time: by a handler
+    task, at once, or by whoever holds the Pending an early handler returned."""
 
     def __init__(self, server: HttpServer) -> None:
         self.server = server
@@ -258,7 +282,8 @@ class _HttpProtocol(asyncio.Protocol):
         self.last_active = 0.0
         self._queue: deque[tuple[Request, bool, bool]] = deque()  # request, keep-alive, too big
         self.stream_open = False  # a chunked response head went out and its end has not
-        self._task: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[None] | Pending | None = None
+        self._keep_alive = True  # of the request being answered
         self._reading_paused = False
         # per-message parse state
         self._url = b""
@@ -327,8 +352,9 @@ class _HttpProtocol(asyncio.Protocol):
 
     @property
     def handler(self) -> asyncio.Task[None] | None:
-        """The task answering the current request, if any."""
-        return self._task
+        """The task answering the current request, if one is."""
+        task = self._task
+        return task if isinstance(task, asyncio.Task) else None
 
     def idle(self) -> bool:
         return self._task is None and not self._queue
@@ -398,24 +424,45 @@ class _HttpProtocol(asyncio.Protocol):
         if self._reading_paused and len(self._queue) <= _MAX_PIPELINED // 2:
             self._reading_paused = False
             self.transport.resume_reading()  # type: ignore[union-attr]
-        self._task = self.server.loop.create_task(self._answer(req, keep_alive, too_big))
-
-    async def _answer(self, req: Request, keep_alive: bool, too_big: bool) -> None:
+        self._keep_alive = keep_alive
         server = self.server
-        try:
-            if too_big:
-                resp: Response | StreamResponse = server.error_factory(
+        if too_big:
+            self.respond(
+                req,
+                server.error_factory(
                     413, f"request body exceeds the gateway's limit of {server.max_body_bytes} bytes"
-                )
-            else:
-                resp = await server.dispatch(req)
+                ),
+            )
+            return
+        started = None
+        if server.early is not None:
+            try:
+                started = server.early(req)
+            except Exception as exc:  # the early handler maps errors itself; last line of defence
+                log.exception("unhandled error on %s %s", req.method, req.path)
+                started = server.error_factory(500, f"internal gateway error: {type(exc).__name__}")
+        if started is None:
+            started = server.dispatch(req)
+        if isinstance(started, Response):
+            self.respond(req, started)
+        elif inspect.isawaitable(started):
+            self.answer_in_task(req, started)
+        else:
+            self._task = started
+
+    def answer_in_task(self, req: Request, answer: Awaitable[Response | StreamResponse]) -> None:
+        self._task = self.server.loop.create_task(self._answer(req, answer))
+
+    async def _answer(self, req: Request, answer: Awaitable[Response | StreamResponse]) -> None:
+        try:
+            resp = await answer
         except (asyncio.CancelledError, ConnectionResetError):
             self._task = None  # the client went away mid-request
             self.close()
             return
         except Exception as exc:  # dispatch maps errors itself; this is the last line of defence
             log.exception("unhandled error on %s %s", req.method, req.path)
-            resp = server.error_factory(500, f"internal gateway error: {type(exc).__name__}")
+            resp = self.server.error_factory(500, f"internal gateway error: {type(exc).__name__}")
         self._task = None
         if self.closed:
             return
@@ -423,17 +470,27 @@ class _HttpProtocol(asyncio.Protocol):
             self.stream_open = False
             if isinstance(resp, StreamResponse) and resp.prepared:
                 self.write(b"0\r\n\r\n")
+                self._done()
             else:
                 # The handler failed after its stream began: no status can be sent any more, so
                 # end the connection and let the client see a truncated stream.
                 self.close()
-                return
-        elif isinstance(resp, StreamResponse):
+            return
+        if isinstance(resp, StreamResponse):
             resp = Response(status=resp.status, headers=resp.headers)
-        if isinstance(resp, Response):
-            self._write_response(resp, keep_alive, with_body=req.method != "HEAD")
-        self.last_active = server.loop.time()
-        if not keep_alive:
+        self.respond(req, resp)
+
+    def respond(self, req: Request, resp: Response) -> None:
+        """Send the whole answer to the current request, then go on to the next one."""
+        self._task = None
+        if self.closed:
+            return
+        self._write_response(resp, self._keep_alive, with_body=req.method != "HEAD")
+        self._done()
+
+    def _done(self) -> None:
+        self.last_active = self.server.loop.time()
+        if not self._keep_alive:
             self.close()
         elif self._queue:
             self._next()
@@ -462,6 +519,8 @@ class HttpServer:
 
     ``dispatch`` owns routing and error mapping; ``error_factory(status, message)`` builds the
     responses the server itself sends (malformed HTTP, body too large, unhandled errors).
+    ``early(request)``, if given, sees each request first, in the I/O callback that completed
+    it (see EarlyHandler): a request it answers or keeps costs no task and no extra loop pass.
     """
 
     def __init__(
@@ -471,8 +530,10 @@ class HttpServer:
         *,
         max_body_bytes: int,
         keepalive_timeout_s: float = 75.0,
+        early: EarlyHandler | None = None,
     ) -> None:
         self.dispatch = dispatch
+        self.early = early
         self.error_factory = error_factory
         self.max_body_bytes = max_body_bytes
         self.keepalive_timeout_s = keepalive_timeout_s
@@ -524,6 +585,7 @@ __all__ = [
     "Headers",
     "HttpServer",
     "MethodNotAllowed",
+    "Pending",
     "Request",
     "Response",
     "RouteNotFound",

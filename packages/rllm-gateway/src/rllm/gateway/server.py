@@ -37,12 +37,16 @@ from rllm.gateway.errors import GatewayError, error_body, error_response
 from rllm.gateway.fasthttp import FastHttpPool, UpstreamConnectError, UpstreamDropped
 from rllm.gateway.httpserver import (
     HttpServer,
+    MethodNotAllowed,
+    Pending,
     Request,
     Response,
+    RouteNotFound,
     Router,
     StreamResponse,
 )
 from rllm.gateway.metrics import GatewayMetrics
+from rllm.gateway.proxy_lane import start_exchange
 from rllm.gateway.sessions import Session
 from rllm.gateway.store import open_store
 from rllm.gateway.workers import NoHealthyWorker, Worker, WorkerPool
@@ -158,7 +162,10 @@ class GatewayServer:
                 cfg.hosted_model, api_key=cfg.hosted_api_key, api_base=cfg.hosted_api_base
             )
         self._server = HttpServer(
-            self._dispatch, lambda status, msg: error_response(status, msg), max_body_bytes=cfg.max_body_bytes
+            self._dispatch,
+            lambda status, msg: error_response(status, msg),
+            max_body_bytes=cfg.max_body_bytes,
+            early=self._early,
         )
         sock = socket.socket(socket.AF_INET6 if ":" in cfg.host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -250,10 +257,16 @@ class GatewayServer:
         return r
 
     async def _dispatch(self, request: Request) -> Response | StreamResponse:
-        """Route one request and map every failure to an OpenAI-style error: the gateway answers,
-        it never crashes."""
+        """Route one request; every failure becomes an OpenAI-style error."""
+        return await self._mapped(request, self._router.dispatch(request, _route_error))
+
+    async def _mapped(
+        self, request: Request, answer: Awaitable[Response | StreamResponse]
+    ) -> Response | StreamResponse:
+        """Map every failure of ``answer`` to an OpenAI-style error: the gateway answers, it never
+        crashes."""
         try:
-            return await self._router.dispatch(request, _route_error)
+            return await answer
         except GatewayError as exc:
             return error_response(exc.status, exc.message, param=exc.param, code=exc.code)
         except (asyncio.CancelledError, ConnectionResetError):
@@ -360,8 +373,8 @@ class GatewayServer:
                 502, f"upstream {w.url} failed: {type(exc).__name__}", code="upstream_error"
             ) from None
 
-    async def _read_body(self, request: Request) -> dict[str, Any]:
-        raw = await request.read()
+    @staticmethod
+    def _decode_body(raw: bytes) -> dict[str, Any]:
         if not raw:
             raise GatewayError(400, "request body is empty; expected a JSON object", code="invalid_json")
         try:
@@ -425,17 +438,58 @@ class GatewayServer:
             )
         return []
 
-    async def _proxy(self, request: Request, *, chat: bool) -> StreamResponse:
+    def _early(self, request: Request) -> Response | Awaitable[Response | StreamResponse] | Pending | None:
+        """Proxy calls start here, in the I/O callback that completed the request (HttpServer's
+        ``early``): decoded, validated and traced at once, and when the call can go out on an
+        idle kept-alive upstream connection it is sent from here and answered from that
+        connection's callback (proxy_lane.ProxyExchange): no task and no event-loop pass between
+        the agent's request and the upstream, or between the upstream's answer and the agent.
+        Streams, hosted providers, a paused gateway, a cold pool and every other route go on in
+        a task as before."""
+        if request.method != "POST" or not (self.config.fast_http and self.config.proxy_lane):
+            return None
+        try:
+            handler, params = self._router.resolve("POST", request.path)
+        except (RouteNotFound, MethodNotAllowed):
+            return None
+        chat = handler == self._chat
+        if not chat and handler != self._completions:
+            return None
+        request.match_info = params
         t0 = time.perf_counter()
+        try:
+            session, role, body, messages = self._parse_call(request, chat)
+            if (
+                body.get("stream")
+                or self._hosted is not None
+                or not self._admit.is_set()
+                or not self._plain_http()
+            ):
+                return self._mapped(
+                    request, self._proxy_parsed(request, chat, t0, session, role, body, messages)
+                )
+            return start_exchange(self, request, chat, t0, session, role, body, messages)
+        except GatewayError as exc:
+            return error_response(exc.status, exc.message, param=exc.param, code=exc.code)
+
+    async def _proxy(self, request: Request, *, chat: bool) -> StreamResponse:
+        """The proxy routes when the early lane is off (``proxy_lane`` or ``fast_http`` False)."""
+        t0 = time.perf_counter()
+        return await self._proxy_parsed(request, chat, t0, *self._parse_call(request, chat))
+
+    def _parse_call(self, request: Request, chat: bool) -> tuple[Session, str, dict[str, Any], list[Message]]:
+        """Session, role, decoded body and validated messages of a proxy call."""
         match = request.match_info
         session = self._session_for(request, match.get("sid"))
         role = match.get("role") or request.headers.get("X-RLLM-Role") or "default"
-        body = await self._read_body(request)
-        messages = self._validate(body, chat)
-        if not self._admit.is_set():
-            await self._admit.wait()
+        body = self._decode_body(request.body)
+        return session, role, body, self._validate(body, chat)
+
+    def _open_trace(
+        self, session: Session, role: str, body: dict[str, Any], messages: list[Message], chat: bool
+    ) -> TraceRecord:
+        """Apply the session's sampling and start the call's trace (its seq is taken here)."""
         apply_sampling(body, session.sampling or self.config.default_sampling)
-        stream = bool(body.get("stream"))
         seq = session.next_seq
         session.next_seq = seq + 1
         trace = TraceRecord(
@@ -452,24 +506,56 @@ class GatewayServer:
             trace.metadata["prompt"] = body["prompt"]
         if self.config.store_raw:
             trace.raw_request = dict(body)
-        self.inflight += 1
+        self.inflight += 1  # until _call_ended
+        return trace
+
+    def _call_ended(self) -> None:
+        self.inflight -= 1
+        if self.inflight == 0 and self._drained is not None:
+            self._drained.set()
+
+    def _upstream_request(
+        self,
+        session: Session,
+        role: str,
+        body: dict[str, Any],
+        messages: list[Message],
+        trace: TraceRecord,
+        chat: bool,
+    ) -> tuple[Any, ClientWants, str]:
+        """Turn the agent's body into what the upstream gets: (bridge plan, what the client
+        asked for itself, path)."""
+        bridge = None
+        if chat and self._bridge is not None:
+            bridge = self._bridge.prepare(session, role, body, messages, trace)
+        wants = inject_capture(body, chat=chat and bridge is None, stream=bool(body.get("stream")))
+        return bridge, wants, "/chat/completions" if chat and bridge is None else "/completions"
+
+    async def _proxy_parsed(
+        self,
+        request: Request,
+        chat: bool,
+        t0: float,
+        session: Session,
+        role: str,
+        body: dict[str, Any],
+        messages: list[Message],
+    ) -> StreamResponse:
+        if not self._admit.is_set():
+            await self._admit.wait()
+        trace = self._open_trace(session, role, body, messages, chat)
         try:
+            stream = bool(body.get("stream"))
             if self._hosted is not None:
                 return await self._hosted_call(request, body, trace, chat, stream, t0)
-            bridge = None
-            if chat and self._bridge is not None:
-                bridge = self._bridge.prepare(session, role, body, messages, trace)
-            wants = inject_capture(body, chat=chat and bridge is None, stream=stream)
-            path = "/chat/completions" if chat and bridge is None else "/completions"
+            bridge, wants, path = self._upstream_request(session, role, body, messages, trace, chat)
             if stream:
                 return await self._forward_stream(
                     request, session, path, body, wants, trace, t0, chat, bridge
                 )
             return await self._forward(session, path, body, wants, trace, t0, chat, bridge)
         finally:
-            self.inflight -= 1
-            if self.inflight == 0 and self._drained is not None:
-                self._drained.set()
+            self._call_ended()
 
     def _finish_trace(self, trace: TraceRecord, cap: Captured | None, status: str, t0: float) -> None:
         trace.latency_s = time.perf_counter() - t0
@@ -575,7 +661,7 @@ class GatewayServer:
         bridge: Any,
     ) -> Response:
         try:
-            if self.config.fast_http and not any(u.startswith("https:") for u in self.pool.workers):
+            if self.config.fast_http and self._plain_http():
                 status, raw = await self._post_whole(session, path, body)
             else:
                 w, resp = await self._post(session, path, body)
@@ -603,6 +689,24 @@ class GatewayServer:
         except asyncio.CancelledError:
             self._finish_trace(trace, None, "abort", t0)
             raise
+        return self._answer_whole(session, status, raw, wants, trace, t0, chat, bridge)
+
+    def _plain_http(self) -> bool:
+        """Every upstream speaks plain http (the lean client's only protocol)."""
+        return not any(u.startswith("https:") for u in self.pool.workers)
+
+    def _answer_whole(
+        self,
+        session: Session,
+        status: int,
+        raw: bytes,
+        wants: ClientWants,
+        trace: TraceRecord,
+        t0: float,
+        chat: bool,
+        bridge: Any,
+    ) -> Response:
+        """The agent's answer from the upstream's whole one; finishes the trace."""
         if status != 200:
             trace.metadata["error"] = raw[:2000].decode(errors="replace")
             trace.metadata["upstream_status"] = status
@@ -777,7 +881,7 @@ class GatewayServer:
     async def _admin_body(self, request: Request) -> dict[str, Any]:
         if not request.can_read_body:
             return {}
-        return await self._read_body(request)
+        return self._decode_body(request.body)
 
     # ------------------------------------------------------------------ admin operations
     # One implementation each, shared by the HTTP admin routes and LocalGatewayClient. They raise

@@ -1,0 +1,188 @@
+"""The gateway's early lane: a non-streaming proxy call answered without a task.
+
+Under load every hop through the event loop's ready queue waits behind everything else that
+became ready in the same pass, and a proxied call through a task costs two such hops more than
+the agent's own HTTP client does: the handler task's first step after the request arrives, and
+its wake-up after the upstream's answer. Here the request is decoded, traced and written to an
+idle kept-alive upstream connection from the I/O callback that completed it, and the answer is
+captured and written back to the agent from the I/O callback that completed the upstream's
+response. Whatever does not fit (no idle connection, a dropped connection) goes on in a task
+through the gateway's ordinary failover path, with the same trace.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from rllm.gateway.capture import ClientWants
+from rllm.gateway.errors import GatewayError, error_response
+from rllm.gateway.fasthttp import Connection, Outcome
+from rllm.gateway.httpserver import Request, Response, StreamResponse
+from rllm.gateway.sessions import Session
+from rllm.gateway.workers import NoHealthyWorker, Worker
+from rllm.types import Message, TraceRecord
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
+    from rllm.gateway.server import GatewayServer
+
+log = logging.getLogger("rllm.gateway")
+_json_encode = msgspec.json.Encoder().encode
+
+
+def start_exchange(
+    server: GatewayServer,
+    request: Request,
+    chat: bool,
+    t0: float,
+    session: Session,
+    role: str,
+    body: dict[str, Any],
+    messages: list[Message],
+) -> ProxyExchange | Awaitable[Response | StreamResponse]:
+    """Open the call's trace and send it upstream now if a kept-alive connection is idle
+    (returns the pending exchange), else return the task path's awaitable for it."""
+    trace = server._open_trace(session, role, body, messages, chat)
+    try:
+        bridge, wants, path = server._upstream_request(session, role, body, messages, trace, chat)
+    except BaseException:
+        server._call_ended()
+        raise
+    exchange = ProxyExchange(server, request, session, path, body, wants, trace, t0, chat, bridge)
+    try:
+        w = server.pool.pick(session.worker)
+    except NoHealthyWorker:
+        return exchange.in_task()  # the failover path answers 503 and records the error
+    session.worker = w.url
+    server._set_model(w, body)
+    assert server._fast is not None
+    conn = server._fast.send_nowait(w.url + path, _json_encode(body), exchange.on_answer)
+    if conn is None:
+        return exchange.in_task()
+    exchange.sent(w, conn)
+    return exchange
+
+
+class ProxyExchange:
+    """One call in flight on the early lane; the connection's ``cancel()`` target while it is."""
+
+    __slots__ = (
+        "body",
+        "bridge",
+        "chat",
+        "conn",
+        "path",
+        "request",
+        "server",
+        "session",
+        "t0",
+        "trace",
+        "wants",
+        "worker",
+    )
+
+    def __init__(
+        self,
+        server: GatewayServer,
+        request: Request,
+        session: Session,
+        path: str,
+        body: dict[str, Any],
+        wants: ClientWants,
+        trace: TraceRecord,
+        t0: float,
+        chat: bool,
+        bridge: Any,
+    ) -> None:
+        self.server = server
+        self.request = request
+        self.session = session
+        self.path = path
+        self.body = body
+        self.wants = wants
+        self.trace = trace
+        self.t0 = t0
+        self.chat = chat
+        self.bridge = bridge
+        self.worker: Worker | None = None
+        self.conn: Connection | None = None
+
+    def sent(self, worker: Worker, conn: Connection) -> None:
+        self.worker, self.conn = worker, conn
+        worker.inflight += 1
+        worker.requests += 1
+
+    def in_task(self) -> Awaitable[Response | StreamResponse]:
+        """The rest of the call through the gateway's failover path, as a task would run it."""
+        server = self.server
+
+        async def forward() -> Response:
+            try:
+                return await server._forward(
+                    self.session,
+                    self.path,
+                    self.body,
+                    self.wants,
+                    self.trace,
+                    self.t0,
+                    self.chat,
+                    self.bridge,
+                )
+            finally:
+                server._call_ended()
+
+        return server._mapped(self.request, forward())
+
+    def on_answer(self, outcome: Outcome) -> None:
+        """The upstream connection's callback: answer the agent now (or retry in a task)."""
+        server, w = self.server, self.worker
+        assert w is not None
+        w.inflight -= 1
+        self.conn = None
+        if isinstance(outcome, TimeoutError):
+            self._fail(GatewayError(504, f"upstream {w.url} timed out", code="upstream_timeout"))
+            return
+        if isinstance(outcome, BaseException):
+            # A kept-alive connection the upstream had closed (or that died mid-answer): the
+            # failover path retries it, on the same worker first.
+            server.metrics.retries.inc()
+            self.request.respond_later(self.in_task())
+            return
+        status, raw = outcome
+        if not w.healthy:
+            server.pool.mark_answered(w)
+        try:
+            resp = server._answer_whole(
+                self.session, status, raw, self.wants, self.trace, self.t0, self.chat, self.bridge
+            )
+        except GatewayError as exc:  # _answer_whole finished the trace
+            resp = error_response(exc.status, exc.message, param=exc.param, code=exc.code)
+        except Exception as exc:  # a bug: answer anyway, as the task path's last line of defence
+            log.exception("internal error on %s", self.request.path)
+            resp = error_response(500, f"internal gateway error: {type(exc).__name__}: {exc}")
+        server._call_ended()
+        self.request.respond(resp)
+
+    def _fail(self, exc: GatewayError) -> None:
+        self.trace.metadata["error"] = exc.message
+        self.server._finish_trace(self.trace, None, "error", self.t0)
+        self.server._call_ended()
+        self.request.respond(error_response(exc.status, exc.message, param=exc.param, code=exc.code))
+
+    def cancel(self) -> None:
+        """The agent went away: drop the upstream call and record the trace as aborted."""
+        conn, self.conn = self.conn, None
+        if conn is None:
+            return
+        conn.cancel()
+        assert self.worker is not None
+        self.worker.inflight -= 1
+        self.server._finish_trace(self.trace, None, "abort", self.t0)
+        self.server._call_ended()
+
+
+__all__ = ["ProxyExchange", "start_exchange"]

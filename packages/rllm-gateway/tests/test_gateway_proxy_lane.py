@@ -1,0 +1,155 @@
+"""The early proxy lane (proxy_lane.py): non-streaming calls answered from I/O callbacks with no
+task per call, and every way such a call ends — answered, its kept-alive upstream connection
+found dead (retried through the failover path), upstream timeout, client gone, gateway paused.
+Real gateway, real MockUpstream, real openai / aiohttp clients on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import aiohttp
+import openai
+import pytest
+
+from rllm.gateway import GatewayClient, GatewayConfig, GatewayServer
+from rllm.gateway.proxy_lane import ProxyExchange
+
+
+def _oc(url: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=url, api_key="x", max_retries=0)
+
+
+async def _say(oc: openai.AsyncOpenAI, text: str) -> str:
+    r = await oc.chat.completions.create(model="m", messages=[{"role": "user", "content": text}])
+    return r.choices[0].message.content or ""
+
+
+def _retries(gw: GatewayServer) -> float:
+    text = gw.metrics.render()[0].decode()
+    return float(re.search(r"^rllm_gateway_upstream_retries_total (\S+)$", text, re.M).group(1))
+
+
+def _settled(gw: GatewayServer) -> bool:
+    """Nothing counted in flight, on the gateway or on any worker."""
+    return gw.inflight == 0 and all(w.inflight == 0 for w in gw.pool.workers.values())
+
+
+@pytest.fixture
+async def lane(mock):
+    cfg = GatewayConfig(upstreams=[mock.url], health_interval_s=0)
+    async with GatewayServer(cfg) as gw, GatewayClient(gw.url) as client:
+        await _say(_oc(client.session_url("warm")), "warm")  # leaves a kept-alive connection
+        yield gw, client
+
+
+async def test_calls_run_without_a_task_and_match_the_task_path(mock):
+    """The same conversation through the lane and through the task path: the agent sees the same
+    replies and the traces hold the same tokens, logprobs and order."""
+    results = []
+    for on in (True, False):
+        cfg = GatewayConfig(upstreams=[mock.url], health_interval_s=0, proxy_lane=on)
+        async with GatewayServer(cfg) as gw, GatewayClient(gw.url) as client:
+            oc = _oc(client.session_url("s"))
+            messages = [{"role": "user", "content": "first"}]
+            replies = []
+            for turn in range(3):
+                r = await oc.chat.completions.create(model="m", messages=messages, tools=None if turn else [])
+                replies.append(r.choices[0].message.content)
+                messages += [{"role": "assistant", "content": r.choices[0].message.content}]
+                messages += [{"role": "user", "content": f"turn {turn}"}]
+            mock.latency = 0.3
+            pending = asyncio.create_task(_say(oc, "held"))
+            await asyncio.sleep(0.1)
+            busy = [c for c in gw._server.connections if c._task is not None]
+            assert len(busy) == 1
+            assert isinstance(busy[0]._task, ProxyExchange) is on  # lane: the call holds no task
+            assert (busy[0].handler is None) is on
+            replies.append(await pending)
+            mock.latency = 0.0
+            traces = await client.get_traces("s")
+            assert _settled(gw)
+        results.append(
+            (
+                replies,
+                [
+                    (
+                        t.seq,
+                        t.status,
+                        list(t.prompt_ids),
+                        list(t.completion_ids),
+                        list(t.logprobs),
+                        t.response,
+                    )
+                    for t in traces
+                ],
+            )
+        )
+    assert results[0] == results[1]
+    assert results[0][0][-1] == "echo: held" and len(results[0][1]) == 4
+
+
+async def test_dead_kept_alive_connection_is_retried_on_a_fresh_one(lane, mock):
+    gw, client = lane
+    mock.fail("die", count=1)  # the upstream closes the kept-alive connection without answering
+    before = _retries(gw)
+    assert await _say(_oc(client.session_url("drop")), "again") == "echo: again"
+    assert _retries(gw) == before + 1
+    assert gw.pool.workers[mock.url].healthy
+    assert [(t.seq, t.status) for t in await client.get_traces("drop")] == [(0, "ok")]
+    assert _settled(gw)
+
+
+async def test_upstream_timeout_on_the_lane_is_504_and_the_next_call_works(mock):
+    cfg = GatewayConfig(upstreams=[mock.url], upstream_timeout_s=0.3, health_interval_s=0)
+    async with GatewayServer(cfg) as gw, GatewayClient(gw.url) as client:
+        oc = _oc(client.session_url("t"))
+        await _say(oc, "warm")
+        mock.fail("hang", count=1)
+        with pytest.raises(openai.APIStatusError) as e:
+            await _say(oc, "hangs")
+        assert e.value.status_code == 504 and "timed out" in str(e.value)
+        assert await _say(oc, "after") == "echo: after"
+        traces = await client.get_traces("t")
+        assert [t.status for t in traces] == ["ok", "error", "ok"]
+        assert "timed out" in traces[1].metadata["error"]
+        assert _settled(gw)
+
+
+async def test_client_gone_mid_call_aborts_the_trace_and_the_upstream_call(lane, mock):
+    gw, client = lane
+    mock.fail("hang", count=1)
+    body = {"model": "m", "messages": [{"role": "user", "content": "going away"}]}
+    async with aiohttp.ClientSession() as http:
+        call = asyncio.create_task(http.post(client.session_url("gone") + "/chat/completions", json=body))
+        await asyncio.sleep(0.15)
+        assert any(isinstance(c._task, ProxyExchange) for c in gw._server.connections)
+        call.cancel()  # the agent hangs up
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    for _ in range(100):
+        await asyncio.sleep(0.02)
+        traces = await client.get_traces("gone")
+        if traces and mock.stats.cancelled:
+            break
+    assert [t.status for t in traces] == ["abort"]
+    assert mock.stats.cancelled == 1  # the upstream saw its connection go
+    assert _settled(gw)
+    assert await _say(_oc(client.session_url("gone")), "next") == "echo: next"
+
+
+async def test_pause_waits_for_calls_on_the_lane(lane, mock):
+    gw, client = lane
+    mock.latency = 0.3
+    oc = _oc(client.session_url("p"))
+    first = asyncio.create_task(_say(oc, "in flight"))
+    await asyncio.sleep(0.1)
+    assert gw.inflight == 1
+    await client.pause()  # returns only once the call on the lane has been answered
+    assert first.done() and first.result() == "echo: in flight"
+    late = asyncio.create_task(_say(oc, "late"))
+    await asyncio.sleep(0.1)
+    assert not late.done()  # a paused gateway holds new calls (in a task, off the lane)
+    await client.resume()
+    assert await late == "echo: late"
+    assert [t.status for t in await client.get_traces("p")] == ["ok", "ok"]
