@@ -66,3 +66,28 @@ def test_everything_filtered_gives_empty_list_not_error() -> None:
     kept, metrics = filter_groups(_groups({"a": [1.0]}), AlgorithmConfig(min_group_size=2))
     assert kept == []
     assert metrics["groups_kept"] == 0
+
+
+def test_turn_credit_keeps_groups_whose_turns_differ_under_equal_outcomes() -> None:
+    """Two-turn rollouts with the same final reward but different first-turn rewards still teach
+    under turn credit (and only there), so the zero-variance filter must keep them."""
+    from rllm.algos import compute_advantages
+
+    def two_turns(task: str, first: list[float], final: float = 1.0) -> list:
+        episodes = [episode(task, {"solver": final}, index=i, steps=2) for i in range(len(first))]
+        for ep, r in zip(episodes, first, strict=True):
+            ep.trajectories[0].steps[0].reward = r
+        return episodes
+
+    episodes = two_turns("turns", [1.0, 0.0]) + two_turns("same", [1.0, 1.0])
+    broadcast, _ = filter_groups(group_trajectories(episodes), AlgorithmConfig())
+    assert broadcast == []
+    turn = AlgorithmConfig(step_credit="turn", gamma=0.0)
+    kept, metrics = filter_groups(group_trajectories(episodes), turn)
+    assert [g.task_id for g in kept] == ["turns"] and metrics["frac_effective"] == pytest.approx(0.5)
+    compute_advantages(kept, turn)
+    first, second = kept[0].trajectories
+    assert first.steps[0].advantage > 0 > second.steps[0].advantage  # the first turn is credited
+    assert first.steps[1].advantage == second.steps[1].advantage == 0.0  # the second turn is not
+    kept, _ = filter_groups(group_trajectories(episodes), AlgorithmConfig(estimator="turn"))
+    assert [g.task_id for g in kept] == ["turns"]  # the "turn" estimator implies turn credit

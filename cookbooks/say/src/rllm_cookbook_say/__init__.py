@@ -70,7 +70,18 @@ def say_evaluator(task: Task, episode: Episode) -> EvalOutput:
     replies = episode.artifacts.get("replies", [])
     hits = [starts_with_word(r, w) for r, w in zip(replies, words, strict=False)]
     reward = sum(hits) / len(words)
-    return EvalOutput(reward=reward, is_correct=len(hits) == len(words) and all(hits))
+    # Each turn is credited with its own word (training uses step_credit="turn", gamma=0): the
+    # earlier turns' steps carry Step.reward, the trajectory's own reward is the last turn's.
+    # Scored as a whole, a wrong word was reinforced whenever the other turn was right, and one
+    # word in three runs could stay wrong for good (train reward stuck near 7/8).
+    per_turn = None
+    if len(episode.trajectories) == 1 and len(steps := episode.trajectories[0].steps) == len(hits) > 0:
+        for step, hit in zip(steps[:-1], hits, strict=False):
+            step.reward = float(hit)
+        per_turn = {episode.trajectories[0].name: float(hits[-1])}
+    return EvalOutput(
+        reward=reward, is_correct=len(hits) == len(words) and all(hits), trajectory_rewards=per_turn
+    )
 
 
 @rollout
@@ -111,6 +122,7 @@ TRAIN_DEFAULTS = {
     # then stop sharing one interpreter; on 2 cores 160 steps took 101-113 s instead of
     # 169-178 s, which pays for the 40 more steps that end the main job well above 0.9.
     "rollout": {"workers": 2, "sampling": {"temperature": 1.0, "max_tokens": 2}},
+    "algorithm": {"step_credit": "turn", "gamma": 0.0},
     # Suggested settings for backends that build a tiny model (tinker's local service): a
     # randomly initialised model learns the task fastest with full fine-tuning at this rate.
     "backend": {"options": {"model": "tiny", "learning_rate": 5e-4}},

@@ -49,8 +49,7 @@ def compute_advantages(groups: Sequence[TrajectoryGroup], config: AlgorithmConfi
     all_adv: list[np.ndarray] = []
     for role, role_groups in by_role.items():
         spec = get_estimator(config.estimator_for(role))
-        credit = spec.step_credit or config.step_credit
-        if credit == "turn":
+        if step_credit_for(role, config) == "turn":
             adv = _turn_credit(role_groups, spec, config)
         else:
             adv = _broadcast_credit(role_groups, spec, config)
@@ -67,6 +66,11 @@ def compute_advantages(groups: Sequence[TrajectoryGroup], config: AlgorithmConfi
         }
     )
     return metrics
+
+
+def step_credit_for(role: str, config: AlgorithmConfig) -> str:
+    """The step credit a role's advantages use: its estimator's own, else ``config.step_credit``."""
+    return get_estimator(config.estimator_for(role)).step_credit or config.step_credit
 
 
 def _broadcast_credit(

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from rllm.algos.advantages import step_credit_for
 from rllm.algos.config import AlgorithmConfig
 from rllm.algos.grouping import group_rewards
 from rllm.types import TrajectoryGroup
@@ -25,7 +26,8 @@ def filter_groups(
        (filled by ``group_trajectories``); a group without them is treated as all "done".
     2. Groups with fewer than ``min_group_size`` trajectories are dropped.
     3. Rewards are resolved (a clear RewardError when one is missing).
-    4. With ``filter_zero_variance``, groups whose rewards are all equal are dropped.
+    4. With ``filter_zero_variance``, groups whose rewards are all equal are dropped (under turn
+       credit only when their earlier steps' rewards and their lengths are all equal too).
 
     Metrics (fractions over the groups that reach step 3): ``frac_all_correct`` (every reward
     > 0), ``frac_all_wrong`` (every reward <= 0), ``frac_effective`` (rewards differ: the group
@@ -76,6 +78,10 @@ def filter_groups(
     all_correct = lo > 0.0
     all_wrong = hi <= 0.0
     varied = hi > lo
+    for i, group in enumerate(sized):
+        # Under turn credit, equal outcomes can still differ turn by turn: that is signal too.
+        if not varied[i] and step_credit_for(group.name, config) == "turn":
+            varied[i] = _turns_differ(group)
     kept = (
         [g for g, v in zip(sized, varied, strict=True) if v] if config.filter_zero_variance else list(sized)
     )
@@ -89,6 +95,14 @@ def filter_groups(
         }
     )
     return kept, metrics
+
+
+def _turns_differ(group: TrajectoryGroup) -> bool:
+    """Whether the group's trajectories differ in length or in an earlier step's reward."""
+    shapes = {
+        tuple(0.0 if s.reward is None else float(s.reward) for s in t.steps[:-1]) for t in group.trajectories
+    }
+    return len(shapes) > 1
 
 
 def _subset(group: TrajectoryGroup, keep: list[int]) -> TrajectoryGroup:
