@@ -13,7 +13,8 @@ through the gateway's ordinary failover path, with the same trace.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
 
@@ -34,25 +35,43 @@ log = logging.getLogger("rllm.gateway")
 _json_encode = msgspec.json.Encoder().encode
 
 
+class ParsedCall(NamedTuple):
+    """A proxy call's request, decoded and validated: nothing sent, no trace yet."""
+
+    session: Session
+    role: str
+    body: dict[str, Any]
+    messages: list[Message]
+
+
+@dataclass(slots=True)
+class ProxyCall:
+    """One proxied call once its trace is open: what forwarding it and answering it need."""
+
+    request: Request
+    session: Session
+    path: str  # on the upstream
+    body: dict[str, Any]  # as sent upstream (sampling applied, capture fields injected)
+    wants: ClientWants
+    trace: TraceRecord
+    t0: float
+    chat: bool
+    bridge: Any  # the cumulative token bridge's plan, or None
+
+
 def start_exchange(
-    server: GatewayServer,
-    request: Request,
-    chat: bool,
-    t0: float,
-    session: Session,
-    role: str,
-    body: dict[str, Any],
-    messages: list[Message],
+    server: GatewayServer, request: Request, chat: bool, t0: float, parsed: ParsedCall
 ) -> ProxyExchange | Awaitable[Response | StreamResponse]:
     """Open the call's trace and send it upstream now if a kept-alive connection is idle
     (returns the pending exchange), else return the task path's awaitable for it."""
-    trace = server._open_trace(session, role, body, messages, chat)
+    session, body = parsed.session, parsed.body
+    trace = server._open_trace(parsed, chat)
     try:
-        bridge, wants, path = server._upstream_request(session, role, body, messages, trace, chat)
+        call = server._upstream_call(request, parsed, trace, chat, t0)
     except BaseException:
         server._call_ended()
         raise
-    exchange = ProxyExchange(server, request, session, path, body, wants, trace, t0, chat, bridge)
+    exchange = ProxyExchange(server, call)
     try:
         w = server.pool.pick(session.worker)
     except NoHealthyWorker:
@@ -60,7 +79,7 @@ def start_exchange(
     session.worker = w.url
     server._set_model(w, body)
     assert server._fast is not None
-    conn = server._fast.send_nowait(w.url + path, _json_encode(body), exchange.on_answer)
+    conn = server._fast.send_nowait(w.url + call.path, _json_encode(body), exchange.on_answer)
     if conn is None:
         return exchange.in_task()
     exchange.sent(w, conn)
@@ -70,44 +89,11 @@ def start_exchange(
 class ProxyExchange:
     """One call in flight on the early lane; the connection's ``cancel()`` target while it is."""
 
-    __slots__ = (
-        "body",
-        "bridge",
-        "chat",
-        "conn",
-        "path",
-        "request",
-        "server",
-        "session",
-        "t0",
-        "trace",
-        "wants",
-        "worker",
-    )
+    __slots__ = ("call", "conn", "server", "worker")
 
-    def __init__(
-        self,
-        server: GatewayServer,
-        request: Request,
-        session: Session,
-        path: str,
-        body: dict[str, Any],
-        wants: ClientWants,
-        trace: TraceRecord,
-        t0: float,
-        chat: bool,
-        bridge: Any,
-    ) -> None:
+    def __init__(self, server: GatewayServer, call: ProxyCall) -> None:
         self.server = server
-        self.request = request
-        self.session = session
-        self.path = path
-        self.body = body
-        self.wants = wants
-        self.trace = trace
-        self.t0 = t0
-        self.chat = chat
-        self.bridge = bridge
+        self.call = call
         self.worker: Worker | None = None
         self.conn: Connection | None = None
 
@@ -122,24 +108,15 @@ class ProxyExchange:
 
         async def forward() -> Response:
             try:
-                return await server._forward(
-                    self.session,
-                    self.path,
-                    self.body,
-                    self.wants,
-                    self.trace,
-                    self.t0,
-                    self.chat,
-                    self.bridge,
-                )
+                return await server._forward(self.call)
             finally:
                 server._call_ended()
 
-        return server._mapped(self.request, forward())
+        return server._mapped(self.call.request, forward())
 
     def on_answer(self, outcome: Outcome) -> None:
         """The upstream connection's callback: answer the agent now (or retry in a task)."""
-        server, w = self.server, self.worker
+        server, w, call = self.server, self.worker, self.call
         assert w is not None
         w.inflight -= 1
         self.conn = None
@@ -150,28 +127,27 @@ class ProxyExchange:
             # A kept-alive connection the upstream had closed (or that died mid-answer): the
             # failover path retries it, on the same worker first.
             server.metrics.retries.inc()
-            self.request.respond_later(self.in_task())
+            call.request.respond_later(self.in_task())
             return
         status, raw = outcome
         if not w.healthy:
             server.pool.mark_answered(w)
         try:
-            resp = server._answer_whole(
-                self.session, status, raw, self.wants, self.trace, self.t0, self.chat, self.bridge
-            )
+            resp = server._answer_whole(call, status, raw)
         except GatewayError as exc:  # _answer_whole finished the trace
             resp = error_response(exc.status, exc.message, param=exc.param, code=exc.code)
         except Exception as exc:  # a bug: answer anyway, as the task path's last line of defence
-            log.exception("internal error on %s", self.request.path)
+            log.exception("internal error on %s", call.request.path)
             resp = error_response(500, f"internal gateway error: {type(exc).__name__}: {exc}")
         server._call_ended()
-        self.request.respond(resp)
+        call.request.respond(resp)
 
     def _fail(self, exc: GatewayError) -> None:
-        self.trace.metadata["error"] = exc.message
-        self.server._finish_trace(self.trace, None, "error", self.t0)
+        call = self.call
+        call.trace.metadata["error"] = exc.message
+        self.server._finish_trace(call.trace, None, "error", call.t0)
         self.server._call_ended()
-        self.request.respond(error_response(exc.status, exc.message, param=exc.param, code=exc.code))
+        call.request.respond(error_response(exc.status, exc.message, param=exc.param, code=exc.code))
 
     def cancel(self) -> None:
         """The agent went away: drop the upstream call and record the trace as aborted."""
@@ -181,8 +157,8 @@ class ProxyExchange:
         conn.cancel()
         assert self.worker is not None
         self.worker.inflight -= 1
-        self.server._finish_trace(self.trace, None, "abort", self.t0)
+        self.server._finish_trace(self.call.trace, None, "abort", self.call.t0)
         self.server._call_ended()
 
 
-__all__ = ["ProxyExchange", "start_exchange"]
+__all__ = ["ParsedCall", "ProxyCall", "ProxyExchange", "start_exchange"]

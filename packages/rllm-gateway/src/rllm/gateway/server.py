@@ -25,7 +25,6 @@ import msgspec
 from rllm.gateway.background import BackgroundLoop
 from rllm.gateway.capture import (
     Captured,
-    ClientWants,
     StreamCapture,
     apply_sampling,
     capture_response,
@@ -46,7 +45,7 @@ from rllm.gateway.httpserver import (
     StreamResponse,
 )
 from rllm.gateway.metrics import GatewayMetrics
-from rllm.gateway.proxy_lane import start_exchange
+from rllm.gateway.proxy_lane import ParsedCall, ProxyCall, start_exchange
 from rllm.gateway.sessions import Session
 from rllm.gateway.store import open_store
 from rllm.gateway.workers import NoHealthyWorker, Worker, WorkerPool
@@ -458,37 +457,34 @@ class GatewayServer:
         request.match_info = params
         t0 = time.perf_counter()
         try:
-            session, role, body, messages = self._parse_call(request, chat)
+            parsed = self._parse_call(request, chat)
             if (
-                body.get("stream")
+                parsed.body.get("stream")
                 or self._hosted is not None
                 or not self._admit.is_set()
                 or not self._plain_http()
             ):
-                return self._mapped(
-                    request, self._proxy_parsed(request, chat, t0, session, role, body, messages)
-                )
-            return start_exchange(self, request, chat, t0, session, role, body, messages)
+                return self._mapped(request, self._proxy_parsed(request, chat, t0, parsed))
+            return start_exchange(self, request, chat, t0, parsed)
         except GatewayError as exc:
             return error_response(exc.status, exc.message, param=exc.param, code=exc.code)
 
     async def _proxy(self, request: Request, *, chat: bool) -> StreamResponse:
         """The proxy routes when the early lane is off (``proxy_lane`` or ``fast_http`` False)."""
         t0 = time.perf_counter()
-        return await self._proxy_parsed(request, chat, t0, *self._parse_call(request, chat))
+        return await self._proxy_parsed(request, chat, t0, self._parse_call(request, chat))
 
-    def _parse_call(self, request: Request, chat: bool) -> tuple[Session, str, dict[str, Any], list[Message]]:
+    def _parse_call(self, request: Request, chat: bool) -> ParsedCall:
         """Session, role, decoded body and validated messages of a proxy call."""
         match = request.match_info
         session = self._session_for(request, match.get("sid"))
         role = match.get("role") or request.headers.get("X-RLLM-Role") or "default"
         body = self._decode_body(request.body)
-        return session, role, body, self._validate(body, chat)
+        return ParsedCall(session, role, body, self._validate(body, chat))
 
-    def _open_trace(
-        self, session: Session, role: str, body: dict[str, Any], messages: list[Message], chat: bool
-    ) -> TraceRecord:
+    def _open_trace(self, parsed: ParsedCall, chat: bool) -> TraceRecord:
         """Apply the session's sampling and start the call's trace (its seq is taken here)."""
+        session, role, body, messages = parsed
         apply_sampling(body, session.sampling or self.config.default_sampling)
         seq = session.next_seq
         session.next_seq = seq + 1
@@ -514,46 +510,30 @@ class GatewayServer:
         if self.inflight == 0 and self._drained is not None:
             self._drained.set()
 
-    def _upstream_request(
-        self,
-        session: Session,
-        role: str,
-        body: dict[str, Any],
-        messages: list[Message],
-        trace: TraceRecord,
-        chat: bool,
-    ) -> tuple[Any, ClientWants, str]:
-        """Turn the agent's body into what the upstream gets: (bridge plan, what the client
-        asked for itself, path)."""
+    def _upstream_call(
+        self, request: Request, parsed: ParsedCall, trace: TraceRecord, chat: bool, t0: float
+    ) -> ProxyCall:
+        """Turn the agent's body into what the upstream gets (token bridge, capture fields)."""
+        session, role, body, messages = parsed
         bridge = None
         if chat and self._bridge is not None:
             bridge = self._bridge.prepare(session, role, body, messages, trace)
         wants = inject_capture(body, chat=chat and bridge is None, stream=bool(body.get("stream")))
-        return bridge, wants, "/chat/completions" if chat and bridge is None else "/completions"
+        path = "/chat/completions" if chat and bridge is None else "/completions"
+        return ProxyCall(request, session, path, body, wants, trace, t0, chat, bridge)
 
     async def _proxy_parsed(
-        self,
-        request: Request,
-        chat: bool,
-        t0: float,
-        session: Session,
-        role: str,
-        body: dict[str, Any],
-        messages: list[Message],
+        self, request: Request, chat: bool, t0: float, parsed: ParsedCall
     ) -> StreamResponse:
         if not self._admit.is_set():
             await self._admit.wait()
-        trace = self._open_trace(session, role, body, messages, chat)
+        trace = self._open_trace(parsed, chat)
         try:
-            stream = bool(body.get("stream"))
+            stream = bool(parsed.body.get("stream"))
             if self._hosted is not None:
-                return await self._hosted_call(request, body, trace, chat, stream, t0)
-            bridge, wants, path = self._upstream_request(session, role, body, messages, trace, chat)
-            if stream:
-                return await self._forward_stream(
-                    request, session, path, body, wants, trace, t0, chat, bridge
-                )
-            return await self._forward(session, path, body, wants, trace, t0, chat, bridge)
+                return await self._hosted_call(request, parsed.body, trace, chat, stream, t0)
+            call = self._upstream_call(request, parsed, trace, chat, t0)
+            return await (self._forward_stream(call) if stream else self._forward(call))
         finally:
             self._call_ended()
 
@@ -649,22 +629,12 @@ class GatewayServer:
         if want is not None:
             body["model"] = want
 
-    async def _forward(
-        self,
-        session: Session,
-        path: str,
-        body: dict[str, Any],
-        wants: ClientWants,
-        trace: TraceRecord,
-        t0: float,
-        chat: bool,
-        bridge: Any,
-    ) -> Response:
+    async def _forward(self, call: ProxyCall) -> Response:
         try:
             if self.config.fast_http and self._plain_http():
-                status, raw = await self._post_whole(session, path, body)
+                status, raw = await self._post_whole(call.session, call.path, call.body)
             else:
-                w, resp = await self._post(session, path, body)
+                w, resp = await self._post(call.session, call.path, call.body)
                 w.inflight += 1
                 try:
                     raw = await resp.read()
@@ -673,98 +643,77 @@ class GatewayServer:
                     w.inflight -= 1
                     resp.release()
         except GatewayError as exc:
-            trace.metadata["error"] = exc.message
-            self._finish_trace(trace, None, "error", t0)
+            call.trace.metadata["error"] = exc.message
+            self._finish_trace(call.trace, None, "error", call.t0)
             raise
         except TimeoutError:
-            trace.metadata["error"] = "upstream timeout"
-            self._finish_trace(trace, None, "error", t0)
+            call.trace.metadata["error"] = "upstream timeout"
+            self._finish_trace(call.trace, None, "error", call.t0)
             raise GatewayError(504, "upstream timed out while answering", code="upstream_timeout") from None
         except (aiohttp.ClientError, OSError) as exc:
-            trace.metadata["error"] = f"{type(exc).__name__}: {exc}"
-            self._finish_trace(trace, None, "error", t0)
+            call.trace.metadata["error"] = f"{type(exc).__name__}: {exc}"
+            self._finish_trace(call.trace, None, "error", call.t0)
             raise GatewayError(
                 502, f"upstream failed mid-response: {type(exc).__name__}", code="upstream_error"
             ) from None
         except asyncio.CancelledError:
-            self._finish_trace(trace, None, "abort", t0)
+            self._finish_trace(call.trace, None, "abort", call.t0)
             raise
-        return self._answer_whole(session, status, raw, wants, trace, t0, chat, bridge)
+        return self._answer_whole(call, status, raw)
 
     def _plain_http(self) -> bool:
         """Every upstream speaks plain http (the lean client's only protocol)."""
         return not any(u.startswith("https:") for u in self.pool.workers)
 
-    def _answer_whole(
-        self,
-        session: Session,
-        status: int,
-        raw: bytes,
-        wants: ClientWants,
-        trace: TraceRecord,
-        t0: float,
-        chat: bool,
-        bridge: Any,
-    ) -> Response:
+    def _answer_whole(self, call: ProxyCall, status: int, raw: bytes) -> Response:
         """The agent's answer from the upstream's whole one; finishes the trace."""
         if status != 200:
-            trace.metadata["error"] = raw[:2000].decode(errors="replace")
-            trace.metadata["upstream_status"] = status
-            self._finish_trace(trace, None, "error", t0)
+            call.trace.metadata["error"] = raw[:2000].decode(errors="replace")
+            call.trace.metadata["upstream_status"] = status
+            self._finish_trace(call.trace, None, "error", call.t0)
             return Response(status=status, body=raw, content_type=_JSON)
         try:
             data = _json_decode(raw)
         except msgspec.DecodeError:
-            trace.metadata["error"] = "upstream sent malformed JSON"
-            self._finish_trace(trace, None, "error", t0)
+            call.trace.metadata["error"] = "upstream sent malformed JSON"
+            self._finish_trace(call.trace, None, "error", call.t0)
             raise GatewayError(502, "upstream sent malformed JSON", code="upstream_error") from None
         if self.config.store_raw:
-            trace.raw_response = dict(data)
-        if bridge is not None:
+            call.trace.raw_response = dict(data)
+        if call.bridge is not None:
             cap = capture_response(data, chat=False)
-            self._bridge.commit(session, bridge, cap, trace)
-            data = self._bridge.to_chat(data, cap, bridge)
+            self._bridge.commit(call.session, call.bridge, cap, call.trace)
+            data = self._bridge.to_chat(data, cap, call.bridge)
             out = _json_encode(data)
         else:
-            cap = capture_response(data, chat=chat)
-            out = _json_encode(data) if strip_injected(data, wants) else raw
-        self._finish_trace(trace, cap, "ok", t0)
+            cap = capture_response(data, chat=call.chat)
+            out = _json_encode(data) if strip_injected(data, call.wants) else raw
+        self._finish_trace(call.trace, cap, "ok", call.t0)
         return Response(body=out, content_type=_JSON)
 
-    async def _forward_stream(
-        self,
-        request: Request,
-        session: Session,
-        path: str,
-        body: dict[str, Any],
-        wants: ClientWants,
-        trace: TraceRecord,
-        t0: float,
-        chat: bool,
-        bridge: Any,
-    ) -> StreamResponse:
-        sc = StreamCapture(chat=chat and bridge is None)
+    async def _forward_stream(self, call: ProxyCall) -> StreamResponse:
+        sc = StreamCapture(chat=call.chat and call.bridge is None)
         out: StreamResponse | None = None
         try:
-            w, resp = await self._post(session, path, body)
+            w, resp = await self._post(call.session, call.path, call.body)
         except GatewayError as exc:
-            trace.metadata["error"] = exc.message
-            self._finish_trace(trace, None, "error", t0)
+            call.trace.metadata["error"] = exc.message
+            self._finish_trace(call.trace, None, "error", call.t0)
             raise
         except asyncio.CancelledError:
-            self._finish_trace(trace, None, "abort", t0)
+            self._finish_trace(call.trace, None, "abort", call.t0)
             raise
         w.inflight += 1
         status = "ok"
         try:
             if resp.status != 200:
                 raw = await resp.read()
-                trace.metadata["error"] = raw[:2000].decode(errors="replace")
-                trace.metadata["upstream_status"] = resp.status
+                call.trace.metadata["error"] = raw[:2000].decode(errors="replace")
+                call.trace.metadata["upstream_status"] = resp.status
                 status = "error"
                 return Response(status=resp.status, body=raw, content_type=_JSON)
             out = StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-            await out.prepare(request)
+            await out.prepare(call.request)
             buf = b""
             done = False
             async for piece in resp.content.iter_any():
@@ -786,20 +735,20 @@ class GatewayServer:
                         await out.write(b"data: " + payload + b"\n\n")
                         continue
                     if isinstance(chunk, dict):
-                        if bridge is not None:
+                        if call.bridge is not None:
                             StreamCapture.feed(sc, chunk)
-                            chunk = self._bridge.chunk_to_chat(chunk, bridge)
+                            chunk = self._bridge.chunk_to_chat(chunk, call.bridge)
                             payload = _json_encode(chunk)
                         else:
                             sc.feed(chunk)
-                            if strip_injected(chunk, wants):
+                            if strip_injected(chunk, call.wants):
                                 payload = _json_encode(chunk)
                     await out.write(b"data: " + payload + b"\n\n")
                 if done:
                     break
             if not done:
                 status = "error"
-                trace.metadata["error"] = "upstream closed the stream before [DONE]"
+                call.trace.metadata["error"] = "upstream closed the stream before [DONE]"
                 payload = error_body(502, "upstream closed the stream before [DONE]")
                 await out.write(b"data: " + payload + b"\n\n")
             await out.write(b"data: [DONE]\n\n")
@@ -813,25 +762,27 @@ class GatewayServer:
             raise
         except TimeoutError:
             status = "error"
-            trace.metadata["error"] = "upstream timed out mid-stream"
+            call.trace.metadata["error"] = "upstream timed out mid-stream"
             if out is None:
                 raise GatewayError(504, "upstream timed out", code="upstream_timeout") from None
             return out
         except (aiohttp.ClientError, OSError) as exc:
             status = "error"
-            trace.metadata["error"] = f"upstream failed mid-stream: {type(exc).__name__}: {exc}"
+            call.trace.metadata["error"] = f"upstream failed mid-stream: {type(exc).__name__}: {exc}"
             if out is None:
-                raise GatewayError(502, trace.metadata["error"], code="upstream_error") from None
+                raise GatewayError(502, call.trace.metadata["error"], code="upstream_error") from None
             with contextlib.suppress(Exception):
-                await out.write(b"data: " + error_body(502, trace.metadata["error"]) + b"\n\n")
+                await out.write(b"data: " + error_body(502, call.trace.metadata["error"]) + b"\n\n")
             return out
         finally:
             w.inflight -= 1
             resp.close()
             cap = sc.result()
-            if bridge is not None and status == "ok":
-                self._bridge.commit(session, bridge, cap, trace)
-            self._finish_trace(trace, cap if (status != "error" or cap.completion_ids) else None, status, t0)
+            if call.bridge is not None and status == "ok":
+                self._bridge.commit(call.session, call.bridge, cap, call.trace)
+            self._finish_trace(
+                call.trace, cap if (status != "error" or cap.completion_ids) else None, status, call.t0
+            )
 
     async def _hosted_call(
         self,
