@@ -214,6 +214,9 @@ async def run_engine(
     calls_s = sum(s.timing.get("latency_s", 0.0) for ep in ok for t in ep.trajectories for s in t.steps)
     rollout_s = sum(ep.metrics.get("rollout_s", 0.0) for ep in ok)
     lags = [ep.metrics.get("loop_lag_s", 0.0) for ep in ok]
+    # Slots' waits for a job in the steady state (the first wave waited for the batch to start).
+    middle = episodes[concurrency:-concurrency] if rollouts >= 3 * concurrency else episodes
+    slot_wait = sum(ep.metrics.get("slot_wait_s", 0.0) for ep in middle) / len(middle)
     return {
         "rollouts_per_s": rollouts / elapsed,
         "elapsed_s": elapsed,
@@ -222,6 +225,7 @@ async def run_engine(
         "calls_s": calls_s / len(ok),
         "rollout_s": rollout_s / len(ok),
         "loop_lag_s": (sum(lags) / len(lags), max(lags)),
+        "slot_wait_s": slot_wait,
     }
 
 
@@ -237,7 +241,8 @@ def _print_latency(result: dict[str, Any], concurrency: int, ideal_s: float) -> 
     print(
         f"    per rollout: {in_flight * 1e3:.1f} ms in flight (ideal {ideal_s * 1e3:.0f}) = upstream calls "
         f"{calls * 1e3:.1f} ms (as the gateway timed them) + rest of the rollout {(rollout - calls) * 1e3:.1f} ms "
-        f"(agent, sessions, episode) + {(in_flight - rollout) * 1e3:.1f} ms dispatch and queueing; "
+        f"(agent, sessions, episode) + {(in_flight - rollout) * 1e3:.1f} ms dispatch and queueing "
+        f"(steady state: worker slots idle, waiting for a job, {result['slot_wait_s'] * 1e3:.1f} ms); "
         f"event-loop lag where the flows ran: mean {result['loop_lag_s'][0] * 1e3:.1f} ms, "
         f"max {result['loop_lag_s'][1] * 1e3:.1f} ms"
     )

@@ -19,6 +19,7 @@ import multiprocessing
 import pickle
 import socket
 import struct
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -136,12 +137,19 @@ async def _serve(sock: socket.socket, engine_kwargs: dict[str, Any]) -> None:
             # few jobs more than that; a runner whose rollout ends takes the next one from the
             # queue at once, without waiting for a round trip or another loop pass.
             while True:
-                job = await jobs.get()
+                waited = 0.0
+                if jobs.empty():  # the parent is not keeping up (or the batch is ending)
+                    t0 = time.monotonic()
+                    job = await jobs.get()
+                    waited = time.monotonic() - t0
+                else:
+                    job = jobs.get_nowait()
                 # The model name travels with the job, not through the shared config: rollouts
                 # from before and after a rename can be in flight together.
                 episode = await engine.run_one(
                     job.task, job.rollout_index, job.is_validation, model=job.model
                 )
+                episode.metrics["slot_wait_s"] = waited
                 with contextlib.suppress(ConnectionResetError):  # the parent is gone: nobody to tell
                     pipe.send(_encode_done(job, episode))
 
