@@ -131,6 +131,16 @@ async def test_concurrency_is_split_between_workers_and_never_exceeded(flows, up
         assert len({ep.artifacts["pid"] for ep in episodes}) == workers
 
 
+async def test_slots_report_waiting_only_for_an_empty_queue(flows, upstream):
+    """``slot_wait_s``: with every job sent ahead, each slot waits once, for the batch to start;
+    the jobs queued behind are taken at once (0.0)."""
+    config = RolloutConfig(n=1, concurrency=2, workers=2, worker_prefetch=10, progress=False)
+    async with RolloutEngine(flows.timed, None, config, upstreams=[upstream.url]) as engine:
+        episodes = await engine.run(_tasks(10))
+    waits = sorted(ep.metrics["slot_wait_s"] for ep in episodes)
+    assert waits[:8] == [0.0] * 8 and all(w > 0.0 for w in waits[8:])
+
+
 async def test_a_dead_worker_fails_over_and_the_batch_completes(flows, upstream, tmp_path):
     marker = tmp_path / "died"
     config = RolloutConfig(n=1, concurrency=8, workers=2, progress=False, metadata={"die_once": str(marker)})
