@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 
 import aiohttp
 import openai
@@ -153,3 +154,29 @@ async def test_pause_waits_for_calls_on_the_lane(lane, mock):
     await client.resume()
     assert await late == "echo: late"
     assert [t.status for t in await client.get_traces("p")] == ["ok", "ok"]
+
+
+async def test_mock_upstream_answers_from_its_latency_timer(mock):
+    """The stand-in for vLLM uses the same early hook: a whole answer waits on a timer, not in a
+    task, and a client that hangs up cancels the timer."""
+    mock.latency = 0.3
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    url = mock.url + "/chat/completions"
+    async with aiohttp.ClientSession() as http:
+        t0 = time.monotonic()
+        call = asyncio.create_task(http.post(url, json=body))
+        await asyncio.sleep(0.1)
+        (waiting,) = [c for c in mock._server.connections if c._task is not None]
+        assert isinstance(waiting._task, asyncio.TimerHandle) and waiting.handler is None
+        resp = await call
+        assert (await resp.json())["choices"][0]["message"]["content"] == "echo: hi"
+        assert time.monotonic() - t0 >= 0.3
+        gone = asyncio.create_task(http.post(url, json=body))
+        await asyncio.sleep(0.1)
+        gone.cancel()  # the client hangs up while the answer waits
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        await asyncio.sleep(0.3)
+        assert all(c._task is None for c in mock._server.connections)
+        again = await http.post(url, json={**body, "messages": [{"role": "user", "content": "again"}]})
+        assert (await again.json())["choices"][0]["message"]["content"] == "echo: again"

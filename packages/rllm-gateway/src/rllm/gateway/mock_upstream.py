@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import itertools
 import os
 import socket
@@ -46,6 +47,7 @@ _json_encode = msgspec.json.Encoder().encode
 _json_decode = msgspec.json.Decoder().decode
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 _MAX_BODY_BYTES = 1 << 30
+_ASK = object()  # "ask the responder" (it was not asked yet)
 
 # Response ids look like uuid4 hex (32 hex digits) but cost a counter step, not an os.urandom
 # call: a random per-process prefix keeps ids from two mock processes apart.
@@ -149,7 +151,10 @@ class MockUpstream:
 
     async def start(self) -> MockUpstream:
         server = HttpServer(
-            self._dispatch, lambda status, msg: _error(status, msg), max_body_bytes=_MAX_BODY_BYTES
+            self._dispatch,
+            lambda status, msg: _error(status, msg),
+            max_body_bytes=_MAX_BODY_BYTES,
+            early=self._early,
         )
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -297,30 +302,74 @@ class MockUpstream:
             return Response(status=500)  # never sent: the connection is gone
         return None
 
-    async def _reply_for(self, body: dict[str, Any]) -> MockReply:
-        reply: Any = None
-        if self.responder is not None:
-            reply = self.responder(body)
-            if asyncio.iscoroutine(reply):
-                reply = await reply
-        if reply is None:
-            reply = MockReply(text=_default_text(body))
-        elif isinstance(reply, str):
-            reply = MockReply(text=reply)
-        return reply
+    def _early(self, request: Request) -> Response | Awaitable[Response | StreamResponse] | Any | None:
+        """Whole answers without an injected failure skip the handler task: built at once and
+        written from the latency timer's own callback (returned as the pending handle, which the
+        server cancels if the client goes away). A stand-in for vLLM should add as little as it
+        can to what a benchmark times. The responder is asked on arrival here, not after the
+        latency; streams and awaitable replies go on in a task."""
+        if request.method != "POST" or self.failure is not None:
+            return None
+        if request.path == "/v1/chat/completions":
+            call = self._chat_call(request)
+        elif request.path == "/v1/completions":
+            call = self._completion_call(request)
+        else:
+            return None
+        if isinstance(call, Response):
+            return call
+        body, prompt, chat = call
+        raw = self.responder(body) if self.responder is not None else None
+        if body.get("stream") or inspect.isawaitable(raw):
+            return self._answer(request, body, prompt, chat=chat, raw_reply=raw)
+        gen = self._generate(self._as_reply(raw, body), body)
+        answer = self._chat_body if chat else self._completion_body
+        out = Response(body=_json_encode(answer(body, prompt(), gen)))
+        if not self.latency:
+            return out
+        return asyncio.get_running_loop().call_later(self.latency, request.respond, out)
+
+    async def _reply_for(self, body: dict[str, Any], raw: Any = _ASK) -> MockReply:
+        """The responder's reply (``raw`` if it was already asked), awaited and normalised."""
+        if raw is _ASK:
+            raw = self.responder(body) if self.responder is not None else None
+        if inspect.isawaitable(raw):
+            raw = await raw
+        return self._as_reply(raw, body)
+
+    @staticmethod
+    def _as_reply(raw: Any, body: dict[str, Any]) -> MockReply:
+        if raw is None:
+            return MockReply(text=_default_text(body))
+        return MockReply(text=raw) if isinstance(raw, str) else raw
 
     async def _chat(self, request: Request) -> Response | StreamResponse:
+        call = self._chat_call(request)
+        if isinstance(call, Response):
+            return call
+        body, prompt, chat = call
+        return await self._answer(request, body, prompt, chat=chat)
+
+    def _chat_call(self, request: Request) -> tuple[dict[str, Any], Callable[[], list[int]], bool] | Response:
+        """The request body, its prompt's ids (rendered when asked) and chat=True, or an error."""
         body = self._read(request)
         if isinstance(body, Response):
             return body
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             return _error(400, "messages must be a non-empty list", param="messages")
-        return await self._answer(
-            request, body, lambda: self.render_chat(messages, body.get("tools")), chat=True
-        )
+        return body, lambda: self.render_chat(messages, body.get("tools")), True
 
     async def _completions(self, request: Request) -> Response | StreamResponse:
+        call = self._completion_call(request)
+        if isinstance(call, Response):
+            return call
+        body, prompt, chat = call
+        return await self._answer(request, body, prompt, chat=chat)
+
+    def _completion_call(
+        self, request: Request
+    ) -> tuple[dict[str, Any], Callable[[], list[int]], bool] | Response:
         body = self._read(request)
         if isinstance(body, Response):
             return body
@@ -333,10 +382,16 @@ class MockUpstream:
             prompt_ids = prompt[0]
         else:
             return _error(400, "prompt must be a string or a non-empty list of token ids", param="prompt")
-        return await self._answer(request, body, lambda: prompt_ids, chat=False)
+        return body, lambda: prompt_ids, False
 
     async def _answer(
-        self, request: Request, body: dict[str, Any], prompt: Callable[[], list[int]], *, chat: bool
+        self,
+        request: Request,
+        body: dict[str, Any],
+        prompt: Callable[[], list[int]],
+        *,
+        chat: bool,
+        raw_reply: Any = _ASK,
     ) -> Response | StreamResponse:
         """What both routes do once the request is valid: injected failure, latency, the reply,
         then a stream or a whole body. ``prompt`` gives the prompt's ids (rendered only now)."""
@@ -346,7 +401,7 @@ class MockUpstream:
                 return failed
         if self.latency:
             await asyncio.sleep(self.latency)
-        reply = await self._reply_for(body)
+        reply = await self._reply_for(body, raw_reply)
         prompt_ids = prompt()
         gen = self._generate(reply, body)
         if body.get("stream"):
