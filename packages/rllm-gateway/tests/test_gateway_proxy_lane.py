@@ -180,3 +180,33 @@ async def test_mock_upstream_answers_from_its_latency_timer(mock):
         assert all(c._task is None for c in mock._server.connections)
         again = await http.post(url, json={**body, "messages": [{"role": "user", "content": "again"}]})
         assert (await again.json())["choices"][0]["message"]["content"] == "echo: again"
+
+
+async def test_pipelined_calls_on_one_connection_are_answered_in_order(lane, mock):
+    """Three calls written at once on one connection (the third streamed, so it takes the task
+    path): answered in order, each from its own trace."""
+    gw, client = lane
+    mock.latency = 0.05
+    reader, writer = await asyncio.open_connection(gw.host, gw.port)
+    raw = b""
+    for i, stream in ((1, False), (2, False), (3, True)):
+        body = (
+            f'{{"model":"m","messages":[{{"role":"user","content":"n{i}"}}],"stream":{str(stream).lower()}}}'
+        )
+        raw += (
+            f"POST /sessions/pipe/v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}"
+        ).encode()
+    writer.write(raw)
+    data = b""
+    while b"data: [DONE]" not in data:
+        data += await asyncio.wait_for(reader.read(65536), 5)
+    writer.close()
+    assert data.count(b"HTTP/1.1 200 OK") == 3
+    assert data.index(b"echo: n1") < data.index(b"echo: n2") < data.index(b"text/event-stream")
+    assert [(t.seq, t.messages[0].content) for t in await client.get_traces("pipe")] == [
+        (0, "n1"),
+        (1, "n2"),
+        (2, "n3"),
+    ]
+    assert _settled(gw)
