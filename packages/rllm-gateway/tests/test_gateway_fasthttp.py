@@ -131,3 +131,17 @@ def test_parse_response_waits_for_whole_messages(split):
         parse_response(bytearray(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nshort"), closed=True)
     with pytest.raises(UpstreamDropped, match="status line"):
         parse_response(bytearray(b"garbage\r\n\r\n"), closed=False)
+
+
+async def test_a_closing_idle_connection_is_never_reused(server):
+    """Between the peer's close being read and connection_lost running, an idle connection's
+    transport is closing: taking it would make the write raise instead of failing over."""
+    url, _ = server
+    pool = FastHttpPool(connect_timeout_s=2, read_timeout_s=5)
+    assert await pool.post(f"{url}/fixed", b"a") == (200, b"La")
+    (idle,) = [c for conns in pool._idle.values() for c in conns]
+    idle.transport.close()  # closing now; connection_lost comes on a later loop pass
+    assert not idle.closed
+    assert pool.send_nowait(f"{url}/fixed", b"b", lambda outcome: None) is None
+    assert await pool.post(f"{url}/fixed", b"c") == (200, b"Lc")
+    pool.close()

@@ -286,7 +286,9 @@ class FastHttpPool:
         idle = self._idle.get(key)
         while idle:
             conn = idle.pop()
-            if not conn.closed:
+            # is_closing: the peer's close was read but connection_lost has not run yet; a write
+            # now would raise instead of failing over.
+            if not conn.closed and conn.transport is not None and not conn.transport.is_closing():
                 return conn
         return None
 
