@@ -439,8 +439,7 @@ class _HttpProtocol(asyncio.Protocol):
             try:
                 started = server.early(req)
             except Exception as exc:  # the early handler maps errors itself; last line of defence
-                log.exception("unhandled error on %s %s", req.method, req.path)
-                started = server.error_factory(500, f"internal gateway error: {type(exc).__name__}")
+                started = self._internal_error(req, exc)
         if started is None:
             started = server.dispatch(req)
         if isinstance(started, Response):
@@ -461,8 +460,7 @@ class _HttpProtocol(asyncio.Protocol):
             self.close()
             return
         except Exception as exc:  # dispatch maps errors itself; this is the last line of defence
-            log.exception("unhandled error on %s %s", req.method, req.path)
-            resp = self.server.error_factory(500, f"internal gateway error: {type(exc).__name__}")
+            resp = self._internal_error(req, exc)
         self._task = None
         if self.closed:
             return
@@ -479,6 +477,10 @@ class _HttpProtocol(asyncio.Protocol):
         if isinstance(resp, StreamResponse):
             resp = Response(status=resp.status, headers=resp.headers)
         self.respond(req, resp)
+
+    def _internal_error(self, req: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s %s", req.method, req.path, exc_info=exc)
+        return self.server.error_factory(500, f"internal gateway error: {type(exc).__name__}")
 
     def respond(self, req: Request, resp: Response) -> None:
         """Send the whole answer to the current request, then go on to the next one."""
