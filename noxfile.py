@@ -39,7 +39,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def layers(session: nox.Session) -> None:
-    """import-linter contracts from DESIGN.md (also asserted by tests/test_layering.py)."""
+    """import-linter contracts (root pyproject.toml; the map is docs/architecture.md)."""
     session.run("lint-imports")
 
 
