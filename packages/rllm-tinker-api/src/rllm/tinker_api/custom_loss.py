@@ -1,8 +1,8 @@
-"""Our rllm.algos loss as a Tinker custom loss (``forward_backward_custom``).
+"""Our rllm.algos loss as a Tinker-API custom loss (``forward_backward_custom``).
 
-Tinker computes the per-token logprobs remotely and hands them to this function as torch
+The service computes the per-token logprobs remotely and hands them to this function as torch
 tensors with gradient; we pad them to [batch, tokens], run rllm.algos' loss with the sampler
-logprobs as the old policy, and Tinker backpropagates the result on the server.
+logprobs as the old policy, and the service backpropagates the result on the server.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from rllm.algos.config import AlgorithmConfig
-from rllm.backends.tinker.local.loss import policy_loss
+from rllm.algos.losses import compute_policy_loss
 
 
 def _padded(rows: list[torch.Tensor]) -> torch.Tensor:
@@ -31,6 +31,8 @@ def make_custom_loss(
         logprobs = _padded(list(logprobs_list))
         mask = field("weights")
         sampler = field("logprobs")
-        return policy_loss(logprobs, sampler, field("advantages"), mask, algo, sampler_logprobs=sampler)
+        return compute_policy_loss(
+            logprobs, sampler, field("advantages"), mask, algo, rollout_logprobs=sampler
+        )
 
     return loss_fn

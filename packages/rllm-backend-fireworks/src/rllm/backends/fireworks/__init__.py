@@ -1,0 +1,1 @@
+"""rllm.backends.fireworks: train on Fireworks through the official fireworks-ai training SDK."""
