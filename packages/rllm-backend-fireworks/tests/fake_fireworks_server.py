@@ -10,6 +10,10 @@ fireworks-ai 1.2.30). Requests are parsed, and responses built, with the SDK's o
   get, delete; a new job reports JOB_STATE_CREATING on its first poll, then RUNNING),
   deployments (create, get, delete; READY at once), and the hot-load API
   (``/hot_load/v1/models/hot_load``: POST loads a sampler snapshot, GET reports replicas).
+- Inference (``/inference/v1/completions`` and ``chat/completions``): the deployment samples
+  from the weights of the snapshot last hot-loaded to it and, asked with ``raw_output``, reports
+  token ids as ``choices[i].raw_output`` and ``logprobs.content[].sampling_logprob`` as the
+  service does. Chat text is tokenized one character per token (ord % vocab).
 - Data plane (``/training/v1/rlorTrainerJobs/{account}/{job}/api/v1/...``, the trainer gateway
   route): healthz, create_session, session_heartbeat, create_model, get_info, forward,
   forward_backward, optim_step, save_weights, save_weights_for_sampler, load_weights and
@@ -116,6 +120,8 @@ class FakeFireworksServer:
                 web.post("/hot_load/v1/models/hot_load", self._hotload),
                 web.get("/hot_load/v1/models/hot_load", self._hotload_status),
                 web.get(TRAINER + "/healthz", self._healthz),
+                web.post("/inference/v1/completions", self._completions),
+                web.post("/inference/v1/chat/completions", self._completions),
             ]
         )
         app.add_routes([web.post(TRAINER + "/" + name, h) for name, h in self._trainer_routes().items()])
@@ -366,11 +372,12 @@ class FakeFireworksServer:
         return web.json_response(untyped.model_dump(mode="json"))
 
     def _run(self, model: ft.FakeModel, seq_id: Any, op: Any) -> web.Response:
-        """Run ``op`` as the next request of ``model`` (seq_ids arrive in order over one client)."""
-        if seq_id is not None and seq_id != model.next_seq:
-            raise ft.ContractError(f"seq_id {seq_id!r} out of order (next is {model.next_seq})")
+        """Run ``op`` as the next request of ``model``. seq_ids must increase; a gap is a request
+        the service never accepted (e.g. one answered with an HTTP error)."""
+        if seq_id is not None and seq_id < model.next_seq:
+            raise ft.ContractError(f"seq_id {seq_id!r} is stale or repeated (next is {model.next_seq})")
         if seq_id is not None:
-            model.next_seq += 1
+            model.next_seq = seq_id + 1
         future = self._new_future(model.model_id)
         try:
             future.result = op()
@@ -471,3 +478,48 @@ class FakeFireworksServer:
             failed = RequestFailedResponse(error=future.error, category="user")
             return web.json_response(failed.model_dump(mode="json"))
         return web.json_response(future.result)
+
+    # ---- inference: the deployment ---------------------------------------------------------------
+    async def _completions(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        model = str(body.get("model", ""))
+        deployment = model.removeprefix(f"accounts/{ACCOUNT}/deployments/")
+        if deployment not in self.deployments or not self.hotloaded.get(deployment):
+            raise ft.ContractError(f"model {model!r} is not a deployment serving a hot-loaded snapshot")
+        if body.get("stream"):
+            raise ft.ContractError("this fake deployment does not stream")
+        chat = "messages" in body
+        if chat:
+            text = "".join(str(m.get("content", "")) for m in body["messages"])
+            prompt = [ord(c) % self.vocab_size for c in text]
+        else:
+            prompt = body.get("prompt")
+            if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt) or not prompt:
+                raise ft.ContractError("this fake deployment takes prompts as token id lists")
+        logits = self.sampler_snapshots[self.hotloaded[deployment][-1]]["logits"]
+        ids, raw_lps, sampled_lps = ft.sample(
+            logits,
+            prompt,
+            int(body.get("max_tokens") or 8),
+            float(body.get("temperature", 1.0)),
+            body.get("seed"),
+        )
+        text = " ".join(str(t) for t in ids)
+        choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        if body.get("logprobs"):
+            choice["logprobs"] = {
+                "content": [
+                    {"token": str(t), "logprob": r, "sampling_logprob": p}
+                    for t, r, p in zip(ids, raw_lps, sampled_lps, strict=True)
+                ]
+            }
+        if body.get("raw_output"):
+            choice["raw_output"] = {"prompt_token_ids": prompt, "completion_token_ids": ids}
+        usage = {"prompt_tokens": len(prompt), "completion_tokens": len(ids)}
+        return web.json_response(
+            {"id": f"cmpl-{next(self._ids)}", "model": model, "choices": [choice], "usage": usage}
+        )

@@ -141,3 +141,21 @@ def restore(model: FakeModel, state: dict, with_optimizer: bool) -> None:
             0: {k: v.clone() if torch.is_tensor(v) else v for k, v in state["optimizer"].items()}
         }
         model.optimizer.load_state_dict(opt_state)
+
+
+def sample(
+    logits: torch.Tensor, prompt: list[int], max_tokens: int, temperature: float, seed: int | None
+) -> tuple[list[int], list[float], list[float]]:
+    """Sample from the bigram table: ids, the model's raw logprobs, and the logprobs of the
+    distribution each token was drawn from (softmax(logits / T))."""
+    generator = torch.Generator().manual_seed(int(seed or 0))
+    ids, raw, sampled, prev = [], [], [], prompt[-1]
+    for _ in range(max_tokens):
+        row = logits[prev]
+        dist = torch.log_softmax(row / max(temperature, 1e-6), dim=-1)
+        token = int(torch.multinomial(dist.exp(), 1, generator=generator))
+        ids.append(token)
+        raw.append(float(torch.log_softmax(row, dim=-1)[token]))
+        sampled.append(float(dist[token]))
+        prev = token
+    return ids, raw, sampled

@@ -204,7 +204,7 @@ async def test_dual_clip_runs_our_loss_through_forward_backward_custom(
     # what we compute locally on the service's logprobs is what the service is asked to backprop
     datums = to_datums(batch, algo, plan_loss(algo), tinker.types)
     logprobs = [torch.tensor(lp, requires_grad=True) for lp in current]
-    loss, our_metrics = make_custom_loss(algo)(datums, logprobs)
+    loss, our_metrics = make_custom_loss(algo, batch)(datums, logprobs)
     loss.backward()
     for seq, fwd, bwd, lp in zip(batch, forward["data"], backward["data"], logprobs, strict=True):
         assert set(fwd) == {"model_input", "target_tokens", "weights"}  # only these leave the client

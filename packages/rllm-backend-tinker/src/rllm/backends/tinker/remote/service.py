@@ -133,9 +133,11 @@ class RemoteService:
         try:
             for _ in range(self.config.ppo_epochs):
                 for indices in groups:
-                    datums = to_datums([batch[i] for i in indices], algo, plan, types)
+                    mini_batch = [batch[i] for i in indices]
+                    datums = to_datums(mini_batch, algo, plan, types)
                     if plan.loss_fn == "custom":
-                        fb = self.training_client.forward_backward_custom(datums, make_custom_loss(algo))
+                        loss_fn = make_custom_loss(algo, mini_batch)
+                        fb = self.training_client.forward_backward_custom(datums, loss_fn)
                     else:
                         fb = self.training_client.forward_backward(datums, plan.loss_fn, plan.loss_fn_config)
                     pending.append((fb, self.training_client.optim_step(self.adam_params())))
