@@ -99,6 +99,9 @@ def parse_config(options: FireworksBackendConfig | Mapping[str, Any] | None) -> 
     except msgspec.ValidationError as exc:
         # msgspec says "... - at `$.lora_rank`"; name the option as users write it.
         message = str(exc).replace("`$.", f"`{OPTIONS}.").replace("`$`", f"`{OPTIONS}`")
+        unknown = re.fullmatch(r"Object contains unknown field `(\w+)`", str(exc))
+        if unknown:
+            message = f"`{OPTIONS}.{unknown.group(1)}` is not an option"
         raise ValueError(f"invalid fireworks backend options: {message}") from exc
 
 
