@@ -488,38 +488,6 @@ class FakeFireworksServer:
             raise ft.ContractError(f"model {model!r} is not a deployment serving a hot-loaded snapshot")
         if body.get("stream"):
             raise ft.ContractError("this fake deployment does not stream")
-        chat = "messages" in body
-        if chat:
-            text = "".join(str(m.get("content", "")) for m in body["messages"])
-            prompt = [ord(c) % self.vocab_size for c in text]
-        else:
-            prompt = body.get("prompt")
-            if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt) or not prompt:
-                raise ft.ContractError("this fake deployment takes prompts as token id lists")
         logits = self.sampler_snapshots[self.hotloaded[deployment][-1]]["logits"]
-        ids, raw_lps, sampled_lps = ft.sample(
-            logits,
-            prompt,
-            int(body.get("max_tokens") or 8),
-            float(body.get("temperature", 1.0)),
-            body.get("seed"),
-        )
-        text = " ".join(str(t) for t in ids)
-        choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
-        if chat:
-            choice["message"] = {"role": "assistant", "content": text}
-        else:
-            choice["text"] = text
-        if body.get("logprobs"):
-            choice["logprobs"] = {
-                "content": [
-                    {"token": str(t), "logprob": r, "sampling_logprob": p}
-                    for t, r, p in zip(ids, raw_lps, sampled_lps, strict=True)
-                ]
-            }
-        if body.get("raw_output"):
-            choice["raw_output"] = {"prompt_token_ids": prompt, "completion_token_ids": ids}
-        usage = {"prompt_tokens": len(prompt), "completion_tokens": len(ids)}
-        return web.json_response(
-            {"id": f"cmpl-{next(self._ids)}", "model": model, "choices": [choice], "usage": usage}
-        )
+        answer = ft.completion(body, logits, self.vocab_size)
+        return web.json_response({"id": f"cmpl-{next(self._ids)}", "model": model, **answer})

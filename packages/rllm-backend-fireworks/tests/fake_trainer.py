@@ -11,6 +11,7 @@ checkpoints are real numbers the tests compare with rllm.algos on the same datum
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -159,3 +160,29 @@ def sample(
         sampled.append(float(dist[token]))
         prev = token
     return ids, raw, sampled
+
+
+def completion(body: dict[str, Any], logits: torch.Tensor, vocab: int) -> dict[str, Any]:
+    """The deployment's answer (choices and usage) in Fireworks' shape: token ids under
+    ``raw_output`` when asked, ``sampling_logprob`` beside ``logprob``. Chat text is tokenized one
+    character per token (ord % vocab); completions take token-id prompts."""
+    chat = "messages" in body
+    if chat:
+        prompt = [ord(c) % vocab for c in "".join(str(m.get("content", "")) for m in body["messages"])]
+    else:
+        prompt = body.get("prompt")
+        if not isinstance(prompt, list) or not prompt or not all(isinstance(t, int) for t in prompt):
+            raise ContractError("this fake deployment takes prompts as token id lists")
+    max_tokens, temperature = int(body.get("max_tokens") or 8), float(body.get("temperature", 1.0))
+    ids, raw_lps, sampled_lps = sample(logits, prompt, max_tokens, temperature, body.get("seed"))
+    text = " ".join(str(t) for t in ids)
+    choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
+    choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+    if body.get("logprobs"):
+        entries = zip(ids, raw_lps, sampled_lps, strict=True)
+        choice["logprobs"] = {
+            "content": [{"token": str(t), "logprob": r, "sampling_logprob": p} for t, r, p in entries]
+        }
+    if body.get("raw_output"):
+        choice["raw_output"] = {"prompt_token_ids": prompt, "completion_token_ids": ids}
+    return {"choices": [choice], "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids)}}
