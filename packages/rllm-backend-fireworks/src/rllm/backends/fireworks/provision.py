@@ -152,11 +152,9 @@ def provision(config: FireworksBackendConfig, api_key: str) -> Resources:
 
 def release(resources: Resources, config: FireworksBackendConfig) -> None:
     """Delete what this backend created (attached resources are never touched)."""
-    if not config.cleanup_on_close:
-        return
-    if resources.created_deployment:
+    if config.cleanup_on_close and resources.created_deployment:
         resources.deploy_mgr.delete(resources.deployment_id)
-    if resources.created_job:
+    if config.cleanup_on_close and resources.created_job:
         resources.trainer_mgr.delete(resources.job_id)
     resources.deploy_mgr.close()
     resources.trainer_mgr.close()
