@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import msgspec
 import pytest
 from conftest import MODEL
@@ -10,7 +12,9 @@ from conftest import MODEL
 from rllm.algos.config import AlgorithmConfig
 from rllm.backends.fireworks import FireworksBackend, parse_config
 from rllm.engine.backend import Backend
+from rllm.engine.launch import build_trainer
 from rllm.engine.plugins import backend_class
+from rllm.engine.trainer_config import ConfigError
 
 
 def test_registered_as_an_entry_point_implementing_the_protocol() -> None:
@@ -81,3 +85,14 @@ async def test_start_needs_the_api_key_from_the_environment(monkeypatch: pytest.
         await backend.start()
     with pytest.raises(RuntimeError, match="not started"):
         backend.inference_urls()
+
+
+def test_the_trainer_refuses_before_anything_starts(tmp_path: Path) -> None:
+    """A run config with a refused option fails at build time, naming it: nothing is provisioned."""
+    with pytest.raises(ConfigError, match="`kl_coef`"):
+        build_trainer(
+            "say",
+            backend="fireworks",
+            out_dir=str(tmp_path),
+            overrides=[f"backend.options.model={MODEL}", "algorithm.kl_coef=0.05", "progress=false"],
+        )
