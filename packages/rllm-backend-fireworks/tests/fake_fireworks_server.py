@@ -76,6 +76,7 @@ class FakeFireworksServer:
         self.requests: list[tuple[str, str, Any]] = []  # (method, path, body)
         self.violations: list[str] = []
         self.jobs: dict[str, Job] = {}
+        self.created_jobs: list[str] = []  # every job id ever created, in order
         self.deployments: dict[str, dict[str, Any]] = {}
         self.hotloaded: dict[str, list[str]] = {}  # deployment id -> snapshot identities, in order
         self.models: dict[str, ft.FakeModel] = {}
@@ -217,6 +218,7 @@ class FakeFireworksServer:
         if not config.get("baseModel") or not body.get("serviceMode"):
             raise ft.ContractError("a trainer job needs trainingConfig.baseModel and serviceMode")
         self.jobs[job_id] = Job(job_id, body)
+        self.created_jobs.append(job_id)
         return web.json_response(self._job_json(self.jobs[job_id]))
 
     def _job_json(self, job: Job) -> dict[str, Any]:

@@ -35,11 +35,15 @@ RUN = [
 ]
 
 
-def _two_steps(tmp_path: Path, options: dict[str, object]) -> list[dict]:
+def _run(tmp_path: Path, options: dict[str, object], *extra: str, resume: bool = False) -> int:
     flags = [f"backend.options.{k}={v}" for k, v in options.items()]
-    trainer = build_trainer("say", backend="fireworks", out_dir=str(tmp_path), overrides=[*RUN, *flags])
-    result = asyncio.run(trainer.fit())
-    assert result.steps == 2
+    overrides = [*RUN, *flags, *extra]
+    trainer = build_trainer("say", backend="fireworks", out_dir=str(tmp_path), overrides=overrides)
+    return asyncio.run(trainer.fit(resume=resume)).steps
+
+
+def _two_steps(tmp_path: Path, options: dict[str, object]) -> list[dict]:
+    assert _run(tmp_path, options) == 2
     return read_metrics(tmp_path / "metrics.jsonl")
 
 
@@ -57,6 +61,21 @@ def test_two_steps_of_say_against_the_fake(tmp_path: Path) -> None:
         assert [name.split("-")[1] for name in loaded] == ["v0", "v1", "v2"]
         assert server.violations == []
         assert server.jobs == {} and server.deployments == {}  # what start() created is gone
+
+
+@pytest.mark.slow
+def test_a_run_resumes_in_a_new_trainer_job(tmp_path: Path) -> None:
+    with FakeFireworksServer() as server:
+        fake = {"model": MODEL, "base_url": server.url, "lora_rank": 8, "poll_interval_s": 0.01}
+        assert _run(tmp_path, fake, "ckpt_every=2") == 2
+        (first_job,) = server.created_jobs
+        assert _run(tmp_path, fake, "ckpt_every=2", "total_steps=3", resume=True) == 3
+        loaded = server.bodies("/api/v1/load_weights")
+        assert len(loaded) == 1 and loaded[0]["path"].startswith(f"cross_job://{first_job}/")
+        assert loaded[0]["optimizer"] is True
+        restored = [m for m in server.models.values() if m.job_id != first_job]
+        assert len(restored) == 1 and restored[0].optimizer_steps == 3
+        assert server.violations == []
 
 
 @pytest.mark.live

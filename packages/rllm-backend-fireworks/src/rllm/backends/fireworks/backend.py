@@ -189,7 +189,8 @@ class FireworksBackend:
         (path / STATE_FILE).write_text(json.dumps(state, indent=2))
 
     async def load_checkpoint(self, path: Path) -> None:
-        """Continue from a saved state; from another trainer job through a cross-job reference."""
+        """Continue from a saved state; from another trainer job through a cross-job reference.
+        Call sync_weights() next to serve the restored weights."""
         res = self._started()
         state_file = Path(path) / STATE_FILE
         if not state_file.is_file():
@@ -209,10 +210,9 @@ class FireworksBackend:
         future = self.training_client.load_state_with_optimizer(ref)
         await asyncio.to_thread(future.result, self.config.request_timeout_s)
         self.optimizer_steps = int(state["optimizer_steps"])
-        version = int(state["weight_version"])
-        # Snapshot names are unique per session: the restored weights get their own name.
-        await self._hotload(f"{self.config.checkpoint_prefix}-v{version}-restored-s{self.optimizer_steps}")
-        self.weight_version = version
+        # The deployment still serves the weights of before; sync_weights() publishes these (the
+        # Trainer calls it right after a load, so loading does not hot-load twice).
+        self.weight_version = int(state["weight_version"])
 
     async def close(self) -> None:
         """Stop the adapter, end the training session and delete what start() created."""
