@@ -79,6 +79,8 @@ class FakeFireworksServer:
         self.created_jobs: list[str] = []  # every job id ever created, in order
         self.deployments: dict[str, dict[str, Any]] = {}
         self.hotloaded: dict[str, list[str]] = {}  # deployment id -> snapshot identities, in order
+        self.failed_hotload: dict[str, str] = {}  # deployment id -> the snapshot that failed to load
+        self.fail_hotload_of: str | None = None  # a snapshot-name prefix whose hot-load fails
         self.models: dict[str, ft.FakeModel] = {}
         self.sampler_snapshots: dict[str, dict[str, Any]] = {}
         self.states: dict[str, dict[str, Any]] = {}
@@ -279,16 +281,24 @@ class FakeFireworksServer:
         identity = body.get("identity")
         if identity not in self.sampler_snapshots:
             raise ft.ContractError(f"hot-load of unknown snapshot {identity!r}")
+        if self.fail_hotload_of and str(identity).startswith(self.fail_hotload_of):
+            self.failed_hotload[deployment] = str(identity)  # the replica reports stage=error
+            return web.json_response({"identity": identity})
+        self.failed_hotload.pop(deployment, None)
         self.hotloaded.setdefault(deployment, []).append(identity)
         return web.json_response({"identity": identity})
 
     async def _hotload_status(self, request: web.Request) -> web.Response:
-        loaded = self.hotloaded.get(self._hotload_target(request), [])
-        replica = {
+        deployment = self._hotload_target(request)
+        loaded = self.hotloaded.get(deployment, [])
+        replica: dict[str, Any] = {
             "current_snapshot_identity": loaded[-1] if loaded else None,
             "readiness": True,
             "loading_state": {"stage": "done"},
         }
+        if deployment in self.failed_hotload:
+            target = self.failed_hotload[deployment]
+            replica["loading_state"] = {"stage": "error", "target_snapshot_identity": target}
         return web.json_response({"replicas": [replica]})
 
     async def _healthz(self, request: web.Request) -> web.Response:

@@ -149,6 +149,19 @@ async def test_optim_step_sync_and_hot_load(
     torch.testing.assert_close(fake_fireworks.sampler_snapshots[snapshot]["logits"], model.logits.detach())
 
 
+async def test_a_failed_hot_load_is_reported_and_the_version_kept(
+    fake_fireworks: FakeFireworksServer, backend: FireworksBackend
+) -> None:
+    fake_fireworks.fail_hotload_of = "rllm-v1"
+    try:
+        with pytest.raises(RuntimeError, match="rllm-v1"):
+            await backend.sync_weights()
+    finally:
+        fake_fireworks.fail_hotload_of = None
+    assert backend.weight_version == 0
+    assert await backend.sync_weights() == 1  # the next sync loads a fresh snapshot
+
+
 async def test_resume_in_the_same_job_and_in_a_new_one(
     fake_fireworks: FakeFireworksServer, backend: FireworksBackend, tmp_path: Path
 ) -> None:
