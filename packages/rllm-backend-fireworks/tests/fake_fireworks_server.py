@@ -23,8 +23,8 @@ fireworks-ai 1.2.30). Requests are parsed, and responses built, with the SDK's o
 It validates what arrives (credentials, datum fields and dtypes, Adam parameters, checkpoint
 names, seq_id order, hot-load snapshot identities) and records every request. ``fail_next``
 makes the next call to an endpoint answer an HTTP error, to exercise the SDK's retries and error
-types. The computing half is ``fake_trainer.py``. Only these two files are fakes; the SDK and
-HTTP are real.
+types. The control plane and the deployment are in ``fake_control_plane.py`` (a mixin), the
+computing half in ``fake_trainer.py``. Only these three files are fakes; the SDK and HTTP are real.
 """
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ from typing import Any
 
 import fake_trainer as ft
 from aiohttp import web
+from fake_control_plane import ACCOUNT, FakeControlPlane, read_json
 from fireworks.training.sdk import types
 from fireworks.training.sdk.types.request_failed_response import RequestFailedResponse
 from fireworks.training.sdk.types.try_again_response import TryAgainResponse
 
 FAKE_API_KEY = "fw-fake-test-key"
-ACCOUNT = "rllm-test"
 TRAINER = "/training/v1/rlorTrainerJobs/{account}/{job}/api/v1"
 
 
@@ -65,7 +65,7 @@ class Job:
     sessions: set[str] = field(default_factory=set)
 
 
-class FakeFireworksServer:
+class FakeFireworksServer(FakeControlPlane):
     """The fake service on its own thread and event loop (the SDK's control-plane calls block
     their caller, so the server must not share the test's loop)."""
 
@@ -180,16 +180,7 @@ class FakeFireworksServer:
             self.violations.append(f"{request.path}: {exc}")
             return web.json_response({"error": {"message": str(exc)}}, status=400)
 
-    @staticmethod
-    async def _body(request: web.Request) -> dict[str, Any]:
-        raw = await request.read()
-        try:
-            body = json.loads(raw) if raw else {}
-        except json.JSONDecodeError as exc:
-            raise ft.ContractError(f"body is not JSON: {exc}") from exc
-        if not isinstance(body, dict):
-            raise ft.ContractError("body is not a JSON object")
-        return body
+    _body = staticmethod(read_json)
 
     @staticmethod
     def _parse(model: Any, body: dict[str, Any]) -> Any:
@@ -202,104 +193,11 @@ class FakeFireworksServer:
     def _reply(obj: Any) -> web.Response:
         return web.json_response(obj.model_dump(mode="json", exclude_none=True))
 
-    def _account(self, request: web.Request) -> None:
-        if request.match_info["account"] != ACCOUNT:
-            raise ft.ContractError(f"account {request.match_info['account']!r} is not this key's account")
+    def _new_job(self, job_id: str, body: dict[str, Any]) -> Job:
+        return Job(job_id, body)
 
-    # ---- control plane: accounts, trainer jobs, deployments, hot-load ---------------------------
-    async def _accounts(self, request: web.Request) -> web.Response:
-        return web.json_response({"accounts": [{"name": f"accounts/{ACCOUNT}"}]})
-
-    async def _create_job(self, request: web.Request) -> web.Response:
-        self._account(request)
-        body = await self._body(request)
-        job_id = request.query.get("rlorTrainerJobId") or f"job-{next(self._ids)}"
-        if job_id in self.jobs:
-            return web.json_response({"error": {"message": "already exists"}}, status=409)
-        config = body.get("trainingConfig") or {}
-        if not config.get("baseModel") or not body.get("serviceMode"):
-            raise ft.ContractError("a trainer job needs trainingConfig.baseModel and serviceMode")
-        self.jobs[job_id] = Job(job_id, body)
-        self.created_jobs.append(job_id)
-        return web.json_response(self._job_json(self.jobs[job_id]))
-
-    def _job_json(self, job: Job) -> dict[str, Any]:
-        state = "JOB_STATE_CREATING" if job.polls == 0 else "JOB_STATE_RUNNING"
-        return {"name": f"accounts/{ACCOUNT}/rlorTrainerJobs/{job.job_id}", "state": state, **job.body}
-
-    async def _get_job(self, request: web.Request) -> web.Response:
-        self._account(request)
-        job = self.jobs.get(request.match_info["job"])
-        if job is None:
-            return web.json_response({"error": {"message": "not found"}}, status=404)
-        reply = self._job_json(job)
-        job.polls += 1
-        return web.json_response(reply)
-
-    async def _delete_job(self, request: web.Request) -> web.Response:
-        self._account(request)
-        self.jobs.pop(request.match_info["job"], None)
-        return web.json_response({})
-
-    async def _create_deployment(self, request: web.Request) -> web.Response:
-        self._account(request)
-        body = await self._body(request)
-        deployment_id = request.query.get("deploymentId", "")
-        if not deployment_id or not body.get("baseModel"):
-            raise ft.ContractError("a deployment needs ?deploymentId= and baseModel")
-        if deployment_id in self.deployments:
-            return web.json_response({"error": {"message": "already exists"}}, status=409)
-        if not body.get("enableHotLoad"):
-            raise ft.ContractError("a training deployment must enable hot-load")
-        name = f"accounts/{ACCOUNT}/deployments/{deployment_id}"
-        self.deployments[deployment_id] = {"name": name, "state": "READY", **body}
-        return web.json_response(self.deployments[deployment_id])
-
-    async def _get_deployment(self, request: web.Request) -> web.Response:
-        self._account(request)
-        deployment = self.deployments.get(request.match_info["deployment"])
-        if deployment is None:
-            return web.json_response({"error": {"message": "not found"}}, status=404)
-        return web.json_response(deployment)
-
-    async def _delete_deployment(self, request: web.Request) -> web.Response:
-        self._account(request)
-        self.deployments.pop(request.match_info["deployment"], None)
-        return web.json_response({})
-
-    def _hotload_target(self, request: web.Request) -> str:
-        deployment = request.headers.get("fireworks-deployment", "").rsplit("/", 1)[-1]
-        if deployment not in self.deployments:
-            raise ft.ContractError(f"hot-load for unknown deployment {deployment!r}")
-        if request.headers.get("fireworks-model") != self.deployments[deployment]["baseModel"]:
-            raise ft.ContractError("hot-load fireworks-model header is not the deployment's base model")
-        return deployment
-
-    async def _hotload(self, request: web.Request) -> web.Response:
-        deployment = self._hotload_target(request)
-        body = await self._body(request)
-        identity = body.get("identity")
-        if identity not in self.sampler_snapshots:
-            raise ft.ContractError(f"hot-load of unknown snapshot {identity!r}")
-        if self.fail_hotload_of and str(identity).startswith(self.fail_hotload_of):
-            self.failed_hotload[deployment] = str(identity)  # the replica reports stage=error
-            return web.json_response({"identity": identity})
-        self.failed_hotload.pop(deployment, None)
-        self.hotloaded.setdefault(deployment, []).append(identity)
-        return web.json_response({"identity": identity})
-
-    async def _hotload_status(self, request: web.Request) -> web.Response:
-        deployment = self._hotload_target(request)
-        loaded = self.hotloaded.get(deployment, [])
-        replica: dict[str, Any] = {
-            "current_snapshot_identity": loaded[-1] if loaded else None,
-            "readiness": True,
-            "loading_state": {"stage": "done"},
-        }
-        if deployment in self.failed_hotload:
-            target = self.failed_hotload[deployment]
-            replica["loading_state"] = {"stage": "error", "target_snapshot_identity": target}
-        return web.json_response({"replicas": [replica]})
+    def _next_id(self) -> int:
+        return next(self._ids)
 
     async def _healthz(self, request: web.Request) -> web.Response:
         if request.match_info["job"] not in self.jobs:
@@ -490,16 +388,3 @@ class FakeFireworksServer:
             failed = RequestFailedResponse(error=future.error, category="user")
             return web.json_response(failed.model_dump(mode="json"))
         return web.json_response(future.result)
-
-    # ---- inference: the deployment ---------------------------------------------------------------
-    async def _completions(self, request: web.Request) -> web.Response:
-        body = await self._body(request)
-        model = str(body.get("model", ""))
-        deployment = model.removeprefix(f"accounts/{ACCOUNT}/deployments/")
-        if deployment not in self.deployments or not self.hotloaded.get(deployment):
-            raise ft.ContractError(f"model {model!r} is not a deployment serving a hot-loaded snapshot")
-        if body.get("stream"):
-            raise ft.ContractError("this fake deployment does not stream")
-        logits = self.sampler_snapshots[self.hotloaded[deployment][-1]]["logits"]
-        answer = ft.completion(body, logits, self.vocab_size)
-        return web.json_response({"id": f"cmpl-{next(self._ids)}", "model": model, **answer})
