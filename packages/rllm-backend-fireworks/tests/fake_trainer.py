@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from fireworks.types.shared import NewLogProbs, RawOutput
+from fireworks.types.shared.new_log_probs_content import NewLogProbsContent
 
 
 class ContractError(ValueError):
@@ -163,8 +165,9 @@ def sample(
 
 
 def completion(body: dict[str, Any], logits: torch.Tensor, vocab: int) -> dict[str, Any]:
-    """The deployment's answer (choices and usage) in Fireworks' shape: token ids under
-    ``raw_output`` when asked, ``sampling_logprob`` beside ``logprob``. Chat text is tokenized one
+    """The deployment's answer (choices and usage), built with the fireworks-ai inference SDK's own
+    types: token ids in ``raw_output`` (``RawOutput``) when asked, ``sampling_logprob`` beside
+    ``logprob`` (``NewLogProbsContent``). Chat text is tokenized one
     character per token (ord % vocab); completions take token-id prompts."""
     chat = "messages" in body
     if chat:
@@ -180,9 +183,21 @@ def completion(body: dict[str, Any], logits: torch.Tensor, vocab: int) -> dict[s
     choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
     if body.get("logprobs"):
         entries = zip(ids, raw_lps, sampled_lps, strict=True)
-        choice["logprobs"] = {
-            "content": [{"token": str(t), "logprob": r, "sampling_logprob": p} for t, r, p in entries]
-        }
+        content = [
+            NewLogProbsContent(
+                token=str(t),
+                bytes=list(str(t).encode()),
+                logprob=r,
+                sampling_logprob=p,
+                text_offset=0,
+                token_id=t,
+            )
+            for t, r, p in entries
+        ]
+        choice["logprobs"] = NewLogProbs(content=content).model_dump(exclude_none=True)
     if body.get("raw_output"):
-        choice["raw_output"] = {"prompt_token_ids": prompt, "completion_token_ids": ids}
+        raw = RawOutput(
+            completion=text, prompt_fragments=prompt, prompt_token_ids=prompt, completion_token_ids=ids
+        )
+        choice["raw_output"] = raw.model_dump(exclude_none=True)
     return {"choices": [choice], "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids)}}
