@@ -48,9 +48,23 @@ class FakeControlPlane:
         if request.match_info["account"] != ACCOUNT:
             raise ft.ContractError(f"account {request.match_info['account']!r} is not this key's account")
 
-    # ---- control plane: accounts, trainer jobs, deployments, hot-load ---------------------------
+    # ---- control plane: accounts, training shapes, trainer jobs, deployments, hot-load ---------
     async def _accounts(self, request: web.Request) -> web.Response:
         return web.json_response({"accounts": [{"name": f"accounts/{ACCOUNT}"}]})
+
+    @staticmethod
+    def _shape_version(request: web.Request, version: str) -> dict[str, Any]:
+        shape = f"accounts/{request.match_info['account']}/trainingShapes/{request.match_info['shape']}"
+        snapshot = {"deploymentShapeVersion": f"{shape}-deployment/versions/1", "acceleratorType": "FAKE_GPU"}
+        return {"name": f"{shape}/versions/{version}", "snapshot": snapshot}
+
+    async def _shape_versions(self, request: web.Request) -> web.Response:
+        if request.query.get("filter") != "latest_validated=true":
+            raise ft.ContractError("an unversioned shape resolves its latest validated version")
+        return web.json_response({"trainingShapeVersions": [self._shape_version(request, "1")]})
+
+    async def _shape_version_get(self, request: web.Request) -> web.Response:
+        return web.json_response(self._shape_version(request, request.match_info["version"]))
 
     async def _create_job(self, request: web.Request) -> web.Response:
         self._account(request)

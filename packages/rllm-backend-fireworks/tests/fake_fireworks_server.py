@@ -6,7 +6,8 @@ protocol the official ``fireworks-ai`` training SDK uses (learned by reading the
 fireworks-ai 1.2.30). Requests are parsed, and responses built, with the SDK's own types
 (``fireworks.training.sdk.types``), so a change of the wire format breaks these tests.
 
-- Control plane (``/v1/...``): account resolution from the API key, RLOR trainer jobs (create,
+- Control plane (``/v1/...``): account resolution from the API key, training-shape profiles
+  (latest validated version, naming a deployment shape), RLOR trainer jobs (create,
   get, delete; a new job reports JOB_STATE_CREATING on its first poll, then RUNNING),
   deployments (create, get, delete; READY at once), and the hot-load API
   (``/hot_load/v1/models/hot_load``: POST loads a sampler snapshot, GET reports replicas).
@@ -114,6 +115,8 @@ class FakeFireworksServer(FakeControlPlane):
         app.add_routes(
             [
                 web.get("/v1/accounts", self._accounts),
+                web.get(acct + "/trainingShapes/{shape}/versions", self._shape_versions),
+                web.get(acct + "/trainingShapes/{shape}/versions/{version}", self._shape_version_get),
                 web.post(acct + "/rlorTrainerJobs", self._create_job),
                 web.get(acct + "/rlorTrainerJobs/{job}", self._get_job),
                 web.delete(acct + "/rlorTrainerJobs/{job}", self._delete_job),

@@ -89,6 +89,21 @@ async def test_start_creates_trainer_job_and_hot_load_deployment(fake_fireworks:
     assert fake_fireworks.violations == []
 
 
+async def test_a_training_shape_also_shapes_the_deployment(fake_fireworks: FakeFireworksServer) -> None:
+    shape = "accounts/fireworks/trainingShapes/ts-qwen3-0p6b"
+    backend = FireworksBackend(options(fake_fireworks, training_shape=shape))
+    await backend.start()
+    try:
+        res = backend.resources
+        assert res is not None
+        (created,) = [p for m, p, _ in fake_fireworks.requests if f"rlorTrainerJobId={res.job_id}" in p]
+        assert "trainingShape=accounts%2Ffireworks%2FtrainingShapes%2Fts-qwen3-0p6b" in created
+        deployment = fake_fireworks.deployments[res.deployment_id]
+        assert deployment["deploymentShape"] == f"{shape}-deployment/versions/1"
+    finally:
+        await backend.close()
+
+
 async def test_attach_by_id_leaves_the_resources_alone(fake_fireworks: FakeFireworksServer) -> None:
     owner = FireworksBackend(options(fake_fireworks, deployment_id="kept-deployment", cleanup_on_close=False))
     await owner.start()

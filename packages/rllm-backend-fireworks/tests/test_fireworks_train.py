@@ -82,5 +82,13 @@ def test_a_run_resumes_in_a_new_trainer_job(tmp_path: Path) -> None:
 @pytest.mark.skipif(not LIVE_KEY, reason="needs FIREWORKS_API_KEY (live Fireworks service, billed)")
 def test_two_steps_of_say_live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FIREWORKS_API_KEY", LIVE_KEY)
-    rows = _two_steps(tmp_path, {"model": LIVE_MODEL, "lora_rank": 8, "learning_rate": 1e-4})
+    live: dict[str, object] = {"model": LIVE_MODEL, "lora_rank": 8, "learning_rate": 1e-4}
+    # Provisioning dominates a short run's time and cost: reuse kept resources when named.
+    for option, env in (
+        ("trainer_job_id", "FIREWORKS_TEST_TRAINER_JOB"),
+        ("deployment_id", "FIREWORKS_TEST_DEPLOYMENT"),
+    ):
+        if os.environ.get(env):
+            live[option] = os.environ[env]
+    rows = _two_steps(tmp_path, live)
     assert len(rows) == 2 and all(row["train/sequences"] > 0 for row in rows)

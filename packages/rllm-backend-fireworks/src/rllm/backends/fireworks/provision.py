@@ -68,8 +68,17 @@ def _trainer(config: FireworksBackendConfig, trainer_mgr: Any) -> tuple[Any, boo
     return trainer_mgr.create_and_wait(job_config, **waits), True
 
 
+def _deployment_shape(config: FireworksBackendConfig, trainer_mgr: Any) -> str | None:
+    """The option, else the deployment shape the training shape's validated profile names (the
+    SDK's advice: a hot-load deployment on the trainer's RFT shape), else the service's choice."""
+    if config.deployment_shape or not config.training_shape:
+        return config.deployment_shape or None
+    profile = trainer_mgr.resolve_training_profile(config.training_shape)
+    return profile.deployment_shape_version or None
+
+
 def _deployment(
-    config: FireworksBackendConfig, deploy_mgr: Any, job_name: str, job_id: str
+    config: FireworksBackendConfig, deploy_mgr: Any, shape: str | None, job_name: str, job_id: str
 ) -> tuple[str, bool]:
     from fireworks.training.sdk import DeploymentConfig
 
@@ -96,7 +105,7 @@ def _deployment(
             DeploymentConfig(
                 deployment_id=deployment_id,
                 base_model=config.model,
-                deployment_shape=config.deployment_shape or None,
+                deployment_shape=shape,
                 region=config.region or None,
                 min_replica_count=1,
                 max_replica_count=1,
@@ -128,10 +137,11 @@ def provision(config: FireworksBackendConfig, api_key: str) -> Resources:
         raise ValueError(
             f"{OPTIONS}.account={config.account!r}, but FIREWORKS_API_KEY belongs to account {account!r}"
         )
+    shape = _deployment_shape(config, trainer_mgr)
     endpoint, created_job = _trainer(config, trainer_mgr)
     try:
         deployment_id, created_deployment = _deployment(
-            config, deploy_mgr, endpoint.job_name, endpoint.job_id
+            config, deploy_mgr, shape, endpoint.job_name, endpoint.job_id
         )
     except BaseException:
         if created_job and config.cleanup_on_close:
