@@ -56,6 +56,15 @@ def tinker(session: nox.Session) -> None:
     session.run(*PYTEST, "packages/rllm-backend-tinker/tests", *session.posargs)
 
 
+@nox.session(python="3.11")
+def fireworks(session: nox.Session) -> None:
+    """rllm-backend-fireworks alone (fireworks-ai training SDK) against its loopback fake, with the
+    say cookbook for its 2-step training run."""
+    _sync(session, "--package", "rllm-backend-fireworks")
+    _sync(session, "--inexact", "--package", "rllm-cookbook-say")  # added to it, also from the lock
+    session.run(*PYTEST, "packages/rllm-backend-fireworks/tests", *session.posargs)
+
+
 @nox.session(python="3.11", name="verl")
 def verl_backend(session: nox.Session) -> None:
     """rllm-backend-verl's environment (verl on CPU): its tests and the verl-reference checks."""

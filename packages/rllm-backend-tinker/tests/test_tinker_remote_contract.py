@@ -21,10 +21,8 @@ from fake_tinker_server import FAKE_API_KEY, FakeTinkerServer
 from rllm.algos.config import AlgorithmConfig
 from rllm.algos.losses import compute_policy_loss
 from rllm.backends.tinker import TinkerBackend
-from rllm.backends.tinker.remote.custom_loss import make_custom_loss
-from rllm.backends.tinker.remote.datums import to_datums
-from rllm.backends.tinker.remote.losses import plan_loss
 from rllm.engine.backend import TrainSequence
+from rllm.tinker_api import make_custom_loss, plan_loss, to_datums
 from rllm.types import FloatArray, TokenArray
 
 MODEL = "Qwen/Qwen3-4B-Instruct-2507"
@@ -204,9 +202,9 @@ async def test_dual_clip_runs_our_loss_through_forward_backward_custom(
     assert (backward["loss_fn"], backward["forward_only"]) == ("cross_entropy", False)
     assert forward["seq_id"] + 1 == backward["seq_id"]
     # what we compute locally on the service's logprobs is what the service is asked to backprop
-    datums = to_datums(batch, algo, plan_loss(algo))
+    datums = to_datums(batch, algo, plan_loss(algo), tinker.types)
     logprobs = [torch.tensor(lp, requires_grad=True) for lp in current]
-    loss, our_metrics = make_custom_loss(algo)(datums, logprobs)
+    loss, our_metrics = make_custom_loss(algo, batch)(datums, logprobs)
     loss.backward()
     for seq, fwd, bwd, lp in zip(batch, forward["data"], backward["data"], logprobs, strict=True):
         assert set(fwd) == {"model_input", "target_tokens", "weights"}  # only these leave the client

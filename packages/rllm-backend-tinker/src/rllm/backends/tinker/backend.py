@@ -65,7 +65,7 @@ class TinkerBackend:
     def validate(self, algo: AlgorithmConfig) -> None:
         algo.validate()
         if self.config.service == "remote":
-            from rllm.backends.tinker.remote.losses import check_supported
+            from rllm.backends.tinker.remote.refusals import check_supported
 
             check_supported(algo, self.config)
         # The local service honours every option: it runs rllm.algos' own loss on its own logprobs.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,15 +43,6 @@ def check_sequences(batch: list[TrainSequence], vocab_size: int) -> None:
         tokens = np.frombuffer(seq.tokens, dtype=np.int32)
         if tokens.min() < 0 or tokens.max() >= vocab_size:
             raise ValueError(f"batch[{i}].tokens has ids outside the vocabulary [0, {vocab_size})")
-
-
-def split_mini_batches(size: int, count: int, seed: int | None) -> list[list[int]]:
-    """``count`` nearly equal index groups (fewer when the batch is smaller)."""
-    order = list(range(size))
-    if seed is not None:
-        random.Random(seed).shuffle(order)
-    count = min(count, size)
-    return [list(chunk) for chunk in np.array_split(np.array(order), count)]
 
 
 def split_micro_batches(batch: list[TrainSequence], indices: list[int], max_tokens: int) -> list[list[int]]:

@@ -24,10 +24,10 @@ from rllm.backends.tinker.local.batching import (
     check_sequences,
     pad,
     split_micro_batches,
-    split_mini_batches,
 )
 from rllm.backends.tinker.local.loss import policy_loss
 from rllm.engine.backend import TrainSequence
+from rllm.tinker_api.batching import split_mini_batches
 
 # Loss metrics that micro-batches add up (global denominators); the rest are token-weighted means.
 _SUMMED_METRICS = {"loss", "policy_loss", "num_tokens"}

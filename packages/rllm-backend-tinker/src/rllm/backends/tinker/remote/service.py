@@ -13,11 +13,9 @@ from typing import Any
 
 from rllm.algos.config import AlgorithmConfig
 from rllm.backends.tinker.config import TinkerBackendConfig
-from rllm.backends.tinker.local.batching import split_mini_batches
-from rllm.backends.tinker.remote.custom_loss import make_custom_loss
-from rllm.backends.tinker.remote.datums import to_datums
-from rllm.backends.tinker.remote.losses import check_supported, plan_loss
+from rllm.backends.tinker.remote.refusals import check_supported
 from rllm.engine.backend import TrainSequence
+from rllm.tinker_api import make_custom_loss, plan_loss, split_mini_batches, to_datums
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +123,8 @@ class RemoteService:
         check_supported(algo, self.config)
         if not batch:
             raise ValueError("train_step got an empty batch")
+        from tinker import types
+
         plan = plan_loss(algo)
         groups = split_mini_batches(len(batch), self.config.mini_batches, self.config.shuffle_seed)
         # Submit every request before waiting on any: the service runs them in submission order
@@ -133,9 +133,11 @@ class RemoteService:
         try:
             for _ in range(self.config.ppo_epochs):
                 for indices in groups:
-                    datums = to_datums([batch[i] for i in indices], algo, plan)
+                    mini_batch = [batch[i] for i in indices]
+                    datums = to_datums(mini_batch, algo, plan, types)
                     if plan.loss_fn == "custom":
-                        fb = self.training_client.forward_backward_custom(datums, make_custom_loss(algo))
+                        loss_fn = make_custom_loss(algo, mini_batch)
+                        fb = self.training_client.forward_backward_custom(datums, loss_fn)
                     else:
                         fb = self.training_client.forward_backward(datums, plan.loss_fn, plan.loss_fn_config)
                     pending.append((fb, self.training_client.optim_step(self.adam_params())))

@@ -1,4 +1,4 @@
-"""Which Tinker loss runs an AlgorithmConfig, and which options the remote service must refuse.
+"""Which Tinker-API loss runs an AlgorithmConfig, and which algorithm options such a service refuses.
 
 Tinker's built-in losses take per-token advantages and sum over tokens, and each is linear in the
 advantage per token. So our aggregation (token-mean, seq-mean-..., see rllm.algos) is honoured
@@ -9,6 +9,7 @@ Losses without a built-in twin (dual_clip) run our own rllm.algos loss client-si
 The remote service's "old" policy is the sampler (Tinker's convention: the datum's ``logprobs``
 are the sampling logprobs), so it cannot also correct trainer/sampler drift (``tis``), has no
 reference model for ``kl_coef`` and no per-token entropy for ``entropy_coef``: those are refused.
+Each backend adds the refusals of its own config (LoRA shape, batching) to these.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from rllm.algos.config import AlgorithmConfig
-from rllm.backends.tinker.config import TinkerBackendConfig
 
 # our loss name -> Tinker's built-in loss_fn (the rest go through forward_backward_custom)
 BUILTIN_LOSSES = {
@@ -39,32 +39,21 @@ class LossPlan:
     loss_fn_config: dict[str, float] | None
 
 
-def check_supported(algo: AlgorithmConfig, config: TinkerBackendConfig) -> None:
-    """Raise ValueError naming every option the remote service cannot honour."""
+def unsupported_algo_options(algo: AlgorithmConfig, service: str) -> list[str]:
+    """One line per AlgorithmConfig option a Tinker-API ``service`` cannot honour, naming it."""
     problems = []
     if algo.kl_coef > 0:
-        problems.append("`kl_coef` > 0: the remote service has no reference-model logprobs; set kl_coef=0")
+        problems.append(f"`kl_coef` > 0: {service} has no reference-model logprobs; set kl_coef=0")
     if algo.entropy_coef != 0:
         problems.append(
-            "`entropy_coef` != 0: Tinker returns logprobs only, not the entropy; set entropy_coef=0"
+            f"`entropy_coef` != 0: {service} returns logprobs only, not the entropy; set entropy_coef=0"
         )
     if algo.tis != "none":
         problems.append(
-            "`tis`: the remote service uses the sampler's logprobs as the old policy, so there is no "
+            f"`tis`: {service} uses the sampler's logprobs as the old policy, so there is no "
             "trainer/sampler mismatch to correct; set tis='none'"
         )
-    if config.lora.rank == 0:
-        problems.append(
-            "`lora.rank` = 0 (full fine-tuning): the Tinker service trains LoRA adapters; set lora.rank > 0"
-        )
-    if config.lora.target_modules != "all-linear":
-        problems.append(
-            "`lora.target_modules`: Tinker chooses its LoRA targets itself; leave it 'all-linear'"
-        )
-    if config.micro_batch_tokens:
-        problems.append("`micro_batch_tokens`: Tinker splits requests itself; leave it 0")
-    if problems:
-        raise ValueError("the tinker backend's remote service cannot honour: " + "; ".join(problems))
+    return problems
 
 
 def plan_loss(algo: AlgorithmConfig) -> LossPlan:
