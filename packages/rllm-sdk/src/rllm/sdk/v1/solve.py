@@ -124,13 +124,17 @@ async def solve_v1(
         async_openai(config, role=settings.verify_role) as verifier,
     ):
 
-        async def generate() -> str:
+        async def generate(i: int) -> str:
+            # With a sampling seed, candidate i samples with seed + i: one seed for all would
+            # make the N candidates identical on a seeded sampler. (A gateway session that sets
+            # its own seed overrides this; leave the session's seed unset for V1.)
+            seeded = {**sampling, "seed": sampling["seed"] + i} if "seed" in sampling else sampling
             reply = await generator.chat.completions.create(
-                model=config.model, messages=gen_messages, **sampling
+                model=config.model, messages=gen_messages, **seeded
             )
             return reply.choices[0].message.content or ""
 
-        candidates = list(await asyncio.gather(*(generate() for _ in range(settings.n))))
+        candidates = list(await asyncio.gather(*(generate(i) for i in range(settings.n))))
         answers = [extract_answer(c) for c in candidates]
         majority = majority_vote(answers, key=answer_key, seed=settings.seed)
         keys: dict[str, tuple[int, int]] = {}
