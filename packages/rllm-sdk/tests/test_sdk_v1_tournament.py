@@ -11,10 +11,11 @@ import math
 import random
 from collections import Counter
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rllm.sdk.v1 import FORMATS, Verdict, allocate, majority_vote, run_tournament
+from rllm.sdk.v1 import FORMATS, V1Settings, Verdict, allocate, majority_vote, run_tournament
 
 
 def simulated_verifier(correct: list[bool], p: float, bias: float, rng: random.Random):
@@ -175,3 +176,33 @@ def test_majority_vote_clusters_answers_and_never_picks_no_answer() -> None:
     assert majority_vote([None, None], seed=3).winner in (0, 1)
     picks = {majority_vote(["1", "2"], seed=s).winner for s in range(20)}
     assert picks == {0, 1}  # a tie is broken at random, not by position
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"n": 0}, "n"),
+        ({"budget": -1}, "budget"),
+        ({"format": "ladder"}, "format"),
+        ({"verify_role": "a/b"}, "role"),
+    ],
+)
+def test_bad_settings_name_the_field(kwargs: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        V1Settings(**kwargs)
+
+
+def test_bad_tournament_input_is_refused() -> None:
+    async def verify(first: int, second: int) -> Verdict:
+        return Verdict.A
+
+    with pytest.raises(ValueError, match="budget"):
+        asyncio.run(run_tournament(3, verify, budget=-1))
+    with pytest.raises(ValueError, match="prior"):
+        asyncio.run(run_tournament(3, verify, budget=2, prior=[1.0]))
+
+    async def sloppy(first: int, second: int) -> str:
+        return "A"
+
+    with pytest.raises(TypeError, match="Verdict"):
+        asyncio.run(run_tournament(2, sloppy, budget=1))

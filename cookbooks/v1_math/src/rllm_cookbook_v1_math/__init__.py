@@ -19,7 +19,9 @@ from rllm.types import AgentConfig, Episode, EvalOutput, Task
 from rllm_cookbook_v1_math.data import load_hub_tasks, load_tasks
 
 PROMPT = "Solve the problem. Put the final answer in \\boxed{{}}.\n\n{problem}"
-DEFAULT_V1 = {"n": 4, "budget": 6, "format": "swiss", "both_orders": True}
+# A knockout seeded by majority votes, each match asked in both orders (budget 2 * (n - 1)):
+# the best format at this budget in benchmarks/v1_tournament.py (RESULTS.md, #20).
+DEFAULT_V1 = {"n": 4, "budget": 6, "format": "knockout", "both_orders": True}
 
 
 def settings_for(task: Task, config: AgentConfig) -> V1Settings:

@@ -29,6 +29,9 @@ class V1Settings:
     """How many candidates, how many verification calls, which tournament, which roles.
 
     ``budget`` defaults to ``2 * (n - 1)``: a knockout with every match asked in both orders.
+    ``seed_by_votes`` seeds the tournament by majority-vote counts, which also break its ties:
+    it falls back to majority vote where the verifier cannot decide, which hurts when wrong
+    answers out-vote the right one (see benchmarks/RESULTS.md, #20).
     """
 
     n: int = 4
@@ -36,6 +39,7 @@ class V1Settings:
     format: TournamentFormat = "swiss"
     both_orders: bool = True
     seed: int | None = None
+    seed_by_votes: bool = True
     generate_role: str = "generate"
     verify_role: str = "verify"
 
@@ -151,7 +155,7 @@ async def solve_v1(
             budget=settings.calls,
             format=settings.format,
             both_orders=settings.both_orders,
-            prior=[float(v) for v in majority.votes],
+            prior=[float(v) for v in majority.votes] if settings.seed_by_votes else None,
             seed=settings.seed,
         )
     return V1Outcome(candidates, answers, result, majority, keys)

@@ -164,7 +164,7 @@ async def _swiss(
         bye = None
         if n % 2:  # the lowest-placed candidate without a bye sits out
             bye = next((c for c in reversed(standing) if c not in had_bye), standing[-1])
-        pairs = _pair([c for c in standing if c != bye], met)
+        pairs = _pair([c for c in standing if c != bye], score, met)
         played, doubled = allocate(len(pairs), match.remaining, both_orders)
         shares = await match.play(pairs[:played], doubled, rounds)
         for (i, j), share in zip(pairs, shares, strict=False):
@@ -182,14 +182,20 @@ async def _swiss(
     return ranking, score, rounds
 
 
-def _pair(players: list[int], met: list[list[int]]) -> list[tuple[int, int]]:
-    """Greedy pairing down the standings: each takes the next player it has not met (else the next)."""
-    left = list(players)
-    pairs = []
-    while len(left) >= 2:
-        i = left.pop(0)
-        k = next((x for x, j in enumerate(left) if j not in met[i]), 0)
-        pairs.append((i, left.pop(k)))
+def _pair(players: list[int], score: list[float], met: list[list[int]]) -> list[tuple[int, int]]:
+    """Pairings down the standings: within each score group the top half meets the bottom half
+    (so round 1 does not pit the two best-seeded candidates against each other), an odd one out
+    floats down to the next group, and each avoids an opponent it has met when it can."""
+    pairs: list[tuple[int, int]] = []
+    carry: list[int] = []
+    for _, members in itertools.groupby(players, key=lambda c: score[c]):
+        group = carry + list(members)
+        carry = [group.pop()] if len(group) % 2 else []
+        half = len(group) // 2
+        top, bottom = group[:half], group[half:]
+        for i in top:
+            k = next((x for x, j in enumerate(bottom) if j not in met[i]), 0)
+            pairs.append((i, bottom.pop(k)))
     return pairs
 
 
