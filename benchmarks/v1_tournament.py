@@ -71,13 +71,13 @@ async def measure(
 def row(label: str, acc: dict[str, float]) -> str:
     cells = " | ".join(f"{acc[name]:.3f}" for name in (*FORMATS, "majority", "random", "pass@N"))
     best = max(acc[f] for f in FORMATS)
-    ratio = best / acc["majority"] if acc["majority"] else float("inf")
-    return f"| {label} | {cells} | {ratio:.2f}x |"
+    vs_majority = f"{best / acc['majority']:.2f}x" if acc["majority"] else "— (majority 0)"
+    return f"| {label} | {cells} | {vs_majority} | {best / acc['random']:.2f}x |"
 
 
 HEADER = (
-    "| {} | swiss | knockout | all pairs | majority | random | pass@N | best / majority |\n"
-    "|---|---|---|---|---|---|---|---|"
+    "| {} | swiss | knockout | all pairs | majority | random | pass@N | best / majority | best / random |\n"
+    "|---|---|---|---|---|---|---|---|---|"
 )
 
 

@@ -242,3 +242,5 @@ def test_v1_math_trains_both_roles_for_two_steps(tmp_path: Path) -> None:
     # 4 candidates + 6 verification calls per episode, each its own trajectory and sequence.
     assert all(row["train/sequences"] == 10 * row["episodes"] for row in rows), rows
     assert "advantage/generate/mean" in rows[-1]
+    assert all(0.0 <= row["signal/v1/winner_correct"] <= row["signal/v1/pass_at_n"] <= 1.0 for row in rows)
+    assert all(row["signal/v1/verify_calls"] == 6.0 for row in rows)
