@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from rllm_cookbook_v1_math import v1_math_evaluator, v1_math_flow
 
+from rllm.algos import AlgorithmConfig, filter_groups, group_trajectories
 from rllm.engine.evaluation import evaluate
 from rllm.engine.launch import build_trainer
 from rllm.engine.metrics_log import read_metrics
@@ -36,7 +37,7 @@ from rllm.sdk.v1 import (
     parse_verdict,
     run_tournament,
 )
-from rllm.types import Task
+from rllm.types import Episode, Task, from_json
 
 P, BIAS, PER_KIND = 0.8, 0.5, 40
 KINDS = ("fair", "biased", "agree")
@@ -215,6 +216,14 @@ async def test_v1_math_eval_finds_the_correct_candidate_and_rewards_both_roles(t
                 assert t["name"] == "verify" + NO_SIGNAL_SUFFIX and t["reward"] == 0.0
             else:
                 assert t["name"] == "verify" and t["reward"] == want
+
+    # The filter drops every no-signal group and keeps the candidates' groups (their rewards differ).
+    lines = (tmp_path / "episodes.jsonl").read_bytes().splitlines()
+    groups = group_trajectories([from_json(line, Episode) for line in lines])
+    kept, _ = filter_groups(groups, AlgorithmConfig(estimator_by_role={"generate": "grpo", "verify": "grpo"}))
+    names = {g.name for g in kept}
+    assert "verify" + NO_SIGNAL_SUFFIX not in names and "generate" in names
+    assert all(len(g.trajectories) == 4 for g in kept if g.name == "generate")
 
 
 @pytest.mark.slow
