@@ -7,7 +7,7 @@ import json
 import openai
 import pytest
 
-from rllm.engine.evaluation import evaluate, load_dataset, read_results
+from rllm.engine.evaluation import AttemptResult, TaskResult, evaluate, load_dataset, read_results, summarize
 from rllm.gateway.testing import MockUpstream
 from rllm.sdk import AgentConfig, Task, evaluator, final_answer, rollout
 from rllm.sdk.rewards import math_reward
@@ -106,3 +106,18 @@ def test_load_dataset_validates_rows(tmp_path):
 async def test_evaluate_needs_exactly_one_endpoint(tmp_path):
     with pytest.raises(ValueError, match="exactly one"):
         await evaluate(DATASET, sync_solver, math_eval, output_dir=tmp_path)
+
+
+def test_summary_averages_each_signal_over_the_attempts_that_report_it():
+    def attempt(i: int, signals: dict[str, float]) -> AttemptResult:
+        return AttemptResult(
+            rollout_index=i, reward=0.0, is_correct=False, termination_reason="done", signals=signals
+        )
+
+    rows = [
+        TaskResult(
+            "a", [attempt(0, {"v1/winner_correct": 1.0, "calls": 6.0}), attempt(1, {"calls": 4.0})], 0, 0.0
+        ),
+        TaskResult("b", [attempt(0, {"v1/winner_correct": 0.0})], 0, 0.0),
+    ]
+    assert summarize(rows, attempts=2).signals == {"calls": 5.0, "v1/winner_correct": 0.5}

@@ -16,7 +16,7 @@ from rllm.engine.rollout_engine import RolloutEngine
 from rllm.gateway import GatewayConfig
 from rllm.gateway.testing import MockUpstream
 from rllm.sdk import AgentConfig, EvalOutput, Task, evaluator, final_answer, role_url, rollout
-from rllm.types import TerminationReason
+from rllm.types import Episode, TerminationReason, Trajectory
 
 JUDGE_MARKER = "You are the judge."  # the scripted upstream (conftest) answers it with a verdict
 
@@ -372,3 +372,10 @@ async def test_flow_returning_unsupported_type_is_agent_error(gateway, bad):
         (ep,) = await eng.run(tasks(1))
     assert ep.termination_reason == TerminationReason.AGENT_ERROR
     assert ep.error.type == "FlowReturnError"
+
+
+def test_trajectory_rewards_by_id_win_over_the_role_name():
+    a, b, judge = Trajectory(name="gen"), Trajectory(name="gen"), Trajectory(name="judge")
+    episode = Episode(task_id="t", trajectories=[a, b, judge])
+    RolloutEngine._apply(episode, EvalOutput(reward=0.25, trajectory_rewards={a.id: 1.0, "gen": 0.5}))
+    assert (a.reward, b.reward, judge.reward) == (1.0, 0.5, 0.25)

@@ -38,6 +38,8 @@ class AttemptResult(msgspec.Struct, omit_defaults=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     latency_s: float = 0.0
+    # The evaluator's signals (EvalOutput.signals), e.g. rllm.sdk.v1's "v1/winner_correct".
+    signals: dict[str, float] = msgspec.field(default_factory=dict)
 
 
 class TaskResult(msgspec.Struct, omit_defaults=True):
@@ -63,6 +65,8 @@ class EvalSummary(msgspec.Struct):
     termination: dict[str, int]
     resumed_tasks: int = 0
     wall_s: float = 0.0
+    # Mean of each evaluator signal over the attempts that reported it.
+    signals: dict[str, float] = msgspec.field(default_factory=dict)
 
 
 def attempt_result(episode: Episode) -> AttemptResult:
@@ -82,6 +86,7 @@ def attempt_result(episode: Episode) -> AttemptResult:
         prompt_tokens=int(episode.metrics.get("prompt_tokens", 0)),
         completion_tokens=int(episode.metrics.get("completion_tokens", 0)),
         latency_s=float(episode.metrics.get("rollout_s", 0.0)),
+        signals={k[7:]: float(v) for k, v in episode.metrics.items() if k.startswith("signal/")},
     )
 
 
@@ -151,7 +156,16 @@ def summarize(
         termination=termination,
         resumed_tasks=resumed,
         wall_s=wall_s,
+        signals=_signal_means(flat),
     )
+
+
+def _signal_means(attempts: list[AttemptResult]) -> dict[str, float]:
+    values: dict[str, list[float]] = {}
+    for attempt in attempts:
+        for name, value in attempt.signals.items():
+            values.setdefault(name, []).append(value)
+    return {name: math.fsum(v) / len(v) for name, v in sorted(values.items())}
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:

@@ -467,7 +467,8 @@ class RolloutEngine:
         episode.is_correct = output.is_correct
         overrides = output.trajectory_rewards or {}
         for trajectory in episode.trajectories:
-            trajectory.reward = overrides.get(trajectory.name, output.reward)
+            # By trajectory id first: a flow with many calls per role rewards each one on its own.
+            trajectory.reward = overrides.get(trajectory.id, overrides.get(trajectory.name, output.reward))
             if output.signals:
                 trajectory.signals.extend(output.signals)
         episode.metrics["reward"] = output.reward

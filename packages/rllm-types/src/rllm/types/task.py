@@ -63,7 +63,9 @@ class EvalOutput(msgspec.Struct, omit_defaults=True):
     """An evaluator's verdict on one episode.
 
     ``trajectory_rewards`` maps a role name to its own reward, for flows whose roles are
-    scored separately (e.g. a judge rewarded for agreeing with the ground truth).
+    scored separately (e.g. a judge rewarded for agreeing with the ground truth). A key may also
+    be one trajectory's id, which wins over its role name (several trajectories of one role
+    rewarded one by one, as in ``rllm.sdk.v1``).
     """
 
     reward: float
