@@ -11,11 +11,11 @@ from typing import Any
 
 import torch
 from tensordict import TensorDict
+
+from rllm.backends.verl.loss import OLD_LOG_PROBS, REF_LOG_PROBS, RllmPolicyLoss
 from verl import DataProto
 from verl.utils import tensordict_utils as tu
 from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
-
-from rllm.backends.verl.loss import OLD_LOG_PROBS, REF_LOG_PROBS, RllmPolicyLoss
 
 
 def _resolve(result: Any) -> TensorDict:

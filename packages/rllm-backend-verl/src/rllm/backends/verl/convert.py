@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from verl import DataProto
 
 from rllm.engine.backend import TrainSequence
+from verl import DataProto
 
 # TrainSequence.metadata keys passed through to DataProto.non_tensor_batch.
 MULTI_MODAL_KEY = "multi_modal_inputs"  # Qwen-VL style processor outputs (pixel_values, image_grid_thw…)
@@ -83,15 +83,23 @@ def _prompt_length(seq: TrainSequence, index: int) -> int:
         raise BatchConversionError(f"{where}: loss_mask must hold only 0 and 1")
     first = next((i for i, value in enumerate(seq.loss_mask) if value), None)
     if first == 0:
-        raise BatchConversionError(f"{where}: its first token is trained, but a token needs context to be predicted")
+        raise BatchConversionError(
+            f"{where}: its first token is trained, but a token needs context to be predicted"
+        )
     # A sequence with no sampled token still has to form a row: its last token becomes a masked response.
     return n - 1 if first is None else first
 
 
-def _positions(seq: TrainSequence, row: int, split: int, prompt_width: int, response_width: int) -> torch.Tensor:
+def _positions(
+    seq: TrainSequence, row: int, split: int, prompt_width: int, response_width: int
+) -> torch.Tensor:
     n = len(seq.tokens)
     given = seq.metadata.get(POSITION_IDS_KEY)
-    ids = torch.arange(n, dtype=torch.int64)[None, :] if given is None else torch.as_tensor(given, dtype=torch.int64)
+    ids = (
+        torch.arange(n, dtype=torch.int64)[None, :]
+        if given is None
+        else torch.as_tensor(given, dtype=torch.int64)
+    )
     if ids.dim() != 2 or ids.shape[1] != n:
         raise BatchConversionError(
             f"sequence {row}: metadata[{POSITION_IDS_KEY!r}] must have shape [channels, {n}], got {list(ids.shape)}"

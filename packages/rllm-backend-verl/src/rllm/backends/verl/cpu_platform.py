@@ -15,6 +15,7 @@ from types import ModuleType
 from typing import Any
 
 import torch
+
 from verl.plugin.platform.platform_base import PlatformBase
 from verl.plugin.platform.platform_manager import PlatformRegistry
 
@@ -152,7 +153,10 @@ def _register_fsdp_engines_for_cpu() -> None:
     from verl.workers.engine.base import EngineRegistry
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead, FSDPEngineWithValueHead
 
-    for model_type, engine in (("language_model", FSDPEngineWithLMHead), ("value_model", FSDPEngineWithValueHead)):
+    for model_type, engine in (
+        ("language_model", FSDPEngineWithLMHead),
+        ("value_model", FSDPEngineWithValueHead),
+    ):
         for backend in ("fsdp", "fsdp2"):
             if CPU_PLATFORM not in EngineRegistry._engines.get(model_type, {}).get(backend, {}):
                 EngineRegistry.register(model_type=model_type, backend=backend, device=CPU_PLATFORM)(engine)

@@ -17,11 +17,11 @@ from typing import Any
 import msgspec
 import torch
 from tensordict import TensorDict
-from verl.utils import tensordict_utils as tu
-from verl.workers.utils.padding import no_padding_2_padding
 
 from rllm.algos.config import AlgorithmConfig
 from rllm.algos.losses import compute_policy_loss
+from verl.utils import tensordict_utils as tu
+from verl.workers.utils.padding import no_padding_2_padding
 
 # Per-token fields of the batch the loss reads, besides the model's own log-probs.
 OLD_LOG_PROBS = "old_log_probs"
@@ -50,7 +50,11 @@ class RllmPolicyLoss:
         entropy = model_output.get("entropy")
         if entropy is not None:
             entropy = no_padding_2_padding(entropy, data)
-        present = [k for k in ("response_mask", "advantages", OLD_LOG_PROBS, REF_LOG_PROBS, ROLLOUT_LOG_PROBS) if k in data]
+        present = [
+            k
+            for k in ("response_mask", "advantages", OLD_LOG_PROBS, REF_LOG_PROBS, ROLLOUT_LOG_PROBS)
+            if k in data
+        ]
         fields = data.select(*present).to_padded_tensor()
         dp_size = float(data["dp_size"])
         num_sequences = tu.get_non_tensor_data(data=data, key="global_batch_size", default=None)
