@@ -62,23 +62,38 @@ def update_policy(
         if ref is None:
             raise ValueError("kl_coef > 0 needs a reference policy worker")
         data.batch[REF_LOG_PROBS] = compute_log_probs(ref, data)["log_probs"]
+    td = prepare_update(data, loss, mini_batches=mini_batches, epochs=epochs, shuffle=shuffle, seed=seed)
+    output = _resolve(actor.train_mini_batch(td))
+    return _flatten_metrics(tu.get(output, "metrics"))
+
+
+def prepare_update(
+    data: DataProto,
+    loss: RllmPolicyLoss,
+    *,
+    mini_batches: int = 1,
+    epochs: int = 1,
+    shuffle: bool = False,
+    seed: int = 0,
+) -> TensorDict:
+    """The TensorDict ``train_mini_batch`` takes: verl's no-padding layout plus the update's shape."""
     size = len(data)
     if size % mini_batches:
         raise ValueError(f"batch of {size} sequences does not split into {mini_batches} equal mini-batches")
-    trained = data.batch["response_mask"].sum(-1) > 0
     td = _padded_view(data)
     tu.assign_non_tensor(
         td,
         calculate_entropy=loss.needs_entropy,
-        global_batch_size=max(int(trained.sum().item()) // mini_batches, 1),
+        # seq-mean denominators: the sequences of one mini-batch (every TrainSequence the engine
+        # builds has sampled tokens, so all of them count, as in rllm.algos).
+        global_batch_size=size // mini_batches,
         mini_batch_size=size // mini_batches,
         epochs=epochs,
         seed=seed,
         dataloader_kwargs={"shuffle": shuffle},
         compute_loss=True,
     )
-    output = _resolve(actor.train_mini_batch(td))
-    return _flatten_metrics(tu.get(output, "metrics"))
+    return td
 
 
 def _flatten_metrics(metrics: dict[str, Any]) -> dict[str, float]:

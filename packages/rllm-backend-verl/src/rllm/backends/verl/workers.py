@@ -76,6 +76,12 @@ def training_worker_config(config: VerlBackendConfig, *, forward_only: bool = Fa
             dtype="float32"
             if cpu
             else {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[f.mixed_precision],
+            # The CPU computes in fp32: bf16 matmuls there are slow and round the log-probs.
+            mixed_precision={
+                "param_dtype": "fp32" if cpu else f.mixed_precision,
+                "reduce_dtype": "fp32",
+                "buffer_dtype": "fp32",
+            },
             use_torch_compile=False,
             **batching,
         )
