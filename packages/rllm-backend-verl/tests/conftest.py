@@ -12,7 +12,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))  # verl_helpers.py (importlib mode adds no test dirs)
 
 collect_ignore_glob = (
-    [] if importlib.util.find_spec("verl") else ["test_verl_engine_*.py", "test_verl_convert.py"]
+    []
+    if importlib.util.find_spec("verl")
+    else ["test_verl_engine_*.py", "test_verl_convert.py", "test_verl_trainer_config.py"]
 )
 
 

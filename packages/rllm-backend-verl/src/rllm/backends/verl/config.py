@@ -90,6 +90,9 @@ class VerlBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     megatron: MegatronOptions = msgspec.field(default_factory=MegatronOptions)
     lora: LoraOptions = msgspec.field(default_factory=LoraOptions)
     optim: OptimOptions = msgspec.field(default_factory=OptimOptions)
+    # The backend-neutral name cookbooks' train_defaults use (as on the tinker backend); when
+    # set it is the learning rate, and optim.lr is ignored.
+    learning_rate: float | None = None
     rollout: RolloutOptions = msgspec.field(default_factory=RolloutOptions)
     # How one train_step is cut: ``mini_batches`` optimizer steps per epoch, ``ppo_epochs`` epochs,
     # each mini-batch in micro-batches of ``micro_batch_size_per_gpu`` sequences (or, with
@@ -105,6 +108,10 @@ class VerlBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     @property
     def world_size(self) -> int:
         return self.cluster.nnodes * self.cluster.gpus_per_node
+
+    @property
+    def lr(self) -> float:
+        return self.optim.lr if self.learning_rate is None else self.learning_rate
 
     def resolved_attn_implementation(self) -> str:
         if self.attn_implementation:
@@ -128,13 +135,12 @@ def parse_config(options: VerlBackendConfig | Mapping[str, Any] | None) -> VerlB
 def _dotted(message: str) -> str:
     """msgspec says "... - at `$.rollout.engine`"; we say "backend.options.rollout.engine: ..."."""
     match = re.search(r" - at `\$((?:\.\w+|\[\d+\])*)`$", message)
-    if not match:
-        return f"{PREFIX}: {message}"
-    key = PREFIX + match.group(1)
-    unknown = re.match(r"Object contains unknown field `(\w+)`", message)
+    key = PREFIX + (match.group(1) if match else "")
+    text = message[: match.start()] if match else message
+    unknown = re.match(r"Object contains unknown field `(\w+)`", text)
     if unknown:
         return f"{key}.{unknown.group(1)}: unknown option"
-    return f"{key}: {message[: match.start()]}"
+    return f"{key}: {text}"
 
 
 def check(config: VerlBackendConfig) -> None:
@@ -186,11 +192,8 @@ def check(config: VerlBackendConfig) -> None:
         f"tensor x pipeline x context parallel sizes ({model_parallel}) must divide the {world} GPUs",
     )
     need(config.lora.rank >= 0, "lora.rank", f"must be >= 0, got {config.lora.rank}")
-    need(
-        config.optim.lr > 0 and math.isfinite(config.optim.lr),
-        "optim.lr",
-        f"must be a finite number > 0, got {config.optim.lr}",
-    )
+    lr_key = "optim.lr" if config.learning_rate is None else "learning_rate"
+    need(config.lr > 0 and math.isfinite(config.lr), lr_key, f"must be a finite number > 0, got {config.lr}")
     need(config.optim.grad_clip >= 0, "optim.grad_clip", f"must be >= 0, got {config.optim.grad_clip}")
     for key in (
         "mini_batches",

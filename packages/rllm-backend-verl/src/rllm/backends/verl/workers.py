@@ -59,7 +59,7 @@ def training_worker_config(config: VerlBackendConfig, *, forward_only: bool = Fa
             **batching,
         )
         optimizer: Any = McoreOptimizerConfig(
-            lr=optim.lr,
+            lr=config.lr,
             weight_decay=optim.weight_decay,
             clip_grad=optim.grad_clip,
             lr_warmup_steps=optim.warmup_steps,
@@ -86,7 +86,7 @@ def training_worker_config(config: VerlBackendConfig, *, forward_only: bool = Fa
             **batching,
         )
         optimizer = FSDPOptimizerConfig(
-            lr=optim.lr,
+            lr=config.lr,
             weight_decay=optim.weight_decay,
             clip_grad=optim.grad_clip,
             lr_warmup_steps=optim.warmup_steps,
