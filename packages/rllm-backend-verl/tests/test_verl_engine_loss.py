@@ -11,8 +11,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 import torch
-from conftest import cpu_config
-from verl_helpers import reference_log_probs, sequence
+from verl_helpers import cpu_config, reference_log_probs, sequence
 
 from rllm.algos import AlgorithmConfig
 from rllm.algos.config import AGGREGATIONS, LOSSES

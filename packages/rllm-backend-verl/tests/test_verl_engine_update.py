@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import cpu_config
-from verl_helpers import sequence
+from verl_helpers import cpu_config, sequence
 
 from rllm.algos import AlgorithmConfig
 from rllm.backends.verl.actor import compute_log_probs, update_policy

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from rllm.engine.backend import TrainSequence
@@ -44,3 +46,17 @@ def reference_log_probs(
     log_probs = log_softmax.gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
     entropy = -(log_softmax.exp() * log_softmax).sum(-1)
     return log_probs, entropy
+
+
+def cpu_config(model: Path, **options: object):
+    """A one-rank CPU config for verl's engine (micro-batches of 2, so a batch of 4 splits)."""
+    from rllm.backends.verl.config import parse_config
+
+    base = {
+        "model": str(model),
+        "cluster": {"device": "cpu"},
+        "gradient_checkpointing": False,
+        "micro_batch_size_per_gpu": 2,
+        "log_prob_micro_batch_size_per_gpu": 2,
+    }
+    return parse_config({**base, **options})

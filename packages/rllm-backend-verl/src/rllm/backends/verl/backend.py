@@ -55,6 +55,11 @@ class VerlBackend:
         algo.validate()
         if not self.config.model:
             raise ValueError("backend.options.model: name the policy model (a local path or hub name)")
+        if self.config.cluster.device == "cpu":
+            raise ValueError(
+                "backend.options.cluster.device: 'cpu' runs verl's training engine in-process only "
+                "(tests); training through the backend needs GPUs for verl's rollout servers"
+            )
         self._algo = algo
 
     async def start(self) -> None:
