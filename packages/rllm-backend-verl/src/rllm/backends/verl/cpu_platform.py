@@ -40,6 +40,8 @@ class _CPUDeviceModule(ModuleType):
             return lambda *args, **kwargs: None
         if name == "mem_get_info":
             return _mem_get_info
+        if name in ("get_rng_state", "set_rng_state"):  # the CPU generator is torch's default one
+            return getattr(torch, name)
         if name == "get_device_name":
             return lambda *args, **kwargs: "CPU"  # verl's FLOPs table knows it (for its MFU metric)
         raise AttributeError(f"the CPU device module has no {name!r}")
