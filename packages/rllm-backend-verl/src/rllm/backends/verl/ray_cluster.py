@@ -109,10 +109,11 @@ class RayCluster:
     async def sync_weights(self, version: int) -> None:
         """verl's checkpoint engine pushes the actor's weights to every replica and wakes them."""
         from verl.checkpoint_engine import CheckpointEngineManager
+        from verl.utils.config import omega_conf_to_dataclass
 
         if self._checkpoints is None:
             self._checkpoints = CheckpointEngineManager(
-                config=self.verl_config.actor_rollout_ref.rollout.checkpoint_engine,
+                config=omega_conf_to_dataclass(self.verl_config.actor_rollout_ref.rollout.checkpoint_engine),
                 actor_wg=self.group,
                 replicas=self.replicas,
             )
