@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from verl import DataProto
 from verl_helpers import sequence
 
@@ -109,3 +111,42 @@ def test_a_sequence_without_sampled_tokens_still_forms_a_masked_row() -> None:
     data = to_data_proto([sequence([1, 2, 3], [0, 0, 0], 0.0)], pad_token_id=PAD)
     assert data.batch["prompts"].tolist() == [[1, 2]]
     assert data.batch["response_mask"].tolist() == [[0]]
+
+
+@st.composite
+def train_sequences(draw):
+    """Sequences as the engine builds them: context, then sampled spans with observations between."""
+    n = draw(st.integers(1, 6))
+    out = []
+    for index in range(n):
+        prompt = draw(st.integers(1, 5))
+        spans = draw(st.lists(st.tuples(st.integers(1, 4), st.integers(0, 3)), min_size=0, max_size=3))
+        mask = [0] * prompt
+        for sampled, observed in spans:
+            mask += [1] * sampled + [0] * observed
+        if len(mask) < 2:
+            mask.append(0)
+        tokens = draw(st.lists(st.integers(1, 999), min_size=len(mask), max_size=len(mask)))
+        out.append(sequence(tokens, mask, draw(st.sampled_from([-1.0, 0.5, 2.0])), f"g{index % 2}"))
+    return out
+
+
+@settings(max_examples=80, deadline=None)
+@given(train_sequences())
+def test_rows_give_back_every_sequence_token_for_token(batch) -> None:
+    data = to_data_proto(batch, pad_token_id=PAD)
+    width = data.batch["prompts"].shape[1]
+    for row, seq in enumerate(batch):
+        attention = data.batch["attention_mask"][row].bool()
+        assert data.batch["input_ids"][row][attention].tolist() == list(seq.tokens)
+        assert data.batch["position_ids"][row][attention].tolist() == list(range(len(seq.tokens)))
+        assert data.batch["position_ids"][row][~attention].eq(0).all()
+        start = int((~attention[:width]).sum())  # left padding of the prompt
+        split = width - start
+        response = slice(0, len(seq.tokens) - split)
+        assert data.batch["response_mask"][row][response].tolist() == [int(m) for m in seq.loss_mask[split:]]
+        assert data.batch["response_mask"][row][len(seq.tokens) - split :].eq(0).all()
+        assert data.batch["advantages"][row][response].tolist() == list(seq.advantages[split:])
+        assert data.batch["rollout_log_probs"][row][response].tolist() == list(seq.sampler_logprobs[split:])
+        # no sampled token is lost to the prompt side
+        assert sum(seq.loss_mask[:split]) == 0
