@@ -57,3 +57,15 @@ def test_cross_entropy_loss_goes_down(worker) -> None:
         for _ in range(5)
     ]
     assert losses[-1] < losses[0] * 0.8, losses
+
+
+def test_lora_adapters_train_through_verls_peft_path(tiny_model_path) -> None:
+    lora = local_training_worker(
+        cpu_config(tiny_model_path, optim={"lr": 5e-2}, lora={"rank": 4, "alpha": 8}, mini_batches=1)
+    )
+    loss = RllmPolicyLoss(AlgorithmConfig(loss="cross_entropy"))
+    lora.set_loss_fn(loss)
+    trainable = [name for name, p in lora.engine.module.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in name for name in trainable)
+    losses = [update_policy(lora, to_data_proto(BATCH, pad_token_id=0), loss)["actor/loss"] for _ in range(5)]
+    assert losses[-1] < losses[0], losses
