@@ -82,7 +82,7 @@ def test_multi_node_options_parse() -> None:
 def test_the_entry_point_is_the_backend_and_validation_precedes_ray() -> None:
     assert backend_class("verl") is VerlBackend
     backend = VerlBackend({"model": "/models/x"}, micro_batch_size_per_gpu=2)
-    assert backend.config.micro_batch_size_per_gpu == 2 and backend.served_model_name() == "x"
+    assert backend.config.micro_batch_size_per_gpu == 2 and backend.served_model_name() == "/models/x"
     backend.validate(AlgorithmConfig(loss="gspo", tis="token", kl_coef=0.1))
     with pytest.raises(ValueError, match=r"backend\.options\.model"):
         VerlBackend({}).validate(AlgorithmConfig())

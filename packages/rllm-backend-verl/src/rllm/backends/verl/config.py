@@ -80,7 +80,9 @@ class RolloutOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 class VerlBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str = ""  # local path or hub name of the policy
-    served_model_name: str = ""  # defaults to the model path's last component
+    served_model_name: str = (
+        ""  # the model name agents send; default: ``model`` (what verl's servers answer to)
+    )
     seed: int = 0
     strategy: Literal["fsdp", "fsdp2", "megatron"] = "fsdp2"
     attn_implementation: str = ""  # "" = flash_attention_2 on GPUs, sdpa on the CPU

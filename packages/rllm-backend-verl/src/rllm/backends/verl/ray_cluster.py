@@ -86,6 +86,8 @@ class RayCluster:
             for rank in range(count)
         ]
         await asyncio.gather(*(replica.init_hybrid(self.group) for replica in self.replicas))
+        # verl starts the servers with dummy weights (rollout.load_format); serve the real ones.
+        await self.sync_weights(0)
 
     def set_loss(self, algo: AlgorithmConfig) -> None:
         self.algo = algo
