@@ -1,0 +1,148 @@
+"""VerlBackend: the ``verl`` entry point of ``rllm.backends`` (``rllm train NAME --backend verl``).
+
+Options are parsed and checked when the backend is built, before Ray starts; every error names
+its ``backend.options`` key. ``start`` brings up verl's workers and rollout servers (ray_cluster);
+``train_step`` turns the Trainer's TrainSequences into a DataProto and runs one update with
+rllm.algos' loss inside verl's engine; ``sync_weights`` uses verl's checkpoint engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from rllm.algos.config import AlgorithmConfig
+from rllm.backends.verl.config import VerlBackendConfig, parse_config
+from rllm.engine.backend import TrainSequence
+
+STATE_FILE = "rllm_verl_state.json"
+
+
+class VerlBackend:
+    """Implements rllm.engine's Backend protocol on verl (Ray, FSDP/Megatron, vLLM/SGLang)."""
+
+    name = "verl"
+
+    def __init__(
+        self, options: VerlBackendConfig | Mapping[str, Any] | None = None, **overrides: Any
+    ) -> None:
+        config = parse_config(options)
+        if overrides:
+            config = parse_config({**msgspec.to_builtins(config), **overrides})
+        self.config = config
+        self._algo: AlgorithmConfig | None = None
+        self._cluster: Any = None
+        self._version = 0
+        self._step = 0
+        self._pad_id: int | None = None
+
+    @staticmethod
+    def init_tiny_model(path: str | Path, vocab_words: Iterable[str] = (), seed: int = 0) -> Path:
+        """A tiny random Llama (head_dim 64, servable by vLLM) + word-level tokenizer."""
+        from rllm.backends.verl.tiny import init_tiny_model
+
+        return init_tiny_model(path, vocab_words=vocab_words, seed=seed)
+
+    # Backend protocol ------------------------------------------------------------------------
+    def validate(self, algo: AlgorithmConfig) -> None:
+        """Every rLLM algorithm option is honoured: the loss is rllm.algos' own code running inside
+        verl's engine. Only the model must be named (before Ray starts)."""
+        algo.validate()
+        if not self.config.model:
+            raise ValueError("backend.options.model: name the policy model (a local path or hub name)")
+        if self.config.cluster.device == "cpu":
+            raise ValueError(
+                "backend.options.cluster.device: 'cpu' runs verl's training engine in-process only "
+                "(tests); training through the backend needs GPUs for verl's rollout servers"
+            )
+        self._algo = algo
+
+    async def start(self) -> None:
+        from rllm.backends.verl.ray_cluster import RayCluster
+
+        if self._algo is None:
+            raise RuntimeError(
+                "VerlBackend.start: call validate(algo) first (it decides whether a reference policy runs)"
+            )
+        self._cluster = RayCluster(self.config, self._algo)
+        await self._cluster.start()
+
+    def _started(self) -> Any:
+        if self._cluster is None:
+            raise RuntimeError("VerlBackend is not started: await backend.start() first")
+        return self._cluster
+
+    def inference_urls(self) -> list[str]:
+        return self._started().inference_urls()
+
+    def served_model_name(self) -> str:
+        # verl starts vLLM/SGLang without --served-model-name, so they answer to the model path.
+        return self.config.served_model_name or self.config.model
+
+    def tokenizer_path(self) -> str | None:
+        return self.config.model if Path(self.config.model).is_dir() else None
+
+    async def train_step(self, batch: list[TrainSequence], algo: AlgorithmConfig) -> dict[str, float]:
+        from rllm.backends.verl.actor import update_policy
+        from rllm.backends.verl.convert import to_data_proto
+        from rllm.backends.verl.loss import RllmPolicyLoss
+
+        cluster = self._started()
+        if algo != cluster.algo:
+            cluster.set_loss(algo)
+        await cluster.release_rollout_memory()
+        data = to_data_proto(batch, pad_token_id=self._pad_token_id())
+        metrics = await asyncio.to_thread(
+            update_policy,
+            cluster.actor(),
+            data,
+            RllmPolicyLoss(algo),
+            ref=cluster.reference(),
+            mini_batches=self.config.mini_batches,
+            epochs=self.config.ppo_epochs,
+            shuffle=self.config.shuffle,
+            seed=self.config.seed + self._step,
+        )
+        self._step += 1
+        return metrics
+
+    async def sync_weights(self) -> int:
+        self._version += 1
+        await self._started().sync_weights(self._version)
+        return self._version
+
+    async def save_checkpoint(self, path: Path) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(self._started().save_checkpoint, str(path), self._version)
+        state = {"weight_version": self._version, "train_steps": self._step}
+        (path / STATE_FILE).write_text(json.dumps(state))
+
+    async def load_checkpoint(self, path: Path) -> None:
+        path = Path(path)
+        state_file = path / STATE_FILE
+        if not state_file.is_file():
+            raise FileNotFoundError(f"{path}: not a verl backend checkpoint (no {STATE_FILE})")
+        await asyncio.to_thread(self._started().load_checkpoint, str(path))
+        state = json.loads(state_file.read_text())
+        # The Trainer syncs the restored weights to the samplers next, as a new version.
+        self._version, self._step = int(state["weight_version"]), int(state["train_steps"])
+
+    async def close(self) -> None:
+        if self._cluster is not None:
+            self._cluster.close()
+            self._cluster = None
+
+    def _pad_token_id(self) -> int:
+        if self._pad_id is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(self.config.model)
+            pad = tokenizer.pad_token_id
+            self._pad_id = int(pad if pad is not None else tokenizer.eos_token_id)
+        return self._pad_id

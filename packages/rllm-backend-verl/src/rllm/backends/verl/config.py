@@ -1,0 +1,213 @@
+"""VerlBackendConfig: the typed ``backend.options`` of the verl backend, checked before Ray starts.
+
+Every error names the dotted key under ``backend.options`` that is wrong, so a config file or a
+``backend.options.x.y=...`` override can be fixed without reading a Ray traceback.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import msgspec
+
+PREFIX = "backend.options"
+
+
+class BackendOptionsError(ValueError):
+    """A ``backend.options`` value the verl backend cannot use; the message names its dotted key."""
+
+
+class ClusterOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Where the workers run. ``ray_address`` "" starts a Ray instance inside this process
+    (single node); "auto" joins the cluster this node belongs to (``ray start`` ran here);
+    "HOST:6379" or "ray://HOST:10001" joins a remote head."""
+
+    nnodes: int = 1
+    gpus_per_node: int = 1
+    ray_address: str = ""
+    device: Literal["cuda", "cpu"] = "cuda"
+
+
+class FSDPOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    fsdp_size: int = -1  # -1: shard over every GPU; otherwise HSDP groups of this size
+    ulysses_sequence_parallel_size: int = 1
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    model_dtype: Literal["fp32", "bf16"] = "fp32"  # master weights
+    mixed_precision: Literal["bf16", "fp16", "fp32"] = "bf16"  # compute dtype
+
+
+class MegatronOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Passed to verl's Megatron engine (strategy = "megatron", needs megatron-core)."""
+
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    context_parallel_size: int = 1
+    expert_model_parallel_size: int = 1
+    sequence_parallel: bool = True
+    param_offload: bool = False
+    optimizer_offload: bool = False
+
+
+class LoraOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    rank: int = 0  # 0: full fine-tuning
+    alpha: int = 16
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+
+
+class OptimOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    warmup_steps: int = 0
+
+
+class RolloutOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """verl's async rollout servers; each replica is one OpenAI-compatible gateway upstream."""
+
+    engine: Literal["vllm", "sglang"] = "vllm"
+    tensor_model_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.5
+    max_model_len: int = 4096
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    enforce_eager: bool = False
+    free_cache_engine: bool = True  # release the KV cache while the trainer runs (hybrid engine)
+
+
+class VerlBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    model: str = ""  # local path or hub name of the policy
+    served_model_name: str = (
+        ""  # the model name agents send; default: ``model`` (what verl's servers answer to)
+    )
+    seed: int = 0
+    strategy: Literal["fsdp", "fsdp2", "megatron"] = "fsdp2"
+    attn_implementation: str = ""  # "" = flash_attention_2 on GPUs, sdpa on the CPU
+    gradient_checkpointing: bool = True
+    cluster: ClusterOptions = msgspec.field(default_factory=ClusterOptions)
+    fsdp: FSDPOptions = msgspec.field(default_factory=FSDPOptions)
+    megatron: MegatronOptions = msgspec.field(default_factory=MegatronOptions)
+    lora: LoraOptions = msgspec.field(default_factory=LoraOptions)
+    optim: OptimOptions = msgspec.field(default_factory=OptimOptions)
+    # The backend-neutral name cookbooks' train_defaults use (as on the tinker backend); when
+    # set it is the learning rate, and optim.lr is ignored.
+    learning_rate: float | None = None
+    rollout: RolloutOptions = msgspec.field(default_factory=RolloutOptions)
+    # How one train_step is cut: ``mini_batches`` optimizer steps per epoch, ``ppo_epochs`` epochs,
+    # each mini-batch in micro-batches of ``micro_batch_size_per_gpu`` sequences (or, with
+    # ``use_dynamic_bsz``, of at most ``max_token_len_per_gpu`` tokens).
+    mini_batches: int = 1
+    ppo_epochs: int = 1
+    shuffle: bool = False
+    micro_batch_size_per_gpu: int = 4
+    log_prob_micro_batch_size_per_gpu: int = 8
+    use_dynamic_bsz: bool = False
+    max_token_len_per_gpu: int = 16384
+
+    @property
+    def world_size(self) -> int:
+        return self.cluster.nnodes * self.cluster.gpus_per_node
+
+    @property
+    def lr(self) -> float:
+        return self.optim.lr if self.learning_rate is None else self.learning_rate
+
+    def resolved_attn_implementation(self) -> str:
+        if self.attn_implementation:
+            return self.attn_implementation
+        return "sdpa" if self.cluster.device == "cpu" else "flash_attention_2"
+
+
+def parse_config(options: VerlBackendConfig | Mapping[str, Any] | None) -> VerlBackendConfig:
+    """A checked config from a mapping (TOML/YAML/CLI overrides); errors name the dotted key."""
+    if isinstance(options, VerlBackendConfig):
+        config = options
+    else:
+        try:
+            config = msgspec.convert(dict(options or {}), VerlBackendConfig)
+        except msgspec.ValidationError as exc:
+            raise BackendOptionsError(_dotted(str(exc))) from exc
+    check(config)
+    return config
+
+
+def _dotted(message: str) -> str:
+    """msgspec says "... - at `$.rollout.engine`"; we say "backend.options.rollout.engine: ..."."""
+    match = re.search(r" - at `\$((?:\.\w+|\[\d+\])*)`$", message)
+    key = PREFIX + (match.group(1) if match else "")
+    text = message[: match.start()] if match else message
+    unknown = re.match(r"Object contains unknown field `(\w+)`", text)
+    if unknown:
+        return f"{key}.{unknown.group(1)}: unknown option"
+    return f"{key}: {text}"
+
+
+def check(config: VerlBackendConfig) -> None:
+    """Cross-field checks msgspec's types cannot express."""
+    errors: list[str] = []
+
+    def need(ok: bool, key: str, message: str) -> None:
+        if not ok:
+            errors.append(f"{PREFIX}.{key}: {message}")
+
+    c, r = config.cluster, config.rollout
+    need(c.nnodes >= 1, "cluster.nnodes", f"must be >= 1, got {c.nnodes}")
+    need(c.gpus_per_node >= 1, "cluster.gpus_per_node", f"must be >= 1, got {c.gpus_per_node}")
+    need(
+        c.device == "cuda" or c.nnodes == 1,
+        "cluster.device",
+        "device 'cpu' (verl's engine on the CPU) runs on one node only",
+    )
+    world = max(config.world_size, 1)
+    need(
+        r.tensor_model_parallel_size >= 1 and world % r.tensor_model_parallel_size == 0,
+        "rollout.tensor_model_parallel_size",
+        f"must be >= 1 and divide the {world} GPUs (nnodes x gpus_per_node), got {r.tensor_model_parallel_size}",
+    )
+    need(
+        0.0 < r.gpu_memory_utilization <= 1.0,
+        "rollout.gpu_memory_utilization",
+        f"must be in (0, 1], got {r.gpu_memory_utilization}",
+    )
+    for key in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
+        need(getattr(r, key) >= 1, f"rollout.{key}", f"must be >= 1, got {getattr(r, key)}")
+    sp = config.fsdp.ulysses_sequence_parallel_size
+    need(
+        sp >= 1 and world % sp == 0,
+        "fsdp.ulysses_sequence_parallel_size",
+        f"must be >= 1 and divide the {world} GPUs, got {sp}",
+    )
+    fsdp_size = config.fsdp.fsdp_size
+    need(
+        fsdp_size == -1 or (fsdp_size >= 1 and world % fsdp_size == 0),
+        "fsdp.fsdp_size",
+        f"must be -1 or divide the {world} GPUs, got {fsdp_size}",
+    )
+    m = config.megatron
+    model_parallel = m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size
+    need(
+        config.strategy != "megatron" or (model_parallel >= 1 and world % model_parallel == 0),
+        "megatron",
+        f"tensor x pipeline x context parallel sizes ({model_parallel}) must divide the {world} GPUs",
+    )
+    need(config.lora.rank >= 0, "lora.rank", f"must be >= 0, got {config.lora.rank}")
+    lr_key = "optim.lr" if config.learning_rate is None else "learning_rate"
+    need(config.lr > 0 and math.isfinite(config.lr), lr_key, f"must be a finite number > 0, got {config.lr}")
+    need(config.optim.grad_clip >= 0, "optim.grad_clip", f"must be >= 0, got {config.optim.grad_clip}")
+    for key in (
+        "mini_batches",
+        "ppo_epochs",
+        "micro_batch_size_per_gpu",
+        "log_prob_micro_batch_size_per_gpu",
+    ):
+        need(getattr(config, key) >= 1, key, f"must be >= 1, got {getattr(config, key)}")
+    need(
+        config.max_token_len_per_gpu >= 1,
+        "max_token_len_per_gpu",
+        f"must be >= 1, got {config.max_token_len_per_gpu}",
+    )
+    if errors:
+        raise BackendOptionsError("; ".join(errors))

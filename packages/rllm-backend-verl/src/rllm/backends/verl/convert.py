@@ -1,0 +1,133 @@
+"""TrainSequences → verl ``DataProto``: the batch layout verl's actor and ref workers read.
+
+verl splits every row into a left-padded prompt and a right-padded response. A TrainSequence is
+one token stream whose ``loss_mask`` marks the sampled tokens; its "prompt" is everything before
+the first sampled token and its "response" everything from there on, so the tool outputs and
+observations of later turns sit inside the response with ``response_mask`` 0 (verl's multi-turn
+layout). Position ids count real tokens only (padding gets 0), as verl's own rollouts write them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from rllm.engine.backend import TrainSequence
+from verl import DataProto
+
+# TrainSequence.metadata keys passed through to DataProto.non_tensor_batch.
+MULTI_MODAL_KEY = "multi_modal_inputs"  # Qwen-VL style processor outputs (pixel_values, image_grid_thw…)
+POSITION_IDS_KEY = "position_ids"  # [channels, len(tokens)] (mrope); default: 1-D count of tokens
+
+
+class BatchConversionError(ValueError):
+    """A TrainSequence cannot be laid out as a verl row; the message names the sequence."""
+
+
+def to_data_proto(batch: Sequence[TrainSequence], *, pad_token_id: int) -> DataProto:
+    """One DataProto row per sequence with every field verl's PPO actor needs.
+
+    Tensors: prompts, responses, input_ids, attention_mask, position_ids, response_mask,
+    advantages, rollout_log_probs. Non-tensors: uid (the group id), trajectory_id, role, and
+    ``multi_modal_inputs`` when any sequence carries them.
+    """
+    if not batch:
+        raise BatchConversionError("cannot convert an empty batch")
+    splits = [_prompt_length(seq, index) for index, seq in enumerate(batch)]
+    prompt_width = max(splits)
+    response_width = max(len(seq.tokens) - split for seq, split in zip(batch, splits, strict=True))
+    size = len(batch)
+    prompts = torch.full((size, prompt_width), pad_token_id, dtype=torch.int64)
+    responses = torch.full((size, response_width), pad_token_id, dtype=torch.int64)
+    attention = torch.zeros((size, prompt_width + response_width), dtype=torch.int64)
+    response_mask = torch.zeros((size, response_width), dtype=torch.int64)
+    advantages = torch.zeros((size, response_width), dtype=torch.float32)
+    rollout_log_probs = torch.zeros((size, response_width), dtype=torch.float32)
+    position_rows: list[torch.Tensor] = []
+    for row, (seq, split) in enumerate(zip(batch, splits, strict=True)):
+        tokens = torch.tensor(list(seq.tokens), dtype=torch.int64)
+        n_response = len(tokens) - split
+        prompts[row, prompt_width - split :] = tokens[:split]
+        responses[row, :n_response] = tokens[split:]
+        attention[row, prompt_width - split : prompt_width + n_response] = 1
+        response_mask[row, :n_response] = torch.tensor(list(seq.loss_mask[split:])).to(torch.int64)
+        advantages[row, :n_response] = torch.tensor(list(seq.advantages[split:]))
+        rollout_log_probs[row, :n_response] = torch.tensor(list(seq.sampler_logprobs[split:]))
+        position_rows.append(_positions(seq, row, split, prompt_width, response_width))
+    tensors = {
+        "prompts": prompts,
+        "responses": responses,
+        "input_ids": torch.cat([prompts, responses], dim=1),
+        "attention_mask": attention,
+        "position_ids": _stack_positions(position_rows),
+        "response_mask": response_mask,
+        "advantages": advantages,
+        "rollout_log_probs": rollout_log_probs,
+    }
+    return DataProto.from_dict(tensors=tensors, non_tensors=_non_tensors(batch))
+
+
+def _prompt_length(seq: TrainSequence, index: int) -> int:
+    """Tokens before the first sampled token (verl's prompt); validates the sequence on the way."""
+    n = len(seq.tokens)
+    where = f"sequence {index} (group {seq.group_id!r})"
+    for name in ("loss_mask", "advantages", "sampler_logprobs"):
+        if len(getattr(seq, name)) != n:
+            raise BatchConversionError(f"{where}: {name} has {len(getattr(seq, name))} values for {n} tokens")
+    if n < 2:
+        raise BatchConversionError(f"{where}: needs at least 2 tokens (a prompt and a response), got {n}")
+    if any(value not in (0.0, 1.0) for value in seq.loss_mask):
+        raise BatchConversionError(f"{where}: loss_mask must hold only 0 and 1")
+    first = next((i for i, value in enumerate(seq.loss_mask) if value), None)
+    if first == 0:
+        raise BatchConversionError(
+            f"{where}: its first token is trained, but a token needs context to be predicted"
+        )
+    # A sequence with no sampled token still has to form a row: its last token becomes a masked response.
+    return n - 1 if first is None else first
+
+
+def _positions(
+    seq: TrainSequence, row: int, split: int, prompt_width: int, response_width: int
+) -> torch.Tensor:
+    n = len(seq.tokens)
+    given = seq.metadata.get(POSITION_IDS_KEY)
+    ids = (
+        torch.arange(n, dtype=torch.int64)[None, :]
+        if given is None
+        else torch.as_tensor(given, dtype=torch.int64)
+    )
+    if ids.dim() != 2 or ids.shape[1] != n:
+        raise BatchConversionError(
+            f"sequence {row}: metadata[{POSITION_IDS_KEY!r}] must have shape [channels, {n}], got {list(ids.shape)}"
+        )
+    out = torch.zeros((ids.shape[0], prompt_width + response_width), dtype=torch.int64)
+    out[:, prompt_width - split : prompt_width + n - split] = ids
+    return out
+
+
+def _stack_positions(rows: list[torch.Tensor]) -> torch.Tensor:
+    channels = {row.shape[0] for row in rows}
+    if len(channels) != 1:
+        raise BatchConversionError(f"position ids mix channel counts {sorted(channels)} in one batch")
+    stacked = torch.stack(rows)
+    return stacked[:, 0, :] if channels == {1} else stacked  # [B, T], or [B, C, T] for mrope
+
+
+def _non_tensors(batch: Sequence[TrainSequence]) -> dict[str, np.ndarray]:
+    def column(values: list[Any]) -> np.ndarray:
+        out = np.empty(len(values), dtype=object)
+        out[:] = values
+        return out
+
+    non_tensors = {
+        "uid": column([seq.group_id for seq in batch]),
+        "trajectory_id": column([str(seq.metadata.get("trajectory_id", "")) for seq in batch]),
+        "role": column([str(seq.metadata.get("name", "")) for seq in batch]),
+    }
+    if any(MULTI_MODAL_KEY in seq.metadata for seq in batch):
+        non_tensors[MULTI_MODAL_KEY] = column([seq.metadata.get(MULTI_MODAL_KEY, {}) for seq in batch])
+    return non_tensors

@@ -1,0 +1,53 @@
+"""Our options composed into verl's own trainer config (its shipped Hydra schema)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rllm.algos import AlgorithmConfig
+from rllm.backends.verl.config import parse_config
+from rllm.backends.verl.trainer_config import compose_verl_config
+
+pytestmark = pytest.mark.verl
+
+
+def test_options_land_where_verl_reads_them() -> None:
+    config = parse_config(
+        {
+            "model": "/models/policy",
+            "cluster": {"nnodes": 2, "gpus_per_node": 8},
+            "rollout": {"engine": "sglang", "tensor_model_parallel_size": 2, "gpu_memory_utilization": 0.7},
+            "fsdp": {"param_offload": True, "optimizer_offload": True, "ulysses_sequence_parallel_size": 2},
+            "lora": {"rank": 16, "alpha": 32},
+            "micro_batch_size_per_gpu": 3,
+            "optim": {"lr": 2e-6},
+        }
+    )
+    verl = compose_verl_config(config, AlgorithmConfig(kl_coef=0.05))
+    arr = verl.actor_rollout_ref
+    assert arr.model.path == "/models/policy" and arr.model.lora_rank == 16 and arr.model.lora_alpha == 32
+    assert arr.model.override_config.attn_implementation == "flash_attention_2"
+    assert arr.rollout.name == "sglang" and arr.rollout.mode == "async"
+    assert arr.rollout.tensor_model_parallel_size == 2 and arr.rollout.gpu_memory_utilization == 0.7
+    assert arr.actor.fsdp_config.param_offload and arr.actor.fsdp_config.optimizer_offload
+    assert arr.actor.ulysses_sequence_parallel_size == 2
+    assert arr.actor.ppo_micro_batch_size_per_gpu == 3 and arr.actor.optim.lr == 2e-6
+    # KL is a term of rLLM's loss: verl's ref worker runs, verl's own KL term stays 0
+    assert arr.actor.use_kl_loss and arr.actor.kl_loss_coef == 0.0 and arr.actor.entropy_coeff == 0
+    assert verl.trainer.nnodes == 2 and verl.trainer.n_gpus_per_node == 8
+
+
+def test_megatron_settings_pass_through() -> None:
+    config = parse_config(
+        {
+            "model": "/m",
+            "strategy": "megatron",
+            "cluster": {"gpus_per_node": 8},
+            "megatron": {"tensor_model_parallel_size": 4, "pipeline_model_parallel_size": 2},
+        }
+    )
+    verl = compose_verl_config(config)
+    assert verl.actor_rollout_ref.actor.megatron.tensor_model_parallel_size == 4
+    assert verl.actor_rollout_ref.actor.megatron.pipeline_model_parallel_size == 2
+    assert verl.actor_rollout_ref.ref.megatron.tensor_model_parallel_size == 4
+    assert not verl.actor_rollout_ref.actor.use_kl_loss
