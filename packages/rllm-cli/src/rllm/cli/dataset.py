@@ -10,7 +10,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from rllm.cli.registry import ColumnMap, DatasetRegistry, read_local_file
+from rllm.cli.registry import ColumnMap, DatasetRegistry, hub_cache, read_local_file
 
 out = Console()
 err = Console(stderr=True)
@@ -117,7 +117,7 @@ def pull(
     """
     import datasets
 
-    data = datasets.load_dataset(hub_name, hub_config, split=hub_split or split)
+    data = datasets.load_dataset(hub_name, hub_config, split=hub_split or split, cache_dir=str(hub_cache()))
     columns = _column_map(instruction_column, ground_truth_column, id_column)
     local = name or hub_name.rsplit("/", 1)[-1]
     info = DatasetRegistry().add(local, f"hf:{hub_name}", split, columns, data)

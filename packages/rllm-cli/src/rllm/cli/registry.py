@@ -47,6 +47,11 @@ def rllm_home() -> Path:
     return Path(os.environ.get("RLLM_HOME") or Path.home() / ".rllm")
 
 
+def hub_cache() -> Path:
+    """Where ``datasets`` keeps its download and conversion cache: under $RLLM_HOME too."""
+    return rllm_home() / "cache" / "datasets"
+
+
 class DatasetRegistry:
     """Registered datasets under ``root`` (default ``$RLLM_HOME/datasets``)."""
 
@@ -142,7 +147,7 @@ def read_local_file(path: Path) -> Any:
     import datasets
 
     try:
-        return datasets.load_dataset(kind, data_files=str(path), split="train")
+        return datasets.load_dataset(kind, data_files=str(path), split="train", cache_dir=str(hub_cache()))
     except Exception as exc:  # datasets raises many types for a malformed file; name the file
         raise CliError(f"file {path} is not valid {kind}: {type(exc).__name__}: {exc}") from None
 

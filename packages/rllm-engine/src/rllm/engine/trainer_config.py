@@ -7,6 +7,7 @@ cannot honour stops the run before anything starts, with the key's dotted path i
 from __future__ import annotations
 
 import copy
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -98,6 +99,9 @@ def config_from_dict(doc: dict[str, Any]) -> TrainerConfig:
         if not message:
             message, where = str(exc), ""
         key = where.rstrip("`").removeprefix("$").removeprefix(".")
+        if unknown := re.fullmatch(r"Object contains unknown field `(.+)`", message):
+            key = f"{key}.{unknown[1]}" if key else unknown[1]
+            message = "unknown key"
         raise ConfigError(f"config key `{key}`: {message}" if key else message) from None
 
 
