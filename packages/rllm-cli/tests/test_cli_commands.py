@@ -220,3 +220,29 @@ def test_eval_of_an_unknown_name_lists_what_exists(rllm_home: Path) -> None:
 def test_eval_without_an_endpoint_says_what_to_pass() -> None:
     code, _, err = invoke("eval", "say")
     assert code == 2 and "--base-url" in err
+
+
+def test_eval_a_hosted_model_through_litellm(
+    model_server: MockUpstream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The loopback server stands in for the provider; LiteLLM speaks to it as to OpenAI.
+    monkeypatch.setenv("RLLM_GATEWAY_HOSTED_API_KEY", "sk-test")
+    out = tmp_path / "eval"
+    code, stdout, err = invoke(
+        "eval",
+        "say-single",
+        "--model",
+        "openai/mock",
+        "--api-base",
+        model_server.url,
+        "--out",
+        str(out),
+        "--max-examples",
+        "2",
+        "--no-progress",
+        *BYTES,
+    )
+    assert code == 0, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["num_rollouts"] == 2 and summary["termination"] == {"done": 2}
+    assert summary["accuracy"] == 1.0 and "accuracy" in stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -29,6 +30,7 @@ from rllm.types import SamplingParams, Task
     show_default=True,
     help="model name; without --base-url a LiteLLM provider/model, e.g. openai/gpt-4o-mini",
 )
+@click.option("--api-base", default=None, help="hosted models: the provider's base URL (LiteLLM api_base)")
 @click.option("--split", default="test", show_default=True)
 @click.option("--attempts", type=int, default=1, show_default=True, help="rollouts per task (pass@k)")
 @click.option("--concurrency", type=int, default=32, show_default=True, help="rollouts running at once")
@@ -49,6 +51,7 @@ def eval_command(
     name: str,
     base_url: str | None,
     model: str,
+    api_base: str | None,
     split: str,
     attempts: int,
     concurrency: int,
@@ -85,7 +88,7 @@ def eval_command(
     out_dir = out or Path("runs") / f"eval-{name}"
 
     async def go() -> EvalSummary:
-        async with _endpoint(base_url, model) as (endpoint, gateway_url):
+        async with _endpoint(base_url, model, api_base) as (endpoint, gateway_url):
             return await evaluate(
                 tasks,
                 flow,
@@ -142,14 +145,27 @@ def _load_object(ref: str, part: str) -> Any:
 
 
 @asynccontextmanager
-async def _endpoint(base_url: str | None, model: str) -> AsyncIterator[tuple[str | None, str | None]]:
-    """(endpoint, None) for a model server; (None, gateway) for a hosted model through LiteLLM."""
+async def _endpoint(
+    base_url: str | None, model: str, api_base: str | None
+) -> AsyncIterator[tuple[str | None, str | None]]:
+    """(endpoint, None) for a model server; (None, gateway) for a hosted model through LiteLLM.
+
+    The key comes from RLLM_GATEWAY_HOSTED_API_KEY, else from the provider's own variable
+    (OPENAI_API_KEY, ...) that LiteLLM reads."""
     if base_url is not None:
         yield base_url, None
         return
     from rllm.gateway import GatewayConfig, GatewayServer
 
-    server = GatewayServer(GatewayConfig(hosted_model=model, tokenizer_mode="plain"))
+    server = GatewayServer(
+        GatewayConfig(
+            hosted_model=model,
+            hosted_api_base=api_base,
+            hosted_api_key=os.environ.get("RLLM_GATEWAY_HOSTED_API_KEY"),
+            tokenizer_mode="plain",
+            health_interval_s=0,
+        )
+    )
     await server.start()
     try:
         yield None, server.url
