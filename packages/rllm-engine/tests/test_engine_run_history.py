@@ -5,6 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from rllm.engine.metrics_log import (
     DROPPED_METRICS,
     MetricsLogger,
@@ -77,3 +81,24 @@ def test_a_torn_last_row_is_ignored(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     path.write_text(json.dumps({"step": 1}) + "\n" + '{"step": 2, "rew')
     assert read_metrics(path) == [{"step": 1}]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    total=st.integers(1, 30),
+    ckpt_every=st.integers(1, 10),
+    crashes=st.lists(st.integers(1, 30), max_size=3),
+)
+def test_any_crash_and_resume_sequence_leaves_one_history(
+    tmp_path_factory: pytest.TempPathFactory, total: int, ckpt_every: int, crashes: list[int]
+) -> None:
+    out = tmp_path_factory.mktemp("run")
+    step = 0
+    for crash in [*sorted(c for c in crashes if c <= total), total]:
+        # Resume from the last checkpoint at or before the current step, then run to the crash.
+        resumed = (step // ckpt_every) * ckpt_every
+        truncate_history(out, resumed)
+        _log_steps(out, range(resumed + 1, max(crash, resumed) + 1))
+        step = max(crash, resumed)
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(1, step + 1))
+    assert sample_steps(out) == list(range(1, step + 1))
