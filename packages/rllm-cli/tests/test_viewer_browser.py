@@ -112,6 +112,14 @@ def test_open_an_episode_and_read_its_tokens(run_dir: Path, browser: object, tmp
         Select(driver.find_element(By.ID, "color-by")).select_by_value("mask")
         wait.until(ec.text_to_be_present_in_element_value((By.ID, "color-by"), "mask"))
 
+        # Curves: the reward curve has one point per logged step (one history).
+        driver.find_element(By.ID, "tab-curves").click()
+        line = wait.until(
+            ec.visibility_of_element_located((By.CSS_SELECTOR, "polyline[data-metric='reward/mean']"))
+        )
+        assert len(line.get_attribute("points").split()) == 2
+        driver.find_element(By.ID, "tab-episode").click()
+
         screenshot = Path(os.environ.get("RLLM_VIEWER_SCREENSHOT", tmp_path / "viewer.png"))
         assert driver.save_screenshot(str(screenshot))
 
