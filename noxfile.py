@@ -8,6 +8,7 @@ with only that backend's dependencies, proving each backend installs and passes 
 from __future__ import annotations
 
 import os
+import shutil
 
 import nox
 
@@ -46,7 +47,16 @@ def layers(session: nox.Session) -> None:
 @nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
     """All CPU tests of every package and the cross-package end-to-end runs."""
-    session.run(*PYTEST, *session.posargs, env={"PYTHONHASHSEED": "0"})
+    session.run(*PYTEST, "-m", "not browser", *session.posargs, env={"PYTHONHASHSEED": "0"})
+
+
+@nox.session(venv_backend="none")
+def browser(session: nox.Session) -> None:
+    """`rllm view` in a real headless Chromium (needs Debian's chromium + chromium-driver)."""
+    for tool in ("chromium", "chromedriver"):
+        if not shutil.which(tool):
+            session.error(f"{tool} is missing: apt-get install -y chromium chromium-driver")
+    session.run(*PYTEST, "-m", "browser", "packages/rllm-cli/tests", *session.posargs)
 
 
 @nox.session(python="3.11")

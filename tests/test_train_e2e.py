@@ -121,6 +121,9 @@ def test_resume_after_kill_sees_the_same_next_batch(tmp_path: Path) -> None:
         if "batch/task_ids" in row:  # validation-only rows carry no batch
             by_step.setdefault(row["step"], []).append(row["batch/task_ids"])
     assert sorted(by_step) == list(range(1, 9))
+    # One history: steps redone after the kill appear once, with one episode sample each.
+    assert [row["step"] for row in rows if "batch/task_ids" in row] == list(range(1, 9))
+    assert sorted(int(p.stem[5:]) for p in (out / "samples").glob("step_*.msgpack")) == list(range(1, 9))
     # The batches an uninterrupted run would see, from the seeded order alone.
     tasks, position, expected = load_cookbook("say").load_tasks("train"), DataCursor(), {}
     for step in range(1, 9):

@@ -13,7 +13,7 @@ from rllm.cli.main import main
 def test_view_summarises_metrics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rows = [{"step": i, "reward/mean": i / 10, "train/loss": 0.1} for i in range(1, 6)]
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    assert main(["view", str(tmp_path)]) == 0
+    assert main(["view", str(tmp_path), "--table"]) == 0
     out = capsys.readouterr().out
     assert "reward" in out and "0.500" in out
 

@@ -1,195 +1,191 @@
-"""The `rllm` command.
+"""The `rllm` command (click). Every subcommand lives in its own module of ``rllm.cli``.
 
-rllm train NAME [--backend tinker|verl] [--config FILE] [--resume] [key.sub=value ...]
-rllm eval NAME --base-url URL [--model M] [--split test] [--attempts K] [--out DIR]
-          [--concurrency C] [--workers W] [--temperature T] [--max-tokens N]
-rllm model init-tiny PATH [--cookbook NAME] [--backend tinker]
-rllm view RUN_DIR
-rllm cookbooks | rllm backends
-rllm gateway serve [...]          (the rllm-gateway server)
+rllm train NAME [key.sub=value ...]     rllm eval NAME --base-url URL | --model openai/...
+rllm dataset list|pull|register|inspect|remove
+rllm cookbook list|info NAME            rllm cookbooks | rllm backends
+rllm view RUN_DIR                       rllm serve MODEL_PATH
+rllm gateway serve [...]                rllm model init-tiny PATH
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
+import click
 from rich.console import Console
-from rich.table import Table
 
+from rllm.cli.cookbook import cookbook_group
+from rllm.cli.dataset import dataset_group
+from rllm.cli.errors import BAD_INPUT, INTERRUPTED, CliError, as_cli_error
+from rllm.cli.eval_cmd import eval_command
+from rllm.cli.serve import serve_command
+from rllm.cli.view_cmd import view_command
 from rllm.engine.event_loop import run
-from rllm.engine.metrics_log import read_metrics
-from rllm.engine.plugins import BACKENDS_GROUP, COOKBOOKS_GROUP, PluginNotFoundError, available, load_cookbook
-from rllm.engine.trainer_config import ConfigError
+from rllm.engine.plugins import BACKENDS_GROUP, COOKBOOKS_GROUP, available, load_cookbook
 
 console = Console(stderr=True)
+PASS_THROUGH = {"ignore_unknown_options": True, "allow_extra_args": True}
+
+
+class RllmGroup(click.Group):
+    """Turns any exception from a command into a one-line error (traceback only with --debug)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except KeyboardInterrupt:
+            raise click.Abort() from None
+        except Exception as exc:
+            if ctx.params.get("debug"):
+                console.print_exception()
+            raise as_cli_error(exc) from exc
+
+
+@click.group(cls=RllmGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="show the full traceback when a command fails")
+@click.version_option(package_name="rllm-cli", prog_name="rllm")
+def cli(debug: bool) -> None:
+    """Train and evaluate language agents with RL.
+
+    \b
+    Example:
+      rllm train say-single total_steps=20
+      rllm view runs/say-single
+
+    Shell completion (bash; zsh and fish alike with zsh_source / fish_source):
+      eval "$(_RLLM_COMPLETE=bash_source rllm)"
+    """
+    logging.basicConfig(level=logging.WARNING)
+
+
+@cli.command(context_settings=PASS_THROUGH)
+@click.argument("name")
+@click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
+@click.option("--backend", default=None, help="training backend (default: tinker)")
+@click.option(
+    "--config", type=click.Path(path_type=Path), default=None, help="TOML or YAML TrainerConfig file"
+)
+@click.option("--out", default=None, help="run directory (default runs/NAME)")
+@click.option("--resume", is_flag=True, help="continue from the run directory's latest checkpoint")
+@click.option("-v", "--verbose", is_flag=True, help="log at INFO level")
+def train(
+    name: str,
+    overrides: tuple[str, ...],
+    backend: str | None,
+    config: Path | None,
+    out: str | None,
+    resume: bool,
+    verbose: bool,
+) -> int:
+    """Train cookbook NAME's agent; `key.sub=value` arguments override the config.
+
+    \b
+    Example:
+      rllm train say-single --out runs/demo total_steps=20 rollout.concurrency=32
+      rllm train say-single --out runs/demo --resume
+    """
+    from rllm.engine.launch import build_trainer
+
+    if verbose:
+        logging.getLogger().setLevel(logging.INFO)
+    trainer = build_trainer(name, config_path=config, overrides=list(overrides), backend=backend, out_dir=out)
+    result = run(trainer.fit(resume=resume), uvloop_default=False)
+    reward = (
+        f"reward {result.first_reward:.3f} -> {result.final_reward:.3f}; "
+        if result.first_reward is not None and result.final_reward is not None
+        else ""
+    )
+    console.print(
+        f"[bold green]done[/bold green]: {result.steps} steps in {result.wall_s:.0f} s; "
+        f"{reward}run dir {result.out_dir}" + (f"; plot {result.plot}" if result.plot else "")
+    )
+    return 0
+
+
+@cli.group()
+def model() -> None:
+    """Model utilities."""
+
+
+@model.command("init-tiny")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--cookbook", default="say", show_default=True, help="whose task texts train the tokenizer")
+@click.option("--backend", default="tinker", show_default=True)
+def init_tiny(path: Path, cookbook: str, backend: str) -> int:
+    """Build a tiny random model and a locally trained tokenizer at PATH.
+
+    \b
+    Example:
+      rllm model init-tiny models/tiny --cookbook say
+    """
+    from rllm.engine.launch import init_tiny_model
+
+    written = init_tiny_model(path, cookbook=load_cookbook(cookbook), backend=backend)
+    console.print(f"tiny model written to {written}")
+    return 0
+
+
+@cli.command("cookbooks")
+def list_cookbooks() -> int:
+    """List installed cookbook names (`rllm cookbook list` shows details)."""
+    click.echo("\n".join(available(COOKBOOKS_GROUP)))
+    return 0
+
+
+@cli.command("backends")
+def list_backends() -> int:
+    """List installed training backends."""
+    click.echo("\n".join(available(BACKENDS_GROUP)))
+    return 0
+
+
+@cli.command(context_settings=PASS_THROUGH, add_help_option=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def gateway(args: tuple[str, ...]) -> int:
+    """Run the rLLM gateway: the same server as `rllm-gateway serve`.
+
+    \b
+    Example:
+      rllm gateway serve --upstream http://127.0.0.1:8000/v1 --port 9000
+      rllm gateway serve --help
+    """
+    from rllm.gateway.cli import main as gateway_main
+
+    if not args or args[0] in ("-h", "--help"):
+        click.echo(click.get_current_context().get_help())
+        return 0
+    return gateway_main(list(args)) or 0
+
+
+cli.add_command(eval_command)
+cli.add_command(view_command)
+cli.add_command(dataset_group)
+cli.add_command(cookbook_group)
+cli.add_command(serve_command)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if args.command == "gateway":
-        from rllm.gateway.cli import main as gateway_main
-
-        return gateway_main(extra) or 0
-    if extra and args.command != "train":
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING)
+    """Run `rllm` and return its exit code; usage errors exit (status 2) as argparse's did."""
     try:
-        return args.handler(args, extra)
-    except (ConfigError, PluginNotFoundError, ValueError, FileNotFoundError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        return 2
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rllm", description="Train and evaluate language agents with RL.")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    train = sub.add_parser(
-        "train",
-        help="train a cookbook's agent",
-        description="Extra `key.sub=value` arguments override the config.",
-    )
-    train.add_argument("name", help="cookbook name (see `rllm cookbooks`)")
-    train.add_argument("--backend", default=None, help="training backend (default: tinker)")
-    train.add_argument("--config", type=Path, default=None, help="TOML or YAML TrainerConfig file")
-    train.add_argument("--out", default=None, help="run directory (default runs/NAME)")
-    train.add_argument(
-        "--resume", action="store_true", help="continue from the run directory's latest checkpoint"
-    )
-    train.add_argument("-v", "--verbose", action="store_true")
-    train.set_defaults(handler=_train)
-
-    ev = sub.add_parser("eval", help="evaluate a cookbook's agent against an OpenAI-compatible endpoint")
-    ev.add_argument("name")
-    ev.add_argument("--base-url", required=True, help="upstream base URL ending in /v1")
-    ev.add_argument("--model", default="default")
-    ev.add_argument("--split", default="test")
-    ev.add_argument("--attempts", type=int, default=1)
-    ev.add_argument("--concurrency", type=int, default=32, help="rollouts running at once")
-    ev.add_argument(
-        "--workers",
-        type=int,
-        default=1,
-        help="processes running the flows (more agent traffic than one core carries)",
-    )
-    ev.add_argument("--temperature", type=float, help="sampling temperature (default: the flow's)")
-    ev.add_argument("--max-tokens", type=int, help="completion token limit (default: the flow's)")
-    ev.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="results directory (default runs/eval-NAME); re-running resumes",
-    )
-    ev.set_defaults(handler=_eval)
-
-    model = sub.add_parser("model", help="model utilities")
-    model_sub = model.add_subparsers(dest="model_command", required=True)
-    tiny = model_sub.add_parser("init-tiny", help="build a tiny random model + locally trained tokenizer")
-    tiny.add_argument("path", type=Path)
-    tiny.add_argument("--cookbook", default="say", help="whose task texts train the tokenizer")
-    tiny.add_argument("--backend", default="tinker")
-    tiny.set_defaults(handler=_init_tiny)
-
-    view = sub.add_parser("view", help="summarise a run directory's metrics")
-    view.add_argument("run_dir", type=Path)
-    view.set_defaults(handler=_view)
-
-    sub.add_parser("cookbooks", help="list installed cookbooks").set_defaults(
-        handler=lambda a, e: _list(COOKBOOKS_GROUP)
-    )
-    sub.add_parser("backends", help="list installed backends").set_defaults(
-        handler=lambda a, e: _list(BACKENDS_GROUP)
-    )
-    sub.add_parser("gateway", help="run the rLLM gateway (rllm-gateway ...)", add_help=False)
-    return parser
-
-
-def _train(args: argparse.Namespace, overrides: list[str]) -> int:
-    from rllm.engine.launch import build_trainer
-
-    trainer = build_trainer(
-        args.name, config_path=args.config, overrides=overrides, backend=args.backend, out_dir=args.out
-    )
-    result = run(trainer.fit(resume=args.resume), uvloop_default=False)
-    console.print(
-        f"[bold green]done[/bold green]: {result.steps} steps in {result.wall_s:.0f} s; "
-        f"reward {result.first_reward:.3f} -> {result.final_reward:.3f}; run dir {result.out_dir}"
-        + (f"; plot {result.plot}" if result.plot else "")
-    )
-    return 0
-
-
-def _eval(args: argparse.Namespace, _: list[str]) -> int:
-    from rllm.engine.evaluation import evaluate
-    from rllm.types import SamplingParams
-
-    sampling = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
-    cookbook = load_cookbook(args.name)
-    out = args.out or Path("runs") / f"eval-{args.name}"
-    summary = run(
-        evaluate(
-            cookbook.load_tasks(args.split),
-            cookbook.flow,
-            cookbook.evaluator,
-            endpoint=args.base_url,
-            attempts=args.attempts,
-            output_dir=out,
-            model=args.model,
-            concurrency=args.concurrency,
-            workers=args.workers,
-            sampling=sampling,
-        ),
-        uvloop_default=False,
-    )
-    console.print(summary)
-    return 0
-
-
-def _init_tiny(args: argparse.Namespace, _: list[str]) -> int:
-    from rllm.engine.launch import init_tiny_model
-
-    path = init_tiny_model(args.path, cookbook=load_cookbook(args.cookbook), backend=args.backend)
-    console.print(f"tiny model written to {path}")
-    return 0
-
-
-def _view(args: argparse.Namespace, _: list[str]) -> int:
-    rows = read_metrics(args.run_dir / "metrics.jsonl")
-    if not rows:
-        raise FileNotFoundError(f"no metrics.jsonl with rows in {args.run_dir}")
-    table = Table(title=str(args.run_dir))
-    columns = {
-        "step": "step",
-        "reward/mean": "reward",
-        "val/reward/mean": "val reward",
-        "train/loss": "loss",
-        "time/rollout_s": "rollout s",
-        "time/train_s": "train s",
-    }
-    keys = [k for k in columns if any(k in r for r in rows)]
-    for key in keys:
-        table.add_column(columns[key], justify="right")
-    stride = max(1, len(rows) // 20)
-    for row in rows[::stride] + ([rows[-1]] if (len(rows) - 1) % stride else []):
-        table.add_row(*(_fmt(row.get(k)) for k in keys))
-    Console().print(table)
-    return 0
-
-
-def _list(group: str) -> int:
-    for name in available(group):
-        print(name)
-    return 0
-
-
-def _fmt(value: object) -> str:
-    if value is None:
-        return ""
-    return f"{value:.3f}" if isinstance(value, float) else str(value)
+        result = cli.main(args=argv, prog_name="rllm", standalone_mode=False)
+    except click.UsageError as exc:
+        exc.show()
+        raise SystemExit(BAD_INPUT) from None
+    except CliError as exc:
+        exc.show()
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except (click.Abort, KeyboardInterrupt):
+        console.print("[yellow]interrupted[/yellow]")
+        return INTERRUPTED
+    return result if isinstance(result, int) else 0
 
 
 if __name__ == "__main__":

@@ -1,13 +1,36 @@
-"""Run metrics: JSONL (always), TensorBoard and W&B (when installed and enabled), a reward plot."""
+"""Run metrics: JSONL (always), TensorBoard and W&B (when installed and enabled), a reward plot,
+and a compact per-step sample of episodes (msgpack, ``OUT/samples/``) for ``rllm view``.
+
+One history per run: a resumed run first cuts ``metrics.jsonl`` and the samples back to the
+restored checkpoint (``truncate_history``), so steps redone after a crash appear once.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from rllm.types import Episode, from_msgpack, to_msgpack
+
 log = logging.getLogger(__name__)
+
+SAMPLES_DIR = "samples"
+DROPPED_METRICS = "metrics.dropped.jsonl"
+
+
+class EpisodeSample(msgspec.Struct, kw_only=True):
+    """Some groups of one training step: their episodes (advantages already written on the
+    steps) and which trajectories the step trained on (the rest were filtered out)."""
+
+    step: int
+    episodes: list[Episode]
+    trained_trajectory_ids: list[str] = msgspec.field(default_factory=list)
 
 
 class MetricsLogger:
@@ -42,10 +65,86 @@ class MetricsLogger:
             self._wandb.finish()
 
 
+def sample_path(out_dir: Path, step: int) -> Path:
+    return out_dir / SAMPLES_DIR / f"step_{step:06d}.msgpack"
+
+
+def write_episode_sample(
+    out_dir: Path, step: int, episodes: Iterable[Episode], trained_trajectory_ids: Iterable[str], groups: int
+) -> Path | None:
+    """Keep the episodes of the step's first ``groups`` tasks (every rollout of each); None if 0."""
+    episodes = list(episodes)
+    task_ids = list(dict.fromkeys(e.task_id for e in episodes))[:groups]
+    chosen = [e for e in episodes if e.task_id in set(task_ids)]
+    if not chosen:
+        return None
+    kept = {t.id for e in chosen for t in e.trajectories}
+    sample = EpisodeSample(
+        step=step, episodes=chosen, trained_trajectory_ids=[t for t in trained_trajectory_ids if t in kept]
+    )
+    path = sample_path(out_dir, step)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(to_msgpack(sample))
+    os.replace(tmp, path)  # a reader never sees half a sample
+    return path
+
+
+def read_episode_sample(path: Path) -> EpisodeSample:
+    return from_msgpack(path.read_bytes(), EpisodeSample)
+
+
+def sample_steps(out_dir: Path) -> list[int]:
+    """The steps that have an episode sample, ascending."""
+    root = out_dir / SAMPLES_DIR
+    if not root.is_dir():
+        return []
+    return sorted(int(p.stem.removeprefix("step_")) for p in root.glob("step_*.msgpack"))
+
+
+def truncate_history(out_dir: Path, last_step: int) -> int:
+    """Cut the run's history back to ``last_step`` (the restored checkpoint; 0 for a fresh start).
+
+    Rows and samples of later steps belong to a history the resumed run is about to redo: the
+    rows move to ``metrics.dropped.jsonl`` (kept for post-mortems, never plotted), the samples
+    are deleted. With ``last_step == 0`` the step-0 validation row goes too (it is redone).
+    Returns the number of rows moved."""
+    path = out_dir / "metrics.jsonl"
+    rows = read_metrics(path)
+
+    def kept(step: int) -> bool:
+        return last_step > 0 and step <= last_step
+
+    keep = [r for r in rows if kept(r.get("step", 0))]
+    dropped = [r for r in rows if not kept(r.get("step", 0))]
+    if dropped:
+        with (out_dir / DROPPED_METRICS).open("a") as f:
+            f.writelines(json.dumps({**r, "dropped_on_resume_from": last_step}) + "\n" for r in dropped)
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
+        os.replace(tmp, path)
+        log.warning(
+            "starting at step %d: moved %d later metric rows to %s", last_step, len(dropped), DROPPED_METRICS
+        )
+    for step in sample_steps(out_dir):
+        if not kept(step):
+            sample_path(out_dir, step).unlink(missing_ok=True)
+    return len(dropped)
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """Every row; a torn last line (a run killed mid-write) is left out."""
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number != len(lines):
+                raise ValueError(f"{path}:{number}: not a JSON metrics row") from None
+    return rows
 
 
 PLOT_SERIES = {"reward/mean": "train reward (sampled)", "val/reward/mean": "validation reward"}

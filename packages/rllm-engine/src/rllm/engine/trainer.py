@@ -23,7 +23,12 @@ from rllm.algos import compute_advantages, filter_groups, group_trajectories
 from rllm.engine.backend import Backend
 from rllm.engine.checkpoint import TrainerState, latest_checkpoint, load_trainer_state, save_checkpoint
 from rllm.engine.data_order import next_batch
-from rllm.engine.metrics_log import MetricsLogger, plot_reward_curve
+from rllm.engine.metrics_log import (
+    MetricsLogger,
+    plot_reward_curve,
+    truncate_history,
+    write_episode_sample,
+)
 from rllm.engine.rollout_config import RolloutConfig
 from rllm.engine.rollout_engine import RolloutEngine
 from rllm.engine.sequences import sequences_from_groups
@@ -84,6 +89,8 @@ class Trainer:
                 await self.backend.load_checkpoint(ckpt / "backend")
                 state.weight_version = await self.backend.sync_weights()
                 log.info("resumed from %s at step %d", ckpt, state.step)
+            # One history per run: rows and samples past the restored step are redone, not kept twice.
+            truncate_history(self.out_dir, state.step)
             await engine.client.set_weight_version(state.weight_version)
             rewards = await self._loop(engine, state)
         finally:
@@ -138,6 +145,9 @@ class Trainer:
         kept, filter_metrics = filter_groups(groups, algo)
         advantage_metrics = compute_advantages(kept, algo)
         sequences = sequences_from_groups(kept)
+        if cfg.sample_groups:
+            trained = [t.id for g in kept for t in g.trajectories]
+            write_episode_sample(self.out_dir, state.step + 1, episodes, trained, cfg.sample_groups)
         train_metrics: dict[str, float] = {}
         if sequences:
             train_metrics = await self.backend.train_step(sequences, algo)

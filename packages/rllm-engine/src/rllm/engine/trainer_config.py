@@ -7,6 +7,7 @@ cannot honour stops the run before anything starts, with the key's dotted path i
 from __future__ import annotations
 
 import copy
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -57,6 +58,8 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     wandb: bool = False
     plot: bool = True
     progress: bool = True
+    # Groups (tasks, with all their rollouts) per step saved to OUT/samples/ for `rllm view`; 0: none.
+    sample_groups: int = 2
     algorithm: AlgorithmConfig = msgspec.field(default_factory=AlgorithmConfig)
     rollout: RolloutSection = msgspec.field(default_factory=RolloutSection)
     backend: BackendSection = msgspec.field(default_factory=BackendSection)
@@ -66,7 +69,7 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         for name in ("total_steps", "tasks_per_step", "group_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("val_every", "ckpt_every"):
+        for name in ("val_every", "ckpt_every", "sample_groups"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0 (0 turns it off), got {getattr(self, name)}")
         if self.val_every and not self.val_split:
@@ -96,6 +99,9 @@ def config_from_dict(doc: dict[str, Any]) -> TrainerConfig:
         if not message:
             message, where = str(exc), ""
         key = where.rstrip("`").removeprefix("$").removeprefix(".")
+        if unknown := re.fullmatch(r"Object contains unknown field `(.+)`", message):
+            key = f"{key}.{unknown[1]}" if key else unknown[1]
+            message = "unknown key"
         raise ConfigError(f"config key `{key}`: {message}" if key else message) from None
 
 

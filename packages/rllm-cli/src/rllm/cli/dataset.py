@@ -1,0 +1,169 @@
+"""`rllm dataset list|pull|register|inspect|remove`: the local registry of task datasets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from rllm.cli.registry import ColumnMap, DatasetRegistry, hub_cache, read_local_file
+
+out = Console()
+err = Console(stderr=True)
+
+
+def _columns(func: Any) -> Any:
+    """The shared column-mapping options of `register` and `pull`."""
+    func = click.option(
+        "--id-column", default=None, help="column holding unique task ids (default: the row number)"
+    )(func)
+    func = click.option(
+        "--answer-column",
+        "ground_truth_column",
+        default="answer",
+        show_default=True,
+        help="column holding the ground truth ('' for none)",
+    )(func)
+    func = click.option(
+        "--instruction-column", default="question", show_default=True, help="column holding the prompt"
+    )(func)
+    return click.option("--split", default="train", show_default=True, help="split name to store as")(func)
+
+
+def _column_map(instruction_column: str, ground_truth_column: str, id_column: str | None) -> ColumnMap:
+    return ColumnMap(instruction=instruction_column, ground_truth=ground_truth_column or None, id=id_column)
+
+
+@click.group("dataset")
+def dataset_group() -> None:
+    """Manage datasets in the local registry ($RLLM_HOME/datasets, default ~/.rllm).
+
+    \b
+    Example:
+      rllm dataset register mymath data/test.jsonl --split test --answer-column solution
+      rllm dataset inspect mymath
+    """
+
+
+@dataset_group.command("list")
+def list_datasets() -> int:
+    """List registered datasets with their splits and row counts.
+
+    \b
+    Example:
+      rllm dataset list
+    """
+    registry = DatasetRegistry()
+    table = Table(title=f"datasets in {registry.root}")
+    for column in ("name", "splits", "source"):
+        table.add_column(column)
+    for name in registry.names():
+        info = registry.info(name)
+        splits = ", ".join(f"{s} ({i.rows})" for s, i in info.splits.items())
+        table.add_row(name, splits, info.source)
+    out.print(table)
+    return 0
+
+
+@dataset_group.command("register")
+@click.argument("name")
+@click.argument("path", type=click.Path(path_type=Path))
+@_columns
+def register(
+    name: str,
+    path: Path,
+    split: str,
+    instruction_column: str,
+    ground_truth_column: str,
+    id_column: str | None,
+) -> int:
+    """Register a local jsonl, json, parquet or csv file as dataset NAME (one split).
+
+    \b
+    Example:
+      rllm dataset register mymath train.jsonl --instruction-column problem --answer-column solution
+    """
+    columns = _column_map(instruction_column, ground_truth_column, id_column)
+    info = DatasetRegistry().add(name, str(path), split, columns, read_local_file(path))
+    err.print(f"registered {name}/{split}: {info.splits[split].rows} tasks")
+    return 0
+
+
+@dataset_group.command("pull")
+@click.argument("hub_name")
+@click.option("--name", default=None, help="local name (default: the part after the last '/')")
+@click.option("--config", "hub_config", default=None, help="the hub dataset's configuration name")
+@click.option("--hub-split", default=None, help="the hub split to load (default: --split)")
+@_columns
+def pull(
+    hub_name: str,
+    name: str | None,
+    hub_config: str | None,
+    hub_split: str | None,
+    split: str,
+    instruction_column: str,
+    ground_truth_column: str,
+    id_column: str | None,
+) -> int:
+    """Load HUB_NAME from the Hugging Face hub (needs network access) and register it.
+
+    \b
+    Example:
+      rllm dataset pull openai/gsm8k --config main --split test --answer-column answer
+    """
+    import datasets
+
+    data = datasets.load_dataset(hub_name, hub_config, split=hub_split or split, cache_dir=str(hub_cache()))
+    columns = _column_map(instruction_column, ground_truth_column, id_column)
+    local = name or hub_name.rsplit("/", 1)[-1]
+    info = DatasetRegistry().add(local, f"hf:{hub_name}", split, columns, data)
+    err.print(f"registered {local}/{split}: {info.splits[split].rows} tasks")
+    return 0
+
+
+@dataset_group.command("inspect")
+@click.argument("name")
+@click.option("--split", default=None, help="split to show (default: the first)")
+@click.option("-n", "--rows", default=5, show_default=True, help="rows to show")
+def inspect(name: str, split: str | None, rows: int) -> int:
+    """Show a dataset's splits, column mapping and first rows.
+
+    \b
+    Example:
+      rllm dataset inspect mymath --split test -n 3
+    """
+    registry = DatasetRegistry()
+    info = registry.info(name)
+    split = split or next(iter(info.splits))
+    out.print(f"[bold]{name}[/bold] from {info.source}")
+    out.print(
+        f"columns: instruction <- {info.columns.instruction}, ground_truth <- {info.columns.ground_truth}, "
+        f"id <- {info.columns.id or '(row number)'}"
+    )
+    out.print("splits: " + ", ".join(f"{s} ({i.rows} rows)" for s, i in info.splits.items()))
+    table = Table(title=f"{name}/{split}")
+    for column in ("id", "instruction", "ground_truth", "metadata"):
+        table.add_column(column, overflow="fold")
+    for row in registry.rows(name, split, limit=rows):
+        truth = json.loads(row["ground_truth"])
+        table.add_row(row["id"], row["instruction"][:200], str(truth)[:80], row["metadata"][:80])
+    out.print(table)
+    return 0
+
+
+@dataset_group.command("remove")
+@click.argument("name")
+def remove(name: str) -> int:
+    """Remove dataset NAME and its files from the registry.
+
+    \b
+    Example:
+      rllm dataset remove mymath
+    """
+    DatasetRegistry().remove(name)
+    err.print(f"removed {name}")
+    return 0

@@ -1,0 +1,63 @@
+"""How every `rllm` command fails: one line naming what is wrong, a hint, a meaningful exit code.
+
+Exit codes: 0 success, 1 the work itself failed (a run crashed, a server died), 2 bad input
+(usage, config key, file, column, unknown cookbook or backend), 130 interrupted. The traceback
+is printed only under ``rllm --debug``.
+"""
+
+from __future__ import annotations
+
+from typing import IO, Any
+
+import click
+from rich.console import Console
+
+from rllm.engine.plugins import PluginNotFoundError
+from rllm.engine.trainer_config import ConfigError
+from rllm.types import SchemaError
+
+BAD_INPUT = 2
+FAILED = 1
+INTERRUPTED = 130
+
+# Errors that mean "the input is wrong" rather than "the work broke".
+INPUT_ERRORS: tuple[type[BaseException], ...] = (
+    ConfigError,
+    PluginNotFoundError,
+    SchemaError,
+    ValueError,
+    FileNotFoundError,
+    KeyError,
+)
+
+HINTS: dict[type[BaseException], str] = {
+    ConfigError: "see the TrainerConfig keys in the rllm-engine README",
+    PluginNotFoundError: "`rllm cookbook list` and `rllm backends` list what is installed",
+    FileNotFoundError: "check the path",
+}
+
+
+class CliError(click.ClickException):
+    """A one-line error with an optional hint, printed without a traceback."""
+
+    def __init__(self, message: str, hint: str | None = None, exit_code: int = BAD_INPUT) -> None:
+        super().__init__(message)
+        self.hint = hint
+        self.exit_code = exit_code
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        console = Console(stderr=file is None, file=file, highlight=False, soft_wrap=True)
+        console.print(f"[red]error:[/red] {self.format_message()}", markup=True)
+        if self.hint:
+            console.print(f"[dim]hint: {self.hint}[/dim]")
+
+
+def as_cli_error(exc: BaseException) -> CliError:
+    """Turn an exception from the work into the one-line error the user sees."""
+    hint = next((h for t, h in HINTS.items() if isinstance(exc, t)), None)
+    code = BAD_INPUT if isinstance(exc, INPUT_ERRORS) else FAILED
+    message = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+    if code == FAILED:
+        message = f"{type(exc).__name__}: {message}"
+        hint = hint or "run with `rllm --debug ...` for the traceback"
+    return CliError(message or type(exc).__name__, hint, code)

@@ -1,0 +1,199 @@
+"""`rllm eval NAME`: a cookbook (or a registered dataset with an agent) against a model endpoint."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from rllm.cli.errors import CliError
+from rllm.cli.registry import DatasetRegistry
+from rllm.engine.evaluation import EvalSummary, evaluate
+from rllm.engine.event_loop import run
+from rllm.engine.plugins import COOKBOOKS_GROUP, PluginNotFoundError, available, load_cookbook
+from rllm.types import SamplingParams, Task
+
+
+@click.command("eval")
+@click.argument("name")
+@click.option("--base-url", default=None, help="OpenAI-compatible base URL ending in /v1")
+@click.option(
+    "--model",
+    default="default",
+    show_default=True,
+    help="model name; without --base-url a LiteLLM provider/model, e.g. openai/gpt-4o-mini",
+)
+@click.option("--api-base", default=None, help="hosted models: the provider's base URL (LiteLLM api_base)")
+@click.option("--split", default="test", show_default=True)
+@click.option("--attempts", type=int, default=1, show_default=True, help="rollouts per task (pass@k)")
+@click.option("--concurrency", type=int, default=32, show_default=True, help="rollouts running at once")
+@click.option("--workers", type=int, default=1, show_default=True, help="processes running the flows")
+@click.option("--max-examples", type=int, default=None, help="evaluate only the first N tasks")
+@click.option("--temperature", type=float, help="sampling temperature (default: the flow's)")
+@click.option("--max-tokens", type=int, help="completion token limit (default: the flow's)")
+@click.option("--agent", default=None, help="cookbook name or module:attr whose flow runs (datasets)")
+@click.option("--evaluator", default=None, help="cookbook name or module:attr that grades (datasets)")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="results directory (default runs/eval-NAME); re-running resumes",
+)
+@click.option("--progress/--no-progress", default=True, help="show a progress bar")
+def eval_command(
+    name: str,
+    base_url: str | None,
+    model: str,
+    api_base: str | None,
+    split: str,
+    attempts: int,
+    concurrency: int,
+    workers: int,
+    max_examples: int | None,
+    temperature: float | None,
+    max_tokens: int | None,
+    agent: str | None,
+    evaluator: str | None,
+    out: Path | None,
+    progress: bool,
+) -> int:
+    """Evaluate cookbook NAME (or registered dataset NAME with --agent) and print a summary.
+
+    Writes OUT/results.jsonl (one line per task), episodes.jsonl and summary.json; re-running
+    with the same --out skips finished tasks.
+
+    \b
+    Example:
+      rllm eval say --base-url http://127.0.0.1:8000/v1 --attempts 4
+      rllm eval gsm8k --agent my_agent:flow --evaluator math --model openai/gpt-4o-mini
+    """
+    sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens)
+    if max_examples is not None and max_examples < 1:
+        raise CliError(f"--max-examples must be >= 1, got {max_examples}")
+    tasks, flow, grader = resolve_eval_target(name, split, agent, evaluator)
+    if max_examples is not None:
+        tasks = tasks[:max_examples]
+    if base_url is None and "/" not in model:
+        raise CliError(
+            "no model endpoint: pass --base-url URL/v1, or --model provider/name for a hosted model",
+            hint="e.g. `rllm serve MODEL_PATH` prints a base URL to use",
+        )
+    out_dir = out or Path("runs") / f"eval-{name}"
+
+    async def go() -> EvalSummary:
+        async with _endpoint(base_url, model, api_base) as (endpoint, gateway_url):
+            return await evaluate(
+                tasks,
+                flow,
+                grader,
+                endpoint=endpoint,
+                gateway_url=gateway_url,
+                attempts=attempts,
+                output_dir=out_dir,
+                model=model,
+                concurrency=concurrency,
+                workers=workers,
+                sampling=sampling,
+                progress=progress,
+            )
+
+    summary = run(go(), uvloop_default=False)
+    Console().print(summary_table(summary, title=f"{name} ({split}) -> {out_dir}"))
+    return 0
+
+
+def resolve_eval_target(
+    name: str, split: str, agent: str | None, evaluator: str | None
+) -> tuple[list[Task], Any, Any]:
+    """Tasks, flow and evaluator for NAME: a cookbook's own, or a registered dataset's tasks
+    with the flow and evaluator that --agent / --evaluator name."""
+    if name in available(COOKBOOKS_GROUP):
+        cookbook = load_cookbook(name)
+        flow = _load_object(agent, "flow") if agent else cookbook.flow
+        grader = _load_object(evaluator, "evaluator") if evaluator else cookbook.evaluator
+        return cookbook.load_tasks(split), flow, grader
+    registry = DatasetRegistry()
+    if registry.has(name):
+        if not agent:
+            raise CliError(f"dataset {name!r} needs --agent (a cookbook name or module:attr flow)")
+        flow = _load_object(agent, "flow")
+        grader = _load_object(evaluator or agent, "evaluator")
+        return registry.load_tasks(name, split), flow, grader
+    raise PluginNotFoundError(
+        f"no cookbook or registered dataset named {name!r} "
+        f"(cookbooks: {', '.join(available(COOKBOOKS_GROUP)) or 'none'}; "
+        f"datasets: {', '.join(registry.names()) or 'none'})"
+    )
+
+
+def _load_object(ref: str, part: str) -> Any:
+    """``module:attr`` imported, or a cookbook name whose ``part`` (flow / evaluator) is taken."""
+    if ":" not in ref:
+        return getattr(load_cookbook(ref), part)
+    module, _, attr = ref.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise CliError(f"cannot load {part} {ref!r}: {exc}") from None
+
+
+@asynccontextmanager
+async def _endpoint(
+    base_url: str | None, model: str, api_base: str | None
+) -> AsyncIterator[tuple[str | None, str | None]]:
+    """(endpoint, None) for a model server; (None, gateway) for a hosted model through LiteLLM.
+
+    The key comes from RLLM_GATEWAY_HOSTED_API_KEY, else from the provider's own variable
+    (OPENAI_API_KEY, ...) that LiteLLM reads."""
+    if base_url is not None:
+        yield base_url, None
+        return
+    from rllm.gateway import GatewayConfig, GatewayServer
+
+    server = GatewayServer(
+        GatewayConfig(
+            hosted_model=model,
+            hosted_api_base=api_base,
+            hosted_api_key=os.environ.get("RLLM_GATEWAY_HOSTED_API_KEY"),
+            tokenizer_mode="plain",
+            health_interval_s=0,
+        )
+    )
+    await server.start()
+    try:
+        yield None, server.url
+    finally:
+        await server.stop()
+
+
+def summary_table(summary: EvalSummary, title: str = "") -> Table:
+    """Accuracy, pass@k, reward, tokens, latency quantiles and termination reasons, one per row."""
+    table = Table(title=title or None, show_header=True)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row(
+        "tasks",
+        f"{summary.num_tasks}" + (f" ({summary.resumed_tasks} resumed)" if summary.resumed_tasks else ""),
+    )
+    table.add_row("rollouts", str(summary.num_rollouts))
+    table.add_row("accuracy", f"{summary.accuracy:.3f}")
+    for key, value in summary.pass_at_k.items():
+        table.add_row(key, f"{value:.3f}")
+    table.add_row("mean reward", f"{summary.mean_reward:.3f}")
+    table.add_row(
+        "tokens (prompt / completion)", f"{summary.tokens['prompt']:.0f} / {summary.tokens['completion']:.0f}"
+    )
+    table.add_row("completion tokens / rollout", f"{summary.tokens['completion_per_rollout']:.1f}")
+    lat = summary.latency_s
+    table.add_row("latency s (p50 / p95 / max)", f"{lat['p50']:.2f} / {lat['p95']:.2f} / {lat['max']:.2f}")
+    for reason, count in sorted(summary.termination.items()):
+        table.add_row(f"termination: {reason}", str(count))
+    table.add_row("wall s", f"{summary.wall_s:.1f}")
+    return table

@@ -1,0 +1,95 @@
+"""`rllm view RUN_DIR`: the trace viewer in the browser (or `--table` for the metrics in the shell)."""
+
+from __future__ import annotations
+
+import webbrowser
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from rllm.cli.errors import CliError
+from rllm.cli.viewer.data import RunNotFoundError, RunView
+from rllm.cli.viewer.server import ViewerServer
+from rllm.engine.metrics_log import read_metrics
+
+TABLE_COLUMNS = {
+    "step": "step",
+    "reward/mean": "reward",
+    "val/reward/mean": "val reward",
+    "train/loss": "loss",
+    "time/rollout_s": "rollout s",
+    "time/train_s": "train s",
+}
+
+
+@click.command("view")
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, help="address to listen on (loopback by default)"
+)
+@click.option("--port", default=8765, show_default=True, help="port (0: any free port)")
+@click.option("--table", is_flag=True, help="print the metrics table and exit instead of serving the page")
+@click.option("--open/--no-open", "open_browser", default=False, help="open the page in a browser")
+@click.option(
+    "--tokenizer",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="tokenizer.json for token texts (default: the run's tiny model's, if any)",
+)
+def view_command(
+    run_dir: Path, host: str, port: int, table: bool, open_browser: bool, tokenizer: Path | None
+) -> int:
+    """Browse RUN_DIR: episodes per step, messages, tokens coloured by logprob, curves.
+
+    \b
+    Example:
+      rllm view runs/say-single            # then open http://127.0.0.1:8765/
+      rllm view runs/say-single --table    # the metrics as a table in the shell
+    """
+    if table:
+        return print_table(run_dir)
+    try:
+        run_view = RunView(run_dir, tokenizer)
+    except RunNotFoundError as exc:
+        raise CliError(str(exc), hint="point it at a `rllm train` run directory") from None
+    try:
+        server = ViewerServer(run_view, host=host, port=port)
+    except OSError as exc:
+        raise CliError(f"cannot listen on {host}:{port}: {exc.strerror}", hint="try --port 0") from None
+    console = Console(stderr=True)
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        console.print(f"[yellow]warning:[/yellow] serving {run_dir} beyond loopback ({host})")
+    console.print(f"viewing {run_dir} at [bold]{server.url}[/bold] (Ctrl-C stops)")
+    if open_browser:
+        webbrowser.open(server.url)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.httpd.server_close()
+    return 0
+
+
+def print_table(run_dir: Path) -> int:
+    """The argparse-era `rllm view`: up to ~20 evenly spaced metric rows as a table."""
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    if not rows:
+        raise CliError(f"no metrics.jsonl with rows in {run_dir}")
+    table = Table(title=str(run_dir))
+    keys = [k for k in TABLE_COLUMNS if any(k in r for r in rows)]
+    for key in keys:
+        table.add_column(TABLE_COLUMNS[key], justify="right")
+    stride = max(1, len(rows) // 20)
+    for row in rows[::stride] + ([rows[-1]] if (len(rows) - 1) % stride else []):
+        table.add_row(*(_fmt(row.get(k)) for k in keys))
+    Console().print(table)
+    return 0
+
+
+def _fmt(value: object) -> str:
+    if value is None:
+        return ""
+    return f"{value:.3f}" if isinstance(value, float) else str(value)

@@ -1,0 +1,164 @@
+"""What the viewer shows, read from a run directory: metrics rows, per-step episode samples
+(``rllm.engine.metrics_log``) and, where a tokenizer is found, the text of every token."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from rllm.engine.metrics_log import read_episode_sample, read_metrics, sample_path, sample_steps
+from rllm.types import Episode, Step, to_builtins
+
+
+class RunNotFoundError(FileNotFoundError):
+    """The directory holds neither metrics nor episode samples."""
+
+
+class TokenText:
+    """Token id -> text through a ``tokenizer.json`` (the ``tokenizers`` library), else ``#id``."""
+
+    def __init__(self, tokenizer_file: Path | None) -> None:
+        self.path = tokenizer_file
+        self._tok: Any = None
+        if tokenizer_file is not None:
+            from tokenizers import Tokenizer
+
+            self._tok = Tokenizer.from_file(str(tokenizer_file))
+
+    @functools.lru_cache(maxsize=65536)  # noqa: B019 - one instance per server, ids repeat a lot
+    def __call__(self, token_id: int) -> str:
+        if self._tok is None:
+            return f"#{token_id}"
+        return (
+            self._tok.decode([token_id], skip_special_tokens=False) or self._tok.id_to_token(token_id) or ""
+        )
+
+
+def find_tokenizer(run_dir: Path) -> Path | None:
+    """``tokenizer.json`` of the run's model when it lives in the run directory (tiny models do)."""
+    for candidate in (run_dir / "tiny-model" / "tokenizer.json", run_dir / "tokenizer.json"):
+        if candidate.is_file():
+            return candidate
+    return next(iter(sorted(run_dir.glob("*/tokenizer.json"))), None)
+
+
+class RunView:
+    """Read-only access to one run directory, in the shapes the page's JSON API returns."""
+
+    def __init__(self, run_dir: Path, tokenizer: Path | None = None) -> None:
+        self.run_dir = run_dir
+        if not (run_dir / "metrics.jsonl").is_file() and not sample_steps(run_dir):
+            raise RunNotFoundError(f"no metrics.jsonl or episode samples in {run_dir}")
+        self.tokens = TokenText(tokenizer or find_tokenizer(run_dir))
+
+    def run(self) -> dict[str, Any]:
+        rows = read_metrics(self.run_dir / "metrics.jsonl")
+        return {
+            "name": self.run_dir.resolve().name,
+            "metrics": [{k: v for k, v in r.items() if isinstance(v, int | float)} for r in rows],
+            "steps": sample_steps(self.run_dir),
+            "tokenizer": str(self.tokens.path) if self.tokens.path else None,
+        }
+
+    def _sample(self, step: int) -> tuple[list[Episode], set[str]]:
+        path = sample_path(self.run_dir, step)
+        if not path.is_file():
+            raise KeyError(f"no episode sample for step {step}")
+        sample = read_episode_sample(path)
+        return sample.episodes, set(sample.trained_trajectory_ids)
+
+    def episodes(self, step: int) -> list[dict[str, Any]]:
+        episodes, trained = self._sample(step)
+        return [
+            {
+                "index": i,
+                "id": e.id,
+                "task_id": e.task_id,
+                "rollout_index": e.rollout_index,
+                "reward": e.metrics.get("reward"),
+                "is_correct": e.is_correct,
+                "termination_reason": str(e.termination_reason),
+                "trained": any(t.id in trained for t in e.trajectories),
+                "response_tokens": sum(len(s.response_ids or ()) for t in e.trajectories for s in t.steps),
+            }
+            for i, e in enumerate(episodes)
+        ]
+
+    def episode(self, step: int, index: int) -> dict[str, Any]:
+        episodes, trained = self._sample(step)
+        if not 0 <= index < len(episodes):
+            raise KeyError(f"step {step} has {len(episodes)} sampled episodes, not index {index}")
+        e = episodes[index]
+        return {
+            "step": step,
+            "index": index,
+            "id": e.id,
+            "task_id": e.task_id,
+            "rollout_index": e.rollout_index,
+            "reward": e.metrics.get("reward"),
+            "is_correct": e.is_correct,
+            "termination_reason": str(e.termination_reason),
+            "error": to_builtins(e.error) if e.error else None,
+            "metrics": e.metrics,
+            "trajectories": [
+                {
+                    "id": t.id,
+                    "name": t.name,
+                    "reward": t.reward,
+                    "trained": t.id in trained,
+                    "steps": [self._step(s, t.id in trained) for s in t.steps],
+                }
+                for t in e.trajectories
+            ],
+        }
+
+    def _step(self, step: Step, trained: bool) -> dict[str, Any]:
+        ids = list(step.response_ids or ())
+        logprobs = list(step.logprobs or ())
+        advantage = step.advantage
+        per_token_adv = (
+            list(advantage) if advantage is not None and not isinstance(advantage, float | int) else None
+        )
+        train_logprobs = step.metadata.get("train_logprobs")
+        tokens = []
+        for i, token_id in enumerate(ids):
+            lp = logprobs[i] if i < len(logprobs) else None
+            adv = per_token_adv[i] if per_token_adv is not None else advantage
+            train_lp = (
+                train_logprobs[i] if isinstance(train_logprobs, list) and i < len(train_logprobs) else None
+            )
+            tokens.append(
+                {
+                    "id": token_id,
+                    "text": self.tokens(token_id),
+                    "logprob": _finite(lp),
+                    "mask": 1 if trained else 0,
+                    "advantage": _finite(adv),
+                    "mismatch": _finite(train_lp - lp) if train_lp is not None and lp is not None else None,
+                }
+            )
+        return {
+            "id": step.id,
+            "input": [to_builtins(m) for m in step.input],
+            "output": to_builtins(step.output) if step.output else None,
+            "reward": step.reward,
+            "advantage": advantage if isinstance(advantage, float | int) else None,
+            "finish_reason": step.finish_reason,
+            "weight_version": step.weight_version,
+            "prompt_tokens": len(step.prompt_ids or ()),
+            "tokens": tokens,
+        }
+
+
+def _finite(value: Any) -> float | None:
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def to_json_bytes(payload: Any) -> bytes:
+    return json.dumps(payload, separators=(",", ":")).encode()

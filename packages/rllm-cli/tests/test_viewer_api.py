@@ -1,0 +1,101 @@
+"""The viewer's JSON API over a run directory written with the engine's own sample writer."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rllm.cli.viewer.data import RunNotFoundError, RunView
+from rllm.cli.viewer.server import ViewerServer
+from rllm.engine.metrics_log import MetricsLogger, write_episode_sample
+from rllm.types import Episode, Message, Step, Trajectory
+
+
+def _episode(task: str, index: int, reward: float) -> Episode:
+    step = Step(
+        input=[Message(role="user", content=f"say: {task}")],
+        output=Message(role="assistant", content=task),
+        prompt_ids=[1, 2, 3],
+        response_ids=[7, 8],
+        logprobs=[-0.5, -2.0],
+        advantage=[0.25, -0.5],
+        metadata={"train_logprobs": [-0.25, -2.0]},
+    )
+    return Episode(
+        task_id=task,
+        rollout_index=index,
+        trajectories=[Trajectory(steps=[step], reward=reward)],
+        is_correct=reward == 1.0,
+        metrics={"reward": reward},
+    )
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    logger = MetricsLogger(tmp_path, tensorboard=False)
+    for step in (1, 2):
+        logger.log(step, {"reward/mean": step / 4, "batch/task_ids": ["a"]})
+        episodes = [_episode("apple", 0, 1.0), _episode("apple", 1, 0.0)]
+        trained = [episodes[0].trajectories[0].id]
+        write_episode_sample(tmp_path, step, episodes, trained, groups=1)
+    logger.close()
+    return tmp_path
+
+
+def get(url: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            body = response.read()
+            kind = response.headers["Content-Type"]
+            return response.status, json.loads(body) if "json" in kind else body.decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_api_serves_runs_episodes_and_tokens(run_dir: Path) -> None:
+    with ViewerServer(RunView(run_dir)) as server:
+        assert server.url.startswith("http://127.0.0.1:")
+        status, page = get(server.url)
+        assert status == 200 and "<title>rllm view</title>" in page
+        status, run = get(server.url + "api/run")
+        assert status == 200 and run["steps"] == [1, 2]
+        assert [r["reward/mean"] for r in run["metrics"]] == [0.25, 0.5]
+        assert all("batch/task_ids" not in r for r in run["metrics"])  # numbers only
+        status, episodes = get(server.url + "api/steps/2/episodes")
+        assert [(e["rollout_index"], e["is_correct"], e["trained"]) for e in episodes] == [
+            (0, True, True),
+            (1, False, False),
+        ]
+        status, episode = get(server.url + "api/steps/2/episodes/0")
+        step = episode["trajectories"][0]["steps"][0]
+        assert step["input"] == [{"role": "user", "content": "say: apple"}]
+        assert [t["text"] for t in step["tokens"]] == ["#7", "#8"]  # no tokenizer in this run dir
+        assert [t["advantage"] for t in step["tokens"]] == [0.25, -0.5]
+        assert [t["mask"] for t in step["tokens"]] == [1, 1]
+        assert step["tokens"][0]["mismatch"] == pytest.approx(0.25)
+        status, other = get(server.url + "api/steps/2/episodes/1")
+        assert [t["mask"] for t in other["trajectories"][0]["steps"][0]["tokens"]] == [0, 0]
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("api/steps/9/episodes", "no episode sample for step 9"),
+        ("api/steps/1/episodes/5", "not index 5"),
+        ("api/nothing", "no such page"),
+    ],
+)
+def test_api_errors_are_404_with_a_reason(run_dir: Path, path: str, message: str) -> None:
+    with ViewerServer(RunView(run_dir)) as server:
+        status, body = get(server.url + path)
+    assert status == 404 and message in body["error"]
+
+
+def test_an_empty_directory_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(RunNotFoundError, match=r"no metrics\.jsonl or episode samples"):
+        RunView(tmp_path)

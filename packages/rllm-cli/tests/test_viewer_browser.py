@@ -1,0 +1,132 @@
+"""The trace viewer in a real headless Chromium (Debian's chromium + chromedriver, via selenium),
+over a run directory made by a real short training run (say-single, local backend).
+
+Run with `nox -s browser` (CI does); skipped where chromium or chromedriver is missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rllm.cli.viewer.data import RunView
+from rllm.cli.viewer.server import ViewerServer
+from rllm.engine.metrics_log import read_episode_sample, sample_path
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="needs chromium and chromedriver (apt)"),
+]
+
+WAIT_S = 60  # an upper bound for a cold, busy machine; every wait returns as soon as the page is there
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from rllm.engine.launch import build_trainer
+
+    out = tmp_path_factory.mktemp("run")
+    trainer = build_trainer(
+        "say-single",
+        out_dir=str(out),
+        overrides=[
+            "progress=false",
+            "plot=false",
+            "tensorboard=false",
+            "total_steps=2",
+            "tasks_per_step=2",
+            "group_size=2",
+            "val_every=0",
+            "rollout.workers=1",
+            # A random tiny model scores 0 everywhere; keep the groups so the sample shows trained tokens.
+            "algorithm.filter_zero_variance=false",
+        ],
+    )
+    asyncio.run(trainer.fit())
+    return out
+
+
+@pytest.fixture
+def browser() -> Iterator[object]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        options.add_argument(flag)
+    options.add_argument("--window-size=1280,900")
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def test_open_an_episode_and_read_its_tokens(run_dir: Path, browser: object, tmp_path: Path) -> None:
+    from PIL import Image
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = browser
+    wait = WebDriverWait(driver, WAIT_S)
+    view = RunView(run_dir)
+    assert view.tokens.path is not None  # the tiny model's tokenizer.json gives token texts
+    sample = read_episode_sample(sample_path(run_dir, 2))
+    with ViewerServer(view) as server:
+        driver.get(server.url)
+        # The latest step is shown first, its first episode opened.
+        wait.until(ec.text_to_be_present_in_element((By.ID, "step-select"), "step 2"))
+        rows = wait.until(ec.presence_of_all_elements_located((By.CSS_SELECTOR, ".episode-row")))
+        assert len(rows) == len(sample.episodes)
+        rows[1].click()
+        wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, "#episode h2"), "rollout 1"))
+        wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, ".tokens .tok")))
+
+        expected = sample.episodes[1].trajectories[0].steps[0]
+        spans = driver.find_elements(By.CSS_SELECTOR, ".tokens[data-step='0'] .tok")
+        assert [int(s.get_attribute("data-id")) for s in spans] == list(expected.response_ids)
+        assert [s.text for s in spans] == [view.tokens(i).strip() for i in expected.response_ids]
+        first = spans[0].get_attribute("title")
+        assert f"logprob {expected.logprobs[0]:.3f}" in first and "loss mask 1" in first
+        assert driver.find_element(By.CSS_SELECTOR, ".msg.user").text.endswith(
+            sample.episodes[1].trajectories[0].steps[0].input[0].content
+        )
+
+        # Keys: k goes back to the first episode.
+        driver.find_element(By.TAG_NAME, "body").send_keys("k")
+        wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, "#episode h2"), "rollout 0"))
+
+        # Colour toggle: by loss mask every trained token gets the same colour.
+        from selenium.webdriver.support.ui import Select
+
+        Select(driver.find_element(By.ID, "color-by")).select_by_value("mask")
+        wait.until(ec.text_to_be_present_in_element_value((By.ID, "color-by"), "mask"))
+
+        # Curves: the reward curve has one point per logged step (one history).
+        driver.find_element(By.ID, "tab-curves").click()
+        line = wait.until(
+            ec.visibility_of_element_located((By.CSS_SELECTOR, "polyline[data-metric='reward/mean']"))
+        )
+        assert len(line.get_attribute("points").split()) == 2
+        driver.find_element(By.ID, "tab-episode").click()
+
+        screenshot = Path(os.environ.get("RLLM_VIEWER_SCREENSHOT", tmp_path / "viewer.png"))
+        assert driver.save_screenshot(str(screenshot))
+
+    image = Image.open(screenshot).convert("RGB")
+    assert image.size[0] >= 1000 and image.size[1] >= 600
+    colours = image.getcolors(maxcolors=1 << 20) or []
+    # A blank page has one or two colours; the viewer has text, badges, token highlights.
+    assert len(colours) > 50, len(colours)
+    dominant = max(count for count, _ in colours)
+    assert dominant < 0.95 * image.size[0] * image.size[1]
