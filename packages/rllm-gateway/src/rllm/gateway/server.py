@@ -50,7 +50,7 @@ from rllm.gateway.jsonguard import JsonLimitError, check_json, fits_int64, may_b
 from rllm.gateway.metrics import GatewayMetrics
 from rllm.gateway.proxy_lane import ParsedCall, ProxyCall, start_exchange
 from rllm.gateway.sessions import EndedSessions, Session
-from rllm.gateway.store import open_store
+from rllm.gateway.store import encodable, open_store
 from rllm.gateway.workers import NoHealthyWorker, Worker, WorkerPool
 from rllm.types import (
     FloatArray,
@@ -1206,9 +1206,13 @@ def _sse_data(event: bytes) -> bytes | None:
 
 def _records_response(request: Request, records: list[TraceRecord]) -> Response:
     fmt = request.query.get("format")
-    if fmt == "msgpack" or (fmt is None and _MSGPACK in request.headers.get("Accept", "")):
-        return Response(body=to_msgpack(records), content_type=_MSGPACK)
-    return Response(body=to_json(records), content_type=_JSON)
+    as_msgpack = fmt == "msgpack" or (fmt is None and _MSGPACK in request.headers.get("Accept", ""))
+    encode, ctype = (to_msgpack, _MSGPACK) if as_msgpack else (to_json, _JSON)
+    try:
+        body = encode(records)
+    except (OverflowError, RecursionError, TypeError, ValueError):
+        body = encode(encodable(records))  # the store can always be read
+    return Response(body=body, content_type=ctype)
 
 
 def fill_trace(trace: TraceRecord, cap: Captured) -> None:
