@@ -5,19 +5,17 @@ consumer (validation, msgpack/JSON encoding of a trace, the store) raise Recursi
 integer beyond int64 cannot be encoded as msgpack, so a trace holding one could never be read.
 Such input is refused at the door (400), where the field can still be named.
 
-The walk is iterative (no recursion of its own) and runs only when a cheap scan of the raw bytes
-says it could find something: more opening brackets than the depth limit, or a run of 19+
-digits. An ordinary chat request costs two C-level scans and no walk.
+The walk is iterative (no recursion of its own). The gateway runs it on the free-form parts of a
+request that a trace keeps (``tools``; the whole body with ``store_raw``) and on admin bodies,
+not on every byte of every request: that would cost as much as decoding it.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
-_LONG_NUMBER = re.compile(rb"\d{19}")
 
 
 class JsonLimitError(ValueError):
@@ -27,11 +25,6 @@ class JsonLimitError(ValueError):
         super().__init__(message)
         self.message = message
         self.path = path
-
-
-def may_break_limits(raw: bytes, max_depth: int) -> bool:
-    """Whether ``raw`` could nest deeper than ``max_depth`` or hold an integer beyond int64."""
-    return raw.count(b"[") + raw.count(b"{") > max_depth or _LONG_NUMBER.search(raw) is not None
 
 
 def check_json(obj: Any, max_depth: int, root: str = "") -> None:
@@ -58,4 +51,4 @@ def fits_int64(value: int) -> bool:
     return INT64_MIN <= value <= INT64_MAX
 
 
-__all__ = ["INT64_MAX", "INT64_MIN", "JsonLimitError", "check_json", "fits_int64", "may_break_limits"]
+__all__ = ["INT64_MAX", "INT64_MIN", "JsonLimitError", "check_json", "fits_int64"]

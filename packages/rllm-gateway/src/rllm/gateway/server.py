@@ -46,7 +46,7 @@ from rllm.gateway.httpserver import (
     Router,
     StreamResponse,
 )
-from rllm.gateway.jsonguard import JsonLimitError, check_json, fits_int64, may_break_limits
+from rllm.gateway.jsonguard import JsonLimitError, check_json, fits_int64
 from rllm.gateway.metrics import GatewayMetrics
 from rllm.gateway.proxy_lane import ParsedCall, ProxyCall, start_exchange
 from rllm.gateway.sessions import EndedSessions, Session
@@ -397,32 +397,34 @@ class GatewayServer:
                 502, f"upstream {w.url} failed: {type(exc).__name__}", code="upstream_error"
             ) from None
 
-    def _decode_body(self, raw: bytes) -> dict[str, Any]:
+    def _decode_body(self, raw: bytes, *, whole: bool = False) -> dict[str, Any]:
+        """The request's JSON object. ``whole``: every part of it must fit the JSON limits (admin
+        bodies, kept as they are); proxy calls check only the parts a trace keeps (_validate)."""
         if not raw:
             raise GatewayError(400, "request body is empty; expected a JSON object", code="invalid_json")
-        max_depth = self.config.max_json_depth
         try:
             body = _json_decode(raw)
-            if may_break_limits(raw, max_depth):
-                check_json(body, max_depth)
         except msgspec.DecodeError as exc:
             raise GatewayError(400, f"malformed JSON in request body: {exc}", code="invalid_json") from None
         except RecursionError:
-            raise GatewayError(
-                400, f"JSON nested deeper than {max_depth} levels", code="invalid_json"
-            ) from None
-        except JsonLimitError as exc:
-            raise GatewayError(
-                400, f"{exc.message} at {exc.path}", param=exc.path, code="invalid_json"
-            ) from None
+            raise GatewayError(400, "JSON in request body is nested too deep", code="invalid_json") from None
+        if whole or self.config.store_raw:
+            self._check_json(body, "")
         if not isinstance(body, dict):
             raise GatewayError(
                 400, f"request body must be a JSON object, got {type(body).__name__}", code="invalid_json"
             )
         return body
 
-    @staticmethod
-    def _validate(body: dict[str, Any], chat: bool) -> list[Message]:
+    def _check_json(self, value: Any, where: str) -> None:
+        try:
+            check_json(value, self.config.max_json_depth, where)
+        except JsonLimitError as exc:
+            raise GatewayError(
+                400, f"{exc.message} at {exc.path}", param=exc.path, code="invalid_json"
+            ) from None
+
+    def _validate(self, body: dict[str, Any], chat: bool) -> list[Message]:
         if "stream" in body and not isinstance(body["stream"], bool):
             raise GatewayError(400, "'stream' must be a boolean", param="stream", code="invalid_type")
         for name, types in (
@@ -437,8 +439,14 @@ class GatewayServer:
                 raise GatewayError(
                     400, f"'{name}' must be a number, got {type(v).__name__}", param=name, code="invalid_type"
                 )
+            if type(v) is int and not fits_int64(v):
+                raise GatewayError(400, f"'{name}' does not fit in 64 bits", param=name, code="invalid_type")
         if body.get("n", 1) not in (None, 1):
             raise GatewayError(400, "the gateway captures one choice per call: 'n' must be 1", param="n")
+        # Free-form parts a trace keeps (tools, a prompt) must be storable: depth and int64 limits.
+        # Messages need no walk: converting them to Message admits only strings and typed blocks.
+        if chat and body.get("tools"):
+            self._check_json(body["tools"], "tools")
         if chat:
             msgs = body.get("messages")
             if not isinstance(msgs, list) or not msgs:
@@ -470,6 +478,13 @@ class GatewayServer:
                 param="prompt",
                 code="invalid_type",
             )
+        if isinstance(prompt, list):
+            try:
+                array("q").fromlist(prompt)  # C-speed int64 check of every token id
+            except OverflowError:
+                raise GatewayError(
+                    400, "a token id in 'prompt' does not fit in 64 bits", param="prompt", code="invalid_type"
+                ) from None
         return []
 
     def _early(self, request: Request) -> Response | Awaitable[Response | StreamResponse] | Pending | None:
@@ -735,10 +750,9 @@ class GatewayServer:
             return Response(status=status, body=raw, content_type=_JSON)
         try:
             data = _json_decode(raw)
-            if may_break_limits(raw, self.config.max_json_depth):
+            cap = read_answer(data, chat=call.chat and call.bridge is None)  # checks what is kept
+            if self.config.store_raw:  # then the whole answer is kept: it must fit the limits too
                 check_json(data, self.config.max_json_depth)
-            cap = read_answer(data, chat=call.chat and call.bridge is None)
-            if self.config.store_raw:
                 call.trace.raw_response = dict(data)
             if call.bridge is not None:
                 self._bridge.commit(call.session, call.bridge, cap, call.trace)
@@ -934,7 +948,7 @@ class GatewayServer:
     async def _admin_body(self, request: Request) -> dict[str, Any]:
         if not request.can_read_body:
             return {}
-        return self._decode_body(request.body)
+        return self._decode_body(request.body, whole=True)
 
     # ------------------------------------------------------------------ admin operations
     # One implementation each, shared by the HTTP admin routes and LocalGatewayClient. They raise
@@ -1226,12 +1240,13 @@ def fill_trace(trace: TraceRecord, cap: Captured) -> None:
                 ToolCall(
                     id=str(tc.get("id") or f"call_{i}"),
                     function=FunctionCall(
-                        name=tc["function"]["name"], arguments=tc["function"].get("arguments") or "{}"
+                        name=_text(tc["function"]["name"]),
+                        arguments=_text(tc["function"].get("arguments") or "{}"),
                     ),
                 )
                 for i, tc in enumerate(cap.tool_calls)
             ]
-        except (KeyError, TypeError):
+        except (KeyError, TypeError, AttributeError):
             trace.metadata["capture_warning"] = "unreadable tool_calls"
     trace.response = Message(
         role="assistant", content=cap.text or None, tool_calls=tool_calls, reasoning=cap.reasoning or None
@@ -1258,6 +1273,13 @@ def fill_trace(trace: TraceRecord, cap: Captured) -> None:
         p = len(trace.prompt_ids or ())
         c = len(trace.completion_ids or ())
         trace.usage = Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c)
+
+
+def _text(value: Any) -> str:
+    # A trace holds what it can encode: anything but a string here is an unreadable tool call.
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {type(value).__name__}")
+    return value
 
 
 def _tokens(ids: list[int]) -> Any:
