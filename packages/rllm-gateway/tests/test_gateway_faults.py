@@ -108,6 +108,14 @@ class FaultUpstream:
         if self._server is not None:
             self._server.close()
 
+    def _fault_for(self, body: bytes) -> str:
+        """A call whose last message reads ``fault:<name>`` gets that fault; others ``fault``."""
+        try:
+            text = msgspec.json.decode(body)["messages"][-1]["content"]
+        except (msgspec.DecodeError, KeyError, IndexError, TypeError):
+            return self.fault
+        return text[6:] if isinstance(text, str) and text.startswith("fault:") else self.fault
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
         try:
@@ -117,26 +125,27 @@ class FaultUpstream:
                 for line in head.split(b"\r\n"):
                     if line.lower().startswith(b"content-length:"):
                         length = int(line.split(b":")[1])
-                await reader.readexactly(length)
+                body = await reader.readexactly(length)
                 if head.startswith(b"GET"):
                     writer.write(_fixed(b'{"object": "list", "data": [{"id": "fault-model"}]}'))
                     continue
                 self.posts += 1
                 self.arrived.set()
-                if self.fault == "ok":
+                fault = self._fault_for(body)
+                if fault == "ok":
                     writer.write(_fixed(msgspec.json.encode(_CHAT)))
                     continue
-                if self.fault == "huge":
+                if fault == "huge":
                     writer.write(_head("Content-Length: 200000000\r\n"))
                     for _ in range(3000):  # 200 MB offered; the gateway should hang up long before
                         writer.write(b"x" * 65536)
                         await writer.drain()
                     return
-                if self.fault in WHOLE_FAULTS:
-                    writer.write(WHOLE_FAULTS[self.fault])
+                if fault in WHOLE_FAULTS:
+                    writer.write(WHOLE_FAULTS[fault])
                     await writer.drain()
                     return
-                data, stall = STREAM_FAULTS[self.fault]
+                data, stall = STREAM_FAULTS[fault]
                 writer.write(data)
                 await writer.drain()
                 if stall:
@@ -235,5 +244,37 @@ async def test_a_broken_stream_ends_with_an_error_event_and_an_error_trace(fault
         events = [e for e in data.split(b"\n\n") if e]
         assert b'"error"' in events[-2] and events[-1] == b"data: [DONE]", events[-3:]
         await _assert_one_error_trace(gw, "s", "upstream")
+    finally:
+        await gw.stop()
+
+
+@pytest.mark.parametrize("lane", [True, False], ids=["lane", "task"])
+async def test_concurrent_sessions_with_mixed_faults_each_keep_exactly_their_own_traces(faulty, store, lane):
+    """The invariant under load: 8 sessions x 6 calls at once, every other call a fault. Each call
+    has exactly one trace, ``ok`` exactly when the client got a 200, in its own session, in order."""
+    faults = sorted(WHOLE_FAULTS)
+    gw = await _gateway(faulty, store, lane=lane)
+    try:
+        await _post(gw, "warm", _BODY)
+
+        async def session(i: int) -> list[int]:
+            statuses = []
+            for turn in range(6):
+                text = f"fault:{faults[(i + turn) % len(faults)]}" if (i + turn) % 2 else f"s{i} t{turn}"
+                status, _ = await _post(
+                    gw, f"s{i}", {"model": "m", "messages": [{"role": "user", "content": text}]}
+                )
+                statuses.append(status)
+            return statuses
+
+        results = await asyncio.wait_for(asyncio.gather(*(session(i) for i in range(8))), 120)
+        client = gw.local_client()
+        for i, statuses in enumerate(results):
+            traces = await client.get_traces(f"s{i}")
+            assert [t.seq for t in traces] == list(range(6))
+            assert [t.status for t in traces] == ["ok" if s == 200 else "error" for s in statuses]
+            assert all(s in (200, 502) for s in statuses)
+            assert all(t.session_id == f"s{i}" for t in traces)
+        assert gw.inflight == 0
     finally:
         await gw.stop()

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from rllm.gateway import GatewayConfig, GatewayServer
 from rllm.gateway.capture import StreamCapture, UpstreamShapeError, read_answer
 from rllm.gateway.server import fill_trace
+from rllm.gateway.sse import EventTooLarge, SseEvents
 from rllm.types import TraceRecord, from_msgpack, to_msgpack
 
 _NET = settings(
@@ -204,3 +205,33 @@ def test_any_stream_of_chunks_is_captured_or_refused_with_a_shape_error(chunks, 
     except UpstreamShapeError:
         return
     _stored(cap)
+
+
+# ------------------------------------------------------------------ SSE event splitting
+_EVENT_DATA = st.binary(max_size=300).map(lambda b: b.replace(b"\n", b"").replace(b"\r", b""))
+
+
+@_PURE
+@given(
+    payloads=st.lists(_EVENT_DATA.filter(bool), max_size=8),
+    cuts=st.lists(st.integers(min_value=1, max_value=64), max_size=40),
+    crlf=st.booleans(),
+)
+def test_sse_events_come_out_whole_and_in_order_however_the_bytes_are_cut(payloads, cuts, crlf):
+    eol = b"\r\n" if crlf else b""
+    wire = b"".join(b": comment" + eol + b"\ndata: " + p + eol + b"\n\n" for p in payloads)
+    events = SseEvents(max_event_bytes=1 << 20)
+    got: list[bytes] = []
+    pos = 0
+    for cut in cuts:
+        got += events.feed(wire[pos : pos + cut])
+        pos += cut
+    got += events.feed(wire[pos:])
+    assert got == payloads
+
+
+def test_an_sse_event_over_the_limit_is_an_error_not_memory():
+    events = SseEvents(max_event_bytes=1000)
+    events.feed(b"data: " + b"x" * 900)
+    with pytest.raises(EventTooLarge):
+        events.feed(b"x" * 200)

@@ -50,6 +50,7 @@ from rllm.gateway.jsonguard import JsonLimitError, check_json, fits_int64
 from rllm.gateway.metrics import GatewayMetrics
 from rllm.gateway.proxy_lane import ParsedCall, ProxyCall, start_exchange
 from rllm.gateway.sessions import EndedSessions, Session
+from rllm.gateway.sse import EventTooLarge, SseEvents
 from rllm.gateway.store import encodable, open_store
 from rllm.gateway.workers import NoHealthyWorker, Worker, WorkerPool
 from rllm.types import (
@@ -861,21 +862,13 @@ class GatewayServer:
         """Forward the upstream's SSE events to the client, feeding the capture; True once
         ``[DONE]`` came. Raises _StreamFault (or UpstreamShapeError) for what the capture cannot
         take: an event that is not JSON or is larger than ``max_stream_event_bytes``."""
-        limit = self.config.max_stream_event_bytes
-        buf = bytearray()
-        scanned = 0  # bytes of buf already searched for the end of an event
+        events = SseEvents(self.config.max_stream_event_bytes)
         async for piece in resp.content.iter_any():
-            buf += piece
-            start = 0
-            while True:
-                end = buf.find(b"\n\n", max(start, scanned - 1))
-                if end < 0:
-                    break
-                payload = _sse_data(bytes(buf[start:end]))
-                start = end + 2
-                scanned = start
-                if payload is None:
-                    continue
+            try:
+                payloads = events.feed(piece)
+            except EventTooLarge as exc:
+                raise _StreamFault(str(exc)) from None
+            for payload in payloads:
                 if payload == b"[DONE]":
                     return True
                 try:
@@ -893,11 +886,6 @@ class GatewayServer:
                     if strip_injected(chunk, call.wants):
                         payload = _json_encode(chunk)
                 await out.write(b"data: " + payload + b"\n\n")
-            if start:
-                del buf[:start]  # consumed events; amortised linear since it happens per piece
-            scanned = len(buf)
-            if len(buf) > limit:
-                raise _StreamFault(f"upstream stream event exceeds max_stream_event_bytes ({limit} bytes)")
         return False
 
     async def _hosted_call(
@@ -1203,19 +1191,6 @@ class GatewayServer:
 def _bracket(path: str) -> str:
     # "[2].content" -> "[2].content"; "" -> ""
     return path if path.startswith("[") or not path else f".{path}"
-
-
-def _sse_data(event: bytes) -> bytes | None:
-    """The data of one SSE event (lines joined), or None for comments/empty events."""
-    data = None
-    for line in event.split(b"\n"):
-        line = line.rstrip(b"\r")
-        if line.startswith(b"data:"):
-            part = line[5:]
-            if part.startswith(b" "):
-                part = part[1:]
-            data = part if data is None else data + b"\n" + part
-    return data
 
 
 def _records_response(request: Request, records: list[TraceRecord]) -> Response:
