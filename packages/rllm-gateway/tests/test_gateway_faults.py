@@ -171,8 +171,12 @@ def store(request, tmp_path):
     return "memory" if request.param == "memory" else f"sqlite:{tmp_path / 'traces.db'}"
 
 
-async def _gateway(up: FaultUpstream, store: str, *, lane: bool, **kw) -> GatewayServer:
-    cfg = GatewayConfig(upstreams=[up.url], store=store, health_interval_s=0, proxy_lane=lane, **kw)
+async def _gateway(up: FaultUpstream, store: str, *, lane: bool | str, **kw) -> GatewayServer:
+    """``lane``: True (the early lane), False (the task path), "aiohttp" (the task path through
+    aiohttp's client, as for https upstreams)."""
+    if lane == "aiohttp":
+        kw["fast_http"] = False
+    cfg = GatewayConfig(upstreams=[up.url], store=store, health_interval_s=0, proxy_lane=lane is True, **kw)
     return await GatewayServer(cfg).start()
 
 
@@ -193,7 +197,7 @@ async def _assert_one_error_trace(gw: GatewayServer, sid: str, needle: str) -> N
     assert gw.inflight == 0
 
 
-@pytest.mark.parametrize("lane", [True, False], ids=["lane", "task"])
+@pytest.mark.parametrize("lane", [True, False, "aiohttp"], ids=["lane", "task", "aiohttp"])
 @pytest.mark.parametrize("fault", sorted(WHOLE_FAULTS))
 async def test_a_wrong_whole_answer_is_a_prompt_502_with_one_error_trace(faulty, store, lane, fault):
     gw = await _gateway(faulty, store, lane=lane)
@@ -213,7 +217,7 @@ async def test_a_wrong_whole_answer_is_a_prompt_502_with_one_error_trace(faulty,
         await gw.stop()
 
 
-@pytest.mark.parametrize("lane", [True, False], ids=["lane", "task"])
+@pytest.mark.parametrize("lane", [True, False, "aiohttp"], ids=["lane", "task", "aiohttp"])
 async def test_an_upstream_answer_over_the_size_limit_is_refused_early(faulty, store, lane):
     gw = await _gateway(faulty, store, lane=lane, max_upstream_body_bytes=1 << 20)
     try:

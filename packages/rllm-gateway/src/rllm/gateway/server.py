@@ -700,7 +700,7 @@ class GatewayServer:
                 w, resp = await self._post(call.session, call.path, call.body)
                 w.inflight += 1
                 try:
-                    raw = await resp.read()
+                    raw = await self._read_capped(resp)
                     status = resp.status
                 finally:
                     w.inflight -= 1
@@ -718,7 +718,7 @@ class GatewayServer:
             self._finish_trace(call.trace, None, "error", call.t0)
             raise GatewayError(502, call.trace.metadata["error"], code="upstream_error") from None
         except (aiohttp.ClientError, OSError) as exc:
-            call.trace.metadata["error"] = f"{type(exc).__name__}: {exc}"
+            call.trace.metadata["error"] = f"upstream failed mid-response: {type(exc).__name__}: {exc}"
             self._finish_trace(call.trace, None, "error", call.t0)
             raise GatewayError(
                 502, f"upstream failed mid-response: {type(exc).__name__}", code="upstream_error"
@@ -730,6 +730,23 @@ class GatewayServer:
             self.fail_unfinished(call.trace, call.t0, exc)
             raise
         return self._answer_whole(call, status, raw)
+
+    async def _read_capped(self, resp: aiohttp.ClientResponse) -> bytes:
+        """A whole answer through aiohttp, refused (UpstreamBadResponse) past max_upstream_body_bytes."""
+        cap = self.config.max_upstream_body_bytes
+        if resp.content_length is not None and resp.content_length > cap:
+            raise UpstreamBadResponse(
+                f"upstream answer of {resp.content_length} bytes exceeds the limit of {cap}"
+            )
+        parts: list[bytes] = []
+        size = 0
+        async for piece in resp.content.iter_any():
+            size += len(piece)
+            if size > cap:
+                resp.close()
+                raise UpstreamBadResponse(f"upstream answer of {size}+ bytes exceeds the limit of {cap}")
+            parts.append(piece)
+        return b"".join(parts)
 
     def fail_unfinished(self, trace: TraceRecord, t0: float, exc: BaseException) -> None:
         """Record ``trace`` as an error unless it was already finished (``latency_s`` is set
