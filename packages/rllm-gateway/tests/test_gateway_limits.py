@@ -238,3 +238,16 @@ async def test_with_auth_an_unknown_session_looks_like_a_wrong_token(mock):
             ):
                 seen.append(r.status)
         assert seen == [401, 401]
+
+
+def test_the_record_of_ended_sessions_is_bounded_and_expires(monkeypatch):
+    import rllm.gateway.sessions as sessions_mod
+
+    now = [1000.0]
+    monkeypatch.setattr(sessions_mod.time, "monotonic", lambda: now[0])
+    ended = sessions_mod.EndedSessions(ttl_s=60, max_entries=3)
+    for i in range(5):
+        ended.add(f"s{i}", f"tok{i}")
+    assert len(ended) == 3 and ended.token_of("s0") is None and ended.token_of("s4") == "tok4"
+    now[0] += 61
+    assert ended.token_of("s4") is None and len(ended) == 0  # expired, and dropped
