@@ -270,7 +270,9 @@ async def test_trace_of_a_call_in_flight_when_its_session_finished_is_not_kept(a
     await held.arrived.wait()  # the call reached the upstream: it is in flight in the gateway
     assert await admin.finish_session("late") == []
     held.release.set()
-    await call  # the upstream still answers the call that was already on its way
+    with pytest.raises(openai.APIStatusError) as e:  # its answer counts for nothing: say so
+        await call
+    assert e.value.status_code == 410 and "in flight" in str(e.value)
     await gateway.store.flush()
     assert gateway.store.trace_count() == 0 and "late" not in gateway.sessions
 

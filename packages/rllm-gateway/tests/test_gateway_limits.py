@@ -251,3 +251,19 @@ def test_the_record_of_ended_sessions_is_bounded_and_expires(monkeypatch):
     assert len(ended) == 3 and ended.token_of("s0") is None and ended.token_of("s4") == "tok4"
     now[0] += 61
     assert ended.token_of("s4") is None and len(ended) == 0  # expired, and dropped
+
+
+@pytest.mark.parametrize("lane", [True, False], ids=["lane", "task"])
+async def test_a_call_in_flight_when_its_session_ends_gets_410_and_leaves_no_trace(mock, held, lane):
+    cfg = GatewayConfig(upstreams=[mock.url], health_interval_s=0, proxy_lane=lane)
+    async with GatewayServer(cfg) as gw:
+        client = gw.local_client()
+        await client.create_session("flow")
+        call = asyncio.create_task(_status(gw, "/sessions/flow/v1/chat/completions", _CHAT))
+        await held.arrived.wait()
+        assert await client.finish_session("flow") == []
+        held.release.set()
+        status, err = await call
+        assert status == 410 and err["error"]["code"] == "session_ended"
+        await gw.store.flush()
+        assert gw.store.trace_count() == 0 and gw.inflight == 0

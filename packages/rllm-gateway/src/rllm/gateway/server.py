@@ -761,6 +761,20 @@ class GatewayServer:
 
     def _answer_whole(self, call: ProxyCall, status: int, raw: bytes) -> Response:
         """The agent's answer from the upstream's whole one; finishes the trace."""
+        sid = call.session.session_id
+        if self.sessions.get(sid) is not call.session:
+            # Its session was finished or deleted while the call was in flight (a flow past its
+            # deadline): nobody can read a trace any more, so none is kept, and the agent is told
+            # so rather than handed an answer that counts for nothing.
+            call.trace.status = "error"
+            call.trace.latency_s = time.perf_counter() - call.t0
+            self.metrics.observe(call.trace)  # counted, not stored
+            raise GatewayError(
+                410,
+                f"session {sid!r} ended while this call was in flight; its answer was discarded",
+                param="session_id",
+                code="session_ended",
+            )
         if status != 200:
             call.trace.metadata["error"] = raw[:2000].decode(errors="replace")
             call.trace.metadata["upstream_status"] = status
