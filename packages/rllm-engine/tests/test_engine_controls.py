@@ -28,13 +28,16 @@ def tasks(n: int) -> list[Task]:
 
 async def test_concurrency_limit_is_respected(gateway):
     running = peak = 0
+    full = asyncio.Event()  # the first flows wait until the limit is reached, so it is reached
 
     @rollout
     async def counted(task: Task, config: AgentConfig) -> None:
         nonlocal running, peak
         running += 1
         peak = max(peak, running)
-        await asyncio.sleep(0.02)
+        if running == 3:
+            full.set()
+        await asyncio.wait_for(full.wait(), 60)
         await ask(config)
         running -= 1
 
@@ -46,10 +49,20 @@ async def test_concurrency_limit_is_respected(gateway):
 
 
 async def test_stream_yields_each_task_group_when_complete(gateway):
+    others_done = 0
+    others = asyncio.Event()  # t0's flows answer only once the other four have
+
     @rollout
     async def flow(task: Task, config: AgentConfig) -> str:
-        await asyncio.sleep(0.2 if task.id == "t0" else 0.0)
-        return await ask(config)
+        nonlocal others_done
+        if task.id == "t0":
+            await asyncio.wait_for(others.wait(), 60)
+            return await ask(config)
+        answer = await ask(config)
+        others_done += 1
+        if others_done == 4:
+            others.set()
+        return answer
 
     async with RolloutEngine(
         flow, None, RolloutConfig(n=2, progress=False), gateway_url=gateway.url

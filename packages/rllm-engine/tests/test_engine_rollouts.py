@@ -245,8 +245,8 @@ async def test_sync_flow_past_deadline_times_out_and_later_calls_fail_fast(gatew
         try:
             client.chat.completions.create(model="m", messages=[{"role": "user", "content": "late"}])
             done_calls.append("ok")
-        except openai.NotFoundError:
-            done_calls.append("404")
+        except openai.APIStatusError as exc:
+            done_calls.append(str(exc.status_code))
         return "late"
 
     config = RolloutConfig(deadline_s=0.3, progress=False)
@@ -257,7 +257,7 @@ async def test_sync_flow_past_deadline_times_out_and_later_calls_fail_fast(gatew
             if done_calls:
                 break
             await asyncio.sleep(0.05)
-    assert done_calls == ["404"]  # the deleted session refuses the abandoned thread's call
+    assert done_calls == ["410"]  # the ended session refuses the abandoned thread's call
 
 
 async def test_upstream_dying_mid_run_is_retried_on_a_fresh_session(gateway, upstream):

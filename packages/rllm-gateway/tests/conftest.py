@@ -50,3 +50,47 @@ async def model_name(upstream_url, gateway):
 
     async with aiohttp.ClientSession() as s, s.get(f"{upstream_url}/models") as r:
         return (await r.json())["data"][0]["id"]
+
+
+async def _wait_until(condition, timeout_s: float = 30.0, what: str = "condition") -> None:
+    """Wait until ``condition()`` holds: tests synchronise on state, never on a fixed sleep. The
+    timeout only turns a hang into a failure; it is generous so a cold, busy machine passes."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.005)
+
+
+class _Held:
+    """A MockUpstream responder that holds each call until released: ``arrived`` is set when a
+    call reached the upstream (so it is in flight in the gateway), ``release`` lets them answer."""
+
+    def __init__(self, text: str = "held") -> None:
+        import asyncio
+
+        self.text = text
+        self.arrived = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def __call__(self, body):
+        self.arrived.set()
+        await self.release.wait()
+        return self.text
+
+
+@pytest.fixture
+def wait_until():
+    """``await wait_until(lambda: ..., what=...)``: poll a condition (see _wait_until)."""
+    return _wait_until
+
+
+@pytest.fixture
+def held(mock):
+    """The mock upstream holds every call until ``held.release.set()`` (see _Held)."""
+    h = _Held()
+    mock.responder = h
+    return h

@@ -58,16 +58,19 @@ async def test_weight_version_is_stamped_on_traces(admin):
     assert [t.weight_version for t in await client.get_traces("wv")] == [0, 7]
 
 
-async def test_pause_drains_inflight_and_holds_new_requests(admin, mock):
+async def test_pause_drains_inflight_and_holds_new_requests(admin, gateway, held, wait_until):
     client = admin
-    mock.latency = 0.3
     s = await client.create_session("p")
     first = asyncio.create_task(_chat(s.base_url, "in flight"))
-    await asyncio.sleep(0.1)
-    await client.pause()  # returns only after the in-flight request finished
+    await held.arrived.wait()
+    pausing = asyncio.create_task(client.pause())  # returns only after the in-flight request finished
+    await wait_until(lambda: gateway.health_info()["paused"], what="the pause")
+    assert not pausing.done()
+    held.release.set()
+    await pausing
     assert first.done()
     late = asyncio.create_task(_chat(s.base_url, "late"))
-    await asyncio.sleep(0.2)
+    await wait_until(lambda: gateway.waiting == 1, what="the late call to wait at the door")
     assert not late.done()  # held at the door while paused
     await client.set_weight_version(1)
     await client.resume()
@@ -259,16 +262,39 @@ async def test_in_process_client_refuses_another_event_loop(gateway):
     assert "event loop" in message and gateway.url in message
 
 
-async def test_trace_of_a_call_in_flight_when_its_session_finished_is_not_kept(admin, gateway, mock):
+async def test_trace_of_a_call_in_flight_when_its_session_finished_is_not_kept(admin, gateway, held):
     """A flow past its deadline may still have a call in flight when the engine finishes its
     session; that call's trace has nobody to read it and must not leak into the store."""
-    mock.latency = 0.3
     s = await admin.create_session("late")
     call = asyncio.create_task(_chat(s.base_url, "slow"))
-    await asyncio.sleep(0.1)
+    await held.arrived.wait()  # the call reached the upstream: it is in flight in the gateway
     assert await admin.finish_session("late") == []
-    await call  # the upstream still answers the call that was already on its way
+    held.release.set()
+    with pytest.raises(openai.APIStatusError) as e:  # its answer counts for nothing: say so
+        await call
+    assert e.value.status_code == 410 and "in flight" in str(e.value)
+    await gateway.store.flush()
     assert gateway.store.trace_count() == 0 and "late" not in gateway.sessions
+
+
+@pytest.mark.parametrize("end", ["finish", "delete"])
+async def test_a_late_call_for_an_ended_session_is_refused_and_does_not_revive_it(admin, gateway, end):
+    """With auto-created sessions on, a call arriving after its session ended used to create
+    it again, and its trace stayed in the store for good. It gets a 410 now."""
+    s = await admin.create_session("gone")
+    await _chat(s.base_url)
+    if end == "finish":
+        assert len(await admin.finish_session("gone")) == 1
+    else:
+        assert await admin.delete_session("gone") == 1
+    with pytest.raises(openai.APIStatusError) as e:
+        await _chat(s.base_url, "too late")
+    assert e.value.status_code == 410 and "ended" in str(e.value)
+    await gateway.store.flush()
+    assert "gone" not in gateway.sessions and gateway.store.trace_count() == 0
+    # the admin may open the id again on purpose
+    again = await admin.create_session("gone")
+    assert await _chat(again.base_url) == "echo: hi"
 
 
 async def test_probe_timeout_does_not_follow_a_short_interval():

@@ -77,7 +77,7 @@ async def test_unknown_session_when_auto_create_is_off(mock):
             await oc.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
 
 
-async def test_upstream_timeout_is_504_and_other_sessions_unaffected(mock):
+async def test_upstream_timeout_is_504_and_other_sessions_unaffected(mock, wait_until):
     cfg = GatewayConfig(upstreams=[mock.url], upstream_timeout_s=0.3, health_interval_s=0)
     async with GatewayServer(cfg) as gw, GatewayClient(gw.url) as c:
         mock.fail("hang", count=1)
@@ -86,7 +86,7 @@ async def test_upstream_timeout_is_504_and_other_sessions_unaffected(mock):
         hung = asyncio.create_task(
             slow.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
         )
-        await asyncio.sleep(0.05)
+        await wait_until(lambda: gw.inflight == 1, what="the hanging call to be in flight")
         ok = await fast.chat.completions.create(model="m", messages=[{"role": "user", "content": "y"}])
         assert ok.choices[0].message.content == "echo: y"
         with pytest.raises(openai.APIStatusError) as e:

@@ -236,8 +236,11 @@ async def test_a_client_that_stops_reading_holds_the_stream_back(served):
     _, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"GET /big-stream HTTP/1.1\r\nHost: x\r\n\r\n")
     await asyncio.wait_for(app.started.wait(), 5)
-    await asyncio.sleep(0.5)
     (conn,) = server.connections
+    for _ in range(6000):  # until the transport's buffer is full and the handler waits on it
+        if conn.paused is not None:
+            break
+        await asyncio.sleep(0.005)
     assert conn.paused is not None  # waiting for the client, not buffering 100 MB
     assert conn.transport.get_write_buffer_size() < 20 * 1024 * 1024
     writer.close()

@@ -44,7 +44,7 @@ async def lane(mock):
         yield gw, client
 
 
-async def test_calls_run_without_a_task_and_match_the_task_path(mock):
+async def test_calls_run_without_a_task_and_match_the_task_path(mock, wait_until):
     """The same conversation through the lane and through the task path: the agent sees the same
     replies and the traces hold the same tokens, logprobs and order."""
     results = []
@@ -61,7 +61,7 @@ async def test_calls_run_without_a_task_and_match_the_task_path(mock):
                 messages += [{"role": "user", "content": f"turn {turn}"}]
             mock.latency = 0.3
             pending = asyncio.create_task(_say(oc, "held"))
-            await asyncio.sleep(0.1)
+            await wait_until(lambda gw=gw: gw.inflight == 1, what="the call to be in flight")
             busy = [c for c in gw._server.connections if c._task is not None]
             assert len(busy) == 1
             assert isinstance(busy[0]._task, ProxyExchange) is on  # lane: the call holds no task
@@ -117,14 +117,16 @@ async def test_upstream_timeout_on_the_lane_is_504_and_the_next_call_works(mock)
         assert _settled(gw)
 
 
-async def test_client_gone_mid_call_aborts_the_trace_and_the_upstream_call(lane, mock):
+async def test_client_gone_mid_call_aborts_the_trace_and_the_upstream_call(lane, mock, wait_until):
     gw, client = lane
     mock.fail("hang", count=1)
     body = {"model": "m", "messages": [{"role": "user", "content": "going away"}]}
     async with aiohttp.ClientSession() as http:
         call = asyncio.create_task(http.post(client.session_url("gone") + "/chat/completions", json=body))
-        await asyncio.sleep(0.15)
-        assert any(isinstance(c._task, ProxyExchange) for c in gw._server.connections)
+        await wait_until(
+            lambda: any(isinstance(c._task, ProxyExchange) for c in gw._server.connections),
+            what="the call on the lane",
+        )
         call.cancel()  # the agent hangs up
         with pytest.raises(asyncio.CancelledError):
             await call
@@ -139,24 +141,23 @@ async def test_client_gone_mid_call_aborts_the_trace_and_the_upstream_call(lane,
     assert await _say(_oc(client.session_url("gone")), "next") == "echo: next"
 
 
-async def test_pause_waits_for_calls_on_the_lane(lane, mock):
+async def test_pause_waits_for_calls_on_the_lane(lane, mock, wait_until):
     gw, client = lane
     mock.latency = 0.3
     oc = _oc(client.session_url("p"))
     first = asyncio.create_task(_say(oc, "in flight"))
-    await asyncio.sleep(0.1)
-    assert gw.inflight == 1
+    await wait_until(lambda: gw.inflight == 1, what="the call on the lane")
     await client.pause()  # returns only once the call on the lane has been answered
     assert first.done() and first.result() == "echo: in flight"
     late = asyncio.create_task(_say(oc, "late"))
-    await asyncio.sleep(0.1)
+    await wait_until(lambda: gw.waiting == 1, what="the late call to wait at the door")
     assert not late.done()  # a paused gateway holds new calls (in a task, off the lane)
     await client.resume()
     assert await late == "echo: late"
     assert [t.status for t in await client.get_traces("p")] == ["ok", "ok"]
 
 
-async def test_mock_upstream_answers_from_its_latency_timer(mock):
+async def test_mock_upstream_answers_from_its_latency_timer(mock, wait_until):
     """The stand-in for vLLM uses the same early hook: a whole answer waits on a timer, not in a
     task, and a client that hangs up cancels the timer."""
     mock.latency = 0.3
@@ -165,18 +166,19 @@ async def test_mock_upstream_answers_from_its_latency_timer(mock):
     async with aiohttp.ClientSession() as http:
         t0 = time.monotonic()
         call = asyncio.create_task(http.post(url, json=body))
-        await asyncio.sleep(0.1)
+        busy = lambda: [c for c in mock._server.connections if c._task is not None]  # noqa: E731
+        await wait_until(busy, what="the call to reach the mock")
         (waiting,) = [c for c in mock._server.connections if c._task is not None]
         assert isinstance(waiting._task, asyncio.TimerHandle) and waiting.handler is None
         resp = await call
         assert (await resp.json())["choices"][0]["message"]["content"] == "echo: hi"
         assert time.monotonic() - t0 >= 0.3
         gone = asyncio.create_task(http.post(url, json=body))
-        await asyncio.sleep(0.1)
+        await wait_until(busy, what="the second call to reach the mock")
         gone.cancel()  # the client hangs up while the answer waits
         with pytest.raises(asyncio.CancelledError):
             await gone
-        await asyncio.sleep(0.3)
+        await wait_until(lambda: not busy(), what="the mock to drop the call")
         assert all(c._task is None for c in mock._server.connections)
         again = await http.post(url, json={**body, "messages": [{"role": "user", "content": "again"}]})
         assert (await again.json())["choices"][0]["message"]["content"] == "echo: again"

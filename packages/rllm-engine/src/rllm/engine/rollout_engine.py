@@ -139,7 +139,7 @@ class RolloutEngine:
             from rllm.gateway import GatewayConfig, GatewayServer
 
             # No auto-created sessions: a sync flow still running after its deadline (its session
-            # deleted) must get a fast 404, not silently start a new, orphaned session.
+            # deleted) must get a fast 410 (ended), not silently start a new, orphaned session.
             # Health checks every 2 s, so a worker marked failed is back by the second retry
             # (backoff 1 s, then 2 s) instead of failing every retry with 503.
             cfg = self._gateway_config or GatewayConfig(

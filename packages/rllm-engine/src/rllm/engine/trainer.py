@@ -182,7 +182,7 @@ class Trainer:
         cfg = self.config.gateway
         tokenizer = self.backend.tokenizer_path() if cfg.mode == "cumulative" else None
         mode = cfg.mode if tokenizer else "plain"
-        # No auto-created sessions: a flow still running past its deadline gets a fast 404.
+        # No auto-created sessions: a flow still running past its deadline gets a fast 410 (its session ended).
         return GatewayConfig(
             upstreams=self.backend.inference_urls(),
             store=cfg.store,

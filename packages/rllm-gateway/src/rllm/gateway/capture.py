@@ -10,6 +10,7 @@ response reaches the client, so an agent sees a normal OpenAI response.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,6 +119,63 @@ def capture_response(resp: dict[str, Any], *, chat: bool) -> Captured:
     return cap
 
 
+class UpstreamShapeError(ValueError):
+    """The upstream answered valid JSON of the wrong shape; the message names what was wrong."""
+
+
+_UNREADABLE = (AttributeError, TypeError, KeyError, ValueError, IndexError)
+
+
+def read_answer(resp: Any, *, chat: bool) -> Captured:
+    """``capture_response`` for an answer nobody has checked yet: raises UpstreamShapeError
+    (naming the field) instead of whatever reading the wrong shape would raise."""
+    if not isinstance(resp, dict):
+        raise UpstreamShapeError(f"the answer is a JSON {type(resp).__name__}, not an object")
+    choices = resp.get("choices")
+    if choices is not None and not isinstance(choices, list):
+        raise UpstreamShapeError(f"'choices' is a {type(choices).__name__}, not a list")
+    if choices and not isinstance(choices[0], dict):
+        raise UpstreamShapeError(f"'choices[0]' is a {type(choices[0]).__name__}, not an object")
+    if chat and choices and not isinstance(choices[0].get("message") or {}, dict):
+        raise UpstreamShapeError("'choices[0].message' is not an object")
+    try:
+        cap = capture_response(resp, chat=chat)
+    except _UNREADABLE as exc:
+        raise UpstreamShapeError(f"unreadable capture fields ({type(exc).__name__}: {exc})") from None
+    check_captured(cap)
+    return cap
+
+
+def check_captured(cap: Captured) -> None:
+    """Raise UpstreamShapeError unless every captured field has the type a trace needs."""
+    for name, ids in (("prompt_token_ids", cap.prompt_ids), ("token_ids", cap.completion_ids)):
+        if ids is None:
+            continue
+        if not isinstance(ids, list):
+            raise UpstreamShapeError(f"'{name}' is not a list of token ids")
+        try:  # C-speed: traces pack token ids as int32, and this is the same conversion
+            array("i").fromlist(ids)
+        except (TypeError, OverflowError):
+            raise UpstreamShapeError(f"'{name}' is not a list of int32 token ids") from None
+    if cap.logprobs is not None and not isinstance(cap.logprobs, list):
+        raise UpstreamShapeError("'logprobs' is not a list")
+    for name, value in (("content", cap.text), ("reasoning", cap.reasoning), ("model", cap.model)):
+        if not isinstance(value, str):
+            raise UpstreamShapeError(f"'{name}' is a {type(value).__name__}, not a string")
+    if cap.finish_reason is not None and not isinstance(cap.finish_reason, str):
+        raise UpstreamShapeError("'finish_reason' is not a string")
+    if not isinstance(cap.tool_calls, list):
+        raise UpstreamShapeError("'tool_calls' is not a list")
+    u = cap.usage
+    if u is not None:
+        if not isinstance(u, dict):
+            raise UpstreamShapeError("'usage' is not an object")
+        for k in ("prompt_tokens", "completion_tokens", "total_tokens"):
+            v = u.get(k)
+            if v is not None and (type(v) is not int or not 0 <= v < 2**63):
+                raise UpstreamShapeError(f"'usage.{k}' is not a token count")
+
+
 def strip_injected(resp: dict[str, Any], wants: ClientWants) -> bool:
     """Remove what the gateway asked for on the client's behalf. Returns True if anything changed."""
     changed = False
@@ -149,6 +207,13 @@ class StreamCapture:
         self.saw_done = False
 
     def feed(self, chunk: dict[str, Any]) -> None:
+        """Add one chunk; raises UpstreamShapeError if its capture fields cannot be read."""
+        try:
+            self._feed(chunk)
+        except _UNREADABLE as exc:
+            raise UpstreamShapeError(f"unreadable stream chunk ({type(exc).__name__}: {exc})") from None
+
+    def _feed(self, chunk: dict[str, Any]) -> None:
         cap = self.cap
         if not cap.model and chunk.get("model"):
             cap.model = chunk["model"]
@@ -163,6 +228,8 @@ class StreamCapture:
                 cap.prompt_ids = choice["prompt_token_ids"]
             ids = choice.get("token_ids")
             if ids:
+                if not isinstance(ids, list):
+                    raise TypeError("'token_ids' is not a list")
                 cap.completion_ids.extend(ids)  # type: ignore[union-attr]
             lps = _logprobs_of(choice.get("logprobs"))
             if lps:
@@ -202,3 +269,9 @@ class StreamCapture:
     def result(self) -> Captured:
         self.cap.tool_calls = [self._tool_calls[k] for k in sorted(self._tool_calls)]
         return self.cap
+
+    def checked_result(self) -> Captured:
+        """``result()``, or UpstreamShapeError if what was assembled cannot go into a trace."""
+        cap = self.result()
+        check_captured(cap)
+        return cap

@@ -55,6 +55,19 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # (rllm.gateway.proxy_lane); False runs every call in a task (for comparison or debugging).
     proxy_lane: bool = True
     gc_gen0_threshold: int | None = 50_000
+    # A finished or deleted session's id is remembered (at most this many, for this long) so a
+    # late call for it is refused with 410 instead of re-creating the session.
+    ended_session_ttl_s: float = 3600.0
+    ended_session_max: int = 100_000
+    # Nesting depth of JSON accepted from a client (body, messages, tools, metadata): deeper
+    # documents are refused with 400 before anything recursive (validation, the store) sees them.
+    max_json_depth: int = 64
+    # Memory bounds: bytes of requests queued behind the one being answered on one connection
+    # (pipelining; reading pauses past it), the size of a whole upstream answer, and of one
+    # streamed SSE event (502 / an error event past them).
+    max_pipelined_bytes: int = 64 * 1024 * 1024
+    max_upstream_body_bytes: int = 256 * 1024 * 1024
+    max_stream_event_bytes: int = 16 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if not (0 <= self.port <= 65535):
@@ -87,6 +100,19 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise InvariantError(
                 f"gc_gen0_threshold must be >= 1 or None, got {self.gc_gen0_threshold}",
                 "gc_gen0_threshold",
+            )
+        for name in (
+            "ended_session_ttl_s",
+            "max_json_depth",
+            "max_pipelined_bytes",
+            "max_upstream_body_bytes",
+            "max_stream_event_bytes",
+        ):
+            if getattr(self, name) <= 0:
+                raise InvariantError(f"{name} must be > 0, got {getattr(self, name)}", name)
+        if self.ended_session_max < 0:
+            raise InvariantError(
+                f"ended_session_max must be >= 0, got {self.ended_session_max}", "ended_session_max"
             )
         if self.admin_key == "":
             self.admin_key = None

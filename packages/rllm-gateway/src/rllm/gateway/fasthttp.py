@@ -29,17 +29,30 @@ class UpstreamDropped(ConnectionError):
     """The connection closed before a whole response arrived."""
 
 
+class UpstreamBadResponse(Exception):
+    """The upstream framed its answer wrongly (a bad Content-Length or chunk size) or sent more
+    than the size limit. Not a connection error: retrying would not help, so it is a 502."""
+
+
 Answer = tuple[int, bytes]  # status, body
 Outcome = Answer | BaseException  # what a send_nowait callback receives
 OnAnswer = Callable[[Outcome], None]
 
 
-def parse_response(buf: bytearray, closed: bool) -> tuple[int, bytes, bool] | None:
+_MAX_HEAD = 64 * 1024
+
+
+def parse_response(
+    buf: bytearray, closed: bool, max_body: int | None = None
+) -> tuple[int, bytes, bool] | None:
     """Take one whole response off the front of ``buf``: (status, body, keep-alive), or None
     while more bytes are needed. ``closed``: no more bytes will come, so a body without a length
-    ends here and anything short is an error (UpstreamDropped)."""
+    ends here and anything short is an error (UpstreamDropped). Bad framing, or a body larger
+    than ``max_body``, raises UpstreamBadResponse."""
     end = buf.find(b"\r\n\r\n")
     if end < 0:
+        if len(buf) > _MAX_HEAD:
+            raise UpstreamBadResponse(f"response headers exceed {_MAX_HEAD} bytes")
         if closed:
             raise UpstreamDropped("connection closed before the response headers")
         return None
@@ -55,13 +68,19 @@ def parse_response(buf: bytearray, closed: bool) -> tuple[int, bytes, bool] | No
         name, _, value = line.partition(b":")
         name = name.strip().lower()
         if name == b"content-length":
-            length = int(value.strip())
+            v = value.strip()
+            if not v.isdigit() or (length >= 0 and int(v) != length):
+                raise UpstreamBadResponse(f"bad Content-Length {bytes(v[:40])!r}")
+            length = int(v)
         elif name == b"transfer-encoding":
             chunked = b"chunked" in value.lower()
         elif name == b"connection":
             v = value.strip().lower()
             keep = v != b"close" and (keep or v == b"keep-alive")
     start = end + 4
+    if max_body is not None and (length > max_body or len(buf) - start > max_body + 4096):
+        size = length if length > max_body else len(buf) - start
+        raise UpstreamBadResponse(f"upstream answer of {size}+ bytes exceeds the limit of {max_body}")
     if chunked:
         # The last chunk ends in an empty line: until the buffer does, it cannot be whole.
         whole = _dechunk(buf, start) if buf.endswith(b"\r\n\r\n") else None
@@ -92,7 +111,10 @@ def _dechunk(buf: bytearray, pos: int) -> tuple[bytes, int] | None:
         nl = buf.find(b"\r\n", pos)
         if nl < 0:
             return None
-        size = int(bytes(buf[pos:nl]).split(b";")[0], 16)
+        field = bytes(buf[pos:nl]).split(b";")[0].strip()
+        if not field or len(field) > 15 or field.strip(b"0123456789abcdefABCDEF"):
+            raise UpstreamBadResponse(f"bad chunk size {field[:40]!r}")
+        size = int(field, 16)
         data = nl + 2
         if size == 0:
             trailer_end = buf.find(b"\r\n\r\n", nl)  # the terminating chunk's (empty) trailer
@@ -153,8 +175,8 @@ class _Conn(asyncio.Protocol):
 
     def _deliver(self) -> None:
         try:
-            parsed = parse_response(self.buf, self.closed)
-        except UpstreamDropped as exc:
+            parsed = parse_response(self.buf, self.closed, self.pool.max_body_bytes if self.pool else None)
+        except (UpstreamDropped, UpstreamBadResponse) as exc:
             self._settle(exc)
             return
         if parsed is not None:
@@ -208,8 +230,16 @@ class FastHttpPool:
     """Keep-alive connections per (host, port); ``request``/``post`` return (status, body),
     ``send_nowait`` hands it to a callback."""
 
-    def __init__(self, *, connect_timeout_s: float, read_timeout_s: float, max_idle: int = 1024) -> None:
+    def __init__(
+        self,
+        *,
+        connect_timeout_s: float,
+        read_timeout_s: float,
+        max_idle: int = 1024,
+        max_body_bytes: int | None = None,
+    ) -> None:
         self.connect_timeout_s = connect_timeout_s
+        self.max_body_bytes = max_body_bytes
         self.read_timeout_s = read_timeout_s
         self.max_idle = max_idle
         self._idle: dict[tuple[str, int], deque[_Conn]] = {}
@@ -321,7 +351,7 @@ class FastHttpPool:
         # Task) per request; the handle just wakes the reader, which raises TimeoutError.
         timer = asyncio.get_running_loop().call_later(self.read_timeout_s, conn.time_out)
         try:
-            while (parsed := parse_response(conn.buf, conn.closed)) is None:
+            while (parsed := parse_response(conn.buf, conn.closed, self.max_body_bytes)) is None:
                 await conn.wait_data()
         except BaseException:
             conn.transport.abort()

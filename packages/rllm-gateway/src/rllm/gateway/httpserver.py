@@ -187,6 +187,10 @@ class Pending(Protocol):
 EarlyHandler = Callable[[Request], "Response | Awaitable[Response | StreamResponse] | Pending | None"]
 
 
+class _Refused(Exception):
+    """Stops the parser after a request was refused from its headers alone."""
+
+
 class _HeadTooLarge(Exception):
     """A request's line and headers outgrew _MAX_HEAD_BYTES (a slow-headers attack or a bug)."""
 
@@ -226,6 +230,8 @@ class Router:
                 m = regex.match(path)
                 if m is not None:
                     methods, params = candidate, m.groupdict()
+                    if "%" in path:
+                        params = {k: unquote(v) for k, v in params.items()}
                     break
             else:
                 raise RouteNotFound(path)
@@ -281,6 +287,10 @@ class _HttpProtocol(asyncio.Protocol):
         self.paused: asyncio.Future[None] | None = None
         self.last_active = 0.0
         self._queue: deque[tuple[Request, bool, bool]] = deque()  # request, keep-alive, too big
+        self._queued_bytes = 0  # bodies held in _queue
+        # Malformed input after requests still being answered: their answers go out whole and in
+        # order first, then this one, then the connection closes.
+        self._final: Response | None = None
         self.stream_open = False  # a chunked response head went out and its end has not
         self._task: asyncio.Task[None] | Pending | None = None
         self._keep_alive = True  # of the request being answered
@@ -309,12 +319,16 @@ class _HttpProtocol(asyncio.Protocol):
             self.paused.set_result(None)
 
     def data_received(self, data: bytes) -> None:
+        if self._final is not None:
+            return  # the parser failed already; nothing after it can be read
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._fail(400, "protocol upgrades are not supported")
         except httptools.HttpParserError as exc:
-            if self._head_bytes > _MAX_HEAD_BYTES:  # httptools wraps our _HeadTooLarge
+            if self._final is not None:
+                pass  # a callback refused the request and queued its answer (_Refused)
+            elif self._head_bytes > _MAX_HEAD_BYTES:  # httptools wraps our _HeadTooLarge
                 self._fail(431, f"request line and headers exceed {_MAX_HEAD_BYTES} bytes")
             else:
                 self._fail(400, f"malformed HTTP request: {exc}")
@@ -360,8 +374,19 @@ class _HttpProtocol(asyncio.Protocol):
         return self._task is None and not self._queue
 
     def _fail(self, status: int, message: str) -> None:
-        resp = self.server.error_factory(status, message)
-        self._write_response(resp, keep_alive=False)
+        """Answer unreadable input and close, once every request before it was answered."""
+        self._final = self.server.error_factory(status, message)
+        if self.transport is not None and not self._reading_paused:
+            self._reading_paused = True
+            self.transport.pause_reading()
+        if self.idle():
+            self._finish_connection()
+
+    def _finish_connection(self) -> None:
+        final, self._final = self._final, None
+        if final is not None and not self.closed:
+            self._final = final  # keeps data_received ignoring input until the close lands
+            self._write_response(final, keep_alive=False)
         self.close()
 
     # ---------------------------------------------------------------- parser callbacks
@@ -390,6 +415,13 @@ class _HttpProtocol(asyncio.Protocol):
         length = self._headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.server.max_body_bytes:
             self._too_big = True
+            if self._headers.get("expect", "").lower() == "100-continue":
+                # The client waits for a go-ahead before sending the body: refuse it now rather
+                # than let it wait (or send a body we would only discard).
+                self._fail(
+                    413, f"request body exceeds the gateway's limit of {self.server.max_body_bytes} bytes"
+                )
+                raise _Refused
         elif self._headers.get("expect", "").lower() == "100-continue":
             self.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
@@ -404,24 +436,36 @@ class _HttpProtocol(asyncio.Protocol):
             self._body.append(body)
 
     def on_message_complete(self) -> None:
+        if self._final is not None:
+            return
         url = httptools.parse_url(self._url)
+        # Percent-escapes stay as sent: the router decodes each matched segment, so an escaped
+        # "/" (%2F) can never change which route a path takes.
         path = url.path.decode("latin-1")
-        if "%" in path:
-            path = unquote(path)
         method = self.parser.get_method().decode("latin-1")
         body = b"".join(self._body) if len(self._body) != 1 else self._body[0]
         req = Request(self, method, path, (url.query or b"").decode("latin-1"), Headers(self._headers), body)
         self._queue.append((req, self.parser.should_keep_alive(), self._too_big))
+        self._queued_bytes += len(body)
         if self._task is None:
             self._next()
-        elif len(self._queue) > _MAX_PIPELINED and not self._reading_paused:
+        elif (
+            len(self._queue) > _MAX_PIPELINED or self._queued_bytes > self.server.max_pipelined_bytes
+        ) and not self._reading_paused:
+            # Back-pressure, not an error: the client's writes wait until earlier answers went out.
             self._reading_paused = True
             self.transport.pause_reading()  # type: ignore[union-attr]
 
     # ---------------------------------------------------------------- answering
     def _next(self) -> None:
         req, keep_alive, too_big = self._queue.popleft()
-        if self._reading_paused and len(self._queue) <= _MAX_PIPELINED // 2:
+        self._queued_bytes -= len(req.body)
+        if (
+            self._reading_paused
+            and self._final is None
+            and len(self._queue) <= _MAX_PIPELINED // 2
+            and self._queued_bytes <= self.server.max_pipelined_bytes // 2
+        ):
             self._reading_paused = False
             self.transport.resume_reading()  # type: ignore[union-attr]
         self._keep_alive = keep_alive
@@ -496,6 +540,8 @@ class _HttpProtocol(asyncio.Protocol):
             self.close()
         elif self._queue:
             self._next()
+        elif self._final is not None:
+            self._finish_connection()
 
     def _write_response(self, resp: Response, keep_alive: bool, with_body: bool = True) -> None:
         head = _status_line(resp.status)
@@ -531,6 +577,7 @@ class HttpServer:
         error_factory: ErrorFactory,
         *,
         max_body_bytes: int,
+        max_pipelined_bytes: int | None = None,
         keepalive_timeout_s: float = 75.0,
         early: EarlyHandler | None = None,
     ) -> None:
@@ -538,6 +585,10 @@ class HttpServer:
         self.early = early
         self.error_factory = error_factory
         self.max_body_bytes = max_body_bytes
+        # Bodies queued behind the request being answered, per connection: reading pauses past it.
+        self.max_pipelined_bytes = (
+            max_pipelined_bytes if max_pipelined_bytes is not None else 2 * max_body_bytes
+        )
         self.keepalive_timeout_s = keepalive_timeout_s
         self.connections: set[_HttpProtocol] = set()
         self.date = _DateCache()

@@ -20,7 +20,7 @@ import msgspec
 
 from rllm.gateway.capture import ClientWants
 from rllm.gateway.errors import GatewayError, error_response
-from rllm.gateway.fasthttp import Connection, Outcome
+from rllm.gateway.fasthttp import Connection, Outcome, UpstreamBadResponse
 from rllm.gateway.httpserver import Request, Response, StreamResponse
 from rllm.gateway.sessions import Session
 from rllm.gateway.workers import NoHealthyWorker, Worker
@@ -123,6 +123,9 @@ class ProxyExchange:
         if isinstance(outcome, TimeoutError):
             self._fail(GatewayError(504, f"upstream {w.url} timed out", code="upstream_timeout"))
             return
+        if isinstance(outcome, UpstreamBadResponse):  # retrying would get the same answer
+            self._fail(GatewayError(502, f"upstream answered wrongly: {outcome}", code="upstream_error"))
+            return
         if isinstance(outcome, BaseException):
             # A kept-alive connection the upstream had closed (or that died mid-answer): the
             # failover path retries it, on the same worker first.
@@ -138,6 +141,7 @@ class ProxyExchange:
             resp = error_response(exc.status, exc.message, param=exc.param, code=exc.code)
         except Exception as exc:  # a bug: answer anyway, as the task path's last line of defence
             log.exception("internal error on %s", call.request.path)
+            server.fail_unfinished(call.trace, call.t0, exc)
             resp = error_response(500, f"internal gateway error: {type(exc).__name__}: {exc}")
         server._call_ended()
         call.request.respond(resp)

@@ -26,14 +26,16 @@ from rllm.gateway.background import BackgroundLoop
 from rllm.gateway.capture import (
     Captured,
     StreamCapture,
+    UpstreamShapeError,
     apply_sampling,
-    capture_response,
+    check_captured,
     inject_capture,
+    read_answer,
     strip_injected,
 )
 from rllm.gateway.config import GatewayConfig
 from rllm.gateway.errors import GatewayError, error_body, error_response
-from rllm.gateway.fasthttp import FastHttpPool, UpstreamConnectError, UpstreamDropped
+from rllm.gateway.fasthttp import FastHttpPool, UpstreamBadResponse, UpstreamConnectError, UpstreamDropped
 from rllm.gateway.httpserver import (
     HttpServer,
     MethodNotAllowed,
@@ -44,10 +46,12 @@ from rllm.gateway.httpserver import (
     Router,
     StreamResponse,
 )
+from rllm.gateway.jsonguard import JsonLimitError, check_json, fits_int64
 from rllm.gateway.metrics import GatewayMetrics
 from rllm.gateway.proxy_lane import ParsedCall, ProxyCall, start_exchange
-from rllm.gateway.sessions import Session
-from rllm.gateway.store import open_store
+from rllm.gateway.sessions import EndedSessions, Session
+from rllm.gateway.sse import EventTooLarge, SseEvents
+from rllm.gateway.store import encodable, open_store
 from rllm.gateway.workers import NoHealthyWorker, Worker, WorkerPool
 from rllm.types import (
     FloatArray,
@@ -82,6 +86,10 @@ _RETRYABLE = (
 )
 
 
+class _StreamFault(Exception):
+    """What the capture cannot take from an upstream's stream (the message says what)."""
+
+
 class _UpstreamFailed(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -105,9 +113,13 @@ class GatewayServer:
         self.store = open_store(self.config.store, batch_ms=self.config.sqlite_batch_ms)
         self.pool = WorkerPool(self.config.upstreams)
         self.sessions: dict[str, Session] = {}
+        self.ended = EndedSessions(
+            ttl_s=self.config.ended_session_ttl_s, max_entries=self.config.ended_session_max
+        )
         self.weight_version = 0
         self.metrics = GatewayMetrics(self)
         self.inflight = 0
+        self.waiting = 0  # calls held at the door while paused
         self._admit = asyncio.Event()
         self._drained: asyncio.Event | None = None
         self._http: aiohttp.ClientSession | None = None
@@ -148,7 +160,9 @@ class GatewayServer:
             skip_auto_headers=("User-Agent",),
         )
         self._fast = FastHttpPool(
-            connect_timeout_s=cfg.connect_timeout_s, read_timeout_s=cfg.upstream_timeout_s
+            connect_timeout_s=cfg.connect_timeout_s,
+            read_timeout_s=cfg.upstream_timeout_s,
+            max_body_bytes=cfg.max_upstream_body_bytes,
         )
         if cfg.tokenizer_mode == "cumulative":
             from rllm.gateway.cumulative import TokenBridge
@@ -164,6 +178,7 @@ class GatewayServer:
             self._dispatch,
             lambda status, msg: error_response(status, msg),
             max_body_bytes=cfg.max_body_bytes,
+            max_pipelined_bytes=cfg.max_pipelined_bytes,
             early=self._early,
         )
         sock = socket.socket(socket.AF_INET6 if ":" in cfg.host else socket.AF_INET, socket.SOCK_STREAM)
@@ -315,16 +330,27 @@ class GatewayServer:
         if self.config.session_auth:
             presented = self._bearer(request)
             if not self._is_admin(presented):
-                if session is None:
-                    # With per-session tokens only the admin brings sessions into being.
-                    raise GatewayError(
-                        404, f"unknown session {sid!r}", param="session_id", code="unknown_session"
-                    )
-                if presented is None or not session.token_matches(presented):
+                # With per-session tokens only the admin brings sessions into being. An unknown
+                # session and a wrong token get the same 401, so ids cannot be probed.
+                token = session.token if session is not None else self.ended.token_of(sid)
+                if (
+                    token is None
+                    or presented is None
+                    or not hmac.compare_digest(presented.encode(), token.encode())
+                ):
                     raise GatewayError(
                         401, f"invalid or missing token for session {sid!r}", code="invalid_api_key"
                     )
         if session is None:
+            if self.ended.token_of(sid) is not None:
+                # A call that outlived its flow: re-creating the session would leak it and its
+                # traces, since nobody will finish it again.
+                raise GatewayError(
+                    410,
+                    f"session {sid!r} has ended (finished or deleted)",
+                    param="session_id",
+                    code="session_ended",
+                )
             if not self.config.auto_create_sessions:
                 raise GatewayError(
                     404, f"unknown session {sid!r}", param="session_id", code="unknown_session"
@@ -335,7 +361,7 @@ class GatewayServer:
     def _new_session(
         self, sid: str, sampling: SamplingParams | None, metadata: dict[str, Any] | None
     ) -> Session:
-        if not _SESSION_ID_RE.match(sid):
+        if not _SESSION_ID_RE.match(sid) or sid in (".", ".."):
             raise GatewayError(
                 400, f"invalid session id {sid!r}: use 1-200 of [A-Za-z0-9._:@-]", param="session_id"
             )
@@ -372,22 +398,34 @@ class GatewayServer:
                 502, f"upstream {w.url} failed: {type(exc).__name__}", code="upstream_error"
             ) from None
 
-    @staticmethod
-    def _decode_body(raw: bytes) -> dict[str, Any]:
+    def _decode_body(self, raw: bytes, *, whole: bool = False) -> dict[str, Any]:
+        """The request's JSON object. ``whole``: every part of it must fit the JSON limits (admin
+        bodies, kept as they are); proxy calls check only the parts a trace keeps (_validate)."""
         if not raw:
             raise GatewayError(400, "request body is empty; expected a JSON object", code="invalid_json")
         try:
             body = _json_decode(raw)
         except msgspec.DecodeError as exc:
             raise GatewayError(400, f"malformed JSON in request body: {exc}", code="invalid_json") from None
+        except RecursionError:
+            raise GatewayError(400, "JSON in request body is nested too deep", code="invalid_json") from None
+        if whole or self.config.store_raw:
+            self._check_json(body, "")
         if not isinstance(body, dict):
             raise GatewayError(
                 400, f"request body must be a JSON object, got {type(body).__name__}", code="invalid_json"
             )
         return body
 
-    @staticmethod
-    def _validate(body: dict[str, Any], chat: bool) -> list[Message]:
+    def _check_json(self, value: Any, where: str) -> None:
+        try:
+            check_json(value, self.config.max_json_depth, where)
+        except JsonLimitError as exc:
+            raise GatewayError(
+                400, f"{exc.message} at {exc.path}", param=exc.path, code="invalid_json"
+            ) from None
+
+    def _validate(self, body: dict[str, Any], chat: bool) -> list[Message]:
         if "stream" in body and not isinstance(body["stream"], bool):
             raise GatewayError(400, "'stream' must be a boolean", param="stream", code="invalid_type")
         for name, types in (
@@ -402,8 +440,14 @@ class GatewayServer:
                 raise GatewayError(
                     400, f"'{name}' must be a number, got {type(v).__name__}", param=name, code="invalid_type"
                 )
+            if type(v) is int and not fits_int64(v):
+                raise GatewayError(400, f"'{name}' does not fit in 64 bits", param=name, code="invalid_type")
         if body.get("n", 1) not in (None, 1):
             raise GatewayError(400, "the gateway captures one choice per call: 'n' must be 1", param="n")
+        # Free-form parts a trace keeps (tools, a prompt) must be storable: depth and int64 limits.
+        # Messages need no walk: converting them to Message admits only strings and typed blocks.
+        if chat and body.get("tools"):
+            self._check_json(body["tools"], "tools")
         if chat:
             msgs = body.get("messages")
             if not isinstance(msgs, list) or not msgs:
@@ -435,6 +479,13 @@ class GatewayServer:
                 param="prompt",
                 code="invalid_type",
             )
+        if isinstance(prompt, list):
+            try:
+                array("q").fromlist(prompt)  # C-speed int64 check of every token id
+            except OverflowError:
+                raise GatewayError(
+                    400, "a token id in 'prompt' does not fit in 64 bits", param="prompt", code="invalid_type"
+                ) from None
         return []
 
     def _early(self, request: Request) -> Response | Awaitable[Response | StreamResponse] | Pending | None:
@@ -526,7 +577,19 @@ class GatewayServer:
         self, request: Request, chat: bool, t0: float, parsed: ParsedCall
     ) -> StreamResponse:
         if not self._admit.is_set():
-            await self._admit.wait()
+            self.waiting += 1
+            try:
+                await self._admit.wait()
+            finally:
+                self.waiting -= 1
+            sid = parsed.session.session_id
+            if self.sessions.get(sid) is not parsed.session:
+                raise GatewayError(
+                    410,
+                    f"session {sid!r} ended while the call waited for the gateway to resume",
+                    param="session_id",
+                    code="session_ended",
+                )
         trace = self._open_trace(parsed, chat)
         try:
             stream = bool(parsed.body.get("stream"))
@@ -637,7 +700,7 @@ class GatewayServer:
                 w, resp = await self._post(call.session, call.path, call.body)
                 w.inflight += 1
                 try:
-                    raw = await resp.read()
+                    raw = await self._read_capped(resp)
                     status = resp.status
                 finally:
                     w.inflight -= 1
@@ -650,8 +713,12 @@ class GatewayServer:
             call.trace.metadata["error"] = "upstream timeout"
             self._finish_trace(call.trace, None, "error", call.t0)
             raise GatewayError(504, "upstream timed out while answering", code="upstream_timeout") from None
+        except UpstreamBadResponse as exc:
+            call.trace.metadata["error"] = f"upstream answered wrongly: {exc}"
+            self._finish_trace(call.trace, None, "error", call.t0)
+            raise GatewayError(502, call.trace.metadata["error"], code="upstream_error") from None
         except (aiohttp.ClientError, OSError) as exc:
-            call.trace.metadata["error"] = f"{type(exc).__name__}: {exc}"
+            call.trace.metadata["error"] = f"upstream failed mid-response: {type(exc).__name__}: {exc}"
             self._finish_trace(call.trace, None, "error", call.t0)
             raise GatewayError(
                 502, f"upstream failed mid-response: {type(exc).__name__}", code="upstream_error"
@@ -659,7 +726,34 @@ class GatewayServer:
         except asyncio.CancelledError:
             self._finish_trace(call.trace, None, "abort", call.t0)
             raise
+        except Exception as exc:  # a bug: the call still leaves its one honest trace
+            self.fail_unfinished(call.trace, call.t0, exc)
+            raise
         return self._answer_whole(call, status, raw)
+
+    async def _read_capped(self, resp: aiohttp.ClientResponse) -> bytes:
+        """A whole answer through aiohttp, refused (UpstreamBadResponse) past max_upstream_body_bytes."""
+        cap = self.config.max_upstream_body_bytes
+        if resp.content_length is not None and resp.content_length > cap:
+            raise UpstreamBadResponse(
+                f"upstream answer of {resp.content_length} bytes exceeds the limit of {cap}"
+            )
+        parts: list[bytes] = []
+        size = 0
+        async for piece in resp.content.iter_any():
+            size += len(piece)
+            if size > cap:
+                resp.close()
+                raise UpstreamBadResponse(f"upstream answer of {size}+ bytes exceeds the limit of {cap}")
+            parts.append(piece)
+        return b"".join(parts)
+
+    def fail_unfinished(self, trace: TraceRecord, t0: float, exc: BaseException) -> None:
+        """Record ``trace`` as an error unless it was already finished (``latency_s`` is set
+        only by _finish_trace): the last line of defence keeps the one-trace-per-call rule."""
+        if trace.latency_s == 0.0:
+            trace.metadata["error"] = f"internal gateway error: {type(exc).__name__}: {exc}"
+            self._finish_trace(trace, None, "error", t0)
 
     def _plain_http(self) -> bool:
         """Every upstream speaks plain http (the lean client's only protocol)."""
@@ -667,6 +761,20 @@ class GatewayServer:
 
     def _answer_whole(self, call: ProxyCall, status: int, raw: bytes) -> Response:
         """The agent's answer from the upstream's whole one; finishes the trace."""
+        sid = call.session.session_id
+        if self.sessions.get(sid) is not call.session:
+            # Its session was finished or deleted while the call was in flight (a flow past its
+            # deadline): nobody can read a trace any more, so none is kept, and the agent is told
+            # so rather than handed an answer that counts for nothing.
+            call.trace.status = "error"
+            call.trace.latency_s = time.perf_counter() - call.t0
+            self.metrics.observe(call.trace)  # counted, not stored
+            raise GatewayError(
+                410,
+                f"session {sid!r} ended while this call was in flight; its answer was discarded",
+                param="session_id",
+                code="session_ended",
+            )
         if status != 200:
             call.trace.metadata["error"] = raw[:2000].decode(errors="replace")
             call.trace.metadata["upstream_status"] = status
@@ -674,22 +782,34 @@ class GatewayServer:
             return Response(status=status, body=raw, content_type=_JSON)
         try:
             data = _json_decode(raw)
-        except msgspec.DecodeError:
-            call.trace.metadata["error"] = "upstream sent malformed JSON"
+            cap = read_answer(data, chat=call.chat and call.bridge is None)  # checks what is kept
+            if self.config.store_raw:  # then the whole answer is kept: it must fit the limits too
+                check_json(data, self.config.max_json_depth)
+                call.trace.raw_response = dict(data)
+            if call.bridge is not None:
+                self._bridge.commit(call.session, call.bridge, cap, call.trace)
+                data = self._bridge.to_chat(data, cap, call.bridge)
+                out = _json_encode(data)
+            else:
+                out = _json_encode(data) if strip_injected(data, call.wants) else raw
+        except (msgspec.DecodeError, RecursionError, JsonLimitError, UpstreamShapeError) as exc:
+            why = self._upstream_fault(exc)
+            call.trace.metadata["error"] = why
             self._finish_trace(call.trace, None, "error", call.t0)
-            raise GatewayError(502, "upstream sent malformed JSON", code="upstream_error") from None
-        if self.config.store_raw:
-            call.trace.raw_response = dict(data)
-        if call.bridge is not None:
-            cap = capture_response(data, chat=False)
-            self._bridge.commit(call.session, call.bridge, cap, call.trace)
-            data = self._bridge.to_chat(data, cap, call.bridge)
-            out = _json_encode(data)
-        else:
-            cap = capture_response(data, chat=call.chat)
-            out = _json_encode(data) if strip_injected(data, call.wants) else raw
+            raise GatewayError(502, why, code="upstream_error") from None
         self._finish_trace(call.trace, cap, "ok", call.t0)
         return Response(body=out, content_type=_JSON)
+
+    @staticmethod
+    def _upstream_fault(exc: BaseException) -> str:
+        """One line saying what was wrong with an upstream's answer."""
+        if isinstance(exc, msgspec.DecodeError):
+            return f"upstream sent malformed JSON: {exc}"
+        if isinstance(exc, RecursionError):
+            return "upstream answer nested too deep"
+        if isinstance(exc, JsonLimitError):
+            return f"upstream answer: {exc.message} at {exc.path}"
+        return f"upstream answer has the wrong shape: {exc}"
 
     async def _forward_stream(self, call: ProxyCall) -> StreamResponse:
         sc = StreamCapture(chat=call.chat and call.bridge is None)
@@ -714,45 +834,22 @@ class GatewayServer:
                 return Response(status=resp.status, body=raw, content_type=_JSON)
             out = StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
             await out.prepare(call.request)
-            buf = b""
-            done = False
-            async for piece in resp.content.iter_any():
-                buf += piece
-                while True:
-                    end = buf.find(b"\n\n")
-                    if end < 0:
-                        break
-                    event, buf = buf[:end], buf[end + 2 :]
-                    payload = _sse_data(event)
-                    if payload is None:
-                        continue
-                    if payload == b"[DONE]":
-                        done = True
-                        break
-                    try:
-                        chunk = _json_decode(payload)
-                    except msgspec.DecodeError:
-                        await out.write(b"data: " + payload + b"\n\n")
-                        continue
-                    if isinstance(chunk, dict):
-                        if call.bridge is not None:
-                            StreamCapture.feed(sc, chunk)
-                            chunk = self._bridge.chunk_to_chat(chunk, call.bridge)
-                            payload = _json_encode(chunk)
-                        else:
-                            sc.feed(chunk)
-                            if strip_injected(chunk, call.wants):
-                                payload = _json_encode(chunk)
-                    await out.write(b"data: " + payload + b"\n\n")
-                if done:
-                    break
-            if not done:
+            fault = None
+            try:
+                if await self._relay_events(call, resp, out, sc):
+                    sc.checked_result()
+                else:
+                    fault = "upstream closed the stream before [DONE]"
+            except UpstreamShapeError as exc:
+                fault = f"upstream stream has the wrong shape: {exc}"
+            except _StreamFault as exc:
+                fault = str(exc)
+            if fault is not None:
                 status = "error"
-                call.trace.metadata["error"] = "upstream closed the stream before [DONE]"
-                payload = error_body(502, "upstream closed the stream before [DONE]")
-                await out.write(b"data: " + payload + b"\n\n")
+                call.trace.metadata["error"] = fault
+                await out.write(b"data: " + error_body(502, fault) + b"\n\n")
             await out.write(b"data: [DONE]\n\n")
-            sc.saw_done = done
+            sc.saw_done = fault is None
             return out
         except asyncio.CancelledError:
             status = "abort"  # the client went away: closing ``resp`` cancels the upstream request
@@ -760,29 +857,67 @@ class GatewayServer:
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
             status = "abort"
             raise
-        except TimeoutError:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             status = "error"
-            call.trace.metadata["error"] = "upstream timed out mid-stream"
+            if isinstance(exc, TimeoutError):
+                why = f"upstream stalled mid-stream (no data for {self.config.upstream_timeout_s}s)"
+            else:
+                why = f"upstream failed mid-stream: {type(exc).__name__}: {exc}"
+            call.trace.metadata["error"] = why
             if out is None:
-                raise GatewayError(504, "upstream timed out", code="upstream_timeout") from None
-            return out
-        except (aiohttp.ClientError, OSError) as exc:
-            status = "error"
-            call.trace.metadata["error"] = f"upstream failed mid-stream: {type(exc).__name__}: {exc}"
-            if out is None:
-                raise GatewayError(502, call.trace.metadata["error"], code="upstream_error") from None
+                if isinstance(exc, TimeoutError):
+                    raise GatewayError(504, "upstream timed out", code="upstream_timeout") from None
+                raise GatewayError(502, why, code="upstream_error") from None
+            # The head went out as 200: the client learns of the failure from an error event.
             with contextlib.suppress(Exception):
-                await out.write(b"data: " + error_body(502, call.trace.metadata["error"]) + b"\n\n")
+                await out.write(b"data: " + error_body(502, why) + b"\n\n")
+                await out.write(b"data: [DONE]\n\n")
             return out
         finally:
             w.inflight -= 1
             resp.close()
-            cap = sc.result()
+            cap: Captured | None = sc.result()
+            try:
+                check_captured(cap)  # type: ignore[arg-type]
+            except UpstreamShapeError:
+                cap = None
             if call.bridge is not None and status == "ok":
                 self._bridge.commit(call.session, call.bridge, cap, call.trace)
-            self._finish_trace(
-                call.trace, cap if (status != "error" or cap.completion_ids) else None, status, call.t0
-            )
+            if cap is not None and status == "error" and not cap.completion_ids:
+                cap = None
+            self._finish_trace(call.trace, cap, status, call.t0)
+
+    async def _relay_events(
+        self, call: ProxyCall, resp: aiohttp.ClientResponse, out: StreamResponse, sc: StreamCapture
+    ) -> bool:
+        """Forward the upstream's SSE events to the client, feeding the capture; True once
+        ``[DONE]`` came. Raises _StreamFault (or UpstreamShapeError) for what the capture cannot
+        take: an event that is not JSON or is larger than ``max_stream_event_bytes``."""
+        events = SseEvents(self.config.max_stream_event_bytes)
+        async for piece in resp.content.iter_any():
+            try:
+                payloads = events.feed(piece)
+            except EventTooLarge as exc:
+                raise _StreamFault(str(exc)) from None
+            for payload in payloads:
+                if payload == b"[DONE]":
+                    return True
+                try:
+                    chunk = _json_decode(payload)
+                except (msgspec.DecodeError, RecursionError):
+                    raise _StreamFault("upstream sent a stream event that is not JSON") from None
+                if not isinstance(chunk, dict):
+                    raise _StreamFault(f"upstream sent a stream event that is a JSON {type(chunk).__name__}")
+                if call.bridge is not None:
+                    StreamCapture.feed(sc, chunk)
+                    chunk = self._bridge.chunk_to_chat(chunk, call.bridge)
+                    payload = _json_encode(chunk)
+                else:
+                    sc.feed(chunk)
+                    if strip_injected(chunk, call.wants):
+                        payload = _json_encode(chunk)
+                await out.write(b"data: " + payload + b"\n\n")
+        return False
 
     async def _hosted_call(
         self,
@@ -832,7 +967,7 @@ class GatewayServer:
     async def _admin_body(self, request: Request) -> dict[str, Any]:
         if not request.can_read_body:
             return {}
-        return self._decode_body(request.body)
+        return self._decode_body(request.body, whole=True)
 
     # ------------------------------------------------------------------ admin operations
     # One implementation each, shared by the HTTP admin routes and LocalGatewayClient. They raise
@@ -856,6 +991,11 @@ class GatewayServer:
             metadata = {}
         elif not isinstance(metadata, dict):
             raise GatewayError(400, "'metadata' must be an object", param="metadata")
+        try:
+            check_json(metadata, self.config.max_json_depth, "metadata")
+        except JsonLimitError as exc:
+            raise GatewayError(400, f"{exc.message} at {exc.path}", param=exc.path) from None
+        self.ended.discard(session_id)  # the admin may open an ended id again, on purpose
         existing = self.sessions.get(session_id)
         if existing is not None:
             if sampling is not None:
@@ -867,7 +1007,7 @@ class GatewayServer:
 
     async def close_session(self, session_id: str) -> int:
         """Delete a session and its traces; how many traces were freed. 404 if it never existed."""
-        existed = self.sessions.pop(session_id, None) is not None
+        existed = self._end(session_id)
         n = await self.store.delete_session(session_id)
         if not existed and n == 0:
             raise GatewayError(
@@ -879,7 +1019,7 @@ class GatewayServer:
         """Delete a session and return its traces (ordered by ``seq``): the end of a rollout in one
         step. The session is unregistered first, so a call still in flight for it (a flow past its
         deadline) leaves no trace behind. 404 if the session never existed."""
-        existed = self.sessions.pop(session_id, None) is not None
+        existed = self._end(session_id)
         records = await self.store.get(session_id)
         n = await self.store.delete_session(session_id)
         if not existed and n == 0 and not records:
@@ -888,10 +1028,20 @@ class GatewayServer:
             )
         return records
 
+    def _end(self, session_id: str) -> bool:
+        """Unregister a session and remember that it ended; whether it existed."""
+        s = self.sessions.pop(session_id, None)
+        if s is None:
+            return False
+        self.ended.add(session_id, s.token)
+        return True
+
     def set_weight_version(self, version: int) -> None:
         """Stamp this version on every trace from now on."""
-        if not isinstance(version, int) or isinstance(version, bool):
-            raise GatewayError(400, "'weight_version' must be an integer", param="weight_version")
+        if not isinstance(version, int) or isinstance(version, bool) or not fits_int64(version):
+            raise GatewayError(
+                400, "'weight_version' must be an integer that fits in 64 bits", param="weight_version"
+            )
         self.weight_version = version
         self.metrics.weight_version.set(version)
 
@@ -903,8 +1053,9 @@ class GatewayServer:
             try:
                 await asyncio.wait_for(self._drained.wait(), timeout_s)
             except TimeoutError:
+                self._admit.set()  # a failed pause must not leave the gateway paused
                 raise GatewayError(
-                    504, f"{self.inflight} requests still in flight after {timeout_s}s"
+                    504, f"{self.inflight} requests still in flight after {timeout_s}s; not paused"
                 ) from None
             finally:
                 self._drained = None
@@ -919,6 +1070,7 @@ class GatewayServer:
             "healthy_workers": self.pool.healthy_count(),
             "paused": not self._admit.is_set(),
             "inflight": self.inflight,
+            "waiting": self.waiting,
             "weight_version": self.weight_version,
         }
 
@@ -1072,24 +1224,15 @@ def _bracket(path: str) -> str:
     return path if path.startswith("[") or not path else f".{path}"
 
 
-def _sse_data(event: bytes) -> bytes | None:
-    """The data of one SSE event (lines joined), or None for comments/empty events."""
-    data = None
-    for line in event.split(b"\n"):
-        line = line.rstrip(b"\r")
-        if line.startswith(b"data:"):
-            part = line[5:]
-            if part.startswith(b" "):
-                part = part[1:]
-            data = part if data is None else data + b"\n" + part
-    return data
-
-
 def _records_response(request: Request, records: list[TraceRecord]) -> Response:
     fmt = request.query.get("format")
-    if fmt == "msgpack" or (fmt is None and _MSGPACK in request.headers.get("Accept", "")):
-        return Response(body=to_msgpack(records), content_type=_MSGPACK)
-    return Response(body=to_json(records), content_type=_JSON)
+    as_msgpack = fmt == "msgpack" or (fmt is None and _MSGPACK in request.headers.get("Accept", ""))
+    encode, ctype = (to_msgpack, _MSGPACK) if as_msgpack else (to_json, _JSON)
+    try:
+        body = encode(records)
+    except (OverflowError, RecursionError, TypeError, ValueError):
+        body = encode(encodable(records))  # the store can always be read
+    return Response(body=body, content_type=ctype)
 
 
 def fill_trace(trace: TraceRecord, cap: Captured) -> None:
@@ -1103,12 +1246,13 @@ def fill_trace(trace: TraceRecord, cap: Captured) -> None:
                 ToolCall(
                     id=str(tc.get("id") or f"call_{i}"),
                     function=FunctionCall(
-                        name=tc["function"]["name"], arguments=tc["function"].get("arguments") or "{}"
+                        name=_text(tc["function"]["name"]),
+                        arguments=_text(tc["function"].get("arguments") or "{}"),
                     ),
                 )
                 for i, tc in enumerate(cap.tool_calls)
             ]
-        except (KeyError, TypeError):
+        except (KeyError, TypeError, AttributeError):
             trace.metadata["capture_warning"] = "unreadable tool_calls"
     trace.response = Message(
         role="assistant", content=cap.text or None, tool_calls=tool_calls, reasoning=cap.reasoning or None
@@ -1135,6 +1279,13 @@ def fill_trace(trace: TraceRecord, cap: Captured) -> None:
         p = len(trace.prompt_ids or ())
         c = len(trace.completion_ids or ())
         trace.usage = Usage(prompt_tokens=p, completion_tokens=c, total_tokens=p + c)
+
+
+def _text(value: Any) -> str:
+    # A trace holds what it can encode: anything but a string here is an unreadable tool call.
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {type(value).__name__}")
+    return value
 
 
 def _tokens(ids: list[int]) -> Any:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hmac
 import secrets
 import time
+from collections import OrderedDict
 from typing import Any
 
 from rllm.gateway.store import SessionRow
@@ -71,3 +72,49 @@ class Session:
         if with_token:
             out["token"] = self.token
         return out
+
+
+class EndedSessions:
+    """Ids of sessions that were finished or deleted, so that a call arriving late (a flow past
+    its deadline) is refused instead of silently re-creating the session and leaking its traces.
+
+    Bounded in both count and age: the oldest entries go first once ``max_entries`` is reached,
+    and an entry older than ``ttl_s`` no longer counts (by then no late call is expected).
+    """
+
+    __slots__ = ("_ids", "max_entries", "ttl_s")
+
+    def __init__(self, *, ttl_s: float, max_entries: int) -> None:
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self._ids: OrderedDict[str, tuple[float, str]] = OrderedDict()  # id -> (ended at, token)
+
+    def add(self, session_id: str, token: str) -> None:
+        if self.max_entries <= 0:
+            return
+        self._ids.pop(session_id, None)
+        self._ids[session_id] = (time.monotonic(), token)
+        while len(self._ids) > self.max_entries:
+            self._ids.popitem(last=False)
+
+    def token_of(self, session_id: str) -> str | None:
+        """The ended session's token if it ended within ``ttl_s``, else None."""
+        entry = self._ids.get(session_id)
+        if entry is None:
+            return None
+        if time.monotonic() - entry[0] > self.ttl_s:
+            self._expire()
+            return None
+        return entry[1]
+
+    def discard(self, session_id: str) -> None:
+        self._ids.pop(session_id, None)
+
+    def _expire(self) -> None:
+        cutoff = time.monotonic() - self.ttl_s
+        ids = self._ids
+        while ids and next(iter(ids.values()))[0] < cutoff:
+            ids.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._ids)

@@ -10,6 +10,7 @@ a committed trace survives a crash of the gateway process.
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 import threading
 import time
@@ -19,6 +20,9 @@ from typing import Any, Protocol
 import msgspec
 
 from rllm.types import TraceRecord, from_msgpack, to_msgpack
+
+log = logging.getLogger("rllm.gateway.store")
+_INT64 = (-(2**63), 2**63 - 1)
 
 
 class SessionRow(msgspec.Struct, omit_defaults=True):
@@ -49,6 +53,45 @@ class TraceStore(Protocol):
     def load_sessions(self) -> list[SessionRow]: ...
     def max_seq(self, session_id: str) -> int: ...
     async def close(self) -> None: ...
+
+
+def stand_in(record: TraceRecord, exc: BaseException) -> TraceRecord:
+    """An ``error`` record in place of one that cannot be encoded: the call keeps its one trace
+    (same id, session, role, seq), and saying why costs no other record anything."""
+    wv = record.weight_version
+    return TraceRecord(
+        session_id=record.session_id,
+        id=record.id,
+        role=record.role,
+        seq=record.seq,
+        created_at=record.created_at,
+        latency_s=record.latency_s,
+        weight_version=wv if isinstance(wv, int) and _INT64[0] <= wv <= _INT64[1] else None,
+        status="error",
+        metadata={"error": f"the trace could not be encoded ({type(exc).__name__}: {exc})"},
+    )
+
+
+def encode_trace(record: TraceRecord) -> bytes:
+    """msgpack of one record, or of its stand_in when the record cannot be encoded."""
+    try:
+        return to_msgpack(record)
+    except (OverflowError, RecursionError, TypeError, ValueError) as exc:
+        log.error("trace %s of session %s cannot be encoded: %s", record.id, record.session_id, exc)
+        return to_msgpack(stand_in(record, exc))
+
+
+def encodable(records: list[TraceRecord]) -> list[TraceRecord]:
+    """``records`` with each one that cannot be encoded replaced by its stand_in; for a reader
+    whose batch encoding failed, so that one bad record never hides the others."""
+    out = []
+    for r in records:
+        try:
+            to_msgpack(r)
+            out.append(r)
+        except (OverflowError, RecursionError, TypeError, ValueError) as exc:
+            out.append(stand_in(r, exc))
+    return out
 
 
 def _filter(records: Iterable[TraceRecord], role: str | None, since: float | None) -> list[TraceRecord]:
@@ -206,12 +249,17 @@ class SqliteTraceStore:
         sessions = []
         deletes = []
         for kind, item in batch:
+            # Each record is encoded on its own: one that cannot be (it should have been refused
+            # at the door) must never cost the rest of the batch, i.e. other sessions' traces.
             if kind == "trace":
                 traces.append(
-                    (item.id, item.session_id, item.role, item.seq, item.created_at, to_msgpack(item))
+                    (item.id, item.session_id, item.role, item.seq, item.created_at, encode_trace(item))
                 )
             elif kind == "session":
-                sessions.append((item.session_id, msgspec.msgpack.encode(item)))
+                try:
+                    sessions.append((item.session_id, msgspec.msgpack.encode(item)))
+                except (OverflowError, RecursionError, TypeError, ValueError) as exc:
+                    log.error("session %s cannot be stored: %s", item.session_id, exc)
             else:
                 deletes.append((item,))
         conn = self._write_conn
