@@ -3,9 +3,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from rllm_cookbook_math import generate, load_tasks
 
 from rllm.engine.plugins import load_cookbook
-from rllm_cookbook_math import generate, load_tasks
 
 
 def test_shipped_sample_is_the_generators_output():
