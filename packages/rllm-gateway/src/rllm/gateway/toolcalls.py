@@ -115,8 +115,9 @@ def parse_hermes(tokenizer: Any, text: str) -> ParsedReply:
         return ParsedReply(text)
     head = text.split("<tool_call>", 1)[0].strip()
     try:
-        calls = tokenizer.parse_response(text, schema=_HERMES_SCHEMA)
-        return ParsedReply(head, tool_calls_from_dicts(calls))
+        calls = tool_calls_from_dicts(tokenizer.parse_response(text, schema=_HERMES_SCHEMA))
+        # No complete block (e.g. cut off by max_tokens): the text stays as the model wrote it.
+        return ParsedReply(head, calls) if calls else ParsedReply(text)
     except (ValueError, TypeError) as exc:
         return ParsedReply(text, error=f"unparsable <tool_call>: {str(exc).splitlines()[0]}")
 
