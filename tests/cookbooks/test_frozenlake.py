@@ -62,3 +62,10 @@ async def test_flow_and_evaluator_against_a_scripted_model(scripted):
 def test_two_training_steps(train, tmp_path):
     rows = train("frozenlake", tmp_path)
     assert all(row["episodes"] == 4 for row in rows)
+
+
+def test_progress_shaping():
+    from rllm_cookbook_frozenlake import progress
+
+    assert progress(FIXED_MAP, 0) == 0.0 and progress(FIXED_MAP, 15) == 1.0
+    assert progress(FIXED_MAP, 10) == pytest.approx(4 / 6)

@@ -43,7 +43,13 @@ async def frozenlake_flow(task: Task, config: AgentConfig) -> Episode:
     env.close()
     return Episode(
         task_id=task.id,
-        artifacts={"outcome": outcome, "turns": len(moves), "moves": moves, "invalid_moves": invalid},
+        artifacts={
+            "outcome": outcome,
+            "turns": len(moves),
+            "moves": moves,
+            "invalid_moves": invalid,
+            "position": int(position),
+        },
         termination_reason=TerminationReason.MAX_TURNS if outcome == "turn_limit" else TerminationReason.DONE,
     )
 
@@ -56,6 +62,32 @@ def frozenlake_evaluator(task: Task, episode: Episode) -> EvalOutput:
         is_correct=success,
         signals=[Signal(name="invalid_moves", value=float(episode.artifacts.get("invalid_moves", 0)))],
     )
+
+
+def progress(desc: list[str], position: int) -> float:
+    """How much of the way to the goal an agent standing at ``position`` has come (0..1)."""
+    width, size = len(desc[0]), len(desc)
+    goal = next(r * width + c for r, row in enumerate(desc) for c, ch in enumerate(row) if ch == "G")
+    far = (size - 1) + (width - 1)
+    dist = abs(position // width - goal // width) + abs(position % width - goal % width)
+    return 1.0 - dist / far
+
+
+@evaluator
+def frozenlake_progress_evaluator(task: Task, episode: Episode) -> EvalOutput:
+    """Reward 1 at the goal; short of it, half the share of the way covered (0 in a hole).
+
+    Shaping for models that start from nothing (the benchmark's tiny model): the goal alone is
+    too rare a reward to learn from. ``is_correct`` is still reaching the goal."""
+    outcome = episode.artifacts.get("outcome")
+    success = outcome == "goal"
+    if success:
+        reward = 1.0
+    elif outcome == "hole":
+        reward = 0.0
+    else:
+        reward = 0.5 * progress(task.metadata["map"], int(episode.artifacts.get("position", 0)))
+    return EvalOutput(reward=reward, is_correct=success)
 
 
 TRAIN_DEFAULTS = {
@@ -78,12 +110,24 @@ cookbook = Cookbook(
     train_defaults=TRAIN_DEFAULTS,
 )
 
+progress_cookbook = Cookbook(
+    name="frozenlake-progress",
+    flow=frozenlake_flow,
+    evaluator=frozenlake_progress_evaluator,
+    load_tasks=load_tasks,
+    description="FrozenLake with a progress-shaped reward (1 at the goal, partial credit short of it).",
+    train_defaults=TRAIN_DEFAULTS,
+)
+
 __all__ = [
     "FIXED_MAP",
     "cookbook",
     "frozenlake_evaluator",
     "frozenlake_flow",
+    "frozenlake_progress_evaluator",
     "generate",
     "load_tasks",
+    "progress",
+    "progress_cookbook",
     "task_for_map",
 ]
