@@ -69,3 +69,23 @@ def test_progress_shaping():
 
     assert progress(FIXED_MAP, 0) == 0.0 and progress(FIXED_MAP, 15) == 1.0
     assert progress(FIXED_MAP, 10) == pytest.approx(4 / 6)
+
+
+def test_potential_shaping_adds_up_to_the_final_cell():
+    from rllm_cookbook_frozenlake import frozenlake_progress_evaluator, potential
+
+    from rllm.types import Episode, Step, Trajectory
+
+    task = task_for_map("t", FIXED_MAP)
+    positions = [4, 8, 9, 10, 14, 15]  # the goal path
+    steps = [Step() for _ in positions]
+    episode = Episode(
+        task_id="t",
+        trajectories=[Trajectory(name="default", steps=steps)],
+        artifacts={"outcome": "goal", "positions": positions},
+    )
+    out = frozenlake_progress_evaluator.evaluate(task, episode)
+    assert out.reward == 1.0 and out.is_correct
+    gains = [s.reward for s in steps[:-1]] + [out.trajectory_rewards["default"]]
+    assert sum(gains) == pytest.approx(1.0) and all(g > 0 for g in gains)
+    assert potential(FIXED_MAP, 5) == 0.0  # a hole

@@ -4,6 +4,8 @@ with the discounted outcome."""
 
 from __future__ import annotations
 
+import itertools
+
 from rllm.sdk import rollout, sampling_kwargs
 from rllm.sdk.clients import async_openai
 from rllm.sdk.cookbook import Cookbook
@@ -21,6 +23,7 @@ async def frozenlake_flow(task: Task, config: AgentConfig) -> Episode:
     position, _ = env.reset(seed=0)
     messages = [{"role": "user", "content": str(task.instruction)}]
     moves: list[str] = []
+    positions: list[int] = []  # the agent's cell after each turn
     outcome, invalid = "turn_limit", 0
     async with async_openai(config) as client:
         for _ in range(max_turns):
@@ -33,9 +36,11 @@ async def frozenlake_flow(task: Task, config: AgentConfig) -> Episode:
             moves.append(text)
             if action is None:
                 invalid += 1
+                positions.append(int(position))
                 messages.append({"role": "user", "content": f"No move found.\n{render(desc, position)}"})
                 continue
             position, reward, terminated, _, _ = env.step(action)
+            positions.append(int(position))
             if terminated:
                 outcome = "goal" if reward > 0 else "hole"
                 break
@@ -49,6 +54,7 @@ async def frozenlake_flow(task: Task, config: AgentConfig) -> Episode:
             "moves": moves,
             "invalid_moves": invalid,
             "position": int(position),
+            "positions": positions,
         },
         termination_reason=TerminationReason.MAX_TURNS if outcome == "turn_limit" else TerminationReason.DONE,
     )
@@ -73,21 +79,33 @@ def progress(desc: list[str], position: int) -> float:
     return 1.0 - dist / far
 
 
+def potential(desc: list[str], position: int) -> float:
+    """1 at the goal, 0 in a hole, else half the share of the way to the goal covered."""
+    cell = desc[position // len(desc[0])][position % len(desc[0])]
+    if cell == "G":
+        return 1.0
+    return 0.0 if cell == "H" else 0.5 * progress(desc, position)
+
+
 @evaluator
 def frozenlake_progress_evaluator(task: Task, episode: Episode) -> EvalOutput:
-    """Reward 1 at the goal; short of it, half the share of the way covered (0 in a hole).
+    """Potential-based shaping: each move earns the change of :func:`potential` it caused.
 
-    Shaping for models that start from nothing (the benchmark's tiny model): the goal alone is
-    too rare a reward to learn from. ``is_correct`` is still reaching the goal."""
-    outcome = episode.artifacts.get("outcome")
-    success = outcome == "goal"
-    if success:
-        reward = 1.0
-    elif outcome == "hole":
-        reward = 0.0
-    else:
-        reward = 0.5 * progress(task.metadata["map"], int(episode.artifacts.get("position", 0)))
-    return EvalOutput(reward=reward, is_correct=success)
+    For models that start from nothing (the benchmark's tiny model), reaching the goal by chance
+    is too rare to learn from. The moves' rewards add up to the final cell's potential (the
+    episode's reward: 1 at the goal); with ``step_credit="turn"`` each move is credited with its
+    own and the later ones, discounted. ``is_correct`` is still reaching the goal."""
+    desc = task.metadata["map"]
+    positions = episode.artifacts.get("positions", [])
+    values = [potential(desc, p) for p in [0, *positions]]
+    gains = [b - a for a, b in itertools.pairwise(values)]
+    per_turn = None
+    if len(episode.trajectories) == 1 and len(steps := episode.trajectories[0].steps) == len(gains) > 0:
+        for step, gain in zip(steps[:-1], gains, strict=False):
+            step.reward = gain
+        per_turn = {episode.trajectories[0].name: gains[-1]}
+    success = episode.artifacts.get("outcome") == "goal"
+    return EvalOutput(reward=values[-1], is_correct=success, trajectory_rewards=per_turn)
 
 
 TRAIN_DEFAULTS = {
@@ -127,6 +145,7 @@ __all__ = [
     "frozenlake_progress_evaluator",
     "generate",
     "load_tasks",
+    "potential",
     "progress",
     "progress_cookbook",
     "task_for_map",
