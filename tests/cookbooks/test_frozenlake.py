@@ -69,6 +69,7 @@ def test_progress_shaping():
 
     assert progress(FIXED_MAP, 0) == 0.0 and progress(FIXED_MAP, 15) == 1.0
     assert progress(FIXED_MAP, 10) == pytest.approx(4 / 6)
+    assert progress(FIXED_MAP, 3) == pytest.approx(1 / 6)  # beside a hole: far by a safe walk
 
 
 def test_potential_shaping_adds_up_to_the_final_cell():

@@ -70,13 +70,34 @@ def frozenlake_evaluator(task: Task, episode: Episode) -> EvalOutput:
     )
 
 
-def progress(desc: list[str], position: int) -> float:
-    """How much of the way to the goal an agent standing at ``position`` has come (0..1)."""
-    width, size = len(desc[0]), len(desc)
+def steps_to_goal(desc: list[str]) -> dict[int, int]:
+    """Each safe cell's shortest walk to the goal (breadth-first over cells that are not holes)."""
+    width, height = len(desc[0]), len(desc)
     goal = next(r * width + c for r, row in enumerate(desc) for c, ch in enumerate(row) if ch == "G")
-    far = (size - 1) + (width - 1)
-    dist = abs(position // width - goal // width) + abs(position % width - goal % width)
-    return 1.0 - dist / far
+    dist, frontier = {goal: 0}, [goal]
+    while frontier:
+        nxt = []
+        for cell in frontier:
+            r, c = divmod(cell, width)
+            for rr, cc in ((r + 1, c), (r - 1, c), (r, c + 1), (r, c - 1)):
+                n = rr * width + cc
+                if 0 <= rr < height and 0 <= cc < width and desc[rr][cc] != "H" and n not in dist:
+                    dist[n] = dist[cell] + 1
+                    nxt.append(n)
+        frontier = nxt
+    return dist
+
+
+def progress(desc: list[str], position: int) -> float:
+    """The share of the shortest safe way from the start to the goal already behind ``position``.
+
+    Shortest safe walks, not straight-line distance: a cell beside a hole that is near the goal
+    as the crow flies would otherwise be a trap the policy settles in."""
+    dist = steps_to_goal(desc)
+    start = dist.get(0)
+    if not start or position not in dist:
+        return 0.0
+    return max(0.0, 1.0 - dist[position] / start)
 
 
 def potential(desc: list[str], position: int) -> float:
