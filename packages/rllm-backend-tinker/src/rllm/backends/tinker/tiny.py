@@ -27,7 +27,7 @@ CHAT_TEMPLATE = (
 TOOL_CALL_TOKENS = ["<tool_call>", "</tool_call>"]
 TOOL_CHAT_TEMPLATE = (
     "{% if tools %}{{ '<|system|> tools : ' }}{% for tool in tools %}{{ tool | tojson + ' ' }}{% endfor %}"
-    "{{ '<tool_call> {\"name\": name, \"arguments\": arguments} </tool_call> <|end|> ' }}{% endif %}"
+    '{{ \'<tool_call> {"name": name, "arguments": arguments} </tool_call> <|end|> \' }}{% endif %}'
     "{% for message in messages %}"
     "{% if message['role'] == 'tool' %}{{ '<|tool|> ' + message['content'] + ' <|end|> ' }}"
     "{% elif message.get('tool_calls') %}{{ '<|assistant|> ' + (message['content'] or '') + ' ' }}"
