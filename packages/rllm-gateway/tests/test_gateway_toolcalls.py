@@ -256,3 +256,26 @@ def test_harmony_parses_a_gpt_oss_call():
     (call,) = HarmonyParser().parse(ids, "").tool_calls
     assert call["function"]["name"] == "get_weather"
     assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+
+
+def test_a_tokenizers_own_response_schema_wins(qwen_tok):
+    from rllm.gateway.toolcalls import SCHEMA, parse_with_schema
+
+    qwen_tok.response_schema = {
+        "type": "object",
+        "properties": {
+            "content": {"type": "string", "x-regex": r"^(.*?)\s*(?:<tool_call>|$)"},
+            "tool_calls": {
+                "type": "array",
+                "x-regex-iterator": r"<tool_call>\s*(.*?)\s*</tool_call>",
+                "items": {"type": "object", "x-parser": "json"},
+            },
+        },
+    }
+    try:
+        assert detect_format(qwen_tok) == SCHEMA
+        parsed = parse_with_schema(qwen_tok, 'hi <tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>')
+        assert parsed.content == "hi" and parsed.tool_calls[0]["function"]["arguments"] == '{"a": 1}'
+        assert parse_with_schema(qwen_tok, "just text").tool_calls == []
+    finally:
+        qwen_tok.response_schema = None
