@@ -28,3 +28,30 @@ def test_model_shape_is_servable(tiny_model_path: Path) -> None:
     config = AutoConfig.from_pretrained(tiny_model_path)
     assert config.model_type == "llama" and config.head_dim >= 64 and config.num_hidden_layers == 2
     assert config.eos_token_id == AutoTokenizer.from_pretrained(tiny_model_path).eos_token_id
+
+
+def test_tool_call_template_renders_calls_and_results(tmp_path: Path) -> None:
+    from rllm.backends.tinker.tiny import build_tokenizer
+
+    tokenizer = build_tokenizer(["get", "city", "paris"], tool_calls=True)
+    tokenizer.save_pretrained(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)  # the template and added tokens persist
+    call = {"id": "c1", "type": "function", "function": {"name": "get", "arguments": {"city": "paris"}}}
+    text = tokenizer.apply_chat_template(
+        [
+            {"role": "user", "content": "get"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "paris"},
+        ],
+        tools=[{"type": "function", "function": {"name": "get"}}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    assert (
+        '<tool_call> {"name": "get", "arguments": {"city": "paris"}} </tool_call> <|end|> <|tool|> paris'
+        in text
+    )
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    # <tool_call> is one ordinary token: it survives decoding, as a parser needs.
+    assert tokenizer.convert_tokens_to_ids("<tool_call>") in ids
+    assert "<tool_call>" in tokenizer.decode(ids, skip_special_tokens=True)
