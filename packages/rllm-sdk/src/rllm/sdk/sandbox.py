@@ -153,13 +153,23 @@ def needs_sandbox(spec: SpecSource | None = None) -> Callable[[Any], Any]:
     return mark
 
 
-def sandbox_spec_for(flow: Any, task: Task) -> SandboxSpec | None:
-    """The spec ``flow`` declared for ``task``, or None when it needs no sandbox."""
-    source = None
-    for obj in (flow, getattr(flow, "fn", None), getattr(flow, "__self__", None)):
+def _declared(flow: Any) -> SpecSource | None:
+    # On the flow object, the function a RolloutFlow wraps, or the instance of a bound run().
+    for obj in (flow, getattr(flow, "fn", None), getattr(getattr(flow, "fn", None), "__self__", None)):
         source = getattr(obj, _SPEC_ATTR, None) if obj is not None else None
         if source is not None:
-            break
+            return source
+    return None
+
+
+def declares_sandbox(flow: Any) -> bool:
+    """True when ``flow`` was marked with ``@needs_sandbox``."""
+    return _declared(flow) is not None
+
+
+def sandbox_spec_for(flow: Any, task: Task) -> SandboxSpec | None:
+    """The spec ``flow`` declared for ``task``, or None when it needs no sandbox."""
+    source = _declared(flow)
     if source is None:
         return None
     spec = source if isinstance(source, SandboxSpec) else source(task)
