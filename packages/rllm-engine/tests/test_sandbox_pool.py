@@ -180,5 +180,5 @@ def test_bad_task_directory_names_the_problem(tmp_path: Path) -> None:
     with pytest.raises(TaskDirError, match="memory_mb"):
         load_task_dir(task)
     (task / "tests" / "test.sh").unlink()
-    with pytest.raises(TaskDirError, match="missing tests/test.sh"):
+    with pytest.raises(TaskDirError, match=r"missing tests/test\.sh"):
         load_task_dir(task)
