@@ -12,7 +12,11 @@ it — only the new part of the rendered text is tokenized and appended to the p
 prompt + completion tokens. Otherwise (thinking stripped, history compacted, template does
 not extend) a new segment starts from a fresh rendering, and the trace says why.
 
-Limitation: the reply comes back as text; tool calls are not parsed out of it here.
+Tool calls: ``tools`` are rendered through the chat template and the completion is parsed back
+into OpenAI ``tool_calls`` (:mod:`rllm.gateway.toolcalls`); an assistant message that echoes
+the returned content and tool calls extends the token history like a text reply, and the tool
+results after it are the new part. A streamed reply comes back as text deltas only (tool calls
+are not parsed out of a stream).
 """
 
 from __future__ import annotations
@@ -23,6 +27,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from rllm.gateway.capture import Captured
+from rllm.gateway.toolcalls import (
+    HARMONY,
+    HERMES,
+    LLAMA3_JSON,
+    SCHEMA,
+    HarmonyParser,
+    ParsedReply,
+    detect_format,
+    parse_hermes,
+    parse_llama3_json,
+    parse_with_schema,
+    require_format,
+    same_tool_calls,
+    to_template_messages,
+)
 from rllm.types import Message, TraceRecord
 
 # Chat-only request fields that /v1/completions does not take.
@@ -51,7 +70,8 @@ class BridgeState:
     """What turn k left behind for turn k+1 of one (session, role)."""
 
     messages: list[Message]
-    response_text: str
+    response_text: str  # the content returned to the agent (tool-call markup parsed out)
+    response_tool_calls: list[dict[str, Any]]
     prompt_text: str
     prompt_ids: list[int]
     completion_ids: list[int]
@@ -69,6 +89,7 @@ class BridgePlan:
     segment: int
     wants_token_ids: bool
     wants_logprobs: bool
+    stream: bool = False
 
 
 class TokenBridge:
@@ -76,6 +97,8 @@ class TokenBridge:
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("cumulative mode needs a tokenizer with a chat_template")
         self.tokenizer = tokenizer
+        self.tool_format = detect_format(tokenizer)
+        self._harmony: HarmonyParser | None = None
 
     @classmethod
     def load(cls, path: str) -> TokenBridge:
@@ -86,7 +109,7 @@ class TokenBridge:
 
     def render(self, messages: list[dict[str, Any]], tools: Any) -> str:
         return self.tokenizer.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=True, tokenize=False
+            to_template_messages(messages), tools=tools, add_generation_prompt=True, tokenize=False
         )
 
     def encode(self, text: str) -> list[int]:
@@ -97,6 +120,8 @@ class TokenBridge:
     ) -> BridgePlan:
         """Turn a chat request into a completions request with bridged prompt token ids (in place)."""
         tools = body.get("tools")
+        if tools:
+            require_format(self.tool_format)
         text = self.render(body["messages"], tools)
         prev: BridgeState | None = session.bridges.get(role)
         ids: list[int] | None = None
@@ -129,7 +154,7 @@ class TokenBridge:
         out["stream"] = stream
         body.clear()
         body.update(out)
-        return BridgePlan(role, messages, text, ids, tools, segment, wants_ids, wants_lp)
+        return BridgePlan(role, messages, text, ids, tools, segment, wants_ids, wants_lp, stream)
 
     @staticmethod
     def _why_not_extending(prev: BridgeState, messages: list[Message], tools: Any) -> str | None:
@@ -141,8 +166,10 @@ class TokenBridge:
         if messages[:n] != prev.messages:
             return "earlier messages changed (compaction or edit)"
         reply = messages[n]
-        if reply.role != "assistant" or reply.text != prev.response_text or reply.tool_calls:
+        if reply.role != "assistant" or reply.text != prev.response_text:
             return "the previous reply was changed (e.g. thinking stripped)"
+        if not same_tool_calls(reply.tool_calls, prev.response_tool_calls):
+            return "the previous reply's tool calls were changed"
         return None
 
     def commit(self, session: Any, plan: BridgePlan, cap: Captured, trace: TraceRecord) -> None:
@@ -151,12 +178,20 @@ class TokenBridge:
             trace.metadata["capture_warning"] = "upstream reported prompt ids that differ from those sent"
         trace.prompt_ids = None  # fill_trace sets it from cap; make sure it is what we sent
         cap.prompt_ids = plan.prompt_ids
+        if plan.tools and not plan.stream:
+            parsed = self.parse_tools(cap)
+            cap.text, cap.tool_calls = parsed.content, parsed.tool_calls
+            if parsed.tool_calls:
+                cap.finish_reason = "tool_calls" if cap.finish_reason == "stop" else cap.finish_reason
+            if parsed.error:
+                trace.metadata["tool_call_error"] = parsed.error
         if not cap.completion_ids:
             session.bridges.pop(plan.role, None)
             return
         session.bridges[plan.role] = BridgeState(
             messages=plan.messages,
             response_text=cap.text,
+            response_tool_calls=list(cap.tool_calls),
             prompt_text=plan.prompt_text,
             prompt_ids=plan.prompt_ids,
             completion_ids=list(cap.completion_ids),
@@ -164,15 +199,32 @@ class TokenBridge:
             segment=plan.segment,
         )
 
+    def parse_tools(self, cap: Captured) -> ParsedReply:
+        """Split the completion into content and OpenAI tool_calls in this model's format."""
+        fmt = self.tool_format
+        if fmt == HERMES:
+            return parse_hermes(self.tokenizer, cap.text)
+        if fmt == LLAMA3_JSON:
+            return parse_llama3_json(cap.text)
+        if fmt == HARMONY:
+            if self._harmony is None:
+                self._harmony = HarmonyParser()
+            return self._harmony.parse(list(cap.completion_ids or ()), cap.text)
+        if fmt == SCHEMA:
+            return parse_with_schema(self.tokenizer, cap.text)
+        return ParsedReply(cap.text)
+
     # ------------------------------------------------------------------ response shapes
     def to_chat(self, data: dict[str, Any], cap: Captured, plan: BridgePlan) -> dict[str, Any]:
         """A completions response re-shaped as the chat.completion the client asked for."""
         choice: dict[str, Any] = {
             "index": 0,
-            "message": {"role": "assistant", "content": cap.text},
+            "message": {"role": "assistant", "content": cap.text or None if cap.tool_calls else cap.text},
             "logprobs": None,
             "finish_reason": cap.finish_reason,
         }
+        if cap.tool_calls:
+            choice["message"]["tool_calls"] = cap.tool_calls
         if plan.wants_logprobs and cap.completion_ids and cap.logprobs:
             choice["logprobs"] = {
                 "content": [

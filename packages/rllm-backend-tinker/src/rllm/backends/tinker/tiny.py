@@ -22,6 +22,23 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
 )
 
+# The same shape with native tool calls, hermes style (the gateway's cumulative mode parses
+# ``<tool_call>{json}</tool_call>``): for cookbooks whose agents call tools (e.g. FinQA).
+TOOL_CALL_TOKENS = ["<tool_call>", "</tool_call>"]
+TOOL_CHAT_TEMPLATE = (
+    "{% if tools %}{{ '<|system|> tools : ' }}{% for tool in tools %}{{ tool | tojson + ' ' }}{% endfor %}"
+    "{{ '<tool_call> {\"name\": name, \"arguments\": arguments} </tool_call> <|end|> ' }}{% endif %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'tool' %}{{ '<|tool|> ' + message['content'] + ' <|end|> ' }}"
+    "{% elif message.get('tool_calls') %}{{ '<|assistant|> ' + (message['content'] or '') + ' ' }}"
+    "{% for call in message['tool_calls'] %}{{ '<tool_call> ' + "
+    "{'name': call['function']['name'], 'arguments': call['function']['arguments']} | tojson"
+    " + ' </tool_call> ' }}{% endfor %}{{ '<|end|> ' }}"
+    "{% else %}{{ '<|' + message['role'] + '|> ' + (message['content'] or '') + ' <|end|> ' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
+
 DEFAULT_WORDS = [
     "say", "repeat", "the", "word", "answer", "is", "a", "an", "and", "or", "not", "yes", "no",
     "ok", "please", "again", "now", "then", "next", "last", "first", "turn", "you", "i", "it",
@@ -32,8 +49,11 @@ DEFAULT_WORDS = [
 ]  # fmt: skip
 
 
-def build_tokenizer(words: Iterable[str] = ()) -> object:
-    """A PreTrainedTokenizerFast with one token per word (plus DEFAULT_WORDS and specials)."""
+def build_tokenizer(words: Iterable[str] = (), *, tool_calls: bool = False) -> object:
+    """A PreTrainedTokenizerFast with one token per word (plus DEFAULT_WORDS and specials).
+
+    ``tool_calls``: the hermes-style :data:`TOOL_CHAT_TEMPLATE` and its ``<tool_call>`` tokens
+    (ordinary added tokens, so they survive decoding like Qwen's)."""
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
@@ -50,7 +70,9 @@ def build_tokenizer(words: Iterable[str] = ()) -> object:
         unk_token="<|unk|>",
         additional_special_tokens=[t for t in SPECIAL_TOKENS if t not in ("<|pad|>", "<|unk|>", EOS_TOKEN)],
     )
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.chat_template = TOOL_CHAT_TEMPLATE if tool_calls else CHAT_TEMPLATE
+    if tool_calls:
+        tokenizer.add_tokens(TOOL_CALL_TOKENS)
     return tokenizer
 
 
@@ -78,10 +100,12 @@ def init_tiny_model(
     num_heads: int = 2,
     intermediate_size: int = 256,
     max_positions: int = 1024,
+    tool_calls: bool = False,
 ) -> Path:
     """Write a random-init Llama + tokenizer to ``path`` (a directory) and return it.
 
     ``vocab_words`` become single tokens (e.g. the toy task's word list). Deterministic for a seed.
+    ``tool_calls`` builds the tokenizer with the hermes-style tool-call template.
     """
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
@@ -92,7 +116,7 @@ def init_tiny_model(
         )
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(vocab_words)
+    tokenizer = build_tokenizer(vocab_words, tool_calls=tool_calls)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,

@@ -1,0 +1,164 @@
+"""FinQA: a ReAct loop with native OpenAI function calling over the task's financial tables.
+
+Each turn the model either calls tools (list_tables, get_table_schema, sql_query, calculator;
+the results go back as ``tool`` messages) or answers. The loop ends at a reply without tool
+calls that says ``FINAL ANSWER: ...``, or at the turn limit. Each rollout opens its own
+in-memory database.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from rllm.sdk import rollout, sampling_kwargs
+from rllm.sdk.clients import async_openai
+from rllm.sdk.cookbook import Cookbook
+from rllm.sdk.rewards import numeric_match
+from rllm.types import AgentConfig, Episode, EvalOutput, Signal, Task, TerminationReason
+from rllm_cookbook_finqa.calculator import calculate
+from rllm_cookbook_finqa.data import generate, load_tasks
+from rllm_cookbook_finqa.tools import TOOLS, FinanceDB
+
+MAX_TURNS = 20
+SYSTEM = (
+    "You answer questions about company financials. Use the tools to find the tables, read "
+    "them with SQL and compute with the calculator. When you know the answer, reply without "
+    "tool calls as: FINAL ANSWER: <number>"
+)
+NUDGE = "Call a tool, or reply with FINAL ANSWER: <number>."
+_FINAL = re.compile(r"FINAL ANSWER:\s*(.+)", re.IGNORECASE | re.DOTALL)
+
+
+def final_answer_of(text: str) -> str | None:
+    found = _FINAL.search(text)
+    return found.group(1).strip() if found else None
+
+
+@rollout
+async def finqa_flow(task: Task, config: AgentConfig) -> Episode:
+    db = FinanceDB(task.metadata["tables"])
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": str(task.instruction)},
+    ]
+    answer, turns, tool_calls = None, 0, 0
+    try:
+        async with async_openai(config) as client:
+            while turns < MAX_TURNS and answer is None:
+                turns += 1
+                reply = await client.chat.completions.create(
+                    model=config.model,
+                    messages=messages,
+                    tools=TOOLS,
+                    **{"max_tokens": 512, **sampling_kwargs(config)},
+                )
+                message = reply.choices[0].message
+                messages.append(message.model_dump(exclude_none=True))
+                if message.tool_calls:
+                    for call in message.tool_calls:
+                        tool_calls += 1
+                        result = db.call(call.function.name, call.function.arguments)
+                        messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+                    continue
+                answer = final_answer_of(message.content or "")
+                if answer is None:
+                    messages.append({"role": "user", "content": NUDGE})
+    finally:
+        db.close()
+    return Episode(
+        task_id=task.id,
+        artifacts={
+            "answer": answer,
+            "accessed_tables": list(db.accessed),
+            "turns": turns,
+            "tool_calls": tool_calls,
+        },
+        termination_reason=TerminationReason.DONE if answer is not None else TerminationReason.MAX_TURNS,
+    )
+
+
+def answer_matches(answer: str | None, truth: Any, rel_tol: float = 1e-2) -> bool:
+    """Numeric match within ``rel_tol``; "12.5%" reads as 12.5, and simple arithmetic is computed."""
+    if answer is None:
+        return False
+    text = answer.replace("%", "").replace("$", "").strip()
+    try:
+        value = calculate(text.split()[0]) if text else None
+    except (ValueError, IndexError):
+        value = None
+    reference = float(truth) if isinstance(truth, int | float) else str(truth)
+    if value is not None and numeric_match(value, reference, rel_tol=rel_tol, abs_tol=1e-6):
+        return True
+    return numeric_match(text, reference, rel_tol=rel_tol, abs_tol=1e-6)
+
+
+class FinQAEvaluator:
+    """Numeric tolerance, or ``judge`` (an ``rllm.sdk.rewards.LLMJudge``) when given;
+    ``table_bonus`` is added when the agent read the table the question is about."""
+
+    def __init__(self, judge: Any = None, table_bonus: float = 0.0) -> None:
+        self.judge = judge
+        self.table_bonus = table_bonus
+
+    async def evaluate(self, task: Task, episode: Episode) -> EvalOutput:
+        answer = episode.artifacts.get("answer")
+        if self.judge is not None and answer is not None:
+            verdict = await self.judge.evaluate(task, episode)
+            correct, meta = bool(verdict.is_correct), dict(verdict.metadata)
+        else:
+            correct, meta = answer_matches(answer, task.ground_truth), {}
+        read_table = task.metadata.get("table") in episode.artifacts.get("accessed_tables", [])
+        return EvalOutput(
+            reward=(1.0 if correct else 0.0) + (self.table_bonus if read_table else 0.0),
+            is_correct=correct,
+            signals=[
+                Signal(name="read_table", value=float(read_table)),
+                Signal(name="turns", value=float(episode.artifacts.get("turns", 0))),
+            ],
+            metadata=meta,
+        )
+
+
+def judge_from_env() -> Any:
+    """An LLM judge when ``FINQA_JUDGE_BASE_URL`` and ``FINQA_JUDGE_MODEL`` are set, else None."""
+    url, model = os.environ.get("FINQA_JUDGE_BASE_URL"), os.environ.get("FINQA_JUDGE_MODEL")
+    if not (url and model):
+        return None
+    from rllm.sdk.rewards import LLMJudge
+
+    return LLMJudge(base_url=url, model=model, api_key=os.environ.get("FINQA_JUDGE_API_KEY", "EMPTY"))
+
+
+finqa_evaluator = FinQAEvaluator(judge_from_env(), float(os.environ.get("FINQA_TABLE_BONUS", "0") or 0))
+
+TRAIN_DEFAULTS = {
+    "total_steps": 100,
+    "tasks_per_step": 8,
+    "group_size": 8,
+    "val_split": "test",
+    "val_every": 10,
+    "rollout": {"sampling": {"temperature": 1.0, "max_tokens": 512}},
+}
+
+cookbook = Cookbook(
+    name="finqa",
+    flow=finqa_flow,
+    evaluator=finqa_evaluator,
+    load_tasks=load_tasks,
+    description="FinQA ReAct agent with native tool calls over SQLite tables; numeric-tolerance reward.",
+    train_defaults=TRAIN_DEFAULTS,
+)
+
+__all__ = [
+    "TOOLS",
+    "FinQAEvaluator",
+    "FinanceDB",
+    "answer_matches",
+    "cookbook",
+    "finqa_evaluator",
+    "finqa_flow",
+    "generate",
+    "load_tasks",
+]

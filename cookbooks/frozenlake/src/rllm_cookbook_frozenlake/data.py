@@ -1,0 +1,54 @@
+"""FrozenLake tasks: maps. A generated sample ships in the package (offline default).
+
+There is no hub dataset for FrozenLake: ``load_tasks("gen:train")`` draws 1000 more random
+solvable maps with gymnasium's own generator.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rllm.types import Task
+
+SAMPLE_DIR = Path(__file__).parent / "sample"
+SAMPLE_SIZES = {"train": 20, "test": 10}
+FIXED_MAP = ["SFFF", "FHFH", "FFFH", "HFFG"]  # gymnasium's classic 4x4 map
+LEGEND = "You are P. S is the start, F is frozen ice, H is a hole, G is the goal."
+
+
+def generate(split: str, count: int | None = None) -> list[dict[str, Any]]:
+    """Random solvable 4x4 maps, deterministic per split (the shipped files are this output)."""
+    from gymnasium.envs.toy_text.frozen_lake import generate_random_map
+
+    base = {"train": 0, "test": 10_000, "gen:train": 100_000}[split]
+    n = count if count is not None else SAMPLE_SIZES.get(split, 1000)
+    return [
+        {"id": f"{split}-{i:03d}", "map": generate_random_map(size=4, p=0.8, seed=base + i)} for i in range(n)
+    ]
+
+
+def instruction(desc: list[str]) -> str:
+    from rllm_cookbook_frozenlake.env import render
+
+    return f"{LEGEND} Reach G. Reply with one move: left, down, right or up.\n{render(desc, 0)}"
+
+
+def task_for_map(task_id: str, desc: list[str], max_turns: int = 8) -> Task:
+    return Task(id=task_id, instruction=instruction(desc), metadata={"map": desc, "max_turns": max_turns})
+
+
+def load_tasks(split: str) -> list[Task]:
+    if split == "gen:train":
+        rows = generate(split)
+    elif split == "fixed":
+        rows = [{"id": "fixed-4x4", "map": FIXED_MAP}]
+    elif split in SAMPLE_SIZES:
+        lines = (SAMPLE_DIR / f"{split}.jsonl").read_text().splitlines()
+        rows = [json.loads(line) for line in lines if line.strip()]
+    else:
+        raise ValueError(
+            f"the frozenlake cookbook has splits 'train', 'test', 'fixed', 'gen:train', not {split!r}"
+        )
+    return [task_for_map(str(row["id"]), list(row["map"])) for row in rows]

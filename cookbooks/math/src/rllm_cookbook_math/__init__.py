@@ -1,0 +1,50 @@
+"""Single-turn math: ask once, grade the ``\\boxed{}`` answer with math-verify."""
+
+from __future__ import annotations
+
+from rllm.sdk import rollout, sampling_kwargs
+from rllm.sdk.clients import async_openai
+from rllm.sdk.cookbook import Cookbook
+from rllm.sdk.evaluator import evaluator
+from rllm.sdk.rewards import math_reward
+from rllm.types import AgentConfig, Episode, EvalOutput, Task
+from rllm_cookbook_math.data import generate, load_tasks
+
+INSTRUCTIONS = "Solve the problem. Put the final answer in \\boxed{}."
+
+
+@rollout
+async def math_flow(task: Task, config: AgentConfig) -> dict:
+    messages = [{"role": "user", "content": f"{task.instruction}\n{INSTRUCTIONS}"}]
+    async with async_openai(config) as client:
+        reply = await client.chat.completions.create(
+            model=config.model, messages=messages, **{"max_tokens": 1024, **sampling_kwargs(config)}
+        )
+    return {"answer": reply.choices[0].message.content or ""}
+
+
+@evaluator
+def math_evaluator(task: Task, episode: Episode) -> EvalOutput:
+    return math_reward(str(episode.artifacts.get("answer", "")), str(task.ground_truth))
+
+
+TRAIN_DEFAULTS = {
+    "total_steps": 100,
+    "tasks_per_step": 16,
+    "group_size": 8,
+    "val_split": "test",
+    "val_every": 10,
+    "rollout": {"sampling": {"temperature": 1.0, "max_tokens": 1024}},
+    "algorithm": {"estimator": "grpo"},
+}
+
+cookbook = Cookbook(
+    name="math",
+    flow=math_flow,
+    evaluator=math_evaluator,
+    load_tasks=load_tasks,
+    description="Single-turn math; reward 1 when the \\boxed{} answer is equivalent (math-verify).",
+    train_defaults=TRAIN_DEFAULTS,
+)
+
+__all__ = ["cookbook", "generate", "load_tasks", "math_evaluator", "math_flow"]

@@ -1,0 +1,244 @@
+"""Native tool calls in cumulative mode: real templates, the real openai client, a real gateway.
+
+The tokenizers are tiny byte-level BPEs trained here, carrying each family's published chat
+template (tests/templates/) and its special tokens, so rendering and parsing are the real ones.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import openai
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers import AutoTokenizer
+
+from rllm.gateway import GatewayClient, GatewayConfig, GatewayServer
+from rllm.gateway.testing import MockUpstream, build_tiny_chat_tokenizer
+from rllm.gateway.toolcalls import HERMES, LLAMA3_JSON, detect_format, parse_hermes, parse_llama3_json
+
+TEMPLATES = Path(__file__).parent / "templates"
+FAMILIES = {
+    "qwen2_5": {
+        "specials": ["<|im_start|>", "<|im_end|>", "<|endoftext|>"],
+        "added": ["<tool_call>", "</tool_call>"],
+        "eos": "<|im_end|>",
+        "bos": None,
+    },
+    "llama3_1": {
+        "specials": [
+            "<|begin_of_text|>",
+            "<|start_header_id|>",
+            "<|end_header_id|>",
+            "<|eot_id|>",
+            "<|eom_id|>",
+            "<|python_tag|>",
+        ],
+        "added": [],
+        "eos": "<|eot_id|>",
+        "bos": "<|begin_of_text|>",
+    },
+}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+
+
+def build_family_tokenizer(path: Path, family: str) -> str:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    spec = FAMILIES[family]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=500, special_tokens=spec["specials"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    corpus = ['{"name": "get_weather", "arguments": {"city": "Paris"}}', "the weather is sunny"] * 50
+    tok.train_from_iterator(corpus, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=spec["eos"], bos_token=spec["bos"])
+    fast.add_tokens(spec["added"])
+    fast.chat_template = (TEMPLATES / f"{family}.jinja").read_text()
+    fast.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family_dir(request, tmp_path_factory):
+    return request.param, build_family_tokenizer(tmp_path_factory.mktemp(request.param), request.param)
+
+
+CALL_TEXT = {
+    "qwen2_5": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+    "llama3_1": '{"name": "get_weather", "parameters": {"city": "Paris"}}',
+}
+
+
+def test_formats_are_detected_from_the_templates(family_dir, tmp_path):
+    family, path = family_dir
+    tok = AutoTokenizer.from_pretrained(path)
+    assert detect_format(tok) == {"qwen2_5": HERMES, "llama3_1": LLAMA3_JSON}[family]
+    plain = AutoTokenizer.from_pretrained(build_tiny_chat_tokenizer(str(tmp_path / "plain")))
+    assert detect_format(plain) is None
+
+
+async def test_tool_call_round_trip_is_token_true(family_dir):
+    family, path = family_dir
+    tok = AutoTokenizer.from_pretrained(path)
+
+    def respond(body):
+        prompt = tok.decode(body["prompt"], skip_special_tokens=False)
+        return "It is sunny in Paris." if "sunny, 21C" in prompt else CALL_TEXT[family]
+
+    async with MockUpstream(tokenizer=tok, responder=respond) as mock:
+        cfg = GatewayConfig(
+            upstreams=[mock.url], tokenizer_path=path, tokenizer_mode="cumulative", health_interval_s=0
+        )
+        async with GatewayServer(cfg) as gw, GatewayClient(gw.url) as c:
+            oc = openai.AsyncOpenAI(base_url=c.session_url("tools"), api_key="x")
+            msgs: list[dict] = [
+                {"role": "system", "content": "you are an agent"},
+                {"role": "user", "content": "weather in Paris?"},
+            ]
+            first = await oc.chat.completions.create(model="m", messages=msgs, tools=TOOLS)
+            choice = first.choices[0]
+            assert choice.finish_reason == "tool_calls"
+            (call,) = choice.message.tool_calls
+            assert call.function.name == "get_weather"
+            assert json.loads(call.function.arguments) == {"city": "Paris"}
+            msgs.append(choice.message.model_dump(exclude_none=True))
+            msgs.append({"role": "tool", "tool_call_id": call.id, "content": "sunny, 21C"})
+            second = await oc.chat.completions.create(model="m", messages=msgs, tools=TOOLS)
+            assert second.choices[0].message.content == "It is sunny in Paris."
+            assert not second.choices[0].message.tool_calls
+            traces = await c.get_traces("tools")
+    assert [t.segment for t in traces] == [0, 0], [t.metadata for t in traces]
+    prefix = list(traces[0].prompt_ids) + list(traces[0].completion_ids)
+    assert list(traces[1].prompt_ids[: len(prefix)]) == prefix  # the tool result extends turn 1
+    assert traces[0].response.tool_calls[0].function.name == "get_weather"
+    rendered = tok.apply_chat_template(
+        [*msgs[:2], {**msgs[2], "tool_calls": [_args_as_object(msgs[2]["tool_calls"][0])]}, msgs[3]],
+        tools=TOOLS,
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+    assert tok.decode(traces[1].prompt_ids, skip_special_tokens=False) == rendered
+
+
+def _args_as_object(call: dict) -> dict:
+    return {**call, "function": {**call["function"], "arguments": json.loads(call["function"]["arguments"])}}
+
+
+async def test_edited_tool_call_starts_a_new_segment_with_a_reason(family_dir):
+    family, path = family_dir
+    tok = AutoTokenizer.from_pretrained(path)
+    async with MockUpstream(tokenizer=tok, responder=lambda body: CALL_TEXT[family]) as mock:
+        cfg = GatewayConfig(
+            upstreams=[mock.url], tokenizer_path=path, tokenizer_mode="cumulative", health_interval_s=0
+        )
+        async with GatewayServer(cfg) as gw, GatewayClient(gw.url) as c:
+            oc = openai.AsyncOpenAI(base_url=c.session_url("edit"), api_key="x")
+            msgs: list[dict] = [{"role": "user", "content": "weather?"}]
+            first = await oc.chat.completions.create(model="m", messages=msgs, tools=TOOLS)
+            reply = first.choices[0].message.model_dump(exclude_none=True)
+            reply["tool_calls"][0]["function"]["arguments"] = '{"city": "Rome"}'
+            msgs += [reply, {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": "ok"}]
+            await oc.chat.completions.create(model="m", messages=msgs, tools=TOOLS)
+            traces = await c.get_traces("edit")
+    assert [t.segment for t in traces] == [0, 1]
+    assert traces[1].metadata["segment_reason"] == "the previous reply's tool calls were changed"
+
+
+async def test_tools_for_an_unknown_format_are_refused(tmp_path):
+    path = build_tiny_chat_tokenizer(str(tmp_path / "plain"))
+    async with MockUpstream(tokenizer=AutoTokenizer.from_pretrained(path)) as mock:
+        cfg = GatewayConfig(
+            upstreams=[mock.url], tokenizer_path=path, tokenizer_mode="cumulative", health_interval_s=0
+        )
+        async with GatewayServer(cfg) as gw, GatewayClient(gw.url) as c:
+            oc = openai.AsyncOpenAI(base_url=c.session_url("s"), api_key="x", max_retries=0)
+            with pytest.raises(openai.BadRequestError, match="tools: cumulative mode cannot parse"):
+                await oc.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "hi"}], tools=TOOLS
+                )
+
+
+# ---------------------------------------------------------------- parsers (property-based)
+names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,20}", fullmatch=True)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=10),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8,
+)
+arguments = st.dictionaries(st.text(min_size=1, max_size=8), json_values, max_size=4)
+
+
+@pytest.fixture(scope="module")
+def qwen_tok(tmp_path_factory):
+    return AutoTokenizer.from_pretrained(build_family_tokenizer(tmp_path_factory.mktemp("q"), "qwen2_5"))
+
+
+@settings(max_examples=60, deadline=None)
+@given(calls=st.lists(st.tuples(names, arguments), min_size=1, max_size=3), head=st.text(max_size=20))
+def test_hermes_parses_every_rendered_call(qwen_tok, calls, head):
+    head = head.replace("<tool_call>", "")
+    text = head + "".join(
+        f"\n<tool_call>\n{json.dumps({'name': n, 'arguments': a}, ensure_ascii=False)}\n</tool_call>"
+        for n, a in calls
+    )
+    parsed = parse_hermes(qwen_tok, text)
+    assert parsed.error is None and parsed.content == head.strip()
+    assert [
+        (c["function"]["name"], json.loads(c["function"]["arguments"])) for c in parsed.tool_calls
+    ] == calls
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=st.text(max_size=60))
+def test_hermes_never_raises_and_keeps_unparsable_text(qwen_tok, text):
+    parsed = parse_hermes(qwen_tok, text)
+    if parsed.error is not None or not parsed.tool_calls:
+        assert parsed.content in (text, text.split("<tool_call>", 1)[0].strip())
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=names, args=arguments, tag=st.booleans())
+def test_llama3_parses_every_rendered_call(name, args, tag):
+    text = ("<|python_tag|>" if tag else "") + json.dumps({"name": name, "parameters": args})
+    (call,) = parse_llama3_json(text).tool_calls
+    assert call["function"]["name"] == name and json.loads(call["function"]["arguments"]) == args
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=st.text(max_size=60))
+def test_llama3_leaves_plain_text_alone(text):
+    parsed = parse_llama3_json(text)
+    assert parsed.tool_calls == [] and parsed.content == text
+
+
+def test_harmony_parses_a_gpt_oss_call():
+    harmony = pytest.importorskip("openai_harmony")
+    try:
+        enc = harmony.load_harmony_encoding(harmony.HarmonyEncodingName.HARMONY_GPT_OSS)
+    except Exception as exc:  # the o200k vocabulary is fetched once from the internet, then cached
+        pytest.skip(f"openai-harmony cannot load its vocabulary offline: {exc}")
+    from rllm.gateway.toolcalls import HarmonyParser
+
+    text = (
+        "<|channel|>analysis<|message|>need weather<|end|><|start|>assistant"
+        '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>'
+    )
+    ids = enc.encode(text, allowed_special="all")
+    (call,) = HarmonyParser().parse(ids, "").tool_calls
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
