@@ -65,6 +65,10 @@ class WarmPool:
             await sandbox.close()
         return await self.backend.create(spec)
 
+    async def ready(self) -> None:
+        """Wait until every sandbox the pool holds now is prepared (or failed to be)."""
+        await asyncio.gather(*(prepared for _, prepared in self._slots), return_exceptions=True)
+
     @property
     def preparing(self) -> list[SandboxSpec]:
         """The specs held in the pool (being prepared or ready), oldest first."""
