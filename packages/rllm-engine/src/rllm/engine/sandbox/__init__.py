@@ -4,12 +4,15 @@ The protocol a flow sees is ``rllm.sdk.sandbox``; task directories are ``rllm.sd
 """
 
 from rllm.engine.sandbox.bubblewrap import BubblewrapBackend, BubblewrapSandbox
+from rllm.engine.sandbox.docker import DockerBackend, DockerSandbox
 from rllm.engine.sandbox.pool import SandboxBackend, WarmPool
 from rllm.engine.sandbox.provider import SandboxProvider, make_backend
 
 __all__ = [
     "BubblewrapBackend",
     "BubblewrapSandbox",
+    "DockerBackend",
+    "DockerSandbox",
     "SandboxBackend",
     "SandboxProvider",
     "WarmPool",
