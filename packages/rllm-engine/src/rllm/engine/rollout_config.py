@@ -25,8 +25,8 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     while this process is briefly stalled (e.g. collecting garbage). ``gc_gen0_threshold``
     raises CPython's young-generation GC threshold while the engine runs (see
     :mod:`rllm.gateway.gc_tuning`); None leaves the collector alone. A flow marked
-    ``@needs_sandbox`` gets a sandbox per rollout from ``sandbox_backend`` (``bubblewrap`` or
-    ``docker``), with ``sandbox_warm`` of them prepared ahead (see :mod:`rllm.engine.sandbox`).
+    ``@needs_sandbox`` gets a sandbox per rollout from ``sandbox_backend`` (``bubblewrap``,
+    ``docker`` or ``e2b``), with ``sandbox_warm`` of them prepared ahead (see :mod:`rllm.engine.sandbox`).
     """
 
     n: int = 1
@@ -77,9 +77,9 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             )
         if self.sandbox_warm < 0:
             raise InvariantError(f"sandbox_warm must be >= 0, got {self.sandbox_warm}", "sandbox_warm")
-        if self.sandbox_backend not in ("bubblewrap", "docker"):
+        if self.sandbox_backend not in ("bubblewrap", "docker", "e2b"):
             raise InvariantError(
-                f"sandbox_backend must be 'bubblewrap' or 'docker', got {self.sandbox_backend!r}",
+                f"sandbox_backend must be 'bubblewrap', 'docker' or 'e2b', got {self.sandbox_backend!r}",
                 "sandbox_backend",
             )
         if self.flow_threads is not None and self.flow_threads < 1:

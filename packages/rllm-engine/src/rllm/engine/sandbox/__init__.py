@@ -5,6 +5,7 @@ The protocol a flow sees is ``rllm.sdk.sandbox``; task directories are ``rllm.sd
 
 from rllm.engine.sandbox.bubblewrap import BubblewrapBackend, BubblewrapSandbox
 from rllm.engine.sandbox.docker import DockerBackend, DockerSandbox
+from rllm.engine.sandbox.e2b import E2BBackend, E2BSandbox
 from rllm.engine.sandbox.pool import SandboxBackend, WarmPool
 from rllm.engine.sandbox.provider import SandboxProvider, make_backend
 
@@ -13,6 +14,8 @@ __all__ = [
     "BubblewrapSandbox",
     "DockerBackend",
     "DockerSandbox",
+    "E2BBackend",
+    "E2BSandbox",
     "SandboxBackend",
     "SandboxProvider",
     "WarmPool",

@@ -15,7 +15,7 @@ from rllm.types import Task
 
 
 def make_backend(name: str, **options: Any) -> SandboxBackend:
-    """The sandbox backend called ``name``: ``bubblewrap`` (local) or ``docker``."""
+    """The sandbox backend called ``name``: ``bubblewrap`` (local), ``docker`` or ``e2b`` (hosted)."""
     if name == "bubblewrap":
         from rllm.engine.sandbox.bubblewrap import BubblewrapBackend
 
@@ -24,7 +24,11 @@ def make_backend(name: str, **options: Any) -> SandboxBackend:
         from rllm.engine.sandbox.docker import DockerBackend
 
         return DockerBackend(**options)
-    raise ValueError(f"sandbox_backend: no sandbox backend named {name!r} (bubblewrap, docker)")
+    if name == "e2b":
+        from rllm.engine.sandbox.e2b import E2BBackend
+
+        return E2BBackend(**options)
+    raise ValueError(f"sandbox_backend: no sandbox backend named {name!r} (bubblewrap, docker, e2b)")
 
 
 class SandboxProvider:
