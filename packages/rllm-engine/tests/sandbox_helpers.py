@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -30,6 +32,21 @@ def host_processes_with(text: str) -> list[int]:
         if text in cmdline:
             pids.append(int(entry.name))
     return pids
+
+
+@contextlib.asynccontextmanager
+async def within(seconds: float, what: str) -> AsyncIterator[None]:
+    """Fail (naming ``what`` and where every task of the loop is stuck) instead of hanging."""
+    try:
+        async with asyncio.timeout(seconds):
+            yield
+    except TimeoutError:
+        stacks = io.StringIO()
+        for task in asyncio.all_tasks():
+            task.print_stack(limit=8, file=stacks)
+        raise AssertionError(
+            f"{what} did not finish within {seconds:g} s; tasks:\n{stacks.getvalue()}"
+        ) from None
 
 
 async def wait_until(condition: Callable[[], bool], timeout_s: float = 30.0, what: str = "condition") -> None:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from pathlib import Path
 
 import pytest
-from sandbox_helpers import host_processes_with, needs_bwrap
+from sandbox_helpers import host_processes_with, needs_bwrap, within
 
 from rllm.engine import RolloutConfig, RolloutEngine
 from rllm.engine.sandbox import BubblewrapBackend, SandboxProvider, WarmPool
@@ -92,19 +93,23 @@ ARRIVED: dict[str, asyncio.Event] = {}
 @rollout
 async def sandboxed_flow(task: Task, config) -> dict:
     sandbox = current_sandbox()
-    who = (await sandbox.exec("cat who; sleep 3029 & echo started")).stdout
+    # Unique sleep durations mark this run's processes on the host (other runs may be alive).
+    marker = task.metadata["marker"]
+    who = (await sandbox.exec(f"cat who; sleep {marker} & echo started")).stdout
     ARRIVED.setdefault(task.id, asyncio.Event()).set()
     if task.metadata.get("mode") == "error":
         raise RuntimeError("the agent crashed")
     if task.metadata.get("mode") == "hang":
-        await sandbox.exec("sleep 600", timeout=600)
+        await sandbox.exec(f"sleep {marker + 1}", timeout=600)
     return {"who": who.split()[0]}
 
 
 async def test_engine_injects_and_always_cleans_up(gateway) -> None:
     backend = RecordingBackend()
+    marker = random.randrange(10**6, 10**7)
     tasks = [
-        Task(id=f"t{i}", instruction="x", metadata={"mode": m}) for i, m in enumerate(["ok", "error", "hang"])
+        Task(id=f"t{i}", instruction="x", metadata={"mode": m, "marker": marker})
+        for i, m in enumerate(["ok", "error", "hang"])
     ]
     config = RolloutConfig(deadline_s=5, max_retries=0, progress=False)
     provider = SandboxProvider(backend, warm=2)
@@ -118,25 +123,31 @@ async def test_engine_injects_and_always_cleans_up(gateway) -> None:
     assert by_id["t1"].termination_reason == TerminationReason.AGENT_ERROR
     assert by_id["t2"].termination_reason == TerminationReason.TIMEOUT
     assert backend.live and all(sandbox.closed for sandbox in backend.live)
-    assert host_processes_with("sleep 3029") == [] and host_processes_with("sleep 600") == []
+    assert host_processes_with(f"sleep {marker}") == [] and host_processes_with(f"sleep {marker + 1}") == []
     assert provider.pool.stats["warm"] >= 1
 
 
 async def test_cancelled_rollout_closes_its_sandbox(gateway) -> None:
     backend = RecordingBackend()
     config = RolloutConfig(deadline_s=None, max_retries=0, progress=False)
-    task = Task(id="c", instruction="x", metadata={"mode": "hang"})
-    async with RolloutEngine(
-        sandboxed_flow, None, config, gateway_url=gateway.url, sandboxes=SandboxProvider(backend)
-    ) as engine:
+    marker = random.randrange(10**6, 10**7)
+    task = Task(id="c", instruction="x", metadata={"mode": "hang", "marker": marker})
+    async with (
+        within(120, "the cancelled rollout"),
+        RolloutEngine(
+            sandboxed_flow, None, config, gateway_url=gateway.url, sandboxes=SandboxProvider(backend)
+        ) as engine,
+    ):
         arrived = ARRIVED.setdefault("c", asyncio.Event())
         run = asyncio.ensure_future(engine.run_one(task))
-        await arrived.wait()  # the flow has its sandbox and goes into its long exec
+        arrival = asyncio.ensure_future(arrived.wait())
+        await asyncio.wait([arrival, run], return_when=asyncio.FIRST_COMPLETED)
+        assert not run.done(), run.result()  # the flow has its sandbox and goes into its long exec
         run.cancel()
         with pytest.raises(asyncio.CancelledError):
             await run
     assert backend.live and all(sandbox.closed for sandbox in backend.live)
-    assert host_processes_with("sleep 600") == []
+    assert host_processes_with(f"sleep {marker + 1}") == []
 
 
 # ---------------------------------------------------------------------------- task directories

@@ -148,6 +148,7 @@ class BubblewrapSandbox:
         self._warm: tuple[int, asyncio.subprocess.Process, int] | None = None
         self._refill: asyncio.Task[None] | None = None
         self._running: set[asyncio.subprocess.Process] = set()
+        self._dying: list[int] = []  # host pids of killed namespaces' inits
         self.closed = False
 
     async def prepare(self) -> None:
@@ -176,22 +177,20 @@ class BubblewrapSandbox:
         self._running.add(proc)
         try:
             (self.root / "ctl" / f"{number}.sh").write_text(_script(cmd, env or {}))
-            try:
-                os.write(wake, b"go\n")
-            except BrokenPipeError:  # the waiting bwrap died (e.g. killed by a limit): use a fresh one
+            if not _wake(wake) and spawned is not None:
+                # The waiting bwrap died (e.g. killed by a limit): use a fresh one. If that one
+                # dies too, bwrap itself failed; its exit code and message are the result.
                 self._running.discard(proc)
-                _kill(proc)
+                self._killed(proc)
                 number, proc, wake = await self._spawn()
                 self._running.add(proc)
                 (self.root / "ctl" / f"{number}.sh").write_text(_script(cmd, env or {}))
-                os.write(wake, b"go\n")
-            finally:
-                os.close(wake)
+                _wake(wake)
             result = await self._finish(proc, timeout)
             result.duration_s = time.monotonic() - started
             return result
         finally:
-            _kill(proc)  # no-op when it ended; on error or cancellation it must not live on
+            self._killed(proc)  # no-op when it ended; on error or cancellation it must not live on
             self._running.discard(proc)
             with contextlib.suppress(FileNotFoundError):
                 (self.root / "ctl" / f"{number}.sh").unlink()
@@ -202,7 +201,7 @@ class BubblewrapSandbox:
     async def _take_warm(self) -> tuple[int, asyncio.subprocess.Process, int] | None:
         if self._warm is None and self._refill is not None and not self._refill.done():
             with contextlib.suppress(Exception):
-                await self._refill
+                await asyncio.shield(self._refill)  # a cancelled exec leaves the spare to others
         spawned, self._warm = self._warm, None
         if spawned is not None and spawned[1].returncode is not None:
             os.close(spawned[2])
@@ -214,8 +213,8 @@ class BubblewrapSandbox:
         number = next(self._ids)
         read_end, wake = os.pipe()
         inner = f"read _ || exit 111; exec /bin/sh {CTL}/{number}.sh </dev/null"
-        try:
-            proc = await asyncio.create_subprocess_exec(
+        started = asyncio.ensure_future(
+            asyncio.create_subprocess_exec(
                 *self._argv,
                 "/bin/sh",
                 "-c",
@@ -229,11 +228,16 @@ class BubblewrapSandbox:
                 env={"PATH": os.environ.get("PATH", PATH)},
                 **_as_user(self.uid),
             )
+        )
+        started.add_done_callback(lambda _: os.close(read_end))
+        try:
+            proc = await asyncio.shield(started)
         except BaseException:
+            # Cancelled mid-creation, asyncio can wait forever for the half-made subprocess
+            # (seen under load): the creation runs to its end and what it started is killed.
             os.close(wake)
+            started.add_done_callback(_kill_if_started)
             raise
-        finally:
-            os.close(read_end)
         return number, proc, wake
 
     async def _keep_warm(self) -> None:
@@ -241,7 +245,7 @@ class BubblewrapSandbox:
             spawned = await self._spawn()
             if self.closed or self._warm is not None:
                 os.close(spawned[2])
-                _kill(spawned[1])
+                self._killed(spawned[1])
                 await spawned[1].wait()
             else:
                 self._warm = spawned
@@ -259,7 +263,7 @@ class BubblewrapSandbox:
                 await proc.wait()
         except TimeoutError:
             timed_out = True
-            _kill(proc)
+            self._killed(proc)
             await proc.wait()
         (out_bytes, out_total), (err_bytes, err_total) = await asyncio.gather(out, err)
         stdout, cut_out = truncate_output(out_bytes, limit, out_total)
@@ -311,12 +315,20 @@ class BubblewrapSandbox:
             procs.add(self._warm[1])
             self._warm = None
         for proc in procs:
-            _kill(proc)
+            self._killed(proc)
         try:
             for proc in procs:
                 await proc.wait()
+            # Killed commands' namespaces die asynchronously; close returns once they are gone.
+            for pid in self._dying:
+                await _namespace_gone(pid)
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
+
+    def _killed(self, proc: asyncio.subprocess.Process) -> None:
+        inner = _kill(proc)
+        if inner is not None:
+            self._dying.append(inner)
 
     def _check_open(self) -> None:
         if self.closed:
@@ -352,13 +364,51 @@ def _env_name(name: str) -> str:
     return name
 
 
-def _kill(proc: asyncio.subprocess.Process) -> None:
+def _kill_if_started(started: asyncio.Future[asyncio.subprocess.Process]) -> None:
+    if not started.cancelled() and started.exception() is None:
+        _kill(started.result())
+
+
+def _wake(wake: int) -> bool:
+    """Let a waiting bwrap run its script; False when it is already gone."""
+    try:
+        os.write(wake, b"go\n")
+        return True
+    except BrokenPipeError:
+        return False
+    finally:
+        os.close(wake)
+
+
+def _kill(proc: asyncio.subprocess.Process) -> int | None:
+    """SIGKILL a running bwrap; returns the host pid of its namespace's init, to wait on."""
     if proc.returncode is not None:
-        return
+        return None
+    inner = None
+    with (
+        contextlib.suppress(OSError, ValueError, IndexError),
+        open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f,
+    ):
+        inner = int(f.read().split()[0])
     # The group is bwrap's (its own session); die-with-parent takes the namespace down with it.
     for kill in (lambda: os.killpg(proc.pid, signal.SIGKILL), lambda: os.kill(proc.pid, signal.SIGKILL)):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             kill()
+    return inner
+
+
+async def _namespace_gone(pid: int, timeout_s: float = 10.0) -> None:
+    """Wait until a killed namespace's init has exited: the kernel lets it exit only after every
+    other process of its PID namespace is gone. (No event exists for another process's exit.)"""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    return
+        except (OSError, IndexError):
+            return
+        await asyncio.sleep(0.005)
 
 
 def _check_traversable(path: Path) -> None:
