@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -132,7 +133,8 @@ async def test_6_infinite_loop_is_stopped_by_cpu_limit_and_wall_clock(backend: B
 
 
 async def test_7_cannot_kill_the_parent_and_dies_with_it(backend: BubblewrapBackend, tmp_path: Path) -> None:
-    canary = subprocess.Popen(["sleep", "3011"])
+    mark = random.randrange(10**6, 10**7)  # unique sleep durations: other runs may be alive
+    canary = subprocess.Popen(["sleep", str(mark)])
     sandbox = await backend.create(SandboxSpec())
     try:
         attack = await sandbox.exec(f"kill -9 {os.getpid()} {canary.pid} $PPID; kill -9 -1; echo done")
@@ -150,16 +152,18 @@ async def test_7_cannot_kill_the_parent_and_dies_with_it(backend: BubblewrapBack
         from rllm.engine.sandbox import BubblewrapBackend
         async def main():
             sb = await BubblewrapBackend(base_dir={str(held)!r}).create(__import__("rllm.sdk.sandbox", fromlist=["x"]).SandboxSpec())
-            await sb.exec("touch started; sleep 3013")
+            await sb.exec("touch started; sleep {mark + 1}")
         asyncio.run(main())
     """)
     proc = subprocess.Popen([sys.executable, "-c", holder])
     try:
         await wait_until(lambda: any(held.glob("*/work/started")), 60, "the held sandbox")
-        assert host_processes_with("sleep 3013")
+        assert host_processes_with(f"sleep {mark + 1}")
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        await wait_until(lambda: not host_processes_with("sleep 3013"), 30, "the orphaned sandbox to die")
+        await wait_until(
+            lambda: not host_processes_with(f"sleep {mark + 1}"), 30, "the orphaned sandbox to die"
+        )
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -196,16 +200,17 @@ async def test_9_huge_output_is_truncated_and_stopped(backend: BubblewrapBackend
 
 
 async def test_10_no_background_process_outlives_close(backend: BubblewrapBackend) -> None:
+    mark = random.randrange(10**6, 10**7)
     sandbox = await backend.create(SandboxSpec())
     try:
         started = await sandbox.exec(
-            "setsid sleep 3019 & nohup sleep 3021 >/dev/null 2>&1 & (sleep 3023 &) ; "
+            f"setsid sleep {mark} & nohup sleep {mark + 1} >/dev/null 2>&1 & (sleep {mark + 2} &) ; "
             "ls -d /proc/[0-9]* | wc -l; echo started"
         )
         assert "started" in started.stdout
     finally:
         await sandbox.close()
-    for marker in ("sleep 3019", "sleep 3021", "sleep 3023"):
+    for marker in (f"sleep {mark}", f"sleep {mark + 1}", f"sleep {mark + 2}"):
         assert host_processes_with(marker) == [], marker
     assert not sandbox.root.exists()
 
