@@ -19,6 +19,8 @@ COOKBOOKS = {
     "frozenlake": "frozenlake",
     "finqa": "finqa",
     "solver_judge": "solver-judge",
+    "terminal": "terminal",
+    "deepcoder": "deepcoder",
 }
 
 

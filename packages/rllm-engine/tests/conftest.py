@@ -4,12 +4,17 @@ scripted by the request content, and a real GatewayServer in front of it."""
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rllm.gateway import GatewayConfig, GatewayServer
 from rllm.gateway.testing import MockReply, MockUpstream
+
+# Tests import helpers (sandbox_helpers.py) beside them; importlib mode does not put this folder on sys.path.
+sys.path.insert(0, str(Path(__file__).parent))
 
 JUDGE_MARKER = "You are the judge."
 

@@ -24,7 +24,9 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     holds ``worker_prefetch`` more jobs queued (default: half its share), so its slots stay busy
     while this process is briefly stalled (e.g. collecting garbage). ``gc_gen0_threshold``
     raises CPython's young-generation GC threshold while the engine runs (see
-    :mod:`rllm.gateway.gc_tuning`); None leaves the collector alone.
+    :mod:`rllm.gateway.gc_tuning`); None leaves the collector alone. A flow marked
+    ``@needs_sandbox`` gets a sandbox per rollout from ``sandbox_backend`` (``bubblewrap``,
+    ``docker`` or ``e2b``), with ``sandbox_warm`` of them prepared ahead (see :mod:`rllm.engine.sandbox`).
     """
 
     n: int = 1
@@ -43,6 +45,8 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     gc_gen0_threshold: int | None = 50_000
     workers: int = 1
     worker_prefetch: int | None = None
+    sandbox_backend: str = "bubblewrap"
+    sandbox_warm: int = 0
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -70,6 +74,13 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if self.gc_gen0_threshold is not None and self.gc_gen0_threshold < 1:
             raise InvariantError(
                 f"gc_gen0_threshold must be >= 1 or None, got {self.gc_gen0_threshold}", "gc_gen0_threshold"
+            )
+        if self.sandbox_warm < 0:
+            raise InvariantError(f"sandbox_warm must be >= 0, got {self.sandbox_warm}", "sandbox_warm")
+        if self.sandbox_backend not in ("bubblewrap", "docker", "e2b"):
+            raise InvariantError(
+                f"sandbox_backend must be 'bubblewrap', 'docker' or 'e2b', got {self.sandbox_backend!r}",
+                "sandbox_backend",
             )
         if self.flow_threads is not None and self.flow_threads < 1:
             raise InvariantError(f"flow_threads must be >= 1, got {self.flow_threads}", "flow_threads")

@@ -25,10 +25,12 @@ from rllm.engine.flow_runner import DeadlineExceeded, call_with_deadline
 from rllm.engine.loop_lag import LoopLagMonitor
 from rllm.engine.progress import RolloutProgress
 from rllm.engine.rollout_config import RolloutConfig
+from rllm.engine.sandbox.provider import SandboxProvider, make_backend
 from rllm.engine.workers import GatewayGroup, WorkerDied, WorkerPool
 from rllm.gateway.gc_tuning import raise_gc_threshold, restore_gc_threshold
 from rllm.sdk.evaluator import EvaluatorFn, as_evaluator, to_eval_output
 from rllm.sdk.flow import RolloutFlow, as_flow
+from rllm.sdk.sandbox import declares_sandbox
 from rllm.types import (
     AgentConfig,
     Episode,
@@ -74,6 +76,7 @@ class RolloutEngine:
         admin_key: str | None = None,
         upstreams: list[str] | None = None,
         gateway_config: Any = None,
+        sandboxes: SandboxProvider | None = None,
     ) -> None:
         if gateway_url is None and not upstreams and gateway_config is None:
             raise ValueError(
@@ -102,6 +105,8 @@ class RolloutEngine:
         # The loop the flows run on (each worker process has its own), while they run.
         self._lag = LoopLagMonitor(busy=lambda: self._running > 0)
         self.last_stats: dict[str, float] = {}
+        # Per-rollout sandboxes for flows marked @needs_sandbox (built on first need if not given).
+        self._sandboxes = sandboxes
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -190,6 +195,8 @@ class RolloutEngine:
 
     async def close(self) -> None:
         self._lag.stop()
+        if self._sandboxes is not None:
+            await self._sandboxes.close()
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
@@ -215,6 +222,13 @@ class RolloutEngine:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    @property
+    def sandboxes(self) -> SandboxProvider:
+        if self._sandboxes is None:
+            backend = make_backend(self.config.sandbox_backend)
+            self._sandboxes = SandboxProvider(backend, warm=self.config.sandbox_warm)
+        return self._sandboxes
 
     # ------------------------------------------------------------------ batch API
     async def run(
@@ -250,6 +264,8 @@ class RolloutEngine:
         for ti in range(len(tasks)):
             for ri in range(n):
                 pending.put_nowait((ti, ri))
+        if self._pool is None and declares_sandbox(self.flow):
+            self.sandboxes.schedule(self.flow, (tasks[ti] for ti in range(len(tasks)) for _ in range(n)))
         results: list[list[Episode | None]] = [[None] * n for _ in tasks]
         remaining = [n] * len(tasks)
         finished: asyncio.Queue[int] = asyncio.Queue()
@@ -395,13 +411,14 @@ class RolloutEngine:
         reason = TerminationReason.DONE
         error: ErrorInfo | None = None
         try:
-            result = await call_with_deadline(
-                self.flow.run,
-                (task, config),
-                is_async=self.flow.is_async,
-                deadline_s=self.config.deadline_s,
-                executor=self._executor,
-            )
+            async with self.sandboxes.lease(self.flow, task):
+                result = await call_with_deadline(
+                    self.flow.run,
+                    (task, config),
+                    is_async=self.flow.is_async,
+                    deadline_s=self.config.deadline_s,
+                    executor=self._executor,
+                )
         except DeadlineExceeded as exc:
             reason, error = TerminationReason.TIMEOUT, ErrorInfo(type="Timeout", message=f"rollout {exc}")
         except Exception as exc:

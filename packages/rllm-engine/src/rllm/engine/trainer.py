@@ -201,6 +201,8 @@ class Trainer:
             max_retries=r.max_retries,
             sampling=r.sampling,
             val_sampling=r.val_sampling,
+            sandbox_backend=r.sandbox_backend,
+            sandbox_warm=r.sandbox_warm,
             model=self.backend.served_model_name(),
             progress=False,
         )

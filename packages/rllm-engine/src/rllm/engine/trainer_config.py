@@ -30,6 +30,8 @@ class RolloutSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_retries: int = 1
     sampling: SamplingParams = msgspec.field(default_factory=lambda: SamplingParams(temperature=1.0))
     val_sampling: SamplingParams = msgspec.field(default_factory=lambda: SamplingParams(temperature=0.0))
+    sandbox_backend: str = "bubblewrap"  # for flows marked @needs_sandbox (RolloutConfig)
+    sandbox_warm: int = 0
 
 
 class BackendSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

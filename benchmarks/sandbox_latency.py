@@ -1,0 +1,150 @@
+"""Benchmark: acquire-to-first-exec latency of the bubblewrap sandbox, cold and from the warm
+pool, next to a plain ``subprocess.run`` of the same command in the same run; then 64 sandboxes
+at once next to 64 plain subprocesses at once.
+
+- plain: ``subprocess.run(["/bin/sh", "-c", CMD])`` (no isolation at all): the peer;
+- cold: ``backend.create(spec)`` then ``exec(CMD)`` (folders made, a bwrap started and woken);
+- warm: ``pool.acquire(spec)`` from a pool whose sandboxes were prepared ahead, then ``exec(CMD)``;
+- concurrent: 64 sandboxes created and each running CMD at once, vs 64 ``asyncio`` subprocesses.
+
+Targets: warm <= 10 ms, cold <= 100 ms (medians). Run from the repository root:
+
+    uv run python benchmarks/sandbox_latency.py            # --n 40 --concurrent 64
+
+Not a test: no timing is asserted anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import statistics
+import subprocess
+import time
+
+from rllm.engine.sandbox import BubblewrapBackend, WarmPool
+from rllm.sdk.sandbox import SandboxSpec
+
+CMD = "echo ready"
+
+
+def ms(values: list[float]) -> str:
+    values = sorted(values)
+    p95 = values[min(len(values) - 1, int(0.95 * len(values)))]
+    return f"median {1000 * statistics.median(values):7.2f} ms   p95 {1000 * p95:7.2f} ms"
+
+
+def plain(n: int) -> list[float]:
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        subprocess.run(["/bin/sh", "-c", CMD], capture_output=True, check=True)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+async def cold(backend: BubblewrapBackend, spec: SandboxSpec, n: int) -> list[float]:
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        sandbox = await backend.create(spec)
+        result = await sandbox.exec(CMD)
+        times.append(time.perf_counter() - t0)
+        assert result.stdout == "ready\n", result
+        await sandbox.close()
+    return times
+
+
+async def warm(backend: BubblewrapBackend, spec: SandboxSpec, n: int, keep_open: bool) -> list[float]:
+    """``keep_open=False``: each sandbox is closed (untimed) before the next acquire, as when a
+    rollout ends; ``True``: all stay open, so each one's spare bwrap (started after its first
+    exec, for its second) competes for the CPU with the next acquire."""
+    pool = WarmPool(backend, size=n)
+    pool.schedule([spec] * n)
+    await pool.ready()  # prepared ahead, as while the previous batch's rollouts run
+    times, used = [], []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        sandbox = await pool.acquire(spec)
+        result = await sandbox.exec(CMD)
+        times.append(time.perf_counter() - t0)
+        assert result.stdout == "ready\n", result
+        if keep_open:
+            used.append(sandbox)
+        else:
+            await sandbox.close()
+    assert pool.stats["warm"] == n, pool.stats
+    for sandbox in used:
+        await sandbox.close()
+    await pool.close()
+    return times
+
+
+async def concurrent_sandboxes(
+    backend: BubblewrapBackend, spec: SandboxSpec, k: int
+) -> tuple[float, list[float]]:
+    async def one() -> float:
+        t0 = time.perf_counter()
+        sandbox = await backend.create(spec)
+        try:
+            result = await sandbox.exec(CMD)
+            assert result.stdout == "ready\n", result
+            return time.perf_counter() - t0
+        finally:
+            await sandbox.close()
+
+    t0 = time.perf_counter()
+    each = await asyncio.gather(*(one() for _ in range(k)))
+    return time.perf_counter() - t0, list(each)
+
+
+async def concurrent_plain(k: int) -> tuple[float, list[float]]:
+    async def one() -> float:
+        t0 = time.perf_counter()
+        proc = await asyncio.create_subprocess_exec(
+            "/bin/sh", "-c", CMD, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        await proc.communicate()
+        return time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    each = await asyncio.gather(*(one() for _ in range(k)))
+    return time.perf_counter() - t0, list(each)
+
+
+async def main(n: int, k: int) -> None:
+    backend = BubblewrapBackend()
+    spec = SandboxSpec()
+    await backend.check()
+    await cold(backend, spec, 3)  # warm the page cache and the interpreter's code paths
+    print(f"sandbox latency, {platform.machine()} {os.cpu_count()} cpus, n={n}, command {CMD!r}")
+    base = plain(n)
+    cold_t = await cold(backend, spec, n)
+    warm_t = await warm(backend, spec, n, keep_open=False)
+    warm_open = await warm(backend, spec, n, keep_open=True)
+    print(f"plain subprocess.run        {ms(base)}")
+    print(
+        f"cold  create + first exec   {ms(cold_t)}   ({statistics.median(cold_t) / statistics.median(base):.1f}x plain)"
+    )
+    print(
+        f"warm  acquire + first exec  {ms(warm_t)}   ({statistics.median(warm_t) / statistics.median(base):.1f}x plain)"
+    )
+    print(
+        f"warm, earlier ones kept open {ms(warm_open)}   ({statistics.median(warm_open) / statistics.median(base):.1f}x plain)"
+    )
+    print("targets: warm <= 10 ms, cold <= 100 ms (medians)")
+    wall_s, each_s = await concurrent_sandboxes(backend, spec, k)
+    wall_p, each_p = await concurrent_plain(k)
+    print(f"{k} sandboxes at once        wall {1000 * wall_s:7.1f} ms   per sandbox {ms(each_s)}")
+    print(f"{k} plain subprocesses      wall {1000 * wall_p:7.1f} ms   per process {ms(each_p)}")
+    print(f"concurrent wall ratio (sandboxes / plain): {wall_s / wall_p:.1f}x")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=40, help="sequential samples per variant")
+    parser.add_argument("--concurrent", type=int, default=64, help="sandboxes started at once")
+    args = parser.parse_args()
+    asyncio.run(main(args.n, args.concurrent))

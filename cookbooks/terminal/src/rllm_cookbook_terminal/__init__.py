@@ -1,0 +1,170 @@
+"""Terminal agent: a multi-turn agent that solves shell tasks in a sandbox.
+
+Each task is a Harbor-style task directory (``rllm.sdk.task_dir``). The engine gives every
+rollout its own sandbox with the task's setup already run; the model works through a native
+``run_shell`` tool and ends with ``submit``. Then the task's hidden tests are copied into the
+same sandbox and its verify script decides the reward: 1 when it passes, else 0.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from rllm.sdk import rollout, sampling_kwargs
+from rllm.sdk.clients import async_openai
+from rllm.sdk.cookbook import Cookbook
+from rllm.sdk.evaluator import evaluator
+from rllm.sdk.sandbox import ExecResult, Sandbox, current_sandbox, needs_sandbox
+from rllm.sdk.task_dir import load_task_dirs, run_verifier, task_sandbox_spec
+from rllm.types import AgentConfig, Episode, EvalOutput, Signal, Task, TerminationReason
+
+TASKS_DIR = Path(__file__).parent / "tasks"
+MAX_TURNS = 12
+TOOL_OUTPUT_CHARS = 4000
+SYSTEM = (
+    "You are working in a Linux shell, in the task's folder. Run commands with the run_shell tool "
+    "(each call is a fresh /bin/sh in the same folder; files persist, processes do not). When the "
+    "task is done, call submit."
+)
+NUDGE = "Use the run_shell tool to work on the task, or call submit when it is done."
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "run_shell",
+            "description": "Run a shell command in the task's folder; returns its exit code, stdout and stderr.",
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "string", "description": "the command line"}},
+                "required": ["command"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "submit",
+            "description": "Finish: the task is done.",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    },
+]
+
+
+def load_tasks(split: str) -> list[Task]:
+    """``train`` and ``test``: the shipped tasks (the same ten; a tiny sample to learn the
+    harness on); ``dir:/path``: every task directory under that folder."""
+    if split.startswith("dir:"):
+        return load_task_dirs(split[4:])
+    if split not in ("train", "test"):
+        raise ValueError(
+            f"the terminal cookbook has splits 'train', 'test' and 'dir:<folder>', not {split!r}"
+        )
+    return load_task_dirs(TASKS_DIR)
+
+
+def format_result(result: ExecResult) -> str:
+    """What the model sees of a command: exit code, then stdout and stderr, cut to a budget."""
+    text = f"exit code: {result.exit_code}" + (" (timed out)" if result.timed_out else "")
+    text += f"\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    if len(text) > TOOL_OUTPUT_CHARS:
+        text = text[:TOOL_OUTPUT_CHARS] + "\n[... cut ...]"
+    return text
+
+
+async def call_tool(sandbox: Sandbox, name: str, arguments: str, timeout_s: float) -> str:
+    if name != "run_shell":
+        return f"error: no tool named {name!r}; the tools are run_shell and submit"
+    try:
+        command = json.loads(arguments or "{}")["command"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return 'error: run_shell takes {"command": "<command line>"}'
+    if not isinstance(command, str) or not command.strip():
+        return "error: command must be a non-empty string"
+    return format_result(await sandbox.exec(command, timeout=timeout_s))
+
+
+@needs_sandbox(task_sandbox_spec)
+@rollout
+async def terminal_flow(task: Task, config: AgentConfig) -> Episode:
+    sandbox = current_sandbox()
+    deadline = time.monotonic() + float(task.metadata.get("agent_timeout_s", 300.0))
+    max_turns = int(task.metadata.get("max_turns", MAX_TURNS))
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": str(task.instruction)},
+    ]
+    turns, commands, submitted = 0, 0, False
+    async with async_openai(config) as client:
+        while turns < max_turns and not submitted and time.monotonic() < deadline:
+            turns += 1
+            reply = await client.chat.completions.create(
+                model=config.model,
+                messages=messages,
+                tools=TOOLS,
+                **{"max_tokens": 512, **sampling_kwargs(config)},
+            )
+            message = reply.choices[0].message
+            messages.append(message.model_dump(exclude_none=True))
+            if not message.tool_calls:
+                messages.append({"role": "user", "content": NUDGE})
+                continue
+            for call in message.tool_calls:
+                if call.function.name == "submit":
+                    submitted = True
+                    result = "submitted"
+                else:
+                    commands += 1
+                    budget = max(1.0, min(60.0, deadline - time.monotonic()))
+                    result = await call_tool(sandbox, call.function.name, call.function.arguments, budget)
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+    verdict = await run_verifier(sandbox, task)
+    return Episode(
+        task_id=task.id,
+        artifacts={
+            "verified": verdict.ok,
+            "verify_exit": verdict.exit_code,
+            "verify_output": (verdict.stdout + verdict.stderr)[-2000:],
+            "submitted": submitted,
+            "turns": turns,
+            "commands": commands,
+        },
+        termination_reason=TerminationReason.DONE if submitted else TerminationReason.MAX_TURNS,
+    )
+
+
+@evaluator
+def terminal_evaluator(task: Task, episode: Episode) -> EvalOutput:
+    solved = bool(episode.artifacts.get("verified"))
+    return EvalOutput(
+        reward=1.0 if solved else 0.0,
+        is_correct=solved,
+        signals=[
+            Signal(name="submitted", value=float(bool(episode.artifacts.get("submitted")))),
+            Signal(name="commands", value=float(episode.artifacts.get("commands", 0))),
+        ],
+    )
+
+
+TRAIN_DEFAULTS = {
+    "total_steps": 100,
+    "tasks_per_step": 8,
+    "group_size": 8,
+    "val_split": "test",
+    "val_every": 10,
+    "rollout": {"sampling": {"temperature": 1.0, "max_tokens": 512}, "sandbox_warm": 8},
+}
+
+cookbook = Cookbook(
+    name="terminal",
+    flow=terminal_flow,
+    evaluator=terminal_evaluator,
+    load_tasks=load_tasks,
+    description="Shell tasks in a sandbox via a run_shell tool; reward 1 when the task's verify script passes.",
+    train_defaults=TRAIN_DEFAULTS,
+)
+
+__all__ = ["TOOLS", "cookbook", "format_result", "load_tasks", "terminal_evaluator", "terminal_flow"]

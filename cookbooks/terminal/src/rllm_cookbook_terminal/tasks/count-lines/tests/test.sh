@@ -1,0 +1,2 @@
+set -e
+test "$(tr -d " \n" < count.txt)" = 7

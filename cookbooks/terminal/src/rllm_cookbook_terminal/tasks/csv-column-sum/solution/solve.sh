@@ -1,0 +1,1 @@
+awk -F, 'NR > 1 { s += $2 } END { print s }' sales.csv > total.txt

@@ -1,0 +1,1 @@
+sed -i 's/^debug=false$/debug=true/' settings.ini

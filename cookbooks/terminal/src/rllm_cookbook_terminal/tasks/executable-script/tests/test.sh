@@ -1,0 +1,3 @@
+set -e
+test -x hello.sh
+test "$(./hello.sh)" = "hello world"

@@ -1,0 +1,2 @@
+total = sum(range(1, 10))
+print(total)

@@ -1,0 +1,1 @@
+cd repo && git add notes.txt && git commit -q -m 'add notes'

@@ -1,0 +1,2 @@
+set -e
+printf "bob\ndora\n" | cmp - names.txt

@@ -1,0 +1,1 @@
+ls -S files | head -n 1 > largest.txt

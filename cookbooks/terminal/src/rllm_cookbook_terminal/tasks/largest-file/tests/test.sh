@@ -1,0 +1,2 @@
+set -e
+test "$(tr -d " \n" < largest.txt)" = beta.bin

@@ -1,0 +1,2 @@
+set -e
+printf "ada\nalan\ngrace\nlinus\n" | cmp - unique.txt

@@ -1,0 +1,2 @@
+set -e
+printf "ALPHA BETA\nGAMMA\nDELTA EPSILON\n" | cmp - upper.txt

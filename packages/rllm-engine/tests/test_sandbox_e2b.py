@@ -1,0 +1,66 @@
+"""The E2B backend: contract-tested against a loopback fake speaking the SDK's wire types
+(tests/e2b_fake.py); the live test runs only with E2B_API_KEY."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from sandbox_helpers import needs_bwrap
+
+from rllm.engine.sandbox.e2b import E2BBackend, limited
+from rllm.sdk.sandbox import SandboxLimits, SandboxSpec
+
+pytest.importorskip("e2b", reason="the e2b SDK is not installed (rllm-engine[e2b])")
+
+
+def test_limits_go_in_front_of_every_command() -> None:
+    line = limited(["echo", "a b"], SandboxSpec(limits=SandboxLimits(cpu_s=3, memory_mb=100, max_procs=9)))
+    assert line == "ulimit -t 3 -v 102400 -u 9 -f 262144 -c 0 && echo 'a b'"
+
+
+@needs_bwrap
+async def test_contract_against_the_wire_fake(tmp_path: Path) -> None:
+    from e2b_fake import FakeE2B
+
+    async with FakeE2B() as fake:
+        backend = E2BBackend(api_key="e2b_" + "0" * 40, api_url=fake.url, sandbox_url=fake.url)
+        spec = SandboxSpec(
+            files={"a.txt": "A\n"}, setup="echo set > up.txt", limits=SandboxLimits(output_bytes=64)
+        )
+        sandbox = await backend.create(spec)
+        try:
+            sent = fake.created[0]
+            assert sent.template_id == "base" and sent.allow_internet_access is False
+            assert (await sandbox.exec("cat up.txt a.txt; echo $X", env={"X": "1"})).stdout == "set\nA\n1\n"
+            failed = await sandbox.exec("echo oops >&2; exit 3")
+            assert failed.exit_code == 3 and failed.stderr == "oops\n" and not failed.ok
+            slow = await sandbox.exec("sleep 30", timeout=1)
+            assert slow.timed_out and not slow.ok
+            flood = await sandbox.exec("seq 1000")
+            assert flood.truncated and "output truncated" in flood.stdout
+            await sandbox.write_file("d/x.bin", b"\x00\x01")
+            assert await sandbox.read_file("d/x.bin") == b"\x00\x01"
+            (tmp_path / "up" / "sub").mkdir(parents=True)
+            (tmp_path / "up" / "sub" / "y.txt").write_text("Y")
+            await sandbox.upload(str(tmp_path / "up"), "tree")
+            await sandbox.download("tree", str(tmp_path / "down"))
+            assert (tmp_path / "down" / "sub" / "y.txt").read_text() == "Y"
+            assert await sandbox.is_alive()
+        finally:
+            await sandbox.close()
+        assert fake.killed == ["fake0"] and not await sandbox.is_alive()
+
+
+@pytest.mark.live
+@pytest.mark.skipif(
+    not os.environ.get("E2B_API_KEY"), reason="set E2B_API_KEY to run against the real E2B service"
+)
+async def test_live_e2b() -> None:
+    sandbox = await E2BBackend().create(SandboxSpec(setup="echo live > up.txt"))
+    try:
+        assert (await sandbox.exec("cat up.txt")).stdout == "live\n"
+        assert not (await sandbox.exec("curl -sm 5 https://example.com")).ok  # network off by default
+    finally:
+        await sandbox.close()

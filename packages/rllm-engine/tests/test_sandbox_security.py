@@ -1,0 +1,239 @@
+"""The bubblewrap sandbox under attack: each test mounts one attack and proves it was contained,
+with a positive control where the attack's failure could otherwise have another cause."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import uuid
+from pathlib import Path
+
+import pytest
+from sandbox_helpers import host_processes_with, needs_bwrap, wait_until
+
+from rllm.engine.sandbox import BubblewrapBackend
+from rllm.sdk.sandbox import SandboxLimits, SandboxSpec, SandboxUnavailable
+
+pytestmark = [needs_bwrap, pytest.mark.timeout(120)]
+
+
+@pytest.fixture
+async def backend() -> BubblewrapBackend:
+    return BubblewrapBackend()  # its default base_dir, which sandbox uids can enter (not pytest's 0700 tmp)
+
+
+async def test_1_cannot_read_a_host_file_outside_the_workdir(
+    backend: BubblewrapBackend, tmp_path: Path
+) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOP-SECRET-4711")
+    sandbox = await backend.create(SandboxSpec())
+    try:
+        result = await sandbox.exec(f"cat {secret}; cat /proc/1/root{secret}; ls {tmp_path}")
+        assert "TOP-SECRET-4711" not in result.stdout + result.stderr
+        assert "No such file" in result.stderr
+        # Control: the same read of a file that is in the workdir works.
+        await sandbox.write_file("mine.txt", "visible")
+        assert (await sandbox.exec("cat mine.txt")).stdout == "visible"
+    finally:
+        await sandbox.close()
+
+
+async def test_2_cannot_write_outside_the_workdir(backend: BubblewrapBackend, tmp_path: Path) -> None:
+    target = tmp_path / "planted.txt"
+    probe = f"rllm-probe-{uuid.uuid4().hex}"
+    sandbox = await backend.create(SandboxSpec())
+    try:
+        result = await sandbox.exec(
+            f"echo x > {target}; echo x > /usr/{probe}; echo x > /etc/{probe}; echo x > /tmp/{probe}; "
+            f"mkdir -p {tmp_path} && echo x > {target}; ls /tmp/{probe}"
+        )
+        assert "Read-only file system" in result.stderr
+        assert f"/tmp/{probe}" in result.stdout  # its private /tmp is writable...
+        assert not target.exists()
+        for host in (Path("/usr") / probe, Path("/etc") / probe, Path("/tmp") / probe):
+            assert not host.exists(), host  # ...and none of it reached the host
+    finally:
+        await sandbox.close()
+
+
+async def test_3_cannot_connect_to_a_loopback_server(backend: BubblewrapBackend) -> None:
+    connections: list[bytes] = []
+
+    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(await reader.read(100))
+        writer.close()
+
+    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    attack = f"bash -c 'echo leaked > /dev/tcp/127.0.0.1/{port}' && echo CONNECTED"
+    closed = await backend.create(SandboxSpec())
+    opened = await backend.create(SandboxSpec(network=True))
+    try:
+        blocked = await closed.exec(attack, timeout=20)
+        assert "CONNECTED" not in blocked.stdout and blocked.exit_code != 0
+        assert connections == []
+        # Control: with network allowed the very same command reaches the server.
+        allowed = await opened.exec(attack, timeout=20)
+        assert "CONNECTED" in allowed.stdout
+        await wait_until(lambda: connections == [b"leaked\n"], what="the allowed connection")
+    finally:
+        await closed.close()
+        await opened.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_4_fork_bomb_is_capped(backend: BubblewrapBackend) -> None:
+    sandbox = await backend.create(SandboxSpec(limits=SandboxLimits(max_procs=20)))
+    try:
+        spawn = (
+            "import subprocess\nps = []\ntry:\n    while len(ps) < 60: ps.append(subprocess.Popen(['sleep', '30']))\n"
+            "except OSError as e: print(len(ps), e.strerror)"
+        )
+        counted = await sandbox.exec(["python3", "-c", spawn], timeout=30)
+        started, why = counted.stdout.split(" ", 1)
+        assert int(started) < 20 and "Resource temporarily unavailable" in why, counted
+        bomb = await sandbox.exec("bash -c ':(){ :|:& };:'; echo survived", timeout=30)
+        assert "survived" in bomb.stdout
+        assert (await sandbox.exec("echo still-usable")).stdout == "still-usable\n"
+        assert subprocess.run(["true"], check=False).returncode == 0  # the host can still fork
+    finally:
+        await sandbox.close()
+
+
+async def test_5_memory_bomb_fails_inside(backend: BubblewrapBackend) -> None:
+    sandbox = await backend.create(SandboxSpec(limits=SandboxLimits(memory_mb=256)))
+    try:
+        bomb = await sandbox.exec("python3 -c 'b = bytearray(2 * 1024**3); print(\"allocated\")'", timeout=60)
+        assert bomb.exit_code != 0 and "allocated" not in bomb.stdout
+        assert "MemoryError" in bomb.stderr
+        control = await sandbox.exec("python3 -c 'b = bytearray(32 * 1024**2); print(\"allocated\")'")
+        assert control.stdout == "allocated\n"
+    finally:
+        await sandbox.close()
+
+
+async def test_6_infinite_loop_is_stopped_by_cpu_limit_and_wall_clock(backend: BubblewrapBackend) -> None:
+    sandbox = await backend.create(SandboxSpec(limits=SandboxLimits(cpu_s=1)))
+    try:
+        spin = await sandbox.exec("while :; do :; done", timeout=120)
+        assert not spin.timed_out and spin.exit_code in (128 + signal.SIGXCPU, 128 + signal.SIGKILL)
+        idle = await sandbox.exec("sleep 600", timeout=0.5)  # uses no CPU: only the wall clock stops it
+        assert idle.timed_out and idle.exit_code == 128 + signal.SIGKILL
+    finally:
+        await sandbox.close()
+
+
+async def test_7_cannot_kill_the_parent_and_dies_with_it(backend: BubblewrapBackend, tmp_path: Path) -> None:
+    mark = random.randrange(10**6, 10**7)  # unique sleep durations: other runs may be alive
+    canary = subprocess.Popen(["sleep", str(mark)])
+    sandbox = await backend.create(SandboxSpec())
+    try:
+        attack = await sandbox.exec(f"kill -9 {os.getpid()} {canary.pid} $PPID; kill -9 -1; echo done")
+        assert "done" in attack.stdout or attack.exit_code != 0
+        assert canary.poll() is None  # host processes are out of its reach
+    finally:
+        await sandbox.close()
+        canary.kill()
+        canary.wait()
+    # The other way round: when the process holding a sandbox dies, the sandbox dies with it.
+    held = Path(tempfile.mkdtemp(prefix="rllm-held-"))
+    held.chmod(0o711)  # sandbox uids must be able to enter it
+    holder = textwrap.dedent(f"""
+        import asyncio
+        from rllm.engine.sandbox import BubblewrapBackend
+        async def main():
+            sb = await BubblewrapBackend(base_dir={str(held)!r}).create(__import__("rllm.sdk.sandbox", fromlist=["x"]).SandboxSpec())
+            await sb.exec("touch started; sleep {mark + 1}")
+        asyncio.run(main())
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", holder])
+    try:
+        await wait_until(lambda: any(held.glob("*/work/started")), 60, "the held sandbox")
+        assert host_processes_with(f"sleep {mark + 1}")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        await wait_until(
+            lambda: not host_processes_with(f"sleep {mark + 1}"), 30, "the orphaned sandbox to die"
+        )
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        shutil.rmtree(held, ignore_errors=True)
+
+
+async def test_8_cannot_read_host_environment(
+    backend: BubblewrapBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-host-secret-0815")
+    sandbox = await backend.create(SandboxSpec())
+    try:
+        result = await sandbox.exec("env; cat /proc/*/environ 2>/dev/null; cat /proc/1/environ")
+        assert "sk-host-secret-0815" not in result.stdout + result.stderr
+        # Control: what the spec or the call passes explicitly does arrive.
+        given = await sandbox.exec("echo $TOKEN", env={"TOKEN": "given"})
+        assert given.stdout == "given\n"
+    finally:
+        await sandbox.close()
+
+
+async def test_9_huge_output_is_truncated_and_stopped(backend: BubblewrapBackend) -> None:
+    limit = 4096
+    sandbox = await backend.create(SandboxSpec(limits=SandboxLimits(output_bytes=limit)))
+    try:
+        flood = await sandbox.exec("yes flood", timeout=120)  # never ends on its own
+        assert flood.truncated and not flood.timed_out
+        assert "output truncated by the sandbox" in flood.stdout
+        assert len(flood.stdout) < limit + 200
+        small = await sandbox.exec("echo fine")
+        assert small.stdout == "fine\n" and not small.truncated
+    finally:
+        await sandbox.close()
+
+
+async def test_10_no_background_process_outlives_close(backend: BubblewrapBackend) -> None:
+    mark = random.randrange(10**6, 10**7)
+    sandbox = await backend.create(SandboxSpec())
+    try:
+        started = await sandbox.exec(
+            f"setsid sleep {mark} & nohup sleep {mark + 1} >/dev/null 2>&1 & (sleep {mark + 2} &) ; "
+            "ls -d /proc/[0-9]* | wc -l; echo started"
+        )
+        assert "started" in started.stdout
+    finally:
+        await sandbox.close()
+    for marker in (f"sleep {mark}", f"sleep {mark + 1}", f"sleep {mark + 2}"):
+        assert host_processes_with(marker) == [], marker
+    assert not sandbox.root.exists()
+
+
+async def test_refuses_when_namespaces_cannot_be_created(tmp_path: Path) -> None:
+    ran = tmp_path / "ran-unsandboxed"
+    bin_dir = Path(tempfile.mkdtemp(prefix="rllm-fake-bwrap-"))
+    bin_dir.chmod(0o755)  # the sandbox uid runs it
+    fake = bin_dir / "bwrap"
+    # A bwrap that cannot create namespaces (as in a locked-down container); the backend must
+    # refuse rather than run the setup script, which would create ``ran``, some other way.
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to creating new namespace' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    try:
+        backend = BubblewrapBackend(bwrap=str(fake))
+        with pytest.raises(SandboxUnavailable, match=r"cannot create its namespaces.*No permissions"):
+            await backend.create(SandboxSpec(setup=f"touch {ran}"))
+        assert not ran.exists()
+    finally:
+        shutil.rmtree(bin_dir)
+    missing = BubblewrapBackend(bwrap=str(tmp_path / "no-such-bwrap"))
+    with pytest.raises(SandboxUnavailable, match="not installed"):
+        await missing.create(SandboxSpec())
+    if os.geteuid() == 0:  # only root runs sandboxes as other uids
+        with pytest.raises(SandboxUnavailable, match="other users cannot enter"):
+            await BubblewrapBackend(base_dir=str(tmp_path / "private")).create(SandboxSpec())

@@ -1,0 +1,196 @@
+"""Sandboxes as a flow sees them: the ``Sandbox`` protocol, its spec, and how a flow asks for one.
+
+A flow that runs code declares it with ``@needs_sandbox(spec)`` (a fixed ``SandboxSpec`` or a
+function ``task -> SandboxSpec``) and calls ``current_sandbox()`` while it runs; the engine
+creates (or takes from its warm pool) a sandbox of that spec, runs the spec's setup script in it,
+and closes it when the rollout ends, however it ends. Implementations (bubblewrap, Docker,
+hosted services) live in ``rllm.engine.sandbox``; a cookbook depends only on this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, runtime_checkable
+
+import msgspec
+
+from rllm.sdk.errors import InfraError
+from rllm.types import InvariantError, Task
+
+TRUNCATION_MARKER = "\n[... output truncated by the sandbox: {dropped} more bytes ...]\n"
+
+
+class SandboxError(InfraError):
+    """A sandbox could not be created or used (not the agent's fault: the rollout is retried)."""
+
+
+class SandboxUnavailable(SandboxError):
+    """The backend cannot isolate commands here (e.g. no user namespaces); nothing was run."""
+
+
+class SandboxLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Per-sandbox resource limits. ``cpu_s`` is CPU time per process, ``memory_mb`` its address
+    space, ``max_procs`` the processes the sandbox may run at once, ``output_bytes`` what one
+    exec keeps of stdout and of stderr each, ``exec_timeout_s`` the default wall clock of one exec."""
+
+    cpu_s: int = 60
+    memory_mb: int = 2048
+    max_procs: int = 64
+    output_bytes: int = 64 * 1024
+    file_size_mb: int = 256
+    tmp_mb: int = 256
+    exec_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        for name in ("cpu_s", "memory_mb", "max_procs", "output_bytes", "file_size_mb", "tmp_mb"):
+            if getattr(self, name) < 1:
+                raise InvariantError(f"{name} must be >= 1, got {getattr(self, name)}", name)
+        if self.exec_timeout_s <= 0:
+            raise InvariantError(f"exec_timeout_s must be > 0, got {self.exec_timeout_s}", "exec_timeout_s")
+
+
+class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What sandbox a rollout needs. ``setup`` is a shell script run in the sandbox (in
+    ``workdir``) before the agent starts; a failing setup fails the sandbox, not the agent.
+    ``image`` is used by container and hosted backends; the local backend runs the host's
+    read-only system. ``files`` are written into ``workdir`` before ``setup`` runs."""
+
+    network: bool = False
+    limits: SandboxLimits = SandboxLimits()
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    setup: str | None = None
+    setup_timeout_s: float = 120.0
+    files: dict[str, str] = msgspec.field(default_factory=dict)
+    image: str | None = None
+    workdir: str = "/work"
+
+    def __post_init__(self) -> None:
+        if not self.workdir.startswith("/") or self.workdir.rstrip("/") in ("", "/usr", "/etc", "/proc"):
+            raise InvariantError(
+                f"workdir must be an absolute path of its own, got {self.workdir!r}", "workdir"
+            )
+        for rel in self.files:
+            if rel.startswith("/") or ".." in rel.split("/"):
+                raise InvariantError(f"files: {rel!r} must be a relative path inside workdir", "files")
+
+    @property
+    def key(self) -> bytes:
+        """Equal specs have equal keys: sandboxes prepared for one spec serve any rollout of it."""
+        return msgspec.msgpack.encode(self)
+
+
+class ExecResult(msgspec.Struct, kw_only=True):
+    """One command's outcome. ``stdout``/``stderr`` are cut at the output limit with a marker
+    (``truncated``); ``timed_out`` means the wall clock killed it."""
+
+    exit_code: int
+    stdout: str = ""
+    stderr: str = ""
+    timed_out: bool = False
+    truncated: bool = False
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """An isolated place to run commands. Paths are inside the sandbox; relative ones are
+    relative to the spec's ``workdir``. ``upload``/``download`` take files or folders."""
+
+    spec: SandboxSpec
+
+    async def exec(
+        self, cmd: str | list[str], timeout: float | None = None, env: dict[str, str] | None = None
+    ) -> ExecResult: ...
+
+    async def write_file(self, path: str, data: bytes | str) -> None: ...
+
+    async def read_file(self, path: str) -> bytes: ...
+
+    async def upload(self, local_path: str, path: str) -> None: ...
+
+    async def download(self, path: str, local_path: str) -> None: ...
+
+    async def is_alive(self) -> bool: ...
+
+    async def close(self) -> None: ...
+
+
+def truncate_output(data: bytes, limit: int, total: int | None = None) -> tuple[str, bool]:
+    """The first ``limit`` bytes of ``data`` as text, plus a marker naming what was dropped.
+
+    ``total`` is how many bytes the command wrote when the caller stopped keeping them early."""
+    total = len(data) if total is None else total
+    if total <= limit:
+        return data.decode("utf-8", "replace"), False
+    kept = data[:limit].decode("utf-8", "ignore")
+    return kept + TRUNCATION_MARKER.format(dropped=total - limit), True
+
+
+SpecSource = SandboxSpec | Callable[[Task], SandboxSpec]
+_SPEC_ATTR = "__rllm_sandbox__"
+_current: contextvars.ContextVar[Sandbox | None] = contextvars.ContextVar("rllm_sandbox", default=None)
+
+
+def needs_sandbox(spec: SpecSource | None = None) -> Callable[[Any], Any]:
+    """Declare that a flow runs in a sandbox; put it above or below ``@rollout``.
+
+    ``spec`` is a ``SandboxSpec`` or a function ``task -> SandboxSpec`` (e.g. per-task setup);
+    default: ``SandboxSpec()``."""
+    source: SpecSource = SandboxSpec() if spec is None else spec
+    if not isinstance(source, SandboxSpec) and not callable(source):
+        raise TypeError(f"needs_sandbox takes a SandboxSpec or a function task -> SandboxSpec, got {spec!r}")
+
+    def mark(flow: Any) -> Any:
+        setattr(flow, _SPEC_ATTR, source)
+        return flow
+
+    return mark
+
+
+def _declared(flow: Any) -> SpecSource | None:
+    # On the flow object, the function a RolloutFlow wraps, or the instance of a bound run().
+    for obj in (flow, getattr(flow, "fn", None), getattr(getattr(flow, "fn", None), "__self__", None)):
+        source = getattr(obj, _SPEC_ATTR, None) if obj is not None else None
+        if source is not None:
+            return source
+    return None
+
+
+def declares_sandbox(flow: Any) -> bool:
+    """True when ``flow`` was marked with ``@needs_sandbox``."""
+    return _declared(flow) is not None
+
+
+def sandbox_spec_for(flow: Any, task: Task) -> SandboxSpec | None:
+    """The spec ``flow`` declared for ``task``, or None when it needs no sandbox."""
+    source = _declared(flow)
+    if source is None:
+        return None
+    spec = source if isinstance(source, SandboxSpec) else source(task)
+    if not isinstance(spec, SandboxSpec):
+        raise TypeError(f"the sandbox spec function returned {type(spec).__name__}, not a SandboxSpec")
+    return spec
+
+
+def current_sandbox() -> Sandbox:
+    """The sandbox the engine gave this rollout; raises when the flow did not declare one."""
+    sandbox = _current.get()
+    if sandbox is None:
+        raise SandboxError("no sandbox for this rollout: decorate the flow with @needs_sandbox(...)")
+    return sandbox
+
+
+@contextlib.contextmanager
+def using_sandbox(sandbox: Sandbox) -> Iterator[Sandbox]:
+    """Make ``sandbox`` the current one inside the block (what the engine does per rollout)."""
+    token = _current.set(sandbox)
+    try:
+        yield sandbox
+    finally:
+        _current.reset(token)

@@ -1,0 +1,105 @@
+"""Harbor-style task directories: a task an agent solves in a sandbox, as files.
+
+::
+
+    my-task/
+      task.toml            # optional: timeouts, network, limits, metadata
+      instruction.md       # what the agent is asked
+      environment/setup.sh # optional: run in the sandbox before the agent starts
+      environment/files/   # optional: copied into the sandbox's workdir before setup
+      tests/test.sh        # the verifier: exit 0 = solved (other files in tests/ go with it)
+      solution/solve.sh    # optional: a reference solution (to check the task itself)
+
+``task.toml`` keys (all optional): ``[agent] timeout_sec``, ``[verifier] timeout_sec``,
+``[environment] network, setup_timeout_sec, cpu_s, memory_mb, max_procs, output_bytes``,
+``[metadata]`` (free-form, kept in ``Task.metadata``). The tests are not in the sandbox while
+the agent works: ``run_verifier`` copies them in afterwards, so the agent cannot read or edit them.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from rllm.sdk.sandbox import ExecResult, Sandbox, SandboxLimits, SandboxSpec
+from rllm.types import Task, convert, to_builtins
+
+TESTS_DIR = ".rllm-tests"
+_LIMIT_KEYS = ("cpu_s", "memory_mb", "max_procs", "output_bytes")
+
+
+class TaskDirError(ValueError):
+    """A task directory is missing a file or has a bad task.toml value (named in the message)."""
+
+
+def _text_files(root: Path) -> dict[str, str]:
+    if not root.is_dir():
+        return {}
+    return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def load_task_dir(path: str | Path) -> Task:
+    """One task directory as a Task (self-contained: every file's text is in its metadata)."""
+    root = Path(path)
+    instruction, verifier = root / "instruction.md", root / "tests" / "test.sh"
+    for required in (instruction, verifier):
+        if not required.is_file():
+            raise TaskDirError(f"task directory {root}: missing {required.relative_to(root)}")
+    config: dict[str, Any] = {}
+    if (root / "task.toml").is_file():
+        try:
+            config = tomllib.loads((root / "task.toml").read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise TaskDirError(f"{root / 'task.toml'}: {exc}") from None
+    env = config.get("environment", {})
+    setup = root / "environment" / "setup.sh"
+    try:
+        spec = SandboxSpec(
+            network=bool(env.get("network", False)),
+            limits=SandboxLimits(**{k: env[k] for k in _LIMIT_KEYS if k in env}),
+            setup=setup.read_text() if setup.is_file() else None,
+            setup_timeout_s=float(env.get("setup_timeout_sec", 120.0)),
+            files=_text_files(root / "environment" / "files"),
+        )
+    except (TypeError, ValueError, msgspec.ValidationError) as exc:
+        raise TaskDirError(f"{root / 'task.toml'} [environment]: {exc}") from None
+    solution = root / "solution" / "solve.sh"
+    return Task(
+        id=root.name,
+        instruction=instruction.read_text().strip(),
+        metadata={
+            **config.get("metadata", {}),
+            "sandbox": to_builtins(spec),
+            "tests": _text_files(root / "tests"),
+            "agent_timeout_s": float(config.get("agent", {}).get("timeout_sec", 600.0)),
+            "verify_timeout_s": float(config.get("verifier", {}).get("timeout_sec", 120.0)),
+            **({"solution": solution.read_text()} if solution.is_file() else {}),
+        },
+    )
+
+
+def load_task_dirs(parent: str | Path) -> list[Task]:
+    """Every task directory (a folder with an instruction.md) under ``parent``, sorted by name."""
+    folders = sorted(p.parent for p in Path(parent).glob("*/instruction.md"))
+    if not folders:
+        raise TaskDirError(f"no task directories (folders with instruction.md) under {parent}")
+    return [load_task_dir(folder) for folder in folders]
+
+
+def task_sandbox_spec(task: Task) -> SandboxSpec:
+    """The sandbox a task-directory task runs in (use as ``@needs_sandbox(task_sandbox_spec)``)."""
+    if "sandbox" not in task.metadata:
+        raise TaskDirError(f"task {task.id!r} has no 'sandbox' in its metadata: not from a task directory")
+    return convert(task.metadata["sandbox"], SandboxSpec)
+
+
+async def run_verifier(sandbox: Sandbox, task: Task) -> ExecResult:
+    """Copy the task's tests into the sandbox (replacing anything the agent put there) and run
+    ``tests/test.sh`` in the workdir; exit 0 means solved."""
+    await sandbox.exec(["rm", "-rf", TESTS_DIR])
+    for rel, text in task.metadata["tests"].items():
+        await sandbox.write_file(f"{TESTS_DIR}/{rel}", text)
+    return await sandbox.exec(["sh", f"{TESTS_DIR}/test.sh"], timeout=task.metadata["verify_timeout_s"])
