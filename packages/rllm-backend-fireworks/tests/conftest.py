@@ -5,31 +5,15 @@ from __future__ import annotations
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 # Tests import the fake beside them (importlib mode does not put test dirs on sys.path).
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_fireworks_server import FAKE_API_KEY, FakeFireworksServer
+from fireworks_helpers import options
 
 from rllm.backends.fireworks import FireworksBackend
-
-MODEL = "accounts/fireworks/models/qwen3-0p6b"
-
-
-def options(server: FakeFireworksServer, **overrides: Any) -> dict[str, Any]:
-    return {
-        "model": MODEL,
-        "base_url": server.url,
-        "lora_rank": 8,
-        "learning_rate": 1e-2,
-        "grad_clip": 0.0,
-        "poll_interval_s": 0.01,
-        "request_timeout_s": 60.0,
-        "hot_load_timeout_s": 60,
-        **overrides,
-    }
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import MODEL, options
 from fake_fireworks_server import ACCOUNT, FakeFireworksServer
 from fireworks.training.sdk import APIStatusError, RequestFailedError, TrainingAPIError
+from fireworks_helpers import MODEL, options
 from openai import AsyncOpenAI, BadRequestError
 
 from rllm.algos.config import AlgorithmConfig

@@ -10,8 +10,8 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import MODEL
 from fake_fireworks_server import FakeFireworksServer
+from fireworks_helpers import MODEL
 
 from rllm.engine.launch import build_trainer
 from rllm.engine.metrics_log import read_metrics

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from conftest import MODEL
+from fireworks_helpers import MODEL
 
 from rllm.algos.config import AlgorithmConfig
 from rllm.backends.fireworks import FireworksBackend, parse_config

@@ -19,7 +19,7 @@ from rllm.backends.fireworks.provision import Resources, provision, release
 from rllm.backends.fireworks.refusals import check_supported
 from rllm.backends.fireworks.upstream import DeploymentUpstream
 from rllm.engine.backend import TrainSequence
-from rllm.tinker_api import LossPlan, make_custom_loss, split_mini_batches, to_datums
+from rllm.tinker_api import LossPlan, adam_params, make_custom_loss, split_mini_batches, to_datums
 
 logger = logging.getLogger(__name__)
 
@@ -105,15 +105,7 @@ class FireworksBackend:
     def adam_params(self) -> Any:
         from fireworks.training.sdk import AdamParams
 
-        cfg = self.config
-        return AdamParams(
-            learning_rate=cfg.learning_rate,
-            beta1=cfg.betas[0],
-            beta2=cfg.betas[1],
-            eps=cfg.eps,
-            weight_decay=cfg.weight_decay,
-            grad_clip_norm=max(cfg.grad_clip, 0.0),
-        )
+        return adam_params(AdamParams, self.config)
 
     async def train_step(self, batch: list[TrainSequence], algo: AlgorithmConfig) -> dict[str, float]:
         self._started()

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rllm.engine.sandbox.pool import prepare
 from rllm.sdk.sandbox import ExecResult, SandboxError, SandboxSpec, SandboxUnavailable, truncate_output
 
 DEFAULT_IMAGE = "python:3.11-slim"
@@ -86,20 +87,7 @@ class DockerBackend:
             container = await asyncio.to_thread(client.containers.run, **options)
         except Exception as exc:
             raise SandboxError(f"docker could not start a {options['image']} container: {exc}") from exc
-        sandbox = DockerSandbox(client, container, spec)
-        try:
-            for rel, text in spec.files.items():
-                await sandbox.write_file(rel, text)
-            if spec.setup:
-                result = await sandbox.exec(spec.setup, timeout=spec.setup_timeout_s)
-                if not result.ok:
-                    raise SandboxError(
-                        f"sandbox setup script failed (exit {result.exit_code}): {result.stderr[-500:]}"
-                    )
-        except BaseException:
-            await sandbox.close()
-            raise
-        return sandbox
+        return await prepare(DockerSandbox(client, container, spec), spec)
 
 
 class DockerSandbox:

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rllm.engine.sandbox.pool import prepare
 from rllm.sdk.sandbox import ExecResult, SandboxError, SandboxSpec, SandboxUnavailable, truncate_output
 
 DEFAULT_TEMPLATE = "base"
@@ -67,18 +68,10 @@ class E2BBackend:
                 await sandbox._run(
                     f"chown user {shlex.quote(spec.workdir)} || true", 60, {}, "/", user="root"
                 )
-            for rel, text in spec.files.items():
-                await sandbox.write_file(rel, text)
-            if spec.setup:
-                result = await sandbox.exec(spec.setup, timeout=spec.setup_timeout_s)
-                if not result.ok:
-                    raise SandboxError(
-                        f"sandbox setup script failed (exit {result.exit_code}): {result.stderr[-500:]}"
-                    )
         except BaseException:
             await sandbox.close()
             raise
-        return sandbox
+        return await prepare(sandbox, spec)
 
 
 class E2BSandbox:

@@ -27,6 +27,23 @@ class SandboxBackend(Protocol):
     async def create(self, spec: SandboxSpec) -> Any: ...
 
 
+async def prepare(sandbox: Sandbox, spec: SandboxSpec) -> Sandbox:
+    """Write the spec's files and run its setup script in a new sandbox (closed if either fails)."""
+    try:
+        for rel, text in spec.files.items():
+            await sandbox.write_file(rel, text)
+        if spec.setup:
+            result = await sandbox.exec(spec.setup, timeout=spec.setup_timeout_s)
+            if not result.ok:
+                raise SandboxError(
+                    f"sandbox setup script failed (exit {result.exit_code}): {result.stderr[-500:]}"
+                )
+    except BaseException:
+        await sandbox.close()
+        raise
+    return sandbox
+
+
 class WarmPool:
     """Up to ``size`` sandboxes prepared ahead of use (``size=0``: every acquire is cold)."""
 

@@ -15,7 +15,7 @@ from rllm.algos.config import AlgorithmConfig
 from rllm.backends.tinker.config import TinkerBackendConfig
 from rllm.backends.tinker.remote.refusals import check_supported
 from rllm.engine.backend import TrainSequence
-from rllm.tinker_api import make_custom_loss, plan_loss, split_mini_batches, to_datums
+from rllm.tinker_api import adam_params, make_custom_loss, plan_loss, split_mini_batches, to_datums
 
 logger = logging.getLogger(__name__)
 
@@ -109,15 +109,7 @@ class RemoteService:
     def adam_params(self) -> Any:
         from tinker import types
 
-        cfg = self.config
-        return types.AdamParams(
-            learning_rate=cfg.learning_rate,
-            beta1=cfg.betas[0],
-            beta2=cfg.betas[1],
-            eps=cfg.eps,
-            weight_decay=cfg.weight_decay,
-            grad_clip_norm=max(cfg.grad_clip, 0.0),
-        )
+        return adam_params(types.AdamParams, self.config)
 
     async def train_step(self, batch: list[TrainSequence], algo: AlgorithmConfig) -> dict[str, float]:
         check_supported(algo, self.config)
