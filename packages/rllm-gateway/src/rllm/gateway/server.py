@@ -33,7 +33,7 @@ from rllm.gateway.capture import (
     read_answer,
     strip_injected,
 )
-from rllm.gateway.config import GatewayConfig
+from rllm.gateway.config import GatewayConfig, image_limits
 from rllm.gateway.errors import GatewayError, error_body, error_response
 from rllm.gateway.fasthttp import FastHttpPool, UpstreamBadResponse, UpstreamConnectError, UpstreamDropped
 from rllm.gateway.httpserver import (
@@ -68,6 +68,7 @@ from rllm.types import (
     to_json,
     to_msgpack,
 )
+from rllm.types.images import ImageError, check_message_images
 
 log = logging.getLogger("rllm.gateway")
 
@@ -110,6 +111,7 @@ class GatewayServer:
 
     def __init__(self, config: GatewayConfig | None = None) -> None:
         self.config = config or GatewayConfig()
+        self._image_limits = image_limits(self.config)
         self.store = open_store(self.config.store, batch_ms=self.config.sqlite_batch_ms)
         self.pool = WorkerPool(self.config.upstreams)
         self.sessions: dict[str, Session] = {}
@@ -458,7 +460,7 @@ class GatewayServer:
                     code="invalid_type",
                 )
             try:
-                return convert(msgs, list[Message])
+                messages = convert(msgs, list[Message])
             except SchemaError as exc:
                 raise GatewayError(
                     400,
@@ -466,6 +468,14 @@ class GatewayServer:
                     param=f"messages{_bracket(exc.path)}",
                     code="invalid_type",
                 ) from None
+            try:
+                check_message_images(messages, self._image_limits)
+            except ImageError as exc:
+                where = f"messages{exc.field}"
+                raise GatewayError(
+                    400, f"invalid image at {where}: {exc.reason}", param=where, code="invalid_image"
+                ) from None
+            return messages
         prompt = body.get("prompt")
         ok = isinstance(prompt, str) or (
             isinstance(prompt, list)

@@ -1,0 +1,89 @@
+"""Images at the gateway: a bad data-URI image is a 400 naming its content block and leaves no
+trace (refused before acceptance); a good one goes upstream and its call is traced."""
+
+from __future__ import annotations
+
+import io
+
+import openai
+import pytest
+from PIL import Image
+
+from rllm.gateway import GatewayClient, GatewayConfig, GatewayServer
+from rllm.types import ImageBlock
+from rllm.types.images import data_uri
+
+
+def _image(w: int = 8, h: int = 8, fmt: str = "PNG") -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (w, h), (10, 120, 250)).save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def _messages(url: str) -> list[dict]:
+    return [
+        {"role": "system", "content": "look"},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "what?"}, {"type": "image_url", "image_url": {"url": url}}],
+        },
+    ]
+
+
+@pytest.fixture
+async def small_gateway(mock):
+    cfg = GatewayConfig(
+        upstreams=[mock.url], health_interval_s=0, max_image_bytes=4096, max_image_pixels=64 * 64
+    )
+    async with GatewayServer(cfg) as server, GatewayClient(server.url) as gw:
+        yield server, gw
+
+
+@pytest.mark.parametrize(
+    ("url", "needle"),
+    [
+        ("data:image/png;base64,@@@", "not valid base64"),
+        ("data:image/png;base64", "no ','"),
+        ("data:application/pdf;base64,aGk=", "image/*"),
+        ("data:image/png;base64,aGVsbG8=", "not a readable image"),
+        (data_uri(_image(fmt="BMP"), "BMP"), "unsupported image format"),
+        (data_uri(_image(65, 64), "PNG"), "pixels"),
+        (data_uri(_image(2, 2, "TIFF") + b"\0" * 5000, "TIFF"), "bytes"),
+        ("file:///etc/passwd", "data: URI or an http(s) URL"),
+    ],
+)
+async def test_bad_images_are_a_400_naming_the_block_and_leave_no_trace(small_gateway, url, needle):
+    _server, gw = small_gateway
+    s = await gw.create_session()
+    client = openai.AsyncOpenAI(base_url=s.base_url, api_key=s.token or "x", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as e:
+        await client.chat.completions.create(model="m", messages=_messages(url))
+    err = e.value.body
+    assert err["param"] == "messages[1].content[1].image_url"
+    assert err["code"] == "invalid_image"
+    assert needle in err["message"]
+    await client.close()
+    assert await gw.get_traces(s.session_id) == []
+
+
+async def test_a_good_image_goes_upstream_and_is_traced(small_gateway):
+    _server, gw = small_gateway
+    s = await gw.create_session()
+    url = data_uri(_image(), "PNG")
+    async with openai.AsyncOpenAI(base_url=s.base_url, api_key=s.token or "x", max_retries=0) as client:
+        reply = await client.chat.completions.create(model="m", messages=_messages(url))
+    assert reply.choices[0].message.content is not None
+    (trace,) = await gw.get_traces(s.session_id)
+    assert trace.status == "ok"
+    block = trace.messages[1].content[1]
+    assert isinstance(block, ImageBlock) and block.image_url.url == url
+
+
+def test_image_limits_are_validated():
+    from rllm.types import InvariantError
+
+    with pytest.raises(InvariantError, match="max_image_bytes"):
+        GatewayConfig(max_image_bytes=0)
+    with pytest.raises(InvariantError, match="image_formats"):
+        GatewayConfig(image_formats=[])
+    assert GatewayConfig(image_formats=["png"]).image_formats == ["PNG"]
