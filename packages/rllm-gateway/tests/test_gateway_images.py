@@ -3,6 +3,7 @@ trace (refused before acceptance); a good one goes upstream and its call is trac
 
 from __future__ import annotations
 
+import hashlib
 import io
 
 import openai
@@ -10,8 +11,8 @@ import pytest
 from PIL import Image
 
 from rllm.gateway import GatewayClient, GatewayConfig, GatewayServer
-from rllm.types import ImageBlock
-from rllm.types.images import data_uri
+from rllm.types import ImageBlock, Message, convert
+from rllm.types.images import data_uri, image_ref, restore_images
 
 
 def _image(w: int = 8, h: int = 8, fmt: str = "PNG") -> bytes:
@@ -66,17 +67,31 @@ async def test_bad_images_are_a_400_naming_the_block_and_leave_no_trace(small_ga
     assert await gw.get_traces(s.session_id) == []
 
 
-async def test_a_good_image_goes_upstream_and_is_traced(small_gateway):
+async def test_a_good_image_goes_upstream_and_is_kept_by_content_address(small_gateway, mock):
     _server, gw = small_gateway
     s = await gw.create_session()
     url = data_uri(_image(), "PNG")
+    other = data_uri(_image(4, 4), "PNG")
+    msgs = _messages(url)
+    msgs[1]["content"].append({"type": "image_url", "image_url": {"url": url, "detail": "low"}})
     async with openai.AsyncOpenAI(base_url=s.base_url, api_key=s.token or "x", max_retries=0) as client:
-        reply = await client.chat.completions.create(model="m", messages=_messages(url))
-    assert reply.choices[0].message.content is not None
-    (trace,) = await gw.get_traces(s.session_id)
-    assert trace.status == "ok"
-    block = trace.messages[1].content[1]
-    assert isinstance(block, ImageBlock) and block.image_url.url == url
+        reply = await client.chat.completions.create(model="m", messages=msgs)
+        msgs += [
+            {"role": "assistant", "content": reply.choices[0].message.content},
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": other}}]},
+        ]
+        await client.chat.completions.create(model="m", messages=msgs)
+    first, second = await gw.get_traces(s.session_id)
+    assert first.status == second.status == "ok"
+    digest = hashlib.sha256(_image()).hexdigest()
+    assert first.images == {digest: url}  # the same image twice in one call: kept once
+    refs = [b.image_url.url for b in first.messages[1].content if isinstance(b, ImageBlock)]
+    assert refs == [image_ref(digest)] * 2
+    assert set(second.images) == {digest, hashlib.sha256(_image(4, 4)).hexdigest()}
+    restored = restore_images(second.messages, second.images)
+    assert restored == convert(msgs, list[Message])  # exactly what the agent sent
+    # the upstream got the data URIs themselves, not the references
+    assert mock.stats.last_request["messages"][-1]["content"][0]["image_url"]["url"] == other
 
 
 def test_image_limits_are_validated():

@@ -121,3 +121,42 @@ def test_mutated_pngs_raise_only_image_error(noise, at):
         inspect_image(bytes(data))
     except ImageError:
         pass
+
+
+def test_intern_and_restore_round_trip_with_one_copy_per_image():
+    from rllm.types import Step, convert, from_msgpack, to_msgpack
+    from rllm.types.images import image_ref, intern_images, restore_images
+
+    a, b = data_uri(_png(3, 3), "PNG"), data_uri(_png(5, 5), "PNG")
+    raw = [
+        {
+            "role": "user",
+            "content": [{"type": "image_url", "image_url": {"url": a}}, {"type": "text", "text": "x"}],
+        },
+        {"role": "assistant", "content": "ok"},
+        {
+            "role": "user",
+            "content": [
+                {"type": "image_url", "image_url": {"url": a, "detail": "high"}},
+                {"type": "image_url", "image_url": {"url": b}},
+            ],
+        },
+    ]
+    msgs = convert(raw, list[Message])
+    shared: dict[str, str] = {}
+    interned, images = intern_images(msgs, shared)
+    assert len(images) == 2 and shared == images
+    assert interned[0].content[0].image_url.url == image_ref(
+        __import__("hashlib").sha256(_png(3, 3)).hexdigest()
+    )
+    assert interned[2].content[0].image_url.detail == "high"
+    assert msgs == convert(raw, list[Message])  # the input is untouched
+    assert restore_images(interned, images) == msgs
+    step = from_msgpack(to_msgpack(Step(input=interned, images=images)), Step)
+    assert restore_images(step.input, step.images) == msgs
+    with pytest.raises(ImageError) as e:
+        restore_images(interned, {})
+    assert e.value.field == "[0].content[0].image_url"
+    # a second call sharing the map reuses the same string objects
+    _again, images2 = intern_images(convert(raw, list[Message]), shared)
+    assert all(images2[h] is shared[h] for h in images2)

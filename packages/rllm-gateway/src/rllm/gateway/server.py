@@ -68,7 +68,7 @@ from rllm.types import (
     to_json,
     to_msgpack,
 )
-from rllm.types.images import ImageError, check_message_images
+from rllm.types.images import ImageError, check_message_images, intern_images
 
 log = logging.getLogger("rllm.gateway")
 
@@ -549,6 +549,9 @@ class GatewayServer:
         apply_sampling(body, session.sampling or self.config.default_sampling)
         seq = session.next_seq
         session.next_seq = seq + 1
+        images: dict[str, str] = {}
+        if chat:
+            messages, images = intern_images(messages, session.images)
         trace = TraceRecord(
             session_id=session.session_id,
             role=role,
@@ -556,6 +559,7 @@ class GatewayServer:
             messages=messages,
             weight_version=self.weight_version,
             model=body.get("model") or "",
+            images=images,
         )
         if chat and body.get("tools"):
             trace.metadata["tools"] = body["tools"]

@@ -128,6 +128,78 @@ def check_message_images(messages: list[Message], limits: ImageLimits | None = N
     return infos
 
 
+IMAGE_REF_PREFIX = "rllm-image:sha256:"
+
+
+def image_ref(sha256: str) -> str:
+    """The URL an interned image block holds in place of its data URI."""
+    return IMAGE_REF_PREFIX + sha256
+
+
+def intern_images(
+    messages: list[Message], shared: dict[str, str] | None = None
+) -> tuple[list[Message], dict[str, str]]:
+    """Replace every data-URI image of ``messages`` by its content address.
+
+    Returns new messages whose image blocks hold ``rllm-image:sha256:<hex>`` (hash of the decoded
+    bytes) and the map hash -> data URI, each image once however often it appears. ``shared``
+    (e.g. a session's map) makes equal images share one string, so a history resent on every
+    turn holds its image once. The input messages are not changed. Call after the images were
+    checked: an undecodable data URI is left as it is.
+    """
+    from rllm.types.messages import ImageBlock, ImageURL
+
+    images: dict[str, str] = {}
+    out: list[Message] = []
+    for msg in messages:
+        if not isinstance(msg.content, list) or not any(
+            isinstance(b, ImageBlock) and b.image_url.url.startswith("data:") for b in msg.content
+        ):
+            out.append(msg)
+            continue
+        blocks = []
+        for block in msg.content:
+            if isinstance(block, ImageBlock) and block.image_url.url.startswith("data:"):
+                try:
+                    _, data = parse_data_uri(block.image_url.url)
+                except ImageError:
+                    blocks.append(block)
+                    continue
+                digest = hashlib.sha256(data).hexdigest()
+                url = block.image_url.url
+                if shared is not None:
+                    url = shared.setdefault(digest, url)
+                images.setdefault(digest, url)
+                block = ImageBlock(ImageURL(image_ref(digest), block.image_url.detail))
+            blocks.append(block)
+        out.append(msgspec.structs.replace(msg, content=blocks))
+    return out, images
+
+
+def restore_images(messages: list[Message], images: dict[str, str]) -> list[Message]:
+    """The inverse of intern_images: image references replaced by their data URIs again. A
+    reference missing from ``images`` raises ImageError naming the block."""
+    from rllm.types.messages import ImageBlock, ImageURL
+
+    out: list[Message] = []
+    for i, msg in enumerate(messages):
+        if not isinstance(msg.content, list):
+            out.append(msg)
+            continue
+        blocks = []
+        for j, block in enumerate(msg.content):
+            if isinstance(block, ImageBlock) and block.image_url.url.startswith(IMAGE_REF_PREFIX):
+                digest = block.image_url.url[len(IMAGE_REF_PREFIX) :]
+                if digest not in images:
+                    raise ImageError(
+                        f"image {digest[:12]}... is not attached", f"[{i}].content[{j}].image_url"
+                    )
+                block = ImageBlock(ImageURL(images[digest], block.image_url.detail))
+            blocks.append(block)
+        out.append(msgspec.structs.replace(msg, content=blocks))
+    return out
+
+
 def data_uri(data: bytes, fmt: str) -> str:
     """A base64 data URI for image bytes of Pillow format ``fmt``."""
     mime = _MIME_OF.get(fmt.upper(), f"image/{fmt.lower()}")
@@ -136,12 +208,16 @@ def data_uri(data: bytes, fmt: str) -> str:
 
 __all__ = [
     "DEFAULT_IMAGE_FORMATS",
+    "IMAGE_REF_PREFIX",
     "ImageError",
     "ImageInfo",
     "ImageLimits",
     "check_image_url",
     "check_message_images",
     "data_uri",
+    "image_ref",
     "inspect_image",
+    "intern_images",
     "parse_data_uri",
+    "restore_images",
 ]
