@@ -19,6 +19,7 @@ COOKBOOKS = {
     "frozenlake": "frozenlake",
     "finqa": "finqa",
     "solver_judge": "solver-judge",
+    "geo3k": "geo3k",
 }
 
 
