@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import sqlite3
 
 import openai
 import pytest
@@ -31,10 +32,11 @@ def _messages(url: str) -> list[dict]:
     ]
 
 
-@pytest.fixture
-async def small_gateway(mock):
+@pytest.fixture(params=["memory", "sqlite"])
+async def small_gateway(mock, request, tmp_path):
+    store = "memory" if request.param == "memory" else f"sqlite:{tmp_path / 'traces.db'}"
     cfg = GatewayConfig(
-        upstreams=[mock.url], health_interval_s=0, max_image_bytes=4096, max_image_pixels=64 * 64
+        store=store, upstreams=[mock.url], health_interval_s=0, max_image_bytes=4096, max_image_pixels=64 * 64
     )
     async with GatewayServer(cfg) as server, GatewayClient(server.url) as gw:
         yield server, gw
@@ -92,6 +94,14 @@ async def test_a_good_image_goes_upstream_and_is_kept_by_content_address(small_g
     assert restored == convert(msgs, list[Message])  # exactly what the agent sent
     # the upstream got the data URIs themselves, not the references
     assert mock.stats.last_request["messages"][-1]["content"][0]["image_url"]["url"] == other
+    if _server.config.store.startswith("sqlite:"):
+        # once per session and hash in the file, however many traces show the image
+        conn = sqlite3.connect(_server.config.store[len("sqlite:") :])
+        count = "SELECT COUNT(*) FROM images WHERE session_id = ?"
+        assert conn.execute(count, (s.session_id,)).fetchone()[0] == 2
+        await gw.delete_session(s.session_id)
+        assert conn.execute(count, (s.session_id,)).fetchone()[0] == 0
+        conn.close()
 
 
 def test_image_limits_are_validated():
