@@ -163,24 +163,15 @@ def render_vlm_prompt(
 ) -> VlmInputs:
     """Render ``messages`` (OpenAI shape, images as data URIs) through the chat template and the
     image processor, expanding each image's placeholder to its number of merged patches."""
-    from PIL import Image
-
-    pil = []
-    for k, data in enumerate(message_images(messages)):
-        try:
-            with Image.open(io.BytesIO(data)) as img:
-                pil.append(img.convert("RGB"))
-        except Exception as exc:  # Pillow raises many types for corrupt data
-            raise ImageError(f"image {k} cannot be decoded: {type(exc).__name__}", f"images[{k}]") from None
+    pil = decode_images(message_images(messages))
     text = tokenizer.apply_chat_template(
         messages, add_generation_prompt=add_generation_prompt, tokenize=False
     )
     if not pil:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         return VlmInputs(ids, None, None, [0] * len(ids))
-    pixels = image_processor(images=pil, return_tensors="pt")
-    merge = image_processor.merge_size**2
-    counts = [int(g.prod()) // merge for g in pixels["image_grid_thw"]]
+    pixel_values, grid = pixel_inputs(image_processor, pil)
+    counts = image_token_counts(image_processor, grid)
     parts = text.split(IMAGE_PAD)
     if len(parts) != len(counts) + 1:
         raise ImageError(
@@ -190,7 +181,34 @@ def render_vlm_prompt(
     ids = tokenizer(expanded, add_special_tokens=False)["input_ids"]
     pad = tokenizer.convert_tokens_to_ids(IMAGE_PAD)
     types = [int(t == pad) for t in ids]
-    return VlmInputs(ids, pixels["pixel_values"], pixels["image_grid_thw"], types)
+    return VlmInputs(ids, pixel_values, grid, types)
+
+
+def decode_images(images: list[bytes]) -> list[Any]:
+    """Pillow RGB images of encoded image bytes; ImageError names the one that cannot be read."""
+    from PIL import Image
+
+    out = []
+    for k, data in enumerate(images):
+        try:
+            with Image.open(io.BytesIO(data)) as img:
+                out.append(img.convert("RGB"))
+        except Exception as exc:  # Pillow raises many types for corrupt data
+            raise ImageError(f"image {k} cannot be decoded: {type(exc).__name__}", f"images[{k}]") from None
+    return out
+
+
+def pixel_inputs(image_processor: Any, images: list[Any]) -> tuple[Any, Any]:
+    """(pixel_values, image_grid_thw) of Pillow images: the same images give the same tensors,
+    so sampling and training see identical pixel inputs."""
+    out = image_processor(images=images, return_tensors="pt")
+    return out["pixel_values"], out["image_grid_thw"]
+
+
+def image_token_counts(image_processor: Any, grid: Any) -> list[int]:
+    """Placeholder tokens per image: its patches after the spatial merge."""
+    merge = image_processor.merge_size**2
+    return [int(g.prod()) // merge for g in grid]
 
 
 __all__ = [
@@ -199,8 +217,11 @@ __all__ = [
     "VlmInputs",
     "build_image_processor",
     "build_vlm_tokenizer",
+    "decode_images",
+    "image_token_counts",
     "init_tiny_vlm",
     "load_image_processor",
     "message_images",
+    "pixel_inputs",
     "render_vlm_prompt",
 ]
