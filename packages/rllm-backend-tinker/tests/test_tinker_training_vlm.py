@@ -82,3 +82,10 @@ def test_images_that_do_not_match_the_image_tokens_are_refused(vlm_backend) -> N
     seq.images = [seq.images[0], seq.images[0]]
     with pytest.raises(ValueError, match="image tokens"):
         asyncio.run(vlm_backend.train_step([seq], AlgorithmConfig()))
+
+
+def test_a_full_fine_tuning_checkpoint_is_a_loadable_vision_language_model(vlm_backend, tmp_path) -> None:
+    from rllm.backends.tinker.local.vision import is_vision_model
+
+    asyncio.run(vlm_backend.save_checkpoint(tmp_path / "ckpt"))
+    assert is_vision_model(str(tmp_path / "ckpt"))

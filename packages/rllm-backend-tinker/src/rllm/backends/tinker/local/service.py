@@ -170,7 +170,10 @@ class LocalService:
                     "optimizer_steps": trainer.optimizer_steps,
                     "model": self.config.model,
                 }
-                checkpoint.save(Path(path), trainer.model, trainer.optimizer, self.tokenizer, state)
+                processor = trainer.vision.image_processor if trainer.vision is not None else None
+                checkpoint.save(
+                    Path(path), trainer.model, trainer.optimizer, self.tokenizer, state, processor
+                )
 
         await asyncio.to_thread(work)
 
