@@ -97,7 +97,8 @@ class SamplerServer:
     async def _chat(self, request: web.Request) -> web.Response:
         try:
             body = await _json_body(request)
-            vision = self._vision(body)
+            # Decoding and resizing images is CPU work: off the server's event loop.
+            vision = await asyncio.to_thread(self._vision, body) if self.image_processor else None
             messages = parse_messages(body) if vision is None else body["messages"]
             add_generation_prompt = bool(body.get("add_generation_prompt", True))
             template_kwargs = body.get("chat_template_kwargs") or {}
