@@ -21,6 +21,7 @@ COOKBOOKS = {
     "solver_judge": "solver-judge",
     "terminal": "terminal",
     "deepcoder": "deepcoder",
+    "geo3k": "geo3k",
 }
 
 

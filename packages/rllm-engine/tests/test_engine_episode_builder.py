@@ -89,3 +89,23 @@ def test_simple_return_values_become_artifacts(result, artifacts):
 def test_unsupported_return_value_is_a_clear_error():
     with pytest.raises(FlowReturnError, match="got int"):
         build_episode("t", 0, 7, [])
+
+
+def test_steps_keep_their_traces_images_by_content_address():
+    from rllm.types import from_msgpack, to_msgpack
+    from rllm.types.images import intern_images, restore_images
+
+    url = "data:image/png;base64,iVBORw0KGgo="  # interning needs decodable bytes, not a valid PNG
+    from rllm.types import convert
+
+    sent = convert(
+        [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}], list[Message]
+    )
+    t = trace(0)
+    t.messages, t.images = intern_images(sent)
+    (traj,) = trajectories_from_traces([t]).values()
+    step = traj.steps[0]
+    assert step.images == t.images and len(step.images) == 1
+    episode = from_msgpack(to_msgpack(Episode(task_id="x", trajectories=[traj])), Episode)
+    kept = episode.trajectories[0].steps[0]
+    assert restore_images(kept.input, kept.images) == sent

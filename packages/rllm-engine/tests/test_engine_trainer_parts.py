@@ -117,3 +117,32 @@ def test_checkpoints_are_atomic_and_pruned(tmp_path: Path) -> None:
     # A half-written checkpoint (no trainer_state.json yet) is never picked.
     (tmp_path / "checkpoints" / "step_000008.tmp" / "backend").mkdir(parents=True)
     assert latest_checkpoint(tmp_path).name == "step_000006"
+
+
+def test_sequences_carry_their_images_in_prompt_order():
+    from rllm.types import Message, convert
+    from rllm.types.images import intern_images
+
+    a, b = "data:image/png;base64,AAAA", "data:image/png;base64,BBBB"
+
+    def user(*urls: str) -> dict:
+        return {"role": "user", "content": [{"type": "image_url", "image_url": {"url": u}} for u in urls]}
+
+    first = convert([user(a)], list[Message])
+    second = convert([user(a), {"role": "assistant", "content": "x"}, user(b, a)], list[Message])
+    steps = []
+    for k, (msgs, prompt) in enumerate([(first, [1, 2]), (second, [1, 2, 3, 4, 5])]):
+        interned, images = intern_images(msgs)
+        response = [3] if k == 0 else [6]
+        steps.append(
+            Step(
+                input=interned,
+                images=images,
+                prompt_ids=prompt,
+                response_ids=response,
+                logprobs=[-0.1],
+                advantage=1.0,
+            )
+        )
+    (seq,) = sequences_from_trajectory(Trajectory(steps=steps))
+    assert seq.images == [a, b, a]

@@ -136,3 +136,41 @@ async def test_cumulative_mode_against_real_vllm():
             assert list(cur.prompt_ids[: len(prefix)]) == prefix
         else:  # a random-weight model can emit text that does not round-trip; then it says why
             assert cur.metadata["segment_reason"]
+
+
+async def test_cumulative_mode_refuses_image_blocks_with_a_400(tokenizer_dir):
+    """Rendering text-only would drop the picture silently; the call is refused, naming the block."""
+    import io
+
+    from PIL import Image
+
+    from rllm.types.images import data_uri
+
+    buf = io.BytesIO()
+    Image.new("RGB", (4, 4), "white").save(buf, format="PNG")
+    url = data_uri(buf.getvalue(), "PNG")
+    async with MockUpstream() as mock:
+        cfg = GatewayConfig(
+            upstreams=[mock.url],
+            tokenizer_path=tokenizer_dir,
+            tokenizer_mode="cumulative",
+            health_interval_s=0,
+        )
+        async with GatewayServer(cfg) as gw, GatewayClient(gw.url) as c:
+            oc = openai.AsyncOpenAI(base_url=c.session_url("img"), api_key="x", max_retries=0)
+            msgs = [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "hi"},
+                        {"type": "image_url", "image_url": {"url": url}},
+                    ],
+                }
+            ]
+            with pytest.raises(openai.BadRequestError) as e:
+                await oc.chat.completions.create(model="m", messages=msgs)
+            assert e.value.body["code"] == "unsupported_content"
+            assert e.value.body["param"] == "messages[0].content[1]"
+            assert not {p for p in mock.stats.by_path if "completions" in p}  # nothing went upstream
+            traces = await c.get_traces("img")
+            assert traces == []  # refused like an unparsable tool format: a 400, no trace

@@ -23,7 +23,9 @@ class TrainSequence(msgspec.Struct, kw_only=True):
 
     All arrays align with ``tokens``: the value at index i concerns token i, which the model
     predicts from ``tokens[:i]``. ``loss_mask`` is 1 for tokens the policy sampled and 0 for
-    prompt, tool-output and observation tokens, which never contribute to the loss.
+    prompt, tool-output and observation tokens, which never contribute to the loss. ``images``
+    are the data URIs of the images whose placeholder tokens appear in ``tokens``, in order: a
+    vision-language backend turns them into the same pixel inputs sampling used.
     """
 
     tokens: TokenArray
@@ -32,6 +34,7 @@ class TrainSequence(msgspec.Struct, kw_only=True):
     sampler_logprobs: FloatArray
     group_id: str = ""
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+    images: list[str] = msgspec.field(default_factory=list)
 
 
 @runtime_checkable

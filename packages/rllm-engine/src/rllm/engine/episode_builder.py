@@ -29,6 +29,7 @@ def step_from_trace(trace: TraceRecord) -> Step:
         finish_reason=trace.finish_reason,
         metadata={"trace_id": trace.id, "seq": trace.seq, "segment": trace.segment, "model": trace.model},
         timing={"latency_s": trace.latency_s},
+        images=dict(trace.images),
     )
 
 

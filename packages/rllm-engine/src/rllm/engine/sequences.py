@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from rllm.engine.backend import TrainSequence
-from rllm.types import FloatArray, Step, TokenArray, Trajectory, TrajectoryGroup
+from rllm.types import FloatArray, ImageBlock, Step, TokenArray, Trajectory, TrajectoryGroup
+from rllm.types.images import IMAGE_REF_PREFIX
 
 
 class MissingTokensError(ValueError):
@@ -56,7 +57,24 @@ def sequences_from_trajectory(
         assert current is not None
         _append_context(current, prompt[len(current.tokens) :])
         _append_response(current, step, response, f"{where or trajectory.id}, step {number}")
+        # A step's input is the whole history, so its images are those of the sequence so far.
+        current.images = step_images(step)
     return sequences
+
+
+def step_images(step: Step) -> list[str]:
+    """The data URIs of the images in ``step.input``, in order (references resolved through
+    ``step.images``)."""
+    out: list[str] = []
+    for msg in step.input:
+        if isinstance(msg.content, list):
+            for block in msg.content:
+                if isinstance(block, ImageBlock):
+                    url = block.image_url.url
+                    if url.startswith(IMAGE_REF_PREFIX):
+                        url = step.images.get(url[len(IMAGE_REF_PREFIX) :], url)
+                    out.append(url)
+    return out
 
 
 def _token_ids(step: Step, where: str) -> tuple[TokenArray, TokenArray]:

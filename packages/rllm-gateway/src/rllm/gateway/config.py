@@ -8,6 +8,7 @@ from typing import Any, Literal
 import msgspec
 
 from rllm.types import InvariantError, SamplingParams, SchemaError, convert
+from rllm.types.images import ImageLimits
 
 
 class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -68,6 +69,11 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_pipelined_bytes: int = 64 * 1024 * 1024
     max_upstream_body_bytes: int = 256 * 1024 * 1024
     max_stream_event_bytes: int = 16 * 1024 * 1024
+    # Images in data URIs (rllm.types.images): decoded bytes and width x height per image, and
+    # the Pillow formats accepted; anything else is refused with a 400 naming the content block.
+    max_image_bytes: int = 20 * 1024 * 1024
+    max_image_pixels: int = 40_000_000
+    image_formats: list[str] = msgspec.field(default_factory=lambda: ["PNG", "JPEG", "GIF", "WEBP"])
 
     def __post_init__(self) -> None:
         if not (0 <= self.port <= 65535):
@@ -107,6 +113,8 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             "max_pipelined_bytes",
             "max_upstream_body_bytes",
             "max_stream_event_bytes",
+            "max_image_bytes",
+            "max_image_pixels",
         ):
             if getattr(self, name) <= 0:
                 raise InvariantError(f"{name} must be > 0, got {getattr(self, name)}", name)
@@ -114,8 +122,20 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise InvariantError(
                 f"ended_session_max must be >= 0, got {self.ended_session_max}", "ended_session_max"
             )
+        if not self.image_formats:
+            raise InvariantError("image_formats must name at least one format", "image_formats")
+        self.image_formats = [f.upper() for f in self.image_formats]
         if self.admin_key == "":
             self.admin_key = None
+
+
+def image_limits(config: GatewayConfig) -> ImageLimits:
+    """The image limits a gateway with ``config`` applies to data-URI images."""
+    return ImageLimits(
+        max_bytes=config.max_image_bytes,
+        max_pixels=config.max_image_pixels,
+        formats=tuple(config.image_formats),
+    )
 
 
 def load_config(path: str | Path | None = None, **overrides: Any) -> GatewayConfig:

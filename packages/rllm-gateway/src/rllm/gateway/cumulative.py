@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rllm.gateway.capture import Captured
+from rllm.gateway.errors import GatewayError
 from rllm.gateway.toolcalls import (
     HARMONY,
     HERMES,
@@ -42,7 +43,7 @@ from rllm.gateway.toolcalls import (
     same_tool_calls,
     to_template_messages,
 )
-from rllm.types import Message, TraceRecord
+from rllm.types import ImageBlock, Message, TraceRecord
 
 # Chat-only request fields that /v1/completions does not take.
 _CHAT_ONLY = frozenset(
@@ -122,6 +123,7 @@ class TokenBridge:
         tools = body.get("tools")
         if tools:
             require_format(self.tool_format)
+        _refuse_images(messages)
         text = self.render(body["messages"], tools)
         prev: BridgeState | None = session.bridges.get(role)
         ids: list[int] | None = None
@@ -279,3 +281,18 @@ class TokenBridge:
     def _lp_entry(self, token_id: int, logprob: float) -> dict[str, Any]:
         tok = self.tokenizer.decode([token_id])
         return {"token": tok, "logprob": logprob, "bytes": list(tok.encode()), "top_logprobs": []}
+
+
+def _refuse_images(messages: list[Message]) -> None:
+    """Cumulative mode renders with the tokenizer alone, which cannot place an image's tokens;
+    sending token ids would silently drop the picture, so an image block is a 400 instead."""
+    for i, msg in enumerate(messages):
+        if isinstance(msg.content, list):
+            for j, block in enumerate(msg.content):
+                if isinstance(block, ImageBlock):
+                    raise GatewayError(
+                        400,
+                        "cumulative mode renders text only: image blocks need tokenizer_mode='plain'",
+                        param=f"messages[{i}].content[{j}]",
+                        code="unsupported_content",
+                    )

@@ -33,7 +33,7 @@ from rllm.gateway.capture import (
     read_answer,
     strip_injected,
 )
-from rllm.gateway.config import GatewayConfig
+from rllm.gateway.config import GatewayConfig, image_limits
 from rllm.gateway.errors import GatewayError, error_body, error_response
 from rllm.gateway.fasthttp import FastHttpPool, UpstreamBadResponse, UpstreamConnectError, UpstreamDropped
 from rllm.gateway.httpserver import (
@@ -68,6 +68,7 @@ from rllm.types import (
     to_json,
     to_msgpack,
 )
+from rllm.types.images import ImageError, check_message_images, intern_images
 
 log = logging.getLogger("rllm.gateway")
 
@@ -110,6 +111,7 @@ class GatewayServer:
 
     def __init__(self, config: GatewayConfig | None = None) -> None:
         self.config = config or GatewayConfig()
+        self._image_limits = image_limits(self.config)
         self.store = open_store(self.config.store, batch_ms=self.config.sqlite_batch_ms)
         self.pool = WorkerPool(self.config.upstreams)
         self.sessions: dict[str, Session] = {}
@@ -458,7 +460,7 @@ class GatewayServer:
                     code="invalid_type",
                 )
             try:
-                return convert(msgs, list[Message])
+                messages = convert(msgs, list[Message])
             except SchemaError as exc:
                 raise GatewayError(
                     400,
@@ -466,6 +468,14 @@ class GatewayServer:
                     param=f"messages{_bracket(exc.path)}",
                     code="invalid_type",
                 ) from None
+            try:
+                check_message_images(messages, self._image_limits)
+            except ImageError as exc:
+                where = f"messages{exc.field}"
+                raise GatewayError(
+                    400, f"invalid image at {where}: {exc.reason}", param=where, code="invalid_image"
+                ) from None
+            return messages
         prompt = body.get("prompt")
         ok = isinstance(prompt, str) or (
             isinstance(prompt, list)
@@ -539,6 +549,9 @@ class GatewayServer:
         apply_sampling(body, session.sampling or self.config.default_sampling)
         seq = session.next_seq
         session.next_seq = seq + 1
+        images: dict[str, str] = {}
+        if chat:
+            messages, images = intern_images(messages, session.images)
         trace = TraceRecord(
             session_id=session.session_id,
             role=role,
@@ -546,6 +559,7 @@ class GatewayServer:
             messages=messages,
             weight_version=self.weight_version,
             model=body.get("model") or "",
+            images=images,
         )
         if chat and body.get("tools"):
             trace.metadata["tools"] = body["tools"]

@@ -14,7 +14,17 @@ from rllm.types import SamplingParams, convert
 
 
 class Session:
-    __slots__ = ("bridges", "created_at", "metadata", "next_seq", "sampling", "session_id", "token", "worker")
+    __slots__ = (
+        "bridges",
+        "created_at",
+        "images",
+        "metadata",
+        "next_seq",
+        "sampling",
+        "session_id",
+        "token",
+        "worker",
+    )
 
     def __init__(
         self,
@@ -33,6 +43,8 @@ class Session:
         self.next_seq = 0
         self.worker: str | None = None
         self.bridges: dict[str, Any] = {}  # role -> cumulative.BridgeState
+        # sha256 -> data URI: the session's traces share one string per distinct image.
+        self.images: dict[str, str] = {}
 
     def token_matches(self, presented: str) -> bool:
         # Constant-time, so a sandboxed agent cannot learn another session's token by timing.

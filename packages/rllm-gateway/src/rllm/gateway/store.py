@@ -174,13 +174,21 @@ CREATE TABLE IF NOT EXISTS sessions (
     session_id TEXT PRIMARY KEY,
     data BLOB NOT NULL
 );
+CREATE TABLE IF NOT EXISTS images (
+    session_id TEXT NOT NULL,
+    sha256 TEXT NOT NULL,
+    data TEXT NOT NULL,
+    PRIMARY KEY (session_id, sha256)
+);
 """
 
 
 class SqliteTraceStore:
     """Traces in one SQLite file (WAL). Writes are batched on a background thread.
 
-    Reads first ``flush`` so a reader always sees every trace put before it asked.
+    Reads first ``flush`` so a reader always sees every trace put before it asked. A trace's
+    images (``TraceRecord.images``, sha256 -> data URI) go to the ``images`` table, once per
+    session and hash; the trace's own row keeps only the hashes, filled in again on reading.
     """
 
     def __init__(self, path: str, *, batch_ms: float = 5.0) -> None:
@@ -248,10 +256,14 @@ class SqliteTraceStore:
         traces = []
         sessions = []
         deletes = []
+        images = []
         for kind, item in batch:
             # Each record is encoded on its own: one that cannot be (it should have been refused
             # at the door) must never cost the rest of the batch, i.e. other sessions' traces.
             if kind == "trace":
+                if item.images:
+                    images.extend((item.session_id, h, uri) for h, uri in item.images.items())
+                    item = msgspec.structs.replace(item, images=dict.fromkeys(item.images, ""))
                 traces.append(
                     (item.id, item.session_id, item.role, item.seq, item.created_at, encode_trace(item))
                 )
@@ -267,6 +279,10 @@ class SqliteTraceStore:
         try:
             if sessions:
                 conn.executemany("INSERT OR REPLACE INTO sessions(session_id, data) VALUES (?, ?)", sessions)
+            if images:
+                conn.executemany(
+                    "INSERT OR IGNORE INTO images(session_id, sha256, data) VALUES (?,?,?)", images
+                )
             if traces:
                 conn.executemany(
                     "INSERT OR REPLACE INTO traces(id, session_id, role, seq, created_at, data) VALUES (?,?,?,?,?,?)",
@@ -274,6 +290,7 @@ class SqliteTraceStore:
                 )
             if deletes:
                 conn.executemany("DELETE FROM traces WHERE session_id = ?", deletes)
+                conn.executemany("DELETE FROM images WHERE session_id = ?", deletes)
                 conn.executemany("DELETE FROM sessions WHERE session_id = ?", deletes)
             conn.execute("COMMIT")
         except BaseException:
@@ -299,7 +316,20 @@ class SqliteTraceStore:
     def _read(self, sql: str, args: tuple[Any, ...]) -> list[TraceRecord]:
         with self._read_lock:
             rows = self._read_conn.execute(sql, args).fetchall()
-        return [from_msgpack(row[0], TraceRecord) for row in rows]
+            records = [from_msgpack(row[0], TraceRecord) for row in rows]
+            for r in records:
+                if r.images:
+                    r.images = self._images_of(r)
+        return records
+
+    def _images_of(self, record: TraceRecord) -> dict[str, str]:
+        out = {}
+        for digest in record.images:
+            row = self._read_conn.execute(
+                "SELECT data FROM images WHERE session_id = ? AND sha256 = ?", (record.session_id, digest)
+            ).fetchone()
+            out[digest] = row[0] if row is not None else ""
+        return out
 
     async def _read_async(self, sql: str, args: tuple[Any, ...]) -> list[TraceRecord]:
         await self.flush()

@@ -57,7 +57,9 @@ class Step(msgspec.Struct, omit_defaults=True):
     """One model call: what went in, what came out, and the exact tokens the sampler produced.
 
     ``advantage`` is one float for the whole response or a FloatArray with one value per
-    response token. ``logprobs`` are the sampler's, aligned with ``response_ids``.
+    response token. ``logprobs`` are the sampler's, aligned with ``response_ids``. ``images``
+    maps the sha256 of each image in ``input`` to its data URI (the blocks hold
+    ``rllm-image:sha256:<hex>`` references; see ``rllm.types.images``).
     """
 
     id: str = msgspec.field(default_factory=new_id)
@@ -73,6 +75,7 @@ class Step(msgspec.Struct, omit_defaults=True):
     finish_reason: str | None = None
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
     timing: dict[str, float] = msgspec.field(default_factory=dict)
+    images: dict[str, str] = msgspec.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.prompt_ids = as_token_array(self.prompt_ids)

@@ -29,6 +29,9 @@ class TraceRecord(msgspec.Struct, omit_defaults=True):
     return them). ``segment`` counts token-level segments within a (session, role): it grows
     when a chat history did not extend the previous turn, so no turn is silently re-tokenized.
     ``status`` is ``abort`` when the client went away mid-stream; the record is then partial.
+    Data-URI images in ``messages`` are kept by content address: the blocks hold
+    ``rllm-image:sha256:<hex>`` and ``images`` maps each hash to its data URI, once
+    (``rllm.types.images.restore_images`` puts them back).
     """
 
     session_id: str
@@ -51,6 +54,7 @@ class TraceRecord(msgspec.Struct, omit_defaults=True):
     raw_request: dict[str, Any] | None = None
     raw_response: dict[str, Any] | None = None
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+    images: dict[str, str] = msgspec.field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -22,6 +22,8 @@ class PaddedBatch:
     advantages: torch.Tensor  # [B, L-1] float
     sampler_logprobs: torch.Tensor  # [B, L-1] float
     indices: list[int]  # positions of these sequences in the train_step batch
+    # A vision-language model's pixel inputs (pixel_values, image_grid_thw, mm_token_type_ids).
+    model_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> float:

@@ -29,6 +29,7 @@ def save(
     optimizer: torch.optim.Optimizer,
     tokenizer: Any,
     state: dict[str, Any],
+    image_processor: Any = None,
 ) -> None:
     from safetensors.torch import save_file, save_model
 
@@ -43,6 +44,8 @@ def save(
         save_model(model, str(path / FULL_WEIGHTS))  # drops tied duplicates (lm_head = embeddings)
         model.config.save_pretrained(str(path))
         tokenizer.save_pretrained(str(path))
+        if image_processor is not None:  # a vision-language model loads again only with it
+            image_processor.save_pretrained(str(path))
     torch.save(optimizer.state_dict(), path / OPTIMIZER_FILE)
     (path / STATE_FILE).write_text(json.dumps({**state, "lora": is_lora(model)}, indent=2))
 

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -38,6 +39,9 @@ class GenerationRequest:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     top_logprobs: int = 0
+    # Images of a vision-language prompt (tiny_vlm.VlmInputs: pixel patches, grids, image-token
+    # mask); prompt_ids then hold each image's placeholder tokens.
+    vision: Any = None
 
 
 @dataclass
@@ -240,7 +244,11 @@ class SamplerEngine:
             input_ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             attention[i, width - len(prompt) :] = 1
         input_ids, attention = input_ids.to(device), attention.to(device)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        vision: dict[str, torch.Tensor] = {}
+        if any(row.pending.request.vision is not None for row in rows):
+            positions, vision = self._vision_inputs(rows, input_ids, attention)
+        else:
+            positions = (attention.cumsum(-1) - 1).clamp(min=0)
         top_k = max(row.pending.request.top_logprobs for row in rows)
         active = list(range(len(rows)))  # row index of each batch position still decoding
         out = self.model(
@@ -249,6 +257,7 @@ class SamplerEngine:
             position_ids=positions,
             use_cache=True,
             logits_to_keep=1,
+            **vision,
         )
         cache = out.past_key_values
         logits = out.logits[:, -1, :]
@@ -280,10 +289,12 @@ class SamplerEngine:
             if len(keep) < len(active):  # drop finished rows from the batch and the KV cache
                 index = torch.tensor(keep, device=device)
                 cache.batch_select_indices(index)
-                attention, positions, next_tokens = attention[index], positions[index], next_tokens[index]
+                attention, next_tokens = attention[index], next_tokens[index]
+                positions = positions.index_select(-2, index)  # [B, L] or M-RoPE's [3, B, L]
                 active = [active[pos] for pos in keep]
             attention = torch.cat([attention, attention.new_ones((len(active), 1))], dim=-1)
-            positions = positions[:, -1:] + 1
+            # After a prompt that ends in text, every M-RoPE axis advances by one per token too.
+            positions = positions[..., -1:] + 1
             out = self.model(
                 input_ids=next_tokens,
                 attention_mask=attention,
@@ -293,6 +304,34 @@ class SamplerEngine:
             )
             cache = out.past_key_values
             logits = out.logits[:, -1, :]
+
+    def _vision_inputs(
+        self, rows: list[_Row], input_ids: torch.Tensor, attention: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """M-RoPE positions ([3, B, L], from the model's own get_rope_index over the left-padded
+        batch) and the prefill's image inputs: every row's pixel patches and grids in row order."""
+        width = input_ids.shape[1]
+        mm = torch.zeros_like(input_ids)
+        pixels, grids = [], []
+        for i, row in enumerate(rows):
+            v = row.pending.request.vision
+            if v is None or v.pixel_values is None:
+                continue
+            mm[i, width - len(v.mm_token_type_ids) :] = torch.tensor(v.mm_token_type_ids)
+            pixels.append(v.pixel_values)
+            grids.append(v.image_grid_thw)
+        grid = torch.cat(grids).to(self.device)
+        rope_owner = next(m for m in self.model.modules() if hasattr(m, "get_rope_index"))
+        positions, _ = rope_owner.get_rope_index(
+            input_ids, mm_token_type_ids=mm, image_grid_thw=grid, attention_mask=attention
+        )
+        dtype = next(self.model.parameters()).dtype
+        inputs = {
+            "pixel_values": torch.cat(pixels).to(self.device, dtype),
+            "image_grid_thw": grid,
+            "mm_token_type_ids": mm,
+        }
+        return positions, inputs
 
     def _hit_stop_string(self, row: _Row) -> bool:
         text = self.tokenizer.decode(row.token_ids, skip_special_tokens=True)

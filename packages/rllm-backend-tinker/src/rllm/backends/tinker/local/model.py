@@ -48,13 +48,21 @@ def load_tokenizer(path: str) -> object:
     return tokenizer
 
 
+def load_pretrained(source: str, dtype: torch.dtype) -> torch.nn.Module:
+    """A causal LM, or a vision-language model (image-text-to-text) when the config has a
+    vision tower."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    config = AutoConfig.from_pretrained(source)
+    loader = AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
+    return loader.from_pretrained(source, dtype=dtype)
+
+
 def load_policy(config: TinkerBackendConfig, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
     """The trainable model: the base LM, wrapped with LoRA adapters when ``lora.rank > 0``.
 
     Dropout stays off (eval mode) for training too, so training logprobs match the sampler's.
     """
-    from transformers import AutoModelForCausalLM
-
     if not config.model:
         raise ValueError("TinkerBackendConfig.model is empty: give a local model directory or a hub name")
     if Path(config.model).expanduser().exists():
@@ -62,7 +70,7 @@ def load_policy(config: TinkerBackendConfig, device: torch.device, dtype: torch.
     else:
         source = config.model  # a hub name: transformers downloads it (users with network)
     torch.manual_seed(config.seed)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(device)
+    model = load_pretrained(source, dtype).to(device)
     if config.lora.rank > 0:
         from peft import LoraConfig, get_peft_model
 

@@ -37,8 +37,12 @@ class SamplerServer:
         host: str = "127.0.0.1",
         port: int = 0,
         default_max_tokens: int = 256,
+        image_processor: Any = None,
     ) -> None:
         self.engine = engine
+        # With an image processor (a vision-language model) chat messages may hold data-URI
+        # image blocks (tiny_vlm.render_vlm_prompt); without one they are refused with a 400.
+        self.image_processor = image_processor
         self.model_name = model_name
         self.host = host
         self.port = port
@@ -93,24 +97,31 @@ class SamplerServer:
     async def _chat(self, request: web.Request) -> web.Response:
         try:
             body = await _json_body(request)
-            messages = parse_messages(body)
+            # Decoding and resizing images is CPU work: off the server's event loop.
+            vision = await asyncio.to_thread(self._vision, body) if self.image_processor else None
+            messages = parse_messages(body) if vision is None else body["messages"]
             add_generation_prompt = bool(body.get("add_generation_prompt", True))
             template_kwargs = body.get("chat_template_kwargs") or {}
             if not isinstance(template_kwargs, dict):
                 raise RequestError("'chat_template_kwargs' must be an object", "chat_template_kwargs")
             try:
-                text = self.engine.tokenizer.apply_chat_template(
-                    messages,
-                    tokenize=False,
-                    add_generation_prompt=add_generation_prompt,
-                    **template_kwargs,
+                text = (
+                    ""
+                    if vision is not None
+                    else self.engine.tokenizer.apply_chat_template(
+                        messages,
+                        tokenize=False,
+                        add_generation_prompt=add_generation_prompt,
+                        **template_kwargs,
+                    )
                 )
             except Exception as exc:
                 raise RequestError(
                     f"the chat template could not render 'messages': {exc}", "messages"
                 ) from exc
-            prompt_ids = self._encode(text)
+            prompt_ids = self._encode(text) if vision is None else vision.input_ids
             gen = parse_sampling(body, prompt_ids, self.default_max_tokens, self.engine.max_positions)
+            gen.vision = vision
             want_logprobs = bool(body.get("logprobs", False))
             top = body.get("top_logprobs") or 0
             if not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
@@ -131,6 +142,30 @@ class SamplerServer:
                 return_token_ids=bool(body.get("return_token_ids", False)),
             )
         )
+
+    def _vision(self, body: dict[str, Any]) -> Any:
+        """The prompt's vision inputs when the messages hold image blocks and this server has an
+        image processor; None otherwise (parse_messages then refuses images)."""
+        messages = body.get("messages")
+        if self.image_processor is None or not isinstance(messages, list):
+            return None
+        has_images = any(
+            isinstance(m, dict)
+            and isinstance(m.get("content"), list)
+            and any(isinstance(b, dict) and b.get("type") == "image_url" for b in m["content"])
+            for m in messages
+        )
+        if not has_images:
+            return None
+        from rllm.backends.tinker.tiny_vlm import render_vlm_prompt
+        from rllm.types.images import ImageError
+
+        try:
+            return render_vlm_prompt(self.engine.tokenizer, self.image_processor, messages)
+        except ImageError as exc:
+            raise RequestError(f"{exc.reason} at {exc.field}", exc.field) from None
+        except Exception as exc:
+            raise RequestError(f"the messages could not be rendered with images: {exc}", "messages") from exc
 
     async def _completions(self, request: web.Request) -> web.Response:
         try:

@@ -18,12 +18,14 @@ from rllm.backends.tinker.local.engine import SamplerEngine
 from rllm.backends.tinker.local.model import (
     configure_threads,
     load_policy,
+    load_pretrained,
     load_tokenizer,
     resolve_device,
     resolve_dtype,
 )
 from rllm.backends.tinker.local.server import SamplerServer
 from rllm.backends.tinker.local.trainer import LocalTrainer
+from rllm.backends.tinker.local.vision import load_vision
 from rllm.engine.backend import TrainSequence
 
 logger = logging.getLogger(__name__)
@@ -55,8 +57,11 @@ class LocalService:
         threads = configure_threads(cfg.torch_threads, self.device)
         self.tokenizer = load_tokenizer(cfg.model)
         model = load_policy(cfg, self.device, self.dtype)
+        # A vision-language model directory also holds its image processor: the sampler renders
+        # image blocks with it and the trainer turns each sequence's images into the same pixels.
+        vision = load_vision(cfg.model, self.tokenizer) if Path(cfg.model).expanduser().exists() else None
         self.trainer = LocalTrainer(
-            model, cfg, self.device, self.tokenizer.pad_token_id, self._load_reference
+            model, cfg, self.device, self.tokenizer.pad_token_id, self._load_reference, vision=vision
         )
         if cfg.sampler_weights == "copy":
             sampler_model = copy.deepcopy(model).eval()
@@ -78,6 +83,7 @@ class LocalService:
             host=cfg.sampler_host,
             port=cfg.sampler_port,
             default_max_tokens=cfg.sampler_max_tokens,
+            image_processor=vision.image_processor if vision is not None else None,
         )
         self._url = self.server.start()
         logger.info(
@@ -91,11 +97,7 @@ class LocalService:
 
     def _load_reference(self) -> torch.nn.Module:
         """The initial weights for KL: reloaded from the model path (full fine-tuning only)."""
-        from transformers import AutoModelForCausalLM
-
-        reference = (
-            AutoModelForCausalLM.from_pretrained(self.config.model, dtype=self.dtype).to(self.device).eval()
-        )
+        reference = load_pretrained(self.config.model, self.dtype).to(self.device).eval()
         for p in reference.parameters():
             p.requires_grad_(False)
         return reference
@@ -168,7 +170,10 @@ class LocalService:
                     "optimizer_steps": trainer.optimizer_steps,
                     "model": self.config.model,
                 }
-                checkpoint.save(Path(path), trainer.model, trainer.optimizer, self.tokenizer, state)
+                processor = trainer.vision.image_processor if trainer.vision is not None else None
+                checkpoint.save(
+                    Path(path), trainer.model, trainer.optimizer, self.tokenizer, state, processor
+                )
 
         await asyncio.to_thread(work)
 

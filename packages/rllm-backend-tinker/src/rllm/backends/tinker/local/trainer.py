@@ -26,6 +26,7 @@ from rllm.backends.tinker.local.batching import (
     split_micro_batches,
 )
 from rllm.backends.tinker.local.loss import policy_loss
+from rllm.backends.tinker.local.vision import VisionInputs
 from rllm.engine.backend import TrainSequence
 from rllm.tinker_api.batching import split_mini_batches
 
@@ -39,7 +40,9 @@ def token_logprobs_and_entropy(
     """Per-token logprobs of ``batch.targets`` ([B, L-1], float32) and, optionally, the policy's
     entropy at each position — with gradient only when it is a loss term (``entropy_coef``),
     otherwise it is a metric and costs no backward memory."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
+    logits = model(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False, **batch.model_inputs
+    ).logits
     logits = logits[:, :-1, :].float()
     log_norm = torch.logsumexp(logits, dim=-1)
     logprobs = logits.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1) - log_norm
@@ -61,8 +64,10 @@ class LocalTrainer:
         device: torch.device,
         pad_id: int,
         reference_loader: Callable[[], torch.nn.Module] | None = None,
+        vision: VisionInputs | None = None,
     ) -> None:
         self.model = model
+        self.vision = vision
         self.config = config
         self.device = device
         self.pad_id = pad_id
@@ -111,9 +116,7 @@ class LocalTrainer:
         are skipped (they carry no gradient).
         """
         pieces = split_micro_batches(batch, indices, self.config.micro_batch_tokens)
-        padded = [
-            p for p in (pad(batch, piece, self.pad_id, self.device) for piece in pieces) if p.num_tokens > 0
-        ]
+        padded = [p for p in (self._pad(batch, piece) for piece in pieces) if p.num_tokens > 0]
         num_tokens = sum(p.num_tokens for p in padded)
         num_sequences = float(sum(int((p.mask.sum(-1) > 0).sum()) for p in padded))
         sums: dict[str, float] = defaultdict(float)
@@ -203,6 +206,18 @@ class LocalTrainer:
         out["train_step_s"] = time.perf_counter() - started
         return out
 
+    def _pad(self, batch: list[TrainSequence], piece: list[int]) -> PaddedBatch:
+        padded = pad(batch, piece, self.pad_id, self.device)
+        if any(batch[i].images for i in piece):
+            if self.vision is None:
+                raise ValueError("train_step got sequences with images, but the model takes no image inputs")
+            dtype = next(self.model.parameters()).dtype
+            width = padded.input_ids.shape[1]
+            padded.model_inputs = self.vision.model_inputs(
+                [batch[i] for i in piece], width, self.device, dtype
+            )
+        return padded
+
     def _snapshot_logprobs(
         self, batch: list[TrainSequence], groups: list[list[int]]
     ) -> dict[int, torch.Tensor]:
@@ -210,7 +225,7 @@ class LocalTrainer:
         with torch.no_grad():
             for indices in groups:
                 for piece in split_micro_batches(batch, indices, self.config.micro_batch_tokens):
-                    padded = pad(batch, piece, self.pad_id, self.device)
+                    padded = self._pad(batch, piece)
                     logprobs, _ = token_logprobs_and_entropy(self.model, padded, with_entropy=False)
                     for row, i in enumerate(piece):
                         snapshot[i] = logprobs[row, : len(batch[i].tokens) - 1]
