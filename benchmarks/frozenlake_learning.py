@@ -62,6 +62,7 @@ async def train(out: Path, minutes: float, args: argparse.Namespace, started: fl
             "progress=false",
             "plot=false",
             "tensorboard=false",
+            f"seed={args.seed}",
             "train_split=fixed",
             "val_split=fixed",
             f"val_every={args.val_every}",
@@ -114,6 +115,7 @@ def main() -> None:
     parser.add_argument("--entropy", type=float, default=0.0, help="entropy bonus coefficient")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--val-every", type=int, default=10, help="greedy episode on the map every N steps")
+    parser.add_argument("--seed", type=int, default=0, help="the tiny model's initialisation and sampling")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
 
