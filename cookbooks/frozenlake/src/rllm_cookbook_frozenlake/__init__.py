@@ -1,6 +1,6 @@
-"""FrozenLake, multi-turn: each turn shows the map and the agent's cell; the reply's move is played, until the goal,
-a hole or the turn limit. Reward 1 at the goal; with ``step_credit="turn"`` each move is credited
-with the discounted outcome."""
+"""FrozenLake, multi-turn: each turn's prompt shows the map and the agent's cell, the reply's move
+is played, until the goal, a hole or the turn limit. Reward 1 at the goal; with
+``step_credit="turn"`` each move is credited with the discounted outcome."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ def cell_name(desc: list[str], position: int) -> str:
 
 
 def observation(desc: list[str], position: int) -> str:
-    """What the agent is told after each move: ``at <cell>`` (the map itself is in the instruction)."""
+    """Where the agent is, ``at <cell>``: the last words of each turn's prompt."""
     return f"at {cell_name(desc, position)}"
 
 
