@@ -2,13 +2,16 @@
 
 Training: `rllm train frozenlake-progress` on the `fixed` split (gymnasium's classic map, not
 slippery, 8-turn limit): a tiny random Llama built for the cookbook, the local tinker backend on
-CPU, the gateway in cumulative mode, GRPO over groups of rollouts of the one map, per-turn credit
-(gamma 0.9). The reward is 1 at the goal and partial credit for the way covered (the progress
-evaluator); success means reaching the goal.
+CPU (full fine-tuning, learning rate 5e-4), the gateway in cumulative mode, flows in two worker
+processes, GRPO over a group of 16 rollouts of the one map, one token per reply. Each turn's
+prompt is the map's rows, the moves and the agent's cell (one word). The reward is the progress
+evaluator's potential shaping (1 at the goal); each move is credited with its own change of
+potential (`step_credit="turn"`, gamma 0).
 
 Success rate per step = the fraction of that step's sampled episodes (temperature 1) that reach
 the goal. Target: below 0.2 over the first 5 steps, 0.8 or more (mean of a 10-step window) within
-10 minutes on 2 cores.
+10 minutes on 2 cores. Every `--val-every` steps one greedy episode (temperature 0) is played too:
+`greedy_success_by_step`.
 
 Peer, in the same run: a uniformly random policy over the four moves on the same map and turn
 limit (gymnasium, 2000 episodes); the script prints the trained policy's success over it.
@@ -48,31 +51,53 @@ def random_policy_success(episodes: int = 2000, max_turns: int = 8, seed: int = 
     return wins / episodes
 
 
-async def train(out: Path, minutes: float, group_size: int, lr: float) -> list[dict]:
+async def train(out: Path, minutes: float, args: argparse.Namespace, started: float) -> list[dict]:
     from rllm.engine.launch import build_trainer
     from rllm.engine.metrics_log import read_metrics
 
     trainer = build_trainer(
-        "frozenlake-progress",
+        args.cookbook,
         out_dir=str(out),
         overrides=[
             "progress=false",
             "plot=false",
             "tensorboard=false",
+            f"seed={args.seed}",
             "train_split=fixed",
-            "val_every=0",
+            "val_split=fixed",
+            f"val_every={args.val_every}",
             "total_steps=100000",
-            "tasks_per_step=1",
-            f"group_size={group_size}",
+            f"tasks_per_step={args.tasks_per_step}",
+            f"group_size={args.group_size}",
+            f"rollout.workers={args.workers}",
             "rollout.sampling.max_tokens=1",
-            "rollout.sampling.temperature=1.0",
-            f"backend.options.learning_rate={lr}",
+            "rollout.val_sampling.max_tokens=1",
+            f"rollout.sampling.temperature={args.temperature}",
+            f"backend.options.learning_rate={args.lr}",
+            f"algorithm.estimator={args.estimator}",
+            f"algorithm.gamma={args.gamma}",
+            f"algorithm.entropy_coef={args.entropy}",
             "algorithm.filter_zero_variance=false",
         ],
     )
+    logged_at: list[float] = []  # wall seconds since the start when each metrics row appeared
+    watcher = asyncio.create_task(watch_rows(out / "metrics.jsonl", started, logged_at))
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(trainer.fit(), minutes * 60)
-    return read_metrics(out / "metrics.jsonl")
+    watcher.cancel()
+    rows = read_metrics(out / "metrics.jsonl")
+    for row, seconds in zip(rows, logged_at, strict=False):
+        row["wall_s"] = seconds
+    return rows
+
+
+async def watch_rows(path: Path, started: float, logged_at: list[float]) -> None:
+    """Note the wall time at which each new metrics row shows up (checked every 0.2 s)."""
+    while True:
+        if path.is_file():
+            count = path.read_bytes().count(b"\n")
+            logged_at.extend([time.monotonic() - started] * (count - len(logged_at)))
+        await asyncio.sleep(0.2)
 
 
 def main() -> None:
@@ -80,16 +105,31 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--cookbook", default="frozenlake-progress", help="frozenlake: goal-only reward")
     parser.add_argument("--group-size", type=int, default=16)
+    parser.add_argument("--tasks-per-step", type=int, default=1, help="groups of the one map per step")
+    parser.add_argument("--workers", type=int, default=2, help="flow processes")
     parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--estimator", default="grpo")
+    parser.add_argument("--gamma", type=float, default=0.0)
+    parser.add_argument("--entropy", type=float, default=0.0, help="entropy bonus coefficient")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--val-every", type=int, default=10, help="greedy episode on the map every N steps")
+    parser.add_argument("--seed", type=int, default=0, help="the tiny model's initialisation and sampling")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
 
     peer = random_policy_success()
     out = Path(args.out or tempfile.mkdtemp(prefix="frozenlake-bench-"))
     started = time.monotonic()
-    rows = asyncio.run(train(out, args.minutes, args.group_size, args.lr))
+    logged = asyncio.run(train(out, args.minutes, args, started))
     wall = time.monotonic() - started
+    rows = [row for row in logged if "reward/mean" in row]  # step 0's row is validation only
+    greedy = [
+        [int(row.get("step", 0)), float(row["val/correct/fraction"])]
+        for row in logged
+        if "val/correct/fraction" in row
+    ]
     success = [float(row.get("correct/fraction", 0.0)) for row in rows]
     first = sum(success[:5]) / max(1, len(success[:5]))
     hit = next(
@@ -100,9 +140,7 @@ def main() -> None:
         ),
         None,
     )
-    hit_s = None
-    if hit is not None:
-        hit_s = sum(float(r.get("time/rollout_s", 0)) + float(r.get("time/train_s", 0)) for r in rows[:hit])
+    hit_s = None if hit is None else rows[hit - 1].get("wall_s")
     final = sum(success[-WINDOW:]) / max(1, len(success[-WINDOW:]))
     curve = [
         round(sum(success[i : i + WINDOW]) / len(success[i : i + WINDOW]), 3)
@@ -114,8 +152,9 @@ def main() -> None:
         "success_first_5_steps": round(first, 3),
         "success_last_window": round(final, 3),
         "step_reaching_target": hit,
-        "seconds_to_target_approx": None if hit_s is None else round(hit_s, 1),
+        "wall_s_to_target": None if hit_s is None else round(hit_s, 1),
         "curve_per_10_steps": curve,
+        "greedy_success_by_step": greedy,
         "random_policy_success": round(peer, 4),
         "ratio_final_over_random": None if peer == 0 else round(final / peer, 1),
         "target_met": first < START_BELOW and hit is not None,

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 from rllm_cookbook_frozenlake import FIXED_MAP, load_tasks, task_for_map
-from rllm_cookbook_frozenlake.env import parse_action, render
+from rllm_cookbook_frozenlake.env import cell_name, observation, parse_action
 
 from rllm.engine.plugins import load_cookbook
 
@@ -10,10 +10,18 @@ from rllm.engine.plugins import load_cookbook
 PATH = ["down", "down", "right", "right", "down", "right"]
 
 
-def test_render_and_parse():
-    assert render(FIXED_MAP, 5).splitlines()[1] == "F P F H"
+def test_parse():
     assert parse_action("I think right. Final: Down") == 1
     assert parse_action("upward") is None
+
+
+def test_the_position_is_one_cell_name_and_the_instruction_names_the_start():
+    assert [cell_name(FIXED_MAP, p) for p in (0, 5, 15)] == ["a", "f", "p"]
+    assert observation(FIXED_MAP, 9) == "at j"
+    instruction = load_tasks("fixed")[0].instruction
+    assert instruction == "map SFFF FHFH FFFH HFFG cells a - p by rows . move left down right up . at a"
+    with pytest.raises(ValueError, match="at most 26 cells"):
+        cell_name(["S" + "F" * 5] * 6, 0)
 
 
 def test_sample_maps_are_4x4_with_start_and_goal():
@@ -34,16 +42,20 @@ async def test_flow_and_evaluator_against_a_scripted_model(scripted):
         task_for_map("hole", HOLE_MAP),
         task_for_map("limit", OPEN_MAP, max_turns=3),
     ]
-    kind_of = {t.instruction: t.id for t in tasks}
+    kind_of = {4: "goal", 1: "hole", 0: "limit"}  # the maps' numbers of holes
+    seen: list[str] = []  # where the goal episode was told it is, turn by turn
+    limit_turns = iter(range(3))
 
     def respond(body):
-        kind = kind_of[body["messages"][0]["content"]]
-        turn = sum(m["role"] == "assistant" for m in body["messages"])
+        assert len(body["messages"]) == 1  # each turn is one fresh prompt
+        prompt = body["messages"][0]["content"]
+        kind, here = kind_of[prompt.count("H")], " ".join(prompt.split()[-2:])
         if kind == "goal":
-            return f"Move: {PATH[turn]}"
+            seen.append(here)
+            return f"Move: {PATH[len(seen) - 1]}"
         if kind == "hole":
             return "right"  # straight into the hole at (0, 1)
-        return "left" if turn % 2 == 0 else "I am not sure"  # stays at the start; one invalid move
+        return "left" if next(limit_turns) % 2 == 0 else "I am not sure"  # stays; one invalid move
 
     episodes = await scripted(load_cookbook("frozenlake"), tasks, respond)
     by_id = {e.task_id: e for e in episodes}
@@ -51,6 +63,7 @@ async def test_flow_and_evaluator_against_a_scripted_model(scripted):
     assert goal.artifacts["outcome"] == "goal" and goal.artifacts["turns"] == 6
     assert goal.trajectories[0].reward == 1.0 and len(goal.trajectories[0].steps) == 6
     assert goal.termination_reason == "done"
+    assert seen == ["at a", "at e", "at i", "at j", "at k", "at o"]  # the cells along the path
     assert hole.artifacts["outcome"] == "hole" and hole.artifacts["turns"] == 1
     assert hole.trajectories[0].reward == 0.0
     assert limit.artifacts["outcome"] == "turn_limit" and limit.artifacts["turns"] == 3

@@ -1,6 +1,6 @@
-"""FrozenLake, multi-turn: each turn shows the map, the reply's move is played, until the goal,
-a hole or the turn limit. Reward 1 at the goal; with ``step_credit="turn"`` each move is credited
-with the discounted outcome."""
+"""FrozenLake, multi-turn: each turn's prompt shows the map and the agent's cell, the reply's move
+is played, until the goal, a hole or the turn limit. Reward 1 at the goal; with
+``step_credit="turn"`` each move is credited with the discounted outcome."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from rllm.sdk.clients import async_openai
 from rllm.sdk.cookbook import Cookbook
 from rllm.sdk.evaluator import evaluator
 from rllm.types import AgentConfig, Episode, EvalOutput, Signal, Task, TerminationReason
-from rllm_cookbook_frozenlake.data import FIXED_MAP, generate, load_tasks, task_for_map
-from rllm_cookbook_frozenlake.env import make_env, parse_action, render
+from rllm_cookbook_frozenlake.data import FIXED_MAP, generate, instruction, load_tasks, task_for_map
+from rllm_cookbook_frozenlake.env import make_env, parse_action
 
 
 @rollout
@@ -21,30 +21,30 @@ async def frozenlake_flow(task: Task, config: AgentConfig) -> Episode:
     max_turns = int(task.metadata.get("max_turns", 8))
     env = make_env(desc)
     position, _ = env.reset(seed=0)
-    messages = [{"role": "user", "content": str(task.instruction)}]
     moves: list[str] = []
     positions: list[int] = []  # the agent's cell after each turn
     outcome, invalid = "turn_limit", 0
     async with async_openai(config) as client:
         for _ in range(max_turns):
+            # Each turn is one fresh prompt showing where the agent is now (the game is Markov):
+            # the prompt's length stays fixed and the cell is the only thing that changes, which a
+            # model trained from scratch keys its move on far sooner than on a growing history.
+            messages = [{"role": "user", "content": instruction(desc, int(position))}]
             reply = await client.chat.completions.create(
                 model=config.model, messages=messages, **{"max_tokens": 64, **sampling_kwargs(config)}
             )
             text = reply.choices[0].message.content or ""
-            messages.append({"role": "assistant", "content": text})
             action = parse_action(text)
             moves.append(text)
             if action is None:
                 invalid += 1
                 positions.append(int(position))
-                messages.append({"role": "user", "content": f"No move found.\n{render(desc, position)}"})
                 continue
             position, reward, terminated, _, _ = env.step(action)
             positions.append(int(position))
             if terminated:
                 outcome = "goal" if reward > 0 else "hole"
                 break
-            messages.append({"role": "user", "content": render(desc, int(position))})
     env.close()
     return Episode(
         task_id=task.id,
@@ -155,7 +155,10 @@ progress_cookbook = Cookbook(
     evaluator=frozenlake_progress_evaluator,
     load_tasks=load_tasks,
     description="FrozenLake with a progress-shaped reward (1 at the goal, partial credit short of it).",
-    train_defaults=TRAIN_DEFAULTS,
+    # Each move is credited with its own change of potential only (gamma 0): the potential is the
+    # shortest safe walk, so the move that raises it is always a best move, and a move is not
+    # blamed for later ones (with gamma 0.9 early moves took the blame of later mistakes).
+    train_defaults={**TRAIN_DEFAULTS, "algorithm": {"step_credit": "turn", "gamma": 0.0}},
 )
 
 __all__ = [

@@ -15,7 +15,6 @@ from rllm.types import Task
 SAMPLE_DIR = Path(__file__).parent / "sample"
 SAMPLE_SIZES = {"train": 20, "test": 10}
 FIXED_MAP = ["SFFF", "FHFH", "FFFH", "HFFG"]  # gymnasium's classic 4x4 map
-LEGEND = "You are P. S is the start, F is frozen ice, H is a hole, G is the goal."
 
 
 def generate(split: str, count: int | None = None) -> list[dict[str, Any]]:
@@ -29,10 +28,20 @@ def generate(split: str, count: int | None = None) -> list[dict[str, Any]]:
     ]
 
 
-def instruction(desc: list[str]) -> str:
-    from rllm_cookbook_frozenlake.env import render
+def instruction(desc: list[str], position: int = 0) -> str:
+    """The prompt of every turn: the map's rows, how cells are named, the moves, the agent's cell.
 
-    return f"{LEGEND} Reach G. Reply with one move: left, down, right or up.\n{render(desc, 0)}"
+    Compact on purpose: every word is one token of the tiny model's tokenizer (the rows are words
+    of the task vocabulary), and the agent's cell is the last word, the one thing that changes
+    from turn to turn. A model trained from scratch learned nothing about where it was from a
+    70-token prompt whose map marked the agent with ``P`` (see benchmarks/RESULTS.md, #16)."""
+    from rllm_cookbook_frozenlake.env import cell_name, observation
+
+    last = cell_name(desc, len(desc) * len(desc[0]) - 1)
+    return (
+        f"map {' '.join(desc)} cells a - {last} by rows . move left down right up . "
+        f"{observation(desc, position)}"
+    )
 
 
 def task_for_map(task_id: str, desc: list[str], max_turns: int = 8) -> Task:

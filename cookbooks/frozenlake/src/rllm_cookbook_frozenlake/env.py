@@ -1,10 +1,11 @@
-"""gymnasium's FrozenLake as text: the map rendered with the agent's cell, moves parsed from replies."""
+"""gymnasium's FrozenLake as text: cells named by letters, moves parsed from replies."""
 
 from __future__ import annotations
 
 import re
 
 ACTIONS = {"left": 0, "down": 1, "right": 2, "up": 3}  # gymnasium's FrozenLake action ids
+CELL_LETTERS = "abcdefghijklmnopqrstuvwxyz"
 _WORD = re.compile(r"\b(left|down|right|up)\b", re.IGNORECASE)
 
 
@@ -15,14 +16,20 @@ def make_env(desc: list[str]):
     return gym.make("FrozenLake-v1", desc=desc, is_slippery=False)
 
 
-def render(desc: list[str], position: int) -> str:
-    """The map, cells space-separated, the agent's cell shown as ``P``."""
-    width = len(desc[0])
-    rows = []
-    for r, row in enumerate(desc):
-        cells = ["P" if r * width + c == position else ch for c, ch in enumerate(row)]
-        rows.append(" ".join(cells))
-    return "\n".join(rows)
+def cell_name(desc: list[str], position: int) -> str:
+    """The cell's name: a letter, ``a`` to ``p`` row by row on a 4x4 map (one token each in the
+    tiny model's tokenizer, so the agent's position is a single token it can key its move on)."""
+    cells = len(desc) * len(desc[0])
+    if cells > len(CELL_LETTERS):
+        raise ValueError(
+            f"frozenlake names cells with letters: at most {len(CELL_LETTERS)} cells, got {cells}"
+        )
+    return CELL_LETTERS[position]
+
+
+def observation(desc: list[str], position: int) -> str:
+    """Where the agent is, ``at <cell>``: the last words of each turn's prompt."""
+    return f"at {cell_name(desc, position)}"
 
 
 def parse_action(reply: str) -> int | None:
