@@ -53,7 +53,7 @@ def _serve_upstream(latency: float, out: Any) -> None:
     """Child process: a MockUpstream answering every chat call with a short fixed reply."""
     _install_uvloop()
     from rllm.engine.rollout_config import RolloutConfig
-    from rllm.gateway.gc_tuning import raise_gc_threshold
+    from rllm.runtime.gc_threshold import raise_gc_threshold
 
     # Like the engine's own processes: with hundreds of answers pending (each a task, a timer and
     # a request) the default threshold spent about a tenth of this stand-in's CPU collecting.

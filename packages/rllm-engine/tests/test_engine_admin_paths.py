@@ -10,7 +10,8 @@ import pytest
 from rllm.engine.rollout_config import RolloutConfig
 from rllm.engine.rollout_engine import RolloutEngine
 from rllm.gateway import GatewayClient, GatewayConfig, GatewayServer, LocalGatewayClient
-from rllm.gateway.httpserver import Request, Response, RouteNotFound
+from rllm.runtime.http_messages import Request, Response
+from rllm.runtime.http_router import RouteNotFound
 from rllm.sdk import AgentConfig, Task, rollout
 from rllm.types import TerminationReason
 

@@ -16,8 +16,8 @@ from rich.table import Table
 from rllm.cli.errors import CliError
 from rllm.cli.registry import DatasetRegistry
 from rllm.engine.evaluation import EvalSummary, evaluate
-from rllm.engine.event_loop import run
 from rllm.engine.plugins import COOKBOOKS_GROUP, PluginNotFoundError, available, load_cookbook
+from rllm.runtime.event_loop import run
 from rllm.types import SamplingParams, Task
 
 

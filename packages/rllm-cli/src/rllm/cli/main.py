@@ -23,8 +23,8 @@ from rllm.cli.errors import BAD_INPUT, INTERRUPTED, CliError, as_cli_error
 from rllm.cli.eval_cmd import eval_command
 from rllm.cli.serve import serve_command
 from rllm.cli.view_cmd import view_command
-from rllm.engine.event_loop import run
 from rllm.engine.plugins import BACKENDS_GROUP, COOKBOOKS_GROUP, available, load_cookbook
+from rllm.runtime.event_loop import run
 
 console = Console(stderr=True)
 PASS_THROUGH = {"ignore_unknown_options": True, "allow_extra_args": True}

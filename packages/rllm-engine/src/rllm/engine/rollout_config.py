@@ -24,7 +24,7 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     holds ``worker_prefetch`` more jobs queued (default: half its share), so its slots stay busy
     while this process is briefly stalled (e.g. collecting garbage). ``gc_gen0_threshold``
     raises CPython's young-generation GC threshold while the engine runs (see
-    :mod:`rllm.gateway.gc_tuning`); None leaves the collector alone. A flow marked
+    :mod:`rllm.runtime.gc_threshold`); None leaves the collector alone. A flow marked
     ``@needs_sandbox`` gets a sandbox per rollout from ``sandbox_backend`` (``bubblewrap``,
     ``docker`` or ``e2b``), with ``sandbox_warm`` of them prepared ahead (see :mod:`rllm.engine.sandbox`).
     """

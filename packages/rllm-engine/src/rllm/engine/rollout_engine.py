@@ -27,7 +27,7 @@ from rllm.engine.progress import RolloutProgress
 from rllm.engine.rollout_config import RolloutConfig
 from rllm.engine.sandbox.provider import SandboxProvider, make_backend
 from rllm.engine.workers import GatewayGroup, WorkerDied, WorkerPool
-from rllm.gateway.gc_tuning import raise_gc_threshold, restore_gc_threshold
+from rllm.runtime.gc_threshold import raise_gc_threshold, restore_gc_threshold
 from rllm.sdk.evaluator import EvaluatorFn, as_evaluator, to_eval_output
 from rllm.sdk.flow import RolloutFlow, as_flow
 from rllm.sdk.sandbox import declares_sandbox

@@ -118,7 +118,7 @@ class _Frames(asyncio.Protocol):
 # ----------------------------------------------------------------------------- worker side
 def _worker_main(sock: socket.socket, engine_kwargs: dict[str, Any]) -> None:
     """Entry point of a worker process."""
-    from rllm.engine.event_loop import run
+    from rllm.runtime.event_loop import run
 
     run(_serve(sock, engine_kwargs))
 

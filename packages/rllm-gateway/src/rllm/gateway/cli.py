@@ -10,8 +10,8 @@ import signal
 import sys
 
 from rllm.gateway.config import GatewayConfig, load_config
-from rllm.gateway.gc_tuning import raise_gc_threshold
 from rllm.gateway.server import GatewayServer
+from rllm.runtime.gc_threshold import raise_gc_threshold
 from rllm.types import SchemaError
 
 

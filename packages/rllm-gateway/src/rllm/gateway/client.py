@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from rllm.gateway.fasthttp import FastHttpPool
+from rllm.runtime.http_client import FastHttpPool
 from rllm.types import SamplingParams, TraceRecord, from_msgpack, to_builtins
 
 _encode = msgspec.json.Encoder().encode

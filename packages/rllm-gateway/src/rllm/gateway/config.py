@@ -20,7 +20,7 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ``hosted_model`` sends requests through LiteLLM (e.g. ``"openai/gpt-4o-mini"``) instead of
     the ``upstreams``; traces then hold text and usage but no token ids. ``gc_gen0_threshold``
     is the young-generation GC threshold ``rllm-gateway serve`` sets for its process (see
-    :mod:`rllm.gateway.gc_tuning`; None leaves the collector alone); an embedded gateway
+    :mod:`rllm.runtime.gc_threshold`; None leaves the collector alone); an embedded gateway
     does not touch its host process's collector.
     """
 

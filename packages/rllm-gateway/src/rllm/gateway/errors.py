@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from rllm.gateway.httpserver import Response
+from rllm.runtime.http_messages import Response
 
 _encode = msgspec.json.Encoder().encode
 

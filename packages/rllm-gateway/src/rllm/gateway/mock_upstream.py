@@ -5,7 +5,7 @@ logprobs without a model. This one speaks HTTP on 127.0.0.1, answers
 ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models`` in vLLM's response format,
 streams SSE, and is deterministic: the same request always gets the same tokens.
 
-It runs on the gateway's own lean server (:mod:`rllm.gateway.httpserver`), not aiohttp's: in
+It runs on the gateway's own lean server (:mod:`rllm.runtime.http_server`), not aiohttp's: in
 throughput benchmarks the mock shares the machine with the gateway and the engine, and every
 microsecond it spends per request is CPU taken from what is being measured.
 
@@ -34,14 +34,10 @@ from typing import Any
 
 import msgspec
 
-from rllm.gateway.background import BackgroundLoop
-from rllm.gateway.httpserver import (
-    HttpServer,
-    Request,
-    Response,
-    Router,
-    StreamResponse,
-)
+from rllm.runtime.background import BackgroundLoop
+from rllm.runtime.http_messages import Request, Response, StreamResponse
+from rllm.runtime.http_router import Router
+from rllm.runtime.http_server import HttpServer
 
 _json_encode = msgspec.json.Encoder().encode
 _json_decode = msgspec.json.Decoder().decode

@@ -20,10 +20,10 @@ import msgspec
 
 from rllm.gateway.capture import ClientWants
 from rllm.gateway.errors import GatewayError, error_response
-from rllm.gateway.fasthttp import Connection, Outcome, UpstreamBadResponse
-from rllm.gateway.httpserver import Request, Response, StreamResponse
 from rllm.gateway.sessions import Session
 from rllm.gateway.workers import NoHealthyWorker, Worker
+from rllm.runtime.http_client import Connection, Outcome, UpstreamBadResponse
+from rllm.runtime.http_messages import Request, Response, StreamResponse
 from rllm.types import Message, TraceRecord
 
 if TYPE_CHECKING:

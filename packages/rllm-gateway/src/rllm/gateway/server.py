@@ -22,7 +22,6 @@ from typing import Any, TypeVar
 import aiohttp
 import msgspec
 
-from rllm.gateway.background import BackgroundLoop
 from rllm.gateway.capture import (
     Captured,
     StreamCapture,
@@ -35,17 +34,6 @@ from rllm.gateway.capture import (
 )
 from rllm.gateway.config import GatewayConfig, image_limits
 from rllm.gateway.errors import GatewayError, error_body, error_response
-from rllm.gateway.fasthttp import FastHttpPool, UpstreamBadResponse, UpstreamConnectError, UpstreamDropped
-from rllm.gateway.httpserver import (
-    HttpServer,
-    MethodNotAllowed,
-    Pending,
-    Request,
-    Response,
-    RouteNotFound,
-    Router,
-    StreamResponse,
-)
 from rllm.gateway.jsonguard import JsonLimitError, check_json, fits_int64
 from rllm.gateway.metrics import GatewayMetrics
 from rllm.gateway.proxy_lane import ParsedCall, ProxyCall, start_exchange
@@ -53,6 +41,11 @@ from rllm.gateway.sessions import EndedSessions, Session
 from rllm.gateway.sse import EventTooLarge, SseEvents
 from rllm.gateway.store import encodable, open_store
 from rllm.gateway.workers import NoHealthyWorker, Worker, WorkerPool
+from rllm.runtime.background import BackgroundLoop
+from rllm.runtime.http_client import FastHttpPool, UpstreamBadResponse, UpstreamConnectError, UpstreamDropped
+from rllm.runtime.http_messages import Pending, Request, Response, StreamResponse
+from rllm.runtime.http_router import MethodNotAllowed, RouteNotFound, Router
+from rllm.runtime.http_server import HttpServer
 from rllm.types import (
     FloatArray,
     FunctionCall,

@@ -23,7 +23,7 @@ from rllm.backends.tinker.local.protocol import (
     parse_prompts,
     parse_sampling,
 )
-from rllm.gateway.background import BackgroundLoop
+from rllm.runtime.background import BackgroundLoop
 
 
 class SamplerServer:

@@ -1,4 +1,4 @@
-"""rllm.engine.event_loop.run: uvloop by default for worker processes, per-caller default,
+"""rllm.runtime.event_loop.run: uvloop by default for worker processes, per-caller default,
 RLLM_UVLOOP overriding both ways."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from rllm.engine.event_loop import run, use_uvloop
+from rllm.runtime.event_loop import run, use_uvloop
 
 uvloop = pytest.importorskip("uvloop")
 

@@ -3,13 +3,11 @@
 Hundreds of concurrent agents allocate container objects fast (HTTP clients, JSON, traces), and
 many live for a whole rollout or sit in a trace store. With CPython's default young-generation
 threshold (700) the collector then runs thousands of times a second and promotes those objects
-into the old generation, whose full passes walk every object in the process: about a fifth of an
-engine's CPU in benchmarks/engine_throughput.py, and of a standalone gateway's under 256 clients
-(``perf``: ``gc_collect_main`` and its visitors 21% → 1%). A higher threshold keeps the same
-collector with far fewer passes, for a few MB of extra young objects. The rollout engine raises
-it while it runs (``RolloutConfig.gc_gen0_threshold``); ``rllm-gateway serve`` for its whole
-process (``GatewayConfig.gc_gen0_threshold``). An embedded gateway leaves its host's collector
-alone.
+into the old generation, whose full passes walk every object in the process (benchmarks/RESULTS.md
+has the profile). A higher threshold keeps the same collector with far fewer passes, for a few MB
+of extra young objects. The rollout engine raises it while it runs
+(``RolloutConfig.gc_gen0_threshold``); ``rllm-gateway serve`` for its whole process
+(``GatewayConfig.gc_gen0_threshold``). An embedded gateway leaves its host's collector alone.
 """
 
 from __future__ import annotations

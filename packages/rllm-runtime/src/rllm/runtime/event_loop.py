@@ -1,12 +1,11 @@
-"""Run the engine's coroutines on uvloop where it is installed and wanted.
+"""Run coroutines on uvloop where it is installed and wanted.
 
 Every rollout is a few HTTP exchanges through the gateway, and with hundreds in flight the event
 loop's own overhead (callbacks, socket reads and writes) is a large share of the engine's CPU;
 uvloop does that work in C. Rollout worker processes use it by default; ``rllm train`` /
-``rllm eval`` keep asyncio's own loop unless asked: the README's main job was measured on it,
-and on uvloop that job ran up to 15% faster but two of four runs ended at a lower reward
-(0.73–0.79 against 0.92–0.97 in every other run, asyncio's included) — most likely run-to-run
-spread, not yet ruled out. ``RLLM_UVLOOP=1`` / ``0`` turns it on / off everywhere.
+``rllm eval`` keep asyncio's own loop unless asked, because the README's main job was measured on
+it and its reward on uvloop has not been shown to match (benchmarks/RESULTS.md, "uvloop and the
+main job"). ``RLLM_UVLOOP=1`` / ``0`` turns it on / off everywhere.
 """
 
 from __future__ import annotations
@@ -40,3 +39,15 @@ def run(main: Coroutine[Any, Any, T], *, uvloop_default: bool = True) -> T:
 
         return uvloop.run(main)
     return asyncio.run(main)
+
+
+def new_event_loop(uvloop: bool) -> asyncio.AbstractEventLoop:
+    """A new event loop: uvloop's when asked for and installed, else asyncio's."""
+    if uvloop:
+        try:
+            import uvloop as _uvloop
+
+            return _uvloop.new_event_loop()
+        except ImportError:  # e.g. Windows
+            pass
+    return asyncio.new_event_loop()

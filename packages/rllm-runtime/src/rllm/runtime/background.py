@@ -1,6 +1,6 @@
 """Run an asyncio service on a private event loop in a daemon thread, for synchronous callers.
 
-The gateway, its mock upstream and the tinker sampler server all offer a blocking start/stop
+The gateway, the mock upstream and the tinker sampler server all offer a blocking start/stop
 next to their async one; this is the one place that owns the thread and loop for them.
 """
 
@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Awaitable, Callable
+
+from rllm.runtime.event_loop import new_event_loop
 
 
 class BackgroundLoop:
@@ -35,7 +37,7 @@ class BackgroundLoop:
         errors: list[BaseException] = []
 
         def run() -> None:
-            loop = _new_loop(self.use_uvloop)
+            loop = new_event_loop(self.use_uvloop)
             asyncio.set_event_loop(loop)
             self.loop = loop
             try:
@@ -67,14 +69,3 @@ class BackgroundLoop:
                 self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(timeout)
         self._thread = self.loop = None
-
-
-def _new_loop(use_uvloop: bool) -> asyncio.AbstractEventLoop:
-    if use_uvloop:
-        try:
-            import uvloop
-
-            return uvloop.new_event_loop()
-        except ImportError:  # e.g. Windows
-            pass
-    return asyncio.new_event_loop()

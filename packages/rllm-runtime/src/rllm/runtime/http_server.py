@@ -1,11 +1,12 @@
-"""A lean HTTP/1.1 server for the gateway: an asyncio Protocol around the httptools parser.
+"""A lean HTTP/1.1 server: an asyncio Protocol around the httptools parser.
 
-Why not aiohttp's server: on the proxy hot path its request objects, URL dispatcher, middleware
-chain and response machinery cost about a fifth of the gateway's CPU per request. This server
-does what the gateway needs and no more: whole request bodies (size-limited), keep-alive and
-pipelining, ``Expect: 100-continue``, one write per plain response, chunked streaming responses
-with write back-pressure, cancellation of the handler when the client goes away, idle
-connection reaping and a graceful shutdown.
+Why not aiohttp's server: on a proxy's hot path its request objects, URL dispatcher, middleware
+chain and response machinery cost about a fifth of the CPU per request. This server does what the
+gateway and the mock upstream need and no more: whole request bodies (size-limited), keep-alive
+and pipelining, ``Expect: 100-continue``, one write per plain response, chunked streaming
+responses with write back-pressure, cancellation of the handler when the client goes away, idle
+connection reaping and a graceful shutdown. The request and response objects are in
+:mod:`rllm.runtime.http_messages`, the router in :mod:`rllm.runtime.http_router`.
 """
 
 from __future__ import annotations
@@ -14,177 +15,30 @@ import asyncio
 import contextlib
 import inspect
 import logging
-import re
 import socket
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from email.utils import formatdate
-from http import HTTPStatus
-from typing import Any, Protocol
-from urllib.parse import parse_qsl, unquote
 
 import httptools
 
-log = logging.getLogger("rllm.gateway.http")
+from rllm.runtime.http_messages import (
+    EarlyHandler,
+    ErrorFactory,
+    Handler,
+    Headers,
+    Pending,
+    Request,
+    Response,
+    StreamResponse,
+    status_line,
+)
 
-_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+log = logging.getLogger("rllm.runtime.http")
+
 _MAX_PIPELINED = 32  # queued requests per connection before we stop reading from it
 _MAX_HEAD_BYTES = 64 * 1024  # request line + headers; more is refused with 431
-
-
-class Headers:
-    """Case-insensitive, read-only request headers (the last value wins for repeated names)."""
-
-    __slots__ = ("_items",)
-
-    def __init__(self, items: dict[str, str]) -> None:
-        self._items = items  # lower-cased names
-
-    def get(self, name: str, default: Any = None) -> Any:
-        return self._items.get(name.lower(), default)
-
-    def __getitem__(self, name: str) -> str:
-        return self._items[name.lower()]
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and name.lower() in self._items
-
-
-class Request:
-    """One parsed request: method, path (percent-decoded), query, headers, body, route params."""
-
-    __slots__ = ("_conn", "_query", "body", "headers", "match_info", "method", "path", "raw_query")
-
-    def __init__(
-        self,
-        conn: _HttpProtocol | None,
-        method: str,
-        path: str,
-        raw_query: str,
-        headers: Headers,
-        body: bytes,
-    ) -> None:
-        self._conn = conn
-        self._query: dict[str, str] | None = None
-        self.method = method
-        self.path = path
-        self.raw_query = raw_query
-        self.headers = headers
-        self.body = body
-        self.match_info: dict[str, str] = {}
-
-    @property
-    def query(self) -> dict[str, str]:
-        """Query parameters; the first value wins for repeated names."""
-        if self._query is None:
-            q: dict[str, str] = {}
-            for k, v in parse_qsl(self.raw_query, keep_blank_values=True):
-                q.setdefault(k, v)
-            self._query = q
-        return self._query
-
-    @property
-    def can_read_body(self) -> bool:
-        return bool(self.body)
-
-    async def read(self) -> bytes:
-        return self.body
-
-    def respond(self, resp: Response) -> None:
-        """Answer a request that ``HttpServer(early=...)`` kept (returned a Pending for)."""
-        if self._conn is not None:
-            self._conn.respond(self, resp)
-
-    def respond_later(self, answer: Awaitable[Response | StreamResponse]) -> None:
-        """Hand a kept request over to a task: it is answered with what ``answer`` returns."""
-        if self._conn is not None:
-            self._conn.answer_in_task(self, answer)
-
-    def abort(self) -> None:
-        """Drop the connection now, without an answer and without flushing what is queued.
-
-        For servers that play a crashing peer (the mock upstream's "die" modes). The handler
-        should return right after; whatever it returns is not sent.
-        """
-        if self._conn is not None:
-            self._conn.abort()
-
-
-class Response:
-    """A whole response, written with its head in one transport write."""
-
-    __slots__ = ("body", "content_type", "headers", "status")
-
-    def __init__(
-        self,
-        *,
-        status: int = 200,
-        body: bytes = b"",
-        content_type: str = "application/json",
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        self.status = status
-        self.body = body
-        self.content_type = content_type
-        self.headers = headers
-
-
-class StreamResponse:
-    """A chunked response: ``await prepare(request)``, then ``await write(data)`` per piece.
-
-    ``write`` waits while the client reads slower than we send, and raises ConnectionResetError
-    once the client is gone. The server writes the closing chunk when the handler returns.
-    """
-
-    __slots__ = ("_conn", "headers", "status")
-
-    def __init__(self, *, status: int = 200, headers: dict[str, str] | None = None) -> None:
-        self.status = status
-        self.headers = headers or {}
-        self._conn: _HttpProtocol | None = None
-
-    @property
-    def prepared(self) -> bool:
-        return self._conn is not None
-
-    async def prepare(self, request: Request) -> StreamResponse:
-        conn = request._conn
-        if conn is None or conn.closed:
-            raise ConnectionResetError("client disconnected")
-        self._conn = conn
-        conn.stream_open = True
-        extra = "".join(f"{k}: {v}\r\n" for k, v in self.headers.items())
-        conn.write(_status_line(self.status) + f"{extra}Transfer-Encoding: chunked\r\n\r\n".encode("latin-1"))
-        return self
-
-    async def write(self, data: bytes) -> None:
-        conn = self._conn
-        if conn is None:
-            raise RuntimeError("StreamResponse.write before prepare")
-        if not data:
-            return
-        if conn.closed:
-            raise ConnectionResetError("client disconnected")
-        conn.write(b"%x\r\n%b\r\n" % (len(data), data))
-        if conn.paused is not None:
-            await conn.drain()
-
-
-Handler = Callable[[Request], Awaitable[Response | StreamResponse]]
-ErrorFactory = Callable[[int, str], Response]
-
-
-class Pending(Protocol):
-    """A request being answered outside a task: ``cancel()`` when its client goes away."""
-
-    def cancel(self) -> None: ...
-
-
-# Runs in the connection's I/O callback, before any task: None (dispatch as usual), a Response
-# (sent at once), an awaitable (answered by a task), or a Pending (the early handler calls
-# ``request.respond`` or ``request.respond_later`` itself).
-EarlyHandler = Callable[[Request], "Response | Awaitable[Response | StreamResponse] | Pending | None"]
 
 
 class _Refused(Exception):
@@ -193,69 +47,6 @@ class _Refused(Exception):
 
 class _HeadTooLarge(Exception):
     """A request's line and headers outgrew _MAX_HEAD_BYTES (a slow-headers attack or a bug)."""
-
-
-class RouteNotFound(Exception):
-    """No route for the path (404)."""
-
-
-class MethodNotAllowed(Exception):
-    """The path exists, not for this method (405)."""
-
-
-class Router:
-    """Static paths in a dict, ``{name}`` patterns as regexes tried in the order added."""
-
-    def __init__(self) -> None:
-        self._static: dict[str, dict[str, Handler]] = {}
-        self._dynamic: list[tuple[re.Pattern[str], dict[str, Handler]]] = []
-        self._patterns: dict[str, dict[str, Handler]] = {}
-
-    def add(self, method: str, pattern: str, handler: Handler) -> None:
-        methods = self._patterns.get(pattern)
-        if methods is None:
-            methods = self._patterns[pattern] = {}
-            if "{" in pattern:
-                regex = re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(pattern))
-                self._dynamic.append((re.compile(f"^{regex}$"), methods))
-            else:
-                self._static[pattern] = methods
-        methods[method] = handler
-
-    def resolve(self, method: str, path: str) -> tuple[Handler, dict[str, str]]:
-        methods = self._static.get(path)
-        params: dict[str, str] = {}
-        if methods is None:
-            for regex, candidate in self._dynamic:
-                m = regex.match(path)
-                if m is not None:
-                    methods, params = candidate, m.groupdict()
-                    if "%" in path:
-                        params = {k: unquote(v) for k, v in params.items()}
-                    break
-            else:
-                raise RouteNotFound(path)
-        handler = methods.get(method)
-        if handler is None and method == "HEAD":  # HEAD is GET without the body (RFC 9110)
-            handler = methods.get("GET")
-        if handler is None:
-            raise MethodNotAllowed(method)
-        return handler, params
-
-    async def dispatch(self, request: Request, on_error: ErrorFactory) -> Response | StreamResponse:
-        """Run the request's handler (``match_info`` set); an unknown path is answered with
-        ``on_error(404, ...)``, a known one asked with another method with ``on_error(405, ...)``."""
-        try:
-            handler, request.match_info = self.resolve(request.method, request.path)
-            return await handler(request)
-        except RouteNotFound:
-            return on_error(404, f"no route for {request.method} {request.path}")
-        except MethodNotAllowed:
-            return on_error(405, f"method {request.method} not allowed on {request.path}")
-
-
-def _status_line(status: int) -> bytes:
-    return b"HTTP/1.1 %d %b\r\n" % (status, _REASONS.get(status, b"Unknown"))
 
 
 class _DateCache:
@@ -275,7 +66,7 @@ class _DateCache:
         return self._line
 
 
-class _HttpProtocol(asyncio.Protocol):
+class HttpProtocol(asyncio.Protocol):
     """One client connection. Requests are answered in order, one at a time: by a handler
     task, at once, or by whoever holds the Pending an early handler returned."""
 
@@ -544,7 +335,7 @@ class _HttpProtocol(asyncio.Protocol):
             self._finish_connection()
 
     def _write_response(self, resp: Response, keep_alive: bool, with_body: bool = True) -> None:
-        head = _status_line(resp.status)
+        head = status_line(resp.status)
         extra = ""
         if resp.headers:
             extra = "".join(f"{k}: {v}\r\n" for k, v in resp.headers.items() if k.lower() != "content-type")
@@ -590,7 +381,7 @@ class HttpServer:
             max_pipelined_bytes if max_pipelined_bytes is not None else 2 * max_body_bytes
         )
         self.keepalive_timeout_s = keepalive_timeout_s
-        self.connections: set[_HttpProtocol] = set()
+        self.connections: set[HttpProtocol] = set()
         self.date = _DateCache()
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment] - set in start()
         self._server: asyncio.AbstractServer | None = None
@@ -598,7 +389,7 @@ class HttpServer:
 
     async def start(self, sock: socket.socket, backlog: int = 4096) -> None:
         self.loop = asyncio.get_running_loop()
-        self._server = await self.loop.create_server(lambda: _HttpProtocol(self), sock=sock, backlog=backlog)
+        self._server = await self.loop.create_server(lambda: HttpProtocol(self), sock=sock, backlog=backlog)
         self._reaper = self.loop.create_task(self._reap_idle())
 
     async def _reap_idle(self) -> None:
@@ -631,17 +422,3 @@ class HttpServer:
             conn.close()  # connection_lost cancels a handler still going
         if handlers:  # let them finish their cleanup (an aborted trace is still stored)
             await asyncio.wait(handlers, timeout=timeout_s)
-        self._server = None
-
-
-__all__ = [
-    "Headers",
-    "HttpServer",
-    "MethodNotAllowed",
-    "Pending",
-    "Request",
-    "Response",
-    "RouteNotFound",
-    "Router",
-    "StreamResponse",
-]

@@ -8,7 +8,7 @@ import re
 import pytest
 from aiohttp import web
 
-from rllm.gateway.fasthttp import (
+from rllm.runtime.http_client import (
     FastHttpPool,
     UpstreamBadResponse,
     UpstreamConnectError,

@@ -1,4 +1,4 @@
-"""The lean HTTP/1.1 server under the gateway, spoken to over raw loopback sockets and aiohttp."""
+"""The lean HTTP/1.1 server (rllm.runtime) under the gateway, spoken to over raw loopback sockets and aiohttp."""
 
 from __future__ import annotations
 
@@ -10,14 +10,18 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from rllm.gateway.errors import error_response
-from rllm.gateway.httpserver import (
-    HttpServer,
-    Request,
-    Response,
-    Router,
-    StreamResponse,
-)
+from rllm.runtime.http_messages import Request, Response, StreamResponse
+from rllm.runtime.http_router import Router
+from rllm.runtime.http_server import HttpServer
+
+
+def error_response(status: int, message: str) -> Response:
+    """OpenAI-shaped errors, as the gateway's own error factory gives them."""
+    kind = {404: "not_found_error", 405: "invalid_request_error"}.get(status, "invalid_request_error")
+    if status >= 500:
+        kind = "server_error"
+    body = json.dumps({"error": {"message": message, "type": kind, "code": str(status)}}).encode()
+    return Response(status=status, body=body)
 
 
 class _App:
