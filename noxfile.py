@@ -45,6 +45,13 @@ def layers(session: nox.Session) -> None:
 
 
 @nox.session(venv_backend="none")
+def typecheck(session: nox.Session) -> None:
+    """basedpyright (pyright with Node.js bundled as a wheel) over every package and cookbook in
+    the workspace environment; the verl backend is checked in `verl`, where verl is installed."""
+    session.run("basedpyright", *session.posargs)
+
+
+@nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
     """All CPU tests of every package and the cross-package end-to-end runs."""
     session.run(*PYTEST, "-m", "not browser", *session.posargs, env={"PYTHONHASHSEED": "0"})

@@ -12,6 +12,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from rllm.sdk.hub import hub_rows
 from rllm.types import Task
 from rllm_cookbook_countdown.equation import evaluate
 
@@ -61,9 +62,7 @@ def _task(row: dict[str, Any]) -> Task:
 
 def load_tasks(split: str) -> list[Task]:
     if split == "hub:train":
-        from datasets import load_dataset  # the hub extra; never imported offline
-
-        rows = load_dataset(HUB_DATASET, split="train")
+        rows = hub_rows(HUB_DATASET, split="train")
         return [
             _task({"id": f"hub-{i:06d}", "numbers": r["nums"], "target": r["target"]})
             for i, r in enumerate(rows)

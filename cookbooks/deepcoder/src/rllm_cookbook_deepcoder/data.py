@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rllm.sdk.hub import hub_rows
 from rllm.types import Task
 
 SAMPLE_DIR = Path(__file__).parent / "sample"
@@ -154,10 +155,8 @@ def stdin_tests(raw: Any) -> list[dict[str, str]]:
 
 def load_hub(split: str) -> list[Task]:
     """``hub:<config>[:<split>]`` from the hub (needs network access and the ``hub`` extra)."""
-    from datasets import load_dataset  # the hub extra; never imported offline
-
     _, config, *rest = split.split(":")
-    rows = load_dataset(HUB_NAME, config, split=rest[0] if rest else "train")
+    rows = hub_rows(HUB_NAME, config, split=rest[0] if rest else "train")
     tasks = []
     for i, row in enumerate(rows):
         tests = stdin_tests(row["tests"])

@@ -13,6 +13,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from rllm.sdk.hub import hub_rows
 from rllm.types import Task
 
 SAMPLE_DIR = Path(__file__).parent / "sample"
@@ -108,10 +109,8 @@ def load_tasks(split: str) -> list[Task]:
 
 def load_hub(split: str) -> list[Task]:
     """FinQA rows (``question``, ``answer``, ``table``: header row then data rows) as tasks."""
-    from datasets import load_dataset  # the hub extra; never imported offline
-
     tasks = []
-    for i, row in enumerate(load_dataset(HUB_DATASET, split=split)):
+    for i, row in enumerate(hub_rows(HUB_DATASET, split=split)):
         header, *body = row["table"]
         columns = [f"c{j}_{h}"[:40] for j, h in enumerate(header)]
         tables = {"report_table": {"columns": columns, "rows": [r[: len(columns)] for r in body]}}

@@ -43,7 +43,7 @@ async def frozenlake_flow(task: Task, config: AgentConfig) -> Episode:
             position, reward, terminated, _, _ = env.step(action)
             positions.append(int(position))
             if terminated:
-                outcome = "goal" if reward > 0 else "hole"
+                outcome = "goal" if float(reward) > 0 else "hole"
                 break
     env.close()
     return Episode(

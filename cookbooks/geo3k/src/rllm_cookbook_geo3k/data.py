@@ -14,6 +14,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from rllm.sdk.hub import hub_rows
 from rllm.types import Task
 from rllm_cookbook_geo3k.diagrams import draw_problem
 
@@ -70,12 +71,11 @@ def load_tasks(split: str) -> list[Task]:
 def load_hub(split: str, cache_dir: Path | None = None) -> list[Task]:
     """Geometry3K's ``split`` (needs network access and the ``hub`` extra). Its problems refer to
     the diagram as ``<image>``; that marker is dropped since the image travels as its own block."""
-    from datasets import load_dataset  # the hub extra; never imported offline
 
     cache = cache_dir or Path(os.environ.get("RLLM_CACHE", Path.home() / ".cache" / "rllm")) / "geo3k"
     (cache / split.replace(":", "_")).mkdir(parents=True, exist_ok=True)
     tasks = []
-    for i, row in enumerate(load_dataset(HUB_NAME, split=HUB_SPLITS[split])):
+    for i, row in enumerate(hub_rows(HUB_NAME, split=HUB_SPLITS[split])):
         image = cache / split.replace(":", "_") / f"{i:05d}.png"
         if not image.exists():
             row["images"][0].save(image, format="PNG")

@@ -12,6 +12,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from rllm.sdk.hub import hub_rows
 from rllm.types import Task
 
 SAMPLE_DIR = Path(__file__).parent / "sample"
@@ -71,12 +72,10 @@ def load_tasks(split: str) -> list[Task]:
 
 def load_hub(split: str) -> list[Task]:
     """The hub dataset for ``split`` (needs network access and the ``hub`` extra)."""
-    from datasets import load_dataset  # the hub extra; never imported offline
-
     from rllm.sdk.rewards import extract_boxed
 
     name, config, hub_split, qkey, akey = HUB[split]
-    rows = load_dataset(name, config, split=hub_split) if config else load_dataset(name, split=hub_split)
+    rows = hub_rows(name, config, split=hub_split)
     tasks = []
     for i, row in enumerate(rows):
         answer = str(row[akey])

@@ -6,6 +6,7 @@ import itertools
 import random
 
 from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletionMessageParam
 
 from rllm.sdk import rollout, sampling_kwargs
 from rllm.sdk.clients import async_openai
@@ -39,7 +40,7 @@ def load_tasks(split: str, turns: int = 2) -> list[Task]:
     return tasks
 
 
-async def _say(client: AsyncOpenAI, messages: list[dict], config: AgentConfig) -> str:
+async def _say(client: AsyncOpenAI, messages: list[ChatCompletionMessageParam], config: AgentConfig) -> str:
     sampling = {"max_tokens": 4, **sampling_kwargs(config)}
     reply = await client.chat.completions.create(model=config.model, messages=messages, **sampling)
     return reply.choices[0].message.content or ""
@@ -48,7 +49,7 @@ async def _say(client: AsyncOpenAI, messages: list[dict], config: AgentConfig) -
 @rollout
 async def say_flow(task: Task, config: AgentConfig) -> dict:
     """A multi-turn chat: each turn asks for the next word with the whole history kept."""
-    messages: list[dict] = []
+    messages: list[ChatCompletionMessageParam] = []
     replies = []
     async with async_openai(config) as client:
         for word in task.metadata["words"]:
@@ -88,7 +89,7 @@ def say_evaluator(task: Task, episode: Episode) -> EvalOutput:
 async def duo_flow(task: Task, config: AgentConfig) -> dict:
     """Two roles, each its own trajectory: the speaker says the word, the repeater repeats it."""
     word = task.metadata["words"][0]
-    prompt = [{"role": "user", "content": prompt_for(word)}]
+    prompt: list[ChatCompletionMessageParam] = [{"role": "user", "content": prompt_for(word)}]
     async with (
         async_openai(config, role="speaker") as speaker,
         async_openai(config, role="repeater") as repeater,

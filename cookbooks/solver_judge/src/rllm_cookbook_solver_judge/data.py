@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from rllm.sdk.hub import hub_rows
 from rllm.types import Task
 
 SAMPLE_DIR = Path(__file__).parent / "sample"
@@ -34,9 +35,7 @@ def _task(row: dict[str, Any]) -> Task:
 
 def load_tasks(split: str) -> list[Task]:
     if split in ("hub:train", "hub:test"):
-        from datasets import load_dataset  # the hub extra; never imported offline
-
-        rows = load_dataset("openai/gsm8k", "main", split=split.removeprefix("hub:"))
+        rows = hub_rows("openai/gsm8k", "main", split=split.removeprefix("hub:"))
         return [
             _task(
                 {

@@ -6,6 +6,7 @@ import json
 from importlib import resources
 from typing import Any
 
+from rllm.sdk.hub import hub_rows
 from rllm.types import Task
 
 TEST_SIZE = 8
@@ -26,9 +27,7 @@ def load_hub_tasks(
 ) -> list[Task]:
     """Tasks from a hub dataset with ``problem`` and ``answer`` columns (needs the ``hub`` extra
     and network access; never used in tests)."""
-    from datasets import load_dataset
-
-    rows = load_dataset(name, split=split)
+    rows = hub_rows(name, split=split)
     out = []
     for i, row in enumerate(rows):
         if limit is not None and i >= limit:

@@ -78,7 +78,8 @@ class RewardBatch:
                 (codes.setdefault(g, len(codes)) for g in ids.tolist()), dtype=np.int64, count=ids.size
             )
         num_groups = int(inverse.max()) + 1 if inverse.size else 0
-        return cls(rewards=rewards, group=inverse, num_groups=num_groups, token_counts=token_counts)
+        # None is the field's own default: __post_init__ turns it into one count per row.
+        return cls(rewards=rewards, group=inverse, num_groups=num_groups, token_counts=token_counts)  # pyright: ignore[reportArgumentType]
 
     def group_sizes(self) -> np.ndarray:
         """[num_groups] number of rows per group."""

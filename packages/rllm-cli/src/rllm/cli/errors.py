@@ -43,7 +43,9 @@ class CliError(click.ClickException):
     def __init__(self, message: str, hint: str | None = None, exit_code: int = BAD_INPUT) -> None:
         super().__init__(message)
         self.hint = hint
-        self.exit_code = exit_code
+        # click declares exit_code a class attribute but reads it from the instance: each CliError
+        # carries its own (bad input, failure, interrupted).
+        self.exit_code = exit_code  # pyright: ignore[reportAttributeAccessIssue]
 
     def show(self, file: IO[Any] | None = None) -> None:
         console = Console(stderr=file is None, file=file, highlight=False, soft_wrap=True)

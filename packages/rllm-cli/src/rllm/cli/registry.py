@@ -121,7 +121,7 @@ class DatasetRegistry:
         data = datasets.Dataset.from_parquet(str(self.root / info.splits[split].file))
         if limit is not None:
             data = data.select(range(min(limit, len(data))))
-        return list(data)
+        return data.to_list()
 
     def load_tasks(self, name: str, split: str) -> list[Task]:
         return [

@@ -24,21 +24,19 @@ _TIMEOUT_S = 600.0
 
 def async_openai(config: AgentConfig, role: str | None = None, **kwargs: Any) -> Any:
     """An ``openai.AsyncOpenAI`` for this rollout's session (or one of its roles)."""
-    import httpx
-    from openai import AsyncOpenAI
+    from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
-    args = _client_args(config, role, kwargs)
-    http = httpx.AsyncClient(verify=_shared_ssl_context(), timeout=_TIMEOUT_S)
-    return AsyncOpenAI(**args, http_client=http)
+    # openai's own client class: httpx's before openai 3, httpx2's since.
+    http = DefaultAsyncHttpxClient(verify=_shared_ssl_context(), timeout=_TIMEOUT_S)
+    return AsyncOpenAI(**_client_args(config, role, kwargs), http_client=http)
 
 
 def sync_openai(config: AgentConfig, role: str | None = None, **kwargs: Any) -> Any:
     """An ``openai.OpenAI`` for sync flows; close it (``with``) when the rollout ends."""
-    import httpx
-    from openai import OpenAI
+    from openai import DefaultHttpxClient, OpenAI
 
-    args = _client_args(config, role, kwargs)
-    return OpenAI(**args, http_client=httpx.Client(verify=_shared_ssl_context(), timeout=_TIMEOUT_S))
+    http = DefaultHttpxClient(verify=_shared_ssl_context(), timeout=_TIMEOUT_S)
+    return OpenAI(**_client_args(config, role, kwargs), http_client=http)
 
 
 @functools.cache

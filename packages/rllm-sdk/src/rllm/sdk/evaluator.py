@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeAlias, runtime_checkable
+from typing import Any, Protocol, TypeAlias, cast, runtime_checkable
 
 from rllm.sdk.flow import _check_arity, is_async_callable, reduce_by_name
 from rllm.types import Episode, EvalOutput, Task
@@ -66,9 +66,9 @@ def as_evaluator(obj: Any) -> EvaluatorFn:
         raise TypeError(f"expected an evaluator instance, got the class {obj.__name__}; instantiate it first")
     method = getattr(obj, "evaluate", None)
     if callable(method):
-        return EvaluatorFn(method, name=type(obj).__name__)
+        return EvaluatorFn(cast(EvalFunction, method), name=type(obj).__name__)
     if callable(obj):
-        return EvaluatorFn(obj)
+        return EvaluatorFn(cast(EvalFunction, obj))
     raise TypeError(
         f"expected an evaluator: an @evaluator function, a function (task, episode) or an object with "
         f"evaluate(task, episode); got {obj!r}"

@@ -20,7 +20,7 @@ import importlib
 import inspect
 import pickle
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeAlias, overload, runtime_checkable
+from typing import Any, Protocol, TypeAlias, cast, overload, runtime_checkable
 
 from rllm.types import AgentConfig, Episode, Task, Trajectory
 
@@ -95,9 +95,9 @@ def as_flow(obj: Any) -> RolloutFlow:
         raise TypeError(f"expected a flow instance, got the class {obj.__name__}; instantiate it first")
     run = getattr(obj, "run", None)
     if callable(run):
-        return RolloutFlow(run, name=type(obj).__name__)
+        return RolloutFlow(cast(FlowFunction, run), name=type(obj).__name__)
     if callable(obj):
-        return RolloutFlow(obj)
+        return RolloutFlow(cast(FlowFunction, obj))
     raise TypeError(
         f"expected a flow: a @rollout function, a function (task, config) or an object with run(task, config); got {obj!r}"
     )

@@ -12,7 +12,7 @@ import abc
 import sys
 from array import array
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias, overload
 
 _LITTLE_ENDIAN = sys.byteorder == "little"
 
@@ -65,19 +65,27 @@ def packed_bytes(values: array) -> memoryview | bytes:
     return swapped.tobytes()
 
 
-class Advantage(abc.ABC):  # noqa: B024 - a marker ABC, nothing to implement
-    """A step's advantage: one float for the whole response, or a FloatArray with one per token.
+if TYPE_CHECKING:
+    # What type checkers see: the two concrete types a step's advantage can be.
+    Advantage: TypeAlias = float | FloatArray
+else:
 
-    msgspec unions cannot mix custom types with floats, so the field is annotated with this
-    ABC and both concrete types are registered as virtual subclasses.
-    """
+    class Advantage(abc.ABC):  # noqa: B024 - a marker ABC, nothing to implement
+        """A step's advantage: one float for the whole response, or a FloatArray with one per token.
+
+        msgspec unions cannot mix custom types with floats, so the field is annotated with this
+        ABC and both concrete types are registered as virtual subclasses.
+        """
+
+    Advantage.register(float)
+    Advantage.register(int)
+    Advantage.register(FloatArray)
 
 
-Advantage.register(float)
-Advantage.register(int)
-Advantage.register(FloatArray)
-
-
+@overload
+def as_token_array(values: None) -> None: ...
+@overload
+def as_token_array(values: Iterable[Any] | bytes) -> TokenArray: ...
 def as_token_array(values: Any) -> TokenArray | None:
     """Coerce ``values`` (list, array, numpy array, bytes) to a TokenArray; None stays None."""
     if values is None or type(values) is TokenArray:
@@ -85,6 +93,10 @@ def as_token_array(values: Any) -> TokenArray | None:
     return TokenArray(_plain(values))
 
 
+@overload
+def as_float_array(values: None) -> None: ...
+@overload
+def as_float_array(values: Iterable[Any] | bytes) -> FloatArray: ...
 def as_float_array(values: Any) -> FloatArray | None:
     """Coerce ``values`` to a FloatArray; None stays None."""
     if values is None or type(values) is FloatArray:

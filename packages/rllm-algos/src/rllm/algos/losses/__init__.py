@@ -70,15 +70,17 @@ def compute_policy_loss(
 
     if supervised:
         token_loss, token_metrics = policy.cross_entropy(lp, mask)
-    elif config.loss in ("ppo_clip", "dual_clip"):
-        token_loss, token_metrics = policy.ppo_clip(
-            lp, old, adv, mask, config, dual_clip=config.loss == "dual_clip"
-        )
     else:
-        token_loss, token_metrics = getattr(policy, config.loss)(lp, old, adv, mask, config)
+        assert old is not None and adv is not None  # the checks above required both for this loss
+        if config.loss in ("ppo_clip", "dual_clip"):
+            dual = config.loss == "dual_clip"
+            token_loss, token_metrics = policy.ppo_clip(lp, old, adv, mask, config, dual_clip=dual)
+        else:
+            token_loss, token_metrics = getattr(policy, config.loss)(lp, old, adv, mask, config)
 
     metrics: dict[str, float] = {}
     if config.tis != "none":
+        assert old is not None and rollout is not None  # required above when TIS is on
         weights, capped = tis_weights(old, rollout, mask, config.tis, config.tis_cap)
         token_loss = token_loss * weights
         metrics["tis/weight_mean"] = masked_mean(weights, mask).item()

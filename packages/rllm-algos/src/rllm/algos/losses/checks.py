@@ -3,6 +3,8 @@ loudly here, naming the tensor and position, instead of surfacing later as a NaN
 
 from __future__ import annotations
 
+from typing import overload
+
 import torch
 
 from rllm.algos.errors import AlgorithmInputError
@@ -29,6 +31,14 @@ def check_mask(mask: torch.Tensor) -> torch.Tensor:
     return mask
 
 
+@overload
+def check_tokens(
+    name: str, values: torch.Tensor, mask: torch.Tensor, *, required: bool = True
+) -> torch.Tensor: ...
+@overload
+def check_tokens(
+    name: str, values: torch.Tensor | None, mask: torch.Tensor, *, required: bool = True
+) -> torch.Tensor | None: ...
 def check_tokens(
     name: str, values: torch.Tensor | None, mask: torch.Tensor, *, required: bool = True
 ) -> torch.Tensor | None:

@@ -76,7 +76,8 @@ def v1_credit(
     unmatched = 0
     by_text = {text: i for i, text in enumerate(candidates)}
     for piece in split_role(episode, generate_role):
-        i = by_text.get(_output_text(piece))
+        text = _output_text(piece)
+        i = None if text is None else by_text.get(text)
         unmatched += i is None
         credit.trajectory_rewards[piece.id] = float(i is not None and correct[i])
 

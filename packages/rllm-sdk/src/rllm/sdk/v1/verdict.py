@@ -34,7 +34,7 @@ VERIFY_INSTRUCTION = (
 )
 
 
-def parse_verdict(reply: str) -> Verdict | None:
+def parse_verdict(reply: str | None) -> Verdict | None:
     """The verdict of a verification reply, or None when it names none.
 
     The last ``VERDICT: X`` line wins (models often think aloud first); then a boxed letter;
