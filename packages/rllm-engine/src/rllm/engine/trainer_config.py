@@ -16,11 +16,7 @@ import msgspec
 import yaml
 
 from rllm.algos.config import AlgorithmConfig
-from rllm.types import SamplingParams
-
-
-class ConfigError(ValueError):
-    """A config file, key or override is wrong; the message names the dotted key."""
+from rllm.types import ConfigError, SamplingParams
 
 
 class RolloutSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -26,12 +26,13 @@ from typing import Any
 import msgspec
 
 from rllm.types import Episode, ErrorInfo, EvalOutput, Task, TerminationReason, from_msgpack, to_msgpack
+from rllm.types.errors import RLLMError
 
 _HEADER = struct.Struct("<I")
 log = logging.getLogger("rllm.engine.workers")
 
 
-class WorkerDied(ConnectionError):
+class WorkerDied(RLLMError, ConnectionError):
     """The process running a rollout exited before answering."""
 
 
