@@ -12,7 +12,7 @@ import sys
 from rllm.gateway.config import GatewayConfig, load_config
 from rllm.gateway.server import GatewayServer
 from rllm.runtime.gc_threshold import raise_gc_threshold
-from rllm.types import SchemaError
+from rllm.types import ConfigError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides["hosted_api_key"] = os.environ["RLLM_GATEWAY_HOSTED_API_KEY"]
     try:
         config = load_config(args.config, **overrides)
-    except (SchemaError, OSError) as exc:
+    except (ConfigError, OSError) as exc:
         print(f"rllm-gateway: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(

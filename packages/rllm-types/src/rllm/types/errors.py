@@ -46,6 +46,11 @@ class ConfigError(RLLMError, ValueError):
         self.key = key
         super().__init__(message)
 
+    @classmethod
+    def for_key(cls, key: str, message: str) -> ConfigError:
+        """The error for one key, worded as every config error is: "config key `a.b`: ..."."""
+        return cls(f"config key `{key}`: {message}", key)
+
     def __reduce__(self) -> tuple[type[ConfigError], tuple[str, str]]:
         # Crosses process boundaries intact (the default would rebuild it from the message alone).
         return (type(self), (str(self), self.key))
