@@ -6,6 +6,7 @@ cannot honour stops the run before anything starts, with the key's dotted path i
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
@@ -13,19 +14,34 @@ from typing import Any, Literal
 import msgspec
 
 from rllm.algos.config import AlgorithmConfig
-from rllm.types import ConfigError, SamplingParams
+from rllm.engine.rollout_config import RolloutConfig, RolloutSettings
+from rllm.types import ConfigError
 from rllm.types.config_file import apply_overrides, convert_config, merge_config, read_config_file
 
+# The trainer's own rollout defaults, kept apart from RolloutEngine's on purpose: a training step
+# waits for its slowest rollout, so a stuck one is cut off sooner (120 s, not 600 s) and retried
+# once, not twice; rollouts sample from the policy itself (temperature 1) and validation is
+# greedy (temperature 0). Any key a config gives replaces its default here (``rollout.sampling``
+# as a whole, as for every other key of the section).
+TRAINING_ROLLOUT_DEFAULTS: dict[str, Any] = {
+    "deadline_s": 120.0,
+    "max_retries": 1,
+    "sampling": {"temperature": 1.0},
+    "val_sampling": {"temperature": 0.0},
+}
 
-class RolloutSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    concurrency: int = 64
-    workers: int = 1  # processes running flows, each with its own gateway (RolloutConfig.workers)
-    deadline_s: float = 120.0
-    max_retries: int = 1
-    sampling: SamplingParams = msgspec.field(default_factory=lambda: SamplingParams(temperature=1.0))
-    val_sampling: SamplingParams = msgspec.field(default_factory=lambda: SamplingParams(temperature=0.0))
-    sandbox_backend: str = "bubblewrap"  # for flows marked @needs_sandbox (RolloutConfig)
-    sandbox_warm: int = 0
+
+# RolloutConfig's own keys, which a training config does not have: the trainer decides them.
+TRAINER_DECIDES: dict[str, str] = {
+    "n": "set `group_size` (rollouts per task)",
+    "model": "agents get the backend's served model name",
+    "progress": "set `progress` (the trainer's own display)",
+}
+
+
+def training_rollout(**settings: Any) -> RolloutSettings:
+    """A training config's ``rollout`` section: the trainer's defaults, then ``settings``."""
+    return convert_config({**copy.deepcopy(TRAINING_ROLLOUT_DEFAULTS), **settings}, RolloutSettings)
 
 
 class BackendSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -57,9 +73,14 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Groups (tasks, with all their rollouts) per step saved to OUT/samples/ for `rllm view`; 0: none.
     sample_groups: int = 2
     algorithm: AlgorithmConfig = msgspec.field(default_factory=AlgorithmConfig)
-    rollout: RolloutSection = msgspec.field(default_factory=RolloutSection)
+    rollout: RolloutSettings = msgspec.field(default_factory=training_rollout)
     backend: BackendSection = msgspec.field(default_factory=BackendSection)
     gateway: GatewaySection = msgspec.field(default_factory=GatewaySection)
+
+    def engine_rollout(self, model: str) -> RolloutConfig:
+        """The RolloutConfig of this run's engine: the ``rollout`` settings, the backend's served
+        ``model`` name, and no engine progress bar (the trainer draws its own)."""
+        return RolloutConfig(**msgspec.structs.asdict(self.rollout), model=model, progress=False)
 
     def __post_init__(self) -> None:
         for name in ("total_steps", "tasks_per_step", "group_size"):
@@ -88,5 +109,15 @@ def load_config(
 
 
 def config_from_dict(doc: dict[str, Any]) -> TrainerConfig:
-    """A TrainerConfig from plain data; a ConfigError naming the dotted key otherwise."""
+    """A TrainerConfig from plain data; a ConfigError naming the dotted key otherwise.
+
+    Keys missing from the ``rollout`` section take the trainer's defaults
+    (``TRAINING_ROLLOUT_DEFAULTS``), the others RolloutSettings' own.
+    """
+    rollout = doc.get("rollout", {})
+    if isinstance(rollout, dict):
+        for key, instead in TRAINER_DECIDES.items():
+            if key in rollout:
+                raise ConfigError.for_key(f"rollout.{key}", f"the trainer sets it: {instead}")
+        doc = {**doc, "rollout": {**copy.deepcopy(TRAINING_ROLLOUT_DEFAULTS), **rollout}}
     return convert_config(doc, TrainerConfig)
