@@ -26,7 +26,7 @@ class RolloutSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     thread pool for *sync* flows (default: ``concurrency``). ``val_sampling`` replaces
     ``sampling`` for validation runs. ``workers`` > 1 runs the flows in that many processes, each with its own embedded gateway
     (or attached to the same one), for more agent traffic than one core carries; flows must then
-    be importable (see :mod:`rllm.engine.workers`); each runs its share of ``concurrency`` and
+    be importable (see :mod:`rllm.engine.flow_processes`); each runs its share of ``concurrency`` and
     holds ``worker_prefetch`` more jobs queued (default: half its share), so its slots stay busy
     while this process is briefly stalled (e.g. collecting garbage). ``gc_gen0_threshold``
     raises CPython's young-generation GC threshold while the engine runs (see

@@ -12,7 +12,7 @@ import time
 import uuid
 from typing import Any
 
-from rllm.backends.tinker.local.engine import GeneratedSequence, GenerationRequest
+from rllm.backends.tinker.local.generation import GeneratedSequence, GenerationRequest
 from rllm.types.errors import RLLMError
 
 MAX_N = 128
