@@ -1,4 +1,4 @@
-"""``rllm-gateway serve``: run a gateway from a config file (TOML/YAML) and flags (flags win)."""
+"""``rllm-gateway serve``: run a gateway from a config file (TOML/YAML/JSON) and flags (flags win)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run the gateway until SIGINT/SIGTERM")
     s.add_argument(
-        "--config", help="TOML or YAML file with gateway settings (a [gateway] table or top level)"
+        "--config", help="TOML, YAML or JSON file with gateway settings (a [gateway] table or top level)"
     )
     s.add_argument("--host")
     s.add_argument("--port", type=int)
