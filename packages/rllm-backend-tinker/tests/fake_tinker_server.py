@@ -44,6 +44,8 @@ import zstandard
 from aiohttp import web
 from tinker.proto import tinker_public_pb2 as pb
 
+from rllm.types.errors import RLLMError
+
 API = "/api/v1"
 FAKE_API_KEY = "tml-fake-test-key"
 
@@ -60,7 +62,7 @@ LOSS_CONFIG_KEYS = {"ppo": CLIP_CONFIG, "cispo": CLIP_CONFIG, "gspo": CLIP_CONFI
 ADAM_KEYS = {"learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm"}
 
 
-class ContractError(ValueError):
+class ContractError(RLLMError, ValueError):
     """A request that breaks the contract between the SDK and the service."""
 
 

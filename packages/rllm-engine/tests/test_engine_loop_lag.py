@@ -60,7 +60,7 @@ async def test_episodes_carry_the_lag_and_a_blocking_flow_gets_one_warning(gatew
     config = RolloutConfig(concurrency=2, progress=False)
     caplog.set_level(logging.WARNING, logger="rllm.engine")
     async with async_openai(AgentConfig(base_url=gateway.url)):
-        pass  # the clients' shared SSL context is built once (~45 ms of blocking), before timing
+        pass  # the clients' shared SSL context is built once (it blocks the loop), before timing
     async with RolloutEngine(answer_then_block, None, config, gateway_url=gateway.url) as engine:
         (calm,) = await engine.run([{"id": "calm", "instruction": "What is 2+2?"}])
         assert calm.metrics["loop_lag_s"] < 0.1

@@ -38,19 +38,23 @@ def test_config_yaml(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("overrides", "message"),
+    ("overrides", "key", "message"),
     [
-        (["algorithm.clip_hgh=0.3"], "algorithm"),
-        (["total_steps=many"], "total_steps"),
-        (["rollout.sampling.top_p=3"], "top_p"),
-        (["total_steps=0"], "total_steps must be >= 1"),
-        (["val_every=5"], "val_split"),
-        (["nonsense"], "key.sub=value"),
+        (["algorithm.clip_hgh=0.3"], "algorithm.clip_hgh", "unknown key"),
+        (["total_steps=many"], "total_steps", "Expected `int`"),
+        (["rollout.sampling.top_p=3"], "rollout.sampling.top_p", "top_p"),
+        (["total_steps=0"], "total_steps", "total_steps must be >= 1"),
+        (["val_every=5"], "val_split", "val_split"),
+        (["algorithm.estimator_by_role.judge=3"], "algorithm.estimator_by_role.judge", "Expected `str`"),
+        (["nonsense"], "", "key.sub=value"),
     ],
 )
-def test_bad_config_is_refused_naming_the_key(overrides: list[str], message: str) -> None:
-    with pytest.raises(ConfigError, match=message):
+def test_bad_config_is_refused_naming_the_key(overrides: list[str], key: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as err:
         load_config(None, overrides, base={"cookbook": "say"})
+    assert err.value.key == key
+    if key:
+        assert str(err.value).startswith(f"config key `{key}`: ")
 
 
 def test_missing_or_invalid_file(tmp_path: Path) -> None:
@@ -60,6 +64,17 @@ def test_missing_or_invalid_file(tmp_path: Path) -> None:
     bad.write_text("cookbook = \n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(bad)
+    # The format follows the suffix: nothing is read as YAML by default any more.
+    odd = tmp_path / "run.cfg"
+    odd.write_text("cookbook: say\n")
+    with pytest.raises(ConfigError, match=r"unknown suffix '\.cfg'; accepted: \.toml, \.yaml, \.yml, \.json"):
+        load_config(odd)
+
+
+def test_config_json(tmp_path: Path) -> None:
+    path = tmp_path / "run.json"
+    path.write_text('{"cookbook": "say", "algorithm": {"estimator": "rloo"}}')
+    assert load_config(path, ["total_steps=4"]).algorithm.estimator == "rloo"
 
 
 def test_data_order_is_seeded_and_resumable() -> None:

@@ -195,7 +195,7 @@ async def test_frames_survive_any_chunking_over_a_real_socket_pair():
     import asyncio
     import socket
 
-    from rllm.engine.workers import _HEADER, _Frames
+    from rllm.engine.flow_processes import _HEADER, _Frames
 
     payloads = [b"", b"x", bytes(range(256)) * 3, b"y" * (3 << 20), b"tail"]
     wire = b"".join(_HEADER.pack(len(p)) + p for p in payloads)
@@ -228,7 +228,7 @@ async def test_frames_sent_in_one_loop_pass_go_out_together_and_in_order():
     import asyncio
     import socket
 
-    from rllm.engine.workers import _Frames
+    from rllm.engine.flow_processes import _Frames
 
     loop = asyncio.get_running_loop()
     a, b = socket.socketpair()
@@ -256,7 +256,7 @@ async def test_a_bad_frame_closes_the_pipe():
     import asyncio
     import socket
 
-    from rllm.engine.workers import _HEADER, _Frames
+    from rllm.engine.flow_processes import _HEADER, _Frames
 
     def refuse(view: memoryview) -> None:
         raise ValueError("not a frame we know")
@@ -272,15 +272,15 @@ async def test_a_bad_frame_closes_the_pipe():
 
 
 def test_worker_shares_and_prefetch():
-    from rllm.engine.workers import WorkerPool
+    from rllm.engine.flow_processes import FlowProcessPool
     from rllm.types import InvariantError
 
-    pool = WorkerPool(3, {}, concurrency=1000)
+    pool = FlowProcessPool(3, {}, concurrency=1000)
     assert pool.slots == [334, 333, 333] and pool.prefetch == 166  # half a share queued ahead
     assert pool.capacity == 1000 + 3 * 166
-    exact = WorkerPool(3, {}, concurrency=10, prefetch=0)
+    exact = FlowProcessPool(3, {}, concurrency=10, prefetch=0)
     assert exact.capacity == 10  # no jobs queued ahead: every job the pool takes runs at once
-    few = WorkerPool(4, {}, concurrency=2)
+    few = FlowProcessPool(4, {}, concurrency=2)
     assert few.slots == [1, 1, 0, 0] and few.capacity == 4  # workers without a share get nothing
     with pytest.raises(InvariantError, match="worker_prefetch"):
         RolloutConfig(worker_prefetch=-1)

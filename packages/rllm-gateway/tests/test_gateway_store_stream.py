@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from rllm.gateway import GatewayClient, GatewayConfig, GatewayServer, SqliteTraceStore, load_config
-from rllm.types import SchemaError, TraceRecord
+from rllm.types import ConfigError, TraceRecord
 
 
 async def _start_cli(*args: str) -> tuple[subprocess.Popen, str]:
@@ -105,12 +105,20 @@ def test_config_file_and_flags(tmp_path):
     assert load_config(y).session_auth is True
     bad = tmp_path / "bad.toml"
     bad.write_text('store = "redis://x"\n')
-    with pytest.raises(SchemaError, match="store"):
+    with pytest.raises(ConfigError, match="store") as err:
         load_config(bad)
-    with pytest.raises(SchemaError, match="upstreams"):
+    assert err.value.key == "store" and str(bad) in str(err.value)
+    with pytest.raises(ConfigError, match="upstreams") as err:
         load_config(None, upstreams=["localhost:8000"])
-    with pytest.raises(SchemaError, match="unknown"):
+    assert err.value.key == "upstreams[0]"
+    with pytest.raises(ConfigError, match="unknown") as err:
         load_config(None, colour="red")
+    assert err.value.key == "colour"
+    j = tmp_path / "gw.json"
+    j.write_text('{"gateway": {"port": 9001}}')
+    assert load_config(j).port == 9001
+    with pytest.raises(ConfigError, match=r"\.toml, \.yaml, \.yml, \.json"):
+        load_config(tmp_path / "gw.ini")
 
 
 def test_cli_rejects_bad_config(tmp_path):

@@ -19,7 +19,7 @@ async def test_clients_share_one_ssl_context_and_target_the_session():
     plain, judge = async_openai(config), async_openai(config, role="judge")
     tls = async_openai(AgentConfig(base_url="https://example.invalid/v1"))
     try:
-        # httpx would build a fresh context per client (even with verify=False): ~1 ms each
+        # httpx would build a fresh context per client (even with verify=False), most of its cost
         assert _ssl_context(plain) is _ssl_context(judge) is _ssl_context(tls)
         assert str(plain.base_url) == "http://127.0.0.1:9/sessions/s1/v1/"
         assert str(judge.base_url) == "http://127.0.0.1:9/sessions/s1/roles/judge/v1/"

@@ -11,6 +11,8 @@ import re
 from collections import Counter
 from fractions import Fraction
 
+from rllm.types.errors import RLLMError
+
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _OPS = {
     ast.Add: Fraction.__add__,
@@ -20,7 +22,7 @@ _OPS = {
 }
 
 
-class BadEquation(ValueError):
+class BadEquation(RLLMError, ValueError):
     """The answer is not an arithmetic expression over integers."""
 
 

@@ -6,6 +6,8 @@ import ast
 import math
 import operator
 
+from rllm.types.errors import RLLMError
+
 _BINARY = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
@@ -19,7 +21,7 @@ _FUNCTIONS = {"abs": abs, "round": round, "min": min, "max": max, "sqrt": math.s
 MAX_EXPONENT = 100  # 10**10**10 would hang the process, not raise
 
 
-class CalculatorError(ValueError):
+class CalculatorError(RLLMError, ValueError):
     """The expression is not plain arithmetic (or cannot be computed)."""
 
 

@@ -120,8 +120,8 @@ TRAIN_DEFAULTS = {
     "val_every": 20,
     "ckpt_every": 40,
     # Two flow processes (each with its own gateway): the sampler, the trainer and the agents
-    # then stop sharing one interpreter; on 2 cores 160 steps took 101-113 s instead of
-    # 169-178 s, which pays for the 40 more steps that end the main job well above 0.9.
+    # then stop sharing one interpreter, and the time this saves pays for the 40 more steps that
+    # end the main job well above 0.9 (benchmarks/RESULTS.md, "The main job").
     "rollout": {"workers": 2, "sampling": {"temperature": 1.0, "max_tokens": 2}},
     "algorithm": {"step_credit": "turn", "gamma": 0.0},
     # Suggested settings for backends that build a tiny model (tinker's local service): a

@@ -7,6 +7,10 @@ from typing import Literal
 
 import msgspec
 
+# Raised when an option has a value rLLM cannot honour (the message names the option); one class
+# for every config error of the project, re-exported here where users import it from.
+from rllm.types.errors import ConfigError
+
 Aggregation = Literal[
     "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
 ]
@@ -25,10 +29,6 @@ STEP_CREDITS: tuple[str, ...] = ("broadcast", "turn")
 # Names accepted in ``mask_terminations``: every TerminationReason value, plus "errors" for both
 # error kinds (agent and infrastructure), which users nearly always want to mask together.
 ERROR_TERMINATIONS: tuple[str, ...] = ("agent_error", "infra_error")
-
-
-class ConfigError(ValueError):
-    """An AlgorithmConfig option has a value rLLM cannot honour; the message names the option."""
 
 
 class AlgorithmConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

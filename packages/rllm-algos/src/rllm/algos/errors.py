@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from rllm.types.errors import RLLMError
 
-class AlgorithmInputError(ValueError):
+
+class AlgorithmInputError(RLLMError, ValueError):
     """Episodes, groups, rewards or tensors that would give a wrong or NaN result.
 
     Raised instead of producing a silent NaN advantage or loss; the message names what was wrong

@@ -13,8 +13,7 @@ import click
 from rich.console import Console
 
 from rllm.engine.plugins import PluginNotFoundError
-from rllm.engine.trainer_config import ConfigError
-from rllm.types import SchemaError
+from rllm.types import ConfigError, RLLMError, SchemaError
 
 BAD_INPUT = 2
 FAILED = 1
@@ -37,7 +36,7 @@ HINTS: dict[type[BaseException], str] = {
 }
 
 
-class CliError(click.ClickException):
+class CliError(RLLMError, click.ClickException):
     """A one-line error with an optional hint, printed without a traceback."""
 
     def __init__(self, message: str, hint: str | None = None, exit_code: int = BAD_INPUT) -> None:

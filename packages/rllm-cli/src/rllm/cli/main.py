@@ -68,7 +68,7 @@ def cli(debug: bool) -> None:
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
 @click.option("--backend", default=None, help="training backend (default: tinker)")
 @click.option(
-    "--config", type=click.Path(path_type=Path), default=None, help="TOML or YAML TrainerConfig file"
+    "--config", type=click.Path(path_type=Path), default=None, help="TrainerConfig file (TOML, YAML or JSON)"
 )
 @click.option("--out", default=None, help="run directory (default runs/NAME)")
 @click.option("--resume", is_flag=True, help="continue from the run directory's latest checkpoint")

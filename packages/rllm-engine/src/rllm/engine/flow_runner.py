@@ -15,8 +15,10 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
+from rllm.types.errors import RLLMError
 
-class DeadlineExceeded(TimeoutError):
+
+class DeadlineExceeded(RLLMError, TimeoutError):
     """The engine's deadline (not a timeout inside the flow) expired."""
 
 

@@ -8,9 +8,8 @@ rollout in the process pays it. The engine stamps it on each Episode (``metrics[
 and warns once when it stays large, naming the two usual causes. Only ticks while rollouts run
 count (a trainer's update between batches is not the rollouts' concern), and the warning needs
 most recent ticks late, not one: the first use of a client library blocks once (openai imports
-its resources lazily: ~0.4 s), and a sampler or trainer sharing the process delays the loop now
-and then (the main job on 2 cores: worst per step 20–260 ms with the flows in its process, median
-~35 ms in its two flow processes) without the flows being the bottleneck.
+its resources lazily), and a sampler or trainer sharing the process delays the loop now and then
+without the flows being the bottleneck (the main job's figures are in benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations

@@ -6,12 +6,13 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from rllm.sdk.cookbook import Cookbook
+from rllm.types.errors import RLLMError
 
 BACKENDS_GROUP = "rllm.backends"
 COOKBOOKS_GROUP = "rllm.cookbooks"
 
 
-class PluginNotFoundError(LookupError):
+class PluginNotFoundError(RLLMError, LookupError):
     """No installed package registers that backend or cookbook name."""
 
 

@@ -1,4 +1,10 @@
-"""RolloutConfig: how many rollouts, how concurrent, how long each may take, how often to retry."""
+"""How rollouts run: RolloutSettings (concurrency, deadlines, retries, sampling, processes,
+sandboxes), and RolloutConfig, which adds what the one running the engine decides itself.
+
+A training config's ``rollout`` section is a RolloutSettings; the Trainer completes it into the
+RolloutConfig of its engine (``n`` from ``group_size``, the backend's model name, its own
+progress display), so each setting is defined here once.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +15,8 @@ import msgspec
 from rllm.types import InvariantError, SamplingParams
 
 
-class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """Settings of a :class:`~rllm.engine.rollout_engine.RolloutEngine`.
+class RolloutSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """How the rollouts of a :class:`~rllm.engine.rollout_engine.RolloutEngine` run.
 
     ``deadline_s`` bounds one attempt of one rollout (None: no deadline). ``max_retries`` counts
     extra attempts after an infrastructure failure (gateway/upstream), each on a fresh session;
@@ -20,7 +26,7 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     thread pool for *sync* flows (default: ``concurrency``). ``val_sampling`` replaces
     ``sampling`` for validation runs. ``workers`` > 1 runs the flows in that many processes, each with its own embedded gateway
     (or attached to the same one), for more agent traffic than one core carries; flows must then
-    be importable (see :mod:`rllm.engine.workers`); each runs its share of ``concurrency`` and
+    be importable (see :mod:`rllm.engine.flow_processes`); each runs its share of ``concurrency`` and
     holds ``worker_prefetch`` more jobs queued (default: half its share), so its slots stay busy
     while this process is briefly stalled (e.g. collecting garbage). ``gc_gen0_threshold``
     raises CPython's young-generation GC threshold while the engine runs (see
@@ -29,17 +35,14 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ``docker`` or ``e2b``), with ``sandbox_warm`` of them prepared ahead (see :mod:`rllm.engine.sandbox`).
     """
 
-    n: int = 1
     concurrency: int = 64
     deadline_s: float | None = 600.0
     max_retries: int = 2
     retry_backoff_s: float = 1.0
     eval_timeout_s: float | None = 300.0
-    model: str = "default"
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
     val_sampling: SamplingParams | None = None
     flow_threads: int | None = None
-    progress: bool = True
     keep_sessions: bool = False
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
     gc_gen0_threshold: int | None = 50_000
@@ -49,8 +52,6 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     sandbox_warm: int = 0
 
     def __post_init__(self) -> None:
-        if self.n < 1:
-            raise InvariantError(f"n (rollouts per task) must be >= 1, got {self.n}", "n")
         if self.concurrency < 1:
             raise InvariantError(f"concurrency must be >= 1, got {self.concurrency}", "concurrency")
         if self.deadline_s is not None and self.deadline_s <= 0:
@@ -87,3 +88,17 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def sampling_for(self, is_validation: bool) -> SamplingParams:
         return self.val_sampling if is_validation and self.val_sampling is not None else self.sampling
+
+
+class RolloutConfig(RolloutSettings, kw_only=True, forbid_unknown_fields=True):
+    """RolloutSettings plus what the caller decides for its engine: ``n`` rollouts per task (a
+    run may ask for another), the ``model`` name agents send, and whether to draw a progress bar."""
+
+    n: int = 1
+    model: str = "default"
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.n < 1:
+            raise InvariantError(f"n (rollouts per task) must be >= 1, got {self.n}", "n")

@@ -21,12 +21,12 @@ import msgspec
 
 from rllm.engine.episode_builder import build_episode, failed_episode
 from rllm.engine.failures import FAILED, RETRYABLE, classify_exception
+from rllm.engine.flow_processes import FlowProcessDied, FlowProcessPool, GatewayGroup
 from rllm.engine.flow_runner import DeadlineExceeded, call_with_deadline
 from rllm.engine.loop_lag import LoopLagMonitor
-from rllm.engine.progress import RolloutProgress
 from rllm.engine.rollout_config import RolloutConfig
+from rllm.engine.rollout_progress import RolloutProgress
 from rllm.engine.sandbox.provider import SandboxProvider, make_backend
-from rllm.engine.workers import GatewayGroup, WorkerDied, WorkerPool
 from rllm.runtime.gc_threshold import raise_gc_threshold, restore_gc_threshold
 from rllm.sdk.evaluator import EvaluatorFn, as_evaluator, to_eval_output
 from rllm.sdk.flow import RolloutFlow, as_flow
@@ -100,7 +100,7 @@ class RolloutEngine:
         self._deletions: set[asyncio.Task[None]] = set()
         self._finish_route = True  # False once an attached (older) gateway lacked it
         self._gc_restore: tuple[int, int, int] | None = None
-        self._pool: WorkerPool | None = None
+        self._pool: FlowProcessPool | None = None
         self._running = 0  # rollouts in progress in this process
         # The loop the flows run on (each worker process has its own), while they run.
         self._lag = LoopLagMonitor(busy=lambda: self._running > 0)
@@ -179,7 +179,7 @@ class RolloutEngine:
             "upstreams": self._upstreams or None,
             "gateway_config": self._gateway_config,
         }
-        self._pool = await WorkerPool(
+        self._pool = await FlowProcessPool(
             self.config.workers,
             kwargs,
             concurrency=self.config.concurrency,
@@ -287,7 +287,7 @@ class RolloutEngine:
                     finished.put_nowait(ti)
 
         # With worker processes, each enforces its share of the concurrency and queues a few
-        # jobs more (see WorkerPool): keep that many in flight from here.
+        # jobs more (see FlowProcessPool): keep that many in flight from here.
         width = self._pool.capacity if self._pool is not None else self.config.concurrency
         workers = [asyncio.create_task(worker()) for _ in range(min(width, total))]
         try:
@@ -349,7 +349,7 @@ class RolloutEngine:
         for _ in range(self.config.max_retries + 1):
             try:
                 return await self._pool.run_one(task, rollout_index, is_validation, model)
-            except WorkerDied as exc:
+            except FlowProcessDied as exc:
                 died = exc
         episode = failed_episode(
             task.id, rollout_index, TerminationReason.INFRA_ERROR, ErrorInfo.from_exception(died)

@@ -13,10 +13,11 @@ from collections.abc import Iterable
 
 from rllm.engine.backend import TrainSequence
 from rllm.types import FloatArray, ImageBlock, Step, TokenArray, Trajectory, TrajectoryGroup
+from rllm.types.errors import RLLMError
 from rllm.types.images import IMAGE_REF_PREFIX
 
 
-class MissingTokensError(ValueError):
+class MissingTokensError(RLLMError, ValueError):
     """A step has no token ids: training needs a sampler that returns them (not a hosted API)."""
 
 

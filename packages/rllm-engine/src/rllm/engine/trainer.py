@@ -29,7 +29,6 @@ from rllm.engine.metrics_log import (
     truncate_history,
     write_episode_sample,
 )
-from rllm.engine.rollout_config import RolloutConfig
 from rllm.engine.rollout_engine import RolloutEngine
 from rllm.engine.sequences import sequences_from_groups
 from rllm.engine.train_progress import TrainProgress
@@ -79,7 +78,7 @@ class Trainer:
             engine = RolloutEngine(
                 self.cookbook.flow,
                 self.cookbook.evaluator,
-                self._rollout_config(),
+                cfg.engine_rollout(self.backend.served_model_name()),
                 gateway_config=self._gateway_config(),
             )
             await engine.start()
@@ -190,21 +189,6 @@ class Trainer:
             tokenizer_path=tokenizer,
             auto_create_sessions=False,
             health_interval_s=1.0,
-        )
-
-    def _rollout_config(self) -> RolloutConfig:
-        r = self.config.rollout
-        return RolloutConfig(
-            concurrency=r.concurrency,
-            workers=r.workers,
-            deadline_s=r.deadline_s,
-            max_retries=r.max_retries,
-            sampling=r.sampling,
-            val_sampling=r.val_sampling,
-            sandbox_backend=r.sandbox_backend,
-            sandbox_warm=r.sandbox_warm,
-            model=self.backend.served_model_name(),
-            progress=False,
         )
 
 

@@ -1,4 +1,4 @@
-"""TrainerConfig: one typed config for a training run, from TOML/YAML plus `a.b=value` overrides.
+"""TrainerConfig: one typed config for a training run, from TOML/YAML/JSON plus `a.b=value` overrides.
 
 Validated up front: an unknown key, a mistyped value or an algorithm option the chosen backend
 cannot honour stops the run before anything starts, with the key's dotted path in the message.
@@ -7,31 +7,41 @@ cannot honour stops the run before anything starts, with the key's dotted path i
 from __future__ import annotations
 
 import copy
-import re
-import tomllib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
-import yaml
 
 from rllm.algos.config import AlgorithmConfig
-from rllm.types import SamplingParams
+from rllm.engine.rollout_config import RolloutConfig, RolloutSettings
+from rllm.types import ConfigError
+from rllm.types.config_file import apply_overrides, convert_config, merge_config, read_config_file
+
+# The trainer's own rollout defaults, kept apart from RolloutEngine's on purpose: a training step
+# waits for its slowest rollout, so a stuck one is cut off sooner (120 s, not 600 s) and retried
+# once, not twice; rollouts sample from the policy itself (temperature 1) and validation is
+# greedy (temperature 0). Any key a config gives replaces its default here (``rollout.sampling``
+# as a whole, as for every other key of the section).
+TRAINING_ROLLOUT_DEFAULTS: dict[str, Any] = {
+    "deadline_s": 120.0,
+    "max_retries": 1,
+    "sampling": {"temperature": 1.0},
+    "val_sampling": {"temperature": 0.0},
+}
 
 
-class ConfigError(ValueError):
-    """A config file, key or override is wrong; the message names the dotted key."""
+# RolloutConfig's own keys, which a training config does not have: the trainer decides them.
+TRAINER_DECIDES: dict[str, str] = {
+    "n": "set `group_size` (rollouts per task)",
+    "model": "agents get the backend's served model name",
+    "progress": "set `progress` (the trainer's own display)",
+}
 
 
-class RolloutSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    concurrency: int = 64
-    workers: int = 1  # processes running flows, each with its own gateway (RolloutConfig.workers)
-    deadline_s: float = 120.0
-    max_retries: int = 1
-    sampling: SamplingParams = msgspec.field(default_factory=lambda: SamplingParams(temperature=1.0))
-    val_sampling: SamplingParams = msgspec.field(default_factory=lambda: SamplingParams(temperature=0.0))
-    sandbox_backend: str = "bubblewrap"  # for flows marked @needs_sandbox (RolloutConfig)
-    sandbox_warm: int = 0
+def training_rollout(**settings: Any) -> RolloutSettings:
+    """A training config's ``rollout`` section: the trainer's defaults, then ``settings``."""
+    return convert_config({**copy.deepcopy(TRAINING_ROLLOUT_DEFAULTS), **settings}, RolloutSettings)
 
 
 class BackendSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -63,78 +73,51 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Groups (tasks, with all their rollouts) per step saved to OUT/samples/ for `rllm view`; 0: none.
     sample_groups: int = 2
     algorithm: AlgorithmConfig = msgspec.field(default_factory=AlgorithmConfig)
-    rollout: RolloutSection = msgspec.field(default_factory=RolloutSection)
+    rollout: RolloutSettings = msgspec.field(default_factory=training_rollout)
     backend: BackendSection = msgspec.field(default_factory=BackendSection)
     gateway: GatewaySection = msgspec.field(default_factory=GatewaySection)
+
+    def engine_rollout(self, model: str) -> RolloutConfig:
+        """The RolloutConfig of this run's engine: the ``rollout`` settings, the backend's served
+        ``model`` name, and no engine progress bar (the trainer draws its own)."""
+        return RolloutConfig(**msgspec.structs.asdict(self.rollout), model=model, progress=False)
 
     def __post_init__(self) -> None:
         for name in ("total_steps", "tasks_per_step", "group_size"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise ConfigError.for_key(name, f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("val_every", "ckpt_every", "sample_groups"):
             if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0 (0 turns it off), got {getattr(self, name)}")
+                raise ConfigError.for_key(
+                    name, f"{name} must be >= 0 (0 turns it off), got {getattr(self, name)}"
+                )
         if self.val_every and not self.val_split:
-            raise ConfigError("val_every is set but val_split is not: name the split to validate on")
+            raise ConfigError.for_key(
+                "val_split", "val_every is set but val_split is not: name the split to validate on"
+            )
 
 
 def load_config(
-    path: str | Path | None, overrides: list[str] = (), base: dict[str, Any] | None = None
+    path: str | Path | None, overrides: Iterable[str] = (), base: dict[str, Any] | None = None
 ) -> TrainerConfig:
-    """Read a TOML or YAML file (optional), apply ``key.sub=value`` overrides, validate."""
-    doc: dict[str, Any] = copy.deepcopy(base or {})  # overrides must never edit the caller's defaults
+    """``base``, then a TOML, YAML or JSON file (optional), then ``key.sub=value`` overrides,
+    validated (see :mod:`rllm.types.config_file`)."""
+    doc: dict[str, Any] = dict(base or {})
     if path is not None:
-        doc = _merge(doc, read_config_file(Path(path)))
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"override {item!r} is not of the form key.sub=value")
-        _set_dotted(doc, key.strip(), yaml.safe_load(raw) if raw.strip() else "")
-    return config_from_dict(doc)
+        doc = merge_config(doc, read_config_file(path))
+    return config_from_dict(apply_overrides(doc, overrides))
 
 
 def config_from_dict(doc: dict[str, Any]) -> TrainerConfig:
-    try:
-        return msgspec.convert(doc, TrainerConfig)
-    except msgspec.ValidationError as exc:
-        message, _, where = str(exc).rpartition(" - at `")
-        if not message:
-            message, where = str(exc), ""
-        key = where.rstrip("`").removeprefix("$").removeprefix(".")
-        if unknown := re.fullmatch(r"Object contains unknown field `(.+)`", message):
-            key = f"{key}.{unknown[1]}" if key else unknown[1]
-            message = "unknown key"
-        raise ConfigError(f"config key `{key}`: {message}" if key else message) from None
+    """A TrainerConfig from plain data; a ConfigError naming the dotted key otherwise.
 
-
-def read_config_file(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
-    text = path.read_text()
-    try:
-        doc = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
-    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"config file {path} is not valid {path.suffix[1:].upper()}: {exc}") from None
-    if not isinstance(doc, dict):
-        raise ConfigError(f"config file {path} must hold a mapping at the top level")
-    return doc
-
-
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in extra.items():
-        out[key] = (
-            _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-        )
-    return out
-
-
-def _set_dotted(doc: dict[str, Any], key: str, value: Any) -> None:
-    *parents, leaf = key.split(".")
-    node = doc
-    for part in parents:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"override {key!r}: `{part}` is a value, not a section")
-        node = child
-    node[leaf] = value
+    Keys missing from the ``rollout`` section take the trainer's defaults
+    (``TRAINING_ROLLOUT_DEFAULTS``), the others RolloutSettings' own.
+    """
+    rollout = doc.get("rollout", {})
+    if isinstance(rollout, dict):
+        for key, instead in TRAINER_DECIDES.items():
+            if key in rollout:
+                raise ConfigError.for_key(f"rollout.{key}", f"the trainer sets it: {instead}")
+        doc = {**doc, "rollout": {**copy.deepcopy(TRAINING_ROLLOUT_DEFAULTS), **rollout}}
+    return convert_config(doc, TrainerConfig)

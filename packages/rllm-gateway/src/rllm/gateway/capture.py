@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rllm.types import SamplingParams
+from rllm.types.errors import RLLMError
 
 SAMPLING_FIELDS = ("temperature", "top_p", "max_tokens", "stop", "seed")
 
@@ -119,7 +120,7 @@ def capture_response(resp: dict[str, Any], *, chat: bool) -> Captured:
     return cap
 
 
-class UpstreamShapeError(ValueError):
+class UpstreamShapeError(RLLMError, ValueError):
     """The upstream answered valid JSON of the wrong shape; the message names what was wrong."""
 
 

@@ -1,4 +1,4 @@
-"""``rllm-gateway serve``: run a gateway from a config file (TOML/YAML) and flags (flags win)."""
+"""``rllm-gateway serve``: run a gateway from a config file (TOML/YAML/JSON) and flags (flags win)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 from rllm.gateway.config import GatewayConfig, load_config
 from rllm.gateway.server import GatewayServer
 from rllm.runtime.gc_threshold import raise_gc_threshold
-from rllm.types import SchemaError
+from rllm.types import ConfigError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,7 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run the gateway until SIGINT/SIGTERM")
     s.add_argument(
-        "--config", help="TOML or YAML file with gateway settings (a [gateway] table or top level)"
+        "--config", help="TOML, YAML or JSON file with gateway settings (a [gateway] table or top level)"
     )
     s.add_argument("--host")
     s.add_argument("--port", type=int)
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides["hosted_api_key"] = os.environ["RLLM_GATEWAY_HOSTED_API_KEY"]
     try:
         config = load_config(args.config, **overrides)
-    except (SchemaError, OSError) as exc:
+    except (ConfigError, OSError) as exc:
         print(f"rllm-gateway: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(

@@ -14,6 +14,7 @@ import msgspec
 
 from rllm.runtime.http_client import FastHttpPool
 from rllm.types import SamplingParams, TraceRecord, from_msgpack, to_builtins
+from rllm.types.errors import RLLMError
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
@@ -34,7 +35,7 @@ class SessionInfo(msgspec.Struct):
     base_url: str
 
 
-class GatewayAPIError(RuntimeError):
+class GatewayAPIError(RLLMError, RuntimeError):
     """The gateway answered an admin call with an error (status and OpenAI-style message)."""
 
     def __init__(self, status: int, message: str, method: str, path: str) -> None:

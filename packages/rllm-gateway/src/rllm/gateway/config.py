@@ -1,4 +1,4 @@
-"""GatewayConfig: every knob of the gateway, typed, loadable from TOML/YAML and CLI flags."""
+"""GatewayConfig: every knob of the gateway, typed, loadable from TOML/YAML/JSON and CLI flags."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from rllm.types import InvariantError, SamplingParams, SchemaError, convert
+from rllm.types import InvariantError, SamplingParams
+from rllm.types.config_file import convert_config, read_config_file
 from rllm.types.images import ImageLimits
 
 
@@ -139,37 +140,16 @@ def image_limits(config: GatewayConfig) -> ImageLimits:
 
 
 def load_config(path: str | Path | None = None, **overrides: Any) -> GatewayConfig:
-    """Read a TOML (``.toml``) or YAML (``.yaml``/``.yml``) file, then apply ``overrides``.
+    """Read a TOML, YAML or JSON file (by suffix, see :mod:`rllm.types.config_file`), then apply
+    ``overrides``.
 
     Overrides whose value is None are ignored so CLI flags that were not given do not mask
-    the file. A bad field raises SchemaError naming the field (and the file).
+    the file. A bad field raises ConfigError naming the field (and the file).
     """
     data: dict[str, Any] = {}
     if path is not None:
-        p = Path(path)
-        raw = p.read_bytes()
-        try:
-            if p.suffix == ".toml":
-                data = msgspec.toml.decode(raw)
-            elif p.suffix in (".yaml", ".yml"):
-                try:
-                    data = msgspec.yaml.decode(raw)
-                except ImportError:
-                    raise SchemaError(
-                        f"config file {p}: YAML needs PyYAML (pip install pyyaml); or use TOML"
-                    ) from None
-            elif p.suffix == ".json":
-                data = msgspec.json.decode(raw)
-            else:
-                raise SchemaError(f"config file {p} must end in .toml, .yaml, .yml or .json")
-        except msgspec.DecodeError as exc:
-            raise SchemaError(f"config file {p} is malformed: {exc}") from None
-        if not isinstance(data, dict):
-            raise SchemaError(f"config file {p} must hold a table/mapping at the top level")
+        data = read_config_file(path)
         data = dict(data.get("gateway", data))  # allow a [gateway] table
     data.update({k: v for k, v in overrides.items() if v is not None})
-    try:
-        return convert(data, GatewayConfig)
-    except SchemaError as exc:
-        where = f" in {path}" if path is not None else ""
-        raise SchemaError(f"invalid gateway config{where}: {exc.reason}", exc.path) from None
+    context = f"invalid gateway config in {path}" if path is not None else "invalid gateway config"
+    return convert_config(data, GatewayConfig, context=context)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from rllm.runtime.http_messages import Response
+from rllm.types.errors import RLLMError
 
 _encode = msgspec.json.Encoder().encode
 
@@ -24,7 +25,7 @@ _TYPES = {
 }
 
 
-class GatewayError(Exception):
+class GatewayError(RLLMError):
     """Raised inside a handler; the error middleware turns it into an OpenAI-style response."""
 
     def __init__(

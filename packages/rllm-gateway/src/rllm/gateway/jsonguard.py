@@ -14,11 +14,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from rllm.types.errors import RLLMError
+
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 
 
-class JsonLimitError(ValueError):
+class JsonLimitError(RLLMError, ValueError):
     """The document breaks a limit; ``path`` names where (``tools[0].parameters``...)."""
 
     def __init__(self, message: str, path: str) -> None:

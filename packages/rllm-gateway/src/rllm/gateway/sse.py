@@ -9,8 +9,10 @@ rather than unbounded memory.
 
 from __future__ import annotations
 
+from rllm.types.errors import RLLMError
 
-class EventTooLarge(ValueError):
+
+class EventTooLarge(RLLMError, ValueError):
     """One event outgrew ``max_event_bytes``."""
 
 

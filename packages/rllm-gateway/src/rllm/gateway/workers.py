@@ -20,8 +20,10 @@ from typing import Any
 
 import aiohttp
 
+from rllm.types.errors import RLLMError
 
-class NoHealthyWorker(Exception):
+
+class NoHealthyWorker(RLLMError):
     """No upstream can take the request (all down, or none configured)."""
 
 

@@ -20,16 +20,18 @@ from collections import deque
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
+from rllm.types.errors import RLLMError
 
-class UpstreamConnectError(ConnectionError):
+
+class UpstreamConnectError(RLLMError, ConnectionError):
     """Could not open a connection (the worker is down)."""
 
 
-class UpstreamDropped(ConnectionError):
+class UpstreamDropped(RLLMError, ConnectionError):
     """The connection closed before a whole response arrived."""
 
 
-class UpstreamBadResponse(Exception):
+class UpstreamBadResponse(RLLMError):
     """The upstream framed its answer wrongly (a bad Content-Length or chunk size) or sent more
     than the size limit. Not a connection error: retrying would not help, so it is a 502."""
 

@@ -6,13 +6,14 @@ import re
 from urllib.parse import unquote
 
 from rllm.runtime.http_messages import ErrorFactory, Handler, Request, Response, StreamResponse
+from rllm.types.errors import RLLMError
 
 
-class RouteNotFound(Exception):
+class RouteNotFound(RLLMError):
     """No route for the path (404)."""
 
 
-class MethodNotAllowed(Exception):
+class MethodNotAllowed(RLLMError):
     """The path exists, not for this method (405)."""
 
 

@@ -1,11 +1,11 @@
 """Cheap OpenAI clients for flows.
 
-Building an ``openai.AsyncOpenAI`` from scratch creates an httpx client and a fresh SSL context
-(about 45 ms here); a flow that does that per rollout spends more time building clients than
-talking to the model. One pool shared by hundreds of concurrent rollouts is no better: httpx
-scans its connections on every request. So each rollout gets its own small client, all of them
-sharing one SSL context: httpx builds a new one per client otherwise, even with
-``verify=False`` for plain-HTTP URLs (1.2 ms against 0.1 ms per client here). Close it when the
+Building an ``openai.AsyncOpenAI`` from scratch creates an httpx client and a fresh SSL context,
+so a flow that does that per rollout spends more time building clients than talking to the
+model (figures in benchmarks/RESULTS.md). One pool shared by hundreds of concurrent rollouts is
+no better: httpx scans its connections on every request. So each rollout gets its own small
+client, all of them sharing one SSL context, which is most of a client's cost: httpx builds a
+new one per client otherwise, even with ``verify=False`` for plain-HTTP URLs. Close it when the
 rollout ends (``async with async_openai(config) as client``).
 
 ``openai`` is an optional dependency (``pip install 'rllm-sdk[openai]'``), imported on first use.

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from rllm.types.errors import RLLMError
 
-class InfraError(RuntimeError):
+
+class InfraError(RLLMError, RuntimeError):
     """The model endpoint, a sandbox or another service the flow depends on failed.
 
     The engine treats it like a gateway/upstream failure: the rollout is retried on a fresh
@@ -12,5 +14,5 @@ class InfraError(RuntimeError):
     """
 
 
-class FlowReturnError(TypeError):
+class FlowReturnError(RLLMError, TypeError):
     """A flow returned something that is not an Episode, Trajectory, dict, str or None."""

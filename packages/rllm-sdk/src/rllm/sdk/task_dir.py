@@ -26,12 +26,13 @@ import msgspec
 
 from rllm.sdk.sandbox import ExecResult, Sandbox, SandboxLimits, SandboxSpec
 from rllm.types import Task, convert, to_builtins
+from rllm.types.errors import RLLMError
 
 TESTS_DIR = ".rllm-tests"
 _LIMIT_KEYS = ("cpu_s", "memory_mb", "max_procs", "output_bytes")
 
 
-class TaskDirError(ValueError):
+class TaskDirError(RLLMError, ValueError):
     """A task directory is missing a file or has a bad task.toml value (named in the message)."""
 
 

@@ -11,7 +11,7 @@ from rllm.types.episode import (
     TrajectoryGroup,
     new_id,
 )
-from rllm.types.errors import InvariantError, SchemaError
+from rllm.types.errors import ConfigError, InvariantError, RLLMError, SchemaError
 from rllm.types.messages import (
     ContentBlock,
     FunctionCall,
@@ -29,6 +29,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "Advantage",
     "AgentConfig",
+    "ConfigError",
     "ContentBlock",
     "Episode",
     "ErrorInfo",
@@ -39,6 +40,7 @@ __all__ = [
     "ImageURL",
     "InvariantError",
     "Message",
+    "RLLMError",
     "SamplingParams",
     "SchemaError",
     "Signal",

@@ -1,9 +1,17 @@
-"""Errors raised by rllm.types when data does not fit the schema."""
+"""The root of rLLM's exceptions, and the errors raised when data or a config does not fit."""
 
 from __future__ import annotations
 
 
-class SchemaError(ValueError):
+class RLLMError(Exception):
+    """Every exception rLLM defines derives from this one, so ``except RLLMError`` catches them all.
+
+    Each subclass also keeps the builtin base its meaning calls for (``ValueError`` for bad
+    input, ``ConnectionError`` for a lost peer, ...), so ``except ValueError`` still works.
+    """
+
+
+class SchemaError(RLLMError, ValueError):
     """A value does not fit the rLLM schema.
 
     ``path`` names the offending field from the root of the decoded object, e.g.
@@ -25,3 +33,24 @@ class InvariantError(SchemaError):
     def __init__(self, message: str, field: str) -> None:
         self.field = field
         super().__init__(message, field)
+
+
+class ConfigError(RLLMError, ValueError):
+    """A config file, key, override or option is wrong; the message names it.
+
+    ``key`` is the dotted key it blames (e.g. ``rollout.sampling.top_p``), "" when the error is
+    about the file as a whole or about several keys together.
+    """
+
+    def __init__(self, message: str, key: str = "") -> None:
+        self.key = key
+        super().__init__(message)
+
+    @classmethod
+    def for_key(cls, key: str, message: str) -> ConfigError:
+        """The error for one key, worded as every config error is: "config key `a.b`: ..."."""
+        return cls(f"config key `{key}`: {message}", key)
+
+    def __reduce__(self) -> tuple[type[ConfigError], tuple[str, str]]:
+        # Crosses process boundaries intact (the default would rebuild it from the message alone).
+        return (type(self), (str(self), self.key))

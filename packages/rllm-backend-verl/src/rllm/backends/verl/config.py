@@ -13,10 +13,12 @@ from typing import Any, Literal
 
 import msgspec
 
+from rllm.types.errors import RLLMError
+
 PREFIX = "backend.options"
 
 
-class BackendOptionsError(ValueError):
+class BackendOptionsError(RLLMError, ValueError):
     """A ``backend.options`` value the verl backend cannot use; the message names its dotted key."""
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from rllm.engine.backend import TrainSequence
+from rllm.types.errors import RLLMError
 from verl import DataProto
 
 # TrainSequence.metadata keys passed through to DataProto.non_tensor_batch.
@@ -23,7 +24,7 @@ MULTI_MODAL_KEY = "multi_modal_inputs"  # Qwen-VL style processor outputs (pixel
 POSITION_IDS_KEY = "position_ids"  # [channels, len(tokens)] (mrope); default: 1-D count of tokens
 
 
-class BatchConversionError(ValueError):
+class BatchConversionError(RLLMError, ValueError):
     """A TrainSequence cannot be laid out as a verl row; the message names the sequence."""
 
 

@@ -11,9 +11,10 @@ from typing import Any
 
 from rllm.engine.metrics_log import read_episode_sample, read_metrics, sample_path, sample_steps
 from rllm.types import Episode, Step, to_builtins
+from rllm.types.errors import RLLMError
 
 
-class RunNotFoundError(FileNotFoundError):
+class RunNotFoundError(RLLMError, FileNotFoundError):
     """The directory holds neither metrics nor episode samples."""
 
 

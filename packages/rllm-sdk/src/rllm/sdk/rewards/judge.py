@@ -12,6 +12,7 @@ from typing import Any
 
 from rllm.sdk.answer import final_answer
 from rllm.types import Episode, EvalOutput, Task
+from rllm.types.errors import RLLMError
 
 DEFAULT_JUDGE_PROMPT = """You are grading an answer to a task.
 
@@ -34,7 +35,7 @@ _VERDICT = re.compile(r"VERDICT\s*:\s*(CORRECT|INCORRECT)", re.IGNORECASE)
 _SCORE = re.compile(r"SCORE\s*:\s*([-+]?\d*\.?\d+)", re.IGNORECASE)
 
 
-class JudgeParseError(ValueError):
+class JudgeParseError(RLLMError, ValueError):
     """The judge model's reply had neither a VERDICT nor a SCORE line."""
 
 

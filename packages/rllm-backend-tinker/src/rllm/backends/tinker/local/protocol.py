@@ -12,13 +12,14 @@ import time
 import uuid
 from typing import Any
 
-from rllm.backends.tinker.local.engine import GeneratedSequence, GenerationRequest
+from rllm.backends.tinker.local.generation import GeneratedSequence, GenerationRequest
+from rllm.types.errors import RLLMError
 
 MAX_N = 128
 MAX_TOP_LOGPROBS = 20
 
 
-class RequestError(ValueError):
+class RequestError(RLLMError, ValueError):
     """A client error (HTTP 400) naming the offending parameter."""
 
     def __init__(self, message: str, param: str | None = None) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from rllm.backends.tinker.local.engine import SamplerEngine
+from rllm.backends.tinker.local.generation import SamplerEngine
 from rllm.backends.tinker.local.protocol import (
     MAX_TOP_LOGPROBS,
     RequestError,

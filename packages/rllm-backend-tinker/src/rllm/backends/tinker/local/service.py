@@ -14,7 +14,7 @@ import torch
 from rllm.algos.config import AlgorithmConfig
 from rllm.backends.tinker.config import TinkerBackendConfig
 from rllm.backends.tinker.local import checkpoint
-from rllm.backends.tinker.local.engine import SamplerEngine
+from rllm.backends.tinker.local.generation import SamplerEngine
 from rllm.backends.tinker.local.model import (
     configure_threads,
     load_policy,

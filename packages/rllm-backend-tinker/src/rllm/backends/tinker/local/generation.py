@@ -1,4 +1,5 @@
-"""SamplerEngine: dynamic batching of generation requests over one model, with a KV cache.
+"""Generation for the local sampler (SamplerEngine): dynamic batching of requests over one model,
+with a KV cache. (Token choice from the logits is `sampling.py`; the HTTP front is `server.py`.)
 
 A worker thread takes every queued request (up to ``max_batch`` sequences), left-pads the
 prompts into one batch and decodes them together with ``past_key_values``; requests arriving
