@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rllm.gateway.testing import MockUpstream
+from rllm.testing import MockUpstream
 
 
 def say_back(body: dict[str, Any]) -> str:

@@ -11,7 +11,7 @@ from rllm_cookbook_finqa.calculator import CalculatorError, calculate
 
 from rllm.engine.launch import task_vocabulary
 from rllm.engine.plugins import load_cookbook
-from rllm.gateway.testing import MockReply
+from rllm.testing import MockReply
 
 TABLES = {"t": {"columns": ["item", "fy2021", "fy2022"], "rows": [["revenue", 100, 125]]}}
 

@@ -15,8 +15,8 @@ from rllm_cookbook_terminal import TOOLS, load_tasks
 from rllm.engine.launch import task_vocabulary
 from rllm.engine.plugins import load_cookbook
 from rllm.engine.sandbox import BubblewrapBackend
-from rllm.gateway.testing import MockReply
 from rllm.sdk.task_dir import run_verifier, task_sandbox_spec
+from rllm.testing import MockReply
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None, reason="bubblewrap is not installed: apt-get install bubblewrap"

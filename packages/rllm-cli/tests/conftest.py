@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from rllm.gateway.mock_upstream import MockUpstream
+from rllm.testing import MockUpstream
 
 
 def say_the_word(body: dict[str, Any]) -> str:

@@ -14,8 +14,8 @@ import pytest
 from rllm.engine.rollout_config import RolloutConfig
 from rllm.engine.rollout_engine import RolloutEngine
 from rllm.gateway import GatewayConfig
-from rllm.gateway.testing import MockUpstream
 from rllm.sdk import AgentConfig, EvalOutput, Task, evaluator, final_answer, role_url, rollout
+from rllm.testing import MockUpstream
 from rllm.types import Episode, TerminationReason, Trajectory
 
 JUDGE_MARKER = "You are the judge."  # the scripted upstream (conftest) answers it with a verdict
