@@ -5,17 +5,17 @@ logprobs without a model. This one speaks HTTP on 127.0.0.1, answers
 ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models`` in vLLM's response format,
 streams SSE, and is deterministic: the same request always gets the same tokens.
 
-It runs on the gateway's own lean server (:mod:`rllm.runtime.http_server`), not aiohttp's: in
+It runs on rLLM's own lean server (:mod:`rllm.runtime.http_server`), not aiohttp's: in
 throughput benchmarks the mock shares the machine with the gateway and the engine, and every
 microsecond it spends per request is CPU taken from what is being measured.
 
-Token ids: without a tokenizer, a text's ids are its UTF-8 bytes (a byte-level "tokenizer",
-so ``len(ids)`` is predictable); with ``tokenizer=`` (a transformers tokenizer), prompts are
-rendered with its chat template and the completion is sampled character by character, which
-is a valid but non-canonical tokenization, just as a real sampler produces.
+Token ids (:mod:`rllm.testing.mock_tokens`): without a tokenizer, a text's ids are its UTF-8
+bytes; with ``tokenizer=`` (a transformers tokenizer), prompts are rendered with its chat
+template and the completion is tokenized character by character.
 
 The reply comes from ``responder(request_dict)``: it may return a string, a
-:class:`MockReply` (text and/or tool calls), or ``None`` for the default echo reply.
+:class:`MockReply` (text and/or tool calls), or ``None`` for the default echo reply
+(:mod:`rllm.testing.mock_replies`). Streams are in :mod:`rllm.testing.mock_stream`.
 """
 
 from __future__ import annotations
@@ -23,11 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import itertools
-import os
 import socket
-import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,30 +34,23 @@ from rllm.runtime.background import BackgroundLoop
 from rllm.runtime.http_messages import Request, Response, StreamResponse
 from rllm.runtime.http_router import Router
 from rllm.runtime.http_server import HttpServer
+from rllm.testing.mock_replies import (
+    MockReply,
+    Responder,
+    as_reply,
+    chat_body,
+    completion_body,
+    generate,
+)
+from rllm.testing.mock_stream import StreamPlan, stream_reply
+from rllm.testing.mock_tokens import MockTokens
+from rllm.types.openai import error_body
 
 _json_encode = msgspec.json.Encoder().encode
 _json_decode = msgspec.json.Decoder().decode
-_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 _MAX_BODY_BYTES = 1 << 30
 _ASK = object()  # "ask the responder" (it was not asked yet)
-
-# Response ids look like uuid4 hex (32 hex digits) but cost a counter step, not an os.urandom
-# call: a random per-process prefix keeps ids from two mock processes apart.
-_ID_PREFIX = os.urandom(10).hex()
-_id_counter = itertools.count()
-
-
-def _next_id(kind: str) -> str:
-    return f"{kind}-{_ID_PREFIX}{next(_id_counter) & 0xFFFFFFFFFFFF:012x}"
-
-
-@dataclass
-class MockReply:
-    """A scripted assistant turn: text, tool calls (OpenAI dicts or (name, arguments) pairs)."""
-
-    text: str = ""
-    tool_calls: list[dict[str, Any]] | None = None
-    finish_reason: str | None = None
+FAILURE_MODES = ("status", "hang", "die", "die_mid_stream")
 
 
 @dataclass
@@ -78,20 +67,12 @@ class MockFailure:
     count: int | None = None
 
 
-Responder = Callable[[dict[str, Any]], "str | MockReply | Awaitable[str | MockReply | None] | None"]
-
-
 @dataclass
 class MockStats:
     requests: int = 0
     by_path: dict[str, int] = field(default_factory=dict)
     last_request: dict[str, Any] | None = None
     cancelled: int = 0
-
-
-def _logprob_of(token_id: int) -> float:
-    # Deterministic, strictly negative and varied, so tests can check them exactly.
-    return -((token_id % 13) + 1) / 16.0
 
 
 class MockUpstream:
@@ -118,7 +99,7 @@ class MockUpstream:
         self.latency = latency
         self.chunk_delay = chunk_delay
         self.responder = responder
-        self.tokenizer = tokenizer
+        self.tokens = MockTokens(tokenizer)
         self.host = host
         self.port = port
         self.max_model_len = max_model_len
@@ -127,19 +108,18 @@ class MockUpstream:
         self.stats = MockStats()
         self._server: HttpServer | None = None
         self._background = BackgroundLoop("mock-upstream")
-        self._eos_id: int | None = None
-        # Per token id, the chat logprob entry already encoded as JSON: a benchmark's upstream
-        # should spend its CPU on HTTP, not on rebuilding and re-encoding the same entries.
-        self._lp_cache: dict[int, bytes] = {}
         self._router = Router()
         self._router.add("POST", "/v1/chat/completions", self._chat)
         self._router.add("POST", "/v1/completions", self._completions)
         self._router.add("GET", "/v1/models", self._models)
         self._router.add("GET", "/health", self._health)
-        if tokenizer is not None:
-            self._eos_id = tokenizer.eos_token_id
 
     # ---------------------------------------------------------------- lifecycle
+    @property
+    def tokenizer(self) -> Any:
+        """The transformers tokenizer the token ids come from (None: UTF-8 bytes)."""
+        return self.tokens.tokenizer
+
     @property
     def url(self) -> str:
         """Base URL ending in /v1, as an OpenAI client wants it."""
@@ -184,6 +164,10 @@ class MockUpstream:
 
     def fail(self, mode: str = "status", status: int = 500, count: int | None = None) -> None:
         """Inject failures; see :class:`MockFailure`. ``clear_failure()`` undoes it."""
+        if mode not in FAILURE_MODES:
+            raise ValueError(f"MockUpstream.fail: mode must be one of {FAILURE_MODES}, got {mode!r}")
+        if not 100 <= status <= 599:
+            raise ValueError(f"MockUpstream.fail: status must be an HTTP status (100-599), got {status!r}")
         self.failure = MockFailure(mode=mode, status=status, count=count)
 
     def clear_failure(self) -> None:
@@ -191,48 +175,11 @@ class MockUpstream:
 
     # ---------------------------------------------------------------- tokens
     def encode_text(self, text: str) -> list[int]:
-        """Sampler-style ids for ``text``: per character with a tokenizer, else UTF-8 bytes."""
-        if self.tokenizer is None:
-            return list(text.encode())
-        ids: list[int] = []
-        for ch in text:
-            tid = self.tokenizer.convert_tokens_to_ids(self._byte_level(ch))
-            if tid is None or tid == self.tokenizer.unk_token_id:
-                ids.extend(self.tokenizer.encode(ch, add_special_tokens=False))
-            else:
-                ids.append(tid)
-        return ids
-
-    def _byte_level(self, ch: str) -> str:
-        # The tokenizer's own pre-tokenizer maps a character to its vocabulary symbol(s).
-        pre = self.tokenizer.backend_tokenizer.pre_tokenizer
-        if pre is None:
-            return ch
-        pieces = pre.pre_tokenize_str(ch)
-        return "".join(p for p, _ in pieces) if pieces else ch
-
-    def token_text(self, token_id: int) -> str:
-        if self.tokenizer is None:
-            return bytes([token_id]).decode("latin-1") if token_id < 256 else f"<{token_id}>"
-        return self.tokenizer.decode([token_id])
+        """Sampler-style ids for ``text`` (see :class:`MockTokens`)."""
+        return self.tokens.encode_text(text)
 
     def decode(self, ids: list[int]) -> str:
-        if self.tokenizer is None:
-            return bytes(i for i in ids if i < 256).decode(errors="replace")
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-    def render_chat(self, messages: list[dict[str, Any]], tools: Any = None) -> list[int]:
-        if self.tokenizer is None:
-            parts = []
-            for m in messages:
-                content = m.get("content")
-                parts.append(f"<{m.get('role')}>{content if type(content) is str else _text_of(content)}\n")
-            parts.append("<assistant>")
-            return list("".join(parts).encode())
-        text = self.tokenizer.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=True, tokenize=False
-        )
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return self.tokens.decode(ids)
 
     # ---------------------------------------------------------------- handlers
     async def _dispatch(self, request: Request) -> Response | StreamResponse:
@@ -318,9 +265,9 @@ class MockUpstream:
         raw = self.responder(body) if self.responder is not None else None
         if body.get("stream") or inspect.isawaitable(raw):
             return self._answer(request, body, prompt, chat=chat, raw_reply=raw)
-        gen = self._generate(self._as_reply(raw, body), body)
-        answer = self._chat_body if chat else self._completion_body
-        out = Response(body=_json_encode(answer(body, prompt(), gen)))
+        gen = generate(self.tokens, as_reply(raw, body), body)
+        answer = chat_body if chat else completion_body
+        out = Response(body=_json_encode(answer(self.tokens, body, self.model, prompt(), gen)))
         if not self.latency:
             return out
         return asyncio.get_running_loop().call_later(self.latency, request.respond, out)
@@ -331,13 +278,7 @@ class MockUpstream:
             raw = self.responder(body) if self.responder is not None else None
         if inspect.isawaitable(raw):
             raw = await raw
-        return self._as_reply(raw, body)
-
-    @staticmethod
-    def _as_reply(raw: Any, body: dict[str, Any]) -> MockReply:
-        if raw is None:
-            return MockReply(text=_default_text(body))
-        return MockReply(text=raw) if isinstance(raw, str) else raw
+        return as_reply(raw, body)
 
     async def _chat(self, request: Request) -> Response | StreamResponse:
         call = self._chat_call(request)
@@ -354,7 +295,7 @@ class MockUpstream:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             return _error(400, "messages must be a non-empty list", param="messages")
-        return body, lambda: self.render_chat(messages, body.get("tools")), True
+        return body, lambda: self.tokens.render_chat(messages, body.get("tools")), True
 
     async def _completions(self, request: Request) -> Response | StreamResponse:
         call = self._completion_call(request)
@@ -371,7 +312,7 @@ class MockUpstream:
             return body
         prompt = body.get("prompt")
         if isinstance(prompt, str):
-            prompt_ids = self.encode_text(prompt) if self.tokenizer is None else self.tokenizer.encode(prompt)
+            prompt_ids = self.tokens.encode_prompt(prompt)
         elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
             prompt_ids = prompt
         elif isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
@@ -399,311 +340,28 @@ class MockUpstream:
             await asyncio.sleep(self.latency)
         reply = await self._reply_for(body, raw_reply)
         prompt_ids = prompt()
-        gen = self._generate(reply, body)
+        gen = generate(self.tokens, reply, body)
         if body.get("stream"):
-            return await self._stream(request, body, prompt_ids, gen, chat=chat)
-        answer = self._chat_body if chat else self._completion_body
-        return Response(body=_json_encode(answer(body, prompt_ids, gen)))
-
-    def _generate(self, reply: MockReply, body: dict[str, Any]) -> _Generation:
-        text = reply.text
-        tool_calls = _normalise_tool_calls(reply.tool_calls) if reply.tool_calls else []
-        sampled_text = text
-        if tool_calls:
-            # The model "emits" the calls as text; the server parses them out, as vLLM does.
-            sampled_text = text + "".join(
-                f"<tool_call>{tc['function']['name']}:{tc['function']['arguments']}</tool_call>"
-                for tc in tool_calls
+            plan = StreamPlan(
+                body=body,
+                model=self.model,
+                prompt_ids=prompt_ids,
+                gen=gen,
+                chat=chat,
+                chunk_delay=self.chunk_delay,
+                die_mid_stream=self.failure is not None and self.failure.mode == "die_mid_stream",
             )
-        ids = self.encode_text(sampled_text)
-        finish = reply.finish_reason or ("tool_calls" if tool_calls else "stop")
-        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
-        if isinstance(max_tokens, int) and max_tokens > 0 and len(ids) > max_tokens:
-            ids = ids[:max_tokens]
-            finish = "length"
-            tool_calls = []
-            text = self.decode(ids)
-        elif self._eos_id is not None:
-            ids = [*ids, self._eos_id]
-        return _Generation(text=text, ids=ids, finish_reason=finish, tool_calls=tool_calls)
-
-    def _chat_body(self, body: dict[str, Any], prompt_ids: list[int], gen: _Generation) -> dict[str, Any]:
-        message: dict[str, Any] = {
-            "role": "assistant",
-            "content": gen.text or None,
-            "refusal": None,
-            "tool_calls": gen.tool_calls,
-        }
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": message,
-            "logprobs": None,
-            "finish_reason": gen.finish_reason,
-            "stop_reason": None,
-        }
-        if body.get("logprobs"):
-            choice["logprobs"] = {"content": self._chat_logprobs(gen.ids)}
-        n_prompt, n_gen = len(prompt_ids), len(gen.ids)
-        out: dict[str, Any] = {
-            "id": _next_id("chatcmpl"),
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body.get("model") or self.model,
-            "choices": [choice],
-            "usage": {
-                "prompt_tokens": n_prompt,
-                "completion_tokens": n_gen,
-                "total_tokens": n_prompt + n_gen,
-            },
-            "prompt_logprobs": None,
-        }
-        if body.get("return_token_ids"):
-            out["prompt_token_ids"] = prompt_ids
-            choice["token_ids"] = gen.ids
-        return out
-
-    def _completion_body(
-        self, body: dict[str, Any], prompt_ids: list[int], gen: _Generation
-    ) -> dict[str, Any]:
-        choice: dict[str, Any] = {
-            "index": 0,
-            "text": gen.text,
-            "logprobs": None,
-            "finish_reason": gen.finish_reason if gen.finish_reason != "tool_calls" else "stop",
-            "stop_reason": None,
-        }
-        if body.get("logprobs") is not None and body.get("logprobs") is not False:
-            choice["logprobs"] = self._completion_logprobs(gen.ids)
-        out: dict[str, Any] = {
-            "id": _next_id("cmpl"),
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": body.get("model") or self.model,
-            "choices": [choice],
-            "usage": _usage(prompt_ids, gen.ids),
-        }
-        if body.get("return_token_ids"):
-            choice["prompt_token_ids"] = prompt_ids
-            choice["token_ids"] = gen.ids
-            out["prompt_token_ids"] = prompt_ids
-        return out
-
-    def _chat_logprobs(self, ids: list[int]) -> msgspec.Raw:
-        """The chat ``logprobs.content`` list of ``ids``, as JSON spliced from cached entries."""
-        cache = self._lp_cache
-        try:
-            entries = [cache[t] for t in ids]
-        except KeyError:
-            entries = [self._chat_logprob_entry(t) for t in ids]
-        return msgspec.Raw(b"[" + b",".join(entries) + b"]")
-
-    def _chat_logprob_entry(self, token_id: int) -> bytes:
-        """One token's chat logprob entry (token, logprob, bytes, top_logprobs), encoded once."""
-        entry = self._lp_cache.get(token_id)
-        if entry is None:
-            tok = self.token_text(token_id)
-            entry = self._lp_cache[token_id] = _json_encode(
-                {
-                    "token": tok,
-                    "logprob": _logprob_of(token_id),
-                    "bytes": list(tok.encode()),
-                    "top_logprobs": [],
-                }
-            )
-        return entry
-
-    def _completion_logprobs(self, ids: list[int]) -> dict[str, Any]:
-        tokens = [self.token_text(t) for t in ids]
-        offsets, pos = [], 0
-        for t in tokens:
-            offsets.append(pos)
-            pos += len(t)
-        return {
-            "tokens": tokens,
-            "token_logprobs": [_logprob_of(t) for t in ids],
-            "top_logprobs": [{tok: _logprob_of(t)} for tok, t in zip(tokens, ids, strict=True)],
-            "text_offset": offsets,
-        }
-
-    async def _stream(
-        self,
-        request: Request,
-        body: dict[str, Any],
-        prompt_ids: list[int],
-        gen: _Generation,
-        *,
-        chat: bool,
-    ) -> StreamResponse:
-        resp = StreamResponse(headers=_SSE_HEADERS)
-        await resp.prepare(request)
-        rid = _next_id("chatcmpl" if chat else "cmpl")
-        created = int(time.time())
-        model = body.get("model") or self.model
-        want_ids = bool(body.get("return_token_ids"))
-        want_lp = bool(body.get("logprobs"))
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        die_mid = self.failure is not None and self.failure.mode == "die_mid_stream"
-
-        async def send(obj: dict[str, Any]) -> None:
-            await resp.write(b"data: " + _json_encode(obj) + b"\n\n")
-
-        obj_name = "chat.completion.chunk" if chat else "text_completion"
-        try:
-            if chat:
-                first: dict[str, Any] = {
-                    "id": rid,
-                    "object": obj_name,
-                    "created": created,
-                    "model": model,
-                    "choices": [
-                        {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
-                    ],
-                }
-                if want_ids:
-                    first["prompt_token_ids"] = prompt_ids
-                await send(first)
-            # One chunk per token; the text of a chunk is the decoded piece.
-            pieces = _split_text(gen.text, len(gen.ids))
-            for i, tid in enumerate(gen.ids):
-                if die_mid and i == len(gen.ids) // 2:
-                    request.abort()
-                    return resp
-                if self.chunk_delay:
-                    await asyncio.sleep(self.chunk_delay)
-                piece = pieces[i]
-                choice: dict[str, Any] = {"index": 0, "finish_reason": None}
-                if chat:
-                    choice["delta"] = {"content": piece}
-                    choice["logprobs"] = {"content": self._chat_logprobs([tid])} if want_lp else None
-                else:
-                    choice["text"] = piece
-                    choice["logprobs"] = self._completion_logprobs([tid]) if want_lp else None
-                if want_ids:
-                    choice["token_ids"] = [tid]
-                chunk = {
-                    "id": rid,
-                    "object": obj_name,
-                    "created": created,
-                    "model": model,
-                    "choices": [choice],
-                }
-                if not chat and want_ids and i == 0:
-                    chunk["prompt_token_ids"] = prompt_ids
-                    choice["prompt_token_ids"] = prompt_ids
-                await send(chunk)
-            if gen.tool_calls and chat:
-                deltas = [{"index": j, **tc} for j, tc in enumerate(gen.tool_calls)]
-                await send(
-                    {
-                        "id": rid,
-                        "object": obj_name,
-                        "created": created,
-                        "model": model,
-                        "choices": [{"index": 0, "delta": {"tool_calls": deltas}, "finish_reason": None}],
-                    }
-                )
-            last: dict[str, Any] = {"index": 0, "finish_reason": gen.finish_reason}
-            if chat:
-                last["delta"] = {}
-            else:
-                last["text"] = ""
-            await send({"id": rid, "object": obj_name, "created": created, "model": model, "choices": [last]})
-            if include_usage:
-                await send(
-                    {
-                        "id": rid,
-                        "object": obj_name,
-                        "created": created,
-                        "model": model,
-                        "choices": [],
-                        "usage": _usage(prompt_ids, gen.ids),
-                    }
-                )
-            await resp.write(b"data: [DONE]\n\n")  # the server ends the chunked body on return
-        except (ConnectionResetError, asyncio.CancelledError):
-            self.stats.cancelled += 1
-            raise
-        return resp
-
-
-@dataclass
-class _Generation:
-    text: str
-    ids: list[int]
-    finish_reason: str
-    tool_calls: list[dict[str, Any]]
-
-
-def _split_text(text: str, n: int) -> list[str]:
-    """Split ``text`` into ``n`` consecutive pieces (some may be empty) whose join is ``text``."""
-    if n <= 0:
-        return []
-    base, extra = divmod(len(text), n)
-    out, pos = [], 0
-    for i in range(n):
-        size = base + (1 if i < extra else 0)
-        out.append(text[pos : pos + size])
-        pos += size
-    return out
-
-
-def _normalise_tool_calls(calls: list[Any] | None) -> list[dict[str, Any]]:
-    out = []
-    for i, c in enumerate(calls or []):
-        if isinstance(c, tuple):
-            name, args = c
-            c = {
-                "function": {
-                    "name": name,
-                    "arguments": args if isinstance(args, str) else _json_encode(args).decode(),
-                }
-            }
-        c = dict(c)
-        c.setdefault("id", f"call_{i}_{uuid.uuid4().hex[:8]}")
-        c.setdefault("type", "function")
-        out.append(c)
-    return out
-
-
-def _text_of(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(b.get("text", "") for b in content if isinstance(b, dict))
-    return str(content)
-
-
-def _default_text(body: dict[str, Any]) -> str:
-    messages = body.get("messages")
-    if isinstance(messages, list) and messages:
-        last = messages[-1]
-        return f"echo: {_text_of(last.get('content') if isinstance(last, dict) else last)}"
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        return f"echo: {prompt[-32:]}"
-    return f"echo: {len(prompt) if isinstance(prompt, list) else 0} tokens"
-
-
-def _usage(prompt_ids: list[int], ids: list[int]) -> dict[str, int]:
-    return {
-        "prompt_tokens": len(prompt_ids),
-        "completion_tokens": len(ids),
-        "total_tokens": len(prompt_ids) + len(ids),
-    }
+            try:
+                return await stream_reply(request, self.tokens, plan)
+            except (ConnectionResetError, asyncio.CancelledError):
+                self.stats.cancelled += 1
+                raise
+        answer = chat_body if chat else completion_body
+        return Response(body=_json_encode(answer(self.tokens, body, self.model, prompt_ids, gen)))
 
 
 def _error(status: int, message: str, *, param: str | None = None) -> Response:
-    body = {
-        "error": {
-            "message": message,
-            "type": "invalid_request_error" if status < 500 else "server_error",
-            "param": param,
-            "code": status,
-        }
-    }
-    return Response(status=status, body=_json_encode(body))
+    return Response(status=status, body=_json_encode(error_body(status, message, param=param)))
 
 
 @contextlib.contextmanager
