@@ -10,7 +10,7 @@ import sys
 import openai
 import pytest
 
-from rllm.testing import MockReply, MockUpstream
+from rllm.testing import MockReply, MockUpstream, say_back
 from rllm.testing.mock_tokens import logprob_of
 
 IDS = {"return_token_ids": True}
@@ -98,6 +98,14 @@ async def test_errors_are_openai_error_bodies(mock) -> None:
 def test_bad_failure_injection_is_refused(kwargs, field) -> None:
     with pytest.raises(ValueError, match=field):
         MockUpstream().fail(**kwargs)
+
+
+def test_say_back_answers_the_word_except_where_told() -> None:
+    respond = say_back(wrong_when=lambda messages, word: word == "lemon")
+    assert respond({"messages": [{"role": "user", "content": "say: plum"}]}) == "plum"
+    assert respond({"messages": [{"role": "user", "content": [{"type": "text", "text": "say: lemon"}]}]}) == (
+        "wrong"
+    )
 
 
 def test_importing_the_package_loads_no_heavy_dependency() -> None:
