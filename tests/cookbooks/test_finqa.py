@@ -150,7 +150,7 @@ def test_two_training_steps_with_tool_calls(train, tmp_path: Path):
 
     from rllm_cookbook_finqa import TOOLS
 
-    from rllm.backends.tinker.tiny import init_tiny_model
+    from rllm.tiny import init_tiny_model
 
     words = [
         *task_vocabulary(load_cookbook("finqa")),

@@ -99,7 +99,7 @@ async def test_tool_loop_against_a_scripted_model(scripted) -> None:
 
 @pytest.mark.slow
 def test_two_training_steps_with_tool_calls(train, tmp_path: Path) -> None:
-    from rllm.backends.tinker.tiny import init_tiny_model
+    from rllm.tiny import init_tiny_model
 
     words = [*task_vocabulary(load_cookbook("terminal")), *re.findall(r"\w+|[^\w\s]", json.dumps(TOOLS))]
     model = init_tiny_model(tmp_path / "tiny-tools", vocab_words=words, tool_calls=True, max_positions=4096)
