@@ -52,6 +52,12 @@ def typecheck(session: nox.Session) -> None:
 
 
 @nox.session(venv_backend="none")
+def wheels(session: nox.Session) -> None:
+    """Build every product wheel; fail if one ships a mock, fake or testing module."""
+    session.run("python", "scripts/check_wheels.py", *session.posargs)
+
+
+@nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
     """All CPU tests of every package and the cross-package end-to-end runs."""
     session.run(*PYTEST, "-m", "not browser", *session.posargs, env={"PYTHONHASHSEED": "0"})

@@ -296,7 +296,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="write all results here")
     args = parser.parse_args()
 
-    from rllm.backends.tinker.tiny import init_tiny_model
+    from rllm.tiny import init_tiny_model
 
     work = Path(tempfile.mkdtemp(prefix="rllm-bench-"))
     model = init_tiny_model(work / "model", vocab_words=WORDS, seed=args.seed)

@@ -58,7 +58,7 @@ def _serve_upstream(latency: float, out: Any) -> None:
     # Like the engine's own processes: with hundreds of answers pending (each a task, a timer and
     # a request) the default threshold spent about a tenth of this stand-in's CPU collecting.
     raise_gc_threshold(RolloutConfig().gc_gen0_threshold)
-    from rllm.gateway.testing import MockUpstream
+    from rllm.testing import MockUpstream
 
     async def main() -> None:
         upstream = MockUpstream(latency=latency, responder=lambda body: "ok, next step.")

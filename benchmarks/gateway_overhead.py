@@ -1,6 +1,6 @@
 """Gateway overhead: direct vs rllm-gateway vs LiteLLM proxy vs FastAPI + httpx, in one run.
 
-One mock upstream (rllm.gateway.testing.MockUpstream: vLLM-style token ids and logprobs) in its
+One mock upstream (rllm.testing.MockUpstream: vLLM-style token ids and logprobs) in its
 own process. Each contender runs in its own process in front of it; this process is the load
 generator (aiohttp on uvloop). For 1, 64 and 256 concurrent clients it measures latency p50/p99
 and requests/s, then prints the ratios the issue sets as targets. Finally it drives 1,000
@@ -41,7 +41,7 @@ BODY = {"model": "mock-model", "messages": [{"role": "user", "content": "What is
 def _run_mock() -> None:
     import uvloop
 
-    from rllm.gateway.testing import MockUpstream
+    from rllm.testing import MockUpstream
 
     async def main() -> None:
         mock = await MockUpstream().start()

@@ -33,7 +33,7 @@ import msgspec
 def _serve_upstream(latency: float, out: Any) -> None:
     import uvloop
 
-    from rllm.gateway.testing import MockUpstream
+    from rllm.testing import MockUpstream
 
     async def main() -> None:
         upstream = MockUpstream(latency=latency)

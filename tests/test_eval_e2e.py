@@ -13,14 +13,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rllm.gateway.testing import MockUpstream
+from rllm.testing import MockUpstream, say_back
 
 
-def say_back(body: dict[str, Any]) -> str:
-    word = body["messages"][-1]["content"].removeprefix("say: ")
+def _tiger_lemon(messages: list[dict[str, Any]], word: str) -> bool:
     # Test task "tiger-lemon" (first turn "say: tiger"): answer its second turn wrong.
-    first = body["messages"][0]["content"]
-    return "wrong" if first == "say: tiger" and word == "lemon" else word
+    return messages[0]["content"] == "say: tiger" and word == "lemon"
 
 
 async def _eval(out: Path, url: str, *extra: str) -> dict[str, Any]:
@@ -36,7 +34,7 @@ async def _eval(out: Path, url: str, *extra: str) -> dict[str, Any]:
 
 
 async def test_eval_command_in_worker_processes_writes_results_and_resumes(tmp_path: Path) -> None:
-    upstream = MockUpstream(responder=say_back)
+    upstream = MockUpstream(responder=say_back(wrong_when=_tiger_lemon))
     await upstream.start()
     try:
         out = tmp_path / "eval"

@@ -28,7 +28,6 @@ from rllm.algos import AlgorithmConfig, filter_groups, group_trajectories
 from rllm.engine.evaluation import evaluate
 from rllm.engine.launch import build_trainer
 from rllm.engine.metrics_log import read_metrics
-from rllm.gateway.testing import MockUpstream
 from rllm.sdk.v1 import (
     NO_SIGNAL_SUFFIX,
     Verdict,
@@ -37,6 +36,7 @@ from rllm.sdk.v1 import (
     parse_verdict,
     run_tournament,
 )
+from rllm.testing import MockUpstream
 from rllm.types import Episode, Task, from_json
 
 P, BIAS, PER_KIND = 0.8, 0.5, 40

@@ -18,7 +18,7 @@ from rllm.engine.launch import build_trainer
 from rllm.engine.metrics_log import read_metrics
 from rllm.engine.rollout_config import RolloutConfig
 from rllm.engine.rollout_engine import RolloutEngine
-from rllm.gateway.testing import MockUpstream
+from rllm.testing import MockUpstream
 from rllm.types import Episode, SamplingParams, Task
 
 FAST = ["progress=false", "plot=false", "tensorboard=false"]

@@ -11,7 +11,7 @@ from rllm_cookbook_finqa.calculator import CalculatorError, calculate
 
 from rllm.engine.launch import task_vocabulary
 from rllm.engine.plugins import load_cookbook
-from rllm.gateway.testing import MockReply
+from rllm.testing import MockReply
 
 TABLES = {"t": {"columns": ["item", "fy2021", "fy2022"], "rows": [["revenue", 100, 125]]}}
 
@@ -150,7 +150,7 @@ def test_two_training_steps_with_tool_calls(train, tmp_path: Path):
 
     from rllm_cookbook_finqa import TOOLS
 
-    from rllm.backends.tinker.tiny import init_tiny_model
+    from rllm.tiny import init_tiny_model
 
     words = [
         *task_vocabulary(load_cookbook("finqa")),

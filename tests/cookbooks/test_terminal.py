@@ -15,8 +15,8 @@ from rllm_cookbook_terminal import TOOLS, load_tasks
 from rllm.engine.launch import task_vocabulary
 from rllm.engine.plugins import load_cookbook
 from rllm.engine.sandbox import BubblewrapBackend
-from rllm.gateway.testing import MockReply
 from rllm.sdk.task_dir import run_verifier, task_sandbox_spec
+from rllm.testing import MockReply
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None, reason="bubblewrap is not installed: apt-get install bubblewrap"
@@ -99,7 +99,7 @@ async def test_tool_loop_against_a_scripted_model(scripted) -> None:
 
 @pytest.mark.slow
 def test_two_training_steps_with_tool_calls(train, tmp_path: Path) -> None:
-    from rllm.backends.tinker.tiny import init_tiny_model
+    from rllm.tiny import init_tiny_model
 
     words = [*task_vocabulary(load_cookbook("terminal")), *re.findall(r"\w+|[^\w\s]", json.dumps(TOOLS))]
     model = init_tiny_model(tmp_path / "tiny-tools", vocab_words=words, tool_calls=True, max_positions=4096)

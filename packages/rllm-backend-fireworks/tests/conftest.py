@@ -10,10 +10,10 @@ import pytest
 
 # Tests import the fake beside them (importlib mode does not put test dirs on sys.path).
 sys.path.insert(0, str(Path(__file__).parent))
-from fake_fireworks_server import FAKE_API_KEY, FakeFireworksServer
 from fireworks_helpers import options
 
 from rllm.backends.fireworks import FireworksBackend
+from rllm.testing.fireworks import FAKE_API_KEY, FakeFireworksServer
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fake_fireworks_server import FakeFireworksServer
+from rllm.testing.fireworks import FakeFireworksServer
 
 MODEL = "accounts/fireworks/models/qwen3-0p6b"
 

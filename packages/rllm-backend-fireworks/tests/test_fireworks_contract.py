@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from fake_fireworks_server import ACCOUNT, FakeFireworksServer
 from fireworks.training.sdk import APIStatusError, RequestFailedError, TrainingAPIError
 from fireworks_helpers import MODEL, options
 from openai import AsyncOpenAI, BadRequestError
@@ -20,6 +19,7 @@ from rllm.algos.config import AlgorithmConfig
 from rllm.algos.losses import compute_policy_loss
 from rllm.backends.fireworks import FireworksBackend
 from rllm.engine.backend import TrainSequence
+from rllm.testing.fireworks import ACCOUNT, FakeFireworksServer
 from rllm.types import FloatArray, TokenArray
 
 

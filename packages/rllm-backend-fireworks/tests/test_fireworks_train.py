@@ -10,11 +10,11 @@ import os
 from pathlib import Path
 
 import pytest
-from fake_fireworks_server import FakeFireworksServer
 from fireworks_helpers import MODEL
 
 from rllm.engine.launch import build_trainer
 from rllm.engine.metrics_log import read_metrics
+from rllm.testing.fireworks import FakeFireworksServer
 
 # The live run's key is the real one; the fake's conftest fixture replaces it for other tests.
 LIVE_KEY = os.environ.get("FIREWORKS_API_KEY", "")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rllm.backends.tinker import TinkerBackend
-from rllm.backends.tinker.tiny import init_tiny_model
+from rllm.tiny import init_tiny_model
 
 # Tests import tinker_helpers.py beside them (importlib mode does not put test dirs on sys.path).
 sys.path.insert(0, str(Path(__file__).parent))

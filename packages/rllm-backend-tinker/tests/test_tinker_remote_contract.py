@@ -1,6 +1,6 @@
 """Contract tests of the remote service, end to end: our TinkerBackend(service="remote") drives
 the REAL official ``tinker`` SDK (ServiceClient, TrainingClient, futures, protobuf/zstd
-encoding, JWT auth) over REAL HTTP to FakeTinkerServer (fake_tinker_server.py), a loopback
+encoding, JWT auth) over REAL HTTP to FakeTinkerServer (rllm.testing.tinker), a loopback
 stand-in for the paid Tinker service that validates and records what arrives on the wire and
 trains a tiny bigram model with the documented losses. A live test runs when TINKER_API_KEY is set.
 """
@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 import tinker
 import torch
-from fake_tinker_server import FAKE_API_KEY, FakeTinkerServer
 
 from rllm.algos.config import AlgorithmConfig
 from rllm.algos.losses import compute_policy_loss
 from rllm.backends.tinker import TinkerBackend
 from rllm.engine.backend import TrainSequence
+from rllm.testing.tinker import FAKE_API_KEY, FakeTinkerServer
 from rllm.tinker_api import make_custom_loss, plan_loss, to_datums
 from rllm.types import FloatArray, TokenArray
 

@@ -13,6 +13,6 @@ sys.path.insert(0, str(Path(__file__).parent))  # verl_helpers.py (importlib mod
 
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from rllm.backends.verl.tiny import init_tiny_model
+    from rllm.tiny import init_tiny_model
 
     return init_tiny_model(tmp_path_factory.mktemp("verl-tiny") / "model", seed=0)

@@ -4,18 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from rllm.gateway.mock_upstream import MockUpstream
+from rllm.testing import MockUpstream, say_back
 
-
-def say_the_word(body: dict[str, Any]) -> str:
-    """Answer 'say: WORD' with WORD, so the say cookbooks score 1 (and 'say: lemon' wrongly)."""
-    content = body["messages"][-1].get("content") or ""
-    word = content.rsplit(":", 1)[-1].strip()
-    return "wrong" if word == "lemon" else word
+# Answers 'say: WORD' with WORD, so the say cookbooks score 1 (and 'say: lemon' wrongly).
+say_the_word = say_back(wrong_when=lambda messages, word: word == "lemon")
 
 
 @pytest.fixture

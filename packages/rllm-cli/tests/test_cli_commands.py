@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from rllm.cli.main import cli
-from rllm.gateway.mock_upstream import MockUpstream
+from rllm.testing import MockUpstream
 
 
 def invoke(*args: str) -> tuple[int, str, str]:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from rllm.gateway import GatewayConfig, GatewayServer
-from rllm.gateway.testing import MockReply, MockUpstream
+from rllm.testing import MockReply, MockUpstream
 
 # Tests import helpers (sandbox_helpers.py) beside them; importlib mode does not put this folder on sys.path.
 sys.path.insert(0, str(Path(__file__).parent))

@@ -8,9 +8,9 @@ import openai
 import pytest
 
 from rllm.engine.evaluation import AttemptResult, TaskResult, evaluate, load_dataset, read_results, summarize
-from rllm.gateway.testing import MockUpstream
 from rllm.sdk import AgentConfig, Task, evaluator, final_answer, rollout
 from rllm.sdk.rewards import math_reward
+from rllm.testing import MockUpstream
 from rllm.types import SchemaError
 
 

@@ -14,8 +14,8 @@ import pytest
 from rllm.engine.rollout_config import RolloutConfig
 from rllm.engine.rollout_engine import RolloutEngine
 from rllm.gateway import GatewayConfig
-from rllm.gateway.testing import MockUpstream
 from rllm.sdk import AgentConfig, EvalOutput, Task, evaluator, final_answer, role_url, rollout
+from rllm.testing import MockUpstream
 from rllm.types import Episode, TerminationReason, Trajectory
 
 JUDGE_MARKER = "You are the judge."  # the scripted upstream (conftest) answers it with a verdict
@@ -224,9 +224,11 @@ async def test_timed_out_rollout_releases_its_session(gateway, upstream):
     @rollout
     async def sleeper(task: Task, config: AgentConfig) -> None:
         await single_turn(task, config)
-        await asyncio.sleep(30)
+        await asyncio.Event().wait()  # never set: only the deadline ends this rollout
 
-    config = RolloutConfig(deadline_s=0.3, progress=False)
+    # Long enough for the first call on a cold, busy machine (the openai client's first use alone
+    # blocks for a fraction of a second while it imports its resources).
+    config = RolloutConfig(deadline_s=5.0, progress=False)
     async with RolloutEngine(sleeper, contains_four, config, gateway_url=gateway.url) as engine:
         episodes = await engine.run(tasks(3))
         assert await engine.client.list_sessions() == []

@@ -9,8 +9,8 @@ import pytest
 from rllm.engine.rollout_config import RolloutConfig
 from rllm.engine.rollout_engine import RolloutEngine
 from rllm.gateway import GatewayConfig, GatewayServer
-from rllm.gateway.testing import MockUpstream, build_tiny_chat_tokenizer
 from rllm.sdk import AgentConfig, Task, role_url, rollout
+from rllm.testing import MockUpstream, build_tiny_chat_tokenizer
 from rllm.types import TerminationReason
 
 

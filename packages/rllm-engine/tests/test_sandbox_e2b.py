@@ -1,5 +1,6 @@
 """The E2B backend: contract-tested against a loopback fake speaking the SDK's wire types
-(tests/e2b_fake.py); the live test runs only with E2B_API_KEY."""
+(rllm.testing.e2b, each fake microVM a real bubblewrap sandbox); the live test runs only with
+E2B_API_KEY."""
 
 from __future__ import annotations
 
@@ -22,9 +23,11 @@ def test_limits_go_in_front_of_every_command() -> None:
 
 @needs_bwrap
 async def test_contract_against_the_wire_fake(tmp_path: Path) -> None:
-    from e2b_fake import FakeE2B
+    from rllm.engine.sandbox import BubblewrapBackend
+    from rllm.testing.e2b import FakeE2B
 
-    async with FakeE2B() as fake:
+    bwrap = BubblewrapBackend()
+    async with FakeE2B(lambda: bwrap.create(SandboxSpec(workdir="/work"))) as fake:
         backend = E2BBackend(api_key="e2b_" + "0" * 40, api_url=fake.url, sandbox_url=fake.url)
         spec = SandboxSpec(
             files={"a.txt": "A\n"}, setup="echo set > up.txt", limits=SandboxLimits(output_bytes=64)

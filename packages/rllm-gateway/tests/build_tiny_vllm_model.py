@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from rllm.gateway.testing import build_tiny_chat_tokenizer
+from rllm.testing import build_tiny_chat_tokenizer
 
 
 def build(out_dir: str) -> str:

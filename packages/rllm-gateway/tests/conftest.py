@@ -7,7 +7,7 @@ import os
 import pytest
 
 from rllm.gateway import GatewayClient, GatewayConfig, GatewayServer
-from rllm.gateway.testing import MockUpstream
+from rllm.testing import MockUpstream
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from rllm.gateway import GatewayAPIError, GatewayClient, GatewayConfig, GatewayServer, LocalGatewayClient
-from rllm.gateway.testing import MockUpstream
+from rllm.testing import MockUpstream
 
 
 @pytest.fixture(params=["http", "in_process"])
@@ -164,7 +164,7 @@ async def test_metrics_and_health(client, gateway):
 
 
 def test_thread_variant_for_sync_callers():
-    from rllm.gateway.testing import mock_upstream_in_thread
+    from rllm.testing import mock_upstream_in_thread
 
     with mock_upstream_in_thread() as m:
         gw = GatewayServer(GatewayConfig(upstreams=[m.url])).start_in_thread()

@@ -9,7 +9,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from rllm.gateway import GatewayClient, GatewayConfig, GatewayServer
-from rllm.gateway.testing import MockUpstream, build_tiny_chat_tokenizer
+from rllm.testing import MockUpstream, build_tiny_chat_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import os
 import openai
 import pytest
 
-from rllm.gateway.testing import MockReply
+from rllm.testing import MockReply
 
 VLLM_URL = os.environ.get("RLLM_TEST_VLLM_URL")
 

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from rllm.gateway import GatewayClient, GatewayConfig, GatewayServer
-from rllm.gateway.testing import MockUpstream, build_tiny_chat_tokenizer
 from rllm.gateway.toolcalls import HERMES, LLAMA3_JSON, detect_format, parse_hermes, parse_llama3_json
+from rllm.testing import MockUpstream, build_tiny_chat_tokenizer
 
 TEMPLATES = Path(__file__).parent / "templates"
 FAMILIES = {

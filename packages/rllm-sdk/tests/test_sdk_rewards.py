@@ -99,7 +99,7 @@ def test_parse_verdict():
 
 async def test_llm_judge_calls_a_real_openai_compatible_server():
     pytest.importorskip("openai")
-    MockUpstream = pytest.importorskip("rllm.gateway.testing").MockUpstream  # a real loopback server
+    MockUpstream = pytest.importorskip("rllm.testing").MockUpstream  # a real loopback server
     from rllm.sdk.rewards import LLMJudge
 
     seen: list[str] = []

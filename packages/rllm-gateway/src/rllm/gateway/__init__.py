@@ -3,7 +3,7 @@ logprobs from inference servers, for RL training of language agents.
 
 Embed it (``GatewayServer(GatewayConfig(...))``), drive it (``GatewayClient`` over HTTP, or
 ``server.local_client()`` in the same process), or run it
-(``rllm-gateway serve``). ``rllm.gateway.testing.MockUpstream`` is a vLLM look-alike for tests.
+(``rllm-gateway serve``). A vLLM look-alike for tests is ``rllm.testing.MockUpstream`` (dev only).
 """
 
 from rllm.gateway.client import GatewayAPIError, GatewayClient, SessionInfo

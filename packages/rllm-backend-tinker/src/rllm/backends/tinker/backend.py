@@ -57,7 +57,7 @@ class TinkerBackend:
     @staticmethod
     def init_tiny_model(path: str | Path, vocab_words: Iterable[str] = (), seed: int = 0) -> Path:
         """A tiny random Llama + word-level tokenizer covering ``vocab_words`` (tests, toy tasks)."""
-        from rllm.backends.tinker.tiny import init_tiny_model
+        from rllm.tiny import init_tiny_model
 
         return init_tiny_model(path, vocab_words=vocab_words, seed=seed)
 

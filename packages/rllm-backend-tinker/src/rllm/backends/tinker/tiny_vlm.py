@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rllm.backends.tinker.tiny import build_tokenizer
+from rllm.tiny import build_tokenizer
 from rllm.types.images import ImageError, parse_data_uri
 
 VISION_START, IMAGE_PAD, VISION_END = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"

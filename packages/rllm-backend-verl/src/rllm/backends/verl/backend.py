@@ -44,7 +44,7 @@ class VerlBackend:
     @staticmethod
     def init_tiny_model(path: str | Path, vocab_words: Iterable[str] = (), seed: int = 0) -> Path:
         """A tiny random Llama (head_dim 64, servable by vLLM) + word-level tokenizer."""
-        from rllm.backends.verl.tiny import init_tiny_model
+        from rllm.tiny import init_tiny_model
 
         return init_tiny_model(path, vocab_words=vocab_words, seed=seed)
 

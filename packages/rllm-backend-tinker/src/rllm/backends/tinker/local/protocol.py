@@ -1,18 +1,20 @@
 """OpenAI-compatible request parsing and response building (with vLLM's token-id fields).
 
 Parsing turns a JSON body into a GenerationRequest or raises RequestError naming the bad field.
-Responses follow the OpenAI schema plus vLLM's extensions: with ``return_token_ids`` the body
-carries top-level ``prompt_token_ids`` and ``choices[i].token_ids``; every response carries
-``weight_version`` (the sampler weights that produced it).
+Responses are built with :mod:`rllm.types.openai`: the OpenAI schema plus vLLM's extensions
+(with ``return_token_ids`` the body carries top-level ``prompt_token_ids`` and
+``choices[i].token_ids``); every response carries ``weight_version`` (the sampler weights that
+produced it).
 """
 
 from __future__ import annotations
 
-import time
-import uuid
 from typing import Any
 
+import msgspec
+
 from rllm.backends.tinker.local.generation import GeneratedSequence, GenerationRequest
+from rllm.types import openai
 from rllm.types.errors import RLLMError
 
 MAX_N = 128
@@ -27,9 +29,8 @@ class RequestError(RLLMError, ValueError):
         self.param = param
 
     def body(self) -> dict[str, Any]:
-        return {
-            "error": {"message": str(self), "type": "invalid_request_error", "param": self.param, "code": 400}
-        }
+        """The OpenAI error body of this 400 answer."""
+        return msgspec.to_builtins(openai.error_body(400, str(self), param=self.param))
 
 
 def _get(body: dict[str, Any], name: str, kinds: type | tuple[type, ...], default: Any) -> Any:
@@ -151,13 +152,8 @@ def parse_prompts(body: dict[str, Any], encode: Any) -> list[list[int]]:
     raise RequestError("'prompt' must be a string, a list of token ids, or a list of either", "prompt")
 
 
-def _usage(prompt_tokens: int, seqs: list[GeneratedSequence]) -> dict[str, int]:
-    completion = sum(len(s.token_ids) for s in seqs)
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion,
-        "total_tokens": prompt_tokens + completion,
-    }
+def _usage(prompt_tokens: int, seqs: list[GeneratedSequence]) -> openai.CompletionUsage:
+    return openai.usage(prompt_tokens, sum(len(s.token_ids) for s in seqs))
 
 
 def chat_response(
@@ -169,45 +165,33 @@ def chat_response(
     logprobs: bool,
     return_token_ids: bool,
 ) -> dict[str, Any]:
+    """The chat.completion body of ``seqs`` (one choice each), as JSON-ready builtins."""
     choices = []
     for i, s in enumerate(seqs):
-        choice: dict[str, Any] = {
-            "index": i,
-            "message": {"role": "assistant", "content": s.text},
-            "logprobs": None,
-            "finish_reason": s.finish_reason,
-        }
+        choice = openai.ChatChoice(
+            index=i,
+            message=openai.AssistantMessage(content=s.text),
+            finish_reason=s.finish_reason,
+        )
         if logprobs:
-            content = []
-            for tok, lp, top in zip(s.token_ids, s.logprobs, s.top_logprobs, strict=True):
-                text = decode_token(tok)
-                content.append(
-                    {
-                        "token": text,
-                        "logprob": lp,
-                        "bytes": list(text.encode()),
-                        "top_logprobs": [
-                            {"token": decode_token(t), "logprob": v, "bytes": list(decode_token(t).encode())}
-                            for t, v in top
-                        ],
-                    }
-                )
-            choice["logprobs"] = {"content": content}
+            content = [
+                openai.token_logprob(decode_token(tok), lp, [(decode_token(t), v) for t, v in top])
+                for tok, lp, top in zip(s.token_ids, s.logprobs, s.top_logprobs, strict=True)
+            ]
+            choice.logprobs = openai.ChatLogprobs(content=content)
         if return_token_ids:
-            choice["token_ids"] = s.token_ids
+            choice.token_ids = s.token_ids
         choices.append(choice)
-    body: dict[str, Any] = {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": choices,
-        "usage": _usage(len(prompt_ids), seqs),
-        "weight_version": seqs[0].weight_version if seqs else 0,
-    }
+    body = openai.ChatCompletion(
+        id=openai.response_id("chatcmpl"),
+        model=model,
+        choices=choices,
+        usage=_usage(len(prompt_ids), seqs),
+        weight_version=seqs[0].weight_version if seqs else 0,
+    )
     if return_token_ids:
-        body["prompt_token_ids"] = prompt_ids
-    return body
+        body.prompt_token_ids = prompt_ids
+    return msgspec.to_builtins(body)
 
 
 def completion_response(
@@ -219,43 +203,30 @@ def completion_response(
     logprobs: int | None,
     return_token_ids: bool,
 ) -> dict[str, Any]:
+    """The text_completion body: the choices of every prompt in order, as JSON-ready builtins."""
     choices = []
     for prompt_ids, seqs in zip(prompts, results, strict=True):
         for s in seqs:
-            choice: dict[str, Any] = {
-                "index": len(choices),
-                "text": s.text,
-                "logprobs": None,
-                "finish_reason": s.finish_reason,
-            }
+            choice = openai.CompletionChoice(index=len(choices), text=s.text, finish_reason=s.finish_reason)
             if logprobs is not None:
-                tokens = [decode_token(t) for t in s.token_ids]
-                offsets, at = [], 0
-                for t in tokens:
-                    offsets.append(at)
-                    at += len(t)
-                choice["logprobs"] = {
-                    "tokens": tokens,
-                    "token_logprobs": s.logprobs,
-                    "top_logprobs": [{decode_token(t): v for t, v in top} for top in s.top_logprobs]
-                    if logprobs > 0
-                    else None,
-                    "text_offset": offsets,
-                }
+                top = (
+                    [{decode_token(t): v for t, v in top} for top in s.top_logprobs] if logprobs > 0 else None
+                )
+                choice.logprobs = openai.completion_logprobs(
+                    [decode_token(t) for t in s.token_ids], s.logprobs, top
+                )
             if return_token_ids:
-                choice["prompt_token_ids"] = prompt_ids
-                choice["token_ids"] = s.token_ids
+                choice.prompt_token_ids = prompt_ids
+                choice.token_ids = s.token_ids
             choices.append(choice)
     all_seqs = [s for seqs in results for s in seqs]
-    body: dict[str, Any] = {
-        "id": f"cmpl-{uuid.uuid4().hex}",
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": choices,
-        "usage": _usage(sum(len(p) for p in prompts), all_seqs),
-        "weight_version": all_seqs[0].weight_version if all_seqs else 0,
-    }
+    body = openai.Completion(
+        id=openai.response_id("cmpl"),
+        model=model,
+        choices=choices,
+        usage=_usage(sum(len(p) for p in prompts), all_seqs),
+        weight_version=all_seqs[0].weight_version if all_seqs else 0,
+    )
     if return_token_ids and len(prompts) == 1:
-        body["prompt_token_ids"] = prompts[0]
-    return body
+        body.prompt_token_ids = prompts[0]
+    return msgspec.to_builtins(body)

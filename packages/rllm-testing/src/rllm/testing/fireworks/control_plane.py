@@ -1,4 +1,4 @@
-"""The control plane and the deployment of the FAKE Fireworks service (see fake_fireworks_server.py):
+"""The control plane and the deployment of the FAKE Fireworks service (see :mod:`.server`):
 account resolution, RLOR trainer jobs, deployments, the hot-load API and deployment sampling.
 A mixin of FakeFireworksServer, whose state (jobs, deployments, snapshots) it uses."""
 
@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-import fake_trainer as ft
 from aiohttp import web
 
+from rllm.testing.fireworks import trainer as ft
+from rllm.testing.service import ContractError
+
 if TYPE_CHECKING:
-    from fake_fireworks_server import Job
+    from rllm.testing.fireworks.server import Job
 
 ACCOUNT = "rllm-test"
 
@@ -22,9 +24,9 @@ async def read_json(request: web.Request) -> dict[str, Any]:
     try:
         body = json.loads(raw) if raw else {}
     except json.JSONDecodeError as exc:
-        raise ft.ContractError(f"body is not JSON: {exc}") from exc
+        raise ContractError(f"body is not JSON: {exc}") from exc
     if not isinstance(body, dict):
-        raise ft.ContractError("body is not a JSON object")
+        raise ContractError("body is not a JSON object")
     return body
 
 
@@ -46,7 +48,7 @@ class FakeControlPlane:
 
     def _account(self, request: web.Request) -> None:
         if request.match_info["account"] != ACCOUNT:
-            raise ft.ContractError(f"account {request.match_info['account']!r} is not this key's account")
+            raise ContractError(f"account {request.match_info['account']!r} is not this key's account")
 
     # ---- control plane: accounts, training shapes, trainer jobs, deployments, hot-load ---------
     async def _accounts(self, request: web.Request) -> web.Response:
@@ -60,7 +62,7 @@ class FakeControlPlane:
 
     async def _shape_versions(self, request: web.Request) -> web.Response:
         if request.query.get("filter") != "latest_validated=true":
-            raise ft.ContractError("an unversioned shape resolves its latest validated version")
+            raise ContractError("an unversioned shape resolves its latest validated version")
         return web.json_response({"trainingShapeVersions": [self._shape_version(request, "1")]})
 
     async def _shape_version_get(self, request: web.Request) -> web.Response:
@@ -74,7 +76,7 @@ class FakeControlPlane:
             return web.json_response({"error": {"message": "already exists"}}, status=409)
         config = body.get("trainingConfig") or {}
         if not config.get("baseModel") or not body.get("serviceMode"):
-            raise ft.ContractError("a trainer job needs trainingConfig.baseModel and serviceMode")
+            raise ContractError("a trainer job needs trainingConfig.baseModel and serviceMode")
         self.jobs[job_id] = self._new_job(job_id, body)
         self.created_jobs.append(job_id)
         return web.json_response(self._job_json(self.jobs[job_id]))
@@ -102,11 +104,11 @@ class FakeControlPlane:
         body = await read_json(request)
         deployment_id = request.query.get("deploymentId", "")
         if not deployment_id or not body.get("baseModel"):
-            raise ft.ContractError("a deployment needs ?deploymentId= and baseModel")
+            raise ContractError("a deployment needs ?deploymentId= and baseModel")
         if deployment_id in self.deployments:
             return web.json_response({"error": {"message": "already exists"}}, status=409)
         if not body.get("enableHotLoad"):
-            raise ft.ContractError("a training deployment must enable hot-load")
+            raise ContractError("a training deployment must enable hot-load")
         name = f"accounts/{ACCOUNT}/deployments/{deployment_id}"
         self.deployments[deployment_id] = {"name": name, "state": "READY", **body}
         return web.json_response(self.deployments[deployment_id])
@@ -126,9 +128,9 @@ class FakeControlPlane:
     def _hotload_target(self, request: web.Request) -> str:
         deployment = request.headers.get("fireworks-deployment", "").rsplit("/", 1)[-1]
         if deployment not in self.deployments:
-            raise ft.ContractError(f"hot-load for unknown deployment {deployment!r}")
+            raise ContractError(f"hot-load for unknown deployment {deployment!r}")
         if request.headers.get("fireworks-model") != self.deployments[deployment]["baseModel"]:
-            raise ft.ContractError("hot-load fireworks-model header is not the deployment's base model")
+            raise ContractError("hot-load fireworks-model header is not the deployment's base model")
         return deployment
 
     async def _hotload(self, request: web.Request) -> web.Response:
@@ -136,7 +138,7 @@ class FakeControlPlane:
         body = await read_json(request)
         identity = body.get("identity")
         if identity not in self.sampler_snapshots:
-            raise ft.ContractError(f"hot-load of unknown snapshot {identity!r}")
+            raise ContractError(f"hot-load of unknown snapshot {identity!r}")
         if self.fail_hotload_of and str(identity).startswith(self.fail_hotload_of):
             self.failed_hotload[deployment] = str(identity)  # the replica reports stage=error
             return web.json_response({"identity": identity})
@@ -163,9 +165,9 @@ class FakeControlPlane:
         model = str(body.get("model", ""))
         deployment = model.removeprefix(f"accounts/{ACCOUNT}/deployments/")
         if deployment not in self.deployments or not self.hotloaded.get(deployment):
-            raise ft.ContractError(f"model {model!r} is not a deployment serving a hot-loaded snapshot")
+            raise ContractError(f"model {model!r} is not a deployment serving a hot-loaded snapshot")
         if body.get("stream"):
-            raise ft.ContractError("this fake deployment does not stream")
+            raise ContractError("this fake deployment does not stream")
         logits = self.sampler_snapshots[self.hotloaded[deployment][-1]]["logits"]
         answer = ft.completion(body, logits, self.vocab_size)
         return web.json_response({"id": f"cmpl-{self._next_id()}", "model": model, **answer})

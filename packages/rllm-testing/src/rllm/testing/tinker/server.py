@@ -23,147 +23,33 @@ kept in ``violations``.
 Where the service computes, the fake computes too, deterministically: each training model is a
 bigram language model (a [vocab, vocab] logit table, seeded from the LoRA seed) trained with the
 documented built-in losses and torch's AdamW, so logprobs, losses and updates are real numbers
-that move when our backend trains. Only this one file is a fake; the SDK and HTTP are real.
+that move when our backend trains. The wire contract is in :mod:`rllm.testing.tinker.contract`,
+the computing half in :mod:`rllm.testing.tinker.training`; the SDK and HTTP are real.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import copy
 import itertools
 import json
-import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 import zstandard
 from aiohttp import web
 from tinker.proto import tinker_public_pb2 as pb
 
-from rllm.types.errors import RLLMError
-
-API = "/api/v1"
-FAKE_API_KEY = "tml-fake-test-key"
-
-# Documented inputs of Tinker's built-in losses (tinker-docs, "Loss Functions").
-LOSS_INPUTS = {
-    "cross_entropy": {"target_tokens", "weights"},
-    "importance_sampling": {"target_tokens", "logprobs", "advantages"},
-    "ppo": {"target_tokens", "logprobs", "advantages"},
-    "cispo": {"target_tokens", "logprobs", "advantages"},
-    "gspo": {"target_tokens", "logprobs", "advantages"},
-}
-CLIP_CONFIG = {"clip_low_threshold", "clip_high_threshold"}
-LOSS_CONFIG_KEYS = {"ppo": CLIP_CONFIG, "cispo": CLIP_CONFIG, "gspo": CLIP_CONFIG}
-ADAM_KEYS = {"learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm"}
-
-
-class ContractError(RLLMError, ValueError):
-    """A request that breaks the contract between the SDK and the service."""
-
-
-@dataclass
-class RecordedRequest:
-    path: str
-    body: Any  # parsed JSON, or a dict summary of a protobuf forward_backward
-
-
-@dataclass
-class FakeFuture:
-    request_id: str
-    model_id: str | None
-    result: dict[str, Any] | bytes | None = None  # bytes = protobuf ForwardBackwardOutput
-    error: str | None = None
-    polls: int = 0
-    done: asyncio.Event = field(default_factory=asyncio.Event)
-    created: float = field(default_factory=time.monotonic)
-
-
-@dataclass
-class FakeModel:
-    """One training run: a bigram LM (logits[prev_token] -> next token) and its AdamW state."""
-
-    model_id: str
-    base_model: str
-    lora_rank: int
-    logits: torch.nn.Parameter
-    optimizer: torch.optim.AdamW
-    next_seq: int = 1
-    pending: dict[int, tuple[Any, FakeFuture]] = field(default_factory=dict)
-    seq_ids: list[int] = field(default_factory=list)
-    checkpoint_names: set[tuple[str, str]] = field(default_factory=set)
-    optimizer_steps: int = 0
-
-    def token_logprobs(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(self.logits[inputs], dim=-1).gather(-1, targets[:, None]).squeeze(-1)
-
-
-def _new_model(model_id: str, base_model: str, rank: int, seed: int, vocab: int) -> FakeModel:
-    generator = torch.Generator().manual_seed(seed)
-    logits = torch.nn.Parameter(torch.randn(vocab, vocab, generator=generator) * 0.5)
-    return FakeModel(model_id, base_model, rank, logits, torch.optim.AdamW([logits]))
-
-
-def _fake_jwt(subject: str, lifetime_s: int = 3600) -> str:
-    """An unsigned JWT with the claims the SDK reads (exp, iat); the SDK does not verify it."""
-
-    def part(obj: dict[str, Any]) -> str:
-        return base64.urlsafe_b64encode(json.dumps(obj).encode()).rstrip(b"=").decode()
-
-    now = int(time.time())
-    claims = {"iss": "fake-tinker", "sub": subject, "iat": now, "exp": now + lifetime_s}
-    return f"{part({'alg': 'none', 'typ': 'JWT'})}.{part(claims)}.fake-signature"
-
-
-# ---- protobuf <-> arrays ---------------------------------------------------------------------
-
-
-def _tensor(msg: pb.Tensor, where: str) -> np.ndarray:
-    if msg.WhichOneof("encoding") != "dense":
-        raise ContractError(f"{where}: expected a dense tensor")
-    dtype = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64}.get(msg.dtype)
-    if dtype is None:
-        raise ContractError(f"{where}: dtype {pb.DType.Name(msg.dtype)} is not float32/int64")
-    values = np.frombuffer(msg.dense, dtype=dtype)
-    if list(msg.shape) != [values.size]:
-        raise ContractError(f"{where}: shape {list(msg.shape)} does not match {values.size} values")
-    return values
-
-
-def _batched_float32(rows: list[np.ndarray]) -> pb.BatchedTensor:
-    sizes = [r.astype(np.float32).nbytes for r in rows]
-    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    data = b"".join(r.astype(np.float32).tobytes() for r in rows)
-    return pb.BatchedTensor(data=data, offsets=offsets.tobytes(), dtype=pb.DTYPE_FLOAT32)
-
-
-# ---- losses (server side, summed over tokens as Tinker documents) ----------------------------
-
-
-def _loss(
-    name: str, lp: torch.Tensor, inputs: dict[str, torch.Tensor], cfg: dict[str, float]
-) -> torch.Tensor:
-    if name == "cross_entropy":
-        return -(lp * inputs["weights"]).sum()
-    adv, old = inputs["advantages"], inputs["logprobs"]
-    ratio = torch.exp(lp - old)
-    if name == "importance_sampling":
-        return -(ratio * adv).sum()
-    low, high = cfg["clip_low_threshold"], cfg["clip_high_threshold"]
-    if name == "ppo":
-        return -torch.minimum(ratio * adv, torch.clamp(ratio, low, high) * adv).sum()
-    if name == "cispo":
-        return -(torch.clamp(ratio, low, high).detach() * lp * adv).sum()
-    # gspo (the fake's reading): one length-normalised ratio per sequence over its trained tokens
-    trained = adv != 0
-    if not bool(trained.any()):
-        return (lp * 0).sum()
-    seq_ratio = torch.exp((lp - old)[trained].mean())
-    return -torch.minimum(seq_ratio * adv, torch.clamp(seq_ratio, low, high) * adv)[trained].sum()
+from rllm.testing.service import ContractError, ServiceThread
+from rllm.testing.tinker.contract import ADAM_KEYS, API, FAKE_API_KEY, fake_jwt, parse_forward_backward
+from rllm.testing.tinker.training import (
+    FakeFuture,
+    RecordedRequest,
+    TinkerModel,
+    run_forward_backward,
+    run_optim_step,
+)
 
 
 class FakeTinkerServer:
@@ -195,55 +81,32 @@ class FakeTinkerServer:
         self.requests: list[RecordedRequest] = []
         self.violations: list[str] = []
         self.sessions: dict[str, dict[str, Any]] = {}
-        self.models: dict[str, FakeModel] = {}
+        self.models: dict[str, TinkerModel] = {}
         self.sampler_checkpoints: dict[str, torch.Tensor] = {}
         self.state_checkpoints: dict[str, dict[str, Any]] = {}
         self._futures: dict[str, FakeFuture] = {}
         self._jwts: set[str] = set()
         self._ids = itertools.count(1)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._runner: web.AppRunner | None = None
-        self.url = ""
+        # The fake decodes Content-Encoding itself: the SDK's zstd bodies are part of the contract.
+        self._service = ServiceThread("fake-tinker-server", self._app, auto_decompress=False)
 
     # ---- lifecycle ---------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        """The service's base URL (empty until started)."""
+        return self._service.url
+
     def start(self) -> str:
-        ready = threading.Event()
+        return self._service.start()
 
-        def run() -> None:
-            self._loop = asyncio.new_event_loop()
-            self._loop.run_until_complete(self._serve())
-            ready.set()
-            self._loop.run_forever()
-
-        self._thread = threading.Thread(target=run, name="fake-tinker-server", daemon=True)
-        self._thread.start()
-        if not ready.wait(10):
-            raise RuntimeError("the fake Tinker server did not start")
-        return self.url
-
-    async def _serve(self) -> None:
+    def _app(self) -> web.Application:
         app = web.Application(middlewares=[self._auth_and_record], client_max_size=64 * 1024 * 1024)
         app.add_routes([web.post(f"{API}/{name}", handler) for name, handler in self._routes().items()])
         app.add_routes([web.post(API + "/sessions/{session_id}/finish", self._finish_session)])
-        # The fake decodes Content-Encoding itself: the SDK's zstd bodies are part of the contract.
-        self._runner = web.AppRunner(app, auto_decompress=False, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = self._runner.addresses[0][1]
-        self.url = f"http://127.0.0.1:{port}"
+        return app
 
     def stop(self) -> None:
-        if self._loop is None:
-            return
-        runner = self._runner
-        if runner is not None:
-            asyncio.run_coroutine_threadsafe(runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(10)
-        self._loop = None
+        self._service.stop()
 
     def __enter__(self) -> FakeTinkerServer:
         self.start()
@@ -319,13 +182,13 @@ class FakeTinkerServer:
     def _future_json(future: FakeFuture) -> web.Response:
         return web.json_response({"request_id": future.request_id, "model_id": future.model_id})
 
-    def _model(self, body: dict[str, Any]) -> FakeModel:
+    def _model(self, body: dict[str, Any]) -> TinkerModel:
         model = self.models.get(str(body.get("model_id")))
         if model is None:
             raise ContractError(f"unknown model_id {body.get('model_id')!r}")
         return model
 
-    def _enqueue(self, model: FakeModel, seq_id: Any, op: Any) -> FakeFuture:
+    def _enqueue(self, model: TinkerModel, seq_id: Any, op: Any) -> FakeFuture:
         """Run ``op`` when every earlier seq_id of this model has run (the service's ordering)."""
         if not isinstance(seq_id, int) or seq_id < model.next_seq or seq_id in model.pending:
             raise ContractError(f"seq_id {seq_id!r} is stale or repeated (next is {model.next_seq})")
@@ -353,7 +216,7 @@ class FakeTinkerServer:
 
     async def _auth_token(self, request: web.Request) -> web.Response:
         await self._json(request)
-        jwt = _fake_jwt("fake-user")
+        jwt = fake_jwt("fake-user")
         self._jwts.add(jwt)
         return web.json_response({"jwt": jwt})
 
@@ -402,7 +265,9 @@ class FakeTinkerServer:
             raise ContractError("create_model without base_model")
         model_id = f"{session_id}:train:{seq}"
         seed = lora.get("seed") or 0
-        self.models[model_id] = _new_model(model_id, body["base_model"], lora["rank"], seed, self.vocab_size)
+        self.models[model_id] = TinkerModel.new(
+            model_id, body["base_model"], lora["rank"], seed, self.vocab_size
+        )
         future = self._new_future(model_id)
         future.result = {"model_id": model_id, "type": "create_model"}
         future.done.set()
@@ -437,80 +302,12 @@ class FakeTinkerServer:
             raise ContractError(f"unexpected Content-Encoding {encoding!r}")
         msg = pb.ForwardBackwardRequest()
         msg.ParseFromString(raw)
-        parsed = self._parse_forward_backward(msg)
+        parsed = parse_forward_backward(msg, self.vocab_size)
         parsed["content_encoding"] = encoding
         self.requests.append(RecordedRequest(request.path, parsed))
         model = self._model({"model_id": msg.model_id})
-        future = self._enqueue(model, msg.seq_id, lambda: self._run_forward_backward(model, parsed))
+        future = self._enqueue(model, msg.seq_id, lambda: run_forward_backward(model, parsed))
         return self._future_json(future)
-
-    def _parse_forward_backward(self, msg: pb.ForwardBackwardRequest) -> dict[str, Any]:
-        loss_fn = msg.loss_fn
-        if loss_fn not in LOSS_INPUTS:
-            raise ContractError(f"unknown loss_fn {loss_fn!r}; built-ins are {sorted(LOSS_INPUTS)}")
-        config = {k: v.number for k, v in msg.loss_fn_config_v2.items()}
-        if dict(msg.loss_fn_config) != config:
-            raise ContractError("loss_fn_config and loss_fn_config_v2 disagree")
-        expected = LOSS_CONFIG_KEYS.get(loss_fn, set())
-        if set(config) != expected:
-            raise ContractError(
-                f"{loss_fn} takes loss_fn_config keys {sorted(expected)}, got {sorted(config)}"
-            )
-        if expected and not config["clip_low_threshold"] < 1.0 < config["clip_high_threshold"]:
-            raise ContractError(f"{loss_fn}: clip thresholds must satisfy low < 1 < high, got {config}")
-        if not msg.data:
-            raise ContractError("forward_backward with no data")
-        datums = []
-        for i, datum in enumerate(msg.data):
-            where = f"data[{i}]"
-            tokens = np.concatenate(
-                [np.frombuffer(c.encoded_text.tokens, dtype=np.int32) for c in datum.model_input]
-            )
-            names = set(datum.loss_fn_inputs)
-            if names != LOSS_INPUTS[loss_fn]:
-                raise ContractError(
-                    f"{where}: {loss_fn} takes loss_fn_inputs {sorted(LOSS_INPUTS[loss_fn])}, got {sorted(names)}"
-                )
-            inputs = {name: _tensor(t, f"{where}.{name}") for name, t in datum.loss_fn_inputs.items()}
-            for name, values in inputs.items():
-                want = np.int64 if name == "target_tokens" else np.float32
-                if values.dtype != want:
-                    raise ContractError(f"{where}.{name}: dtype {values.dtype}, expected {np.dtype(want)}")
-                if values.size != tokens.size:
-                    raise ContractError(
-                        f"{where}.{name}: {values.size} values for a model input of {tokens.size} tokens"
-                    )
-            for name, values in (("model_input", tokens), ("target_tokens", inputs["target_tokens"])):
-                if values.size and (values.min() < 0 or values.max() >= self.vocab_size):
-                    raise ContractError(
-                        f"{where}.{name}: token id outside the vocabulary [0, {self.vocab_size})"
-                    )
-            datums.append({"model_input": tokens.tolist(), **{k: v.tolist() for k, v in inputs.items()}})
-        return {
-            "model_id": msg.model_id,
-            "seq_id": msg.seq_id,
-            "loss_fn": loss_fn,
-            "loss_fn_config": config,
-            "forward_only": msg.forward_only,
-            "data": datums,
-        }
-
-    def _run_forward_backward(self, model: FakeModel, req: dict[str, Any]) -> bytes:
-        total = torch.zeros(())
-        logprobs = []
-        for datum in req["data"]:
-            inputs = {k: torch.tensor(v) for k, v in datum.items() if k != "model_input"}
-            lp = model.token_logprobs(torch.tensor(datum["model_input"]), inputs["target_tokens"])
-            total = total + _loss(req["loss_fn"], lp, inputs, req["loss_fn_config"])
-            logprobs.append(lp.detach().numpy())
-        if not req["forward_only"]:
-            total.backward()  # gradients accumulate until optim_step, as on the service
-        out = pb.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord")
-        out.metrics["loss:sum"] = float(total.detach())
-        record = out.loss_fn_outputs.add()
-        record.num_datums = len(logprobs)
-        record.fields["logprobs"].CopyFrom(_batched_float32(logprobs))
-        return out.SerializeToString()
 
     async def _optim_step(self, request: web.Request) -> web.Response:
         body = await self._json(request)
@@ -520,29 +317,11 @@ class FakeTinkerServer:
         if params["learning_rate"] <= 0 or not 0 <= params["beta1"] < 1 or not 0 <= params["beta2"] < 1:
             raise ContractError(f"optim_step: invalid adam_params {params}")
         model = self._model(body)
-        future = self._enqueue(model, body.get("seq_id"), lambda: self._run_optim_step(model, params))
+        future = self._enqueue(model, body.get("seq_id"), lambda: run_optim_step(model, params))
         return self._future_json(future)
 
-    @staticmethod
-    def _run_optim_step(model: FakeModel, params: dict[str, float]) -> dict[str, Any]:
-        for group in model.optimizer.param_groups:
-            group.update(
-                lr=params["learning_rate"],
-                betas=(params["beta1"], params["beta2"]),
-                eps=params["eps"],
-                weight_decay=params["weight_decay"],
-            )
-        clip = params["grad_clip_norm"] if params["grad_clip_norm"] > 0 else float("inf")
-        if model.logits.grad is None:
-            model.logits.grad = torch.zeros_like(model.logits)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_([model.logits], clip))
-        model.optimizer.step()
-        model.optimizer.zero_grad()
-        model.optimizer_steps += 1
-        return {"metrics": {"grad_norm": grad_norm}}
-
     # ---- checkpoints ---------------------------------------------------------------------------
-    def _checkpoint_path(self, model: FakeModel, kind: str, name: Any) -> str:
+    def _checkpoint_path(self, model: TinkerModel, kind: str, name: Any) -> str:
         if not isinstance(name, str) or not name or "/" in name:
             raise ContractError(f"checkpoint name {name!r} must be a non-empty string without '/'")
         if (kind, name) in model.checkpoint_names:
@@ -588,7 +367,7 @@ class FakeTinkerServer:
         if state is None:
             future.error = f"no training checkpoint at {body.get('path')!r}"
         else:
-            model = _new_model(
+            model = TinkerModel.new(
                 model_id, body.get("base_model") or state["base_model"], state["lora_rank"], 0, 1
             )
             model.logits = torch.nn.Parameter(state["logits"].clone())

@@ -1,20 +1,10 @@
-"""Test helpers: the loopback vLLM look-alike and a tiny locally trained chat tokenizer.
+"""A tiny chat tokenizer trained locally: byte-level BPE with merges and a chat template.
 
-:class:`MockUpstream` (with :class:`MockReply`, :class:`MockFailure`, :class:`MockStats` and
-:func:`mock_upstream_in_thread`) lives in :mod:`rllm.gateway.mock_upstream` and is re-exported
-here, where tests, engine tests and benchmarks import it from.
+Needs ``tokenizers`` and ``transformers`` (the ``rllm-testing[tokenizer]`` extra), imported when
+a tokenizer is built.
 """
 
 from __future__ import annotations
-
-from rllm.gateway.mock_upstream import (
-    MockFailure,
-    MockReply,
-    MockStats,
-    MockUpstream,
-    Responder,
-    mock_upstream_in_thread,
-)
 
 TINY_CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] or '' }}<|end|>\n{% endfor %}"
@@ -53,13 +43,4 @@ def build_tiny_chat_tokenizer(path: str, vocab_size: int = 400) -> str:
     return path
 
 
-__all__ = [
-    "TINY_CHAT_TEMPLATE",
-    "MockFailure",
-    "MockReply",
-    "MockStats",
-    "MockUpstream",
-    "Responder",
-    "build_tiny_chat_tokenizer",
-    "mock_upstream_in_thread",
-]
+__all__ = ["TINY_CHAT_TEMPLATE", "build_tiny_chat_tokenizer"]

@@ -4,8 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tinker_helpers import WORDS
+import pytest
 from transformers import AutoConfig, AutoTokenizer
+
+from rllm.tiny import build_tokenizer, init_tiny_model
+
+WORDS = ["apple", "banana", "cherry", "grape", "lemon", "mango", "peach", "plum"]
+
+
+@pytest.fixture(scope="module")
+def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return init_tiny_model(tmp_path_factory.mktemp("tiny") / "model", vocab_words=WORDS, seed=0)
 
 
 def test_words_are_single_tokens_and_the_chat_template_round_trips(tiny_model_path: Path) -> None:
@@ -31,8 +40,6 @@ def test_model_shape_is_servable(tiny_model_path: Path) -> None:
 
 
 def test_tool_call_template_renders_calls_and_results(tmp_path: Path) -> None:
-    from rllm.backends.tinker.tiny import build_tokenizer
-
     tokenizer = build_tokenizer(["get", "city", "paris"], tool_calls=True)
     tokenizer.save_pretrained(tmp_path)
     tokenizer = AutoTokenizer.from_pretrained(tmp_path)  # the template and added tokens persist
@@ -55,3 +62,16 @@ def test_tool_call_template_renders_calls_and_results(tmp_path: Path) -> None:
     # <tool_call> is one ordinary token: it survives decoding, as a parser needs.
     assert tokenizer.convert_tokens_to_ids("<tool_call>") in ids
     assert "<tool_call>" in tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_the_same_seed_writes_the_same_weights(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    a = load_file(init_tiny_model(tmp_path / "a", WORDS, seed=3) / "model.safetensors")
+    b = load_file(init_tiny_model(tmp_path / "b", WORDS, seed=3) / "model.safetensors")
+    assert a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)
+
+
+def test_a_head_narrower_than_64_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="hidden_size/num_heads"):
+        init_tiny_model(tmp_path / "m", hidden_size=128, num_heads=4)

@@ -1,13 +1,12 @@
-"""A tiny random-init Llama and a word-level tokenizer, built locally (tests and toy tasks).
+"""The word-level tokenizer of the tiny model: one token per word, built locally from a word list.
 
-Nothing is downloaded: the tokenizer is trained with ``tokenizers`` on the given words and the
-model gets random weights. head_dim is 64 so vLLM could serve the same checkpoint.
+Nothing is downloaded: the vocabulary is the given words plus :data:`DEFAULT_WORDS` and the chat
+specials, and the chat template renders "<|role|> content <|end|>" per message.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import Path
 
 SPECIAL_TOKENS = ["<|pad|>", "<|unk|>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>", "<|end|>"]
 EOS_TOKEN = "<|end|>"
@@ -88,54 +87,3 @@ def _pre_tokenize(text: str) -> list[str]:
     if text.startswith("<|") and text.endswith("|>"):
         return [text]
     return [piece for piece, _ in _pre_tokenizer().pre_tokenize_str(text)]
-
-
-def init_tiny_model(
-    path: str | Path,
-    vocab_words: Iterable[str] = (),
-    seed: int = 0,
-    *,
-    hidden_size: int = 128,
-    num_layers: int = 2,
-    num_heads: int = 2,
-    intermediate_size: int = 256,
-    max_positions: int = 1024,
-    tool_calls: bool = False,
-) -> Path:
-    """Write a random-init Llama + tokenizer to ``path`` (a directory) and return it.
-
-    ``vocab_words`` become single tokens (e.g. the toy task's word list). Deterministic for a seed.
-    ``tool_calls`` builds the tokenizer with the hermes-style tool-call template.
-    """
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
-
-    if hidden_size % num_heads or hidden_size // num_heads < 64:
-        raise ValueError(
-            f"init_tiny_model: hidden_size/num_heads must be >= 64, got {hidden_size}/{num_heads}"
-        )
-    out = Path(path)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(vocab_words, tool_calls=tool_calls)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_heads,
-        head_dim=hidden_size // num_heads,
-        max_position_embeddings=max_positions,
-        tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-    )
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
-    model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
-    )
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out

@@ -3,8 +3,9 @@
 Built from the SDK's own wire types: the control plane parses ``NewSandbox`` and answers with
 ``Sandbox`` (``e2b.api.client.models``); envd's process service decodes ``StartRequest`` and
 streams ``StartResponse`` events (``e2b.envd.process.process_pb``) in Connect's envelope framing;
-files go through envd's ``/files`` route. Each fake "microVM" is a real local bubblewrap sandbox,
-so commands the SDK sends run isolated, never on the host. Not a product component: tests only.
+files go through envd's ``/files`` route. Each fake "microVM" is a real local sandbox that the
+caller's ``new_sandbox()`` makes (the engine's bubblewrap sandbox in rLLM's tests), so commands
+the SDK sends run isolated, never on the host. Needs the ``e2b`` SDK and aiohttp.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import itertools
 import json
 import posixpath
 import shlex
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -21,9 +23,6 @@ from e2b.api.client.models import NewSandbox
 from e2b.api.client.models import Sandbox as SandboxModel
 from e2b.envd.process.process_pb import ProcessEvent, StartRequest, StartResponse
 from protobuf import Oneof
-
-from rllm.engine.sandbox import BubblewrapBackend
-from rllm.sdk.sandbox import SandboxSpec
 
 ENVD_VERSION = "0.5.7"  # octet-stream uploads, commands with stdin
 
@@ -34,10 +33,14 @@ def envelope(payload: bytes, flags: int = 0) -> bytes:
 
 class FakeE2B:
     """One server for both the API (``api_url``) and envd (``sandbox_url``); envd requests are
-    routed by the SDK's ``E2b-Sandbox-Id`` header."""
+    routed by the SDK's ``E2b-Sandbox-Id`` header.
 
-    def __init__(self) -> None:
-        self.backend = BubblewrapBackend()
+    ``new_sandbox()`` makes the sandbox behind one fake microVM, with workdir ``/work``: an object
+    with the engine sandbox's ``exec`` / ``read_file`` / ``write_file`` / ``close`` / ``closed``.
+    """
+
+    def __init__(self, new_sandbox: Callable[[], Awaitable[Any]]) -> None:
+        self.new_sandbox = new_sandbox
         self.boxes: dict[str, Any] = {}
         self.created: list[NewSandbox] = []
         self.killed: list[str] = []
@@ -76,7 +79,7 @@ class FakeE2B:
         body = NewSandbox.from_dict(await request.json())
         self.created.append(body)
         sandbox_id = f"fake{next(self._ids)}"
-        self.boxes[sandbox_id] = await self.backend.create(SandboxSpec(workdir="/work"))
+        self.boxes[sandbox_id] = await self.new_sandbox()
         model = SandboxModel(
             template_id=body.template_id, sandbox_id=sandbox_id, client_id="fake", envd_version=ENVD_VERSION
         )

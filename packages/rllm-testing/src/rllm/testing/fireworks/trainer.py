@@ -18,34 +18,17 @@ import torch
 from fireworks.types.shared import NewLogProbs, RawOutput
 from fireworks.types.shared.new_log_probs_content import NewLogProbsContent
 
-from rllm.types.errors import RLLMError
-
-
-class ContractError(RLLMError, ValueError):
-    """A request that breaks the contract between the SDK and the service (answered with 400)."""
+from rllm.testing.bigram import BigramModel
+from rllm.testing.service import ContractError
 
 
 @dataclass
-class FakeModel:
-    model_id: str
-    base_model: str
-    lora_rank: int
-    logits: torch.nn.Parameter
-    optimizer: torch.optim.AdamW
-    optimizer_steps: int = 0
+class FireworksModel(BigramModel):
+    """A training run of one trainer job; ``grads_since_step`` keeps each step's gradient."""
+
     job_id: str = ""
     run_id: str = ""
-    next_seq: int = 1
     grads_since_step: list[torch.Tensor] = field(default_factory=list)
-
-    def token_logprobs(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(self.logits[inputs], dim=-1).gather(-1, targets[:, None]).squeeze(-1)
-
-
-def new_model(model_id: str, base_model: str, rank: int, seed: int, vocab: int) -> FakeModel:
-    generator = torch.Generator().manual_seed(seed)
-    logits = torch.nn.Parameter(torch.randn(vocab, vocab, generator=generator) * 0.5)
-    return FakeModel(model_id, base_model, rank, logits, torch.optim.AdamW([logits]))
 
 
 def _rows(datums: list[dict], vocab: int) -> list[tuple[torch.Tensor, torch.Tensor, dict[str, np.ndarray]]]:
@@ -77,7 +60,7 @@ def _tensor(values: torch.Tensor) -> dict:
     return {"data": flat.tolist(), "dtype": "float32", "shape": [int(flat.numel())]}
 
 
-def forward(model: FakeModel, datums: list[dict], loss_fn: str, vocab: int) -> dict:
+def forward(model: FireworksModel, datums: list[dict], loss_fn: str, vocab: int) -> dict:
     if loss_fn != "cross_entropy":
         raise ContractError(f"forward supports loss_fn 'cross_entropy' here, got {loss_fn!r}")
     outputs = []
@@ -87,7 +70,7 @@ def forward(model: FakeModel, datums: list[dict], loss_fn: str, vocab: int) -> d
     return {"loss_fn_output_type": "ArrayRecord", "loss_fn_outputs": outputs, "metrics": {}}
 
 
-def forward_backward(model: FakeModel, datums: list[dict], loss_fn: str, vocab: int) -> dict:
+def forward_backward(model: FireworksModel, datums: list[dict], loss_fn: str, vocab: int) -> dict:
     """cross_entropy: loss = -sum(weights * logprobs); gradients accumulate until optim_step."""
     if loss_fn != "cross_entropy":
         raise ContractError(f"this fake trains loss_fn 'cross_entropy' only, got {loss_fn!r}")
@@ -109,7 +92,7 @@ def forward_backward(model: FakeModel, datums: list[dict], loss_fn: str, vocab: 
     }
 
 
-def optim_step(model: FakeModel, params: dict) -> dict:
+def optim_step(model: FireworksModel, params: dict) -> dict:
     group = model.optimizer.param_groups[0]
     group["lr"] = params["learning_rate"]
     group["betas"] = (params["beta1"], params["beta2"])
@@ -126,7 +109,7 @@ def optim_step(model: FakeModel, params: dict) -> dict:
     return {"metrics": {"grad_norm": grad_norm, "step": float(model.optimizer_steps)}}
 
 
-def snapshot(model: FakeModel, with_optimizer: bool) -> dict:
+def snapshot(model: FireworksModel, with_optimizer: bool) -> dict:
     state: dict = {"logits": model.logits.detach().clone(), "steps": model.optimizer_steps}
     if with_optimizer:
         state["optimizer"] = {
@@ -136,7 +119,7 @@ def snapshot(model: FakeModel, with_optimizer: bool) -> dict:
     return state
 
 
-def restore(model: FakeModel, state: dict, with_optimizer: bool) -> None:
+def restore(model: FireworksModel, state: dict, with_optimizer: bool) -> None:
     with torch.no_grad():
         model.logits.copy_(state["logits"])
     model.optimizer_steps = int(state["steps"])

@@ -24,26 +24,26 @@ fireworks-ai 1.2.30). Requests are parsed, and responses built, with the SDK's o
 It validates what arrives (credentials, datum fields and dtypes, Adam parameters, checkpoint
 names, seq_id order, hot-load snapshot identities) and records every request. ``fail_next``
 makes the next call to an endpoint answer an HTTP error, to exercise the SDK's retries and error
-types. The control plane and the deployment are in ``fake_control_plane.py`` (a mixin), the
-computing half in ``fake_trainer.py``. Only these three files are fakes; the SDK and HTTP are real.
+types. The control plane and the deployment are in :mod:`.control_plane` (a mixin), the
+computing half in :mod:`.trainer`; the SDK and HTTP are real.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
-import threading
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-import fake_trainer as ft
 from aiohttp import web
-from fake_control_plane import ACCOUNT, FakeControlPlane, read_json
 from fireworks.training.sdk import types
 from fireworks.training.sdk.types.request_failed_response import RequestFailedResponse
 from fireworks.training.sdk.types.try_again_response import TryAgainResponse
+
+from rllm.testing.fireworks import trainer as ft
+from rllm.testing.fireworks.control_plane import ACCOUNT, FakeControlPlane, read_json
+from rllm.testing.service import ContractError, ServiceThread
 
 FAKE_API_KEY = "fw-fake-test-key"
 TRAINER = "/training/v1/rlorTrainerJobs/{account}/{job}/api/v1"
@@ -82,34 +82,24 @@ class FakeFireworksServer(FakeControlPlane):
         self.hotloaded: dict[str, list[str]] = {}  # deployment id -> snapshot identities, in order
         self.failed_hotload: dict[str, str] = {}  # deployment id -> the snapshot that failed to load
         self.fail_hotload_of: str | None = None  # a snapshot-name prefix whose hot-load fails
-        self.models: dict[str, ft.FakeModel] = {}
+        self.models: dict[str, ft.FireworksModel] = {}
         self.sampler_snapshots: dict[str, dict[str, Any]] = {}
         self.states: dict[str, dict[str, Any]] = {}
         self.fail_next: dict[str, list[int]] = {}  # endpoint name -> HTTP statuses to answer first
         self._futures: dict[str, Future] = {}
         self._ids = itertools.count(1)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._runner: web.AppRunner | None = None
-        self.url = ""
+        self._service = ServiceThread("fake-fireworks-server", self._app)
 
     # ---- lifecycle ---------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        """The service's base URL (empty until started)."""
+        return self._service.url
+
     def start(self) -> str:
-        ready = threading.Event()
+        return self._service.start()
 
-        def run() -> None:
-            self._loop = asyncio.new_event_loop()
-            self._loop.run_until_complete(self._serve())
-            ready.set()
-            self._loop.run_forever()
-
-        self._thread = threading.Thread(target=run, name="fake-fireworks-server", daemon=True)
-        self._thread.start()
-        if not ready.wait(10):
-            raise RuntimeError("the fake Fireworks server did not start")
-        return self.url
-
-    async def _serve(self) -> None:
+    def _app(self) -> web.Application:
         app = web.Application(middlewares=[self._auth_and_record], client_max_size=64 * 1024 * 1024)
         acct = "/v1/accounts/{account}"
         app.add_routes(
@@ -131,21 +121,10 @@ class FakeFireworksServer(FakeControlPlane):
             ]
         )
         app.add_routes([web.post(TRAINER + "/" + name, h) for name, h in self._trainer_routes().items()])
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        return app
 
     def stop(self) -> None:
-        if self._loop is None:
-            return
-        if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(10)
-        self._loop = None
+        self._service.stop()
 
     def __enter__(self) -> FakeFireworksServer:
         self.start()
@@ -179,7 +158,7 @@ class FakeFireworksServer(FakeControlPlane):
             return web.json_response({"error": {"message": f"injected HTTP {status}"}}, status=status)
         try:
             return await handler(request)
-        except ft.ContractError as exc:
+        except ContractError as exc:
             self.violations.append(f"{request.path}: {exc}")
             return web.json_response({"error": {"message": str(exc)}}, status=400)
 
@@ -190,7 +169,7 @@ class FakeFireworksServer(FakeControlPlane):
         try:
             return model.model_validate(body)
         except ValueError as exc:
-            raise ft.ContractError(f"{model.__name__}: {exc}") from exc
+            raise ContractError(f"{model.__name__}: {exc}") from exc
 
     @staticmethod
     def _reply(obj: Any) -> web.Response:
@@ -227,7 +206,7 @@ class FakeFireworksServer(FakeControlPlane):
     def _job(self, request: web.Request) -> Job:
         job = self.jobs.get(request.match_info["job"])
         if job is None or request.match_info["account"] != ACCOUNT:
-            raise ft.ContractError(f"no trainer job {request.match_info['job']!r} in this account")
+            raise ContractError(f"no trainer job {request.match_info['job']!r} in this account")
         return job
 
     async def _create_session(self, request: web.Request) -> web.Response:
@@ -247,13 +226,13 @@ class FakeFireworksServer(FakeControlPlane):
         job = self._job(request)
         req = self._parse(types.CreateModelRequest, await self._body(request))
         if req.session_id not in job.sessions:
-            raise ft.ContractError(f"create_model in unknown session {req.session_id!r}")
+            raise ContractError(f"create_model in unknown session {req.session_id!r}")
         if req.base_model != job.body["trainingConfig"]["baseModel"]:
-            raise ft.ContractError(f"base_model {req.base_model!r} is not this trainer's base model")
+            raise ContractError(f"base_model {req.base_model!r} is not this trainer's base model")
         rank = req.lora_config.rank if req.lora_config else 0
         seed = (req.lora_config.seed if req.lora_config else None) or 0
         model_id = f"{job.job_id}-model-{next(self._ids)}"
-        model = ft.new_model(model_id, req.base_model, rank, seed, self.vocab_size)
+        model = ft.FireworksModel.new(model_id, req.base_model, rank, seed, self.vocab_size)
         model.job_id, model.run_id = job.job_id, f"run-{uuid.uuid4().hex}"
         self.models[model_id] = model
         future = self._new_future(model_id)
@@ -268,10 +247,10 @@ class FakeFireworksServer(FakeControlPlane):
         )
         return self._reply(info)
 
-    def _model(self, model_id: Any) -> ft.FakeModel:
+    def _model(self, model_id: Any) -> ft.FireworksModel:
         model = self.models.get(str(model_id))
         if model is None:
-            raise ft.ContractError(f"unknown model_id {model_id!r}")
+            raise ContractError(f"unknown model_id {model_id!r}")
         return model
 
     def _new_future(self, model_id: str | None) -> Future:
@@ -284,17 +263,17 @@ class FakeFireworksServer(FakeControlPlane):
         untyped = types.UntypedAPIFuture(request_id=future.request_id, model_id=future.model_id)
         return web.json_response(untyped.model_dump(mode="json"))
 
-    def _run(self, model: ft.FakeModel, seq_id: Any, op: Any) -> web.Response:
+    def _run(self, model: ft.FireworksModel, seq_id: Any, op: Any) -> web.Response:
         """Run ``op`` as the next request of ``model``. seq_ids must increase; a gap is a request
         the service never accepted (e.g. one answered with an HTTP error)."""
         if seq_id is not None and seq_id < model.next_seq:
-            raise ft.ContractError(f"seq_id {seq_id!r} is stale or repeated (next is {model.next_seq})")
+            raise ContractError(f"seq_id {seq_id!r} is stale or repeated (next is {model.next_seq})")
         if seq_id is not None:
             model.next_seq = seq_id + 1
         future = self._new_future(model.model_id)
         try:
             future.result = op()
-        except ft.ContractError as exc:  # a user error found while running: a failed future
+        except ContractError as exc:  # a user error found while running: a failed future
             self.violations.append(str(exc))
             future.error = str(exc)
         return self._future_json(future)
@@ -324,10 +303,10 @@ class FakeFireworksServer(FakeControlPlane):
         return self._run(model, req.seq_id, lambda: ft.optim_step(model, params))
 
     @staticmethod
-    def _checkpoint_path(model: ft.FakeModel, name: str | None) -> str:
+    def _checkpoint_path(model: ft.FireworksModel, name: str | None) -> str:
         """``<account>/run-<32 hex>/<name>``: the form the SDK accepts back in load_state."""
         if not name or "/" in name:
-            raise ft.ContractError(f"checkpoint name {name!r} must be a non-empty name without '/'")
+            raise ContractError(f"checkpoint name {name!r} must be a non-empty name without '/'")
         return f"{ACCOUNT}/{model.run_id}/{name}"
 
     async def _save_for_sampler(self, request: web.Request) -> web.Response:
@@ -339,7 +318,7 @@ class FakeFireworksServer(FakeControlPlane):
         req = self._parse(types.SaveWeightsForSamplerRequest, body)
         model = self._model(req.model_id)
         if model.lora_rank > 0 and checkpoint_type not in (None, "base"):
-            raise ft.ContractError(f"a LoRA sampler checkpoint must be 'base', got {checkpoint_type!r}")
+            raise ContractError(f"a LoRA sampler checkpoint must be 'base', got {checkpoint_type!r}")
 
         def run() -> dict[str, Any]:
             path = self._checkpoint_path(model, req.path)
@@ -356,7 +335,7 @@ class FakeFireworksServer(FakeControlPlane):
         def run() -> dict[str, Any]:
             path = self._checkpoint_path(model, req.path)
             if path in self.states:
-                raise ft.ContractError(f"checkpoint {path} already exists")
+                raise ContractError(f"checkpoint {path} already exists")
             state = {**ft.snapshot(model, with_optimizer=True), "base_model": model.base_model}
             self.states[path] = self.states[f"cross_job://{model.job_id}/{req.path}"] = state
             return types.SaveWeightsResponse(path=path, type="save_weights").model_dump(mode="json")
@@ -370,9 +349,9 @@ class FakeFireworksServer(FakeControlPlane):
         def run() -> dict[str, Any]:
             state = self.states.get(req.path)
             if state is None:
-                raise ft.ContractError(f"no checkpoint at {req.path!r}")
+                raise ContractError(f"no checkpoint at {req.path!r}")
             if state["base_model"] != model.base_model:
-                raise ft.ContractError("checkpoint was saved from another base model")
+                raise ContractError("checkpoint was saved from another base model")
             ft.restore(model, state, with_optimizer=req.optimizer)
             return {"path": req.path, "type": "load_weights"}
 
@@ -382,7 +361,7 @@ class FakeFireworksServer(FakeControlPlane):
         req = self._parse(types.FutureRetrieveRequest, await self._body(request))
         future = self._futures.get(req.request_id)
         if future is None:
-            raise ft.ContractError(f"retrieve_future of unknown request_id {req.request_id!r}")
+            raise ContractError(f"retrieve_future of unknown request_id {req.request_id!r}")
         if future.polls < self.try_again_polls:
             future.polls += 1
             again = TryAgainResponse(request_id=future.request_id, queue_state="active")
