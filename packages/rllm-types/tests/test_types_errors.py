@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import pickle
+
 import msgspec
 import pytest
 
 from rllm.types import (
     SCHEMA_VERSION,
     Episode,
+    InvariantError,
     Message,
+    RLLMError,
     SamplingParams,
     SchemaError,
     Step,
@@ -102,3 +106,10 @@ def test_construction_checks_invariants() -> None:
         SamplingParams(top_p=1.5)
     with pytest.raises(SchemaError, match="tool_call_id"):
         convert({"role": "tool", "content": "x"}, Message)
+
+
+@pytest.mark.parametrize("error", [SchemaError("bad", "a.b"), SchemaError("bad"), InvariantError("bad", "f")])
+def test_schema_errors_pickle_with_their_path(error: SchemaError) -> None:
+    copy = pickle.loads(pickle.dumps(error))
+    assert (type(copy), str(copy), copy.path, copy.reason) == (type(error), str(error), error.path, "bad")
+    assert isinstance(copy, RLLMError) and isinstance(copy, ValueError)

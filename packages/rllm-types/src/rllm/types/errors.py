@@ -23,6 +23,10 @@ class SchemaError(RLLMError, ValueError):
         self.reason = message
         super().__init__(f"{message} (at `{path}`)" if path else message)
 
+    def __reduce__(self) -> tuple[type[SchemaError], tuple[str, str]]:
+        # Rebuilt from (reason, path), which every subclass takes, so it crosses processes intact.
+        return (type(self), (self.reason, self.path))
+
 
 class InvariantError(SchemaError):
     """A Struct was built with values that contradict each other (raised from ``__post_init__``).
