@@ -125,6 +125,14 @@ def test_a_token_prompt_with_its_images_is_what_the_chat_route_renders(vlm_backe
         assert refused(rendered.input_ids, {"video": [url]})["param"] == "multi_modal_data"
         body = refused(rendered.input_ids, {"image": ["data:image/png;base64,@@"]})
         assert body["param"] == "multi_modal_data.image[0]"
+        assert refused(rendered.input_ids, {"image": []})["param"] == "prompt"  # pads, no images
+        text_only = client.completions.create(
+            model=backend.served_model_name(),
+            prompt=tokenizer.encode("the answer", add_special_tokens=False),
+            max_tokens=2,
+            extra_body={"multi_modal_data": {"image": []}},
+        ).model_dump()
+        assert text_only["images_used"] == 0 and len(text_only["choices"]) == 1
 
 
 def test_two_turns_with_an_image_extend_and_train_on_exactly_what_was_sampled(vlm_backend) -> None:

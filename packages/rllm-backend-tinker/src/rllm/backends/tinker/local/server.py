@@ -202,10 +202,10 @@ class SamplerServer:
             logprobs=logprobs,
             return_token_ids=bool(body.get("return_token_ids", False)),
         )
-        if vision is not None:
+        if body.get("multi_modal_data") is not None:
             # Says the model saw the images: a caller sending them (the gateway's cumulative
             # mode) refuses an answer without this, from a server that ignored them.
-            answer["images_used"] = len(body["multi_modal_data"].get("image") or ())
+            answer["images_used"] = len(body["multi_modal_data"]["image"])
         return web.json_response(answer)
 
     def _prompt_vision(self, body: dict[str, Any], prompts: list[list[int]]) -> Any:
@@ -233,13 +233,14 @@ class SamplerServer:
                 parse_data_uri(u if isinstance(u, str) else "", f"multi_modal_data.image[{k}]")[1]
                 for k, u in enumerate(urls)
             ]
-            return token_prompt_vlm_inputs(
+            inputs = token_prompt_vlm_inputs(
                 self.engine.tokenizer, self.image_processor, prompts[0], images, "multi_modal_data.image"
             )
         except ImageError as exc:
             raise RequestError(f"{exc.reason} at {exc.field}", exc.field) from None
         except Exception as exc:  # the image processor's own failures are the request's fault too
             raise RequestError(f"the images could not be processed: {exc}", "multi_modal_data") from exc
+        return inputs if inputs.pixel_values is not None else None  # no images: a plain token prompt
 
     # helpers ---------------------------------------------------------------------------------
     def _encode(self, text: str) -> list[int]:
