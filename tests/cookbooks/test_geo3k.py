@@ -139,7 +139,7 @@ def test_two_training_steps_with_a_tiny_vision_language_model(tmp_path, mode):
     assert all(row["train/sequences"] >= row["episodes"] > 0 for row in rows), rows
     # the first step trains on exactly what was sampled: same image tokens, same pixels
     assert rows[0]["train/sampler_logprob_abs_diff"] < 1e-3, rows[0]
-    # the sampled episodes kept their diagram (once per episode in the file) and its 16 image tokens
+    # the sampled episodes kept their diagram (once per single-step episode) and its 16 image tokens
     from transformers import AutoTokenizer
 
     from rllm.backends.tinker.tiny_vlm import IMAGE_PAD
@@ -149,4 +149,6 @@ def test_two_training_steps_with_a_tiny_vision_language_model(tmp_path, mode):
     sample = read_episode_sample(sample_path(tmp_path / "run", 1))
     steps = [s for e in sample.episodes for t in e.trajectories for s in t.steps]
     assert steps and all(len(s.images) == 1 and list(s.prompt_ids).count(pad) == 16 for s in steps)
-    assert all(len(e.images) == 1 for e in sample.episodes)
+    raw = sample_path(tmp_path / "run", 1).read_bytes()
+    first = next(iter(steps[0].images.values()))
+    assert raw.count(first.split(",", 1)[1].encode()) == sum(first in s.images.values() for s in steps)

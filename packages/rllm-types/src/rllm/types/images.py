@@ -207,9 +207,16 @@ def pack_episode_images(episode: Episode) -> Episode:
 
     The same diagram is usually in every step of a trajectory and in every role of a flow; the
     copy's steps keep only the hashes (values "") and decoding the copy fills them again
-    (``Episode.__post_init__``). The input is not changed (the trainer still reads its steps).
+    (``Episode.__post_init__``). The input is not changed (the trainer still reads its steps),
+    and is returned as it is when no image is in two steps (packing would only add the map).
     """
-    if not any(s.images for t in episode.trajectories for s in t.steps):
+    uses: dict[str, int] = {}
+    for trajectory in episode.trajectories:
+        for step in trajectory.steps:
+            for digest, uri in step.images.items():
+                if uri:
+                    uses[digest] = uses.get(digest, 0) + 1
+    if not any(n > 1 for n in uses.values()):
         return episode
     shared: dict[str, str] = dict(episode.images)
     trajectories = []
