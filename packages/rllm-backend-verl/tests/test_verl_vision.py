@@ -29,18 +29,31 @@ from rllm.types.images import data_uri
 
 pytestmark = pytest.mark.verl
 VISION = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>"]
+SPECIALS = ["<|pad|>", "<|unk|>", "<|end|>"]
+
+
+def _word_tokenizer() -> object:
+    """One token per word (and the chat specials), plus Qwen-VL's vision tokens."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = [*SPECIALS, "circle", "radius", "answer"]
+    core = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<|unk|>"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, eos_token="<|end|>", pad_token="<|pad|>", unk_token="<|unk|>"
+    )
+    tokenizer.add_tokens(["<|user|>", "<|assistant|>", *VISION], special_tokens=True)
+    return tokenizer
 
 
 def init_tiny_qwen2_vl(path: Path, seed: int = 0) -> Path:
     """A random 2-layer Qwen2-VL (one vision block, 16 image tokens for a 256x256 picture) with
-    the verl backend's word-level tokenizer plus Qwen-VL's vision tokens."""
+    a word-level tokenizer holding Qwen-VL's vision tokens."""
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    from rllm.backends.verl.tiny import build_tokenizer
-
-    tokenizer = build_tokenizer(["circle", "radius", "answer"])
-    tokenizer.add_tokens(VISION, special_tokens=True)
+    tokenizer = _word_tokenizer()
     start, pad, end = tokenizer.convert_tokens_to_ids(VISION)
     config = Qwen2VLConfig(
         text_config={
