@@ -102,10 +102,12 @@ async def test_bad_images_fail_the_episode_with_a_clear_error_and_no_model_call(
 
 
 @pytest.mark.slow
-def test_two_training_steps_with_a_tiny_vision_language_model(tmp_path):
+@pytest.mark.parametrize("mode", ["cumulative", "plain"])
+def test_two_training_steps_with_a_tiny_vision_language_model(tmp_path, mode):
     """Geo3K end to end on the local tinker backend: the tiny Qwen2-VL samples from the diagrams
-    (plain gateway mode: the sampler reports the image placeholder tokens), the steps keep the
-    images, and the trainer feeds the same pixels to its forward pass."""
+    (cumulative mode: the gateway places the image tokens with the model's processor and sends
+    the images with the token ids; plain mode: the sampler reports the placeholder tokens it
+    used), the steps keep the images, and the trainer feeds the same pixels to its forward pass."""
     import asyncio
 
     from rllm.backends.tinker.tiny_vlm import init_tiny_vlm
@@ -126,7 +128,7 @@ def test_two_training_steps_with_a_tiny_vision_language_model(tmp_path):
             "val_every=0",
             "rollout.sampling.max_tokens=6",
             "algorithm.filter_zero_variance=false",
-            "gateway.mode=plain",
+            f"gateway.mode={mode}",
             f"backend.options.model={model}",
             "backend.options.lora.rank=0",
         ],
@@ -137,3 +139,16 @@ def test_two_training_steps_with_a_tiny_vision_language_model(tmp_path):
     assert all(row["train/sequences"] >= row["episodes"] > 0 for row in rows), rows
     # the first step trains on exactly what was sampled: same image tokens, same pixels
     assert rows[0]["train/sampler_logprob_abs_diff"] < 1e-3, rows[0]
+    # the sampled episodes kept their diagram (once per single-step episode) and its 16 image tokens
+    from transformers import AutoTokenizer
+
+    from rllm.backends.tinker.tiny_vlm import IMAGE_PAD
+    from rllm.engine.metrics_log import read_episode_sample, sample_path
+
+    pad = AutoTokenizer.from_pretrained(model).convert_tokens_to_ids(IMAGE_PAD)
+    sample = read_episode_sample(sample_path(tmp_path / "run", 1))
+    steps = [s for e in sample.episodes for t in e.trajectories for s in t.steps]
+    assert steps and all(len(s.images) == 1 and list(s.prompt_ids).count(pad) == 16 for s in steps)
+    raw = sample_path(tmp_path / "run", 1).read_bytes()
+    first = next(iter(steps[0].images.values()))
+    assert raw.count(first.split(",", 1)[1].encode()) == sum(first in s.images.values() for s in steps)

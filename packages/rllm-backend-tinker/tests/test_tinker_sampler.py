@@ -164,6 +164,10 @@ def test_models_health_and_bad_requests(sampler_backend: TinkerBackend) -> None:
         assert error["error"]["param"] == param, error
     status, error = _post(base + "/completions", {"model": "m", "prompt": [1.5, 2]})
     assert status == 400 and error["error"]["param"] == "prompt"
+    # a text-only model refuses images sent with token ids rather than answering without them
+    images = {"image": ["data:image/png;base64,iVBORw0KGgo="]}
+    status, error = _post(base + "/completions", {"model": "m", "prompt": [1, 2], "multi_modal_data": images})
+    assert status == 400 and error["error"]["param"] == "multi_modal_data"
 
 
 def test_multi_turn_prompt_extends_the_previous_turn_token_for_token(sampler_backend: TinkerBackend) -> None:

@@ -99,3 +99,42 @@ def test_api_errors_are_404_with_a_reason(run_dir: Path, path: str, message: str
 def test_an_empty_directory_is_refused(tmp_path: Path) -> None:
     with pytest.raises(RunNotFoundError, match=r"no metrics\.jsonl or episode samples"):
         RunView(tmp_path)
+
+
+def test_an_episodes_image_is_stored_once_and_shown_from_its_reference(tmp_path: Path) -> None:
+    """A diagram in both turns of a two-step trajectory: the sample file holds it once, the API
+    sends it once per episode, and the steps' blocks reference it by hash."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    from rllm.engine.metrics_log import read_episode_sample, sample_path
+    from rllm.types import convert
+    from rllm.types.images import data_uri, image_ref, intern_images
+
+    buf = io.BytesIO()
+    Image.new("RGB", (16, 16), (0, 90, 200)).save(buf, format="PNG")
+    url = data_uri(buf.getvalue(), "PNG")
+    history = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]
+    steps = []
+    for turn in range(2):
+        messages, images = intern_images(convert(history, list[Message]))
+        steps.append(
+            Step(input=messages, images=images, prompt_ids=[1, 2], response_ids=[3], logprobs=[-1.0])
+        )
+        history += [{"role": "assistant", "content": f"turn {turn}"}, {"role": "user", "content": "more"}]
+    episode = Episode(task_id="geo", trajectories=[Trajectory(steps=steps)])
+    write_episode_sample(tmp_path, 1, [episode], [], groups=1)
+    raw = sample_path(tmp_path, 1).read_bytes()
+    assert raw.count(base64.b64decode(url.split(",", 1)[1])) == 0  # stored as base64 text...
+    assert raw.count(url.split(",", 1)[1].encode()) == 1  # ...once for the two steps
+    kept = read_episode_sample(sample_path(tmp_path, 1)).episodes[0]
+    assert [s.images for s in kept.trajectories[0].steps] == [s.images for s in steps]
+    with ViewerServer(RunView(tmp_path)) as server:
+        status, shown = get(server.url + "api/steps/1/episodes/0")
+    assert status == 200
+    (digest,) = shown["images"]
+    assert shown["images"][digest] == url
+    for step in shown["trajectories"][0]["steps"]:
+        assert step["input"][0]["content"][0]["image_url"]["url"] == image_ref(digest)

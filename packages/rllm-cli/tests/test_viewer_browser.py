@@ -130,3 +130,45 @@ def test_open_an_episode_and_read_its_tokens(run_dir: Path, browser: object, tmp
     assert len(colours) > 50, len(colours)
     dominant = max(count for count, _ in colours)
     assert dominant < 0.95 * image.size[0] * image.size[1]
+
+
+def test_an_image_stored_once_per_episode_is_shown_in_every_step(browser: object, tmp_path: Path) -> None:
+    """Steps hold rllm-image:sha256: references; the page draws the episode's image for each."""
+    import io
+
+    from PIL import Image
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from rllm.engine.metrics_log import MetricsLogger, write_episode_sample
+    from rllm.types import Episode, Message, Step, Trajectory, convert
+    from rllm.types.images import data_uri, intern_images
+
+    buf = io.BytesIO()
+    Image.new("RGB", (24, 16), (0, 90, 200)).save(buf, format="PNG")
+    url = data_uri(buf.getvalue(), "PNG")
+    history = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]
+    steps = []
+    for turn in range(2):
+        messages, images = intern_images(convert(history, list[Message]))
+        steps.append(
+            Step(input=messages, images=images, prompt_ids=[1, 2], response_ids=[3], logprobs=[-1.0])
+        )
+        history += [{"role": "assistant", "content": f"turn {turn}"}, {"role": "user", "content": "more"}]
+    logger = MetricsLogger(tmp_path, tensorboard=False)
+    logger.log(1, {"reward/mean": 0.0})
+    logger.close()
+    write_episode_sample(tmp_path, 1, [Episode(task_id="geo", trajectories=[Trajectory(steps=steps)])], [], 1)
+    driver = browser
+    with ViewerServer(RunView(tmp_path)) as server:
+        driver.get(server.url)
+        wait = WebDriverWait(driver, WAIT_S)
+        wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, ".msg.user img")))
+        wait.until(
+            lambda d: all(
+                i.get_attribute("naturalWidth") == "24" for i in d.find_elements(By.TAG_NAME, "img")
+            )
+        )
+        shown = driver.find_elements(By.CSS_SELECTOR, ".msg.user img")
+    assert len(shown) == 2 and all(i.get_attribute("src") == url for i in shown)

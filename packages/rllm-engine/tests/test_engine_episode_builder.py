@@ -109,3 +109,21 @@ def test_steps_keep_their_traces_images_by_content_address():
     episode = from_msgpack(to_msgpack(Episode(task_id="x", trajectories=[traj])), Episode)
     kept = episode.trajectories[0].steps[0]
     assert restore_images(kept.input, kept.images) == sent
+
+
+def test_an_image_decoded_from_several_traces_is_one_string_in_the_episode():
+    """Traces arrive decoded one by one (each with its own copy of a resent image); the steps of
+    the episode share one string per image, and storing the episode keeps it once."""
+    from rllm.types import from_msgpack, to_msgpack
+    from rllm.types.images import pack_episode_images
+
+    url = "data:image/png;base64,iVBORw0KGgo="
+    traces = []
+    for seq, role in ((0, "solver"), (1, "solver"), (2, "judge")):
+        t = trace(seq, role=role)
+        t.images = {"ab" * 32: url}
+        traces.append(from_msgpack(to_msgpack(t), TraceRecord))  # as the gateway client returns them
+    episode = build_episode("t", 0, None, traces)
+    values = [s.images["ab" * 32] for t in episode.trajectories for s in t.steps]
+    assert len(values) == 3 and all(v is values[0] for v in values)
+    assert to_msgpack(pack_episode_images(episode)).count(b"iVBORw0KGgo=") == 1

@@ -160,3 +160,44 @@ def test_intern_and_restore_round_trip_with_one_copy_per_image():
     # a second call sharing the map reuses the same string objects
     _again, images2 = intern_images(convert(raw, list[Message]), shared)
     assert all(images2[h] is shared[h] for h in images2)
+
+
+def test_an_episode_stores_each_image_once_and_its_steps_get_them_back():
+    from rllm.types import Episode, Step, Trajectory, convert, from_json, from_msgpack, to_json, to_msgpack
+    from rllm.types.images import intern_images, pack_episode_images
+
+    a, b = data_uri(_png(7, 7), "PNG"), data_uri(_png(9, 4), "PNG")
+
+    def step(*urls: str) -> Step:
+        blocks = [{"type": "image_url", "image_url": {"url": u}} for u in urls]
+        messages, images = intern_images(convert([{"role": "user", "content": blocks}], list[Message]))
+        return Step(input=messages, images=images)
+
+    # the same diagram in every step of two roles (a solver and a judge), a second one once
+    episode = Episode(
+        task_id="t",
+        trajectories=[
+            Trajectory(name="solver", steps=[step(a), step(a, b)]),
+            Trajectory(name="judge", steps=[step(a)]),
+        ],
+    )
+    before = to_msgpack(episode)
+    packed = pack_episode_images(episode)
+    payload_a, payload_b = (u.split(",", 1)[1].encode() for u in (a, b))
+    for wire in (to_msgpack(packed), to_json(packed)):
+        assert wire.count(payload_a) == 1 and wire.count(payload_b) == 1
+    assert before.count(payload_a) == 3  # unpacked, each step carried its own copy
+    assert to_msgpack(episode) == before  # packing copies; the episode in hand is unchanged
+    for decoded in (from_msgpack(to_msgpack(packed), Episode), from_json(to_json(packed), Episode)):
+        assert [s.images for t in decoded.trajectories for s in t.steps] == [
+            s.images for t in episode.trajectories for s in t.steps
+        ]
+    plain = Episode(task_id="plain")
+    assert pack_episode_images(plain) is plain  # nothing to pack: no copy
+    # a packed reference with nothing behind it is named, not silently dropped
+    from rllm.types import InvariantError
+
+    orphan = Trajectory(steps=[Step(images={"ab" * 32: ""})])
+    with pytest.raises(InvariantError) as e:
+        Episode(task_id="t", trajectories=[orphan], images={"cd" * 32: a})
+    assert e.value.field == "trajectories[0].steps[0].images"

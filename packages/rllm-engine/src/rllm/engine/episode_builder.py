@@ -17,8 +17,12 @@ from rllm.sdk.errors import FlowReturnError
 from rllm.types import Episode, ErrorInfo, Step, TerminationReason, TraceRecord, Trajectory
 
 
-def step_from_trace(trace: TraceRecord) -> Step:
-    """One Step for one recorded LLM call."""
+def step_from_trace(trace: TraceRecord, shared_images: dict[str, str] | None = None) -> Step:
+    """One Step for one recorded LLM call. ``shared_images`` (hash -> data URI) makes the steps
+    of one episode hold one string per distinct image, however many traces carried it."""
+    images = dict(trace.images)
+    if shared_images is not None:
+        images = {digest: shared_images.setdefault(digest, uri) for digest, uri in images.items()}
     return Step(
         input=list(trace.messages),
         output=trace.response,
@@ -29,7 +33,7 @@ def step_from_trace(trace: TraceRecord) -> Step:
         finish_reason=trace.finish_reason,
         metadata={"trace_id": trace.id, "seq": trace.seq, "segment": trace.segment, "model": trace.model},
         timing={"latency_s": trace.latency_s},
-        images=dict(trace.images),
+        images=images,
     )
 
 
@@ -43,9 +47,10 @@ def trajectories_from_traces(traces: Sequence[TraceRecord]) -> dict[str, Traject
     for trace in sorted(traces, key=lambda t: t.seq):
         by_role.setdefault(trace.role, []).append(trace)
     out: dict[str, Trajectory] = {}
+    shared_images: dict[str, str] = {}
     for role, records in by_role.items():
         ok = [t for t in records if t.status == "ok"]
-        steps = [step_from_trace(t) for t in ok]
+        steps = [step_from_trace(t, shared_images) for t in ok]
         if steps:
             steps[-1].done = True
         metadata: dict[str, Any] = {"segments": len({t.segment for t in ok})}

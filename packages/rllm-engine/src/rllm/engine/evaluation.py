@@ -26,6 +26,7 @@ from rllm.engine.rollout_config import RolloutConfig
 from rllm.engine.rollout_engine import RolloutEngine, as_tasks
 from rllm.sdk.answer import final_answer
 from rllm.types import Episode, SamplingParams, SchemaError, Task, to_json
+from rllm.types.images import pack_episode_images
 
 
 class AttemptResult(msgspec.Struct, omit_defaults=True):
@@ -267,7 +268,7 @@ async def evaluate(
                     fresh[row.task_id] = row
                     if eps is not None:
                         for ep in episodes:
-                            eps.write(to_json(ep) + b"\n")
+                            eps.write(to_json(pack_episode_images(ep)) + b"\n")
                         eps.flush()
                     # The results line is written last: a task counts as done only once it is there.
                     results_file.write(msgspec.json.encode(row) + b"\n")

@@ -29,6 +29,7 @@ import msgspec
 
 from rllm.types import Episode, ErrorInfo, EvalOutput, Task, TerminationReason, from_msgpack, to_msgpack
 from rllm.types.errors import RLLMError
+from rllm.types.images import pack_episode_images
 
 _HEADER = struct.Struct("<I")
 log = logging.getLogger(__name__)
@@ -174,7 +175,7 @@ def _encode_done(job: _Job, episode: Episode) -> bytes:
     """The Done frame; an episode that cannot be encoded (a flow returned artifacts msgpack cannot
     carry) comes back as an agent_error saying so, rather than leaving the parent waiting."""
     try:
-        return to_msgpack(_Done(job.id, episode))
+        return to_msgpack(_Done(job.id, pack_episode_images(episode)))  # each image sent once
     except Exception as exc:
         from rllm.engine.episode_builder import failed_episode
         from rllm.engine.rollout_engine import RolloutEngine

@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from rllm.types import Episode, from_msgpack, to_msgpack
+from rllm.types.images import pack_episode_images
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,9 @@ def write_episode_sample(
         return None
     kept = {t.id for e in chosen for t in e.trajectories}
     sample = EpisodeSample(
-        step=step, episodes=chosen, trained_trajectory_ids=[t for t in trained_trajectory_ids if t in kept]
+        step=step,
+        episodes=[pack_episode_images(e) for e in chosen],  # each image once per episode
+        trained_trajectory_ids=[t for t in trained_trajectory_ids if t in kept],
     )
     path = sample_path(out_dir, step)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -17,17 +17,29 @@ into OpenAI ``tool_calls`` (:mod:`rllm.gateway.toolcalls`); an assistant message
 the returned content and tool calls extends the token history like a text reply, and the tool
 results after it are the new part. A streamed reply comes back as text deltas only (tool calls
 are not parsed out of a stream).
+
+Images (a vision-language model whose ``tokenizer_path`` holds its image processor): each
+image's placeholder is expanded to the tokens the model's processor gives it
+(:mod:`rllm.gateway.image_tokens`), so the prompt ids hold exactly the placeholder tokens the
+model sees, and turns extend token for token as for text (an image in a new message expands in
+the new part). The images go upstream next to the token ids, in placeholder order, as
+``multi_modal_data: {"image": [data URIs]}``; the upstream must answer ``images_used`` (how
+many it gave the model), else the call is a 502 rather than an answer the model gave without
+seeing the picture. The local tinker sampler does this; vLLM's OpenAI server does not (its
+``/v1/completions`` takes no images with token ids), so against vLLM images need plain mode.
+Streaming with images is refused (the confirmation comes with the whole answer).
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from rllm.gateway.capture import Captured
+from rllm.gateway.capture import Captured, UpstreamShapeError
 from rllm.gateway.errors import GatewayError
+from rllm.gateway.image_tokens import ImageTokens, PromptImage, prompt_images
 from rllm.gateway.toolcalls import (
     HARMONY,
     HERMES,
@@ -44,6 +56,9 @@ from rllm.gateway.toolcalls import (
     to_template_messages,
 )
 from rllm.types import ImageBlock, Message, TraceRecord
+
+IMAGES_FIELD = "multi_modal_data"  # request: {"image": [data URIs in placeholder order]}
+IMAGES_USED = "images_used"  # response: how many of them the upstream gave the model
 
 # Chat-only request fields that /v1/completions does not take.
 _CHAT_ONLY = frozenset(
@@ -78,6 +93,7 @@ class BridgeState:
     completion_ids: list[int]
     tools: Any
     segment: int
+    image_count: int = 0  # images in ``messages`` (a new turn's own images come after them)
 
 
 @dataclass(slots=True)
@@ -91,22 +107,27 @@ class BridgePlan:
     wants_token_ids: bool
     wants_logprobs: bool
     stream: bool = False
+    images: list[str] = field(default_factory=list)  # data URIs sent upstream, placeholder order
+    session: Any = None  # to forget this turn when the upstream did not take its images
 
 
 class TokenBridge:
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, images: ImageTokens | None = None) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("cumulative mode needs a tokenizer with a chat_template")
         self.tokenizer = tokenizer
+        self.images = images  # None: a text-only model, whose image blocks are refused
         self.tool_format = detect_format(tokenizer)
         self._harmony: HarmonyParser | None = None
 
     @classmethod
     def load(cls, path: str) -> TokenBridge:
-        """Load a tokenizer (local directory or hub name) with transformers."""
+        """Load a tokenizer (local directory or hub name) with transformers, and the model's
+        image processor when it has one (a vision-language model)."""
         from transformers import AutoTokenizer
 
-        return cls(AutoTokenizer.from_pretrained(path))
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        return cls(tokenizer, ImageTokens.load(path, tokenizer))
 
     def render(self, messages: list[dict[str, Any]], tools: Any) -> str:
         return self.tokenizer.apply_chat_template(
@@ -123,7 +144,8 @@ class TokenBridge:
         tools = body.get("tools")
         if tools:
             require_format(self.tool_format)
-        _refuse_images(messages)
+        stream = bool(body.get("stream"))
+        images = self._images_of(messages, stream)
         text = self.render(body["messages"], tools)
         prev: BridgeState | None = session.bridges.get(role)
         ids: list[int] | None = None
@@ -134,12 +156,16 @@ class TokenBridge:
                 done_text = prev.prompt_text + self.tokenizer.decode(
                     prev.completion_ids, skip_special_tokens=False
                 )
-                if text.startswith(done_text):
-                    ids = prev.prompt_ids + prev.completion_ids + self.encode(text[len(done_text) :])
-                else:
+                new_images = images[prev.image_count :]
+                if not text.startswith(done_text):
                     reason = "the chat template's rendering does not extend the previous turn's tokens"
+                elif self._placeholders(text[len(done_text) :]) != len(new_images):
+                    reason = "the new messages' image placeholders do not match their images"
+                else:
+                    new_part = self._expand(text[len(done_text) :], new_images)
+                    ids = prev.prompt_ids + prev.completion_ids + self.encode(new_part)
         if ids is None:
-            ids = self.encode(text)
+            ids = self.encode(self._expand(text, images))
             segment = 0 if prev is None else prev.segment + 1
             if reason is not None:
                 trace.metadata["segment_reason"] = reason
@@ -148,15 +174,50 @@ class TokenBridge:
         trace.segment = segment
         wants_ids = bool(body.get("return_token_ids"))
         wants_lp = bool(body.get("logprobs"))
-        stream = bool(body.get("stream"))
         out = {k: v for k, v in body.items() if k not in _CHAT_ONLY}
         if "max_completion_tokens" in body and "max_tokens" not in body:
             out["max_tokens"] = body["max_completion_tokens"]
         out["prompt"] = ids
         out["stream"] = stream
+        urls = [image.url for image in images]
+        if urls:
+            out[IMAGES_FIELD] = {"image": urls}
         body.clear()
         body.update(out)
-        return BridgePlan(role, messages, text, ids, tools, segment, wants_ids, wants_lp, stream)
+        plan = BridgePlan(role, messages, text, ids, tools, segment, wants_ids, wants_lp, stream, urls)
+        plan.session = session
+        return plan
+
+    def _images_of(self, messages: list[Message], stream: bool) -> list[PromptImage]:
+        """The request's images in placeholder order; a 400 where this bridge cannot place them."""
+        if not any(isinstance(m.content, list) and _has_image(m) for m in messages):
+            return []
+        if self.images is None:
+            i, j = _first_image(messages)
+            raise GatewayError(
+                400,
+                "cumulative mode found no image processor at tokenizer_path (a text-only model?), "
+                "so it cannot place image tokens: give the vision-language model's directory, or "
+                "use tokenizer_mode='plain'",
+                param=f"messages[{i}].content[{j}]",
+                code="unsupported_content",
+            )
+        images = prompt_images(messages)
+        if stream:
+            raise GatewayError(
+                400,
+                "cumulative mode does not stream calls with images (the upstream confirms it used "
+                "the images with its whole answer): send stream=false",
+                param="stream",
+                code="unsupported_content",
+            )
+        return images
+
+    def _placeholders(self, text: str) -> int:
+        return 0 if self.images is None else text.count(self.images.image_token)
+
+    def _expand(self, text: str, images: list[PromptImage]) -> str:
+        return text if self.images is None else self.images.expand(text, images)
 
     @staticmethod
     def _why_not_extending(prev: BridgeState, messages: list[Message], tools: Any) -> str | None:
@@ -199,6 +260,7 @@ class TokenBridge:
             completion_ids=list(cap.completion_ids),
             tools=plan.tools,
             segment=plan.segment,
+            image_count=len(plan.images),
         )
 
     def parse_tools(self, cap: Captured) -> ParsedReply:
@@ -218,7 +280,20 @@ class TokenBridge:
 
     # ------------------------------------------------------------------ response shapes
     def to_chat(self, data: dict[str, Any], cap: Captured, plan: BridgePlan) -> dict[str, Any]:
-        """A completions response re-shaped as the chat.completion the client asked for."""
+        """A completions response re-shaped as the chat.completion the client asked for.
+
+        With images, the upstream must say it gave them all to the model; an upstream that
+        ignored ``multi_modal_data`` answered without seeing them, which is a 502 (and the turn
+        is not remembered as one to extend), never a trace that looks fine."""
+        if plan.images and data.get(IMAGES_USED) != len(plan.images):
+            if plan.session is not None:
+                plan.session.bridges.pop(plan.role, None)
+            raise UpstreamShapeError(
+                f"the upstream did not confirm it used the prompt's {len(plan.images)} image(s) "
+                f"(cumulative mode sends them as '{IMAGES_FIELD}' and needs '{IMAGES_USED}' back, as "
+                "the local tinker sampler answers; vLLM's OpenAI server takes no images with token "
+                "ids): use tokenizer_mode='plain' with this upstream"
+            )
         choice: dict[str, Any] = {
             "index": 0,
             "message": {"role": "assistant", "content": cap.text or None if cap.tool_calls else cap.text},
@@ -283,16 +358,14 @@ class TokenBridge:
         return {"token": tok, "logprob": logprob, "bytes": list(tok.encode()), "top_logprobs": []}
 
 
-def _refuse_images(messages: list[Message]) -> None:
-    """Cumulative mode renders with the tokenizer alone, which cannot place an image's tokens;
-    sending token ids would silently drop the picture, so an image block is a 400 instead."""
+def _has_image(message: Message) -> bool:
+    return any(isinstance(block, ImageBlock) for block in message.content or ())
+
+
+def _first_image(messages: list[Message]) -> tuple[int, int]:
     for i, msg in enumerate(messages):
         if isinstance(msg.content, list):
             for j, block in enumerate(msg.content):
                 if isinstance(block, ImageBlock):
-                    raise GatewayError(
-                        400,
-                        "cumulative mode renders text only: image blocks need tokenizer_mode='plain'",
-                        param=f"messages[{i}].content[{j}]",
-                        code="unsupported_content",
-                    )
+                    return i, j
+    return 0, 0

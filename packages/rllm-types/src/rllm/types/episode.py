@@ -107,7 +107,12 @@ class Trajectory(msgspec.Struct, omit_defaults=True):
 
 
 class Episode(msgspec.Struct, omit_defaults=True):
-    """One rollout of an agent on one task: its trajectories, outcome and why it ended."""
+    """One rollout of an agent on one task: its trajectories, outcome and why it ended.
+
+    ``images`` holds the data URIs of its steps' images, each once, when the episode was packed
+    for storage (``rllm.types.images.pack_episode_images``): the steps' ``images`` then map
+    their hashes to "" and are filled from here again when the episode is decoded.
+    """
 
     task_id: str
     rollout_index: int = 0
@@ -119,12 +124,30 @@ class Episode(msgspec.Struct, omit_defaults=True):
     error: ErrorInfo | None = None
     metrics: dict[str, float] = msgspec.field(default_factory=dict)
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+    images: dict[str, str] = msgspec.field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
         check_schema_version(self.schema_version)
         if self.rollout_index < 0:
             raise InvariantError(f"rollout_index must be >= 0, got {self.rollout_index}", "rollout_index")
+        if self.images:
+            self._restore_step_images()
+
+    def _restore_step_images(self) -> None:
+        """Fill the steps' packed image references ("" values) from the episode's own map."""
+        shared = self.images
+        for t, trajectory in enumerate(self.trajectories):
+            for k, step in enumerate(trajectory.steps):
+                for digest, uri in step.images.items():
+                    if uri:
+                        continue
+                    if digest not in shared:
+                        raise InvariantError(
+                            f"image {digest[:12]}... is not in the episode's images",
+                            f"trajectories[{t}].steps[{k}].images",
+                        )
+                    step.images[digest] = shared[digest]
 
     def trajectory(self, name: str) -> Trajectory | None:
         """The first trajectory with this role name, if any."""

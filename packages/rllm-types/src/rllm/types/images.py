@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import copy
 import hashlib
 import io
 import warnings
@@ -20,6 +21,7 @@ import msgspec
 from rllm.types.errors import InvariantError
 
 if TYPE_CHECKING:
+    from rllm.types.episode import Episode
     from rllm.types.messages import Message
 
 # What OpenAI's vision endpoints and vLLM's image loaders accept.
@@ -200,6 +202,40 @@ def restore_images(messages: list[Message], images: dict[str, str]) -> list[Mess
     return out
 
 
+def pack_episode_images(episode: Episode) -> Episode:
+    """``episode`` as it should be stored: each distinct image once, in ``episode.images``.
+
+    The same diagram is usually in every step of a trajectory and in every role of a flow; the
+    copy's steps keep only the hashes (values "") and decoding the copy fills them again
+    (``Episode.__post_init__``). The input is not changed (the trainer still reads its steps),
+    and is returned as it is when no image is in two steps (packing would only add the map).
+    """
+    uses: dict[str, int] = {}
+    for trajectory in episode.trajectories:
+        for step in trajectory.steps:
+            for digest, uri in step.images.items():
+                if uri:
+                    uses[digest] = uses.get(digest, 0) + 1
+    if not any(n > 1 for n in uses.values()):
+        return episode
+    shared: dict[str, str] = dict(episode.images)
+    trajectories = []
+    for trajectory in episode.trajectories:
+        steps = []
+        for step in trajectory.steps:
+            if step.images:
+                for digest, uri in step.images.items():
+                    if uri:
+                        shared.setdefault(digest, uri)
+                step = msgspec.structs.replace(step, images=dict.fromkeys(step.images, ""))
+            steps.append(step)
+        trajectories.append(msgspec.structs.replace(trajectory, steps=steps))
+    packed = copy.copy(episode)  # not structs.replace: __post_init__ would fill the steps again
+    packed.trajectories = trajectories
+    packed.images = shared
+    return packed
+
+
 def data_uri(data: bytes, fmt: str) -> str:
     """A base64 data URI for image bytes of Pillow format ``fmt``."""
     mime = _MIME_OF.get(fmt.upper(), f"image/{fmt.lower()}")
@@ -218,6 +254,7 @@ __all__ = [
     "image_ref",
     "inspect_image",
     "intern_images",
+    "pack_episode_images",
     "parse_data_uri",
     "restore_images",
 ]

@@ -24,6 +24,9 @@ VISION_TOKENS = [VISION_START, IMAGE_PAD, VISION_END]
 
 # tiny.CHAT_TEMPLATE with content blocks: text as it is, each image as Qwen2-VL's
 # "<|vision_start|><|image_pad|><|vision_end|>" (one pad, expanded per image by render_vlm_prompt).
+# The generation prompt ends in the space the rendered assistant message has after its role
+# tag, so the prompt text + a decoded reply ("word word <|end|>") is a prefix of the next turn's
+# rendering: cumulative mode then extends multi-turn histories token for token.
 VLM_CHAT_TEMPLATE = (
     "{% for message in messages %}{{ '<|' + message['role'] + '|> ' }}"
     "{% if message['content'] is string %}{{ message['content'] }}"
@@ -31,7 +34,7 @@ VLM_CHAT_TEMPLATE = (
     "{% if block['type'] == 'text' %}{{ block['text'] }}"
     "{% else %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}{% endif %}"
     "{% endfor %}{% endif %}{{ ' <|end|> ' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|> ' }}{% endif %}"
 )
 
 
@@ -184,8 +187,48 @@ def render_vlm_prompt(
     return VlmInputs(ids, pixel_values, grid, types)
 
 
-def decode_images(images: list[bytes]) -> list[Any]:
-    """Pillow RGB images of encoded image bytes; ImageError names the one that cannot be read."""
+def token_prompt_vlm_inputs(
+    tokenizer: Any, image_processor: Any, prompt_ids: list[int], images: list[bytes], field: str = "images"
+) -> VlmInputs:
+    """A prompt that is already token ids (the gateway's cumulative mode renders it) with its
+    images in placeholder order: each image's run of pad tokens must be as long as the image
+    processor makes it, else ImageError (the prompt was rendered for other images or another
+    processor)."""
+    pad = tokenizer.convert_tokens_to_ids(IMAGE_PAD)
+    runs = placeholder_runs(prompt_ids, pad)
+    types = [int(t == pad) for t in prompt_ids]
+    if not images:
+        if runs:
+            raise ImageError(f"the prompt has {len(runs)} image placeholder runs but no images", "prompt")
+        return VlmInputs(list(prompt_ids), None, None, types)
+    pixel_values, grid = pixel_inputs(image_processor, decode_images(images, field))
+    counts = image_token_counts(image_processor, grid)
+    if runs != counts:
+        raise ImageError(
+            f"the prompt's image placeholder runs {runs} do not match its {len(counts)} images, "
+            f"which take {counts} tokens",
+            "prompt",
+        )
+    return VlmInputs(list(prompt_ids), pixel_values, grid, types)
+
+
+def placeholder_runs(ids: list[int], pad: int) -> list[int]:
+    """Lengths of the runs of consecutive ``pad`` ids, in order (one run per image)."""
+    runs: list[int] = []
+    previous = None
+    for token in ids:
+        if token == pad:
+            if previous == pad:
+                runs[-1] += 1
+            else:
+                runs.append(1)
+        previous = token
+    return runs
+
+
+def decode_images(images: list[bytes], field: str = "images") -> list[Any]:
+    """Pillow RGB images of encoded image bytes; ImageError names the one that cannot be read
+    (``field[k]``)."""
     from PIL import Image
 
     out = []
@@ -194,7 +237,7 @@ def decode_images(images: list[bytes]) -> list[Any]:
             with Image.open(io.BytesIO(data)) as img:
                 out.append(img.convert("RGB"))
         except Exception as exc:  # Pillow raises many types for corrupt data
-            raise ImageError(f"image {k} cannot be decoded: {type(exc).__name__}", f"images[{k}]") from None
+            raise ImageError(f"image {k} cannot be decoded: {type(exc).__name__}", f"{field}[{k}]") from None
     return out
 
 
@@ -223,5 +266,7 @@ __all__ = [
     "load_image_processor",
     "message_images",
     "pixel_inputs",
+    "placeholder_runs",
     "render_vlm_prompt",
+    "token_prompt_vlm_inputs",
 ]

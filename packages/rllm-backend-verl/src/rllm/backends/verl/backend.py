@@ -91,12 +91,15 @@ class VerlBackend:
         from rllm.backends.verl.actor import update_policy
         from rllm.backends.verl.convert import to_data_proto
         from rllm.backends.verl.loss import RllmPolicyLoss
+        from rllm.backends.verl.vision import vision_rows_for
 
         cluster = self._started()
         if algo != cluster.algo:
             cluster.set_loss(algo)
         await cluster.release_rollout_memory()
-        data = to_data_proto(batch, pad_token_id=self._pad_token_id())
+        data = to_data_proto(
+            batch, pad_token_id=self._pad_token_id(), vision=vision_rows_for(self.config.model)
+        )
         metrics = await asyncio.to_thread(
             update_policy,
             cluster.actor(),

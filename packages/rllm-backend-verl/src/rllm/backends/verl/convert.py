@@ -5,12 +5,17 @@ one token stream whose ``loss_mask`` marks the sampled tokens; its "prompt" is e
 the first sampled token and its "response" everything from there on, so the tool outputs and
 observations of later turns sit inside the response with ``response_mask`` 0 (verl's multi-turn
 layout). Position ids count real tokens only (padding gets 0), as verl's own rollouts write them.
+
+Vision-language models (``vision``, from :func:`rllm.backends.verl.vision.vision_rows_for`):
+each sequence's ``images`` become its row's ``multi_modal_inputs`` and, for M-RoPE models
+(Qwen2-VL, Qwen2.5-VL), its position ids become [4, seq] (text positions, then the temporal,
+height and width indices), the layout verl 0.9.1's Qwen-VL path reads (``rllm.backends.verl.vision``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -19,24 +24,35 @@ from rllm.engine.backend import TrainSequence
 from rllm.types.errors import RLLMError
 from verl import DataProto
 
-# TrainSequence.metadata keys passed through to DataProto.non_tensor_batch.
-MULTI_MODAL_KEY = "multi_modal_inputs"  # Qwen-VL style processor outputs (pixel_values, image_grid_thw…)
-POSITION_IDS_KEY = "position_ids"  # [channels, len(tokens)] (mrope); default: 1-D count of tokens
+if TYPE_CHECKING:
+    from rllm.backends.verl.vision import VisionRows
+
+MULTI_MODAL_KEY = "multi_modal_inputs"  # non_tensor_batch: one dict of processor tensors per row
 
 
 class BatchConversionError(RLLMError, ValueError):
     """A TrainSequence cannot be laid out as a verl row; the message names the sequence."""
 
 
-def to_data_proto(batch: Sequence[TrainSequence], *, pad_token_id: int) -> DataProto:
+def to_data_proto(
+    batch: Sequence[TrainSequence], *, pad_token_id: int, vision: VisionRows | None = None
+) -> DataProto:
     """One DataProto row per sequence with every field verl's PPO actor needs.
 
     Tensors: prompts, responses, input_ids, attention_mask, position_ids, response_mask,
     advantages, rollout_log_probs. Non-tensors: uid (the group id), trajectory_id, role, and
-    ``multi_modal_inputs`` when any sequence carries them.
+    ``multi_modal_inputs`` (one dict per row, {} for a row without images) when ``vision`` is
+    given. A sequence with images needs ``vision``: without it the images would be dropped.
     """
     if not batch:
         raise BatchConversionError("cannot convert an empty batch")
+    if vision is None:
+        with_images = next((i for i, seq in enumerate(batch) if seq.images), None)
+        if with_images is not None:
+            raise BatchConversionError(
+                f"sequence {with_images} (group {batch[with_images].group_id!r}) has images, but the "
+                "model takes no image inputs (a text-only model, or no vision rows were given)"
+            )
     splits = [_prompt_length(seq, index) for index, seq in enumerate(batch)]
     prompt_width = max(splits)
     response_width = max(len(seq.tokens) - split for seq, split in zip(batch, splits, strict=True))
@@ -48,6 +64,7 @@ def to_data_proto(batch: Sequence[TrainSequence], *, pad_token_id: int) -> DataP
     advantages = torch.zeros((size, response_width), dtype=torch.float32)
     rollout_log_probs = torch.zeros((size, response_width), dtype=torch.float32)
     position_rows: list[torch.Tensor] = []
+    multi_modal: list[dict[str, torch.Tensor]] = []
     for row, (seq, split) in enumerate(zip(batch, splits, strict=True)):
         tokens = torch.tensor(list(seq.tokens), dtype=torch.int64)
         n_response = len(tokens) - split
@@ -57,7 +74,11 @@ def to_data_proto(batch: Sequence[TrainSequence], *, pad_token_id: int) -> DataP
         response_mask[row, :n_response] = torch.tensor(list(seq.loss_mask[split:])).to(torch.int64)
         advantages[row, :n_response] = torch.tensor(list(seq.advantages[split:]))
         rollout_log_probs[row, :n_response] = torch.tensor(list(seq.sampler_logprobs[split:]))
-        position_rows.append(_positions(seq, row, split, prompt_width, response_width))
+        positions = torch.arange(len(tokens), dtype=torch.int64)[None, :]
+        if vision is not None:
+            inputs, positions = _vision_row(vision, seq, row)
+            multi_modal.append(inputs)
+        position_rows.append(_placed(positions, split, prompt_width, response_width))
     tensors = {
         "prompts": prompts,
         "responses": responses,
@@ -68,7 +89,21 @@ def to_data_proto(batch: Sequence[TrainSequence], *, pad_token_id: int) -> DataP
         "advantages": advantages,
         "rollout_log_probs": rollout_log_probs,
     }
-    return DataProto.from_dict(tensors=tensors, non_tensors=_non_tensors(batch))
+    non_tensors = _non_tensors(batch)
+    if vision is not None:
+        non_tensors[MULTI_MODAL_KEY] = _column(multi_modal)
+    return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
+
+
+def _vision_row(
+    vision: VisionRows, seq: TrainSequence, row: int
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    from rllm.backends.verl.vision import VisionRowError
+
+    try:
+        return vision.row(seq, row)
+    except VisionRowError as exc:
+        raise BatchConversionError(f"{exc} (group {seq.group_id!r})") from None
 
 
 def _prompt_length(seq: TrainSequence, index: int) -> int:
@@ -91,20 +126,9 @@ def _prompt_length(seq: TrainSequence, index: int) -> int:
     return n - 1 if first is None else first
 
 
-def _positions(
-    seq: TrainSequence, row: int, split: int, prompt_width: int, response_width: int
-) -> torch.Tensor:
-    n = len(seq.tokens)
-    given = seq.metadata.get(POSITION_IDS_KEY)
-    ids = (
-        torch.arange(n, dtype=torch.int64)[None, :]
-        if given is None
-        else torch.as_tensor(given, dtype=torch.int64)
-    )
-    if ids.dim() != 2 or ids.shape[1] != n:
-        raise BatchConversionError(
-            f"sequence {row}: metadata[{POSITION_IDS_KEY!r}] must have shape [channels, {n}], got {list(ids.shape)}"
-        )
+def _placed(ids: torch.Tensor, split: int, prompt_width: int, response_width: int) -> torch.Tensor:
+    """A sequence's [channels, n] position ids at its place in the left/right-padded row."""
+    n = ids.shape[1]
     out = torch.zeros((ids.shape[0], prompt_width + response_width), dtype=torch.int64)
     out[:, prompt_width - split : prompt_width + n - split] = ids
     return out
@@ -118,17 +142,15 @@ def _stack_positions(rows: list[torch.Tensor]) -> torch.Tensor:
     return stacked[:, 0, :] if channels == {1} else stacked  # [B, T], or [B, C, T] for mrope
 
 
-def _non_tensors(batch: Sequence[TrainSequence]) -> dict[str, np.ndarray]:
-    def column(values: list[Any]) -> np.ndarray:
-        out = np.empty(len(values), dtype=object)
-        out[:] = values
-        return out
+def _column(values: list[Any]) -> np.ndarray:
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
 
-    non_tensors = {
-        "uid": column([seq.group_id for seq in batch]),
-        "trajectory_id": column([str(seq.metadata.get("trajectory_id", "")) for seq in batch]),
-        "role": column([str(seq.metadata.get("name", "")) for seq in batch]),
+
+def _non_tensors(batch: Sequence[TrainSequence]) -> dict[str, np.ndarray]:
+    return {
+        "uid": _column([seq.group_id for seq in batch]),
+        "trajectory_id": _column([str(seq.metadata.get("trajectory_id", "")) for seq in batch]),
+        "role": _column([str(seq.metadata.get("name", "")) for seq in batch]),
     }
-    if any(MULTI_MODAL_KEY in seq.metadata for seq in batch):
-        non_tensors[MULTI_MODAL_KEY] = column([seq.metadata.get(MULTI_MODAL_KEY, {}) for seq in batch])
-    return non_tensors

@@ -104,6 +104,9 @@ class RunView:
             "termination_reason": str(e.termination_reason),
             "error": to_builtins(e.error) if e.error else None,
             "metrics": e.metrics,
+            # Image blocks hold rllm-image:sha256:<hex> references; the page resolves them here,
+            # so each image crosses the wire once per episode, not once per step.
+            "images": {h: uri for t in e.trajectories for s in t.steps for h, uri in s.images.items() if uri},
             "trajectories": [
                 {
                     "id": t.id,

@@ -246,7 +246,7 @@ class SamplerEngine:
             attention[i, width - len(prompt) :] = 1
         input_ids, attention = input_ids.to(device), attention.to(device)
         vision: dict[str, torch.Tensor] = {}
-        if any(row.pending.request.vision is not None for row in rows):
+        if any(_has_pixels(row.pending.request.vision) for row in rows):
             positions, vision = self._vision_inputs(rows, input_ids, attention)
         else:
             positions = (attention.cumsum(-1) - 1).clamp(min=0)
@@ -341,3 +341,8 @@ class SamplerEngine:
             return False
         row.text_cut = min(cuts)  # the returned text ends before the stop string (like vLLM)
         return True
+
+
+def _has_pixels(vision: Any) -> bool:
+    """A request with image inputs (a vision prompt without images decodes as text)."""
+    return vision is not None and vision.pixel_values is not None

@@ -41,7 +41,9 @@ class SamplerServer:
     ) -> None:
         self.engine = engine
         # With an image processor (a vision-language model) chat messages may hold data-URI
-        # image blocks (tiny_vlm.render_vlm_prompt); without one they are refused with a 400.
+        # image blocks (tiny_vlm.render_vlm_prompt), and a token-id completions prompt may come
+        # with its images (``multi_modal_data``, as the gateway's cumulative mode sends it);
+        # without one they are refused with a 400.
         self.image_processor = image_processor
         self.model_name = model_name
         self.host = host
@@ -173,6 +175,9 @@ class SamplerServer:
             if body.get("echo"):
                 raise RequestError("'echo' is not supported by the local sampler", "echo")
             prompts = parse_prompts(body, self._encode)
+            vision = None
+            if body.get("multi_modal_data") is not None:
+                vision = await asyncio.to_thread(self._prompt_vision, body, prompts)
             logprobs = body.get("logprobs")
             if logprobs is not None and (
                 not isinstance(logprobs, int)
@@ -185,19 +190,57 @@ class SamplerServer:
             ]
             for g in gens:
                 g.top_logprobs = logprobs or 0
+                g.vision = vision
         except RequestError as exc:
             return web.json_response(exc.body(), status=400)
         results = await asyncio.gather(*(asyncio.wrap_future(self.engine.submit(g)) for g in gens))
-        return web.json_response(
-            completion_response(
-                self.model_name,
-                prompts,
-                list(results),
-                self._decode_token,
-                logprobs=logprobs,
-                return_token_ids=bool(body.get("return_token_ids", False)),
-            )
+        answer = completion_response(
+            self.model_name,
+            prompts,
+            list(results),
+            self._decode_token,
+            logprobs=logprobs,
+            return_token_ids=bool(body.get("return_token_ids", False)),
         )
+        if body.get("multi_modal_data") is not None:
+            # Says the model saw the images: a caller sending them (the gateway's cumulative
+            # mode) refuses an answer without this, from a server that ignored them.
+            answer["images_used"] = len(body["multi_modal_data"]["image"])
+        return web.json_response(answer)
+
+    def _prompt_vision(self, body: dict[str, Any], prompts: list[list[int]]) -> Any:
+        """The vision inputs of a token-id prompt sent with ``multi_modal_data: {"image": [data
+        URIs in placeholder order]}``; RequestError naming the field for anything else."""
+        from rllm.backends.tinker.tiny_vlm import token_prompt_vlm_inputs
+        from rllm.types.images import ImageError, parse_data_uri
+
+        data = body["multi_modal_data"]
+        if self.image_processor is None:
+            raise RequestError("this model takes no images ('multi_modal_data')", "multi_modal_data")
+        urls = data.get("image") if isinstance(data, dict) else None
+        if not isinstance(data, dict) or set(data) - {"image"} or not isinstance(urls, list):
+            raise RequestError(
+                "'multi_modal_data' must be {\"image\": [data URIs]} (images only)", "multi_modal_data"
+            )
+        prompt = body.get("prompt")
+        if len(prompts) != 1 or not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
+            raise RequestError(
+                "'multi_modal_data' needs one prompt of token ids holding each image's placeholder tokens",
+                "prompt",
+            )
+        try:
+            images = [
+                parse_data_uri(u if isinstance(u, str) else "", f"multi_modal_data.image[{k}]")[1]
+                for k, u in enumerate(urls)
+            ]
+            inputs = token_prompt_vlm_inputs(
+                self.engine.tokenizer, self.image_processor, prompts[0], images, "multi_modal_data.image"
+            )
+        except ImageError as exc:
+            raise RequestError(f"{exc.reason} at {exc.field}", exc.field) from None
+        except Exception as exc:  # the image processor's own failures are the request's fault too
+            raise RequestError(f"the images could not be processed: {exc}", "multi_modal_data") from exc
+        return inputs if inputs.pixel_values is not None else None  # no images: a plain token prompt
 
     # helpers ---------------------------------------------------------------------------------
     def _encode(self, text: str) -> list[int]:
