@@ -24,7 +24,7 @@ from verl_helpers import cpu_config, reference_log_probs, sequence
 
 from rllm.algos import AlgorithmConfig
 from rllm.backends.verl.actor import compute_log_probs
-from rllm.backends.verl.backend import VerlBackend
+from rllm.backends.verl.backend import STATE_FILE, VerlBackend
 from rllm.backends.verl.config import BackendOptionsError
 from rllm.backends.verl.convert import to_data_proto
 
@@ -126,3 +126,9 @@ async def test_an_unreachable_server_is_named_before_ray_starts(tiny_model_path:
     with pytest.raises(BackendOptionsError, match=r"rollout\.server_urls\[0\]: .*not reachable"):
         await backend.start()
     assert not ray.is_initialized()
+
+
+async def test_loading_something_else_fails_with_the_reason(tiny_model_path: Path, tmp_path: Path) -> None:
+    backend = VerlBackend(cpu_config(tiny_model_path))
+    with pytest.raises(FileNotFoundError, match=STATE_FILE):
+        await backend.load_checkpoint(tmp_path)
