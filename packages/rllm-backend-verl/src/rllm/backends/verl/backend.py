@@ -86,8 +86,7 @@ class VerlBackend:
         return self._started().inference_urls()
 
     def served_model_name(self) -> str:
-        # verl starts vLLM/SGLang without --served-model-name, so they answer to the model path.
-        return self.config.served_model_name or self.config.model
+        return self.config.resolved_served_model_name()
 
     def tokenizer_path(self) -> str | None:
         return self.config.model if Path(self.config.model).is_dir() else None

@@ -134,6 +134,10 @@ class VerlBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     def lr(self) -> float:
         return self.optim.lr if self.learning_rate is None else self.learning_rate
 
+    def resolved_served_model_name(self) -> str:
+        # verl starts vLLM/SGLang without --served-model-name, so they answer to the model path.
+        return self.served_model_name or self.model
+
     def resolved_attn_implementation(self) -> str:
         if self.attn_implementation:
             return self.attn_implementation

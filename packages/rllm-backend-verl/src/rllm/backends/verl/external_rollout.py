@@ -122,6 +122,7 @@ def write_weights(weights: Iterable[tuple[str, torch.Tensor]], target: Path, *, 
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     save_file(tensors, str(partial / WEIGHTS_FILE), metadata={"format": "pt"})
+    shutil.rmtree(target, ignore_errors=True)  # a stale copy of the same name from a killed run
     partial.rename(target)
 
 

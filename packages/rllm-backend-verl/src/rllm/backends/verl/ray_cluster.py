@@ -66,11 +66,6 @@ class RayCluster:
         self._own_weights_dir: str | None = None
 
     @property
-    def served_model_name(self) -> str:
-        # verl starts vLLM/SGLang without --served-model-name, so they answer to the model path.
-        return self.config.served_model_name or self.config.model
-
-    @property
     def cpu(self) -> bool:
         return self.config.cluster.device == "cpu"
 
@@ -85,7 +80,7 @@ class RayCluster:
         c = self.config.cluster
         external = self.config.rollout.engine == ENGINE
         if external:
-            check_servers(list(self.config.rollout.server_urls), self.served_model_name)
+            check_servers(list(self.config.rollout.server_urls), self.config.resolved_served_model_name())
             register_external_rollout()
             self._configure_external()
         worker_env = {}
