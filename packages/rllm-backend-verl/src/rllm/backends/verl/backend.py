@@ -55,10 +55,10 @@ class VerlBackend:
         algo.validate()
         if not self.config.model:
             raise ValueError("backend.options.model: name the policy model (a local path or hub name)")
-        if self.config.cluster.device == "cpu":
+        if self.config.cluster.device == "cpu" and self.config.rollout.engine != "external":
             raise ValueError(
-                "backend.options.cluster.device: 'cpu' runs verl's training engine in-process only "
-                "(tests); training through the backend needs GPUs for verl's rollout servers"
+                "backend.options.cluster.device: 'cpu' needs rollout.engine = 'external' (running "
+                "vLLM servers): verl's own vLLM and SGLang rollout servers need GPUs"
             )
         self._algo = algo
 
@@ -69,8 +69,13 @@ class VerlBackend:
             raise RuntimeError(
                 "VerlBackend.start: call validate(algo) first (it decides whether a reference policy runs)"
             )
-        self._cluster = RayCluster(self.config, self._algo)
-        await self._cluster.start()
+        cluster = RayCluster(self.config, self._algo)
+        try:
+            await cluster.start()
+        except BaseException:
+            cluster.close()  # a half-started cluster: its Ray, workers and weights directory
+            raise
+        self._cluster = cluster
 
     def _started(self) -> Any:
         if self._cluster is None:
@@ -81,8 +86,7 @@ class VerlBackend:
         return self._started().inference_urls()
 
     def served_model_name(self) -> str:
-        # verl starts vLLM/SGLang without --served-model-name, so they answer to the model path.
-        return self.config.served_model_name or self.config.model
+        return self.config.resolved_served_model_name()
 
     def tokenizer_path(self) -> str | None:
         return self.config.model if Path(self.config.model).is_dir() else None
@@ -110,9 +114,22 @@ class VerlBackend:
             epochs=self.config.ppo_epochs,
             shuffle=self.config.shuffle,
             seed=self.config.seed + self._step,
+            batching=self.batching(),
         )
         self._step += 1
         return metrics
+
+    def batching(self) -> Any:
+        """How verl's workers cut this backend's batches (actor.Batching)."""
+        from rllm.backends.verl.actor import Batching
+
+        c = self.config
+        return Batching(
+            dp_size=c.data_parallel_size,
+            micro_batch_size=c.micro_batch_size_per_gpu,
+            log_prob_micro_batch_size=c.log_prob_micro_batch_size_per_gpu,
+            dynamic=c.use_dynamic_bsz,
+        )
 
     async def sync_weights(self) -> int:
         self._version += 1

@@ -68,9 +68,17 @@ class OptimOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class RolloutOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """verl's async rollout servers; each replica is one OpenAI-compatible gateway upstream."""
+    """verl's async rollout servers; each replica is one OpenAI-compatible gateway upstream.
 
-    engine: Literal["vllm", "sglang"] = "vllm"
+    ``engine = "external"``: servers that are already running (``server_urls``, vLLM in dev mode)
+    instead of ones verl starts; after every optimizer step the trainer writes the weights into
+    ``weights_dir`` and each server reloads them (external_rollout.py). The GPU settings below
+    then do not apply: the servers were started with their own.
+    """
+
+    engine: Literal["vllm", "sglang", "external"] = "vllm"
+    server_urls: list[str] = msgspec.field(default_factory=list)  # engine "external": base URLs ending in /v1
+    weights_dir: str = ""  # engine "external": "" = a fresh temporary directory on this machine
     tensor_model_parallel_size: int = 1
     gpu_memory_utilization: float = 0.5
     max_model_len: int = 4096
@@ -114,8 +122,23 @@ class VerlBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
         return self.cluster.nnodes * self.cluster.gpus_per_node
 
     @property
+    def data_parallel_size(self) -> int:
+        """Ranks that each take their own share of a batch (the rest shard the model or sequence)."""
+        if self.strategy == "megatron":
+            m = self.megatron
+            model_parallel = (
+                m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size
+            )
+            return max(self.world_size // model_parallel, 1)
+        return max(self.world_size // self.fsdp.ulysses_sequence_parallel_size, 1)
+
+    @property
     def lr(self) -> float:
         return self.optim.lr if self.learning_rate is None else self.learning_rate
+
+    def resolved_served_model_name(self) -> str:
+        # verl starts vLLM/SGLang without --served-model-name, so they answer to the model path.
+        return self.served_model_name or self.model
 
     def resolved_attn_implementation(self) -> str:
         if self.attn_implementation:
@@ -176,6 +199,17 @@ def check(config: VerlBackendConfig) -> None:
     )
     for key in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
         need(getattr(r, key) >= 1, f"rollout.{key}", f"must be >= 1, got {getattr(r, key)}")
+    if r.engine == "external":
+        need(bool(r.server_urls), "rollout.server_urls", "engine 'external' needs the servers' base URLs")
+        for index, url in enumerate(r.server_urls):
+            need(
+                re.fullmatch(r"https?://[^/\s]+(/\S*)?/v1/?", url) is not None,
+                f"rollout.server_urls[{index}]",
+                f"must be an http(s) base URL ending in /v1, got {url!r}",
+            )
+    else:
+        need(not r.server_urls, "rollout.server_urls", f"only for engine 'external', not {r.engine!r}")
+        need(not r.weights_dir, "rollout.weights_dir", f"only for engine 'external', not {r.engine!r}")
     sp = config.fsdp.ulysses_sequence_parallel_size
     need(
         sp >= 1 and world % sp == 0,

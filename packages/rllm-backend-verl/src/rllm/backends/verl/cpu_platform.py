@@ -36,7 +36,7 @@ class _CPUDeviceModule(ModuleType):
             return _peak_rss_bytes
         if name in ("memory_allocated", "memory_reserved"):
             return lambda *args, **kwargs: 0
-        if name in ("reset_peak_memory_stats", "reset_max_memory_allocated", "ipc_collect"):
+        if name in ("reset_peak_memory_stats", "reset_max_memory_allocated", "ipc_collect", "empty_cache"):
             return lambda *args, **kwargs: None
         if name == "mem_get_info":
             return _mem_get_info

@@ -59,6 +59,9 @@ def verl_overrides(config: VerlBackendConfig, algo: AlgorithmConfig | None = Non
         f"trainer.nnodes={config.cluster.nnodes}",
         f"trainer.device={config.cluster.device}",
     ]
+    if r.engine == "external":
+        # External servers reload full weights from disk; LoRA reaches them merged into the base.
+        out.append(f"{model}.lora.merge=True")
     if config.strategy == "megatron":
         m = config.megatron
         for role in ("actor", "ref"):
@@ -83,6 +86,21 @@ def verl_overrides(config: VerlBackendConfig, algo: AlgorithmConfig | None = Non
             f"{actor}.ulysses_sequence_parallel_size={f.ulysses_sequence_parallel_size}",
             f"actor_rollout_ref.ref.fsdp_config.param_offload={f.param_offload}",
         ]
+        # The CPU computes in fp32: bf16 matmuls there are slow and round the log-probs.
+        compute = "fp32" if cpu else f.mixed_precision
+        for role in ("actor", "ref"):
+            base = f"+actor_rollout_ref.{role}.fsdp_config.mixed_precision"
+            out += [f"{base}.param_dtype={compute}", f"{base}.reduce_dtype=fp32", f"{base}.buffer_dtype=fp32"]
+        if cpu:
+            out += [
+                f"{actor}.fsdp_config.use_torch_compile=False",
+                "actor_rollout_ref.ref.fsdp_config.use_torch_compile=False",
+                # verl's forward-only FSDP2 build pins its CPU offload memory, which needs CUDA;
+                # built for training instead (with the actor's optimizer settings, which a
+                # training build needs), the reference engine is simply never stepped.
+                "actor_rollout_ref.ref.fsdp_config.forward_only=False",
+                "+actor_rollout_ref.ref.optim=${actor_rollout_ref.actor.optim}",
+            ]
     return out
 
 

@@ -1,0 +1,38 @@
+"""The worker class Ray places: verl's ``ActorRolloutRefWorker`` and what a process needs first.
+
+Ray starts each worker as a fresh process, so whatever verl must know before it builds anything
+happens here, in the worker's own constructor: the CPU platform (``VERL_PLATFORM=cpu``, which
+ray_cluster sets in the workers' environment) and the external rollout's registration. On the
+CPU the gloo process group is made before verl's ``init_model`` asks for one, as in
+``local_training_worker``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from rllm.backends.verl.cpu_platform import CPU_PLATFORM, init_cpu_process_group, use_cpu_platform
+from rllm.backends.verl.external_rollout import register_external_rollout
+from verl.single_controller.base.decorator import Dispatch, register
+from verl.workers.engine_workers import ActorRolloutRefWorker
+
+
+def on_cpu() -> bool:
+    return os.environ.get("VERL_PLATFORM", "") == CPU_PLATFORM
+
+
+class HybridWorker(ActorRolloutRefWorker):
+    """verl's hybrid actor/rollout(/ref) worker, unchanged but for its process setup."""
+
+    def __init__(self, config: Any, role: str, **kwargs: Any) -> None:
+        if on_cpu():
+            use_cpu_platform()
+        register_external_rollout()
+        super().__init__(config, role, **kwargs)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        if on_cpu():
+            init_cpu_process_group()
+        super().init_model()

