@@ -1,8 +1,8 @@
 """GatewayClient: a gateway's admin API over HTTP (a ``GatewayAdmin``), from any process.
 
 Plain-http gateways are spoken to with the lean keep-alive client (``rllm.runtime.http_client``):
-an engine makes two admin calls per rollout, and aiohttp's client costs several times more CPU
-per call. An https gateway goes through aiohttp.
+an engine makes two admin calls per rollout, and aiohttp's client costs more CPU per call (figure
+in benchmarks/RESULTS.md). An https gateway goes through aiohttp.
 """
 
 from __future__ import annotations
