@@ -73,7 +73,7 @@ def _serve_gateway(upstream_url: str, out: Any) -> None:
     """Child process: a GatewayServer in front of the upstream (memory store, no auth), set up
     as `rllm-gateway serve` sets up its process."""
     from rllm.gateway import GatewayConfig, GatewayServer
-    from rllm.gateway.cli import prepare_process
+    from rllm.gateway.command import prepare_process
 
     config = GatewayConfig(upstreams=[upstream_url], auto_create_sessions=False, health_interval_s=5.0)
     prepare_process(config)

@@ -55,7 +55,7 @@ def _run_gateway(upstream: str, store: str, fast_http: bool = True) -> None:
     import uvloop
 
     from rllm.gateway import GatewayConfig, GatewayServer
-    from rllm.gateway.cli import prepare_process
+    from rllm.gateway.command import prepare_process
 
     config = GatewayConfig(upstreams=[upstream], store=store, health_interval_s=0, fast_http=fast_http)
     prepare_process(config)  # as `rllm-gateway serve` does: GC threshold (and uvloop)

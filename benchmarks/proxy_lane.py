@@ -53,12 +53,13 @@ async def _busy(stop: asyncio.Event, busy_s: float) -> None:
         await asyncio.sleep(0)
 
 
-async def _calls(http: Any, base: str, concurrency: int, calls: int) -> tuple[float, float]:
-    """Mean latency per call (ms) and this process's CPU per call (µs)."""
+async def _calls(http: Any, base: str, concurrency: int, calls: int, tag: str) -> tuple[float, float]:
+    """Mean latency per call (ms) and this process's CPU per call (µs); agent ``k`` calls in
+    session ``{tag}a{k}``."""
     latencies: list[float] = []
 
     async def agent(k: int) -> None:
-        url = f"{base}/sessions/a{k}/v1/chat/completions"
+        url = f"{base}/sessions/{tag}a{k}/v1/chat/completions"
         for i in range(calls // concurrency):
             body = msgspec.json.encode({"model": "m", "messages": [{"role": "user", "content": f"turn {i}"}]})
             t = time.perf_counter()
@@ -89,12 +90,14 @@ async def _compare(upstream: str, args: argparse.Namespace, busy_s: float) -> No
     results: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         for lane in (True, False):  # warm-up: connections, imports
-            await _calls(http, servers[lane].url, args.concurrency, 4 * args.concurrency)
-        for _ in range(args.rounds):
+            await _calls(http, servers[lane].url, args.concurrency, 4 * args.concurrency, "warm")
+        for i in range(args.rounds):
             for lane in (False, True):
-                results[lane].append(await _calls(http, servers[lane].url, args.concurrency, args.calls))
+                # Fresh sessions each round: a finished session's id is refused (410) afterwards.
+                tag = f"r{i}"
+                results[lane].append(await _calls(http, servers[lane].url, args.concurrency, args.calls, tag))
                 for k in range(args.concurrency):  # keep the stores from growing between rounds
-                    await servers[lane].finish_session(f"a{k}")
+                    await servers[lane].finish_session(f"{tag}a{k}")
     stop.set()
     if busy is not None:
         await busy

@@ -65,7 +65,7 @@ def test_multi_role_flow_with_per_role_estimators(tmp_path: Path) -> None:
 
 def test_rollout_workers_train_through_their_own_gateways(tmp_path: Path) -> None:
     # Two worker processes, each with its own cumulative-mode gateway; the trainer's weight
-    # syncs and pause/resume reach both (rllm.engine.flow_processes.GatewayGroup).
+    # syncs and pause/resume reach both (rllm.gateway.GatewayGroup).
     trainer = build_trainer(
         "say-single",
         out_dir=str(tmp_path),

@@ -10,8 +10,6 @@ import pytest
 from rllm.engine.rollout_config import RolloutConfig
 from rllm.engine.rollout_engine import RolloutEngine
 from rllm.gateway import GatewayClient, GatewayConfig, GatewayServer, LocalGatewayClient
-from rllm.runtime.http_messages import Request, Response
-from rllm.runtime.http_router import RouteNotFound
 from rllm.sdk import AgentConfig, Task, rollout
 from rllm.types import TerminationReason
 
@@ -76,25 +74,3 @@ async def test_owned_and_attached_gateways_give_the_same_episodes(upstream, path
         assert traj.steps[-1].input[-1].content == f"go on 1 #{ep.task_id}"
     if reference is not None:
         assert _summary(episodes) == _summary(reference)
-
-
-class _GatewayWithoutFinishRoute(GatewayServer):
-    """A real gateway answering the finish route as one released before it existed did."""
-
-    async def _finish_session(self, request: Request) -> Response:
-        raise RouteNotFound(request.path)  # what the gateway's router raises for an unknown route
-
-
-async def test_attached_gateway_without_finish_route_falls_back_to_read_then_delete(upstream):
-    cfg = GatewayConfig(upstreams=[upstream.url], auto_create_sessions=False, health_interval_s=0)
-    async with _GatewayWithoutFinishRoute(cfg) as server:
-        async with GatewayClient(server.url) as probe:
-            with pytest.raises(Exception, match="no route"):
-                await probe.finish_session("x")
-        config = RolloutConfig(n=1, concurrency=4, progress=False)
-        async with RolloutEngine(three_turns, None, config, gateway_url=server.url) as engine:
-            episodes = await engine.run(_tasks(3))
-            assert engine._finish_route is False
-        assert all(ep.termination_reason == TerminationReason.DONE for ep in episodes)
-        assert all(len(ep.trajectories[0].steps) == 3 for ep in episodes)
-        assert server.sessions == {} and server.store.trace_count() == 0

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from rllm.gateway import GatewayConfig, GatewayServer
 from rllm.gateway.capture import StreamCapture, UpstreamShapeError, read_answer
-from rllm.gateway.server import fill_trace
 from rllm.gateway.sse import EventTooLarge, SseEvents
+from rllm.gateway.traces import fill_trace
 from rllm.types import TraceRecord, from_msgpack, to_msgpack
 
 _NET = settings(

@@ -62,7 +62,7 @@ async def test_calls_run_without_a_task_and_match_the_task_path(mock, wait_until
             mock.latency = 0.3
             pending = asyncio.create_task(_say(oc, "held"))
             await wait_until(lambda gw=gw: gw.inflight == 1, what="the call to be in flight")
-            busy = [c for c in gw._server.connections if c._task is not None]
+            busy = [c for c in gw.http_server.connections if c._task is not None]
             assert len(busy) == 1
             assert isinstance(busy[0]._task, ProxyExchange) is on  # lane: the call holds no task
             assert (busy[0].handler is None) is on
@@ -124,7 +124,7 @@ async def test_client_gone_mid_call_aborts_the_trace_and_the_upstream_call(lane,
     async with aiohttp.ClientSession() as http:
         call = asyncio.create_task(http.post(client.session_url("gone") + "/chat/completions", json=body))
         await wait_until(
-            lambda: any(isinstance(c._task, ProxyExchange) for c in gw._server.connections),
+            lambda: any(isinstance(c._task, ProxyExchange) for c in gw.http_server.connections),
             what="the call on the lane",
         )
         call.cancel()  # the agent hangs up

@@ -59,7 +59,7 @@ async def test_pipelined_large_bodies_stay_within_max_pipelined_bytes(mock, held
         before = rss_bytes()
         client = asyncio.create_task(asyncio.to_thread(_pipeline, gw.port, payload, n))
         await held.arrived.wait()  # the first call is held upstream; the rest queue behind it
-        (conn,) = gw._server.connections
+        (conn,) = gw.http_server.connections
         await wait_until(lambda: conn._reading_paused, what="the gateway to stop reading")
         grown = rss_bytes() - before
         assert conn._queued_bytes <= cfg.max_pipelined_bytes + cfg.max_body_bytes

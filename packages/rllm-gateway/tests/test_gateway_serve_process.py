@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from rllm.gateway.cli import prepare_process
+from rllm.gateway.command import prepare_process
 from rllm.gateway.config import GatewayConfig
 from rllm.types import InvariantError
 

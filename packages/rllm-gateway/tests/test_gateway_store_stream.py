@@ -18,7 +18,17 @@ from rllm.types import ConfigError, TraceRecord
 
 async def _start_cli(*args: str) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rllm.gateway.cli", "serve", "--port", "0", "--health-interval-s", "0", *args],
+        [
+            sys.executable,
+            "-m",
+            "rllm.gateway.command",
+            "serve",
+            "--port",
+            "0",
+            "--health-interval-s",
+            "0",
+            *args,
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -123,7 +133,7 @@ def test_config_file_and_flags(tmp_path):
 
 def test_cli_rejects_bad_config(tmp_path):
     r = subprocess.run(
-        [sys.executable, "-m", "rllm.gateway.cli", "serve", "--store", "nope"],
+        [sys.executable, "-m", "rllm.gateway.command", "serve", "--store", "nope"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -154,7 +154,7 @@ def gateway(args: tuple[str, ...]) -> int:
       rllm gateway serve --upstream http://127.0.0.1:8000/v1 --port 9000
       rllm gateway serve --help
     """
-    from rllm.gateway.cli import main as gateway_main
+    from rllm.gateway.command import main as gateway_main
 
     if not args or args[0] in ("-h", "--help"):
         click.echo(click.get_current_context().get_help())

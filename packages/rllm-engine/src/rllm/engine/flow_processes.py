@@ -1,6 +1,6 @@
 """Rollouts across flow processes ("workers"), for more agent traffic than one core can carry.
 
-(Not the gateway's upstream workers, :mod:`rllm.gateway.workers`: these run agent flows.)
+(Not the gateway's upstream inference servers, :mod:`rllm.gateway.upstreams`: these run agent flows.)
 
 One asyncio process runs at most one core's worth of agent code, HTTP clients and trace
 handling. With ``RolloutConfig.workers = N`` the engine starts N processes (spawned, so flows
@@ -343,46 +343,3 @@ def _per_worker(config: Any, index: int) -> Any:
     if config.store.startswith("sqlite:"):
         changes["store"] = f"{config.store}.worker{index}"
     return msgspec.structs.replace(config, **changes)
-
-
-class GatewayGroup:
-    """The admin calls a trainer makes (weights, admission, upstream workers), sent to every
-    worker's own gateway, so N embedded gateways act as one."""
-
-    def __init__(self, urls: list[str], admin_key: str | None = None) -> None:
-        from rllm.gateway import GatewayClient
-
-        self.clients = [GatewayClient(url, admin_key=admin_key) for url in urls]
-
-    async def _all(self, method: str, *args: Any) -> list[Any]:
-        return await asyncio.gather(*(getattr(c, method)(*args) for c in self.clients))
-
-    async def set_weight_version(self, version: int) -> None:
-        await self._all("set_weight_version", version)
-
-    async def get_weight_version(self) -> int:
-        return min(await self._all("get_weight_version"))
-
-    async def pause(self, timeout_s: float = 600.0) -> None:
-        await self._all("pause", timeout_s)
-
-    async def resume(self) -> None:
-        await self._all("resume")
-
-    async def flush(self) -> None:
-        await self._all("flush")
-
-    async def add_worker(self, url: str) -> dict[str, Any]:
-        return (await self._all("add_worker", url))[0]
-
-    async def remove_worker(self, url: str) -> None:
-        await self._all("remove_worker", url)
-
-    async def list_workers(self) -> list[dict[str, Any]]:
-        return await self.clients[0].list_workers()
-
-    async def health(self) -> dict[str, Any]:
-        return {"gateways": await self._all("health")}
-
-    async def close(self) -> None:
-        await self._all("close")

@@ -15,13 +15,13 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from rllm.engine.episode_builder import build_episode, failed_episode
 from rllm.engine.failures import FAILED, RETRYABLE, classify_exception
-from rllm.engine.flow_processes import FlowProcessDied, FlowProcessPool, GatewayGroup
+from rllm.engine.flow_processes import FlowProcessDied, FlowProcessPool
 from rllm.engine.flow_runner import DeadlineExceeded, call_with_deadline
 from rllm.engine.loop_lag import LoopLagMonitor
 from rllm.engine.rollout_config import RolloutConfig
@@ -42,6 +42,9 @@ from rllm.types import (
     convert,
     to_builtins,
 )
+
+if TYPE_CHECKING:
+    from rllm.gateway import GatewayAdmin, GatewayServer
 
 
 def as_tasks(tasks: Iterable[Task | dict[str, Any]]) -> list[Task]:
@@ -94,11 +97,10 @@ class RolloutEngine:
         self._admin_key = admin_key
         self._upstreams = list(upstreams or [])
         self._gateway_config = gateway_config
-        self._server: Any = None
-        self._client: Any = None
+        self._server: GatewayServer | None = None
+        self._client: GatewayAdmin | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._deletions: set[asyncio.Task[None]] = set()
-        self._finish_route = True  # False once an attached (older) gateway lacked it
         self._gc_restore: tuple[int, int, int] | None = None
         self._pool: FlowProcessPool | None = None
         self._running = 0  # rollouts in progress in this process
@@ -116,9 +118,10 @@ class RolloutEngine:
         return self._gateway_url
 
     @property
-    def client(self) -> Any:
-        """The gateway admin client (weight version, pause/resume, workers): a GatewayClient over
-        HTTP when attached, the server's in-process LocalGatewayClient when the engine owns it."""
+    def client(self) -> GatewayAdmin:
+        """The gateway admin client (sessions, weight version, pause/resume, workers): a
+        GatewayClient over HTTP when attached, the server's in-process LocalGatewayClient when the
+        engine owns it, a GatewayGroup over every worker process's own gateway."""
         if self._client is None:
             raise RuntimeError("the engine is not started; call `await engine.start()` first")
         return self._client
@@ -168,7 +171,7 @@ class RolloutEngine:
         return self
 
     async def _start_workers(self) -> RolloutEngine:
-        from rllm.gateway import GatewayClient
+        from rllm.gateway import GatewayClient, GatewayGroup
 
         kwargs = {
             "flow": self._flow_arg,
@@ -392,17 +395,9 @@ class RolloutEngine:
         """The session's traces; unless sessions are kept, also deletes it (appending to ``closed``)."""
         if self.config.keep_sessions:
             return await self.client.get_traces(session_id)
-        if self._finish_route:
-            try:
-                traces = await self.client.finish_session(session_id)
-            except Exception as exc:
-                if getattr(exc, "status", None) != 404 or "no route" not in str(exc):
-                    raise
-                self._finish_route = False  # a gateway from before the finish route
-            else:
-                closed.append(True)
-                return traces
-        return await self.client.get_traces(session_id)  # deleted afterwards, in the background
+        traces = await self.client.finish_session(session_id)
+        closed.append(True)
+        return traces
 
     async def _run_flow_in_session(
         self, task: Task, rollout_index: int, config: AgentConfig, closed: list[bool]

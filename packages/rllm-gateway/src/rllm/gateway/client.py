@@ -1,8 +1,8 @@
-"""GatewayClient: the engine's async handle on a gateway's admin API.
+"""GatewayClient: a gateway's admin API over HTTP (a ``GatewayAdmin``), from any process.
 
-Plain-http gateways are spoken to with the lean keep-alive client (fasthttp.py): an engine makes
-two admin calls per rollout, and aiohttp's client costs several times more CPU per call. An
-https gateway goes through aiohttp.
+Plain-http gateways are spoken to with the lean keep-alive client (``rllm.runtime.http_client``):
+an engine makes two admin calls per rollout, and aiohttp's client costs more CPU per call (figure
+in benchmarks/RESULTS.md). An https gateway goes through aiohttp.
 """
 
 from __future__ import annotations
@@ -12,40 +12,16 @@ from typing import Any
 import aiohttp
 import msgspec
 
+from rllm.gateway.admin_api import GatewayAPIError, SessionInfo, session_base_url
 from rllm.runtime.http_client import FastHttpPool
 from rllm.types import SamplingParams, TraceRecord, from_msgpack, to_builtins
-from rllm.types.errors import RLLMError
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
 
 
-def session_base_url(gateway_url: str, session_id: str, role: str | None = None) -> str:
-    """``{gateway}/sessions/{sid}/v1``, or ``.../roles/{role}/v1`` for one role of a multi-role flow."""
-    if role is None:
-        return f"{gateway_url}/sessions/{session_id}/v1"
-    return f"{gateway_url}/sessions/{session_id}/roles/{role}/v1"
-
-
-class SessionInfo(msgspec.Struct):
-    """What creating a session returns: its id, its token (the agent's api_key) and its base URL."""
-
-    session_id: str
-    token: str
-    base_url: str
-
-
-class GatewayAPIError(RLLMError, RuntimeError):
-    """The gateway answered an admin call with an error (status and OpenAI-style message)."""
-
-    def __init__(self, status: int, message: str, method: str, path: str) -> None:
-        super().__init__(f"{method} {path} -> {status}: {message}")
-        self.status = status
-        self.message = message
-
-
 class GatewayClient:
-    """Async client: ``async with GatewayClient(url, admin_key=...) as gw: ...``."""
+    """Async admin client over HTTP: ``async with GatewayClient(url, admin_key=...) as gw: ...``."""
 
     def __init__(self, url: str, admin_key: str | None = None, *, timeout_s: float = 600.0) -> None:
         self.url = url.rstrip("/")
@@ -95,11 +71,14 @@ class GatewayClient:
             async with self._session().request(method, self.url + path, data=data, headers=headers) as resp:
                 status, raw = resp.status, await resp.read()
         if status >= 400:
+            code = None
             try:
-                message = _decode(raw)["error"]["message"]
+                error = _decode(raw)["error"]
+                message = error["message"]
+                code = error.get("code")
             except Exception:
                 message = raw[:500].decode(errors="replace")
-            raise GatewayAPIError(status, message, method, path)
+            raise GatewayAPIError(status, message, method, path, code if isinstance(code, str) else None)
         return raw
 
     async def _json(self, method: str, path: str, body: Any = None) -> Any:

@@ -6,11 +6,22 @@ LiteLLM is an optional extra (``rllm-gateway[hosted]``), imported only when conf
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from rllm.gateway.capture import Captured, capture_response
+from rllm.gateway.errors import GatewayError
+from rllm.runtime.http_messages import Request, Response, StreamResponse
+from rllm.types import TraceRecord
+
+if TYPE_CHECKING:
+    from rllm.gateway.calls import CallLedger
+
+_json_encode = msgspec.json.Encoder().encode
 
 # Request fields passed on to litellm.acompletion; anything else the client sent is dropped.
 _PASS = (
@@ -33,6 +44,8 @@ _PASS = (
 
 
 class HostedProvider:
+    """One hosted model reached through LiteLLM (imported when the provider is made)."""
+
     def __init__(self, model: str, *, api_key: str | None = None, api_base: str | None = None) -> None:
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch at import
         import litellm
@@ -79,4 +92,42 @@ def as_sse_chunks(data: dict[str, Any]) -> list[dict[str, Any]]:
                 ],
             }
         )
+    return out
+
+
+async def hosted_call(
+    provider: HostedProvider,
+    ledger: CallLedger,
+    request: Request,
+    body: dict[str, Any],
+    trace: TraceRecord,
+    chat: bool,
+    stream: bool,
+    t0: float,
+) -> Response | StreamResponse:
+    """Answer a call from the hosted provider and finish its trace; a client that asked to
+    stream gets the whole answer as stream chunks."""
+    if not chat:
+        raise GatewayError(400, "hosted providers are reached through /v1/chat/completions only")
+    try:
+        data, cap = await provider.complete(body)
+    except asyncio.CancelledError:
+        ledger.finish_trace(trace, None, "abort", t0)
+        raise
+    except Exception as exc:
+        ledger.fail(trace, t0, f"{type(exc).__name__}: {exc}")
+        status = getattr(exc, "status_code", 502)
+        raise GatewayError(
+            status if isinstance(status, int) and 400 <= status < 600 else 502,
+            f"hosted provider failed: {type(exc).__name__}",
+            code="upstream_error",
+        ) from None
+    ledger.finish_trace(trace, cap, "ok", t0)
+    if not stream:
+        return Response(body=_json_encode(data), content_type="application/json")
+    out = StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await out.prepare(request)
+    for chunk in as_sse_chunks(data):
+        await out.write(b"data: " + _json_encode(chunk) + b"\n\n")
+    await out.write(b"data: [DONE]\n\n")
     return out

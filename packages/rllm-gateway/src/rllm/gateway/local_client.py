@@ -5,9 +5,9 @@ rollout to itself (create session, read traces, delete session): request encodin
 routing and a msgpack round trip of every trace, on the same CPU that runs the flows. This
 client calls the server's session and trace machinery directly, on the server's event loop.
 
-It is a drop-in for :class:`~rllm.gateway.client.GatewayClient` (same methods, same results,
-errors raised as :class:`~rllm.gateway.client.GatewayAPIError` with the HTTP status the route
-would have answered). It acts as the admin: whoever holds the server object owns it already.
+It is a ``GatewayAdmin`` like :class:`~rllm.gateway.client.GatewayClient` (same methods, same
+results, errors raised as ``GatewayAPIError`` with the HTTP status and code the route would have
+answered). It acts as the admin: whoever holds the server object owns it already.
 Agents still reach the gateway over HTTP at ``session_url``. From another thread or process,
 use ``GatewayClient(server.url)``.
 """
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
-from rllm.gateway.client import GatewayAPIError, SessionInfo, session_base_url
+from rllm.gateway.admin_api import GatewayAPIError, SessionInfo, session_base_url
 from rllm.gateway.errors import GatewayError
 from rllm.types import SamplingParams, TraceRecord, from_msgpack, to_msgpack
 
@@ -77,14 +77,14 @@ class LocalGatewayClient:
         try:
             return await op()
         except GatewayError as exc:
-            raise GatewayAPIError(exc.status, exc.message, method, path) from None
+            raise GatewayAPIError(exc.status, exc.message, method, path, exc.code) from None
 
     def _sync(self, method: str, path: str, op: Callable[[], _T]) -> _T:
         self._check(method, path)
         try:
             return op()
         except GatewayError as exc:
-            raise GatewayAPIError(exc.status, exc.message, method, path) from None
+            raise GatewayAPIError(exc.status, exc.message, method, path, exc.code) from None
 
     # ----------------------------------------------------------- sessions
     def session_url(self, session_id: str, role: str | None = None) -> str:

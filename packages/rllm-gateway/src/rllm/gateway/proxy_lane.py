@@ -13,73 +13,44 @@ through the gateway's ordinary failover path, with the same trace.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING
 
 import msgspec
 
-from rllm.gateway.capture import ClientWants
-from rllm.gateway.errors import GatewayError, error_response
-from rllm.gateway.sessions import Session
-from rllm.gateway.workers import NoHealthyWorker, Worker
+from rllm.gateway.calls import ParsedCall, ProxyCall
+from rllm.gateway.errors import GatewayError, answer_or_error, gateway_error_response, internal_error_response
+from rllm.gateway.upstreams import NoHealthyUpstream, Upstream
 from rllm.runtime.http_client import Connection, Outcome, UpstreamBadResponse
 from rllm.runtime.http_messages import Request, Response, StreamResponse
-from rllm.types import Message, TraceRecord
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
 
-    from rllm.gateway.server import GatewayServer
+    from rllm.gateway.proxy import Proxy
 
 log = logging.getLogger("rllm.gateway")
 _json_encode = msgspec.json.Encoder().encode
 
 
-class ParsedCall(NamedTuple):
-    """A proxy call's request, decoded and validated: nothing sent, no trace yet."""
-
-    session: Session
-    role: str
-    body: dict[str, Any]
-    messages: list[Message]
-
-
-@dataclass(slots=True)
-class ProxyCall:
-    """One proxied call once its trace is open: what forwarding it and answering it need."""
-
-    request: Request
-    session: Session
-    path: str  # on the upstream
-    body: dict[str, Any]  # as sent upstream (sampling applied, capture fields injected)
-    wants: ClientWants
-    trace: TraceRecord
-    t0: float
-    chat: bool
-    bridge: Any  # the cumulative token bridge's plan, or None
-
-
 def start_exchange(
-    server: GatewayServer, request: Request, chat: bool, t0: float, parsed: ParsedCall
+    proxy: Proxy, request: Request, chat: bool, t0: float, parsed: ParsedCall
 ) -> ProxyExchange | Awaitable[Response | StreamResponse]:
     """Open the call's trace and send it upstream now if a kept-alive connection is idle
     (returns the pending exchange), else return the task path's awaitable for it."""
-    session, body = parsed.session, parsed.body
-    trace = server._open_trace(parsed, chat)
+    ledger = proxy.ledger
+    trace = ledger.open_trace(parsed, chat)
     try:
-        call = server._upstream_call(request, parsed, trace, chat, t0)
+        call = proxy.upstream_call(request, parsed, trace, chat, t0)
     except BaseException:
-        server._call_ended()
+        ledger.call_ended()
         raise
-    exchange = ProxyExchange(server, call)
+    exchange = ProxyExchange(proxy, call)
     try:
-        w = server.pool.pick(session.worker)
-    except NoHealthyWorker:
+        w = proxy.route(parsed.session, parsed.body)
+    except NoHealthyUpstream:
         return exchange.in_task()  # the failover path answers 503 and records the error
-    session.worker = w.url
-    server._set_model(w, body)
-    assert server._fast is not None
-    conn = server._fast.send_nowait(w.url + call.path, _json_encode(body), exchange.on_answer)
+    assert proxy.fast is not None
+    conn = proxy.fast.send_nowait(w.url + call.path, _json_encode(call.body), exchange.on_answer)
     if conn is None:
         return exchange.in_task()
     exchange.sent(w, conn)
@@ -89,34 +60,34 @@ def start_exchange(
 class ProxyExchange:
     """One call in flight on the early lane; the connection's ``cancel()`` target while it is."""
 
-    __slots__ = ("call", "conn", "server", "worker")
+    __slots__ = ("call", "conn", "proxy", "worker")
 
-    def __init__(self, server: GatewayServer, call: ProxyCall) -> None:
-        self.server = server
+    def __init__(self, proxy: Proxy, call: ProxyCall) -> None:
+        self.proxy = proxy
         self.call = call
-        self.worker: Worker | None = None
+        self.worker: Upstream | None = None
         self.conn: Connection | None = None
 
-    def sent(self, worker: Worker, conn: Connection) -> None:
+    def sent(self, worker: Upstream, conn: Connection) -> None:
         self.worker, self.conn = worker, conn
         worker.inflight += 1
         worker.requests += 1
 
     def in_task(self) -> Awaitable[Response | StreamResponse]:
-        """The rest of the call through the gateway's failover path, as a task would run it."""
-        server = self.server
+        """The rest of the call through the proxy's failover path, as a task would run it."""
+        proxy = self.proxy
 
         async def forward() -> Response:
             try:
-                return await server._forward(self.call)
+                return await proxy.forward(self.call)
             finally:
-                server._call_ended()
+                proxy.ledger.call_ended()
 
-        return server._mapped(self.call.request, forward())
+        return answer_or_error(self.call.request, forward())
 
     def on_answer(self, outcome: Outcome) -> None:
         """The upstream connection's callback: answer the agent now (or retry in a task)."""
-        server, w, call = self.server, self.worker, self.call
+        proxy, w, call = self.proxy, self.worker, self.call
         assert w is not None
         w.inflight -= 1
         self.conn = None
@@ -128,30 +99,29 @@ class ProxyExchange:
             return
         if isinstance(outcome, BaseException):
             # A kept-alive connection the upstream had closed (or that died mid-answer): the
-            # failover path retries it, on the same worker first.
-            server.metrics.retries.inc()
+            # failover path retries it, on the same upstream first.
+            proxy.ledger.metrics.retries.inc()
             call.request.respond_later(self.in_task())
             return
         status, raw = outcome
         if not w.healthy:
-            server.pool.mark_answered(w)
+            proxy.pool.mark_answered(w)
         try:
-            resp = server._answer_whole(call, status, raw)
-        except GatewayError as exc:  # _answer_whole finished the trace
-            resp = error_response(exc.status, exc.message, param=exc.param, code=exc.code)
+            resp = proxy.answer_whole(call, status, raw)
+        except GatewayError as exc:  # answer_whole finished the trace
+            resp = gateway_error_response(exc)
         except Exception as exc:  # a bug: answer anyway, as the task path's last line of defence
             log.exception("internal error on %s", call.request.path)
-            server.fail_unfinished(call.trace, call.t0, exc)
-            resp = error_response(500, f"internal gateway error: {type(exc).__name__}: {exc}")
-        server._call_ended()
+            proxy.ledger.fail_unfinished(call.trace, call.t0, exc)
+            resp = internal_error_response(exc)
+        proxy.ledger.call_ended()
         call.request.respond(resp)
 
     def _fail(self, exc: GatewayError) -> None:
-        call = self.call
-        call.trace.metadata["error"] = exc.message
-        self.server._finish_trace(call.trace, None, "error", call.t0)
-        self.server._call_ended()
-        call.request.respond(error_response(exc.status, exc.message, param=exc.param, code=exc.code))
+        call, ledger = self.call, self.proxy.ledger
+        ledger.fail(call.trace, call.t0, exc.message)
+        ledger.call_ended()
+        call.request.respond(gateway_error_response(exc))
 
     def cancel(self) -> None:
         """The agent went away: drop the upstream call and record the trace as aborted."""
@@ -161,8 +131,9 @@ class ProxyExchange:
         conn.cancel()
         assert self.worker is not None
         self.worker.inflight -= 1
-        self.server._finish_trace(self.call.trace, None, "abort", self.call.t0)
-        self.server._call_ended()
+        ledger = self.proxy.ledger
+        ledger.finish_trace(self.call.trace, None, "abort", self.call.t0)
+        ledger.call_ended()
 
 
-__all__ = ["ParsedCall", "ProxyCall", "ProxyExchange", "start_exchange"]
+__all__ = ["ProxyExchange", "start_exchange"]

@@ -1,16 +1,22 @@
 """Sessions: one per rollout. A session owns a token, sampling overrides, a sequence counter
-for its traces, its sticky upstream worker and, in cumulative mode, the token state per role."""
+for its traces, its sticky upstream worker and, in cumulative mode, the token state per role.
+The registry holds the live ones (persisted in the trace store) and remembers the ended ones."""
 
 from __future__ import annotations
 
 import hmac
+import re
 import secrets
 import time
 from collections import OrderedDict
 from typing import Any
 
-from rllm.gateway.store import SessionRow
-from rllm.types import SamplingParams, convert
+from rllm.gateway.errors import GatewayError
+from rllm.gateway.jsonguard import JsonLimitError, check_json
+from rllm.gateway.store import SessionRow, TraceStore
+from rllm.types import SamplingParams, TraceRecord, convert, new_id
+
+_SESSION_ID_RE = re.compile(r"^[A-Za-z0-9._:@-]{1,200}$")
 
 
 class Session:
@@ -130,3 +136,103 @@ class EndedSessions:
 
     def __len__(self) -> int:
         return len(self._ids)
+
+
+class SessionRegistry:
+    """The live sessions of one gateway (``live``, by id) and the ended ones (``ended``).
+
+    Every change is written through to the store, so a gateway on a SQLite store gets its
+    sessions back after a restart. Bad input raises GatewayError naming the field.
+    """
+
+    __slots__ = ("ended", "live", "max_json_depth", "store")
+
+    def __init__(self, store: TraceStore, *, ended: EndedSessions, max_json_depth: int) -> None:
+        self.store = store
+        self.ended = ended
+        self.max_json_depth = max_json_depth
+        self.live: dict[str, Session] = {}
+        for row in store.load_sessions():
+            s = Session.from_row(row)
+            s.next_seq = store.max_seq(s.session_id) + 1
+            self.live[s.session_id] = s
+
+    def new(self, sid: str, sampling: SamplingParams | None, metadata: dict[str, Any] | None) -> Session:
+        """Register a session under ``sid`` (400 unless it is a valid id)."""
+        if not _SESSION_ID_RE.match(sid) or sid in (".", ".."):
+            raise GatewayError(
+                400, f"invalid session id {sid!r}: use 1-200 of [A-Za-z0-9._:@-]", param="session_id"
+            )
+        s = Session(sid, sampling=sampling, metadata=metadata)
+        self.live[sid] = s
+        self.store.put_session(s.row())
+        return s
+
+    def open(
+        self,
+        session_id: str | None = None,
+        sampling: SamplingParams | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> Session:
+        """Create a session, or update an existing one's sampling and metadata."""
+        if session_id is None:
+            session_id = new_id()
+        if not isinstance(session_id, str):
+            raise GatewayError(400, "'session_id' must be a string", param="session_id")
+        if sampling is not None and not isinstance(sampling, SamplingParams):
+            raise GatewayError(400, "'sampling' must be SamplingParams", param="sampling")
+        if metadata is None:
+            metadata = {}
+        elif not isinstance(metadata, dict):
+            raise GatewayError(400, "'metadata' must be an object", param="metadata")
+        try:
+            check_json(metadata, self.max_json_depth, "metadata")
+        except JsonLimitError as exc:
+            raise GatewayError(400, f"{exc.message} at {exc.path}", param=exc.path) from None
+        self.ended.discard(session_id)  # the admin may open an ended id again, on purpose
+        existing = self.live.get(session_id)
+        if existing is not None:
+            if sampling is not None:
+                existing.sampling = sampling
+            existing.metadata.update(metadata)
+            self.store.put_session(existing.row())
+            return existing
+        return self.new(session_id, sampling, dict(metadata))
+
+    def existing(self, sid: str) -> Session:
+        """The live session ``sid``, or 404."""
+        s = self.live.get(sid)
+        if s is None:
+            raise GatewayError(404, f"unknown session {sid!r}", param="session_id", code="unknown_session")
+        return s
+
+    def end(self, session_id: str) -> bool:
+        """Unregister a session and remember that it ended; whether it existed."""
+        s = self.live.pop(session_id, None)
+        if s is None:
+            return False
+        self.ended.add(session_id, s.token)
+        return True
+
+    async def close(self, session_id: str) -> int:
+        """Delete a session and its traces; how many traces were freed. 404 if it never existed."""
+        existed = self.end(session_id)
+        n = await self.store.delete_session(session_id)
+        if not existed and n == 0:
+            raise GatewayError(
+                404, f"unknown session {session_id!r}", param="session_id", code="unknown_session"
+            )
+        return n
+
+    async def finish(self, session_id: str) -> list[TraceRecord]:
+        """Delete a session and return its traces (ordered by ``seq``). The session is
+        unregistered first, so a call still in flight for it leaves no trace behind. 404 if the
+        session never existed."""
+        existed = self.end(session_id)
+        records = await self.store.get(session_id)
+        n = await self.store.delete_session(session_id)
+        if not existed and n == 0 and not records:
+            raise GatewayError(
+                404, f"unknown session {session_id!r}", param="session_id", code="unknown_session"
+            )
+        return records

@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 
 import torch
 
+from rllm.types.errors import RLLMError
 from verl.workers.rollout.base import _ROLLOUT_REGISTRY, BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry
 
@@ -40,7 +41,7 @@ WEIGHTS_FILE = "model.safetensors"
 RELOAD_TIMEOUT_S = 600.0  # a reload reads the whole model from disk
 
 
-class ExternalServerError(RuntimeError):
+class ExternalServerError(RLLMError, RuntimeError):
     """An external rollout server refused or failed a call; the message names the server and call."""
 
 

@@ -1,4 +1,5 @@
-"""Upstream workers: sticky-per-session routing, least-loaded fallback, health checks.
+"""Upstream inference servers (the admin API's "workers"): sticky-per-session routing,
+least-loaded fallback, health checks.
 
 A session sticks to one worker so its multi-turn prefix stays in that worker's KV cache. When
 that worker is unhealthy or removed, the session moves to the least-loaded healthy worker.
@@ -23,12 +24,14 @@ import aiohttp
 from rllm.types.errors import RLLMError
 
 
-class NoHealthyWorker(RLLMError):
+class NoHealthyUpstream(RLLMError):
     """No upstream can take the request (all down, or none configured)."""
 
 
 @dataclass(slots=True)
-class Worker:
+class Upstream:
+    """One upstream inference server (an OpenAI-compatible base URL) and what is known of it."""
+
     url: str
     healthy: bool = True
     inflight: int = 0
@@ -52,19 +55,21 @@ class Worker:
         }
 
 
-class WorkerPool:
+class UpstreamPool:
+    """The upstreams one gateway routes to, by URL (``workers``, as the admin API names them)."""
+
     def __init__(self, urls: list[str]) -> None:
-        self.workers: dict[str, Worker] = {}
+        self.workers: dict[str, Upstream] = {}
         for u in urls:
             self.add(u)
 
-    def add(self, url: str) -> Worker:
+    def add(self, url: str) -> Upstream:
         url = url.rstrip("/")
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"worker url must be an http(s) base URL ending in /v1, got {url!r}")
         w = self.workers.get(url)
         if w is None:
-            w = self.workers[url] = Worker(url)
+            w = self.workers[url] = Upstream(url)
         return w
 
     def remove(self, url: str) -> bool:
@@ -73,15 +78,15 @@ class WorkerPool:
     def healthy_count(self) -> int:
         return sum(1 for w in self.workers.values() if w.healthy)
 
-    def pick(self, sticky: str | None, exclude: set[str] | None = None) -> Worker:
+    def pick(self, sticky: str | None, exclude: set[str] | None = None) -> Upstream:
         """The sticky worker if it is usable, else the least-loaded healthy one, else (none healthy)
-        the one whose last failure is oldest. Raises NoHealthyWorker only when every worker is
+        the one whose last failure is oldest. Raises NoHealthyUpstream only when every worker is
         excluded (already failed this request) or none is configured."""
         if sticky is not None:
             w = self.workers.get(sticky)
             if w is not None and w.healthy and (exclude is None or sticky not in exclude):
                 return w
-        best: Worker | None = None
+        best: Upstream | None = None
         for w in self.workers.values():
             if not w.healthy or (exclude is not None and w.url in exclude):
                 continue
@@ -97,22 +102,22 @@ class WorkerPool:
                 best = w
         if best is None:
             if not self.workers:
-                raise NoHealthyWorker("no upstream workers are configured")
-            raise NoHealthyWorker(f"no healthy upstream worker (of {len(self.workers)})")
+                raise NoHealthyUpstream("no upstream workers are configured")
+            raise NoHealthyUpstream(f"no healthy upstream worker (of {len(self.workers)})")
         return best
 
-    def mark_failed(self, w: Worker, error: str) -> None:
+    def mark_failed(self, w: Upstream, error: str) -> None:
         w.healthy = False
         w.failures += 1
         w.last_error = error
         w.failed_at = time.monotonic()
 
     @staticmethod
-    def mark_answered(w: Worker) -> None:
+    def mark_answered(w: Upstream) -> None:
         """A worker that just answered a request is up, whatever its last probe said."""
         w.healthy = True
 
-    async def check(self, session: aiohttp.ClientSession, w: Worker, timeout_s: float) -> None:
+    async def check(self, session: aiohttp.ClientSession, w: Upstream, timeout_s: float) -> None:
         """GET {url}/models: healthy if it answers 200 in time."""
         try:
             async with session.get(f"{w.url}/models", timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:

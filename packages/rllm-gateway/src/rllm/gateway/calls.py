@@ -1,0 +1,189 @@
+"""A proxied call from acceptance to its one trace, and admission (pause / resume).
+
+The promise of the gateway (README: "one honest trace per accepted call") is kept here: every
+call that got past routing, auth and validation is opened here (its trace takes the session's
+next ``seq`` and the current weight version, and the call counts as in flight) and finished
+here exactly once, as ``ok``, ``error`` or ``abort``. A finished trace is stored only while its
+session is still open: a session finished or deleted while the call was in flight has nobody
+left to read it. Pausing stops admitting calls and waits until the ones in flight have ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from rllm.gateway.capture import Captured, ClientWants, apply_sampling
+from rllm.gateway.errors import GatewayError
+from rllm.gateway.sessions import Session
+from rllm.gateway.traces import fill_trace, start_trace
+from rllm.runtime.http_messages import Request
+from rllm.types import Message, SamplingParams, TraceRecord
+
+if TYPE_CHECKING:
+    from rllm.gateway.metrics import GatewayMetrics
+    from rllm.gateway.store import TraceStore
+
+
+class ParsedCall(NamedTuple):
+    """A proxy call's request, decoded and validated: nothing sent, no trace yet."""
+
+    session: Session
+    role: str
+    body: dict[str, Any]
+    messages: list[Message]
+
+
+@dataclass(slots=True)
+class ProxyCall:
+    """One proxied call once its trace is open: what forwarding it and answering it need."""
+
+    request: Request
+    session: Session
+    path: str  # on the upstream
+    body: dict[str, Any]  # as sent upstream (sampling applied, capture fields injected)
+    wants: ClientWants
+    trace: TraceRecord
+    t0: float
+    chat: bool
+    bridge: Any  # the cumulative token bridge's plan, or None
+
+
+class CallLedger:
+    """The calls of one gateway: opened, in flight, finished; and whether new ones are admitted."""
+
+    __slots__ = (
+        "_admit",
+        "_drained",
+        "default_sampling",
+        "inflight",
+        "metrics",
+        "sessions",
+        "store",
+        "store_raw",
+        "waiting",
+        "weight_version",
+    )
+
+    def __init__(
+        self,
+        *,
+        sessions: dict[str, Session],
+        store: TraceStore,
+        metrics: GatewayMetrics,
+        store_raw: bool,
+        default_sampling: SamplingParams | None,
+    ) -> None:
+        self.sessions = sessions
+        self.store = store
+        self.metrics = metrics
+        self.store_raw = store_raw
+        self.default_sampling = default_sampling
+        self.weight_version = 0  # stamped on every trace opened from now on
+        self.inflight = 0
+        self.waiting = 0  # calls held at the door while paused
+        self._admit = asyncio.Event()  # set by admit_all() when the gateway starts
+        self._drained: asyncio.Event | None = None
+
+    # ------------------------------------------------------------------ admission
+    def admit_all(self) -> None:
+        """Admit every call (a fresh start: nothing paused)."""
+        self._admit = asyncio.Event()
+        self._admit.set()
+
+    @property
+    def admitting(self) -> bool:
+        return self._admit.is_set()
+
+    async def wait_admitted(self, parsed: ParsedCall) -> None:
+        """Hold a call at the door until the gateway resumes; 410 if its session ended meanwhile."""
+        if self._admit.is_set():
+            return
+        self.waiting += 1
+        try:
+            await self._admit.wait()
+        finally:
+            self.waiting -= 1
+        sid = parsed.session.session_id
+        if self.sessions.get(sid) is not parsed.session:
+            raise GatewayError(
+                410,
+                f"session {sid!r} ended while the call waited for the gateway to resume",
+                param="session_id",
+                code="session_ended",
+            )
+
+    async def pause(self, timeout_s: float = 600.0) -> None:
+        """Stop admitting calls (they wait) and return once in-flight ones have finished."""
+        self._admit.clear()
+        if self.inflight:
+            self._drained = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._drained.wait(), timeout_s)
+            except TimeoutError:
+                self._admit.set()  # a failed pause must not leave the gateway paused
+                raise GatewayError(
+                    504, f"{self.inflight} requests still in flight after {timeout_s}s; not paused"
+                ) from None
+            finally:
+                self._drained = None
+
+    def resume(self) -> None:
+        self._admit.set()
+
+    # ------------------------------------------------------------------ one call's trace
+    def open_trace(self, parsed: ParsedCall, chat: bool) -> TraceRecord:
+        """Apply the session's sampling and start the call's trace; the call is in flight until
+        ``call_ended``."""
+        session, role, body, messages = parsed
+        apply_sampling(body, session.sampling or self.default_sampling)
+        trace = start_trace(
+            session,
+            role,
+            body,
+            messages,
+            chat=chat,
+            weight_version=self.weight_version,
+            store_raw=self.store_raw,
+        )
+        self.inflight += 1
+        return trace
+
+    def call_ended(self) -> None:
+        self.inflight -= 1
+        if self.inflight == 0 and self._drained is not None:
+            self._drained.set()
+
+    def finish_trace(self, trace: TraceRecord, cap: Captured | None, status: str, t0: float) -> None:
+        """Finish the trace (latency, status, what was captured) and keep it if its session is open."""
+        trace.latency_s = time.perf_counter() - t0
+        trace.status = status  # type: ignore[assignment]
+        if cap is not None:
+            fill_trace(trace, cap)
+        if trace.session_id in self.sessions:
+            self.store.put(trace)
+        # else the session was deleted (finished) while this call was in flight: nobody can read
+        # the trace any more, and storing it would leak it.
+        self.metrics.observe(trace)
+
+    def fail(self, trace: TraceRecord, t0: float, why: str) -> None:
+        """Finish the trace as an ``error`` saying why."""
+        trace.metadata["error"] = why
+        self.finish_trace(trace, None, "error", t0)
+
+    def fail_unfinished(self, trace: TraceRecord, t0: float, exc: BaseException) -> None:
+        """Record ``trace`` as an error unless it was already finished (``latency_s`` is set
+        only by finish_trace): the last line of defence keeps the one-trace-per-call rule."""
+        if trace.latency_s == 0.0:
+            self.fail(trace, t0, f"internal gateway error: {type(exc).__name__}: {exc}")
+
+    def discard(self, trace: TraceRecord, t0: float) -> None:
+        """Count a call whose session ended while it was in flight; its trace is not kept."""
+        trace.status = "error"
+        trace.latency_s = time.perf_counter() - t0
+        self.metrics.observe(trace)
+
+
+__all__ = ["CallLedger", "ParsedCall", "ProxyCall"]

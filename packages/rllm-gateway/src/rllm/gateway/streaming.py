@@ -1,0 +1,150 @@
+"""Streamed calls: the upstream's SSE events relayed to the agent as they come, captured into
+one trace at ``[DONE]``.
+
+A failure before the head went out is an ordinary error answer; after it (the agent already has
+a 200), the agent learns of it from an error event followed by ``[DONE]``, and the trace says
+what happened. An agent that goes away cancels the upstream request and leaves an ``abort``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING
+
+import aiohttp
+import msgspec
+
+from rllm.gateway.calls import ProxyCall
+from rllm.gateway.capture import Captured, StreamCapture, UpstreamShapeError, check_captured, strip_injected
+from rllm.gateway.errors import GatewayError, error_body
+from rllm.gateway.sse import EventTooLarge, SseEvents
+from rllm.runtime.http_messages import Response, StreamResponse
+from rllm.types.errors import RLLMError
+
+if TYPE_CHECKING:
+    from rllm.gateway.proxy import Proxy
+
+_json_decode = msgspec.json.Decoder().decode
+_json_encode = msgspec.json.Encoder().encode
+_JSON = "application/json"
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+
+
+class StreamFault(RLLMError):
+    """What the capture cannot take from an upstream's stream (the message says what)."""
+
+
+async def forward_stream(proxy: Proxy, call: ProxyCall) -> Response | StreamResponse:
+    """Send a streaming call with failover and relay its events; the trace is finished either way."""
+    ledger = proxy.ledger
+    sc = StreamCapture(chat=call.chat and call.bridge is None)
+    out: StreamResponse | None = None
+    try:
+        w, resp = await proxy.post(call.session, call.path, call.body)
+    except GatewayError as exc:
+        ledger.fail(call.trace, call.t0, exc.message)
+        raise
+    except asyncio.CancelledError:
+        ledger.finish_trace(call.trace, None, "abort", call.t0)
+        raise
+    w.inflight += 1
+    status = "ok"
+    try:
+        if resp.status != 200:
+            raw = await resp.read()
+            call.trace.metadata["error"] = raw[:2000].decode(errors="replace")
+            call.trace.metadata["upstream_status"] = resp.status
+            status = "error"
+            return Response(status=resp.status, body=raw, content_type=_JSON)
+        out = StreamResponse(headers=dict(_SSE_HEADERS))
+        await out.prepare(call.request)
+        fault = None
+        try:
+            if await _relay_events(proxy, call, resp, out, sc):
+                sc.checked_result()
+            else:
+                fault = "upstream closed the stream before [DONE]"
+        except UpstreamShapeError as exc:
+            fault = f"upstream stream has the wrong shape: {exc}"
+        except StreamFault as exc:
+            fault = str(exc)
+        if fault is not None:
+            status = "error"
+            call.trace.metadata["error"] = fault
+            await out.write(b"data: " + error_body(502, fault) + b"\n\n")
+        await out.write(b"data: [DONE]\n\n")
+        sc.saw_done = fault is None
+        return out
+    except asyncio.CancelledError:
+        status = "abort"  # the client went away: closing ``resp`` cancels the upstream request
+        raise
+    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+        status = "abort"
+        raise
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        status = "error"
+        if isinstance(exc, TimeoutError):
+            why = f"upstream stalled mid-stream (no data for {proxy.config.upstream_timeout_s}s)"
+        else:
+            why = f"upstream failed mid-stream: {type(exc).__name__}: {exc}"
+        call.trace.metadata["error"] = why
+        if out is None:
+            if isinstance(exc, TimeoutError):
+                raise GatewayError(504, "upstream timed out", code="upstream_timeout") from None
+            raise GatewayError(502, why, code="upstream_error") from None
+        # The head went out as 200: the client learns of the failure from an error event.
+        with contextlib.suppress(Exception):
+            await out.write(b"data: " + error_body(502, why) + b"\n\n")
+            await out.write(b"data: [DONE]\n\n")
+        return out
+    finally:
+        w.inflight -= 1
+        resp.close()
+        cap: Captured | None = sc.result()
+        try:
+            check_captured(cap)  # type: ignore[arg-type]
+        except UpstreamShapeError:
+            cap = None
+        if call.bridge is not None and status == "ok":
+            proxy.bridge.commit(call.session, call.bridge, cap, call.trace)
+        if cap is not None and status == "error" and not cap.completion_ids:
+            cap = None
+        ledger.finish_trace(call.trace, cap, status, call.t0)
+
+
+async def _relay_events(
+    proxy: Proxy, call: ProxyCall, resp: aiohttp.ClientResponse, out: StreamResponse, sc: StreamCapture
+) -> bool:
+    """Forward the upstream's SSE events to the client, feeding the capture; True once
+    ``[DONE]`` came. Raises StreamFault (or UpstreamShapeError) for what the capture cannot
+    take: an event that is not JSON or is larger than ``max_stream_event_bytes``."""
+    events = SseEvents(proxy.config.max_stream_event_bytes)
+    bridge = proxy.bridge
+    async for piece in resp.content.iter_any():
+        try:
+            payloads = events.feed(piece)
+        except EventTooLarge as exc:
+            raise StreamFault(str(exc)) from None
+        for payload in payloads:
+            if payload == b"[DONE]":
+                return True
+            try:
+                chunk = _json_decode(payload)
+            except (msgspec.DecodeError, RecursionError):
+                raise StreamFault("upstream sent a stream event that is not JSON") from None
+            if not isinstance(chunk, dict):
+                raise StreamFault(f"upstream sent a stream event that is a JSON {type(chunk).__name__}")
+            if call.bridge is not None:
+                StreamCapture.feed(sc, chunk)
+                chunk = bridge.chunk_to_chat(chunk, call.bridge)
+                payload = _json_encode(chunk)
+            else:
+                sc.feed(chunk)
+                if strip_injected(chunk, call.wants):
+                    payload = _json_encode(chunk)
+            await out.write(b"data: " + payload + b"\n\n")
+    return False
+
+
+__all__ = ["StreamFault", "forward_stream"]
