@@ -23,22 +23,13 @@ _T = TypeVar("_T")
 
 
 class GatewayGroup:
-    """``GatewayGroup(urls, admin_key)`` over HTTP, or ``GatewayGroup.of(members)`` over any
-    ``GatewayAdmin``s (see the module docstring)."""
+    """``GatewayGroup(urls, admin_key)``: the gateways at ``urls``, over HTTP (see the module
+    docstring); ``members`` are their clients."""
 
     def __init__(self, urls: Sequence[str], admin_key: str | None = None) -> None:
         self.members: list[GatewayAdmin] = [GatewayClient(url, admin_key=admin_key) for url in urls]
         if not self.members:
             raise ValueError("a GatewayGroup needs at least one gateway URL")
-
-    @classmethod
-    def of(cls, members: Sequence[GatewayAdmin]) -> GatewayGroup:
-        """A group of existing admin clients (the group closes them on ``close()``)."""
-        group = cls.__new__(cls)
-        group.members = list(members)
-        if not group.members:
-            raise ValueError("a GatewayGroup needs at least one gateway")
-        return group
 
     @property
     def url(self) -> str:
