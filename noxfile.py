@@ -97,9 +97,12 @@ def _sync_verl(session: nox.Session) -> None:
 
 @nox.session(python="3.11", name="verl")
 def verl_backend(session: nox.Session) -> None:
-    """rllm-backend-verl's environment (verl on CPU): its tests, Ray worker groups on CPU slots
-    included, and the verl-reference checks."""
+    """rllm-backend-verl's environment (verl on CPU): its type check (where verl and ray are
+    installed), its tests, Ray worker groups on CPU slots included, and the verl-reference checks."""
     _sync_verl(session)
+    session.run(
+        "basedpyright", "--project", "packages/rllm-backend-verl", "--pythonpath", f"{session.bin}/python"
+    )
     session.run(
         *PYTEST, "-m", "verl", "packages/rllm-backend-verl", "packages/rllm-algos/tests", *session.posargs
     )

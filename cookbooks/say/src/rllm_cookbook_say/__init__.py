@@ -156,3 +156,17 @@ duo_cookbook = Cookbook(
         "algorithm": {"estimator_by_role": {"speaker": "grpo", "repeater": "rloo"}},
     },
 )
+
+__all__ = [
+    "WORDS",
+    "cookbook",
+    "duo_cookbook",
+    "duo_evaluator",
+    "duo_flow",
+    "load_tasks",
+    "prompt_for",
+    "say_evaluator",
+    "say_flow",
+    "single_turn_cookbook",
+    "starts_with_word",
+]

@@ -5,12 +5,13 @@ this package never imports torch.
 """
 
 from rllm.algos.advantages import compute_advantages
-from rllm.algos.config import AlgorithmConfig, ConfigError
+from rllm.algos.config import AlgorithmConfig
 from rllm.algos.errors import AlgorithmInputError, RewardError
 from rllm.algos.filters import filter_groups
 from rllm.algos.grouping import group_rewards, group_trajectories, trajectory_reward
 from rllm.algos.registry import available_estimators, get_estimator, register_estimator, unregister_estimator
 from rllm.algos.reward_batch import RewardBatch
+from rllm.types.errors import ConfigError
 
 __all__ = [
     "AlgorithmConfig",

@@ -62,6 +62,8 @@ class HostedProvider:
         if self.api_base is not None:
             kwargs["api_base"] = self.api_base
         resp = await self._litellm.acompletion(model=self.model, **kwargs)
+        # ``stream`` is never passed on (see _PASS), so LiteLLM answers with a whole ModelResponse.
+        assert isinstance(resp, self._litellm.ModelResponse)
         data = resp.model_dump(exclude_none=False)
         data.pop("_hidden_params", None)
         cap = capture_response(data, chat=True)

@@ -92,7 +92,8 @@ def tool_calls_from_dicts(calls: Any) -> list[dict[str, Any]]:
     for call in calls or ():
         if not isinstance(call, dict):
             raise ValueError("a tool call is not a JSON object")
-        fn = call.get("function") if isinstance(call.get("function"), dict) else call
+        nested = call.get("function")
+        fn: dict[str, Any] = nested if isinstance(nested, dict) else call
         name = fn.get("name")
         if not isinstance(name, str) or not name:
             raise ValueError("a tool call has no name")

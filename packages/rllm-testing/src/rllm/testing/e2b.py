@@ -108,6 +108,8 @@ class FakeE2B:
         as_json = request.content_type == "application/connect+json"
         start = StartRequest.from_json(payload.decode()) if as_json else StartRequest.from_binary(payload)
         process = start.process
+        if process is None:
+            return web.Response(status=400, text="StartRequest without a process")
         timeout_ms = int(request.headers.get("connect-timeout-ms", "60000"))
         response = web.StreamResponse(headers={"Content-Type": request.content_type})
         await response.prepare(request)
@@ -127,9 +129,12 @@ class FakeE2B:
             await response.write(envelope(json.dumps(error).encode(), flags=0x02))
             await response.write_eof()
             return response
-        for name, text in (("stdout", result.stdout), ("stderr", result.stderr)):
-            if text:
-                await send(Oneof("data", ProcessEvent.DataEvent(output=Oneof(name, text.encode()))))
+        if result.stdout:
+            out = ProcessEvent.DataEvent(output=Oneof("stdout", result.stdout.encode()))
+            await send(Oneof("data", out))
+        if result.stderr:
+            err = ProcessEvent.DataEvent(output=Oneof("stderr", result.stderr.encode()))
+            await send(Oneof("data", err))
         end = ProcessEvent.EndEvent(
             exit_code=result.exit_code, exited=True, status=f"exit status {result.exit_code}"
         )

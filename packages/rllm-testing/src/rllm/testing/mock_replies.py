@@ -138,7 +138,7 @@ def split_text(text: str, n: int) -> list[str]:
 
 def normalise_tool_calls(calls: list[Any] | None) -> list[dict[str, Any]]:
     """OpenAI tool-call dicts (with ids) from dicts or (name, arguments) pairs."""
-    out = []
+    out: list[dict[str, Any]] = []
     for i, c in enumerate(calls or []):
         if isinstance(c, tuple):
             name, args = c
@@ -148,7 +148,7 @@ def normalise_tool_calls(calls: list[Any] | None) -> list[dict[str, Any]]:
                     "arguments": args if isinstance(args, str) else _json_encode(args).decode(),
                 }
             }
-        c = dict(c)
+        c: dict[str, Any] = dict(c)
         c.setdefault("id", f"call_{i}_{uuid.uuid4().hex[:8]}")
         c.setdefault("type", "function")
         out.append(c)

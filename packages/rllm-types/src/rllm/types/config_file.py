@@ -164,16 +164,22 @@ def _with_only(doc: Any, path: list[str | int], key: Any) -> Any:
     if not path:
         return {key: doc[key]}
     head, *rest = path
-    out = list(doc) if isinstance(doc, list) else dict(doc)
-    out[head] = _with_only(doc[head], rest, key)
-    return out
+    if isinstance(doc, list):
+        items = list(doc)
+        items[int(head)] = _with_only(doc[int(head)], rest, key)
+        return items
+    mapping = dict(doc)
+    mapping[head] = _with_only(doc[head], rest, key)
+    return mapping
 
 
 def _join(segments: list[str | int]) -> str:
     out = ""
     for s in segments:
-        if isinstance(s, int) or s == "[...]":
-            out += s if s == "[...]" else f"[{s}]"
+        if isinstance(s, str) and s == "[...]":
+            out += s
+        elif isinstance(s, int):
+            out += f"[{s}]"
         else:
             out += f".{s}" if out else str(s)
     return out

@@ -114,8 +114,10 @@ class CPUPlatform(PlatformBase):
     def visible_devices_envvar(self) -> str:
         return "RLLM_CPU_VISIBLE_DEVICES"
 
+    # verl's abstract method is annotated as returning None (its body is `...`), though every
+    # platform returns a context manager, as this one does.
     @contextlib.contextmanager
-    def nvtx_range(self, msg: str) -> Iterator[None]:
+    def nvtx_range(self, msg: str) -> Iterator[None]:  # pyright: ignore[reportIncompatibleMethodOverride]
         yield
 
     def profiler_start(self) -> None:

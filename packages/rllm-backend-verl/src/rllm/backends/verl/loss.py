@@ -12,7 +12,7 @@ so each rank's share is the global count divided by ``dp_size``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import torch
@@ -63,7 +63,7 @@ class RllmPolicyLoss:
             # The batch's token width, as rllm.algos uses on one unsplit batch; a micro-batch alone
             # would be narrower and scale its share differently.
             width = tu.get_non_tensor_data(data=data, key="max_response_len", default=log_probs.shape[-1])
-            config = msgspec.structs.replace(config, loss_scale_factor=float(width))
+            config = msgspec.structs.replace(config, loss_scale_factor=float(cast(float, width)))
         loss, metrics = compute_policy_loss(
             log_probs,
             fields.get(OLD_LOG_PROBS) if self.needs_old_log_probs else None,
@@ -73,7 +73,8 @@ class RllmPolicyLoss:
             rollout_logprobs=fields.get(ROLLOUT_LOG_PROBS) if config.tis != "none" else None,
             ref_logprobs=fields.get(REF_LOG_PROBS) if config.kl_coef > 0 else None,
             entropy=entropy if self.needs_entropy else None,
-            num_tokens=float(data["batch_num_tokens"]) / dp_size,
-            num_sequences=None if num_sequences is None else float(num_sequences) / dp_size,
+            # verl stores these counts as non-tensor data; they are plain numbers.
+            num_tokens=float(cast(float, data["batch_num_tokens"])) / dp_size,
+            num_sequences=None if num_sequences is None else float(cast(float, num_sequences)) / dp_size,
         )
         return loss, {f"actor/{name}": value for name, value in metrics.items()}

@@ -31,7 +31,8 @@ class HybridWorker(ActorRolloutRefWorker):
         register_external_rollout()
         super().__init__(config, role, **kwargs)
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    # verl registers its Dispatch modes at import time (a dynamic enum), out of a type checker's sight.
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # pyright: ignore[reportAttributeAccessIssue]
     def init_model(self) -> None:
         if on_cpu():
             init_cpu_process_group()

@@ -105,7 +105,8 @@ def load_vision_rows(model: str) -> VisionRows | None:
     if not hasattr(config, "vision_config") or getattr(config, "image_token_id", None) is None:
         return None
     image_processor = AutoImageProcessor.from_pretrained(source)
-    model_class = MODEL_MAPPING.get(type(config), None)
+    # The lazy auto-mapping holds model classes; its declared value type hides their methods.
+    model_class: Any = MODEL_MAPPING.get(type(config), None)
     rope_index = None
     if model_class is not None and hasattr(model_class, "get_rope_index"):
         owner = types.SimpleNamespace(config=config)

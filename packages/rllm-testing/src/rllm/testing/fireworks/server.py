@@ -38,6 +38,7 @@ from typing import Any
 
 from aiohttp import web
 from fireworks.training.sdk import types
+from fireworks.training.sdk.types.request_error_category import RequestErrorCategory
 from fireworks.training.sdk.types.request_failed_response import RequestFailedResponse
 from fireworks.training.sdk.types.try_again_response import TryAgainResponse
 
@@ -243,7 +244,7 @@ class FakeFireworksServer(FakeControlPlane):
         model = self._model((await self._body(request)).get("model_id"))
         info = types.GetInfoResponse(
             model_id=model.model_id,
-            model_data=types.ModelData(model_name=model.base_model, lora_rank=model.lora_rank),
+            model_data=types.ModelData(model_name=model.base_model),
         )
         return self._reply(info)
 
@@ -367,6 +368,6 @@ class FakeFireworksServer(FakeControlPlane):
             again = TryAgainResponse(request_id=future.request_id, queue_state="active")
             return web.json_response(again.model_dump(mode="json"))
         if future.error is not None:
-            failed = RequestFailedResponse(error=future.error, category="user")
+            failed = RequestFailedResponse(error=future.error, category=RequestErrorCategory.User)
             return web.json_response(failed.model_dump(mode="json"))
         return web.json_response(future.result)

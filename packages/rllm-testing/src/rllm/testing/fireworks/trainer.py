@@ -181,8 +181,9 @@ def completion(body: dict[str, Any], logits: torch.Tensor, vocab: int) -> dict[s
         ]
         choice["logprobs"] = NewLogProbs(content=content).model_dump(exclude_none=True)
     if body.get("raw_output"):
+        fragments: list[str | int] = list(prompt)
         raw = RawOutput(
-            completion=text, prompt_fragments=prompt, prompt_token_ids=prompt, completion_token_ids=ids
+            completion=text, prompt_fragments=fragments, prompt_token_ids=prompt, completion_token_ids=ids
         )
         choice["raw_output"] = raw.model_dump(exclude_none=True)
     return {"choices": [choice], "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids)}}

@@ -363,7 +363,7 @@ class FakeTinkerServer:
             raise ContractError(f"load_weights: only create-via-load addressing is faked, got {body!r}")
         model_id = f"{session_id}:train:{seq}"
         future = self._new_future(model_id)
-        state = self.state_checkpoints.get(body.get("path"))
+        state = self.state_checkpoints.get(str(body.get("path")))
         if state is None:
             future.error = f"no training checkpoint at {body.get('path')!r}"
         else:
