@@ -205,3 +205,18 @@ async def test_session_sampling_overrides_client(client, mock):
     assert r.choices[0].finish_reason == "length"
     (t,) = await client.get_traces("samp")
     assert len(t.completion_ids) == 3 and t.finish_reason == "length"
+
+
+@mock_only
+async def test_session_seed_gives_each_call_its_own_seed(client, mock):
+    """Call k of a seeded session is sent seed + k: a seeded sampler must not repeat the same
+    sample for every call of a session (V1's N candidates, a retried turn)."""
+    from rllm.types import SamplingParams
+
+    s = await client.create_session("seeded", sampling=SamplingParams(seed=7))
+    oc = openai.AsyncOpenAI(base_url=s.base_url, api_key="x")
+    sent = []
+    for _ in range(3):
+        await oc.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], seed=1)
+        sent.append(mock.stats.last_request["seed"])
+    assert sent == [7, 8, 9]

@@ -138,7 +138,7 @@ class CallLedger:
         """Apply the session's sampling and start the call's trace; the call is in flight until
         ``call_ended``."""
         session, role, body, messages = parsed
-        apply_sampling(body, session.sampling or self.default_sampling)
+        apply_sampling(body, session.sampling or self.default_sampling, call_index=session.next_seq)
         trace = start_trace(
             session,
             role,

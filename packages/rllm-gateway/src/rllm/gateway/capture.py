@@ -29,14 +29,19 @@ class ClientWants:
     usage_chunk: bool = False
 
 
-def apply_sampling(body: dict[str, Any], sampling: SamplingParams | None) -> None:
-    """Session sampling parameters override the client's (the trainer decides, not the agent)."""
+def apply_sampling(body: dict[str, Any], sampling: SamplingParams | None, call_index: int = 0) -> None:
+    """Session sampling parameters override the client's (the trainer decides, not the agent).
+
+    A session's ``seed`` is the seed of its first call; call ``k`` gets ``seed + k``. One seed for
+    every call would make a seeded sampler repeat itself within a session: N candidates of a V1
+    flow, or a retried turn, would all be the same text.
+    """
     if sampling is None:
         return
     for name in SAMPLING_FIELDS:
         value = getattr(sampling, name)
         if value is not None:
-            body[name] = value
+            body[name] = value + call_index if name == "seed" else value
             if name == "max_tokens":
                 body.pop("max_completion_tokens", None)
 
