@@ -13,7 +13,7 @@ import shutil
 import nox
 
 nox.options.default_venv_backend = "uv"
-nox.options.sessions = ["lint", "layers", "tests"]
+nox.options.sessions = ["lint", "layers", "typecheck", "tests", "wheels"]
 
 PYTEST = ["pytest", "-q", "-p", "no:cacheprovider"]
 
