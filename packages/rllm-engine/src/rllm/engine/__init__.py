@@ -11,7 +11,8 @@ from rllm.engine.launch import build_trainer
 from rllm.engine.rollout_config import RolloutConfig
 from rllm.engine.rollout_engine import RolloutEngine
 from rllm.engine.trainer import Trainer, TrainResult
-from rllm.engine.trainer_config import ConfigError, TrainerConfig, load_config
+from rllm.engine.trainer_config import TrainerConfig, load_config
+from rllm.types import ConfigError
 
 __all__ = [
     "Backend",

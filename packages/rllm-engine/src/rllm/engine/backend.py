@@ -45,30 +45,40 @@ class Backend(Protocol):
 
     def validate(self, algo: AlgorithmConfig) -> None:
         """Raise ValueError naming every algorithm option this backend cannot honour."""
+        ...
 
     async def start(self) -> None:
         """Load the model, start samplers; after this ``inference_urls`` are reachable."""
+        ...
 
     def inference_urls(self) -> list[str]:
         """OpenAI-compatible base URLs (ending in /v1) serving the current weights."""
+        ...
 
     def served_model_name(self) -> str:
         """The model name agents should send."""
+        ...
 
     def tokenizer_path(self) -> str | None:
         """A local tokenizer path for the gateway's token-level (cumulative) mode, if any."""
+        ...
 
     async def train_step(self, batch: list[TrainSequence], algo: AlgorithmConfig) -> dict[str, float]:
         """forward_backward over mini-batches of ``batch`` and one optimizer step; returns metrics."""
+        ...
 
     async def sync_weights(self) -> int:
         """Push the trained weights to the samplers; returns the new weight version."""
+        ...
 
     async def save_checkpoint(self, path: Path) -> None:
         """Save model and optimizer state under ``path`` (a directory)."""
+        ...
 
     async def load_checkpoint(self, path: Path) -> None:
         """Restore what ``save_checkpoint`` wrote."""
+        ...
 
     async def close(self) -> None:
         """Stop samplers and free resources."""
+        ...

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import inspect
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -43,7 +44,7 @@ async def call_with_deadline(
             else:
                 loop = asyncio.get_running_loop()
                 ctx = contextvars.copy_context()
-                result = await loop.run_in_executor(executor, ctx.run, fn, *args)
+                result = await loop.run_in_executor(executor, functools.partial(ctx.run, fn, *args))
             if inspect.isawaitable(result):  # a sync callable that returned a coroutine
                 result = await result
             return result

@@ -12,8 +12,9 @@ from typing import Any
 
 from rllm.engine.plugins import backend_class, load_cookbook
 from rllm.engine.trainer import Trainer
-from rllm.engine.trainer_config import ConfigError, load_config
+from rllm.engine.trainer_config import load_config
 from rllm.sdk.cookbook import Cookbook
+from rllm.types import ConfigError
 
 TINY_MODEL = "tiny"  # backend.options.model = "tiny": build a tiny random model for the cookbook
 

@@ -194,7 +194,7 @@ def _tensorboard_writer(path: Path) -> Any:
 
 def _wandb_run(out_dir: Path, config: Any) -> Any:
     try:
-        import wandb
+        import wandb  # pyright: ignore[reportMissingImports]  # optional extra, absent from the dev env
     except ImportError:
         log.warning("wandb=true but wandb is not installed; skipping W&B")
         return None

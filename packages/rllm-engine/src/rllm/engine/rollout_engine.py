@@ -349,11 +349,13 @@ class RolloutEngine:
         self, task: Task, rollout_index: int, is_validation: bool, model: str
     ) -> Episode:
         assert self._pool is not None
+        died: FlowProcessDied | None = None
         for _ in range(self.config.max_retries + 1):
             try:
                 return await self._pool.run_one(task, rollout_index, is_validation, model)
             except FlowProcessDied as exc:
                 died = exc
+        assert died is not None  # max_retries >= 0 (RolloutConfig checks it): the loop ran and failed
         episode = failed_episode(
             task.id, rollout_index, TerminationReason.INFRA_ERROR, ErrorInfo.from_exception(died)
         )

@@ -9,6 +9,7 @@ with loss mask 0. When a prompt does not extend the running sequence, a new sequ
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable
 
 from rllm.engine.backend import TrainSequence
@@ -87,7 +88,7 @@ def _token_ids(step: Step, where: str) -> tuple[TokenArray, TokenArray]:
     return step.prompt_ids, step.response_ids
 
 
-def _append_context(seq: TrainSequence, tokens: TokenArray) -> None:
+def _append_context(seq: TrainSequence, tokens: array[int]) -> None:
     n = len(tokens)
     seq.tokens.extend(tokens)
     zeros = FloatArray(bytes(4 * n))  # float32 zero is all-zero bytes

@@ -32,10 +32,10 @@ from rllm.engine.metrics_log import (
 from rllm.engine.rollout_engine import RolloutEngine
 from rllm.engine.sequences import sequences_from_groups
 from rllm.engine.train_progress import TrainProgress
-from rllm.engine.trainer_config import ConfigError, TrainerConfig
+from rllm.engine.trainer_config import TrainerConfig
 from rllm.gateway import GatewayConfig
 from rllm.sdk.cookbook import Cookbook
-from rllm.types import Episode, Task
+from rllm.types import ConfigError, Episode, Task
 
 log = logging.getLogger(__name__)
 

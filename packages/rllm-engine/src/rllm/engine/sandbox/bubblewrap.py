@@ -29,6 +29,7 @@ import signal
 import tempfile
 import time
 from pathlib import Path
+from typing import TypedDict
 
 from rllm.engine.sandbox import host_files
 from rllm.sdk.sandbox import ExecResult, SandboxError, SandboxSpec, SandboxUnavailable, truncate_output
@@ -425,7 +426,15 @@ def _is_root() -> bool:
     return os.geteuid() == 0
 
 
-def _as_user(uid: int | None) -> dict[str, object]:
+class _UserOptions(TypedDict, total=False):
+    """The create_subprocess_exec keywords that run a process as another user."""
+
+    user: int
+    group: int
+    extra_groups: list[int]
+
+
+def _as_user(uid: int | None) -> _UserOptions:
     return {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
 
 

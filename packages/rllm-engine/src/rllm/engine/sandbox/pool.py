@@ -14,9 +14,11 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from rllm.sdk.sandbox import Sandbox, SandboxError, SandboxSpec
+
+SandboxT = TypeVar("SandboxT", bound=Sandbox)
 
 
 class SandboxBackend(Protocol):
@@ -27,7 +29,7 @@ class SandboxBackend(Protocol):
     async def create(self, spec: SandboxSpec) -> Any: ...
 
 
-async def prepare(sandbox: Sandbox, spec: SandboxSpec) -> Sandbox:
+async def prepare(sandbox: SandboxT, spec: SandboxSpec) -> SandboxT:
     """Write the spec's files and run its setup script in a new sandbox (closed if either fails)."""
     try:
         for rel, text in spec.files.items():
