@@ -1,4 +1,4 @@
-"""The test matrix. Run through uv: `uv run nox -s lint layers tests` (what CI runs).
+"""The test matrix. Run through uv: README.md gives the command CI runs (`.ci/run`).
 
 lint, layers and tests run in the workspace environment that `uv sync --locked` made (fast, no
 second install of torch). The backend sessions build their own environment from the same lock

@@ -16,7 +16,7 @@ from rllm.engine.rollout_engine import RolloutEngine
 from rllm.gateway import GatewayConfig
 from rllm.sdk import AgentConfig, EvalOutput, Task, evaluator, final_answer, role_url, rollout
 from rllm.testing import MockUpstream
-from rllm.types import Episode, TerminationReason, Trajectory
+from rllm.types import Episode, SamplingParams, TerminationReason, Trajectory
 
 JUDGE_MARKER = "You are the judge."  # the scripted upstream (conftest) answers it with a verdict
 
@@ -218,6 +218,27 @@ async def test_hung_upstream_past_deadline_is_timeout_and_cancelled():
     assert "deadline" in ep.error.message
     assert elapsed < 5
     assert [t.status for t in traces] == ["abort"]
+
+
+async def test_a_seeded_config_gives_each_rollout_of_a_group_its_own_seed():
+    seeds: list[int] = []
+
+    def record(body):
+        seeds.append(body["seed"])
+        return "4"
+
+    upstream = await MockUpstream(responder=record).start()
+    config = RolloutConfig(n=3, progress=False, sampling=SamplingParams(seed=5))
+    try:
+        async with RolloutEngine(single_turn, contains_four, config, upstreams=[upstream.url]) as engine:
+            await engine.run(tasks(2))
+            first = sorted(seeds)
+            seeds.clear()
+            await engine.run(tasks(2))  # the same rollouts again: the same seeds
+    finally:
+        await upstream.stop()
+    assert len(set(first)) == 6  # 2 tasks x 3 rollouts, no two alike
+    assert sorted(seeds) == first
 
 
 async def test_timed_out_rollout_releases_its_session(gateway, upstream):

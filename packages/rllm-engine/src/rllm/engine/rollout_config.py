@@ -8,6 +8,7 @@ progress display), so each setting is defined here once.
 
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
 import msgspec
@@ -102,3 +103,17 @@ class RolloutConfig(RolloutSettings, kw_only=True, forbid_unknown_fields=True):
         super().__post_init__()
         if self.n < 1:
             raise InvariantError(f"n (rollouts per task) must be >= 1, got {self.n}", "n")
+
+
+def rollout_sampling(sampling: SamplingParams, task_id: str, rollout_index: int) -> SamplingParams:
+    """The sampling parameters of one rollout's session.
+
+    A configured ``seed`` becomes one seed per (task, rollout): the same for every run and retry of
+    that rollout, different between the rollouts of a group. One seed for all of them would make a
+    seeded sampler give every rollout of a group the same text, and GRPO's advantages would all be
+    zero. (The gateway then gives each call of the session its own seed in turn.)
+    """
+    if sampling.seed is None:
+        return sampling
+    offset = zlib.crc32(f"{task_id}\0{rollout_index}".encode())  # stable across processes
+    return msgspec.structs.replace(sampling, seed=(sampling.seed + offset) % 2**31)

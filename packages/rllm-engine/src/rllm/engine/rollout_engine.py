@@ -24,7 +24,7 @@ from rllm.engine.failures import FAILED, RETRYABLE, classify_exception
 from rllm.engine.flow_processes import FlowProcessDied, FlowProcessPool
 from rllm.engine.flow_runner import DeadlineExceeded, call_with_deadline
 from rllm.engine.loop_lag import LoopLagMonitor
-from rllm.engine.rollout_config import RolloutConfig
+from rllm.engine.rollout_config import RolloutConfig, rollout_sampling
 from rllm.engine.rollout_progress import RolloutProgress
 from rllm.engine.sandbox.provider import SandboxProvider, make_backend
 from rllm.runtime.gc_threshold import raise_gc_threshold, restore_gc_threshold
@@ -365,7 +365,7 @@ class RolloutEngine:
     async def _attempt(
         self, task: Task, rollout_index: int, is_validation: bool, attempt: int, model: str
     ) -> Episode:
-        sampling = self.config.sampling_for(is_validation)
+        sampling = rollout_sampling(self.config.sampling_for(is_validation), task.id, rollout_index)
         meta = {"task_id": task.id, "rollout_index": rollout_index, "attempt": attempt}
         try:
             session = await self.client.create_session(sampling=sampling, metadata=meta)
