@@ -41,6 +41,9 @@ def init_tiny_model(
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(vocab_words, tool_calls=tool_calls)
+    pad_token_id, eos_token_id = tokenizer.pad_token_id, tokenizer.eos_token_id
+    # build_tokenizer sets both tokens, and both are in the vocabulary, so each id is one int.
+    assert isinstance(pad_token_id, int) and isinstance(eos_token_id, int)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
@@ -51,15 +54,13 @@ def init_tiny_model(
         head_dim=hidden_size // num_heads,
         max_position_embeddings=max_positions,
         tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=pad_token_id,
+        eos_token_id=eos_token_id,
         bos_token_id=None,
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
-    model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
-    )
+    model.generation_config = GenerationConfig(eos_token_id=eos_token_id, pad_token_id=pad_token_id)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out

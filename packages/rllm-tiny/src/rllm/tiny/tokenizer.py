@@ -7,6 +7,11 @@ specials, and the chat template renders "<|role|> content <|end|>" per message.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tokenizers.pre_tokenizers import PreTokenizer
+    from transformers import PreTrainedTokenizerFast
 
 SPECIAL_TOKENS = ["<|pad|>", "<|unk|>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>", "<|end|>"]
 EOS_TOKEN = "<|end|>"
@@ -48,7 +53,7 @@ DEFAULT_WORDS = [
 ]  # fmt: skip
 
 
-def build_tokenizer(words: Iterable[str] = (), *, tool_calls: bool = False) -> object:
+def build_tokenizer(words: Iterable[str] = (), *, tool_calls: bool = False) -> PreTrainedTokenizerFast:
     """A PreTrainedTokenizerFast with one token per word (plus DEFAULT_WORDS and specials).
 
     ``tool_calls``: the hermes-style :data:`TOOL_CHAT_TEMPLATE` and its ``<tool_call>`` tokens
@@ -75,7 +80,7 @@ def build_tokenizer(words: Iterable[str] = (), *, tool_calls: bool = False) -> o
     return tokenizer
 
 
-def _pre_tokenizer() -> object:
+def _pre_tokenizer() -> PreTokenizer:
     """Words (``\\w+``) and single punctuation characters, like the regex ``\\w+|[^\\w\\s]``."""
     from tokenizers import pre_tokenizers
 

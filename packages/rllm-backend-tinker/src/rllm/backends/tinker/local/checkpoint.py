@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from rllm.backends.tinker.local.model import PolicyModel
 
 STATE_FILE = "rllm_backend_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -25,7 +28,7 @@ def is_lora(model: torch.nn.Module) -> bool:
 
 def save(
     path: Path,
-    model: torch.nn.Module,
+    model: PolicyModel,
     optimizer: torch.optim.Optimizer,
     tokenizer: Any,
     state: dict[str, Any],
@@ -50,7 +53,7 @@ def save(
     (path / STATE_FILE).write_text(json.dumps({**state, "lora": is_lora(model)}, indent=2))
 
 
-def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def load(path: Path, model: PolicyModel, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """Restore weights and optimizer state in place; returns the saved backend state."""
     from safetensors.torch import load_file, load_model
 

@@ -17,11 +17,14 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 
 from rllm.backends.tinker.local.sampling import GREEDY_TEMPERATURE, RowSampling, sample_next
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -74,13 +77,26 @@ class _Row:
     text_cut: int | None = None
 
 
+class _RopeIndexOwner(Protocol):
+    """The submodule of a vision-language model that computes its M-RoPE positions."""
+
+    def get_rope_index(
+        self,
+        input_ids: torch.Tensor,
+        mm_token_type_ids: torch.Tensor,
+        image_grid_thw: torch.Tensor | None = None,
+        video_grid_thw: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
 class SamplerEngine:
     """Owns the sampling model; thread-safe ``submit`` returns a concurrent Future."""
 
     def __init__(
         self,
         model: torch.nn.Module,
-        tokenizer: object,
+        tokenizer: PreTrainedTokenizerBase,
         device: torch.device,
         max_batch: int,
         batch_window_s: float = 0.001,
@@ -101,9 +117,8 @@ class SamplerEngine:
         self._stopping = False
         eos = getattr(tokenizer, "eos_token_id", None)
         self._eos_ids = {eos} if isinstance(eos, int) else set(eos or [])
-        self._pad_id = getattr(tokenizer, "pad_token_id", None)
-        if self._pad_id is None:
-            self._pad_id = next(iter(self._eos_ids), 0)
+        pad = getattr(tokenizer, "pad_token_id", None)
+        self._pad_id: int = pad if pad is not None else next(iter(self._eos_ids), 0)
         config = getattr(model, "config", None)
         self.max_positions: int = int(getattr(config, "max_position_embeddings", 1 << 30) or (1 << 30))
 
@@ -148,6 +163,10 @@ class SamplerEngine:
             apply()
             self.weight_version += 1
             return self.weight_version
+
+    def decode(self, token_ids: list[int], *, skip_special_tokens: bool = False) -> str:
+        # One sequence decodes to one str (transformers' annotation also covers batches).
+        return cast(str, self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens))
 
     # worker ----------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -220,7 +239,7 @@ class SamplerEngine:
         self._decode(rows)
         out: dict[_Pending, list[GeneratedSequence]] = {p: [] for p in batch}
         for row in rows:
-            text = self.tokenizer.decode(row.token_ids, skip_special_tokens=True)
+            text = self.decode(row.token_ids, skip_special_tokens=True)
             if row.text_cut is not None:
                 text = text[: row.text_cut]
             out[row.pending].append(
@@ -276,7 +295,9 @@ class SamplerEngine:
                 row.logprobs.append(logprobs[pos])
                 k = request.top_logprobs
                 row.top.append(
-                    list(zip(tops_ids[pos][:k], tops_lp[pos][:k], strict=True)) if k and tops_ids else []
+                    list(zip(tops_ids[pos][:k], tops_lp[pos][:k], strict=True))
+                    if k and tops_ids and tops_lp
+                    else []
                 )
                 if tokens[pos] in row.stop_ids or (request.stop and self._hit_stop_string(row)):
                     row.finish_reason = "stop"
@@ -322,7 +343,10 @@ class SamplerEngine:
             pixels.append(v.pixel_values)
             grids.append(v.image_grid_thw)
         grid = torch.cat(grids).to(self.device)
-        rope_owner = next(m for m in self.model.modules() if hasattr(m, "get_rope_index"))
+        # hasattr does not narrow an nn.Module (its __getattr__ types every attribute).
+        rope_owner = cast(
+            _RopeIndexOwner, next(m for m in self.model.modules() if hasattr(m, "get_rope_index"))
+        )
         positions, _ = rope_owner.get_rope_index(
             input_ids, mm_token_type_ids=mm, image_grid_thw=grid, attention_mask=attention
         )
@@ -335,7 +359,7 @@ class SamplerEngine:
         return positions, inputs
 
     def _hit_stop_string(self, row: _Row) -> bool:
-        text = self.tokenizer.decode(row.token_ids, skip_special_tokens=True)
+        text = self.decode(row.token_ids, skip_special_tokens=True)
         cuts = [text.find(s) for s in row.pending.request.stop if s and s in text]
         if not cuts:
             return False

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeAlias
 
 import torch
 
 from rllm.backends.tinker.config import TinkerBackendConfig
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    # The trainable model: a transformers model, or the peft wrapper of one (LoRA).
+    PolicyModel: TypeAlias = PreTrainedModel | PeftModel
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -39,7 +47,7 @@ def configure_threads(requested: int, device: torch.device) -> int:
     return count
 
 
-def load_tokenizer(path: str) -> object:
+def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -48,17 +56,20 @@ def load_tokenizer(path: str) -> object:
     return tokenizer
 
 
-def load_pretrained(source: str, dtype: torch.dtype) -> torch.nn.Module:
+def load_pretrained(source: str, dtype: torch.dtype, device: torch.device) -> PreTrainedModel:
     """A causal LM, or a vision-language model (image-text-to-text) when the config has a
-    vision tower."""
+    vision tower, on ``device``."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     config = AutoConfig.from_pretrained(source)
     loader = AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
-    return loader.from_pretrained(source, dtype=dtype)
+    model = loader.from_pretrained(source, dtype=dtype)
+    # transformers declares PreTrainedModel.to as functools.wraps(nn.Module.to), which type
+    # checkers read as an unbound function (the device lands on ``self``).
+    return model.to(device)  # pyright: ignore[reportArgumentType]
 
 
-def load_policy(config: TinkerBackendConfig, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+def load_policy(config: TinkerBackendConfig, device: torch.device, dtype: torch.dtype) -> PolicyModel:
     """The trainable model: the base LM, wrapped with LoRA adapters when ``lora.rank > 0``.
 
     Dropout stays off (eval mode) for training too, so training logprobs match the sampler's.
@@ -70,13 +81,14 @@ def load_policy(config: TinkerBackendConfig, device: torch.device, dtype: torch.
     else:
         source = config.model  # a hub name: transformers downloads it (users with network)
     torch.manual_seed(config.seed)
-    model = load_pretrained(source, dtype).to(device)
+    model: PolicyModel = load_pretrained(source, dtype, device)
     if config.lora.rank > 0:
         from peft import LoraConfig, get_peft_model
 
         lora = LoraConfig(
             r=config.lora.rank,
-            lora_alpha=config.lora.alpha,
+            # peft annotates an int, but only ever divides by it (alpha / r): a float alpha works.
+            lora_alpha=config.lora.alpha,  # pyright: ignore[reportArgumentType]
             lora_dropout=config.lora.dropout,
             target_modules=config.lora.target_modules,
             task_type="CAUSAL_LM",

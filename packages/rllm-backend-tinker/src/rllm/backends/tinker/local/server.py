@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 
@@ -107,14 +107,18 @@ class SamplerServer:
             if not isinstance(template_kwargs, dict):
                 raise RequestError("'chat_template_kwargs' must be an object", "chat_template_kwargs")
             try:
+                # tokenize=False renders one str (transformers' annotation covers every mode).
                 text = (
                     ""
                     if vision is not None
-                    else self.engine.tokenizer.apply_chat_template(
-                        messages,
-                        tokenize=False,
-                        add_generation_prompt=add_generation_prompt,
-                        **template_kwargs,
+                    else cast(
+                        str,
+                        self.engine.tokenizer.apply_chat_template(
+                            messages,
+                            tokenize=False,
+                            add_generation_prompt=add_generation_prompt,
+                            **template_kwargs,
+                        ),
                     )
                 )
             except Exception as exc:
@@ -251,7 +255,7 @@ class SamplerServer:
 
     @functools.lru_cache(maxsize=65536)  # noqa: B019 - the server lives as long as its tokenizer
     def _decode_token(self, token_id: int) -> str:
-        return self.engine.tokenizer.decode([token_id])
+        return self.engine.decode([token_id])
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:

@@ -8,6 +8,7 @@ import copy
 import logging
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -28,6 +29,9 @@ from rllm.backends.tinker.local.trainer import LocalTrainer
 from rllm.backends.tinker.local.vision import load_vision
 from rllm.engine.backend import TrainSequence
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 logger = logging.getLogger(__name__)
 
 
@@ -38,7 +42,7 @@ class LocalService:
         self.config = config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        self.tokenizer: object | None = None
+        self.tokenizer: PreTrainedTokenizerBase | None = None
         self.trainer: LocalTrainer | None = None
         self.engine: SamplerEngine | None = None
         self.server: SamplerServer | None = None
@@ -55,13 +59,21 @@ class LocalService:
         if not cfg.model:
             raise ValueError("TinkerBackendConfig.model is empty: give a local model directory or a hub name")
         threads = configure_threads(cfg.torch_threads, self.device)
-        self.tokenizer = load_tokenizer(cfg.model)
+        self.tokenizer = tokenizer = load_tokenizer(cfg.model)
         model = load_policy(cfg, self.device, self.dtype)
         # A vision-language model directory also holds its image processor: the sampler renders
         # image blocks with it and the trainer turns each sequence's images into the same pixels.
-        vision = load_vision(cfg.model, self.tokenizer) if Path(cfg.model).expanduser().exists() else None
+        vision = load_vision(cfg.model, tokenizer) if Path(cfg.model).expanduser().exists() else None
+        # load_tokenizer falls back to the eos token; a tokenizer with neither pads with 0, as the
+        # sampler does (padded positions are masked out, so any id works).
+        pad_id = tokenizer.pad_token_id
         self.trainer = LocalTrainer(
-            model, cfg, self.device, self.tokenizer.pad_token_id, self._load_reference, vision=vision
+            model,
+            cfg,
+            self.device,
+            pad_id if isinstance(pad_id, int) else 0,
+            self._load_reference,
+            vision=vision,
         )
         if cfg.sampler_weights == "copy":
             sampler_model = copy.deepcopy(model).eval()
@@ -71,7 +83,7 @@ class LocalService:
             sampler_model = model
         self.engine = SamplerEngine(
             sampler_model,
-            self.tokenizer,
+            tokenizer,
             self.device,
             cfg.sampler_max_batch,
             batch_window_s=cfg.sampler_batch_window_ms / 1000.0,
@@ -97,7 +109,7 @@ class LocalService:
 
     def _load_reference(self) -> torch.nn.Module:
         """The initial weights for KL: reloaded from the model path (full fine-tuning only)."""
-        reference = load_pretrained(self.config.model, self.dtype).to(self.device).eval()
+        reference = load_pretrained(self.config.model, self.dtype, self.device).eval()
         for p in reference.parameters():
             p.requires_grad_(False)
         return reference

@@ -13,6 +13,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -29,6 +30,11 @@ from rllm.backends.tinker.local.loss import policy_loss
 from rllm.backends.tinker.local.vision import VisionInputs
 from rllm.engine.backend import TrainSequence
 from rllm.tinker_api.batching import split_mini_batches
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+
+    from rllm.backends.tinker.local.model import PolicyModel
 
 # Loss metrics that micro-batches add up (global denominators); the rest are token-weighted means.
 _SUMMED_METRICS = {"loss", "policy_loss", "num_tokens"}
@@ -59,7 +65,7 @@ class LocalTrainer:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: PolicyModel,
         config: TinkerBackendConfig,
         device: torch.device,
         pad_id: int,
@@ -82,7 +88,9 @@ class LocalTrainer:
             weight_decay=config.weight_decay,
             foreach=True,
         )
-        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        head = model.get_output_embeddings()
+        assert head is not None  # causal and image-text-to-text LMs have an output head
+        self.vocab_size = int(head.weight.shape[0])
         self.optimizer_steps = 0
         self._reference_loader = reference_loader
         self._reference: torch.nn.Module | None = None
@@ -93,7 +101,8 @@ class LocalTrainer:
         copy loaded from the model path (full fine-tuning), loaded on first use."""
         with torch.no_grad():
             if hasattr(self.model, "disable_adapter"):
-                with self.model.disable_adapter():
+                # hasattr does not narrow the type: the model is the peft wrapper (LoRA).
+                with cast("PeftModel", self.model).disable_adapter():
                     return token_logprobs_and_entropy(self.model, batch, with_entropy=False)[0]
             if self._reference is None:
                 if self._reference_loader is None:
