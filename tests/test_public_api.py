@@ -240,6 +240,7 @@ PUBLIC_API: dict[str, list[str]] = {
         "TOOLS",
         "answer_matches",
         "cookbook",
+        "evaluator_from_options",
         "finqa_evaluator",
         "finqa_flow",
         "generate",

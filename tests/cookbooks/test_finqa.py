@@ -169,3 +169,26 @@ def test_two_training_steps_with_tool_calls(train, tmp_path: Path):
     # A random model never writes a valid call: every episode runs into the 20-turn limit, and
     # its turns (tool schemas rendered by the template, nudges) are trained on.
     assert all(row["episodes"] == 2 and row["termination/max_turns"] == 1.0 for row in rows)
+
+
+def test_options_set_the_evaluator_and_unknown_ones_are_refused(monkeypatch):
+    monkeypatch.setenv("MY_JUDGE_KEY", "sk-test")
+    base = load_cookbook("finqa")
+    assert base.with_options({}) is base
+    bonus = base.with_options({"table_bonus": 0.5})
+    assert bonus.evaluator.table_bonus == 0.5 and bonus.evaluator.judge is None
+    assert base.evaluator.table_bonus == 0.0  # the installed cookbook is left as it was
+    judged = base.with_options(
+        {
+            "judge_base_url": "http://127.0.0.1:9/v1",
+            "judge_model": "judge",
+            "judge_api_key_env": "MY_JUDGE_KEY",
+        }
+    )
+    assert type(judged.evaluator.judge).__name__ == "LLMJudge"
+    with pytest.raises(ValueError, match="judge_temperature"):
+        base.with_options({"judge_temperature": 0})
+    with pytest.raises(ValueError, match="table_bonus must be a number"):
+        base.with_options({"table_bonus": "lots"})
+    with pytest.raises(ValueError, match="both judge_base_url and judge_model"):
+        base.with_options({"judge_model": "judge"})

@@ -58,3 +58,17 @@ def test_eval_refuses_bad_settings_before_running(
     assert main(["eval", "say", "--base-url", "http://127.0.0.1:9/v1", "--out", str(out), *flags]) == 2
     assert message in capsys.readouterr().err
     assert not (out / "results.jsonl").exists()
+
+
+def test_cookbook_options_are_refused_where_they_do_not_fit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["train", "say", "--out", str(tmp_path / "run"), "cookbook_options.judge_model=x"]) == 2
+    err = capsys.readouterr().err
+    assert "cookbook_options" in err and "takes no options" in err
+    args = ["eval", "finqa", "--base-url", "http://127.0.0.1:9/v1", "--out", str(tmp_path / "e")]
+    assert main([*args, "--option", "judge_temperature=0"]) == 2
+    assert "judge_temperature" in capsys.readouterr().err
+    assert main([*args, "--option", "no-equals-sign"]) == 2
+    assert "not of the form" in capsys.readouterr().err
+    assert not (tmp_path / "e" / "results.jsonl").exists()

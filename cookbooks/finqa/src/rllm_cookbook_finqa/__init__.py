@@ -8,6 +8,7 @@ in-memory database.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from typing import Any
@@ -121,17 +122,40 @@ class FinQAEvaluator:
         )
 
 
-def judge_from_env() -> Any:
-    """An LLM judge when ``FINQA_JUDGE_BASE_URL`` and ``FINQA_JUDGE_MODEL`` are set, else None."""
-    url, model = os.environ.get("FINQA_JUDGE_BASE_URL"), os.environ.get("FINQA_JUDGE_MODEL")
-    if not (url and model):
-        return None
-    from rllm.sdk.rewards import LLMJudge
-
-    return LLMJudge(base_url=url, model=model, api_key=os.environ.get("FINQA_JUDGE_API_KEY", "EMPTY"))
+OPTIONS = ("judge_base_url", "judge_model", "judge_api_key_env", "table_bonus")
 
 
-finqa_evaluator = FinQAEvaluator(judge_from_env(), float(os.environ.get("FINQA_TABLE_BONUS", "0") or 0))
+def evaluator_from_options(options: dict[str, Any]) -> FinQAEvaluator:
+    """The evaluator for a run's ``cookbook_options`` (``rllm eval --option``), falling back to the
+    ``FINQA_*`` environment variables: an LLM judge when a base URL and a model are given, its API
+    key read from the environment variable ``judge_api_key_env`` names (keys stay out of configs)."""
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown finqa option(s) {unknown}; known: {list(OPTIONS)}")
+    env = os.environ.get
+    url = options.get("judge_base_url", env("FINQA_JUDGE_BASE_URL"))
+    model = options.get("judge_model", env("FINQA_JUDGE_MODEL"))
+    bonus = options.get("table_bonus", env("FINQA_TABLE_BONUS") or 0)
+    try:
+        bonus = float(bonus)
+    except (TypeError, ValueError):
+        raise ValueError(f"finqa option table_bonus must be a number, got {bonus!r}") from None
+    if bool(url) != bool(model):
+        raise ValueError("finqa's judge needs both judge_base_url and judge_model")
+    judge = None
+    if url and model:
+        from rllm.sdk.rewards import LLMJudge
+
+        key = env(str(options.get("judge_api_key_env", "FINQA_JUDGE_API_KEY")), "EMPTY")
+        judge = LLMJudge(base_url=str(url), model=str(model), api_key=key)
+    return FinQAEvaluator(judge, bonus)
+
+
+def configure(options: dict[str, Any]) -> Cookbook:
+    return dataclasses.replace(cookbook, evaluator=evaluator_from_options(options))
+
+
+finqa_evaluator = evaluator_from_options({})
 
 TRAIN_DEFAULTS = {
     "total_steps": 100,
@@ -149,6 +173,7 @@ cookbook = Cookbook(
     load_tasks=load_tasks,
     description="FinQA ReAct agent with native tool calls over SQLite tables; numeric-tolerance reward.",
     train_defaults=TRAIN_DEFAULTS,
+    configure=configure,
 )
 
 __all__ = [
@@ -157,6 +182,7 @@ __all__ = [
     "FinanceDB",
     "answer_matches",
     "cookbook",
+    "evaluator_from_options",
     "finqa_evaluator",
     "finqa_flow",
     "generate",

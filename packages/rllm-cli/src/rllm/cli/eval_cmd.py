@@ -18,7 +18,8 @@ from rllm.cli.registry import DatasetRegistry
 from rllm.engine.evaluation import EvalSummary, evaluate
 from rllm.engine.plugins import COOKBOOKS_GROUP, PluginNotFoundError, available, load_cookbook
 from rllm.runtime.event_loop import run
-from rllm.types import SamplingParams, Task
+from rllm.types import ConfigError, SamplingParams, Task
+from rllm.types.config_file import apply_overrides
 
 
 @click.command("eval")
@@ -46,6 +47,13 @@ from rllm.types import SamplingParams, Task
     default=None,
     help="results directory (default runs/eval-NAME); re-running resumes",
 )
+@click.option(
+    "--option",
+    "options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="a cookbook option (its Cookbook.configure), e.g. --option judge_model=NAME; repeatable",
+)
 @click.option("--progress/--no-progress", default=True, help="show a progress bar")
 def eval_command(
     name: str,
@@ -62,6 +70,7 @@ def eval_command(
     agent: str | None,
     evaluator: str | None,
     out: Path | None,
+    options: tuple[str, ...],
     progress: bool,
 ) -> int:
     """Evaluate cookbook NAME (or registered dataset NAME with --agent) and print a summary.
@@ -77,7 +86,7 @@ def eval_command(
     sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens)
     if max_examples is not None and max_examples < 1:
         raise CliError(f"--max-examples must be >= 1, got {max_examples}")
-    tasks, flow, grader = resolve_eval_target(name, split, agent, evaluator)
+    tasks, flow, grader = resolve_eval_target(name, split, agent, evaluator, parse_options(options))
     if max_examples is not None:
         tasks = tasks[:max_examples]
     if base_url is None and "/" not in model:
@@ -109,13 +118,24 @@ def eval_command(
     return 0
 
 
+def parse_options(items: tuple[str, ...]) -> dict[str, Any]:
+    """``--option KEY=VALUE`` pairs (dotted keys nest); each value is read as YAML."""
+    try:
+        return apply_overrides({}, items)
+    except ConfigError as exc:
+        raise CliError(f"--option: {exc}") from None
+
+
 def resolve_eval_target(
-    name: str, split: str, agent: str | None, evaluator: str | None
+    name: str, split: str, agent: str | None, evaluator: str | None, options: dict[str, Any] | None = None
 ) -> tuple[list[Task], Any, Any]:
-    """Tasks, flow and evaluator for NAME: a cookbook's own, or a registered dataset's tasks
-    with the flow and evaluator that --agent / --evaluator name."""
+    """Tasks, flow and evaluator for NAME: a cookbook's own (set up with ``options``), or a
+    registered dataset's tasks with the flow and evaluator that --agent / --evaluator name."""
     if name in available(COOKBOOKS_GROUP):
-        cookbook = load_cookbook(name)
+        try:
+            cookbook = load_cookbook(name).with_options(options or {})
+        except ValueError as exc:
+            raise CliError(f"--option: {exc}") from None
         flow = _load_object(agent, "flow") if agent else cookbook.flow
         grader = _load_object(evaluator, "evaluator") if evaluator else cookbook.evaluator
         return cookbook.load_tasks(split), flow, grader

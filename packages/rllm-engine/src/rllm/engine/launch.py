@@ -32,6 +32,10 @@ def build_trainer(
     flags = [f"backend.name={backend}"] if backend else []
     flags += [f"out_dir={out_dir}"] if out_dir else []
     config = load_config(config_path, [*flags, *overrides], base=base)
+    try:
+        cookbook = cookbook.with_options(config.cookbook_options)
+    except ValueError as exc:
+        raise ConfigError(f"config key `cookbook_options`: {exc}", key="cookbook_options") from None
     cls = backend_class(config.backend.name)
     options = dict(config.backend.options)
     if options.get("model", TINY_MODEL) == TINY_MODEL:

@@ -56,6 +56,8 @@ class GatewaySection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     cookbook: str
+    # The cookbook's own settings (its Cookbook.configure reads them), e.g. FinQA's judge.
+    cookbook_options: dict[str, Any] = msgspec.field(default_factory=dict)
     seed: int = 0
     total_steps: int = 100
     tasks_per_step: int = 8

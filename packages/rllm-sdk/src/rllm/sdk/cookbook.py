@@ -20,7 +20,9 @@ class Cookbook:
 
     ``load_tasks(split)`` returns that split's tasks (raising ValueError for an unknown split);
     ``train_defaults`` is a TrainerConfig-shaped mapping that a user's config file and CLI
-    overrides are layered on.
+    overrides are layered on. ``configure(options)``, when given, returns the cookbook set up with
+    the user's options (a training config's ``cookbook_options``, ``rllm eval --option``), e.g. an
+    evaluator's judge; it raises ValueError naming an option it does not take.
     """
 
     name: str
@@ -30,3 +32,12 @@ class Cookbook:
     description: str = ""
     splits: tuple[str, ...] = ("train", "test")
     train_defaults: dict[str, Any] = field(default_factory=dict)
+    configure: Callable[[dict[str, Any]], Cookbook] | None = None
+
+    def with_options(self, options: dict[str, Any]) -> Cookbook:
+        """This cookbook set up with ``options`` (itself when there are none)."""
+        if not options:
+            return self
+        if self.configure is None:
+            raise ValueError(f"cookbook {self.name!r} takes no options, got {sorted(options)}")
+        return self.configure(dict(options))
