@@ -48,7 +48,8 @@ def layers(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """basedpyright (pyright with Node.js bundled as a wheel) over every package and cookbook in
     the workspace environment; the verl backend is checked in `verl`, where verl is installed."""
-    session.run("basedpyright", *session.posargs)
+    # --project: the root pyproject's settings, never a pyrightconfig.json in a directory above.
+    session.run("basedpyright", "--project", ".", *session.posargs)
 
 
 @nox.session(venv_backend="none")

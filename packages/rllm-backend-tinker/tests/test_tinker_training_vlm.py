@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
+import subprocess
+import sys
+import textwrap
 
 import openai
 import pytest
@@ -89,3 +93,35 @@ def test_a_full_fine_tuning_checkpoint_is_a_loadable_vision_language_model(vlm_b
 
     asyncio.run(vlm_backend.save_checkpoint(tmp_path / "ckpt"))
     assert is_vision_model(str(tmp_path / "ckpt"))
+
+
+def test_a_hub_named_vision_language_model_starts_with_its_image_processor(tmp_path) -> None:
+    """A hub name resolves through the Hugging Face cache, laid out here as a download leaves it
+    and read offline, and the backend finds the image processor there, as it does the weights."""
+    revision = "0" * 40
+    repo = tmp_path / "hub" / "models--rllm-test--tiny-vlm"
+    init_tiny_vlm(repo / "snapshots" / revision, seed=2)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    script = textwrap.dedent(
+        """
+        import asyncio
+        from rllm.backends.tinker import TinkerBackend
+
+        async def main():
+            backend = TinkerBackend({"model": "rllm-test/tiny-vlm", "dtype": "float32", "torch_threads": 1})
+            await backend.start()
+            try:
+                service = backend.service
+                assert service.trainer.vision is not None and service.server.image_processor is not None
+            finally:
+                await backend.close()
+
+        asyncio.run(main())
+        """
+    )
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]

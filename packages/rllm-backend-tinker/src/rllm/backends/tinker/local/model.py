@@ -56,6 +56,13 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
+def model_source(model: str) -> str:
+    """A local directory (``~`` expanded) when one exists, else the name as given: a hub name,
+    which transformers downloads (or finds in the hub cache)."""
+    path = Path(model).expanduser()
+    return str(path) if path.exists() else model
+
+
 def load_pretrained(source: str, dtype: torch.dtype, device: torch.device) -> PreTrainedModel:
     """A causal LM, or a vision-language model (image-text-to-text) when the config has a
     vision tower, on ``device``."""
@@ -76,12 +83,8 @@ def load_policy(config: TinkerBackendConfig, device: torch.device, dtype: torch.
     """
     if not config.model:
         raise ValueError("TinkerBackendConfig.model is empty: give a local model directory or a hub name")
-    if Path(config.model).expanduser().exists():
-        source = str(Path(config.model).expanduser())
-    else:
-        source = config.model  # a hub name: transformers downloads it (users with network)
     torch.manual_seed(config.seed)
-    model: PolicyModel = load_pretrained(source, dtype, device)
+    model: PolicyModel = load_pretrained(model_source(config.model), dtype, device)
     if config.lora.rank > 0:
         from peft import LoraConfig, get_peft_model
 

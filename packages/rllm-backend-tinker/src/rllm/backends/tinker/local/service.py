@@ -21,6 +21,7 @@ from rllm.backends.tinker.local.model import (
     load_policy,
     load_pretrained,
     load_tokenizer,
+    model_source,
     resolve_device,
     resolve_dtype,
 )
@@ -59,11 +60,12 @@ class LocalService:
         if not cfg.model:
             raise ValueError("TinkerBackendConfig.model is empty: give a local model directory or a hub name")
         threads = configure_threads(cfg.torch_threads, self.device)
-        self.tokenizer = tokenizer = load_tokenizer(cfg.model)
+        source = model_source(cfg.model)
+        self.tokenizer = tokenizer = load_tokenizer(source)
         model = load_policy(cfg, self.device, self.dtype)
-        # A vision-language model directory also holds its image processor: the sampler renders
-        # image blocks with it and the trainer turns each sequence's images into the same pixels.
-        vision = load_vision(cfg.model, tokenizer) if Path(cfg.model).expanduser().exists() else None
+        # A vision-language model also ships its image processor: the sampler renders image
+        # blocks with it and the trainer turns each sequence's images into the same pixels.
+        vision = load_vision(source)
         # load_tokenizer falls back to the eos token; a tokenizer with neither pads with 0, as the
         # sampler does (padded positions are masked out, so any id works).
         pad_id = tokenizer.pad_token_id
@@ -109,7 +111,7 @@ class LocalService:
 
     def _load_reference(self) -> torch.nn.Module:
         """The initial weights for KL: reloaded from the model path (full fine-tuning only)."""
-        reference = load_pretrained(self.config.model, self.dtype, self.device).eval()
+        reference = load_pretrained(model_source(self.config.model), self.dtype, self.device).eval()
         for p in reference.parameters():
             p.requires_grad_(False)
         return reference

@@ -31,13 +31,20 @@ def is_vision_model(path: str) -> bool:
     return "vision_config" in config
 
 
-def load_vision(path: str, tokenizer: Any) -> VisionInputs | None:
-    if not is_vision_model(path):
-        return None
+def load_vision(source: str) -> VisionInputs | None:
+    """The image inputs of a vision-language model (``source`` a local directory or a hub name
+    whose config has a vision tower), else None. The image processor comes from the same place
+    as the weights (its ``preprocessor_config.json``), so a hub model needs no separate download."""
     from transformers import AutoConfig
 
-    token_id = AutoConfig.from_pretrained(str(Path(path).expanduser())).image_token_id
-    return VisionInputs(load_image_processor(Path(path).expanduser()), int(token_id))
+    config = AutoConfig.from_pretrained(source)
+    if not hasattr(config, "vision_config"):
+        return None
+    try:
+        processor = load_image_processor(source)
+    except OSError as exc:
+        raise ValueError(f"model {source!r} has a vision tower but no image processor: {exc}") from None
+    return VisionInputs(processor, int(config.image_token_id))
 
 
 class VisionInputs:
