@@ -155,7 +155,6 @@ def test_models_health_and_bad_requests(sampler_backend: TinkerBackend) -> None:
         ({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, "temperature"),
         ({"messages": [{"role": "user", "content": "hi"}], "top_p": 0}, "top_p"),
         ({"messages": [{"role": "user", "content": "hi"}], "n": 0}, "n"),
-        ({"messages": [{"role": "user", "content": "hi"}], "stream": True}, "stream"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0]"),
     ]
     for body, param in cases:

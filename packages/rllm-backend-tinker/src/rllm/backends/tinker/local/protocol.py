@@ -56,8 +56,8 @@ def parse_sampling(
     body: dict[str, Any], prompt_ids: list[int], default_max_tokens: int, max_positions: int
 ) -> GenerationRequest:
     """The sampling fields shared by chat and completions."""
-    if body.get("stream"):
-        raise RequestError("streaming is not supported by the local sampler; send stream=false", "stream")
+    if not isinstance(body.get("stream", False), bool):
+        raise RequestError("'stream' must be a boolean", "stream")
     max_tokens = _get(body, "max_completion_tokens", int, None)
     if max_tokens is None:
         max_tokens = _get(body, "max_tokens", int, default_max_tokens)

@@ -23,6 +23,7 @@ from rllm.backends.tinker.local.protocol import (
     parse_prompts,
     parse_sampling,
 )
+from rllm.backends.tinker.local.streaming import include_usage, send_stream, stream_chunks
 from rllm.runtime.background import BackgroundLoop
 
 
@@ -96,7 +97,7 @@ class SamplerServer:
         }
         return web.json_response({"object": "list", "data": [card]})
 
-    async def _chat(self, request: web.Request) -> web.Response:
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
         try:
             body = await _json_body(request)
             # Decoding and resizing images is CPU work: off the server's event loop.
@@ -135,19 +136,21 @@ class SamplerServer:
                     f"'top_logprobs' must be an integer in [0, {MAX_TOP_LOGPROBS}]", "top_logprobs"
                 )
             gen.top_logprobs = top if want_logprobs else 0
+            usage = include_usage(body)
         except RequestError as exc:
             return web.json_response(exc.body(), status=400)
         seqs = await asyncio.wrap_future(self.engine.submit(gen))
-        return web.json_response(
-            chat_response(
-                self.model_name,
-                prompt_ids,
-                seqs,
-                self._decode_token,
-                logprobs=want_logprobs,
-                return_token_ids=bool(body.get("return_token_ids", False)),
-            )
+        answer = chat_response(
+            self.model_name,
+            prompt_ids,
+            seqs,
+            self._decode_token,
+            logprobs=want_logprobs,
+            return_token_ids=bool(body.get("return_token_ids", False)),
         )
+        if body.get("stream"):
+            return await send_stream(request, stream_chunks(answer, chat=True, usage=usage))
+        return web.json_response(answer)
 
     def _vision(self, body: dict[str, Any]) -> Any:
         """The prompt's vision inputs when the messages hold image blocks and this server has an
@@ -173,7 +176,7 @@ class SamplerServer:
         except Exception as exc:
             raise RequestError(f"the messages could not be rendered with images: {exc}", "messages") from exc
 
-    async def _completions(self, request: web.Request) -> web.Response:
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
         try:
             body = await _json_body(request)
             if body.get("echo"):
@@ -195,6 +198,7 @@ class SamplerServer:
             for g in gens:
                 g.top_logprobs = logprobs or 0
                 g.vision = vision
+            usage = include_usage(body)
         except RequestError as exc:
             return web.json_response(exc.body(), status=400)
         results = await asyncio.gather(*(asyncio.wrap_future(self.engine.submit(g)) for g in gens))
@@ -210,6 +214,8 @@ class SamplerServer:
             # Says the model saw the images: a caller sending them (the gateway's cumulative
             # mode) refuses an answer without this, from a server that ignored them.
             answer["images_used"] = len(body["multi_modal_data"]["image"])
+        if body.get("stream"):
+            return await send_stream(request, stream_chunks(answer, chat=False, usage=usage))
         return web.json_response(answer)
 
     def _prompt_vision(self, body: dict[str, Any], prompts: list[list[int]]) -> Any:
