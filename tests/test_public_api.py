@@ -192,6 +192,7 @@ PUBLIC_API: dict[str, list[str]] = {
         "last_text",
         "mock_upstream_in_thread",
         "say_back",
+        "wait_until",
     ],
     "rllm_cookbook_say": [
         "WORDS",

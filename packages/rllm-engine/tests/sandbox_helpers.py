@@ -7,8 +7,7 @@ import contextlib
 import io
 import os
 import shutil
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -47,13 +46,3 @@ async def within(seconds: float, what: str) -> AsyncIterator[None]:
         raise AssertionError(
             f"{what} did not finish within {seconds:g} s; tasks:\n{stacks.getvalue()}"
         ) from None
-
-
-async def wait_until(condition: Callable[[], bool], timeout_s: float = 30.0, what: str = "condition") -> None:
-    """Poll ``condition`` until it holds (the thing observed is a host process or file, which
-    offers no event to wait on); fail naming ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-        await asyncio.sleep(0.02)

@@ -16,10 +16,11 @@ import uuid
 from pathlib import Path
 
 import pytest
-from sandbox_helpers import host_processes_with, needs_bwrap, wait_until
+from sandbox_helpers import host_processes_with, needs_bwrap
 
 from rllm.engine.sandbox import BubblewrapBackend
 from rllm.sdk.sandbox import SandboxLimits, SandboxSpec, SandboxUnavailable
+from rllm.testing import wait_until
 
 pytestmark = [needs_bwrap, pytest.mark.timeout(120)]
 

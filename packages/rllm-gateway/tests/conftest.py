@@ -8,6 +8,7 @@ import pytest
 
 from rllm.gateway import GatewayClient, GatewayConfig, GatewayServer
 from rllm.testing import MockUpstream
+from rllm.testing import wait_until as _wait_until
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -52,19 +53,6 @@ async def model_name(upstream_url, gateway):
         return (await r.json())["data"][0]["id"]
 
 
-async def _wait_until(condition, timeout_s: float = 30.0, what: str = "condition") -> None:
-    """Wait until ``condition()`` holds: tests synchronise on state, never on a fixed sleep. The
-    timeout only turns a hang into a failure; it is generous so a cold, busy machine passes."""
-    import asyncio
-
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)
-
-
 class _Held:
     """A MockUpstream responder that holds each call until released: ``arrived`` is set when a
     call reached the upstream (so it is in flight in the gateway), ``release`` lets them answer."""
@@ -84,7 +72,7 @@ class _Held:
 
 @pytest.fixture
 def wait_until():
-    """``await wait_until(lambda: ..., what=...)``: poll a condition (see _wait_until)."""
+    """``await wait_until(lambda: ..., what=...)``: poll a condition (rllm.testing.wait_until)."""
     return _wait_until
 
 
