@@ -135,6 +135,34 @@ def test_a_token_prompt_with_its_images_is_what_the_chat_route_renders(vlm_backe
         assert text_only["images_used"] == 0 and len(text_only["choices"]) == 1
 
 
+async def test_a_streamed_call_with_an_image_is_captured_through_the_gateway(vlm_backend) -> None:
+    backend, model_dir = vlm_backend
+    url, model = _diagram(35), backend.served_model_name()
+    kwargs = {"max_tokens": 3, "seed": 11}
+    async with openai.AsyncOpenAI(base_url=backend.inference_urls()[0], api_key="x", max_retries=0) as direct:
+        whole = await direct.chat.completions.create(
+            model=model, messages=[_user("the answer", url)], extra_body={"return_token_ids": True}, **kwargs
+        )
+    cfg = GatewayConfig(
+        upstreams=backend.inference_urls(),
+        tokenizer_path=model_dir,
+        tokenizer_mode="cumulative",
+        health_interval_s=0,
+    )
+    async with GatewayServer(cfg) as gw, GatewayClient(gw.url) as admin:
+        async with openai.AsyncOpenAI(base_url=admin.session_url("s"), api_key="x", max_retries=0) as client:
+            stream = await client.chat.completions.create(
+                model=model, messages=[_user("the answer", url)], stream=True, **kwargs
+            )
+            text = "".join([c.delta.content or "" async for chunk in stream for c in chunk.choices])
+        (trace,) = await admin.get_traces("s")
+    body = whole.model_dump()
+    assert trace.status == "ok" and text == body["choices"][0]["message"]["content"]
+    assert list(trace.prompt_ids) == body["prompt_token_ids"]
+    assert list(trace.completion_ids) == body["choices"][0]["token_ids"]
+    assert len(trace.images) == 1
+
+
 def test_two_turns_with_an_image_extend_and_train_on_exactly_what_was_sampled(vlm_backend) -> None:
     backend, model_dir = vlm_backend
     url = _diagram(60)

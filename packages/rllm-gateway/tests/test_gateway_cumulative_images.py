@@ -109,7 +109,24 @@ class ScriptedUpstream:
         images = (body.get("multi_modal_data") or {}).get("image")
         if self.acknowledge and images:
             answer["images_used"] = len(images)
-        return web.json_response(answer)
+        if not body.get("stream"):
+            return web.json_response(answer)
+        # streamed: one chunk per token, the confirmation on the last one (as the local sampler)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        ids, used = self.reply_ids, answer.pop("images_used", None)
+        for k, tid in enumerate(ids):
+            last = k == len(ids) - 1
+            choice = {"index": 0, "text": "look " if k == 0 else "at", "token_ids": [tid]}
+            choice |= {"logprobs": {"token_logprobs": [-0.5]}, "finish_reason": "length" if last else None}
+            chunk = {"id": "cmpl-1", "object": "text_completion", "model": "m", "choices": [choice]}
+            if k == 0:
+                chunk["prompt_token_ids"] = body["prompt"]
+            if last and used is not None:
+                chunk["images_used"] = used
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
 
 
 @contextlib.asynccontextmanager
@@ -178,11 +195,40 @@ async def test_an_upstream_that_ignores_the_images_is_a_502_not_an_answer(vlm_di
     assert "did not confirm it used" in traces[0].metadata["error"]
 
 
+async def test_a_streamed_call_with_images_is_relayed_once_the_upstream_confirms_them(vlm_dir):
+    from transformers import AutoTokenizer
+
+    reply = AutoTokenizer.from_pretrained(vlm_dir).encode("look at", add_special_tokens=False)
+    image = _png(56, 56)
+    async with ScriptedUpstream(reply) as up, _gateway(up, vlm_dir) as (_, admin, oc):
+        stream = await oc.chat.completions.create(model="m", messages=[_user("look", image)], stream=True)
+        text = "".join([c.delta.content or "" async for chunk in stream for c in chunk.choices])
+        (trace,) = await admin.get_traces("s")
+    (sent,) = up.bodies
+    assert sent["stream"] is True and sent["multi_modal_data"] == {"image": [image]}
+    assert text == "look at" and trace.status == "ok"
+    assert list(trace.prompt_ids) == sent["prompt"] and list(trace.completion_ids) == reply
+    assert len(trace.images) == 1
+
+
+async def test_a_streamed_call_whose_images_were_ignored_is_a_502_before_any_reply(vlm_dir):
+    from transformers import AutoTokenizer
+
+    reply = AutoTokenizer.from_pretrained(vlm_dir).encode("look", add_special_tokens=False)
+    async with ScriptedUpstream(reply, acknowledge=False) as up, _gateway(up, vlm_dir) as (gw, admin, oc):
+        with pytest.raises(openai.APIStatusError) as e:
+            await oc.chat.completions.create(model="m", messages=[_user("look", _png(56, 56))], stream=True)
+        assert e.value.status_code == 502 and "images_used" in e.value.message
+        assert gw.sessions["s"].bridges == {}
+        traces = await admin.get_traces("s")
+    assert [t.status for t in traces] == ["error"]
+    assert "did not confirm it used" in traces[0].metadata["error"]
+
+
 @pytest.mark.parametrize(
     ("message", "extra", "param", "needle"),
     [
         (_user("look", "https://example.com/a.png"), {}, "messages[0].content[1].image_url", "data: URIs"),
-        (_user("look", _png(56, 56)), {"stream": True}, "stream", "stream=false"),
         (
             {"role": "user", "content": [{"type": "text", "text": "<|image_pad|>"}]},
             {},

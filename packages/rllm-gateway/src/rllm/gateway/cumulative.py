@@ -27,7 +27,8 @@ the new part). The images go upstream next to the token ids, in placeholder orde
 many it gave the model), else the call is a 502 rather than an answer the model gave without
 seeing the picture. The local tinker sampler does this; vLLM's OpenAI server does not (its
 ``/v1/completions`` takes no images with token ids), so against vLLM images need plain mode.
-Streaming with images is refused (the confirmation comes with the whole answer).
+A streamed call with images is held in the gateway until the upstream's last chunk confirms
+the images, then relayed (a missing confirmation is then still a 502 before any reply).
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ class BridgePlan:
     stream: bool = False
     images: list[str] = field(default_factory=list)  # data URIs sent upstream, placeholder order
     session: Any = None  # to forget this turn when the upstream did not take its images
+    images_used: Any = None  # a stream's confirmation, from the chunk that carried it
 
 
 class TokenBridge:
@@ -145,7 +147,7 @@ class TokenBridge:
         if tools:
             require_format(self.tool_format)
         stream = bool(body.get("stream"))
-        images = self._images_of(messages, stream)
+        images = self._images_of(messages)
         text = self.render(body["messages"], tools)
         prev: BridgeState | None = session.bridges.get(role)
         ids: list[int] | None = None
@@ -188,7 +190,7 @@ class TokenBridge:
         plan.session = session
         return plan
 
-    def _images_of(self, messages: list[Message], stream: bool) -> list[PromptImage]:
+    def _images_of(self, messages: list[Message]) -> list[PromptImage]:
         """The request's images in placeholder order; a 400 where this bridge cannot place them."""
         if not any(isinstance(m.content, list) and _has_image(m) for m in messages):
             return []
@@ -202,16 +204,7 @@ class TokenBridge:
                 param=f"messages[{i}].content[{j}]",
                 code="unsupported_content",
             )
-        images = prompt_images(messages)
-        if stream:
-            raise GatewayError(
-                400,
-                "cumulative mode does not stream calls with images (the upstream confirms it used "
-                "the images with its whole answer): send stream=false",
-                param="stream",
-                code="unsupported_content",
-            )
-        return images
+        return prompt_images(messages)
 
     def _placeholders(self, text: str) -> int:
         return 0 if self.images is None else text.count(self.images.image_token)
@@ -285,15 +278,7 @@ class TokenBridge:
         With images, the upstream must say it gave them all to the model; an upstream that
         ignored ``multi_modal_data`` answered without seeing them, which is a 502 (and the turn
         is not remembered as one to extend), never a trace that looks fine."""
-        if plan.images and data.get(IMAGES_USED) != len(plan.images):
-            if plan.session is not None:
-                plan.session.bridges.pop(plan.role, None)
-            raise UpstreamShapeError(
-                f"the upstream did not confirm it used the prompt's {len(plan.images)} image(s) "
-                f"(cumulative mode sends them as '{IMAGES_FIELD}' and needs '{IMAGES_USED}' back, as "
-                "the local tinker sampler answers; vLLM's OpenAI server takes no images with token "
-                "ids): use tokenizer_mode='plain' with this upstream"
-            )
+        self.confirm_images(plan, data.get(IMAGES_USED))
         choice: dict[str, Any] = {
             "index": 0,
             "message": {"role": "assistant", "content": cap.text or None if cap.tool_calls else cap.text},
@@ -321,7 +306,24 @@ class TokenBridge:
             choice["token_ids"] = cap.completion_ids
         return out
 
+    @staticmethod
+    def confirm_images(plan: BridgePlan, used: Any) -> None:
+        """UpstreamShapeError unless the upstream said it gave the model all of the prompt's
+        images (``used``, its ``images_used``); the turn is then not one to extend."""
+        if not plan.images or used == len(plan.images):
+            return
+        if plan.session is not None:
+            plan.session.bridges.pop(plan.role, None)
+        raise UpstreamShapeError(
+            f"the upstream did not confirm it used the prompt's {len(plan.images)} image(s) "
+            f"(cumulative mode sends them as '{IMAGES_FIELD}' and needs '{IMAGES_USED}' back, as "
+            "the local tinker sampler answers; vLLM's OpenAI server takes no images with token "
+            "ids): use tokenizer_mode='plain' with this upstream"
+        )
+
     def chunk_to_chat(self, chunk: dict[str, Any], plan: BridgePlan) -> dict[str, Any]:
+        if IMAGES_USED in chunk:
+            plan.images_used = chunk[IMAGES_USED]
         choices = []
         for c in chunk.get("choices") or ():
             delta: dict[str, Any] = {}

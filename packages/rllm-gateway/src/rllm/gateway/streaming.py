@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -58,17 +59,30 @@ async def forward_stream(proxy: Proxy, call: ProxyCall) -> Response | StreamResp
             status = "error"
             return Response(status=resp.status, body=raw, content_type=_JSON)
         out = StreamResponse(headers=dict(_SSE_HEADERS))
-        await out.prepare(call.request)
+        # A cumulative call with images is held until the upstream's last chunk confirms that
+        # the model saw them, so an upstream that ignored them is a 502, never a streamed reply.
+        held: list[bytes] | None = [] if call.bridge is not None and call.bridge.images else None
+        if held is None:
+            await out.prepare(call.request)
         fault = None
         try:
-            if await _relay_events(proxy, call, resp, out, sc):
+            if await _relay_events(proxy, call, resp, out if held is None else held.append, sc):
                 sc.checked_result()
+                if call.bridge is not None:
+                    proxy.bridge.confirm_images(call.bridge, call.bridge.images_used)
             else:
                 fault = "upstream closed the stream before [DONE]"
         except UpstreamShapeError as exc:
             fault = f"upstream stream has the wrong shape: {exc}"
         except StreamFault as exc:
             fault = str(exc)
+        if held is not None:
+            if fault is not None:
+                status = "error"
+                call.trace.metadata["error"] = fault
+                raise GatewayError(502, fault, code="upstream_error")
+            await out.prepare(call.request)
+            await out.write(b"".join(held))
         if fault is not None:
             status = "error"
             call.trace.metadata["error"] = fault
@@ -89,7 +103,7 @@ async def forward_stream(proxy: Proxy, call: ProxyCall) -> Response | StreamResp
         else:
             why = f"upstream failed mid-stream: {type(exc).__name__}: {exc}"
         call.trace.metadata["error"] = why
-        if out is None:
+        if out is None or not out.prepared:
             if isinstance(exc, TimeoutError):
                 raise GatewayError(504, "upstream timed out", code="upstream_timeout") from None
             raise GatewayError(502, why, code="upstream_error") from None
@@ -114,11 +128,16 @@ async def forward_stream(proxy: Proxy, call: ProxyCall) -> Response | StreamResp
 
 
 async def _relay_events(
-    proxy: Proxy, call: ProxyCall, resp: aiohttp.ClientResponse, out: StreamResponse, sc: StreamCapture
+    proxy: Proxy,
+    call: ProxyCall,
+    resp: aiohttp.ClientResponse,
+    out: StreamResponse | Callable[[bytes], None],
+    sc: StreamCapture,
 ) -> bool:
-    """Forward the upstream's SSE events to the client, feeding the capture; True once
-    ``[DONE]`` came. Raises StreamFault (or UpstreamShapeError) for what the capture cannot
-    take: an event that is not JSON or is larger than ``max_stream_event_bytes``."""
+    """Forward the upstream's SSE events to the client (or to ``out``, a callable holding them),
+    feeding the capture; True once ``[DONE]`` came. Raises StreamFault (or UpstreamShapeError)
+    for what the capture cannot take: an event that is not JSON or is larger than
+    ``max_stream_event_bytes``."""
     events = SseEvents(proxy.config.max_stream_event_bytes)
     bridge = proxy.bridge
     async for piece in resp.content.iter_any():
@@ -143,7 +162,11 @@ async def _relay_events(
                 sc.feed(chunk)
                 if strip_injected(chunk, call.wants):
                     payload = _json_encode(chunk)
-            await out.write(b"data: " + payload + b"\n\n")
+            event = b"data: " + payload + b"\n\n"
+            if isinstance(out, StreamResponse):
+                await out.write(event)
+            else:
+                out(event)
     return False
 
 
