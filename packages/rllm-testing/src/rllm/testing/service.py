@@ -1,5 +1,5 @@
 """What the fakes of remote services share: the contract error, and an aiohttp app served on its
-own thread and event loop.
+own thread and event loop (``LoopbackFake`` gives a fake its start/stop/``with``).
 
 The official SDKs (tinker, fireworks-ai) block their caller in some calls (creating a session,
 polling a control plane), so a fake they talk to must not share the test's event loop. Needs
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
+from typing import Self
 
 from aiohttp import web
 
@@ -77,3 +78,27 @@ class ServiceThread:
         if self._thread is not None:
             self._thread.join(timeout)
         self._loop = None
+
+
+class LoopbackFake:
+    """A fake served by the ServiceThread in ``_service``: ``start()``/``stop()``, or ``with``."""
+
+    _service: ServiceThread
+
+    @property
+    def url(self) -> str:
+        """The service's base URL (empty until started)."""
+        return self._service.url
+
+    def start(self) -> str:
+        return self._service.start()
+
+    def stop(self) -> None:
+        self._service.stop()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

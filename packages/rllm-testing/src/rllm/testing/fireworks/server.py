@@ -44,7 +44,7 @@ from fireworks.training.sdk.types.try_again_response import TryAgainResponse
 
 from rllm.testing.fireworks import trainer as ft
 from rllm.testing.fireworks.control_plane import ACCOUNT, FakeControlPlane, read_json
-from rllm.testing.service import ContractError, ServiceThread
+from rllm.testing.service import ContractError, LoopbackFake, ServiceThread
 
 FAKE_API_KEY = "fw-fake-test-key"
 TRAINER = "/training/v1/rlorTrainerJobs/{account}/{job}/api/v1"
@@ -67,7 +67,7 @@ class Job:
     sessions: set[str] = field(default_factory=set)
 
 
-class FakeFireworksServer(FakeControlPlane):
+class FakeFireworksServer(FakeControlPlane, LoopbackFake):
     """The fake service on its own thread and event loop (the SDK's control-plane calls block
     their caller, so the server must not share the test's loop)."""
 
@@ -91,15 +91,7 @@ class FakeFireworksServer(FakeControlPlane):
         self._ids = itertools.count(1)
         self._service = ServiceThread("fake-fireworks-server", self._app)
 
-    # ---- lifecycle ---------------------------------------------------------------------------
-    @property
-    def url(self) -> str:
-        """The service's base URL (empty until started)."""
-        return self._service.url
-
-    def start(self) -> str:
-        return self._service.start()
-
+    # ---- the app (start, stop and `with` come from LoopbackFake) ------------------------------
     def _app(self) -> web.Application:
         app = web.Application(middlewares=[self._auth_and_record], client_max_size=64 * 1024 * 1024)
         acct = "/v1/accounts/{account}"
@@ -123,16 +115,6 @@ class FakeFireworksServer(FakeControlPlane):
         )
         app.add_routes([web.post(TRAINER + "/" + name, h) for name, h in self._trainer_routes().items()])
         return app
-
-    def stop(self) -> None:
-        self._service.stop()
-
-    def __enter__(self) -> FakeFireworksServer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # ---- what tests look at ------------------------------------------------------------------
     def bodies(self, suffix: str) -> list[Any]:

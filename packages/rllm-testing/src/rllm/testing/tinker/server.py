@@ -41,7 +41,7 @@ import zstandard
 from aiohttp import web
 from tinker.proto import tinker_public_pb2 as pb
 
-from rllm.testing.service import ContractError, ServiceThread
+from rllm.testing.service import ContractError, LoopbackFake, ServiceThread
 from rllm.testing.tinker.contract import ADAM_KEYS, API, FAKE_API_KEY, fake_jwt, parse_forward_backward
 from rllm.testing.tinker.training import (
     FakeFuture,
@@ -52,7 +52,7 @@ from rllm.testing.tinker.training import (
 )
 
 
-class FakeTinkerServer:
+class FakeTinkerServer(LoopbackFake):
     """The fake service, run on its own thread and event loop (the SDK blocks its caller while
     it creates a session, so the server must not share the test's loop).
 
@@ -90,30 +90,12 @@ class FakeTinkerServer:
         # The fake decodes Content-Encoding itself: the SDK's zstd bodies are part of the contract.
         self._service = ServiceThread("fake-tinker-server", self._app, auto_decompress=False)
 
-    # ---- lifecycle ---------------------------------------------------------------------------
-    @property
-    def url(self) -> str:
-        """The service's base URL (empty until started)."""
-        return self._service.url
-
-    def start(self) -> str:
-        return self._service.start()
-
+    # ---- the app (start, stop and `with` come from LoopbackFake) ------------------------------
     def _app(self) -> web.Application:
         app = web.Application(middlewares=[self._auth_and_record], client_max_size=64 * 1024 * 1024)
         app.add_routes([web.post(f"{API}/{name}", handler) for name, handler in self._routes().items()])
         app.add_routes([web.post(API + "/sessions/{session_id}/finish", self._finish_session)])
         return app
-
-    def stop(self) -> None:
-        self._service.stop()
-
-    def __enter__(self) -> FakeTinkerServer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # ---- what tests look at ------------------------------------------------------------------
     def bodies(self, name: str) -> list[Any]:
