@@ -24,78 +24,17 @@ from rllm.backends.verl.loss import RllmPolicyLoss
 from rllm.backends.verl.vision import load_vision_rows
 from rllm.backends.verl.workers import local_training_worker
 from rllm.engine.backend import TrainSequence
+from rllm.tiny.vlm import init_tiny_vlm
 from rllm.types import FloatArray, TokenArray
 from rllm.types.images import data_uri
 
 pytestmark = pytest.mark.verl
-VISION = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>"]
-SPECIALS = ["<|pad|>", "<|unk|>", "<|end|>"]
-
-
-def _word_tokenizer() -> object:
-    """One token per word (and the chat specials), plus Qwen-VL's vision tokens."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    words = [*SPECIALS, "circle", "radius", "answer"]
-    core = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<|unk|>"))
-    core.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=core, eos_token="<|end|>", pad_token="<|pad|>", unk_token="<|unk|>"
-    )
-    tokenizer.add_tokens(["<|user|>", "<|assistant|>", *VISION], special_tokens=True)
-    return tokenizer
-
-
-def init_tiny_qwen2_vl(path: Path, seed: int = 0) -> Path:
-    """A random 2-layer Qwen2-VL (one vision block, 16 image tokens for a 256x256 picture) with
-    a word-level tokenizer holding Qwen-VL's vision tokens."""
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-    tokenizer = _word_tokenizer()
-    start, pad, end = tokenizer.convert_tokens_to_ids(VISION)
-    config = Qwen2VLConfig(
-        text_config={
-            "vocab_size": len(tokenizer),
-            "hidden_size": 128,
-            "intermediate_size": 256,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "num_key_value_heads": 2,
-            "max_position_embeddings": 1024,
-            # M-RoPE splits each head's 32 rotary pairs into (time, height, width)
-            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [8, 12, 12]},
-            "pad_token_id": tokenizer.pad_token_id,
-            "eos_token_id": tokenizer.eos_token_id,
-            "bos_token_id": None,
-        },
-        vision_config={
-            "depth": 1,
-            "embed_dim": 64,
-            "hidden_size": 128,
-            "num_heads": 2,
-            "mlp_ratio": 2,
-            "patch_size": 14,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-        },
-        image_token_id=pad,
-        video_token_id=pad,
-        vision_start_token_id=start,
-        vision_end_token_id=end,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(seed)
-    Qwen2VLForConditionalGeneration(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    Qwen2VLImageProcessorPil(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16).save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="module")
 def vlm_path(tmp_path_factory) -> Path:
-    return init_tiny_qwen2_vl(tmp_path_factory.mktemp("verl-vlm") / "model")
+    """A random 2-layer Qwen2-VL (one vision block, 16 image tokens for a 256x256 picture)."""
+    return init_tiny_vlm(tmp_path_factory.mktemp("verl-vlm") / "model", ["circle", "radius", "answer"])
 
 
 def _diagram(radius: int) -> str:

@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+# How often the condition is read again: short, so a test goes on as soon as the state is there.
+POLL_INTERVAL_S = 0.005
+
 
 async def wait_until(condition: Callable[[], bool], timeout_s: float = 30.0, what: str = "condition") -> None:
     """Poll ``condition`` until it holds; AssertionError naming ``what`` after ``timeout_s``."""
@@ -15,4 +18,4 @@ async def wait_until(condition: Callable[[], bool], timeout_s: float = 30.0, wha
     while not condition():
         if loop.time() > deadline:
             raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-        await asyncio.sleep(0.005)
+        await asyncio.sleep(POLL_INTERVAL_S)
