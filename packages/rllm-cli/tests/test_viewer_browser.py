@@ -114,8 +114,11 @@ def test_open_an_episode_and_read_its_tokens(run_dir: Path, browser: object, tmp
 
         # Curves: the reward curve has one point per logged step (one history).
         driver.find_element(By.ID, "tab-curves").click()
+        # The panel must show; the line itself may be flat (equal rewards), a zero-height box
+        # that Selenium never calls visible, so it is found by presence.
+        wait.until(ec.visibility_of_element_located((By.ID, "curves")))
         line = wait.until(
-            ec.visibility_of_element_located((By.CSS_SELECTOR, "polyline[data-metric='reward/mean']"))
+            ec.presence_of_element_located((By.CSS_SELECTOR, "#curves polyline[data-metric='reward/mean']"))
         )
         assert len(line.get_attribute("points").split()) == 2
         driver.find_element(By.ID, "tab-episode").click()
