@@ -82,8 +82,7 @@ async def run_ours(model: Path, lr: float, args: argparse.Namespace) -> RunResul
 
     from rllm.algos.config import AlgorithmConfig
     from rllm.backends.tinker import TinkerBackend
-    from rllm.engine.backend import TrainSequence
-    from rllm.types import FloatArray, TokenArray
+    from rllm.types import FloatArray, TokenArray, TrainSequence
 
     backend = TinkerBackend(
         {
@@ -133,7 +132,7 @@ async def run_ours(model: Path, lr: float, args: argparse.Namespace) -> RunResul
                     ids = choice["token_ids"]
                     batch.append(
                         TrainSequence(
-                            tokens=TokenArray(prompt + ids),
+                            input_ids=TokenArray(prompt + ids),
                             loss_mask=FloatArray([0.0] * len(prompt) + [1.0] * len(ids)),
                             advantages=FloatArray([float(advantage)] * (len(prompt) + len(ids))),
                             sampler_logprobs=FloatArray(

@@ -293,7 +293,7 @@ async def _trace_integrity(gw_url: str, sessions: int = 1000, turns: int = 5, co
                     or t.messages[-1].content != expect
                     or t.response.content != f"echo: {expect}"
                     or not t.completion_ids
-                    or len(t.logprobs) != len(t.completion_ids)
+                    or len(t.completion_logprobs) != len(t.completion_ids)
                 ):
                     misattributed += 1
     return {

@@ -36,8 +36,8 @@ TRAJECTORIES, STEPS, TOKENS = 4, 8, 1000
 class PStep(pydantic.BaseModel):
     id: str
     prompt_ids: list[int] | None = None
-    response_ids: list[int] | None = None
-    logprobs: list[float] | None = None
+    completion_ids: list[int] | None = None
+    completion_logprobs: list[float] | None = None
     reward: float | None = None
     done: bool = False
     advantage: float | list[float] | None = None
@@ -46,7 +46,7 @@ class PStep(pydantic.BaseModel):
 
 class PTrajectory(pydantic.BaseModel):
     id: str
-    name: str
+    role: str
     steps: list[PStep]
     reward: float | None = None
 
@@ -83,9 +83,15 @@ def make_episodes(n: int, seed: int = 0) -> list[Episode]:
             for s in range(STEPS):
                 ids, lps = pool[(e + t + s) % len(pool)]
                 steps.append(
-                    Step(id=f"s{e}-{t}-{s}", prompt_ids=ids[:64], response_ids=ids, logprobs=lps, reward=1.0)
+                    Step(
+                        id=f"s{e}-{t}-{s}",
+                        prompt_ids=ids[:64],
+                        completion_ids=ids,
+                        completion_logprobs=lps,
+                        reward=1.0,
+                    )
                 )
-            trajs.append(Trajectory(id=f"t{e}-{t}", name=f"role{t}", steps=steps, reward=0.5))
+            trajs.append(Trajectory(id=f"t{e}-{t}", role=f"role{t}", steps=steps, reward=0.5))
         out.append(Episode(id=f"e{e}", task_id=f"task{e // 8}", rollout_index=e % 8, trajectories=trajs))
     return out
 
@@ -100,14 +106,14 @@ def to_pydantic(episodes: list[Episode]) -> PEpisodes:
                 trajectories=[
                     PTrajectory(
                         id=t.id,
-                        name=t.name,
+                        role=t.role,
                         reward=t.reward,
                         steps=[
                             PStep(
                                 id=s.id,
                                 prompt_ids=s.prompt_ids.tolist(),
-                                response_ids=s.response_ids.tolist(),
-                                logprobs=s.logprobs.tolist(),
+                                completion_ids=s.completion_ids.tolist(),
+                                completion_logprobs=s.completion_logprobs.tolist(),
                                 reward=s.reward,
                             )
                             for s in t.steps

@@ -42,6 +42,7 @@ PUBLIC_API: dict[str, list[str]] = {
         "TokenArray",
         "ToolCall",
         "TraceRecord",
+        "TrainSequence",
         "Trajectory",
         "TrajectoryGroup",
         "Usage",

@@ -11,11 +11,11 @@ from rllm.types import Episode, Step, Task, TerminationReason, Trajectory
 
 
 def _scored(task: Task, replies: list[str], index: int) -> Episode:
-    steps = [Step(response_ids=[1, 2], logprobs=[-0.5, -0.5]) for _ in replies]
+    steps = [Step(completion_ids=[1, 2], completion_logprobs=[-0.5, -0.5]) for _ in replies]
     episode = Episode(
         task_id=task.id,
         rollout_index=index,
-        trajectories=[Trajectory(name="default", steps=steps)],
+        trajectories=[Trajectory(role="default", steps=steps)],
         artifacts={"replies": replies},
         termination_reason=TerminationReason.DONE,
     )

@@ -202,28 +202,28 @@ async def test_v1_math_eval_finds_the_correct_candidate_and_rewards_both_roles(t
     # Rewards: each generation call by its candidate, each verification call by its verdict.
     for ep in episodes:
         good = str(int(ep["task_id"].split("-")[1]) * 7)
-        gen = [t for t in ep["trajectories"] if t["name"] == "generate"]
+        gen = [t for t in ep["trajectories"] if t["role"] == "generate"]
         assert sorted(t["reward"] for t in gen) == [0.0, 0.0, 0.0, 1.0]
         for t in gen:
             (step,) = t["steps"]
             assert t["reward"] == float(f"\\boxed{{{good}}}" in step["output"]["content"])
-        verify = [t for t in ep["trajectories"] if t["name"].startswith("verify")]
+        verify = [t for t in ep["trajectories"] if t["role"].startswith("verify")]
         assert len(verify) == 6
         for t in verify:
             (step,) = t["steps"]
             want = expected_verify_reward(step["input"][-1]["content"], step["output"]["content"], good)
             if want is None:
-                assert t["name"] == "verify" + NO_SIGNAL_SUFFIX and t["reward"] == 0.0
+                assert t["role"] == "verify" + NO_SIGNAL_SUFFIX and t["reward"] == 0.0
             else:
-                assert t["name"] == "verify" and t["reward"] == want
+                assert t["role"] == "verify" and t["reward"] == want
 
     # The filter drops every no-signal group and keeps the candidates' groups (their rewards differ).
     lines = (tmp_path / "episodes.jsonl").read_bytes().splitlines()
     groups = group_trajectories([from_json(line, Episode) for line in lines])
     kept, _ = filter_groups(groups, AlgorithmConfig(estimator_by_role={"generate": "grpo", "verify": "grpo"}))
-    names = {g.name for g in kept}
+    names = {g.role for g in kept}
     assert "verify" + NO_SIGNAL_SUFFIX not in names and "generate" in names
-    assert all(len(g.trajectories) == 4 for g in kept if g.name == "generate")
+    assert all(len(g.trajectories) == 4 for g in kept if g.role == "generate")
 
 
 @pytest.mark.slow

@@ -95,7 +95,7 @@ def test_potential_shaping_adds_up_to_the_final_cell():
     steps = [Step() for _ in positions]
     episode = Episode(
         task_id="t",
-        trajectories=[Trajectory(name="default", steps=steps)],
+        trajectories=[Trajectory(role="default", steps=steps)],
         artifacts={"outcome": "goal", "positions": positions},
     )
     out = frozenlake_progress_evaluator.evaluate(task, episode)

@@ -110,9 +110,9 @@ def test_two_training_steps_with_a_tiny_vision_language_model(tmp_path, mode):
     used), the steps keep the images, and the trainer feeds the same pixels to its forward pass."""
     import asyncio
 
-    from rllm.backends.tinker.tiny_vlm import init_tiny_vlm
     from rllm.engine.launch import build_trainer, task_vocabulary
     from rllm.engine.metrics_log import read_metrics
+    from rllm.tiny.vlm import init_tiny_vlm
 
     model = init_tiny_vlm(tmp_path / "tiny-vlm", vocab_words=task_vocabulary(load_cookbook("geo3k")))
     trainer = build_trainer(
@@ -142,8 +142,8 @@ def test_two_training_steps_with_a_tiny_vision_language_model(tmp_path, mode):
     # the sampled episodes kept their diagram (once per single-step episode) and its 16 image tokens
     from transformers import AutoTokenizer
 
-    from rllm.backends.tinker.tiny_vlm import IMAGE_PAD
     from rllm.engine.metrics_log import read_episode_sample, sample_path
+    from rllm.tiny.vlm import IMAGE_PAD
 
     pad = AutoTokenizer.from_pretrained(model).convert_tokens_to_ids(IMAGE_PAD)
     sample = read_episode_sample(sample_path(tmp_path / "run", 1))

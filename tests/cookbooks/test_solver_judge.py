@@ -47,8 +47,8 @@ async def test_per_role_rewards_against_a_scripted_model(scripted):
     episodes = await scripted(load_cookbook("solver-judge"), tasks, respond)
     by_id = {e.task_id: e for e in episodes}
     for e in episodes:
-        assert sorted(t.name for t in e.trajectories) == sorted([*SOLVER_ROLES, JUDGE_ROLE])
-    rewards = {tid: {t.name: t.reward for t in e.trajectories} for tid, e in by_id.items()}
+        assert sorted(t.role for t in e.trajectories) == sorted([*SOLVER_ROLES, JUDGE_ROLE])
+    rewards = {tid: {t.role: t.reward for t in e.trajectories} for tid, e in by_id.items()}
     for task, judge in ((picks_right, 1.0), (picks_wrong, 0.0)):
         assert rewards[task.id]["solver_0"] + rewards[task.id]["solver_1"] == 1.0
         assert rewards[task.id]["judge"] == judge

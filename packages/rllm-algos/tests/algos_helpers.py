@@ -18,10 +18,13 @@ def episode(
     """One episode with a trajectory per role; rewards go on the trajectory (or the last step)."""
     trajectories = []
     for role, reward in rewards.items():
-        body = [Step(response_ids=list(range(tokens)), logprobs=[-0.5] * tokens) for _ in range(steps)]
+        body = [
+            Step(completion_ids=list(range(tokens)), completion_logprobs=[-0.5] * tokens)
+            for _ in range(steps)
+        ]
         if step_rewards:
             body[-1].reward = reward
-            trajectories.append(Trajectory(name=role, steps=body))
+            trajectories.append(Trajectory(role=role, steps=body))
         else:
-            trajectories.append(Trajectory(name=role, steps=body, reward=reward))
+            trajectories.append(Trajectory(role=role, steps=body, reward=reward))
     return Episode(task_id=task_id, rollout_index=index, trajectories=trajectories, termination_reason=reason)

@@ -45,13 +45,13 @@ def test_many_groups_and_last_step_rewards() -> None:
 def test_turn_credit_discounts_and_compares_same_turns() -> None:
     # Two trajectories of 3 turns with shaping rewards; outcome at the end.
     def traj(step_rewards, outcome):
-        steps = [Step(response_ids=[1, 2], reward=r) for r in step_rewards] + [Step(response_ids=[1])]
-        return Trajectory(name="solver", steps=steps, reward=outcome)
+        steps = [Step(completion_ids=[1, 2], reward=r) for r in step_rewards] + [Step(completion_ids=[1])]
+        return Trajectory(role="solver", steps=steps, reward=outcome)
 
     a = Episode(task_id="t", trajectories=[traj([0.5, 0.0], 1.0)])
     b = Episode(task_id="t", trajectories=[traj([0.0, 0.0], 0.0)])
     c = Episode(
-        task_id="t", rollout_index=2, trajectories=[Trajectory(name="solver", steps=[Step()], reward=0.5)]
+        task_id="t", rollout_index=2, trajectories=[Trajectory(role="solver", steps=[Step()], reward=0.5)]
     )
     gamma = 0.5
     compute_advantages(
@@ -110,7 +110,7 @@ def test_estimator_returning_nan_is_refused() -> None:
 def test_no_groups_is_a_no_op_but_an_empty_group_is_an_error() -> None:
     assert compute_advantages([], AlgorithmConfig()) == {}
     with pytest.raises(AlgorithmInputError, match=r"task 't'.*no trajectories"):
-        compute_advantages([TrajectoryGroup(task_id="t", name="solver")], AlgorithmConfig())
+        compute_advantages([TrajectoryGroup(task_id="t", role="solver")], AlgorithmConfig())
 
 
 def test_pipeline_group_filter_advantages() -> None:

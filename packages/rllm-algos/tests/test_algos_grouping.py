@@ -12,7 +12,7 @@ def test_groups_by_task_and_role_in_first_seen_order() -> None:
         episode("a", {"solver": 0.0, "judge": 1.0}, index=1, reason=TerminationReason.TIMEOUT),
     ]
     groups = group_trajectories(episodes, AlgorithmConfig())
-    assert [(g.task_id, g.name, len(g.trajectories)) for g in groups] == [
+    assert [(g.task_id, g.role, len(g.trajectories)) for g in groups] == [
         ("a", "solver", 2),
         ("a", "judge", 2),
         ("b", "solver", 1),
@@ -41,7 +41,7 @@ def test_reward_resolution_prefers_trajectory_then_last_step() -> None:
 
 
 def test_missing_reward_names_episode_and_trajectory() -> None:
-    ep = Episode(task_id="t", trajectories=[Trajectory(name="solver", steps=[Step()])])
+    ep = Episode(task_id="t", trajectories=[Trajectory(role="solver", steps=[Step()])])
     with pytest.raises(RewardError, match=rf"episode '{ep.id}' trajectory 'solver'.*neither"):
         group_rewards(group_trajectories([ep]))
 

@@ -184,7 +184,7 @@ def test_tis_reweights_policy_loss() -> None:
         torch.tensor([1.0]),
         torch.ones(1, 2),
         AlgorithmConfig(tis="token", tis_cap=1.5),
-        rollout_logprobs=torch.tensor([[-0.2, -3.0]]),
+        sampler_logprobs=torch.tensor([[-0.2, -3.0]]),
     )
     assert loss.item() == pytest.approx(-(math.exp(0.2) + 1.5) / 2)
     assert metrics["tis/capped_frac"] == 0.5
@@ -238,7 +238,7 @@ def test_masked_tokens_never_contribute_even_when_nan() -> None:
         ({"mask": torch.ones(0, 3), "logprobs": torch.zeros(0, 3)}, "empty batch"),
         ({"logprobs": torch.zeros(2, 3, dtype=torch.long)}, "floating-point"),
         ({"config": AlgorithmConfig(kl_coef=0.1)}, "`ref_logprobs` is required"),
-        ({"config": AlgorithmConfig(tis="sequence")}, "`rollout_logprobs` is required"),
+        ({"config": AlgorithmConfig(tis="sequence")}, "`sampler_logprobs` is required"),
         ({"config": AlgorithmConfig(loss="nope")}, "loss"),
     ],
 )

@@ -41,8 +41,10 @@ def _rollouts(policy: TinyPolicy, gen: torch.Generator) -> list[Episode]:
         target = int(prompt[i]) + 1  # each prompt wants a different token
         response = tokens[i, 1:].tolist()
         reward = sum(tok == target for tok in response) / LENGTH
-        step = Step(prompt_ids=[int(prompt[i])], response_ids=response, logprobs=logprobs[i].tolist())
-        traj = Trajectory(name="solver", steps=[step], reward=reward)
+        step = Step(
+            prompt_ids=[int(prompt[i])], completion_ids=response, completion_logprobs=logprobs[i].tolist()
+        )
+        traj = Trajectory(role="solver", steps=[step], reward=reward)
         episodes.append(Episode(task_id=f"p{int(prompt[i])}", rollout_index=i % GROUP, trajectories=[traj]))
     return episodes
 
@@ -64,8 +66,8 @@ def test_grpo_training_improves_reward(loss: str) -> None:
         compute_advantages(kept, config)
         steps = [t.steps[0] for g in kept for t in g.trajectories]
         prompt = torch.tensor([s.prompt_ids[0] for s in steps])
-        response = torch.tensor([list(s.response_ids) for s in steps])
-        old = torch.tensor([list(s.logprobs) for s in steps])
+        response = torch.tensor([list(s.completion_ids) for s in steps])
+        old = torch.tensor([list(s.completion_logprobs) for s in steps])
         adv = torch.tensor([s.advantage for s in steps], dtype=torch.float32)
         prev = torch.cat([torch.full((len(steps), 1), VOCAB), response[:, :-1]], dim=1)
         for _ in range(2):  # two updates per batch so the ratio actually moves off 1

@@ -18,9 +18,8 @@ from openai import AsyncOpenAI, BadRequestError
 from rllm.algos.config import AlgorithmConfig
 from rllm.algos.losses import compute_policy_loss
 from rllm.backends.fireworks import FireworksBackend
-from rllm.engine.backend import TrainSequence
 from rllm.testing.fireworks import ACCOUNT, FakeFireworksServer
-from rllm.types import FloatArray, TokenArray
+from rllm.types import FloatArray, TokenArray, TrainSequence
 
 
 def _sequence(tokens: list[int], prompt_len: int, advantage: float, seed: int) -> TrainSequence:
@@ -29,7 +28,7 @@ def _sequence(tokens: list[int], prompt_len: int, advantage: float, seed: int) -
     mask = np.array([0.0] * prompt_len + [1.0] * (n - prompt_len), dtype=np.float32)
     logprobs = np.where(mask > 0, -rng.uniform(0.5, 3.0, n), 0.0).astype(np.float32)
     return TrainSequence(
-        tokens=TokenArray(np.array(tokens, dtype=np.int32)),
+        input_ids=TokenArray(np.array(tokens, dtype=np.int32)),
         loss_mask=FloatArray(mask),
         advantages=FloatArray(mask * advantage),
         sampler_logprobs=FloatArray(logprobs),
@@ -52,20 +51,20 @@ def _expected_gradient(
 ) -> torch.Tensor:
     """rllm.algos' loss on the same datums, differentiated locally with torch."""
     table = logits.clone().requires_grad_(True)
-    width = max(len(s.tokens) for s in batch) - 1
+    width = max(len(s.input_ids) for s in batch) - 1
 
     def padded(rows: list[torch.Tensor]) -> torch.Tensor:
         return torch.stack([torch.nn.functional.pad(r, (0, width - len(r))) for r in rows])
 
     lps, masks, advs, olds = [], [], [], []
     for seq in batch:
-        tokens = torch.from_numpy(np.frombuffer(seq.tokens, dtype=np.int32).astype(np.int64))
+        tokens = torch.from_numpy(np.frombuffer(seq.input_ids, dtype=np.int32).astype(np.int64))
         lps.append(torch.log_softmax(table[tokens[:-1]], -1).gather(-1, tokens[1:, None]).squeeze(-1))
         masks.append(torch.from_numpy(np.frombuffer(seq.loss_mask, dtype=np.float32)[1:].copy()))
         advs.append(torch.from_numpy(np.frombuffer(seq.advantages, dtype=np.float32)[1:].copy()))
         olds.append(torch.from_numpy(np.frombuffer(seq.sampler_logprobs, dtype=np.float32)[1:].copy()))
     old = padded(olds)
-    loss, _ = compute_policy_loss(padded(lps), old, padded(advs), padded(masks), algo, rollout_logprobs=old)
+    loss, _ = compute_policy_loss(padded(lps), old, padded(advs), padded(masks), algo, sampler_logprobs=old)
     loss.backward()
     assert table.grad is not None
     return table.grad

@@ -46,7 +46,7 @@ def test_ids_and_sampling_logprobs_land_where_the_gateway_reads_them(
     assert (captured.prompt_ids or None) == (prompt or None)
     entries = original["choices"][0]["logprobs"]["content"]
     expected = [e["sampling_logprob"] if e["sampling_logprob"] is not None else e["logprob"] for e in entries]
-    assert (captured.logprobs or []) == expected
+    assert (captured.completion_logprobs or []) == expected
 
 
 def test_an_answer_without_raw_output_is_left_as_it_is() -> None:

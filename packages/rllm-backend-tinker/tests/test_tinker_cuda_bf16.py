@@ -22,8 +22,7 @@ from tinker_helpers import (
 
 from rllm.algos.config import AlgorithmConfig
 from rllm.backends.tinker import TinkerBackend
-from rllm.engine.backend import TrainSequence
-from rllm.types import FloatArray, TokenArray
+from rllm.types import FloatArray, TokenArray, TrainSequence
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -88,7 +87,7 @@ async def _sampled_batch(
         logprobs = [c["logprob"] for c in choice["logprobs"]["content"]]
         batch.append(
             TrainSequence(
-                tokens=TokenArray(prompt + ids),
+                input_ids=TokenArray(prompt + ids),
                 loss_mask=FloatArray([0.0] * len(prompt) + [1.0] * len(ids)),
                 advantages=FloatArray([reward - mean] * (len(prompt) + len(ids))),
                 sampler_logprobs=FloatArray([0.0] * len(prompt) + logprobs),

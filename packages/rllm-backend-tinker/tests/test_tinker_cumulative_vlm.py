@@ -15,15 +15,11 @@ from PIL import Image, ImageDraw
 from tinker_helpers import start_backend
 
 from rllm.algos.config import AlgorithmConfig
-from rllm.backends.tinker.tiny_vlm import (
-    IMAGE_PAD,
-    init_tiny_vlm,
-    render_vlm_prompt,
-    token_prompt_vlm_inputs,
-)
+from rllm.backends.tinker.vlm_prompt import render_vlm_prompt, token_prompt_vlm_inputs
 from rllm.engine.episode_builder import trajectories_from_traces
 from rllm.engine.sequences import sequences_from_trajectory
 from rllm.gateway import GatewayClient, GatewayConfig, GatewayServer
+from rllm.tiny.vlm import IMAGE_PAD, init_tiny_vlm
 from rllm.types.images import data_uri, parse_data_uri
 
 
@@ -186,7 +182,7 @@ def test_two_turns_with_an_image_extend_and_train_on_exactly_what_was_sampled(vl
     for step in trajectory.steps:
         step.advantage = 1.0
     (seq,) = sequences_from_trajectory(trajectory)  # the second turn extends the first: one sequence
-    assert list(seq.tokens) == list(second.prompt_ids) + list(second.completion_ids)
+    assert list(seq.input_ids) == list(second.prompt_ids) + list(second.completion_ids)
     assert seq.images == [url]
     mask = list(seq.loss_mask)
     sampled = [k for k, m in enumerate(mask) if m]
@@ -194,7 +190,9 @@ def test_two_turns_with_an_image_extend_and_train_on_exactly_what_was_sampled(vl
     assert sampled == [*range(n1, n1 + 4), *range(n2, n2 + 4)]
     # the trainer's pixels are the sampler's: the same bytes through the same processor
     service = backend.service
-    trained = service.trainer.vision.model_inputs([seq], len(seq.tokens), torch.device("cpu"), torch.float32)
+    trained = service.trainer.vision.model_inputs(
+        [seq], len(seq.input_ids), torch.device("cpu"), torch.float32
+    )
     sampled_inputs = token_prompt_vlm_inputs(
         service.tokenizer, service.server.image_processor, list(first.prompt_ids), [parse_data_uri(url)[1]]
     )

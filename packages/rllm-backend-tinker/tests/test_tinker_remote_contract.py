@@ -20,10 +20,9 @@ import torch
 from rllm.algos.config import AlgorithmConfig
 from rllm.algos.losses import compute_policy_loss
 from rllm.backends.tinker import TinkerBackend
-from rllm.engine.backend import TrainSequence
 from rllm.testing.tinker import FAKE_API_KEY, FakeTinkerServer
 from rllm.tinker_api import make_custom_loss, plan_loss, to_datums
-from rllm.types import FloatArray, TokenArray
+from rllm.types import FloatArray, TokenArray, TrainSequence
 
 MODEL = "Qwen/Qwen3-4B-Instruct-2507"
 INFERENCE_URL = "https://tinker.example/oai/api/v1"
@@ -92,7 +91,7 @@ def _batch(server: FakeTinkerServer, model_id: str, seed: int = 0) -> list[Train
         sampler = [0.0] * prompt + (model_lp + rng.normal(0.0, 0.3, n - 1))[prompt - 1 :].tolist()
         batch.append(
             TrainSequence(
-                tokens=TokenArray(tokens),
+                input_ids=TokenArray(tokens),
                 loss_mask=FloatArray([0.0] * prompt + [1.0] * response),
                 advantages=FloatArray([float(rng.normal())] * n),
                 sampler_logprobs=FloatArray(sampler),
@@ -144,7 +143,7 @@ async def test_datums_on_the_wire_are_shifted_and_typed(
     assert request["loss_fn"] == "ppo"
     assert request["loss_fn_config"] == pytest.approx({"clip_low_threshold": 0.8, "clip_high_threshold": 1.2})
     for seq, datum in zip(batch, request["data"], strict=True):
-        tokens = list(seq.tokens)
+        tokens = list(seq.input_ids)
         assert datum["model_input"] == tokens[:-1] and datum["target_tokens"] == tokens[1:]
         assert np.allclose(datum["logprobs"], list(seq.sampler_logprobs)[1:])
         # token-sum: a prompt token's advantage is 0, a trained token keeps its own
@@ -162,7 +161,7 @@ async def test_builtin_losses_on_the_service_equal_our_aggregated_loss(
     rllm.algos' aggregated loss, computed here on the same (pre-update) model logprobs."""
     model_id = _model_id(backend)
     batch = _batch(fake_tinker, model_id, seed=1)
-    current = [fake_tinker.model_logprobs(model_id, list(s.tokens)) for s in batch]
+    current = [fake_tinker.model_logprobs(model_id, list(s.input_ids)) for s in batch]
     algo = AlgorithmConfig(loss=loss, aggregation=aggregation, clip_low=0.1, clip_high=0.3)
     metrics = await backend.train_step(batch, algo)
     ours, _ = _our_loss(batch, current, algo)
@@ -194,7 +193,7 @@ async def test_dual_clip_runs_our_loss_through_forward_backward_custom(
     model_id = _model_id(backend)
     batch = _batch(fake_tinker, model_id, seed=3)
     algo = AlgorithmConfig(loss="dual_clip", dual_clip_c=2.0, aggregation="seq-mean-token-mean")
-    current = [fake_tinker.model_logprobs(model_id, list(s.tokens)) for s in batch]
+    current = [fake_tinker.model_logprobs(model_id, list(s.input_ids)) for s in batch]
     metrics = await backend.train_step(batch, algo)
 
     forward, backward = _wire(fake_tinker, backend, "forward_backward")
@@ -377,7 +376,7 @@ async def test_live_remote_train_step() -> None:
         rng = np.random.default_rng(0)
         batch = [
             TrainSequence(
-                tokens=TokenArray(rng.integers(100, 1000, 8).tolist()),
+                input_ids=TokenArray(rng.integers(100, 1000, 8).tolist()),
                 loss_mask=FloatArray([0.0] * 4 + [1.0] * 4),
                 advantages=FloatArray([1.0] * 8),
                 sampler_logprobs=FloatArray([0.0] * 4 + [-1.0] * 4),

@@ -112,4 +112,4 @@ async def test_a_streaming_agent_is_captured_token_for_token_through_the_gateway
     assert list(trace.prompt_ids or []) == body["prompt_token_ids"]
     assert list(trace.completion_ids or []) == body["choices"][0]["token_ids"]
     whole_lp = [e["logprob"] for e in body["choices"][0]["logprobs"]["content"]]
-    assert list(trace.logprobs or []) == pytest.approx(whole_lp, abs=1e-4)
+    assert list(trace.completion_logprobs or []) == pytest.approx(whole_lp, abs=1e-4)

@@ -15,7 +15,8 @@ from transformers import AutoTokenizer, Qwen2VLForConditionalGeneration
 
 from rllm.backends.tinker.local.generation import GenerationRequest, SamplerEngine
 from rllm.backends.tinker.local.server import SamplerServer
-from rllm.backends.tinker.tiny_vlm import IMAGE_PAD, init_tiny_vlm, load_image_processor, render_vlm_prompt
+from rllm.backends.tinker.vlm_prompt import render_vlm_prompt
+from rllm.tiny.vlm import IMAGE_PAD, init_tiny_vlm, load_image_processor
 from rllm.types.images import data_uri
 
 

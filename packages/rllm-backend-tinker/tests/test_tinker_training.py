@@ -24,8 +24,7 @@ from rllm.algos.config import AlgorithmConfig
 from rllm.backends.tinker import TinkerBackend
 from rllm.backends.tinker.config import TinkerBackendConfig
 from rllm.backends.tinker.local.trainer import LocalTrainer
-from rllm.engine.backend import TrainSequence
-from rllm.types import FloatArray, TokenArray
+from rllm.types import FloatArray, TokenArray, TrainSequence
 
 
 async def test_train_steps_raise_the_logprob_of_advantaged_tokens(backend: TinkerBackend) -> None:
@@ -175,7 +174,7 @@ async def test_malformed_batches_are_refused_with_a_named_field(backend: TinkerB
     with pytest.raises(ValueError, match="empty batch"):
         await backend.train_step([], algo)
     short = TrainSequence(
-        tokens=good.tokens,
+        input_ids=good.input_ids,
         loss_mask=FloatArray([1.0]),
         advantages=good.advantages,
         sampler_logprobs=good.sampler_logprobs,
@@ -183,16 +182,16 @@ async def test_malformed_batches_are_refused_with_a_named_field(backend: TinkerB
     with pytest.raises(ValueError, match=r"batch\[1\]\.loss_mask"):
         await backend.train_step([good, short], algo)
     huge = TrainSequence(
-        tokens=TokenArray([1, 10**6]),
+        input_ids=TokenArray([1, 10**6]),
         loss_mask=FloatArray([0, 1]),
         advantages=FloatArray([1, 1]),
         sampler_logprobs=FloatArray([0, 0]),
     )
-    with pytest.raises(ValueError, match=r"batch\[0\]\.tokens"):
+    with pytest.raises(ValueError, match=r"batch\[0\]\.input_ids"):
         await backend.train_step([huge], algo)
     untrained = TrainSequence(
-        tokens=good.tokens,
-        loss_mask=FloatArray([0.0] * len(good.tokens)),
+        input_ids=good.input_ids,
+        loss_mask=FloatArray([0.0] * len(good.input_ids)),
         advantages=good.advantages,
         sampler_logprobs=good.sampler_logprobs,
     )

@@ -16,9 +16,8 @@ from PIL import Image, ImageDraw
 from tinker_helpers import started_backend
 
 from rllm.algos.config import AlgorithmConfig
-from rllm.backends.tinker.tiny_vlm import IMAGE_PAD, init_tiny_vlm
-from rllm.engine.backend import TrainSequence
-from rllm.types import FloatArray, TokenArray
+from rllm.tiny.vlm import IMAGE_PAD, init_tiny_vlm
+from rllm.types import FloatArray, TokenArray, TrainSequence
 from rllm.types.images import data_uri
 
 
@@ -60,7 +59,7 @@ def _sample(backend, url: str) -> TrainSequence:
     logprobs = [c["logprob"] for c in reply["choices"][0]["logprobs"]["content"]]
     n, m = len(prompt), len(completion)
     return TrainSequence(
-        tokens=TokenArray(prompt + completion),
+        input_ids=TokenArray(prompt + completion),
         loss_mask=FloatArray([0.0] * n + [1.0] * m),
         advantages=FloatArray([0.0] * n + [1.0] * m),
         sampler_logprobs=FloatArray([0.0] * n + logprobs),
@@ -72,7 +71,7 @@ def test_training_sees_what_sampling_saw_and_moves_the_policy(vlm_backend) -> No
     tokenizer = vlm_backend.service.tokenizer
     batch = [_sample(vlm_backend, _diagram(60)), _sample(vlm_backend, _diagram(25))]
     pad = tokenizer.convert_tokens_to_ids(IMAGE_PAD)
-    assert all(list(s.tokens).count(pad) == 16 for s in batch)
+    assert all(list(s.input_ids).count(pad) == 16 for s in batch)
     algo = AlgorithmConfig()
     first = asyncio.run(vlm_backend.train_step(batch, algo))
     assert first["sampler_logprob_abs_diff"] < 1e-4, first

@@ -8,8 +8,7 @@ from pathlib import Path
 import torch
 
 from rllm.backends.tinker import TinkerBackend
-from rllm.engine.backend import TrainSequence
-from rllm.types import FloatArray, TokenArray
+from rllm.types import FloatArray, TokenArray, TrainSequence
 
 WORDS = ["apple", "banana", "cherry", "grape", "lemon", "mango", "peach", "plum"]
 
@@ -55,7 +54,7 @@ def reply_sequence(backend: TinkerBackend, word: str, reply: str, advantage: flo
     tokens = prompt + response
     logprobs = policy_logprobs(backend, tokens)
     return TrainSequence(
-        tokens=TokenArray(tokens),
+        input_ids=TokenArray(tokens),
         loss_mask=FloatArray([0.0] * len(prompt) + [1.0] * len(response)),
         advantages=FloatArray([advantage] * len(tokens)),
         sampler_logprobs=FloatArray([0.0] * len(prompt) + logprobs[len(prompt) - 1 :]),

@@ -44,8 +44,8 @@ def test_single_turn_rows_are_left_padded_prompts_and_right_padded_responses() -
 def _step(prompt: list[int], response: list[int], advantage: float) -> Step:
     return Step(
         prompt_ids=TokenArray(prompt),
-        response_ids=TokenArray(response),
-        logprobs=FloatArray([-0.1] * len(response)),
+        completion_ids=TokenArray(response),
+        completion_logprobs=FloatArray([-0.1] * len(response)),
         advantage=advantage,
     )
 
@@ -54,7 +54,7 @@ def test_multi_turn_segments_mask_observations_inside_the_response() -> None:
     # turn 1: prompt [1 2], reply [3 4]; the tool output [5 6] comes back; turn 2 replies [7].
     # A third call whose prompt does not extend the history starts a new segment.
     trajectory = Trajectory(
-        name="solver",
+        role="solver",
         steps=[_step([1, 2], [3, 4], 1.0), _step([1, 2, 3, 4, 5, 6], [7], 1.0), _step([8], [9], 1.0)],
     )
     segments = sequences_from_trajectory(trajectory, "task/solver")
@@ -72,8 +72,8 @@ def test_multi_turn_segments_mask_observations_inside_the_response() -> None:
 
 def test_several_roles_of_one_episode_keep_their_group_and_role() -> None:
     batch = [
-        sequence([1, 2, 3], [0, 1, 1], 1.0, "task/solver", name="solver", trajectory_id="s"),
-        sequence([4, 5, 6, 7], [0, 0, 1, 1], -1.0, "task/judge", name="judge", trajectory_id="j"),
+        sequence([1, 2, 3], [0, 1, 1], 1.0, "task/solver", role="solver", trajectory_id="s"),
+        sequence([4, 5, 6, 7], [0, 0, 1, 1], -1.0, "task/judge", role="judge", trajectory_id="j"),
     ]
     data = to_data_proto(batch, pad_token_id=PAD)
     assert data.non_tensor_batch["uid"].tolist() == ["task/solver", "task/judge"]
@@ -124,14 +124,14 @@ def test_rows_give_back_every_sequence_token_for_token(batch) -> None:
     width = data.batch["prompts"].shape[1]
     for row, seq in enumerate(batch):
         attention = data.batch["attention_mask"][row].bool()
-        assert data.batch["input_ids"][row][attention].tolist() == list(seq.tokens)
-        assert data.batch["position_ids"][row][attention].tolist() == list(range(len(seq.tokens)))
+        assert data.batch["input_ids"][row][attention].tolist() == list(seq.input_ids)
+        assert data.batch["position_ids"][row][attention].tolist() == list(range(len(seq.input_ids)))
         assert data.batch["position_ids"][row][~attention].eq(0).all()
         start = int((~attention[:width]).sum())  # left padding of the prompt
         split = width - start
-        response = slice(0, len(seq.tokens) - split)
+        response = slice(0, len(seq.input_ids) - split)
         assert data.batch["response_mask"][row][response].tolist() == [int(m) for m in seq.loss_mask[split:]]
-        assert data.batch["response_mask"][row][len(seq.tokens) - split :].eq(0).all()
+        assert data.batch["response_mask"][row][len(seq.input_ids) - split :].eq(0).all()
         assert data.batch["advantages"][row][response].tolist() == list(seq.advantages[split:])
         assert data.batch["rollout_log_probs"][row][response].tolist() == list(seq.sampler_logprobs[split:])
         # no sampled token is lost to the prompt side

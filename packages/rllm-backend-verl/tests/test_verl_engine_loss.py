@@ -105,7 +105,7 @@ def test_engine_loss_and_gradients_equal_rllm_algos(
         rows["advantages"],
         rows["response_mask"].bool(),
         algo,
-        rollout_logprobs=rows["rollout_log_probs"],
+        sampler_logprobs=rows["rollout_log_probs"],
         ref_logprobs=rows[REF_LOG_PROBS],
         entropy=entropy,
     )

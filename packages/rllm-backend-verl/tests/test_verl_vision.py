@@ -23,9 +23,8 @@ from rllm.backends.verl.convert import BatchConversionError, to_data_proto
 from rllm.backends.verl.loss import RllmPolicyLoss
 from rllm.backends.verl.vision import load_vision_rows
 from rllm.backends.verl.workers import local_training_worker
-from rllm.engine.backend import TrainSequence
 from rllm.tiny.vlm import init_tiny_vlm
-from rllm.types import FloatArray, TokenArray
+from rllm.types import FloatArray, TokenArray, TrainSequence
 from rllm.types.images import data_uri
 
 pytestmark = pytest.mark.verl
@@ -57,7 +56,7 @@ def _sequence(path: Path, words: str, answer: str, advantage: float, *images: st
     response = tok.encode(f"{answer} <|end|>", add_special_tokens=False)
     n, m = len(prompt), len(response)
     return TrainSequence(
-        tokens=TokenArray(prompt + response),
+        input_ids=TokenArray(prompt + response),
         loss_mask=FloatArray([0.0] * n + [1.0] * m),
         advantages=FloatArray([0.0] * n + [advantage] * m),
         sampler_logprobs=FloatArray([0.0] * (n + m)),
@@ -72,7 +71,7 @@ def _reference_log_probs(path: Path, seq: TrainSequence, vision) -> torch.Tensor
     from transformers import Qwen2VLForConditionalGeneration
 
     model = Qwen2VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
-    ids = torch.tensor([list(seq.tokens)])
+    ids = torch.tensor([list(seq.input_ids)])
     kwargs = {}
     if seq.images:
         pixel_values, grid = vision.pixels(seq.images, 0)
@@ -108,14 +107,14 @@ def test_images_become_multi_modal_inputs_and_mrope_positions(vlm_path) -> None:
     # rows 1-3: transformers' own M-RoPE index of the row; row 0 the plain text positions
     model = Qwen2VLForConditionalGeneration.from_pretrained(vlm_path).eval()
     for row, seq in enumerate(batch):
-        ids = torch.tensor([list(seq.tokens)])
+        ids = torch.tensor([list(seq.input_ids)])
         mm = (ids == vision.image_token_id).to(torch.int64)
         grid = inputs[row].get("image_grid_thw")
         expected, _ = model.model.get_rope_index(ids, mm_token_type_ids=mm, image_grid_thw=grid)
         kept = positions[row][:, data.batch["attention_mask"][row].bool()]
-        assert kept[0].tolist() == list(range(len(seq.tokens)))
+        assert kept[0].tolist() == list(range(len(seq.input_ids)))
         assert torch.equal(kept[1:], expected[:, 0, :])
-    assert positions[0, 1:].max() < len(batch[0].tokens) - 1  # an image's tokens share positions
+    assert positions[0, 1:].max() < len(batch[0].input_ids) - 1  # an image's tokens share positions
 
 
 def test_images_that_do_not_fit_their_tokens_are_refused_naming_the_sequence(vlm_path) -> None:

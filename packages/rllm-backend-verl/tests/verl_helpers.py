@@ -6,8 +6,7 @@ from pathlib import Path
 
 import torch
 
-from rllm.engine.backend import TrainSequence
-from rllm.types import FloatArray, TokenArray
+from rllm.types import FloatArray, TokenArray, TrainSequence
 
 
 def sequence(
@@ -21,7 +20,7 @@ def sequence(
 ) -> TrainSequence:
     """A sequence whose sampled tokens (mask 1) carry ``advantage`` and sampler log-prob ``logprob``."""
     return TrainSequence(
-        tokens=TokenArray(tokens),
+        input_ids=TokenArray(tokens),
         loss_mask=FloatArray([float(m) for m in mask]),
         advantages=FloatArray([advantage * m for m in mask]),
         sampler_logprobs=FloatArray([logprob * m for m in mask]),

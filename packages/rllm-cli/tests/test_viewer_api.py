@@ -21,8 +21,8 @@ def _episode(task: str, index: int, reward: float) -> Episode:
         input=[Message(role="user", content=f"say: {task}")],
         output=Message(role="assistant", content=task),
         prompt_ids=[1, 2, 3],
-        response_ids=[7, 8],
-        logprobs=[-0.5, -2.0],
+        completion_ids=[7, 8],
+        completion_logprobs=[-0.5, -2.0],
         advantage=[0.25, -0.5],
         metadata={"train_logprobs": [-0.25, -2.0]},
     )
@@ -121,7 +121,13 @@ def test_an_episodes_image_is_stored_once_and_shown_from_its_reference(tmp_path:
     for turn in range(2):
         messages, images = intern_images(convert(history, list[Message]))
         steps.append(
-            Step(input=messages, images=images, prompt_ids=[1, 2], response_ids=[3], logprobs=[-1.0])
+            Step(
+                input=messages,
+                images=images,
+                prompt_ids=[1, 2],
+                completion_ids=[3],
+                completion_logprobs=[-1.0],
+            )
         )
         history += [{"role": "assistant", "content": f"turn {turn}"}, {"role": "user", "content": "more"}]
     episode = Episode(task_id="geo", trajectories=[Trajectory(steps=steps)])
@@ -138,3 +144,21 @@ def test_an_episodes_image_is_stored_once_and_shown_from_its_reference(tmp_path:
     assert shown["images"][digest] == url
     for step in shown["trajectories"][0]["steps"]:
         assert step["input"][0]["content"][0]["image_url"]["url"] == image_ref(digest)
+
+
+def test_a_schema1_run_directory_still_shows(tmp_path: Path) -> None:
+    """A samples file written before the one-vocabulary rename (rllm 790e6a8: ``response_ids``,
+    ``logprobs``, a trajectory's ``name``) shows with the new names."""
+    samples = tmp_path / "samples"
+    samples.mkdir()
+    old = Path(__file__).parent / "data" / "schema1_samples_step_7.msgpack"
+    (samples / "step_000007.msgpack").write_bytes(old.read_bytes())
+    view = RunView(tmp_path)
+    episode = view.episode(7, 0)
+    solver, judge = episode["trajectories"]
+    assert (solver["role"], judge["role"]) == ("solver", "judge")
+    assert solver["trained"] and not judge["trained"]
+    tokens = solver["steps"][0]["tokens"]
+    assert [t["id"] for t in tokens] == [21, 22]
+    assert [t["logprob"] for t in tokens] == [-0.5, -0.25]
+    assert view.episodes(7)[0]["completion_tokens"] == 2 + 1 + 2

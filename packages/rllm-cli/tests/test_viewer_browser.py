@@ -94,10 +94,10 @@ def test_open_an_episode_and_read_its_tokens(run_dir: Path, browser: object, tmp
 
         expected = sample.episodes[1].trajectories[0].steps[0]
         spans = driver.find_elements(By.CSS_SELECTOR, ".tokens[data-step='0'] .tok")
-        assert [int(s.get_attribute("data-id")) for s in spans] == list(expected.response_ids)
-        assert [s.text for s in spans] == [view.tokens(i).strip() for i in expected.response_ids]
+        assert [int(s.get_attribute("data-id")) for s in spans] == list(expected.completion_ids)
+        assert [s.text for s in spans] == [view.tokens(i).strip() for i in expected.completion_ids]
         first = spans[0].get_attribute("title")
-        assert f"logprob {expected.logprobs[0]:.3f}" in first and "loss mask 1" in first
+        assert f"logprob {expected.completion_logprobs[0]:.3f}" in first and "loss mask 1" in first
         assert driver.find_element(By.CSS_SELECTOR, ".msg.user").text.endswith(
             sample.episodes[1].trajectories[0].steps[0].input[0].content
         )
@@ -156,7 +156,13 @@ def test_an_image_stored_once_per_episode_is_shown_in_every_step(browser: object
     for turn in range(2):
         messages, images = intern_images(convert(history, list[Message]))
         steps.append(
-            Step(input=messages, images=images, prompt_ids=[1, 2], response_ids=[3], logprobs=[-1.0])
+            Step(
+                input=messages,
+                images=images,
+                prompt_ids=[1, 2],
+                completion_ids=[3],
+                completion_logprobs=[-1.0],
+            )
         )
         history += [{"role": "assistant", "content": f"turn {turn}"}, {"role": "user", "content": "more"}]
     logger = MetricsLogger(tmp_path, tensorboard=False)

@@ -36,7 +36,7 @@ def _summary(episodes) -> list:
             ep.rollout_index,
             ep.termination_reason,
             [
-                (s.input[-1].content, list(s.prompt_ids), list(s.response_ids), list(s.logprobs))
+                (s.input[-1].content, list(s.prompt_ids), list(s.completion_ids), list(s.completion_logprobs))
                 for t in ep.trajectories
                 for s in t.steps
             ],
@@ -70,7 +70,9 @@ async def test_owned_and_attached_gateways_give_the_same_episodes(upstream, path
     for ep in episodes:
         assert ep.termination_reason == TerminationReason.DONE, ep.error
         (traj,) = ep.trajectories
-        assert len(traj.steps) == 3 and all(len(s.logprobs) == len(s.response_ids) for s in traj.steps)
+        assert len(traj.steps) == 3 and all(
+            len(s.completion_logprobs) == len(s.completion_ids) for s in traj.steps
+        )
         assert traj.steps[-1].input[-1].content == f"go on 1 #{ep.task_id}"
     if reference is not None:
         assert _summary(episodes) == _summary(reference)

@@ -123,7 +123,7 @@ async def test_flow_that_scores_itself_keeps_its_rewards_without_an_evaluator(ga
         await ask(config)
         return Episode(
             task_id=task.id,
-            trajectories=[Trajectory(name="default", reward=0.25)],
+            trajectories=[Trajectory(role="default", reward=0.25)],
             termination_reason=TerminationReason.MAX_TURNS,
         )
 

@@ -21,7 +21,7 @@ def trace(
         response=Message(role="assistant", content=text) if status == "ok" else None,
         prompt_ids=[1, 2, seq],
         completion_ids=ids if status == "ok" else None,
-        logprobs=[-0.5] * len(ids) if status == "ok" else None,
+        completion_logprobs=[-0.5] * len(ids) if status == "ok" else None,
         weight_version=3,
         segment=segment,
         status=status,
@@ -36,7 +36,7 @@ def test_traces_group_by_role_and_order_by_seq_not_arrival():
     main = trajs["default"]
     assert [s.output.text for s in main.steps] == ["first", "second"]
     assert [list(s.prompt_ids) for s in main.steps] == [[1, 2, 0], [1, 2, 1]]
-    assert list(main.steps[1].response_ids) == list(b"second")
+    assert list(main.steps[1].completion_ids) == list(b"second")
     assert main.steps[1].weight_version == 3 and main.steps[1].done and not main.steps[0].done
 
 
@@ -57,13 +57,13 @@ def test_flow_trajectory_is_matched_by_name_and_keeps_its_reward():
     returned = Episode(
         task_id="ignored",
         rollout_index=9,
-        trajectories=[Trajectory(name="judge", reward=0.3, metadata={"k": 1}), Trajectory(name="offline")],
+        trajectories=[Trajectory(role="judge", reward=0.3, metadata={"k": 1}), Trajectory(role="offline")],
         artifacts={"answer": "x"},
         termination_reason=TerminationReason.MAX_TURNS,
     )
     ep = build_episode("t1", 2, returned, [trace(0, "solver"), trace(1, "judge", text="VERDICT")])
     assert (ep.task_id, ep.rollout_index) == ("t1", 2)
-    assert [t.name for t in ep.trajectories] == ["judge", "offline", "solver"]
+    assert [t.role for t in ep.trajectories] == ["judge", "offline", "solver"]
     judge = ep.trajectory("judge")
     assert judge.reward == 0.3 and judge.metadata["k"] == 1 and judge.steps[0].output.text == "VERDICT"
     assert ep.termination_reason == TerminationReason.MAX_TURNS and ep.artifacts == {"answer": "x"}
@@ -71,10 +71,10 @@ def test_flow_trajectory_is_matched_by_name_and_keeps_its_reward():
 
 
 def test_flow_built_steps_survive_only_where_no_traces_exist():
-    own = Trajectory(name="default", steps=[Step(response_ids=[5], logprobs=[-1.0])])
-    assert build_episode("t", 0, own, []).trajectories[0].steps[0].response_ids.tolist() == [5]
+    own = Trajectory(role="default", steps=[Step(completion_ids=[5], completion_logprobs=[-1.0])])
+    assert build_episode("t", 0, own, []).trajectories[0].steps[0].completion_ids.tolist() == [5]
     merged = build_episode("t", 0, own, [trace(0)]).trajectories[0]
-    assert merged.steps[0].response_ids.tolist() == list(b"a")
+    assert merged.steps[0].completion_ids.tolist() == list(b"a")
     assert merged.metadata["flow_steps_replaced"] == 1
 
 

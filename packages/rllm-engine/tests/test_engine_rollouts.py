@@ -59,13 +59,13 @@ async def test_single_turn_builds_steps_with_sampler_tokens(gateway):
         assert ep.termination_reason == TerminationReason.DONE, ep.error
         assert ep.is_correct is True
         (traj,) = ep.trajectories
-        assert traj.name == "default" and traj.reward == 1.0
+        assert traj.role == "default" and traj.reward == 1.0
         (step,) = traj.steps
         expected = f"The answer is 4. [{ep.task_id[1:]}]"
         assert step.output.text == expected
-        assert list(step.response_ids) == utf8_ids(expected)
-        assert len(step.logprobs) == len(step.response_ids)
-        assert all(lp < 0 for lp in step.logprobs)
+        assert list(step.completion_ids) == utf8_ids(expected)
+        assert len(step.completion_logprobs) == len(step.completion_ids)
+        assert all(lp < 0 for lp in step.completion_logprobs)
         # The mock renders "<role>content\n" per message, then "<assistant>".
         assert ids_text(step.prompt_ids) == f"<user>What is 2+2? #{ep.task_id[1:]}\n<assistant>"
         assert step.done and ep.metrics["llm_calls"] == 1.0
@@ -124,7 +124,7 @@ async def test_multi_turn_tool_calls_become_ordered_steps(gateway):
         assert first.finish_reason == "tool_calls" and second.finish_reason == "stop"
         assert [m.role for m in second.input] == ["user", "assistant", "tool"]
         assert second.output.text == f"The answer is {task.ground_truth}."
-        assert list(second.response_ids) == utf8_ids(second.output.text)
+        assert list(second.completion_ids) == utf8_ids(second.output.text)
         assert [s.metadata["seq"] for s in traj.steps] == [0, 1]
         assert traj.reward == 1.0 and not first.done and second.done
 
@@ -161,13 +161,13 @@ async def test_solver_and_judge_roles_become_named_trajectories(gateway):
         episodes = await engine.run(tasks(2))
     for ep in episodes:
         assert ep.termination_reason == TerminationReason.DONE, ep.error
-        assert sorted(t.name for t in ep.trajectories) == ["judge", "solver"]
+        assert sorted(t.role for t in ep.trajectories) == ["judge", "solver"]
         solver, judge = ep.trajectory("solver"), ep.trajectory("judge")
         assert solver.reward == 1.0 and judge.reward == 0.5 and ep.is_correct
         (s,), (j,) = solver.steps, judge.steps
         assert s.output.text == ep.artifacts["answer"]
-        assert list(s.response_ids) == utf8_ids(ep.artifacts["answer"])
-        assert list(j.response_ids) == utf8_ids("Checked.\nVERDICT: CORRECT")
+        assert list(s.completion_ids) == utf8_ids(ep.artifacts["answer"])
+        assert list(j.completion_ids) == utf8_ids("Checked.\nVERDICT: CORRECT")
         assert JUDGE_MARKER in ids_text(j.prompt_ids)
         assert JUDGE_MARKER not in ids_text(s.prompt_ids)
 
@@ -379,7 +379,7 @@ async def test_500_concurrent_rollouts_no_lost_or_misattributed_trace():
         assert [s.output.text.split("|")[1:] for s in main.steps] == [[ep.task_id, "0"], [ep.task_id, "1"]]
         assert critic.steps[0].output.text == f"echo:{ep.task_id}|critic"
         for s in (*main.steps, *critic.steps):
-            assert ids_text(s.response_ids) == s.output.text
+            assert ids_text(s.completion_ids) == s.output.text
     assert len(session_ids) == 500
 
 
@@ -398,7 +398,7 @@ async def test_flow_returning_unsupported_type_is_agent_error(gateway, bad):
 
 
 def test_trajectory_rewards_by_id_win_over_the_role_name():
-    a, b, judge = Trajectory(name="gen"), Trajectory(name="gen"), Trajectory(name="judge")
+    a, b, judge = Trajectory(role="gen"), Trajectory(role="gen"), Trajectory(role="judge")
     episode = Episode(task_id="t", trajectories=[a, b, judge])
     RolloutEngine._apply(episode, EvalOutput(reward=0.25, trajectory_rewards={a.id: 1.0, "gen": 0.5}))
     assert (a.reward, b.reward, judge.reward) == (1.0, 0.5, 0.25)

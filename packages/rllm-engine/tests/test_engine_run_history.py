@@ -22,7 +22,9 @@ from rllm.types import Episode, Step, Trajectory
 
 
 def _episode(task_id: str, index: int) -> Episode:
-    step = Step(prompt_ids=[1, 2], response_ids=[3, 4, 5], logprobs=[-0.1, -0.2, -0.3], advantage=0.5)
+    step = Step(
+        prompt_ids=[1, 2], completion_ids=[3, 4, 5], completion_logprobs=[-0.1, -0.2, -0.3], advantage=0.5
+    )
     return Episode(task_id=task_id, rollout_index=index, trajectories=[Trajectory(steps=[step], reward=1.0)])
 
 
@@ -36,7 +38,7 @@ def test_sample_keeps_every_rollout_of_the_first_groups(tmp_path: Path) -> None:
     assert [(e.task_id, e.rollout_index) for e in sample.episodes] == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
     assert set(sample.trained_trajectory_ids) == {t.id for e in episodes[2:4] for t in e.trajectories}
     step = sample.episodes[0].trajectories[0].steps[0]
-    assert list(step.response_ids) == [3, 4, 5] and step.advantage == 0.5
+    assert list(step.completion_ids) == [3, 4, 5] and step.advantage == 0.5
     assert sample_steps(tmp_path) == [3]
 
 

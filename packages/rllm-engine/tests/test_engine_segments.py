@@ -63,7 +63,7 @@ async def test_compacted_history_becomes_a_second_segment(tokenizer_dir):
         assert main.metadata["segments"] == 2 and critic.metadata["segments"] == 1
         # Within a segment each prompt starts with the previous prompt + sampled completion tokens.
         for prev, cur in zip(main.steps[:2], main.steps[1:3], strict=True):
-            prefix = list(prev.prompt_ids) + list(prev.response_ids)
+            prefix = list(prev.prompt_ids) + list(prev.completion_ids)
             assert list(cur.prompt_ids[: len(prefix)]) == prefix
         for step in (*main.steps, *critic.steps):
-            assert len(step.logprobs) == len(step.response_ids) > 0
+            assert len(step.completion_logprobs) == len(step.completion_ids) > 0

@@ -96,17 +96,19 @@ def test_data_order_is_seeded_and_resumable() -> None:
 
 
 def test_multi_turn_steps_merge_when_prompts_extend() -> None:
-    s1 = Step(prompt_ids=[1, 2], response_ids=[3, 4], logprobs=[-0.1, -0.2], advantage=1.0)
-    s2 = Step(prompt_ids=[1, 2, 3, 4, 9, 9], response_ids=[5], logprobs=[-0.3], advantage=[0.5])
-    s3 = Step(prompt_ids=[7], response_ids=[8], logprobs=[-0.4], advantage=-1.0)  # history did not extend
+    s1 = Step(prompt_ids=[1, 2], completion_ids=[3, 4], completion_logprobs=[-0.1, -0.2], advantage=1.0)
+    s2 = Step(prompt_ids=[1, 2, 3, 4, 9, 9], completion_ids=[5], completion_logprobs=[-0.3], advantage=[0.5])
+    s3 = Step(
+        prompt_ids=[7], completion_ids=[8], completion_logprobs=[-0.4], advantage=-1.0
+    )  # history did not extend
     seqs = sequences_from_trajectory(Trajectory(steps=[s1, s2, s3]), "g")
     assert len(seqs) == 2
     merged = seqs[0]
-    assert list(merged.tokens) == [1, 2, 3, 4, 9, 9, 5]
+    assert list(merged.input_ids) == [1, 2, 3, 4, 9, 9, 5]
     assert list(merged.loss_mask) == [0, 0, 1, 1, 0, 0, 1]
     assert list(merged.advantages) == [0, 0, 1, 1, 0, 0, 0.5]
     assert [round(x, 3) for x in merged.sampler_logprobs] == [0, 0, -0.1, -0.2, 0, 0, -0.3]
-    assert list(seqs[1].tokens) == [7, 8] and list(seqs[1].loss_mask) == [0, 1]
+    assert list(seqs[1].input_ids) == [7, 8] and list(seqs[1].loss_mask) == [0, 1]
 
 
 def test_steps_without_tokens_are_refused() -> None:
@@ -154,8 +156,8 @@ def test_sequences_carry_their_images_in_prompt_order():
                 input=interned,
                 images=images,
                 prompt_ids=prompt,
-                response_ids=response,
-                logprobs=[-0.1],
+                completion_ids=response,
+                completion_logprobs=[-0.1],
                 advantage=1.0,
             )
         )

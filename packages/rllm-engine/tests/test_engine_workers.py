@@ -101,7 +101,7 @@ async def test_rollouts_spread_over_worker_processes_with_their_own_gateways(flo
         assert len(traj.steps) == 2
         for step in traj.steps:
             assert step.weight_version == 7
-            assert len(step.response_ids) == len(step.logprobs) > 0
+            assert len(step.completion_ids) == len(step.completion_logprobs) > 0
         assert traj.steps[1].input[-1].content == f"go on 0 #{ep.task_id}"  # no cross-talk
         pids.add(ep.artifacts["pid"])
     assert len(pids) == 2  # both processes served rollouts
@@ -161,7 +161,7 @@ async def test_sync_flows_run_in_each_workers_thread_pool(flows, upstream):
     for ep in episodes:
         assert ep.termination_reason == TerminationReason.DONE, ep.error
         (step,) = ep.trajectories[0].steps
-        assert step.input[-1].content.endswith(f"#{ep.task_id}") and len(step.response_ids) > 0
+        assert step.input[-1].content.endswith(f"#{ep.task_id}") and len(step.completion_ids) > 0
 
 
 async def test_workers_attached_to_one_gateway(flows, gateway: GatewayServer):

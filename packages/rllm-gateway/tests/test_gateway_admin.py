@@ -1,5 +1,5 @@
 """Admin API through GatewayClient (HTTP) and LocalGatewayClient (in process): sessions, traces,
-weight version, pause/drain, workers, metrics. Tests taking ``admin`` run once per client."""
+weight version, pause/drain, upstreams, metrics. Tests taking ``admin`` run once per client."""
 
 from __future__ import annotations
 
@@ -98,21 +98,21 @@ async def test_workers_add_remove_list_and_sticky_routing():
     async with MockUpstream(model="a") as m1, MockUpstream(model="b") as m2:  # noqa: SIM117
         async with GatewayServer(GatewayConfig(upstreams=[m1.url], health_interval_s=0)) as gw:
             async with GatewayClient(gw.url) as c:
-                added = await c.add_worker(m2.url)
+                added = await c.add_upstream(m2.url)
                 assert added["healthy"] is True
-                assert {w["url"] for w in await c.list_workers()} == {m1.url, m2.url}
+                assert {w["url"] for w in await c.list_upstreams()} == {m1.url, m2.url}
                 for i in range(6):
                     await _chat(c.session_url(f"s{i}"))
                     await _chat(c.session_url(f"s{i}"))
-                # Sticky: both turns of a session hit the same worker; both workers got sessions.
+                # Sticky: both turns of a session hit the same upstream; both upstreams got sessions.
                 for i in range(6):
                     t0, t1 = await c.get_traces(f"s{i}")
                     assert t0.model == t1.model
                 assert m1.stats.requests > 0 and m2.stats.by_path.get("/v1/chat/completions", 0) > 0
-                await c.remove_worker(m2.url)
-                assert [w["url"] for w in await c.list_workers()] == [m1.url]
+                await c.remove_upstream(m2.url)
+                assert [w["url"] for w in await c.list_upstreams()] == [m1.url]
                 with pytest.raises(GatewayAPIError) as e:
-                    await c.remove_worker(m2.url)
+                    await c.remove_upstream(m2.url)
                 assert e.value.status == 404
 
 
@@ -124,14 +124,14 @@ async def test_dead_worker_is_retried_on_another_and_503_when_none():
         async with GatewayServer(cfg) as gw, GatewayClient(gw.url) as c:
             gw.sessions.clear()
             await c.create_session("r")
-            gw.sessions["r"].worker = dead.url  # stuck to the worker that is about to die
+            gw.sessions["r"].upstream = dead.url  # stuck to the upstream that is about to die
             await dead.stop()
             assert await _chat(c.session_url("r")) == "echo: hi"
             (t,) = await c.get_traces("r")
             assert t.model == "alive" and t.status == "ok"
-            workers = {w["url"]: w for w in await c.list_workers()}
-            assert workers[dead.url]["healthy"] is False and workers[alive.url]["healthy"] is True
-            await c.remove_worker(alive.url)
+            upstreams = {w["url"]: w for w in await c.list_upstreams()}
+            assert upstreams[dead.url]["healthy"] is False and upstreams[alive.url]["healthy"] is True
+            await c.remove_upstream(alive.url)
             oc = openai.AsyncOpenAI(base_url=c.session_url("r"), api_key="x", max_retries=0)
             with pytest.raises(openai.APIStatusError) as e:
                 await oc.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
@@ -141,12 +141,12 @@ async def test_dead_worker_is_retried_on_another_and_503_when_none():
 
 async def test_health_check_restores_a_worker(mock):
     async with GatewayServer(GatewayConfig(upstreams=[mock.url], health_interval_s=0.05)) as gw:
-        gw.pool.workers[mock.url].healthy = False
+        gw.pool.upstreams[mock.url].healthy = False
         for _ in range(100):
             await asyncio.sleep(0.02)
-            if gw.pool.workers[mock.url].healthy:
+            if gw.pool.upstreams[mock.url].healthy:
                 break
-        assert gw.pool.workers[mock.url].healthy
+        assert gw.pool.upstreams[mock.url].healthy
 
 
 async def test_metrics_and_health(client, gateway):
@@ -160,7 +160,15 @@ async def test_metrics_and_health(client, gateway):
             health = await r.json()
     assert 'rllm_gateway_llm_calls_total{status="ok"} 1.0' in text
     assert "rllm_gateway_store_traces 1.0" in text
-    assert health["status"] == "ok" and health["healthy_workers"] == 1
+    assert health["status"] == "ok" and health["healthy_upstreams"] == 1
+
+
+async def test_the_old_workers_path_names_the_new_one(gateway):
+    async with aiohttp.ClientSession() as http:
+        for method in ("GET", "POST", "DELETE"):
+            async with http.request(method, f"{gateway.url}/admin/workers") as r:
+                assert r.status == 404
+                assert "renamed to /admin/upstreams" in (await r.json())["error"]["message"]
 
 
 def test_thread_variant_for_sync_callers():
@@ -202,7 +210,7 @@ async def test_concurrent_sessions_lose_and_mix_no_traces(admin, mock):
         traces = await client.get_traces(f"s{k}")
         assert [t.seq for t in traces] == [0, 1, 2]
         assert [t.response.content for t in traces] == [f"echo: s{k} t{t}" for t in range(3)]
-        assert all(len(t.logprobs) == len(t.completion_ids) for t in traces)
+        assert all(len(t.completion_logprobs) == len(t.completion_ids) for t in traces)
 
 
 async def test_finish_session_returns_traces_and_deletes_the_session(admin, gateway):
@@ -214,7 +222,7 @@ async def test_finish_session_returns_traces_and_deletes_the_session(admin, gate
         (0, "default", "one"),
         (1, "judge", "two"),
     ]
-    assert all(t.completion_ids and len(t.logprobs) == len(t.completion_ids) for t in traces)
+    assert all(t.completion_ids and len(t.completion_logprobs) == len(t.completion_ids) for t in traces)
     assert await admin.list_sessions() == [] and gateway.store.trace_count() == 0
     with pytest.raises(GatewayAPIError) as e:
         await admin.finish_session("never-existed")
@@ -222,14 +230,14 @@ async def test_finish_session_returns_traces_and_deletes_the_session(admin, gate
 
 
 async def test_in_process_client_matches_http_client(gateway):
-    """Both clients give the same answers for the same server state (sessions, workers, health)."""
+    """Both clients give the same answers for the same server state (sessions, upstreams, health)."""
     local = gateway.local_client()
     async with GatewayClient(gateway.url) as http:
         info = await local.create_session("same", metadata={"k": [1, 2]})
         assert info.base_url == http.session_url("same") == local.session_url("same")
         await _chat(info.base_url, "x")
         assert await local.list_sessions() == await http.list_sessions()
-        assert await local.list_workers() == await http.list_workers()
+        assert await local.list_upstreams() == await http.list_upstreams()
         assert await local.health() == await http.health()
         assert [t.id for t in await local.get_traces("same")] == [t.id for t in await http.get_traces("same")]
         assert [t.id for t in await local.query_traces(session_id="same")] == [
@@ -244,7 +252,7 @@ async def test_in_process_client_matches_http_client(gateway):
             await local.set_weight_version("3")  # type: ignore[arg-type]
         assert e.value.status == 400 and "weight_version" in e.value.message
         with pytest.raises(GatewayAPIError) as e:
-            await local.remove_worker("http://127.0.0.1:1/v1")
+            await local.remove_upstream("http://127.0.0.1:1/v1")
         assert e.value.status == 404
 
 
@@ -305,7 +313,7 @@ async def test_probe_timeout_does_not_follow_a_short_interval():
         assert cfg.health_timeout_s >= 2
         async with GatewayServer(cfg) as gw:
             m.models_latency = 1.2
-            w = gw.pool.workers[m.url]
+            w = gw.pool.upstreams[m.url]
             for _ in range(15):
                 await asyncio.sleep(0.1)
                 assert w.healthy, w.last_error
@@ -313,13 +321,13 @@ async def test_probe_timeout_does_not_follow_a_short_interval():
 
 
 async def test_only_worker_marked_unhealthy_by_a_slow_probe_still_serves():
-    """When no worker is marked healthy the gateway still tries the one that failed longest ago,
+    """When no upstream is marked healthy the gateway still tries the one that failed longest ago,
     instead of answering 503 to everything until the next probe succeeds."""
     async with MockUpstream() as m:
         cfg = GatewayConfig(upstreams=[m.url], health_interval_s=0.05, health_timeout_s=0.05)
         async with GatewayServer(cfg) as gw:
             m.models_latency = 0.3  # every probe now times out; completions still answer at once
-            w = gw.pool.workers[m.url]
+            w = gw.pool.upstreams[m.url]
             for _ in range(100):
                 await asyncio.sleep(0.02)
                 if not w.healthy:

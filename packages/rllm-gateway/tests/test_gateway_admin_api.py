@@ -1,7 +1,7 @@
 """GatewayAdmin: the HTTP client, the in-process client and a group of gateways are one interface.
 
 Each implementation has every operation of the protocol with the same signature, and the same
-script of admin calls (sessions, traces, weights, admission, workers, errors) against fresh
+script of admin calls (sessions, traces, weights, admission, upstreams, errors) against fresh
 gateways gives the same transcript through each. Real gateways and a real MockUpstream on
 loopback, the real openai client for the agent's calls."""
 
@@ -123,12 +123,12 @@ async def _script(admin: GatewayAdmin, mock_url: str) -> list[Any]:
     health = await admin.health()
     health.pop("gateways", None)  # a group adds each gateway's own under this key
     out.append(health)
-    out.append([(w["url"] == mock_url, w["healthy"]) for w in await admin.list_workers()])
-    added = await admin.add_worker(_DEAD)
+    out.append([(w["url"] == mock_url, w["healthy"]) for w in await admin.list_upstreams()])
+    added = await admin.add_upstream(_DEAD)
     out.append((added["url"], added["healthy"]))
-    out.append(sorted((w["url"], w["healthy"]) for w in await admin.list_workers() if w["url"] == _DEAD))
-    await admin.remove_worker(_DEAD)
-    out.append(await _expect_error(admin.remove_worker(_DEAD)))
+    out.append(sorted((w["url"], w["healthy"]) for w in await admin.list_upstreams() if w["url"] == _DEAD))
+    await admin.remove_upstream(_DEAD)
+    out.append(await _expect_error(admin.remove_upstream(_DEAD)))
     finished = await admin.finish_session("alpha")
     out.append([(t.seq, t.role) for t in finished])
     out.append(await _expect_error(admin.finish_session("alpha")))

@@ -21,7 +21,7 @@ def test_vllm_chat_shape():
         ],
     }
     cap = capture_response(resp, chat=True)
-    assert (cap.prompt_ids, cap.completion_ids, cap.logprobs) == ([1, 2], [5, 6], [-0.1, -0.2])
+    assert (cap.prompt_ids, cap.completion_ids, cap.completion_logprobs) == ([1, 2], [5, 6], [-0.1, -0.2])
     assert (cap.text, cap.reasoning, cap.finish_reason) == ("hi", "think", "stop")
     assert strip_injected(resp, ClientWants(logprobs=False, token_ids=False))
     assert "prompt_token_ids" not in resp and "token_ids" not in resp["choices"][0]
@@ -40,7 +40,12 @@ def test_vllm_completions_shape_and_sglang_meta_info():
         ]
     }
     cap = capture_response(cmpl, chat=False)
-    assert (cap.prompt_ids, cap.completion_ids, cap.logprobs, cap.text) == ([9], [3, 4], [-1.0, -2.0], "ab")
+    assert (cap.prompt_ids, cap.completion_ids, cap.completion_logprobs, cap.text) == (
+        [9],
+        [3, 4],
+        [-1.0, -2.0],
+        "ab",
+    )
     sglang = {
         "choices": [
             {
@@ -53,7 +58,7 @@ def test_vllm_completions_shape_and_sglang_meta_info():
         ]
     }
     cap = capture_response(sglang, chat=True)
-    assert (cap.prompt_ids, cap.completion_ids, cap.logprobs) == ([7, 8], [11, 12], [-0.5, -0.25])
+    assert (cap.prompt_ids, cap.completion_ids, cap.completion_logprobs) == ([7, 8], [11, 12], [-0.5, -0.25])
 
 
 def test_inject_remembers_what_the_client_asked_for():
@@ -106,7 +111,12 @@ def test_stream_capture_merges_tool_call_deltas():
         }
     )
     cap = sc.result()
-    assert cap.text == "a" and cap.prompt_ids == [1] and cap.completion_ids == [2] and cap.logprobs == [-0.5]
+    assert (
+        cap.text == "a"
+        and cap.prompt_ids == [1]
+        and cap.completion_ids == [2]
+        and cap.completion_logprobs == [-0.5]
+    )
     assert cap.tool_calls == [
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
     ]

@@ -68,7 +68,7 @@ async def test_cumulative_mode_has_zero_drift(tokenizer_dir, stream):
     assert _drift(traces) == []
     assert {t.segment for t in traces} == {0}
     for t in traces:
-        assert len(t.logprobs) == len(t.completion_ids)
+        assert len(t.completion_logprobs) == len(t.completion_ids)
     # The bridged prompt still says exactly what the chat template says (same text, exact tokens).
     last = traces[-1]
     expected = tok.apply_chat_template(msgs[:-2], add_generation_prompt=True, tokenize=False)

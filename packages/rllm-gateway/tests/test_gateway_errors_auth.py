@@ -160,5 +160,5 @@ async def test_dropped_connection_is_retried_without_condemning_the_worker(clien
     oc = openai.AsyncOpenAI(base_url=client.session_url("drop"), api_key="x", max_retries=0)
     r = await oc.chat.completions.create(model="m", messages=[{"role": "user", "content": "again"}])
     assert r.choices[0].message.content == "echo: again"
-    assert gateway.pool.workers[mock.url].healthy
+    assert gateway.pool.upstreams[mock.url].healthy
     assert [t.status for t in await client.get_traces("drop")] == ["ok"]

@@ -23,7 +23,7 @@ async def test_litellm_client_through_gateway(client, model_name):
     )
     (t,) = await client.get_traces("llm")
     assert t.response.content == r.choices[0].message.content
-    assert t.completion_ids is not None and len(t.logprobs) == len(t.completion_ids)
+    assert t.completion_ids is not None and len(t.completion_logprobs) == len(t.completion_ids)
     stream = await litellm.acompletion(
         model=f"openai/{model_name}",
         api_base=s.base_url,

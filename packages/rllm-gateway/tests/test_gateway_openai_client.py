@@ -21,8 +21,8 @@ mock_only = pytest.mark.skipif(VLLM_URL is not None, reason="scripted replies ne
 def _check_trace_tokens(t):
     assert t.prompt_ids is not None and len(t.prompt_ids) > 0
     assert t.completion_ids is not None and len(t.completion_ids) > 0
-    assert t.logprobs is not None and len(t.logprobs) == len(t.completion_ids)
-    assert all(lp <= 0.0 for lp in t.logprobs)
+    assert t.completion_logprobs is not None and len(t.completion_logprobs) == len(t.completion_ids)
+    assert all(lp <= 0.0 for lp in t.completion_logprobs)
 
 
 async def test_async_chat_is_captured_and_response_is_plain_openai(client, model_name):
@@ -57,7 +57,7 @@ async def test_client_that_asks_for_logprobs_keeps_them(client, model_name, mock
     )
     lps = [c.logprob for c in r.choices[0].logprobs.content]
     (t,) = await client.get_traces("sess-lp")
-    assert lps == pytest.approx(list(t.logprobs), abs=1e-6)
+    assert lps == pytest.approx(list(t.completion_logprobs), abs=1e-6)
     assert r.choices[0].model_extra["token_ids"] == list(t.completion_ids)
     assert r.model_extra["prompt_token_ids"] == list(t.prompt_ids)
 

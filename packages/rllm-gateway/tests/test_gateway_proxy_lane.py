@@ -32,8 +32,8 @@ def _retries(gw: GatewayServer) -> float:
 
 
 def _settled(gw: GatewayServer) -> bool:
-    """Nothing counted in flight, on the gateway or on any worker."""
-    return gw.inflight == 0 and all(w.inflight == 0 for w in gw.pool.workers.values())
+    """Nothing counted in flight, on the gateway or on any upstream."""
+    return gw.inflight == 0 and all(w.inflight == 0 for w in gw.pool.upstreams.values())
 
 
 @pytest.fixture
@@ -79,7 +79,7 @@ async def test_calls_run_without_a_task_and_match_the_task_path(mock, wait_until
                         t.status,
                         list(t.prompt_ids),
                         list(t.completion_ids),
-                        list(t.logprobs),
+                        list(t.completion_logprobs),
                         t.response,
                     )
                     for t in traces
@@ -96,7 +96,7 @@ async def test_dead_kept_alive_connection_is_retried_on_a_fresh_one(lane, mock):
     before = _retries(gw)
     assert await _say(_oc(client.session_url("drop")), "again") == "echo: again"
     assert _retries(gw) == before + 1
-    assert gw.pool.workers[mock.url].healthy
+    assert gw.pool.upstreams[mock.url].healthy
     assert [(t.seq, t.status) for t in await client.get_traces("drop")] == [(0, "ok")]
     assert _settled(gw)
 

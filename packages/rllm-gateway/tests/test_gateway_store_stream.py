@@ -77,7 +77,11 @@ async def test_store_protocol(tmp_path, store):
     for i in (2, 0, 1):
         st.put(
             TraceRecord(
-                session_id="a", seq=i, role="r" if i else "default", completion_ids=[i], logprobs=[-0.5]
+                session_id="a",
+                seq=i,
+                role="r" if i else "default",
+                completion_ids=[i],
+                completion_logprobs=[-0.5],
             )
         )
     st.put(TraceRecord(session_id="b", seq=0))
@@ -124,6 +128,11 @@ def test_config_file_and_flags(tmp_path):
     with pytest.raises(ConfigError, match="unknown") as err:
         load_config(None, colour="red")
     assert err.value.key == "colour"
+    old = tmp_path / "old.toml"
+    old.write_text("max_connections_per_worker = 8\n")  # the key's name before "upstreams" throughout
+    with pytest.raises(ConfigError, match="renamed to max_connections_per_upstream") as err:
+        load_config(old)
+    assert err.value.key == "max_connections_per_worker"
     j = tmp_path / "gw.json"
     j.write_text('{"gateway": {"port": 9001}}')
     assert load_config(j).port == 9001

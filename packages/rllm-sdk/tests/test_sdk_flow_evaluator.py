@@ -98,13 +98,13 @@ def test_evaluator_decorator_supports_async_functions():
 
 def test_final_answer_prefers_artifacts_then_last_output_of_role():
     traj = Trajectory(
-        name="solver",
+        role="solver",
         steps=[
             Step(output=Message(role="assistant", content="first")),
             Step(output=Message(role="assistant", content="last")),
         ],
     )
-    judge = Trajectory(name="judge", steps=[Step(output=Message(role="assistant", content="VERDICT"))])
+    judge = Trajectory(role="judge", steps=[Step(output=Message(role="assistant", content="VERDICT"))])
     ep = Episode(task_id="t", trajectories=[traj, judge])
     assert final_answer(ep) == "last"
     assert final_answer(ep, role="judge") == "VERDICT"

@@ -37,8 +37,8 @@ def episode() -> Episode:
     return Episode(
         task_id="t",
         trajectories=[
-            Trajectory(name="generate", steps=[step(gen_prompt, c) for c in reversed(CANDIDATES)]),
-            Trajectory(name="verify", steps=verify_steps),
+            Trajectory(role="generate", steps=[step(gen_prompt, c) for c in reversed(CANDIDATES)]),
+            Trajectory(role="verify", steps=verify_steps),
         ],
         artifacts=artifacts,
     )
@@ -50,7 +50,7 @@ def test_every_call_gets_its_own_reward_and_no_signal_calls_are_marked() -> None
     by_name: dict[str, list[float]] = {}
     for t in ep.trajectories:
         assert len(t.steps) == 1 and t.steps[0].done
-        by_name.setdefault(t.name, []).append(credit.trajectory_rewards[t.id])
+        by_name.setdefault(t.role, []).append(credit.trajectory_rewards[t.id])
     # Candidates in trace order 6, 5, 4: only the last is correct.
     assert by_name["generate"] == [0.0, 0.0, 1.0]
     # (0 as A) said A: right; (1 as A, 0 as B) said A: wrong; (2, 0) unparsed: wrong; (1, 2): no signal.

@@ -16,9 +16,8 @@ from hypothesis import strategies as st
 from rllm.algos.config import AlgorithmConfig
 from rllm.algos.losses import compute_policy_loss
 from rllm.algos.losses.aggregation import aggregate
-from rllm.engine.backend import TrainSequence
 from rllm.tinker_api import make_custom_loss, plan_loss, to_datums, token_weights
-from rllm.types import FloatArray, TokenArray
+from rllm.types import FloatArray, TokenArray, TrainSequence
 
 MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
@@ -49,7 +48,7 @@ class _Types:
 def _seq(tokens: list[int], mask: list[float], advantage: float) -> TrainSequence:
     m = np.array(mask, dtype=np.float32)
     return TrainSequence(
-        tokens=TokenArray(np.array(tokens, dtype=np.int32)),
+        input_ids=TokenArray(np.array(tokens, dtype=np.int32)),
         loss_mask=FloatArray(m),
         advantages=FloatArray(m * advantage),
         sampler_logprobs=FloatArray(-m),
@@ -100,7 +99,7 @@ def test_the_custom_loss_is_rllm_algos_loss_on_the_batch() -> None:
     mask = torch.tensor([[1.0, 1.0, 1.0], [0.0, 1.0, 0.0]])
     adv = mask * torch.tensor([[1.0], [-0.5]])
     old = -mask
-    expected, _ = compute_policy_loss(lp, old, adv, mask, algo, rollout_logprobs=old)
+    expected, _ = compute_policy_loss(lp, old, adv, mask, algo, sampler_logprobs=old)
     assert float(loss) == pytest.approx(float(expected), rel=1e-6)
     with pytest.raises(ValueError, match="2"):
         make_custom_loss(algo, batch)(datums[:1], logprobs[:1])

@@ -26,19 +26,19 @@ ENCODERS = [(from_json, msgspec.json.encode), (from_msgpack, msgspec.msgpack.enc
 
 
 def episode_doc() -> dict:
-    steps = [{"response_ids": [1, 2], "logprobs": [-0.1, -0.2]} for _ in range(5)]
-    return {"task_id": "t", "trajectories": [{"name": "solver", "steps": steps}]}
+    steps = [{"completion_ids": [1, 2], "completion_logprobs": [-0.1, -0.2]} for _ in range(5)]
+    return {"task_id": "t", "trajectories": [{"role": "solver", "steps": steps}]}
 
 
 @pytest.mark.parametrize(("decode", "encode"), ENCODERS)
 def test_logprob_length_mismatch_names_the_step(decode, encode) -> None:
     doc = episode_doc()
-    doc["trajectories"][0]["steps"][3] = {"response_ids": [1, 2, 3], "logprobs": [-0.1]}
+    doc["trajectories"][0]["steps"][3] = {"completion_ids": [1, 2, 3], "completion_logprobs": [-0.1]}
     with pytest.raises(SchemaError) as err:
         decode(encode(doc), Episode)
-    assert err.value.path == "trajectories[0].steps[3].logprobs"
+    assert err.value.path == "trajectories[0].steps[3].completion_logprobs"
     assert "expected 3 logprobs" in str(err.value)
-    assert "trajectories[0].steps[3].logprobs" in str(err.value)
+    assert "trajectories[0].steps[3].completion_logprobs" in str(err.value)
 
 
 @pytest.mark.parametrize(("decode", "encode"), ENCODERS)
@@ -60,17 +60,17 @@ def test_missing_required_field(decode, encode) -> None:
 
 
 def test_bad_packed_bytes() -> None:
-    doc = {"task_id": "t", "trajectories": [{"steps": [{"response_ids": b"\x01\x02\x03"}]}]}
+    doc = {"task_id": "t", "trajectories": [{"steps": [{"completion_ids": b"\x01\x02\x03"}]}]}
     with pytest.raises(SchemaError) as err:
         from_msgpack(msgspec.msgpack.encode(doc), Episode)
-    assert err.value.path == "trajectories[0].steps[0].response_ids"
+    assert err.value.path == "trajectories[0].steps[0].completion_ids"
 
 
 def test_wrong_array_type() -> None:
-    doc = {"task_id": "t", "trajectories": [{"steps": [{"logprobs": "nope"}]}]}
+    doc = {"task_id": "t", "trajectories": [{"steps": [{"completion_logprobs": "nope"}]}]}
     with pytest.raises(SchemaError) as err:
         from_json(msgspec.json.encode(doc), Episode)
-    assert err.value.path == "trajectories[0].steps[0].logprobs"
+    assert err.value.path == "trajectories[0].steps[0].completion_logprobs"
 
 
 def test_bad_termination_reason() -> None:
@@ -95,13 +95,13 @@ def test_newer_schema_version_refused() -> None:
 
 def test_per_token_advantage_length_checked() -> None:
     with pytest.raises(SchemaError) as err:
-        convert({"response_ids": [1, 2], "advantage": [1.0]}, Step)
+        convert({"completion_ids": [1, 2], "advantage": [1.0]}, Step)
     assert err.value.path == "advantage"
 
 
 def test_construction_checks_invariants() -> None:
     with pytest.raises(SchemaError, match="logprobs"):
-        Step(response_ids=[1, 2], logprobs=[0.0])
+        Step(completion_ids=[1, 2], completion_logprobs=[0.0])
     with pytest.raises(SchemaError, match="top_p"):
         SamplingParams(top_p=1.5)
     with pytest.raises(SchemaError, match="tool_call_id"):

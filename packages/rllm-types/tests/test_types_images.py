@@ -177,8 +177,8 @@ def test_an_episode_stores_each_image_once_and_its_steps_get_them_back():
     episode = Episode(
         task_id="t",
         trajectories=[
-            Trajectory(name="solver", steps=[step(a), step(a, b)]),
-            Trajectory(name="judge", steps=[step(a)]),
+            Trajectory(role="solver", steps=[step(a), step(a, b)]),
+            Trajectory(role="judge", steps=[step(a)]),
         ],
     )
     before = to_msgpack(episode)

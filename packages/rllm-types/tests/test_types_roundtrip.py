@@ -73,8 +73,8 @@ def steps(draw: st.DrawFn) -> Step:
         input=draw(st.lists(messages, max_size=3)),
         output=draw(st.one_of(st.none(), messages)),
         prompt_ids=draw(st.one_of(st.none(), ids)),
-        response_ids=response,
-        logprobs=draw(st.lists(f32, min_size=n, max_size=n)),
+        completion_ids=response,
+        completion_logprobs=draw(st.lists(f32, min_size=n, max_size=n)),
         reward=draw(st.one_of(st.none(), small_float)),
         done=draw(st.booleans()),
         advantage=advantage,
@@ -88,7 +88,7 @@ def steps(draw: st.DrawFn) -> Step:
 signals = st.builds(Signal, name=text, value=small_float)
 trajectories = st.builds(
     Trajectory,
-    name=text,
+    role=text,
     steps=st.lists(steps(), max_size=3),
     reward=st.one_of(st.none(), small_float),
     signals=st.lists(signals, max_size=2),
@@ -118,7 +118,7 @@ def traces(draw: st.DrawFn) -> TraceRecord:
         response=draw(st.one_of(st.none(), messages)),
         prompt_ids=draw(ids),
         completion_ids=completion,
-        logprobs=draw(st.lists(f32, min_size=n, max_size=n)),
+        completion_logprobs=draw(st.lists(f32, min_size=n, max_size=n)),
         weight_version=draw(st.one_of(st.none(), st.integers(0, 10))),
         status=draw(st.sampled_from(["ok", "abort", "error"])),
         usage=draw(st.builds(Usage, prompt_tokens=st.integers(0, 99), completion_tokens=st.integers(0, 99))),
@@ -133,7 +133,7 @@ STRATEGIES = {
     "Episode": (episodes, Episode),
     "TraceRecord": (traces(), TraceRecord),
     "TrajectoryGroup": (
-        st.builds(TrajectoryGroup, task_id=text, name=text, trajectories=st.lists(trajectories, max_size=2)),
+        st.builds(TrajectoryGroup, task_id=text, role=text, trajectories=st.lists(trajectories, max_size=2)),
         TrajectoryGroup,
     ),
     "Task": (
@@ -181,15 +181,18 @@ def test_round_trip_msgpack_and_json(name: str) -> None:
 
 def test_arrays_stay_packed_end_to_end() -> None:
     step = Step(
-        prompt_ids=[1, 2], response_ids=[3, 4, 5], logprobs=[-0.5, -0.25, 0.0], advantage=[1.0, 2.0, 3.0]
+        prompt_ids=[1, 2],
+        completion_ids=[3, 4, 5],
+        completion_logprobs=[-0.5, -0.25, 0.0],
+        advantage=[1.0, 2.0, 3.0],
     )
     back = from_msgpack(to_msgpack(step), Step)
-    assert type(back.response_ids) is TokenArray and back.response_ids.itemsize == 4
-    assert type(back.logprobs) is FloatArray and back.logprobs.itemsize == 4
+    assert type(back.completion_ids) is TokenArray and back.completion_ids.itemsize == 4
+    assert type(back.completion_logprobs) is FloatArray and back.completion_logprobs.itemsize == 4
     assert type(back.advantage) is FloatArray
     # msgpack carries the arrays as raw bytes, not as msgpack arrays of numbers.
     raw = msgspec.msgpack.decode(to_msgpack(step))
-    assert isinstance(raw["response_ids"], bytes) and len(raw["response_ids"]) == 12
+    assert isinstance(raw["completion_ids"], bytes) and len(raw["completion_ids"]) == 12
 
 
 def test_zero_copy_views() -> None:
@@ -201,17 +204,17 @@ def test_zero_copy_views() -> None:
 
 
 def test_json_shows_plain_lists_for_people() -> None:
-    step = Step(response_ids=[7, 8], logprobs=[-0.5, -1.0], advantage=0.5)
+    step = Step(completion_ids=[7, 8], completion_logprobs=[-0.5, -1.0], advantage=0.5)
     doc = msgspec.json.decode(to_json(step))
-    assert doc["response_ids"] == [7, 8]
-    assert doc["logprobs"] == [-0.5, -1.0]
+    assert doc["completion_ids"] == [7, 8]
+    assert doc["completion_logprobs"] == [-0.5, -1.0]
     assert doc["advantage"] == 0.5
 
 
 def test_unknown_fields_are_tolerated() -> None:
-    doc = {"task_id": "t", "from_the_future": {"x": 1}, "trajectories": [{"name": "a", "new": 1}]}
+    doc = {"task_id": "t", "from_the_future": {"x": 1}, "trajectories": [{"role": "a", "new": 1}]}
     episode = from_json(msgspec.json.encode(doc), Episode)
-    assert episode.trajectories[0].name == "a"
+    assert episode.trajectories[0].role == "a"
     assert from_msgpack(msgspec.msgpack.encode(doc), Episode).task_id == "t"
 
 

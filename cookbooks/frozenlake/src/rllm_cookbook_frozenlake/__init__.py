@@ -124,7 +124,7 @@ def frozenlake_progress_evaluator(task: Task, episode: Episode) -> EvalOutput:
     if len(episode.trajectories) == 1 and len(steps := episode.trajectories[0].steps) == len(gains) > 0:
         for step, gain in zip(steps[:-1], gains, strict=False):
             step.reward = gain
-        per_turn = {episode.trajectories[0].name: gains[-1]}
+        per_turn = {episode.trajectories[0].role: gains[-1]}
     success = episode.artifacts.get("outcome") == "goal"
     return EvalOutput(reward=values[-1], is_correct=success, trajectory_rewards=per_turn)
 

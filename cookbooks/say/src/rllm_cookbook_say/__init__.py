@@ -79,7 +79,7 @@ def say_evaluator(task: Task, episode: Episode) -> EvalOutput:
     if len(episode.trajectories) == 1 and len(steps := episode.trajectories[0].steps) == len(hits) > 0:
         for step, hit in zip(steps[:-1], hits, strict=False):
             step.reward = float(hit)
-        per_turn = {episode.trajectories[0].name: float(hits[-1])}
+        per_turn = {episode.trajectories[0].role: float(hits[-1])}
     return EvalOutput(
         reward=reward, is_correct=len(hits) == len(words) and all(hits), trajectory_rewards=per_turn
     )

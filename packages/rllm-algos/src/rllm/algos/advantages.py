@@ -41,9 +41,9 @@ def compute_advantages(groups: Sequence[TrajectoryGroup], config: AlgorithmConfi
     for group in groups:
         if not group.trajectories:
             raise AlgorithmInputError(
-                f"group (task {group.task_id!r}, trajectory {group.name!r}) has no trajectories"
+                f"group (task {group.task_id!r}, trajectory {group.role!r}) has no trajectories"
             )
-        by_role.setdefault(group.name, []).append(group)
+        by_role.setdefault(group.role, []).append(group)
 
     metrics: dict[str, float] = {}
     all_adv: list[np.ndarray] = []
@@ -108,9 +108,9 @@ def _turn_credit(groups: list[TrajectoryGroup], spec: EstimatorSpec, config: Alg
         for t, step in enumerate(trajectory.steps[:-1]):
             if step.reward is not None:
                 step_rewards[i, t] = step.reward
-            step_tokens[i, t] = 0 if step.response_ids is None else len(step.response_ids)
+            step_tokens[i, t] = 0 if step.completion_ids is None else len(step.completion_ids)
         last = trajectory.steps[-1]
-        step_tokens[i, lengths[i] - 1] = 0 if last.response_ids is None else len(last.response_ids)
+        step_tokens[i, lengths[i] - 1] = 0 if last.completion_ids is None else len(last.completion_ids)
     if not np.isfinite(step_rewards).all():
         i, t = (int(v) for v in np.argwhere(~np.isfinite(step_rewards))[0])
         raise RewardError(f"step {t} of trajectory {trajectories[i].id!r} has reward {step_rewards[i, t]}")
@@ -146,4 +146,4 @@ def _run(spec: EstimatorSpec, batch: RewardBatch, config: AlgorithmConfig) -> np
 
 
 def _token_count(trajectory: Trajectory) -> int:
-    return sum(0 if s.response_ids is None else len(s.response_ids) for s in trajectory.steps)
+    return sum(0 if s.completion_ids is None else len(s.completion_ids) for s in trajectory.steps)

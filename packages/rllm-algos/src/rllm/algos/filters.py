@@ -80,7 +80,7 @@ def filter_groups(
     varied = hi > lo
     for i, group in enumerate(sized):
         # Under turn credit, equal outcomes can still differ turn by turn: that is signal too.
-        if not varied[i] and step_credit_for(group.name, config) == "turn":
+        if not varied[i] and step_credit_for(group.role, config) == "turn":
             varied[i] = _turns_differ(group)
     kept = (
         [g for g, v in zip(sized, varied, strict=True) if v] if config.filter_zero_variance else list(sized)
@@ -108,7 +108,7 @@ def _turns_differ(group: TrajectoryGroup) -> bool:
 def _subset(group: TrajectoryGroup, keep: list[int]) -> TrajectoryGroup:
     return TrajectoryGroup(
         task_id=group.task_id,
-        name=group.name,
+        role=group.role,
         trajectories=[group.trajectories[i] for i in keep],
         episode_ids=[group.episode_ids[i] for i in keep] if group.episode_ids else [],
         termination_reasons=[group.termination_reasons[i] for i in keep],

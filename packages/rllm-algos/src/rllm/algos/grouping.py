@@ -29,10 +29,10 @@ def group_trajectories(
         if not isinstance(episode, Episode):
             raise AlgorithmInputError(f"expected Episode objects, got {type(episode).__name__}")
         for trajectory in episode.trajectories:
-            key = (episode.task_id, trajectory.name)
+            key = (episode.task_id, trajectory.role)
             group = buckets.get(key)
             if group is None:
-                group = buckets[key] = TrajectoryGroup(task_id=episode.task_id, name=trajectory.name)
+                group = buckets[key] = TrajectoryGroup(task_id=episode.task_id, role=trajectory.role)
             group.trajectories.append(trajectory)
             group.episode_ids.append(episode.id)
             group.termination_reasons.append(episode.termination_reason)
@@ -80,7 +80,7 @@ def _raise_missing(group: TrajectoryGroup, missing: list[int]) -> None:
     hint = "set Trajectory.reward or the last Step.reward"
     if len(missing) < len(group.trajectories):
         raise RewardError(
-            f"group (task {group.task_id!r}, trajectory {group.name!r}) mixes rewarded and unrewarded "
+            f"group (task {group.task_id!r}, trajectory {group.role!r}) mixes rewarded and unrewarded "
             f"trajectories; no reward on {where}{more}. {hint}, or mask failed rollouts with "
             "`mask_terminations`"
         )
@@ -91,4 +91,4 @@ def _raise_missing(group: TrajectoryGroup, missing: list[int]) -> None:
 
 def _where(group: TrajectoryGroup, i: int) -> str:
     episode = group.episode_ids[i] if i < len(group.episode_ids) else "?"
-    return f"episode {episode!r} trajectory {group.name!r} (task {group.task_id!r})"
+    return f"episode {episode!r} trajectory {group.role!r} (task {group.task_id!r})"

@@ -10,31 +10,12 @@ lives once, in the Trainer.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
-
-import msgspec
+from typing import Protocol, runtime_checkable
 
 from rllm.algos.config import AlgorithmConfig
-from rllm.types import FloatArray, TokenArray
+from rllm.types import TrainSequence
 
-
-class TrainSequence(msgspec.Struct, kw_only=True):
-    """One token sequence to train on (a single-turn step, or merged turns of one segment).
-
-    All arrays align with ``tokens``: the value at index i concerns token i, which the model
-    predicts from ``tokens[:i]``. ``loss_mask`` is 1 for tokens the policy sampled and 0 for
-    prompt, tool-output and observation tokens, which never contribute to the loss. ``images``
-    are the data URIs of the images whose placeholder tokens appear in ``tokens``, in order: a
-    vision-language backend turns them into the same pixel inputs sampling used.
-    """
-
-    tokens: TokenArray
-    loss_mask: FloatArray
-    advantages: FloatArray
-    sampler_logprobs: FloatArray
-    group_id: str = ""
-    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
-    images: list[str] = msgspec.field(default_factory=list)
+__all__ = ["Backend", "TrainSequence"]  # TrainSequence moved to rllm.types; re-exported for old imports
 
 
 @runtime_checkable

@@ -3,7 +3,7 @@
 Traces are the token truth: each becomes one Step carrying the sampler's prompt ids, completion
 ids, logprobs and weight version. Traces are grouped into trajectories by their ``role`` (the
 URL the flow used, see ``rllm.sdk.role_url``) and ordered by ``seq``; what the flow returned is
-matched to them by trajectory *name*, never by position. A role whose chat history stopped
+matched to them by trajectory *role*, never by position. A role whose chat history stopped
 extending (thinking stripped, context compacted) spans several token segments; each Step keeps
 its ``metadata["segment"]`` so the trainer merges turns only within one segment.
 """
@@ -27,8 +27,8 @@ def step_from_trace(trace: TraceRecord, shared_images: dict[str, str] | None = N
         input=list(trace.messages),
         output=trace.response,
         prompt_ids=trace.prompt_ids,
-        response_ids=trace.completion_ids,
-        logprobs=trace.logprobs,
+        completion_ids=trace.completion_ids,
+        completion_logprobs=trace.completion_logprobs,
         weight_version=trace.weight_version,
         finish_reason=trace.finish_reason,
         metadata={"trace_id": trace.id, "seq": trace.seq, "segment": trace.segment, "model": trace.model},
@@ -56,7 +56,7 @@ def trajectories_from_traces(traces: Sequence[TraceRecord]) -> dict[str, Traject
         metadata: dict[str, Any] = {"segments": len({t.segment for t in ok})}
         if len(ok) != len(records):
             metadata["dropped_traces"] = len(records) - len(ok)
-        out[role] = Trajectory(name=role, steps=steps, metadata=metadata)
+        out[role] = Trajectory(role=role, steps=steps, metadata=metadata)
     return out
 
 
@@ -77,7 +77,7 @@ def _as_episode(result: Any, task_id: str) -> Episode:
 
 
 def _merge(user: Trajectory, traced: Trajectory | None) -> Trajectory:
-    """The flow's trajectory (name, reward, signals, metadata) with the traced steps.
+    """The flow's trajectory (role, reward, signals, metadata) with the traced steps.
 
     Traced steps win over steps the flow built itself: they hold the sampler's exact tokens. A
     flow's own steps survive only for a role the gateway never saw (e.g. no gateway in the path).
@@ -88,7 +88,7 @@ def _merge(user: Trajectory, traced: Trajectory | None) -> Trajectory:
         traced.metadata["flow_steps_replaced"] = len(user.steps)
     return Trajectory(
         id=user.id,
-        name=user.name,
+        role=user.role,
         steps=traced.steps or user.steps,
         reward=user.reward,
         signals=list(user.signals),
@@ -110,7 +110,7 @@ def build_episode(
     traced = trajectories_from_traces(traces)
     trajectories: list[Trajectory] = []
     for user in episode.trajectories:
-        trajectories.append(_merge(user, traced.pop(user.name, None)))
+        trajectories.append(_merge(user, traced.pop(user.role, None)))
     trajectories.extend(traced.values())
     episode.trajectories = trajectories
     episode.task_id = task_id

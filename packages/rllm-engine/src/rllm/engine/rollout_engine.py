@@ -482,7 +482,7 @@ class RolloutEngine:
         overrides = output.trajectory_rewards or {}
         for trajectory in episode.trajectories:
             # By trajectory id first: a flow with many calls per role rewards each one on its own.
-            trajectory.reward = overrides.get(trajectory.id, overrides.get(trajectory.name, output.reward))
+            trajectory.reward = overrides.get(trajectory.id, overrides.get(trajectory.role, output.reward))
             if output.signals:
                 trajectory.signals.extend(output.signals)
         episode.metrics["reward"] = output.reward

@@ -12,8 +12,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable
 
-from rllm.engine.backend import TrainSequence
-from rllm.types import FloatArray, ImageBlock, Step, TokenArray, Trajectory, TrajectoryGroup
+from rllm.types import FloatArray, ImageBlock, Step, TokenArray, TrainSequence, Trajectory, TrajectoryGroup
 from rllm.types.errors import RLLMError
 from rllm.types.images import IMAGE_REF_PREFIX
 
@@ -26,7 +25,7 @@ def sequences_from_groups(groups: Iterable[TrajectoryGroup]) -> list[TrainSequen
     """All TrainSequences of all trajectories in ``groups``, in order."""
     out: list[TrainSequence] = []
     for group in groups:
-        group_id = f"{group.task_id}/{group.name}"
+        group_id = f"{group.task_id}/{group.role}"
         for index, trajectory in enumerate(group.trajectories):
             where = f"group {group_id}, trajectory {index} ({trajectory.id})"
             out.extend(sequences_from_trajectory(trajectory, group_id, where))
@@ -43,21 +42,21 @@ def sequences_from_trajectory(
         prompt, response = _token_ids(step, f"{where or trajectory.id}, step {number}")
         extends = (
             current is not None
-            and len(prompt) >= len(current.tokens)
-            and prompt[: len(current.tokens)] == current.tokens
+            and len(prompt) >= len(current.input_ids)
+            and prompt[: len(current.input_ids)] == current.input_ids
         )
         if not extends:
             current = TrainSequence(
-                tokens=TokenArray(),
+                input_ids=TokenArray(),
                 loss_mask=FloatArray(),
                 advantages=FloatArray(),
                 sampler_logprobs=FloatArray(),
                 group_id=group_id,
-                metadata={"trajectory_id": trajectory.id, "name": trajectory.name},
+                metadata={"trajectory_id": trajectory.id, "role": trajectory.role},
             )
             sequences.append(current)
         assert current is not None
-        _append_context(current, prompt[len(current.tokens) :])
+        _append_context(current, prompt[len(current.input_ids) :])
         _append_response(current, step, response, f"{where or trajectory.id}, step {number}")
         # A step's input is the whole history, so its images are those of the sequence so far.
         current.images = step_images(step)
@@ -80,17 +79,17 @@ def step_images(step: Step) -> list[str]:
 
 
 def _token_ids(step: Step, where: str) -> tuple[TokenArray, TokenArray]:
-    if step.prompt_ids is None or step.response_ids is None:
+    if step.prompt_ids is None or step.completion_ids is None:
         raise MissingTokensError(
             f"{where}: step has no prompt/response token ids; training needs a sampler that returns "
             "token ids (vLLM, SGLang, the local tinker sampler), not a hosted API"
         )
-    return step.prompt_ids, step.response_ids
+    return step.prompt_ids, step.completion_ids
 
 
 def _append_context(seq: TrainSequence, tokens: array[int]) -> None:
     n = len(tokens)
-    seq.tokens.extend(tokens)
+    seq.input_ids.extend(tokens)
     zeros = FloatArray(bytes(4 * n))  # float32 zero is all-zero bytes
     seq.loss_mask.extend(zeros)
     seq.advantages.extend(zeros)
@@ -99,7 +98,7 @@ def _append_context(seq: TrainSequence, tokens: array[int]) -> None:
 
 def _append_response(seq: TrainSequence, step: Step, response: TokenArray, where: str) -> None:
     n = len(response)
-    seq.tokens.extend(response)
+    seq.input_ids.extend(response)
     seq.loss_mask.extend(FloatArray([1.0]) * n)
     advantage = step.advantage
     if advantage is None:
@@ -108,6 +107,6 @@ def _append_response(seq: TrainSequence, step: Step, response: TokenArray, where
         seq.advantages.extend(FloatArray([float(advantage)]) * n)
     else:
         seq.advantages.extend(advantage)
-    if step.logprobs is None:
+    if step.completion_logprobs is None:
         raise MissingTokensError(f"{where}: step has no sampler logprobs")
-    seq.sampler_logprobs.extend(step.logprobs)
+    seq.sampler_logprobs.extend(step.completion_logprobs)

@@ -214,11 +214,11 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     for reason in {e.termination_reason for e in episodes}:
         out[f"termination/{reason}"] = sum(e.termination_reason == reason for e in episodes) / len(episodes)
     response_tokens = [
-        len(s.response_ids)
+        len(s.completion_ids)
         for e in episodes
         for t in e.trajectories
         for s in t.steps
-        if s.response_ids is not None
+        if s.completion_ids is not None
     ]
     if response_tokens:
         out["tokens/response_mean"] = statistics.fmean(response_tokens)

@@ -109,13 +109,13 @@ class GatewayAdmin(Protocol):
 
     async def resume(self) -> None: ...
 
-    async def add_worker(self, url: str) -> dict[str, Any]:
-        """Add an upstream inference server; its state as ``list_workers`` shows it."""
+    async def add_upstream(self, url: str) -> dict[str, Any]:
+        """Add an upstream inference server; its state as ``list_upstreams`` shows it."""
         ...
 
-    async def remove_worker(self, url: str) -> None: ...
+    async def remove_upstream(self, url: str) -> None: ...
 
-    async def list_workers(self) -> list[dict[str, Any]]:
+    async def list_upstreams(self) -> list[dict[str, Any]]:
         """The upstream inference servers with their health."""
         ...
 

@@ -57,9 +57,10 @@ class AdminRoutes:
             ("GET", "/admin/sessions/{sid}/traces", self.session_traces),
             ("GET", "/admin/traces", self.query_traces),
             ("POST", "/admin/flush", self.flush),
-            ("GET", "/admin/workers", self.list_workers),
-            ("POST", "/admin/workers", self.add_worker),
-            ("DELETE", "/admin/workers", self.remove_worker),
+            ("GET", "/admin/upstreams", self.list_upstreams),
+            ("POST", "/admin/upstreams", self.add_upstream),
+            ("DELETE", "/admin/upstreams", self.remove_upstream),
+            *((method, "/admin/workers", self.renamed_workers) for method in ("GET", "POST", "DELETE")),
             ("GET", "/admin/weight_version", self.get_weight_version),
             ("PUT", "/admin/weight_version", self.set_weight_version),
             ("POST", "/admin/weight_version", self.set_weight_version),
@@ -156,26 +157,30 @@ class AdminRoutes:
         await store.flush()
         return _json({"flushed": True, "traces": store.trace_count()})
 
-    # ----------------------------------------------------------- upstream workers
-    async def list_workers(self, request: Request) -> Response:
+    # ----------------------------------------------------------- upstreams
+    async def list_upstreams(self, request: Request) -> Response:
         self._admin(request)
-        return _json({"workers": [w.info() for w in self.server.pool.workers.values()]})
+        return _json({"upstreams": [w.info() for w in self.server.pool.upstreams.values()]})
 
-    def _worker_url(self, request: Request) -> str:
+    def _upstream_url(self, request: Request) -> str:
         body = self._body(request)
         url = body.get("url") or request.query.get("url")
         if not isinstance(url, str) or not url:
             raise GatewayError(400, "'url' (an upstream base URL ending in /v1) is required", param="url")
         return url
 
-    async def add_worker(self, request: Request) -> Response:
+    async def add_upstream(self, request: Request) -> Response:
         self._admin(request)
-        w = await self.server.add_worker(self._worker_url(request))
+        w = await self.server.add_upstream(self._upstream_url(request))
         return _json(w.info())
 
-    async def remove_worker(self, request: Request) -> Response:
+    async def remove_upstream(self, request: Request) -> Response:
         self._admin(request)
-        return _json({"removed": self.server.remove_worker(self._worker_url(request))})
+        return _json({"removed": self.server.remove_upstream(self._upstream_url(request))})
+
+    async def renamed_workers(self, request: Request) -> Response:
+        """The old path of the upstreams API: a 404 naming the new one, not a bare "not found"."""
+        raise GatewayError(404, "/admin/workers was renamed to /admin/upstreams", code="renamed")
 
     # ----------------------------------------------------------- weights and admission
     async def get_weight_version(self, request: Request) -> Response:

@@ -67,7 +67,7 @@ class Captured:
 
     prompt_ids: list[int] | None = None
     completion_ids: list[int] | None = None
-    logprobs: list[float] | None = None
+    completion_logprobs: list[float] | None = None
     text: str = ""
     reasoning: str = ""
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
@@ -84,8 +84,8 @@ def _sglang_meta(resp: dict[str, Any], choice: dict[str, Any], cap: Captured) ->
         cap.prompt_ids = meta["input_token_ids"]
     out = meta.get("output_token_logprobs")
     if isinstance(out, list) and out and isinstance(out[0], list | tuple):
-        if cap.logprobs is None:
-            cap.logprobs = [float(t[0]) for t in out]
+        if cap.completion_logprobs is None:
+            cap.completion_logprobs = [float(t[0]) for t in out]
         if cap.completion_ids is None:
             cap.completion_ids = [int(t[1]) for t in out]
 
@@ -112,7 +112,7 @@ def capture_response(resp: dict[str, Any], *, chat: bool) -> Captured:
     choice = choices[0]
     cap.prompt_ids = resp.get("prompt_token_ids") or choice.get("prompt_token_ids")
     cap.completion_ids = choice.get("token_ids") or choice.get("output_ids")
-    cap.logprobs = _logprobs_of(choice.get("logprobs"))
+    cap.completion_logprobs = _logprobs_of(choice.get("logprobs"))
     cap.finish_reason = choice.get("finish_reason")
     if chat:
         msg = choice.get("message") or {}
@@ -163,7 +163,7 @@ def check_captured(cap: Captured) -> None:
             array("i").fromlist(ids)
         except (TypeError, OverflowError):
             raise UpstreamShapeError(f"'{name}' is not a list of int32 token ids") from None
-    if cap.logprobs is not None and not isinstance(cap.logprobs, list):
+    if cap.completion_logprobs is not None and not isinstance(cap.completion_logprobs, list):
         raise UpstreamShapeError("'logprobs' is not a list")
     for name, value in (("content", cap.text), ("reasoning", cap.reasoning), ("model", cap.model)):
         if not isinstance(value, str):
@@ -207,7 +207,7 @@ class StreamCapture:
     __slots__ = ("_tool_calls", "cap", "chat", "saw_done")
 
     def __init__(self, *, chat: bool) -> None:
-        self.cap = Captured(completion_ids=[], logprobs=[])
+        self.cap = Captured(completion_ids=[], completion_logprobs=[])
         self.chat = chat
         self._tool_calls: dict[int, dict[str, Any]] = {}
         self.saw_done = False
@@ -239,7 +239,7 @@ class StreamCapture:
                 cap.completion_ids.extend(ids)  # type: ignore[union-attr]
             lps = _logprobs_of(choice.get("logprobs"))
             if lps:
-                cap.logprobs.extend(lps)  # type: ignore[union-attr]
+                cap.completion_logprobs.extend(lps)  # type: ignore[union-attr]
             if choice.get("finish_reason"):
                 cap.finish_reason = choice["finish_reason"]
             if self.chat:

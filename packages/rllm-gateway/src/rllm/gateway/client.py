@@ -158,15 +158,15 @@ class GatewayClient:
     async def resume(self) -> None:
         await self._json("POST", "/admin/resume")
 
-    # ----------------------------------------------------------- workers
-    async def add_worker(self, url: str) -> dict[str, Any]:
-        return await self._json("POST", "/admin/workers", {"url": url})
+    # ----------------------------------------------------------- upstreams
+    async def add_upstream(self, url: str) -> dict[str, Any]:
+        return await self._json("POST", "/admin/upstreams", {"url": url})
 
-    async def remove_worker(self, url: str) -> None:
-        await self._json("DELETE", "/admin/workers", {"url": url})
+    async def remove_upstream(self, url: str) -> None:
+        await self._json("DELETE", "/admin/upstreams", {"url": url})
 
-    async def list_workers(self) -> list[dict[str, Any]]:
-        return (await self._json("GET", "/admin/workers"))["workers"]
+    async def list_upstreams(self) -> list[dict[str, Any]]:
+        return (await self._json("GET", "/admin/upstreams"))["upstreams"]
 
     async def health(self) -> dict[str, Any]:
         return await self._json("GET", "/health")

@@ -39,9 +39,9 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tokenizer_mode: Literal["plain", "cumulative"] = "plain"
     health_interval_s: float = 5.0
     # A probe's own timeout, independent of the interval: a short interval must not turn one slow
-    # /models answer under load into "worker down".
+    # /models answer under load into "upstream down".
     health_timeout_s: float = 5.0
-    max_connections_per_worker: int = 1024
+    max_connections_per_upstream: int = 1024
     retries: int = 2
     store_raw: bool = False
     sqlite_batch_ms: float = 5.0
@@ -75,8 +75,16 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_image_bytes: int = 20 * 1024 * 1024
     max_image_pixels: int = 40_000_000
     image_formats: list[str] = msgspec.field(default_factory=lambda: ["PNG", "JPEG", "GIF", "WEBP"])
+    # Renamed key (the gateway says "upstreams" throughout): read only to refuse it by its new name.
+    _old_max_connections_per_worker: int | None = msgspec.field(
+        default=None, name="max_connections_per_worker"
+    )
 
     def __post_init__(self) -> None:
+        if self._old_max_connections_per_worker is not None:
+            raise InvariantError(
+                "renamed to max_connections_per_upstream; use that key", "max_connections_per_worker"
+            )
         if not (0 <= self.port <= 65535):
             raise InvariantError(f"port must be in 0..65535, got {self.port}", "port")
         if self.store != "memory" and not self.store.startswith("sqlite:"):

@@ -287,10 +287,11 @@ class TokenBridge:
         }
         if cap.tool_calls:
             choice["message"]["tool_calls"] = cap.tool_calls
-        if plan.wants_logprobs and cap.completion_ids and cap.logprobs:
+        if plan.wants_logprobs and cap.completion_ids and cap.completion_logprobs:
             choice["logprobs"] = {
                 "content": [
-                    self._lp_entry(t, lp) for t, lp in zip(cap.completion_ids, cap.logprobs, strict=False)
+                    self._lp_entry(t, lp)
+                    for t, lp in zip(cap.completion_ids, cap.completion_logprobs, strict=False)
                 ]
             }
         out = {

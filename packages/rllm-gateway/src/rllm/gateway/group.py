@@ -135,16 +135,16 @@ class GatewayGroup:
     async def resume(self) -> None:
         await self._all(lambda m: m.resume())
 
-    # ----------------------------------------------------------- upstream workers
-    async def add_worker(self, url: str) -> dict[str, Any]:
-        return (await self._all(lambda m: m.add_worker(url)))[0]
+    # ----------------------------------------------------------- upstreams
+    async def add_upstream(self, url: str) -> dict[str, Any]:
+        return (await self._all(lambda m: m.add_upstream(url)))[0]
 
-    async def remove_worker(self, url: str) -> None:
-        await self._all(lambda m: m.remove_worker(url))
+    async def remove_upstream(self, url: str) -> None:
+        await self._all(lambda m: m.remove_upstream(url))
 
-    async def list_workers(self) -> list[dict[str, Any]]:
+    async def list_upstreams(self) -> list[dict[str, Any]]:
         """The first gateway's upstreams (every gateway of a group has the same ones)."""
-        return await self.members[0].list_workers()
+        return await self.members[0].list_upstreams()
 
     async def health(self) -> dict[str, Any]:
         """The single-gateway fields over the whole group (``paused`` if any gateway is, counts
@@ -154,8 +154,8 @@ class GatewayGroup:
         first = each[0]
         return {
             "status": "ok" if all(h.get("status") == "ok" for h in each) else "degraded",
-            "workers": first.get("workers"),
-            "healthy_workers": min(h.get("healthy_workers", 0) for h in each),
+            "upstreams": first.get("upstreams"),
+            "healthy_upstreams": min(h.get("healthy_upstreams", 0) for h in each),
             "paused": any(h.get("paused") for h in each),
             "inflight": sum(h.get("inflight", 0) for h in each),
             "waiting": sum(h.get("waiting", 0) for h in each),

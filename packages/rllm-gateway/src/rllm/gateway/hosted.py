@@ -67,7 +67,8 @@ class HostedProvider:
         data = resp.model_dump(exclude_none=False)
         data.pop("_hidden_params", None)
         cap = capture_response(data, chat=True)
-        cap.prompt_ids = cap.completion_ids = cap.logprobs = None  # hosted APIs have no token truth
+        # Hosted APIs have no token truth.
+        cap.prompt_ids = cap.completion_ids = cap.completion_logprobs = None
         return data, cap
 
 

@@ -11,7 +11,7 @@ bytes next to the token ids (``multi_modal_data``), and the sampler's own proces
 the same grid, which it checks.
 
 Supported: image processors of the Qwen-VL family (Qwen2-VL, Qwen2.5-VL and the tiny Qwen2-VL of
-``rllm.backends.tinker.tiny_vlm``), the ones with ``merge_size`` and ``get_number_of_image_patches``.
+``rllm.backends.tinker.vlm_prompt``), the ones with ``merge_size`` and ``get_number_of_image_patches``.
 Any other processor is named in a clear 400 instead of a guess.
 """
 

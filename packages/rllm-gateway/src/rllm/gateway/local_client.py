@@ -170,19 +170,21 @@ class LocalGatewayClient:
     async def resume(self) -> None:
         self._sync("POST", "/admin/resume", self.server.resume)
 
-    # ----------------------------------------------------------- workers
-    async def add_worker(self, url: str) -> dict[str, Any]:
+    # ----------------------------------------------------------- upstreams
+    async def add_upstream(self, url: str) -> dict[str, Any]:
         async def op() -> dict[str, Any]:
-            return _as_json((await self.server.add_worker(url)).info())
+            return _as_json((await self.server.add_upstream(url)).info())
 
-        return await self._run("POST", "/admin/workers", op)
+        return await self._run("POST", "/admin/upstreams", op)
 
-    async def remove_worker(self, url: str) -> None:
-        self._sync("DELETE", "/admin/workers", lambda: self.server.remove_worker(url))
+    async def remove_upstream(self, url: str) -> None:
+        self._sync("DELETE", "/admin/upstreams", lambda: self.server.remove_upstream(url))
 
-    async def list_workers(self) -> list[dict[str, Any]]:
+    async def list_upstreams(self) -> list[dict[str, Any]]:
         return self._sync(
-            "GET", "/admin/workers", lambda: _as_json([w.info() for w in self.server.pool.workers.values()])
+            "GET",
+            "/admin/upstreams",
+            lambda: _as_json([w.info() for w in self.server.pool.upstreams.values()]),
         )
 
     async def health(self) -> dict[str, Any]:

@@ -36,7 +36,7 @@ class GatewayMetrics:
         )
         self.prompt_tokens = Counter("rllm_gateway_prompt_tokens", "Prompt tokens captured", registry=r)
         self.retries = Counter(
-            "rllm_gateway_upstream_retries", "Requests retried on another worker", registry=r
+            "rllm_gateway_upstream_retries", "Requests retried on another upstream", registry=r
         )
         # Read from the server at scrape time: no lock-taking inc/dec on every request.
         inflight = Gauge("rllm_gateway_inflight_requests", "Requests being proxied now", registry=r)
@@ -46,10 +46,10 @@ class GatewayMetrics:
         stored.set_function(lambda: server.store.trace_count())
         sessions = Gauge("rllm_gateway_sessions", "Open sessions", registry=r)
         sessions.set_function(lambda: len(server.sessions))
-        healthy = Gauge("rllm_gateway_healthy_workers", "Upstream workers passing health checks", registry=r)
+        healthy = Gauge("rllm_gateway_healthy_upstreams", "Upstreams passing health checks", registry=r)
         healthy.set_function(lambda: server.pool.healthy_count())
-        workers = Gauge("rllm_gateway_workers", "Upstream workers configured", registry=r)
-        workers.set_function(lambda: len(server.pool.workers))
+        upstreams = Gauge("rllm_gateway_upstreams", "Upstreams configured", registry=r)
+        upstreams.set_function(lambda: len(server.pool.upstreams))
         self._status_children = {s: self.calls.labels(status=s) for s in ("ok", "abort", "error")}
         # Per-call counts are summed in plain ints and moved into the prometheus counters at
         # scrape time (or every _FLUSH_EVERY calls): each prometheus inc takes a lock.

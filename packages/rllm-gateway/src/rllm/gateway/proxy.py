@@ -66,7 +66,7 @@ class Proxy:
         cfg = self.config
         self.http = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(
-                limit=0, limit_per_host=cfg.max_connections_per_worker, ttl_dns_cache=None
+                limit=0, limit_per_host=cfg.max_connections_per_upstream, ttl_dns_cache=None
             ),
             timeout=aiohttp.ClientTimeout(
                 total=None, sock_connect=cfg.connect_timeout_s, sock_read=cfg.upstream_timeout_s
@@ -98,7 +98,7 @@ class Proxy:
 
     def plain_http(self) -> bool:
         """Every upstream speaks plain http (the lean client's only protocol)."""
-        return not any(u.startswith("https:") for u in self.pool.workers)
+        return not any(u.startswith("https:") for u in self.pool.upstreams)
 
     # ------------------------------------------------------------------ the task path
     async def run(
@@ -134,8 +134,8 @@ class Proxy:
     def route(self, session: Session, body: dict[str, Any], exclude: set[str] | None = None) -> Upstream:
         """The upstream for the session's next call (its sticky one if usable), made sticky, with
         the model name it serves put into ``body``. Raises NoHealthyUpstream."""
-        w = self.pool.pick(session.worker, exclude)
-        session.worker = w.url
+        w = self.pool.pick(session.upstream, exclude)
+        session.upstream = w.url
         # Agents often send a placeholder model name; the upstream serves what it serves.
         want = self.config.model_name
         if want is None and w.models and body.get("model") not in w.models:
@@ -230,7 +230,7 @@ class Proxy:
         try:
             w = self.pool.pick(None)
         except NoHealthyUpstream as exc:
-            raise GatewayError(503, str(exc), code="no_healthy_worker") from None
+            raise GatewayError(503, str(exc), code="no_healthy_upstream") from None
         try:
             async with self.http.get(f"{w.url}/models") as resp:
                 body = await resp.read()
@@ -288,7 +288,7 @@ class Proxy:
                 w = self.route(session, body, tried or None)
             except NoHealthyUpstream as exc:
                 msg = f"{exc}; last error: {last_err}" if last_err else str(exc)
-                raise GatewayError(503, msg, code="no_healthy_worker") from None
+                raise GatewayError(503, msg, code="no_healthy_upstream") from None
             w.inflight += 1
             w.requests += 1
             try:

@@ -60,18 +60,18 @@ def start_exchange(
 class ProxyExchange:
     """One call in flight on the early lane; the connection's ``cancel()`` target while it is."""
 
-    __slots__ = ("call", "conn", "proxy", "worker")
+    __slots__ = ("call", "conn", "proxy", "upstream")
 
     def __init__(self, proxy: Proxy, call: ProxyCall) -> None:
         self.proxy = proxy
         self.call = call
-        self.worker: Upstream | None = None
+        self.upstream: Upstream | None = None
         self.conn: Connection | None = None
 
-    def sent(self, worker: Upstream, conn: Connection) -> None:
-        self.worker, self.conn = worker, conn
-        worker.inflight += 1
-        worker.requests += 1
+    def sent(self, upstream: Upstream, conn: Connection) -> None:
+        self.upstream, self.conn = upstream, conn
+        upstream.inflight += 1
+        upstream.requests += 1
 
     def in_task(self) -> Awaitable[Response | StreamResponse]:
         """The rest of the call through the proxy's failover path, as a task would run it."""
@@ -87,7 +87,7 @@ class ProxyExchange:
 
     def on_answer(self, outcome: Outcome) -> None:
         """The upstream connection's callback: answer the agent now (or retry in a task)."""
-        proxy, w, call = self.proxy, self.worker, self.call
+        proxy, w, call = self.proxy, self.upstream, self.call
         assert w is not None
         w.inflight -= 1
         self.conn = None
@@ -129,8 +129,8 @@ class ProxyExchange:
         if conn is None:
             return
         conn.cancel()
-        assert self.worker is not None
-        self.worker.inflight -= 1
+        assert self.upstream is not None
+        self.upstream.inflight -= 1
         ledger = self.proxy.ledger
         ledger.finish_trace(self.call.trace, None, "abort", self.call.t0)
         ledger.call_ended()

@@ -137,7 +137,7 @@ class GatewayServer:
         await self._server.start(sock, backlog=4096)
         http = self.proxy.http
         assert http is not None
-        if self.pool.workers:
+        if self.pool.upstreams:
             await self.pool.check_all(http, timeout_s=min(2.0, cfg.connect_timeout_s))
         if cfg.health_interval_s > 0:
             self._health_task = asyncio.create_task(
@@ -327,15 +327,15 @@ class GatewayServer:
     def health_info(self) -> dict[str, Any]:
         return {
             "status": "ok",
-            "workers": len(self.pool.workers),
-            "healthy_workers": self.pool.healthy_count(),
+            "upstreams": len(self.pool.upstreams),
+            "healthy_upstreams": self.pool.healthy_count(),
             "paused": not self.ledger.admitting,
             "inflight": self.ledger.inflight,
             "waiting": self.ledger.waiting,
             "weight_version": self.ledger.weight_version,
         }
 
-    async def add_worker(self, url: str) -> Upstream:
+    async def add_upstream(self, url: str) -> Upstream:
         """Add an upstream (checked once right away)."""
         try:
             w = self.pool.add(url)
@@ -345,9 +345,9 @@ class GatewayServer:
         await self.pool.check(self.proxy.http, w, timeout_s=min(2.0, self.config.connect_timeout_s))
         return w
 
-    def remove_worker(self, url: str) -> str:
+    def remove_upstream(self, url: str) -> str:
         if not self.pool.remove(url):
-            raise GatewayError(404, f"unknown worker {url!r}", param="url")
+            raise GatewayError(404, f"unknown upstream {url!r}", param="url")
         return url.rstrip("/")
 
 

@@ -1,5 +1,5 @@
 """Sessions: one per rollout. A session owns a token, sampling overrides, a sequence counter
-for its traces, its sticky upstream worker and, in cumulative mode, the token state per role.
+for its traces, its sticky upstream and, in cumulative mode, the token state per role.
 The registry holds the live ones (persisted in the trace store) and remembers the ended ones."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class Session:
         "sampling",
         "session_id",
         "token",
-        "worker",
+        "upstream",
     )
 
     def __init__(
@@ -47,7 +47,7 @@ class Session:
         self.metadata = metadata or {}
         self.created_at = created_at or time.time()
         self.next_seq = 0
-        self.worker: str | None = None
+        self.upstream: str | None = None
         self.bridges: dict[str, Any] = {}  # role -> cumulative.BridgeState
         # sha256 -> data URI: the session's traces share one string per distinct image.
         self.images: dict[str, str] = {}

@@ -77,13 +77,13 @@ def fill_trace(trace: TraceRecord, cap: Captured) -> None:
     )
     trace.finish_reason = cap.finish_reason
     ids = cap.completion_ids
-    lps = cap.logprobs
+    lps = cap.completion_logprobs
     if cap.prompt_ids is not None:
         trace.prompt_ids = _tokens(cap.prompt_ids)
     if ids:
         trace.completion_ids = _tokens(ids)
         if lps and len(lps) == len(ids):
-            trace.logprobs = _packed(FloatArray, "f", lps)
+            trace.completion_logprobs = _packed(FloatArray, "f", lps)
         elif lps:
             trace.metadata["capture_warning"] = f"{len(lps)} logprobs for {len(ids)} tokens; logprobs dropped"
     u = cap.usage

@@ -1,12 +1,12 @@
-"""Upstream inference servers (the admin API's "workers"): sticky-per-session routing,
+"""Upstream inference servers (the admin API's "upstreams"): sticky-per-session routing,
 least-loaded fallback, health checks.
 
-A session sticks to one worker so its multi-turn prefix stays in that worker's KV cache. When
-that worker is unhealthy or removed, the session moves to the least-loaded healthy worker.
+A session sticks to one upstream so its multi-turn prefix stays in that upstream's KV cache. When
+that upstream is unhealthy or removed, the session moves to the least-loaded healthy upstream.
 
-"Unhealthy" is a hint, not a verdict: a probe can time out because the worker is busy, not down.
-When no worker is marked healthy, requests still go to the one whose last failure is oldest; a
-worker that is really down refuses the connection at once (and is excluded for that request),
+"Unhealthy" is a hint, not a verdict: a probe can time out because the upstream is busy, not down.
+When no upstream is marked healthy, requests still go to the one whose last failure is oldest; an
+upstream that is really down refuses the connection at once (and is excluded for that request),
 one that answers is marked healthy again. So one slow probe never locks every request out.
 """
 
@@ -56,54 +56,54 @@ class Upstream:
 
 
 class UpstreamPool:
-    """The upstreams one gateway routes to, by URL (``workers``, as the admin API names them)."""
+    """The upstreams one gateway routes to, by URL (``upstreams``, as the admin API names them)."""
 
     def __init__(self, urls: list[str]) -> None:
-        self.workers: dict[str, Upstream] = {}
+        self.upstreams: dict[str, Upstream] = {}
         for u in urls:
             self.add(u)
 
     def add(self, url: str) -> Upstream:
         url = url.rstrip("/")
         if not url.startswith(("http://", "https://")):
-            raise ValueError(f"worker url must be an http(s) base URL ending in /v1, got {url!r}")
-        w = self.workers.get(url)
+            raise ValueError(f"upstream url must be an http(s) base URL ending in /v1, got {url!r}")
+        w = self.upstreams.get(url)
         if w is None:
-            w = self.workers[url] = Upstream(url)
+            w = self.upstreams[url] = Upstream(url)
         return w
 
     def remove(self, url: str) -> bool:
-        return self.workers.pop(url.rstrip("/"), None) is not None
+        return self.upstreams.pop(url.rstrip("/"), None) is not None
 
     def healthy_count(self) -> int:
-        return sum(1 for w in self.workers.values() if w.healthy)
+        return sum(1 for w in self.upstreams.values() if w.healthy)
 
     def pick(self, sticky: str | None, exclude: set[str] | None = None) -> Upstream:
-        """The sticky worker if it is usable, else the least-loaded healthy one, else (none healthy)
-        the one whose last failure is oldest. Raises NoHealthyUpstream only when every worker is
+        """The sticky upstream if it is usable, else the least-loaded healthy one, else (none healthy)
+        the one whose last failure is oldest. Raises NoHealthyUpstream only when every upstream is
         excluded (already failed this request) or none is configured."""
         if sticky is not None:
-            w = self.workers.get(sticky)
+            w = self.upstreams.get(sticky)
             if w is not None and w.healthy and (exclude is None or sticky not in exclude):
                 return w
         best: Upstream | None = None
-        for w in self.workers.values():
+        for w in self.upstreams.values():
             if not w.healthy or (exclude is not None and w.url in exclude):
                 continue
-            # Ties (e.g. an idle pool) go to the worker that has served least, spreading sessions.
+            # Ties (e.g. an idle pool) go to the upstream that has served least, spreading sessions.
             if best is None or (w.inflight, w.requests) < (best.inflight, best.requests):
                 best = w
         if best is not None:
             return best
-        for w in self.workers.values():
+        for w in self.upstreams.values():
             if exclude is not None and w.url in exclude:
                 continue
             if best is None or w.failed_at < best.failed_at:
                 best = w
         if best is None:
-            if not self.workers:
-                raise NoHealthyUpstream("no upstream workers are configured")
-            raise NoHealthyUpstream(f"no healthy upstream worker (of {len(self.workers)})")
+            if not self.upstreams:
+                raise NoHealthyUpstream("no upstreams are configured")
+            raise NoHealthyUpstream(f"no healthy upstream (of {len(self.upstreams)})")
         return best
 
     def mark_failed(self, w: Upstream, error: str) -> None:
@@ -114,7 +114,7 @@ class UpstreamPool:
 
     @staticmethod
     def mark_answered(w: Upstream) -> None:
-        """A worker that just answered a request is up, whatever its last probe said."""
+        """An upstream that just answered a request is up, whatever its last probe said."""
         w.healthy = True
 
     async def check(self, session: aiohttp.ClientSession, w: Upstream, timeout_s: float) -> None:
@@ -138,7 +138,7 @@ class UpstreamPool:
             w.failed_at = time.monotonic()
 
     async def check_all(self, session: aiohttp.ClientSession, timeout_s: float) -> None:
-        await asyncio.gather(*(self.check(session, w, timeout_s) for w in list(self.workers.values())))
+        await asyncio.gather(*(self.check(session, w, timeout_s) for w in list(self.upstreams.values())))
 
     async def health_loop(self, session: aiohttp.ClientSession, interval_s: float, timeout_s: float) -> None:
         while True:

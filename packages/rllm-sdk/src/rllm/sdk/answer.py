@@ -16,7 +16,7 @@ def final_answer(episode: Episode, role: str | None = None) -> str:
         return str(answer)
     trajectories = episode.trajectories
     if role is not None:
-        trajectories = [t for t in trajectories if t.name == role]
+        trajectories = [t for t in trajectories if t.role == role]
     for trajectory in trajectories:
         for step in reversed(trajectory.steps):
             if step.output is not None:

@@ -17,8 +17,8 @@ import torch
 
 from rllm.algos.config import AlgorithmConfig
 from rllm.algos.losses import compute_policy_loss
-from rllm.engine.backend import TrainSequence
 from rllm.tinker_api.datums import shifted
+from rllm.types import TrainSequence
 
 
 def _padded(rows: list[torch.Tensor]) -> torch.Tensor:
@@ -43,6 +43,6 @@ def make_custom_loss(
         if len(logprobs_list) != len(rows):
             raise ValueError(f"the custom loss got {len(logprobs_list)} sequences for a batch of {len(rows)}")
         logprobs = _padded(list(logprobs_list))
-        return compute_policy_loss(logprobs, sampler, advantages, mask, algo, rollout_logprobs=sampler)
+        return compute_policy_loss(logprobs, sampler, advantages, mask, algo, sampler_logprobs=sampler)
 
     return loss_fn

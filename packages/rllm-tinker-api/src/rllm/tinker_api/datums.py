@@ -12,12 +12,12 @@ from typing import Any
 import numpy as np
 
 from rllm.algos.config import AlgorithmConfig
-from rllm.engine.backend import TrainSequence
 from rllm.tinker_api.losses import LossPlan, token_weights
+from rllm.types import TrainSequence
 
 
 def shifted(seq: TrainSequence) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    tokens = np.frombuffer(seq.tokens, dtype=np.int32).astype(np.int64)
+    tokens = np.frombuffer(seq.input_ids, dtype=np.int32).astype(np.int64)
     mask = np.frombuffer(seq.loss_mask, dtype=np.float32)[1:]
     advantages = np.frombuffer(seq.advantages, dtype=np.float32)[1:]
     logprobs = np.frombuffer(seq.sampler_logprobs, dtype=np.float32)[1:]

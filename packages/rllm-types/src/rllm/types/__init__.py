@@ -21,6 +21,7 @@ from rllm.types.messages import (
     TextBlock,
     ToolCall,
 )
+from rllm.types.sequence import TrainSequence
 from rllm.types.task import AgentConfig, EvalOutput, SamplingParams, Signal, Task
 from rllm.types.trace import TraceRecord, Usage
 from rllm.types.version import SCHEMA_VERSION
@@ -51,6 +52,7 @@ __all__ = [
     "TokenArray",
     "ToolCall",
     "TraceRecord",
+    "TrainSequence",
     "Trajectory",
     "TrajectoryGroup",
     "Usage",

@@ -12,7 +12,7 @@ from rllm.types.arrays import Advantage, FloatArray, TokenArray, as_float_array,
 from rllm.types.errors import InvariantError
 from rllm.types.messages import Message
 from rllm.types.task import Signal
-from rllm.types.version import SCHEMA_VERSION, check_schema_version
+from rllm.types.version import check_schema_version, current_schema_version
 
 
 def new_id() -> str:
@@ -56,18 +56,19 @@ class ErrorInfo(msgspec.Struct, omit_defaults=True):
 class Step(msgspec.Struct, omit_defaults=True):
     """One model call: what went in, what came out, and the exact tokens the sampler produced.
 
-    ``advantage`` is one float for the whole response or a FloatArray with one value per
-    response token. ``logprobs`` are the sampler's, aligned with ``response_ids``. ``images``
-    maps the sha256 of each image in ``input`` to its data URI (the blocks hold
-    ``rllm-image:sha256:<hex>`` references; see ``rllm.types.images``).
+    ``prompt_ids`` / ``completion_ids`` / ``completion_logprobs`` are the sampler's own, with the
+    trace's names (``rllm.types.TraceRecord``). ``advantage`` is one float for the whole
+    completion or a FloatArray with one value per completion token. ``images`` maps the sha256
+    of each image in ``input`` to its data URI (the blocks hold ``rllm-image:sha256:<hex>``
+    references; see ``rllm.types.images``).
     """
 
     id: str = msgspec.field(default_factory=new_id)
     input: list[Message] = msgspec.field(default_factory=list)
     output: Message | None = None
     prompt_ids: TokenArray | None = None
-    response_ids: TokenArray | None = None
-    logprobs: FloatArray | None = None
+    completion_ids: TokenArray | None = None
+    completion_logprobs: FloatArray | None = None
     reward: float | None = None
     done: bool = False
     advantage: Advantage | None = None
@@ -76,15 +77,21 @@ class Step(msgspec.Struct, omit_defaults=True):
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
     timing: dict[str, float] = msgspec.field(default_factory=dict)
     images: dict[str, str] = msgspec.field(default_factory=dict)
+    # Schema 1's names, read from old files and moved to the new fields (never written).
+    _v1_response_ids: TokenArray | None = msgspec.field(default=None, name="response_ids")
+    _v1_logprobs: FloatArray | None = msgspec.field(default=None, name="logprobs")
 
     def __post_init__(self) -> None:
+        if self._v1_response_ids is not None or self._v1_logprobs is not None:
+            self._upgrade_v1()
         self.prompt_ids = as_token_array(self.prompt_ids)
-        self.response_ids = as_token_array(self.response_ids)
-        self.logprobs = as_float_array(self.logprobs)
-        n = None if self.response_ids is None else len(self.response_ids)
-        if self.logprobs is not None and n is not None and len(self.logprobs) != n:
+        self.completion_ids = as_token_array(self.completion_ids)
+        self.completion_logprobs = as_float_array(self.completion_logprobs)
+        n = None if self.completion_ids is None else len(self.completion_ids)
+        if self.completion_logprobs is not None and n is not None and len(self.completion_logprobs) != n:
             raise InvariantError(
-                f"expected {n} logprobs (one per response token), got {len(self.logprobs)}", "logprobs"
+                f"expected {n} logprobs (one per completion token), got {len(self.completion_logprobs)}",
+                "completion_logprobs",
             )
         adv = self.advantage
         if adv is not None and not isinstance(adv, float | int):
@@ -94,16 +101,28 @@ class Step(msgspec.Struct, omit_defaults=True):
                     f"expected a scalar or {n} per-token advantages, got {len(adv)}", "advantage"
                 )
 
+    def _upgrade_v1(self) -> None:
+        if self.completion_ids is None:
+            self.completion_ids = self._v1_response_ids
+        if self.completion_logprobs is None:
+            self.completion_logprobs = self._v1_logprobs
+        self._v1_response_ids = self._v1_logprobs = None
+
 
 class Trajectory(msgspec.Struct, omit_defaults=True):
-    """The steps of one role (``name``) within an episode, e.g. "solver" or "judge"."""
+    """The steps of one role within an episode, e.g. "solver" or "judge" (the traces' ``role``)."""
 
     id: str = msgspec.field(default_factory=new_id)
-    name: str = "default"
+    role: str = "default"
     steps: list[Step] = msgspec.field(default_factory=list)
     reward: float | None = None
     signals: list[Signal] = msgspec.field(default_factory=list)
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+    _v1_name: str | None = msgspec.field(default=None, name="name")  # schema 1's name for ``role``
+
+    def __post_init__(self) -> None:
+        if self._v1_name is not None:
+            self.role, self._v1_name = self._v1_name, None
 
 
 class Episode(msgspec.Struct, omit_defaults=True):
@@ -125,7 +144,7 @@ class Episode(msgspec.Struct, omit_defaults=True):
     metrics: dict[str, float] = msgspec.field(default_factory=dict)
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
     images: dict[str, str] = msgspec.field(default_factory=dict)
-    schema_version: int = SCHEMA_VERSION
+    schema_version: int = msgspec.field(default_factory=current_schema_version)
 
     def __post_init__(self) -> None:
         check_schema_version(self.schema_version)
@@ -149,25 +168,28 @@ class Episode(msgspec.Struct, omit_defaults=True):
                         )
                     step.images[digest] = shared[digest]
 
-    def trajectory(self, name: str) -> Trajectory | None:
-        """The first trajectory with this role name, if any."""
-        return next((t for t in self.trajectories if t.name == name), None)
+    def trajectory(self, role: str) -> Trajectory | None:
+        """The first trajectory with this role, if any."""
+        return next((t for t in self.trajectories if t.role == role), None)
 
 
 class TrajectoryGroup(msgspec.Struct, omit_defaults=True):
     """Trajectories of one role across the rollouts of one task: the unit advantages compare."""
 
     task_id: str
-    name: str
+    role: str = ""
     trajectories: list[Trajectory] = msgspec.field(default_factory=list)
     episode_ids: list[str] = msgspec.field(default_factory=list)
     # Why each member's episode ended (parallel to trajectories), so filters can mask failed
     # rollouts without the episodes at hand.
     termination_reasons: list[TerminationReason] = msgspec.field(default_factory=list)
-    schema_version: int = SCHEMA_VERSION
+    schema_version: int = msgspec.field(default_factory=current_schema_version)
+    _v1_name: str | None = msgspec.field(default=None, name="name")  # schema 1's name for ``role``
 
     def __post_init__(self) -> None:
         check_schema_version(self.schema_version)
+        if self._v1_name is not None:
+            self.role, self._v1_name = self._v1_name, None
         if self.episode_ids and len(self.episode_ids) != len(self.trajectories):
             raise InvariantError(
                 f"expected {len(self.trajectories)} episode_ids (one per trajectory), got {len(self.episode_ids)}",

@@ -11,7 +11,7 @@ from rllm.types.arrays import FloatArray, TokenArray, as_float_array, as_token_a
 from rllm.types.episode import new_id
 from rllm.types.errors import InvariantError
 from rllm.types.messages import Message
-from rllm.types.version import SCHEMA_VERSION, check_schema_version
+from rllm.types.version import check_schema_version, current_schema_version
 
 TraceStatus = Literal["ok", "abort", "error"]
 
@@ -25,7 +25,7 @@ class Usage(msgspec.Struct, omit_defaults=True):
 class TraceRecord(msgspec.Struct, omit_defaults=True):
     """One LLM call as the gateway saw it.
 
-    Token ids and logprobs are the sampler's own (absent for hosted providers, which do not
+    ``prompt_ids``, ``completion_ids`` and ``completion_logprobs`` are the sampler's own (absent for hosted providers, which do not
     return them). ``segment`` counts token-level segments within a (session, role): it grows
     when a chat history did not extend the previous turn, so no turn is silently re-tokenized.
     ``status`` is ``abort`` when the client went away mid-stream; the record is then partial.
@@ -43,7 +43,7 @@ class TraceRecord(msgspec.Struct, omit_defaults=True):
     response: Message | None = None
     prompt_ids: TokenArray | None = None
     completion_ids: TokenArray | None = None
-    logprobs: FloatArray | None = None
+    completion_logprobs: FloatArray | None = None
     finish_reason: str | None = None
     weight_version: int | None = None
     segment: int = 0
@@ -55,19 +55,20 @@ class TraceRecord(msgspec.Struct, omit_defaults=True):
     raw_response: dict[str, Any] | None = None
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
     images: dict[str, str] = msgspec.field(default_factory=dict)
-    schema_version: int = SCHEMA_VERSION
+    schema_version: int = msgspec.field(default_factory=current_schema_version)
+    _v1_logprobs: FloatArray | None = msgspec.field(default=None, name="logprobs")  # schema 1's name
 
     def __post_init__(self) -> None:
         check_schema_version(self.schema_version)
+        if self._v1_logprobs is not None:
+            if self.completion_logprobs is None:
+                self.completion_logprobs = self._v1_logprobs
+            self._v1_logprobs = None
         self.prompt_ids = as_token_array(self.prompt_ids)
         self.completion_ids = as_token_array(self.completion_ids)
-        self.logprobs = as_float_array(self.logprobs)
-        if (
-            self.logprobs is not None
-            and self.completion_ids is not None
-            and len(self.logprobs) != len(self.completion_ids)
-        ):
+        self.completion_logprobs = lp = as_float_array(self.completion_logprobs)
+        if lp is not None and self.completion_ids is not None and len(lp) != len(self.completion_ids):
             raise InvariantError(
-                f"expected {len(self.completion_ids)} logprobs (one per completion token), got {len(self.logprobs)}",
-                "logprobs",
+                f"expected {len(self.completion_ids)} logprobs (one per completion token), got {len(lp)}",
+                "completion_logprobs",
             )

@@ -31,7 +31,7 @@ def compute_policy_loss(
     mask: torch.Tensor,
     config: AlgorithmConfig,
     *,
-    rollout_logprobs: torch.Tensor | None = None,
+    sampler_logprobs: torch.Tensor | None = None,
     ref_logprobs: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
     num_tokens: float | None = None,
@@ -45,7 +45,7 @@ def compute_policy_loss(
 
     - ``old_logprobs``: the trainer's log-probs before this update (the PPO ratio's denominator);
       not needed for ``cross_entropy``.
-    - ``rollout_logprobs``: the sampler's log-probs; required when ``config.tis`` is not "none".
+    - ``sampler_logprobs``: the sampler's log-probs; required when ``config.tis`` is not "none".
     - ``ref_logprobs``: the reference model's; required when ``config.kl_coef > 0``.
     - ``entropy``: per-token entropy, if the backend computed it; reported, and subtracted with
       ``entropy_coef`` as a bonus.
@@ -59,7 +59,7 @@ def compute_policy_loss(
     supervised = config.loss == "cross_entropy"
     old = check_tokens("old_logprobs", old_logprobs, mask, required=not supervised or config.tis != "none")
     adv = check_advantages(advantages, mask, required=not supervised)
-    rollout = check_tokens("rollout_logprobs", rollout_logprobs, mask, required=config.tis != "none")
+    sampler = check_tokens("sampler_logprobs", sampler_logprobs, mask, required=config.tis != "none")
     ref = check_tokens("ref_logprobs", ref_logprobs, mask, required=config.kl_coef > 0)
     ent = check_tokens("entropy", entropy, mask, required=config.entropy_coef != 0)
     agg = {
@@ -80,8 +80,8 @@ def compute_policy_loss(
 
     metrics: dict[str, float] = {}
     if config.tis != "none":
-        assert old is not None and rollout is not None  # required above when TIS is on
-        weights, capped = tis_weights(old, rollout, mask, config.tis, config.tis_cap)
+        assert old is not None and sampler is not None  # required above when TIS is on
+        weights, capped = tis_weights(old, sampler, mask, config.tis, config.tis_cap)
         token_loss = token_loss * weights
         metrics["tis/weight_mean"] = masked_mean(weights, mask).item()
         metrics["tis/capped_frac"] = masked_mean(capped.to(lp.dtype), mask).item()

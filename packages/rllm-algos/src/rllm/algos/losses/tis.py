@@ -2,7 +2,7 @@
 
 The sampler (vLLM, SGLang, ...) and the trainer compute slightly different probabilities for the
 same tokens, so the rollout is off-policy even at step 0. Each token's loss is re-weighted by
-pi_trainer_old / pi_rollout, capped at ``cap`` so a few outliers cannot blow up the update. The
+pi_trainer_old / pi_sampler, capped at ``cap`` so a few outliers cannot blow up the update. The
 weight carries no gradient.
 """
 
@@ -12,14 +12,14 @@ import torch
 
 
 def tis_weights(
-    old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor, mode: str, cap: float
+    old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor, mode: str, cap: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights [batch, tokens], capped [batch, tokens] bool) for mode "token" or "sequence".
 
     "sequence" uses one weight per sequence: the product of its tokens' ratios (the exact
     sequence likelihood ratio), capped.
     """
-    log_ratio = (old_logprobs - rollout_logprobs).detach()
+    log_ratio = (old_logprobs - sampler_logprobs).detach()
     log_ratio = torch.where(mask, log_ratio, torch.zeros_like(log_ratio))
     if mode == "token":
         raw = torch.exp(torch.clamp(log_ratio, min=-20.0, max=20.0))

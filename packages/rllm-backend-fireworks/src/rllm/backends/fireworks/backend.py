@@ -18,8 +18,8 @@ from rllm.backends.fireworks.config import OPTIONS, FireworksBackendConfig, api_
 from rllm.backends.fireworks.provision import Resources, provision, release
 from rllm.backends.fireworks.refusals import check_supported
 from rllm.backends.fireworks.upstream import DeploymentUpstream
-from rllm.engine.backend import TrainSequence
 from rllm.tinker_api import LossPlan, adam_params, make_custom_loss, split_mini_batches, to_datums
+from rllm.types import TrainSequence
 
 logger = logging.getLogger(__name__)
 

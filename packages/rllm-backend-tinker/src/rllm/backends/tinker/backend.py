@@ -10,7 +10,7 @@ import msgspec
 
 from rllm.algos.config import AlgorithmConfig
 from rllm.backends.tinker.config import TinkerBackendConfig
-from rllm.engine.backend import TrainSequence
+from rllm.types import TrainSequence
 
 
 class _Service(Protocol):

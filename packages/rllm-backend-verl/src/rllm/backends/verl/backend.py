@@ -18,7 +18,7 @@ import msgspec
 
 from rllm.algos.config import AlgorithmConfig
 from rllm.backends.verl.config import VerlBackendConfig, parse_config
-from rllm.engine.backend import TrainSequence
+from rllm.types import TrainSequence
 
 STATE_FILE = "rllm_verl_state.json"
 

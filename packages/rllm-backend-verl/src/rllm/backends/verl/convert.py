@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from rllm.engine.backend import TrainSequence
+from rllm.types import TrainSequence
 from rllm.types.errors import RLLMError
 from verl import DataProto
 
@@ -55,7 +55,7 @@ def to_data_proto(
             )
     splits = [_prompt_length(seq, index) for index, seq in enumerate(batch)]
     prompt_width = max(splits)
-    response_width = max(len(seq.tokens) - split for seq, split in zip(batch, splits, strict=True))
+    response_width = max(len(seq.input_ids) - split for seq, split in zip(batch, splits, strict=True))
     size = len(batch)
     prompts = torch.full((size, prompt_width), pad_token_id, dtype=torch.int64)
     responses = torch.full((size, response_width), pad_token_id, dtype=torch.int64)
@@ -66,7 +66,7 @@ def to_data_proto(
     position_rows: list[torch.Tensor] = []
     multi_modal: list[dict[str, torch.Tensor]] = []
     for row, (seq, split) in enumerate(zip(batch, splits, strict=True)):
-        tokens = torch.tensor(list(seq.tokens), dtype=torch.int64)
+        tokens = torch.tensor(list(seq.input_ids), dtype=torch.int64)
         n_response = len(tokens) - split
         prompts[row, prompt_width - split :] = tokens[:split]
         responses[row, :n_response] = tokens[split:]
@@ -108,7 +108,7 @@ def _vision_row(
 
 def _prompt_length(seq: TrainSequence, index: int) -> int:
     """Tokens before the first sampled token (verl's prompt); validates the sequence on the way."""
-    n = len(seq.tokens)
+    n = len(seq.input_ids)
     where = f"sequence {index} (group {seq.group_id!r})"
     for name in ("loss_mask", "advantages", "sampler_logprobs"):
         if len(getattr(seq, name)) != n:
@@ -152,5 +152,5 @@ def _non_tensors(batch: Sequence[TrainSequence]) -> dict[str, np.ndarray]:
     return {
         "uid": _column([seq.group_id for seq in batch]),
         "trajectory_id": _column([str(seq.metadata.get("trajectory_id", "")) for seq in batch]),
-        "role": _column([str(seq.metadata.get("name", "")) for seq in batch]),
+        "role": _column([str(seq.metadata.get("role", "")) for seq in batch]),
     }

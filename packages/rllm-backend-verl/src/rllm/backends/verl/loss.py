@@ -70,7 +70,7 @@ class RllmPolicyLoss:
             fields["advantages"] if config.loss != "cross_entropy" else None,
             fields["response_mask"].to(torch.bool),
             config,
-            rollout_logprobs=fields.get(ROLLOUT_LOG_PROBS) if config.tis != "none" else None,
+            sampler_logprobs=fields.get(ROLLOUT_LOG_PROBS) if config.tis != "none" else None,
             ref_logprobs=fields.get(REF_LOG_PROBS) if config.kl_coef > 0 else None,
             entropy=entropy if self.needs_entropy else None,
             # verl stores these counts as non-tensor data; they are plain numbers.

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from rllm.engine.backend import TrainSequence
+from rllm.types import TrainSequence
 from rllm.types.errors import RLLMError
 from rllm.types.images import ImageError, parse_data_uri
 
@@ -46,7 +46,7 @@ class VisionRows:
     def row(self, seq: TrainSequence, index: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """(multi_modal_inputs, position ids [4, n] or [1, n]) of one sequence; a sequence without
         images gets {} and text positions (in M-RoPE form when the model uses it)."""
-        tokens = torch.tensor(list(seq.tokens), dtype=torch.int64)
+        tokens = torch.tensor(list(seq.input_ids), dtype=torch.int64)
         n = len(tokens)
         is_image = tokens == self.image_token_id
         text_positions = torch.arange(n, dtype=torch.int64)[None, :]

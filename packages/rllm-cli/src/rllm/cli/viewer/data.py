@@ -83,7 +83,9 @@ class RunView:
                 "is_correct": e.is_correct,
                 "termination_reason": str(e.termination_reason),
                 "trained": any(t.id in trained for t in e.trajectories),
-                "response_tokens": sum(len(s.response_ids or ()) for t in e.trajectories for s in t.steps),
+                "completion_tokens": sum(
+                    len(s.completion_ids or ()) for t in e.trajectories for s in t.steps
+                ),
             }
             for i, e in enumerate(episodes)
         ]
@@ -110,7 +112,7 @@ class RunView:
             "trajectories": [
                 {
                     "id": t.id,
-                    "name": t.name,
+                    "role": t.role,
                     "reward": t.reward,
                     "trained": t.id in trained,
                     "steps": [self._step(s, t.id in trained) for s in t.steps],
@@ -120,8 +122,8 @@ class RunView:
         }
 
     def _step(self, step: Step, trained: bool) -> dict[str, Any]:
-        ids = list(step.response_ids or ())
-        logprobs = list(step.logprobs or ())
+        ids = list(step.completion_ids or ())
+        logprobs = list(step.completion_logprobs or ())
         advantage = step.advantage
         per_token_adv = (
             list(advantage) if advantage is not None and not isinstance(advantage, float | int) else None

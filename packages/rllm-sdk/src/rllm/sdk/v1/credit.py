@@ -38,15 +38,15 @@ def split_role(episode: Episode, role: str) -> list[Trajectory]:
     out: list[Trajectory] = []
     trajectories: list[Trajectory] = []
     for trajectory in episode.trajectories:
-        if trajectory.name != role or len(trajectory.steps) <= 1:
+        if trajectory.role != role or len(trajectory.steps) <= 1:
             trajectories.append(trajectory)
-            if trajectory.name == role:
+            if trajectory.role == role:
                 out.append(trajectory)
             continue
         for step in trajectory.steps:
             step.done = True
             piece = Trajectory(
-                name=role, steps=[step], metadata={**trajectory.metadata, "split_from": trajectory.id}
+                role=role, steps=[step], metadata={**trajectory.metadata, "split_from": trajectory.id}
             )
             trajectories.append(piece)
             out.append(piece)
@@ -91,7 +91,7 @@ def v1_credit(
             continue
         first, second = pair
         if correct[first] == correct[second]:
-            piece.name = verify_role + NO_SIGNAL_SUFFIX
+            piece.role = verify_role + NO_SIGNAL_SUFFIX
             piece.metadata["v1_no_signal"] = True
             credit.trajectory_rewards[piece.id] = 0.0
             continue

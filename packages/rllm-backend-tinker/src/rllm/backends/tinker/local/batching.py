@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from rllm.engine.backend import TrainSequence
+from rllm.types import TrainSequence
 
 
 @dataclass
@@ -36,15 +36,15 @@ def check_sequences(batch: list[TrainSequence], vocab_size: int) -> None:
     if not batch:
         raise ValueError("train_step got an empty batch")
     for i, seq in enumerate(batch):
-        n = len(seq.tokens)
+        n = len(seq.input_ids)
         if n < 2:
             raise ValueError(f"batch[{i}]: a sequence needs at least 2 tokens to train on, got {n}")
         for name in ("loss_mask", "advantages", "sampler_logprobs"):
             if len(getattr(seq, name)) != n:
                 raise ValueError(f"batch[{i}].{name} has {len(getattr(seq, name))} values for {n} tokens")
-        tokens = np.frombuffer(seq.tokens, dtype=np.int32)
+        tokens = np.frombuffer(seq.input_ids, dtype=np.int32)
         if tokens.min() < 0 or tokens.max() >= vocab_size:
-            raise ValueError(f"batch[{i}].tokens has ids outside the vocabulary [0, {vocab_size})")
+            raise ValueError(f"batch[{i}].input_ids has ids outside the vocabulary [0, {vocab_size})")
 
 
 def split_micro_batches(batch: list[TrainSequence], indices: list[int], max_tokens: int) -> list[list[int]]:
@@ -55,7 +55,7 @@ def split_micro_batches(batch: list[TrainSequence], indices: list[int], max_toke
     current: list[int] = []
     longest = 0
     for i in indices:
-        n = len(batch[i].tokens)
+        n = len(batch[i].input_ids)
         if current and (len(current) + 1) * max(longest, n) > max_tokens:
             pieces.append(current)
             current, longest = [], 0
@@ -68,15 +68,15 @@ def split_micro_batches(batch: list[TrainSequence], indices: list[int], max_toke
 
 def pad(batch: list[TrainSequence], indices: list[int], pad_id: int, device: torch.device) -> PaddedBatch:
     seqs = [batch[i] for i in indices]
-    width = max(len(s.tokens) for s in seqs)
+    width = max(len(s.input_ids) for s in seqs)
     ids = np.full((len(seqs), width), pad_id, dtype=np.int64)
     attention = np.zeros((len(seqs), width), dtype=np.int64)
     mask = np.zeros((len(seqs), width), dtype=np.float32)
     adv = np.zeros((len(seqs), width), dtype=np.float32)
     slp = np.zeros((len(seqs), width), dtype=np.float32)
     for row, s in enumerate(seqs):
-        n = len(s.tokens)
-        ids[row, :n] = np.frombuffer(s.tokens, dtype=np.int32)
+        n = len(s.input_ids)
+        ids[row, :n] = np.frombuffer(s.input_ids, dtype=np.int32)
         attention[row, :n] = 1
         mask[row, :n] = np.frombuffer(s.loss_mask, dtype=np.float32)
         adv[row, :n] = np.frombuffer(s.advantages, dtype=np.float32)

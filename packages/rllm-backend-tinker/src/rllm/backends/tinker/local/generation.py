@@ -43,7 +43,7 @@ class GenerationRequest:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     top_logprobs: int = 0
-    # Images of a vision-language prompt (tiny_vlm.VlmInputs: pixel patches, grids, image-token
+    # Images of a vision-language prompt (vlm_prompt.VlmInputs: pixel patches, grids, image-token
     # mask); prompt_ids then hold each image's placeholder tokens.
     vision: Any = None
 

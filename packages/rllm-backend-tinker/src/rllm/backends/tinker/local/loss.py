@@ -35,7 +35,7 @@ def policy_loss(
         advantages,
         mask,
         algo,
-        rollout_logprobs=sampler_logprobs,
+        sampler_logprobs=sampler_logprobs,
         ref_logprobs=ref_logprobs,
         entropy=entropy,
         num_tokens=num_tokens,

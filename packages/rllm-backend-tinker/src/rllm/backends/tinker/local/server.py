@@ -42,7 +42,7 @@ class SamplerServer:
     ) -> None:
         self.engine = engine
         # With an image processor (a vision-language model) chat messages may hold data-URI
-        # image blocks (tiny_vlm.render_vlm_prompt), and a token-id completions prompt may come
+        # image blocks (vlm_prompt.render_vlm_prompt), and a token-id completions prompt may come
         # with its images (``multi_modal_data``, as the gateway's cumulative mode sends it);
         # without one they are refused with a 400.
         self.image_processor = image_processor
@@ -166,7 +166,7 @@ class SamplerServer:
         )
         if not has_images:
             return None
-        from rllm.backends.tinker.tiny_vlm import render_vlm_prompt
+        from rllm.backends.tinker.vlm_prompt import render_vlm_prompt
         from rllm.types.images import ImageError
 
         try:
@@ -221,7 +221,7 @@ class SamplerServer:
     def _prompt_vision(self, body: dict[str, Any], prompts: list[list[int]]) -> Any:
         """The vision inputs of a token-id prompt sent with ``multi_modal_data: {"image": [data
         URIs in placeholder order]}``; RequestError naming the field for anything else."""
-        from rllm.backends.tinker.tiny_vlm import token_prompt_vlm_inputs
+        from rllm.backends.tinker.vlm_prompt import token_prompt_vlm_inputs
         from rllm.types.images import ImageError, parse_data_uri
 
         data = body["multi_modal_data"]

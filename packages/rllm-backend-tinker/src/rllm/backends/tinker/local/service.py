@@ -28,7 +28,7 @@ from rllm.backends.tinker.local.model import (
 from rllm.backends.tinker.local.server import SamplerServer
 from rllm.backends.tinker.local.trainer import LocalTrainer
 from rllm.backends.tinker.local.vision import load_vision
-from rllm.engine.backend import TrainSequence
+from rllm.types import TrainSequence
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

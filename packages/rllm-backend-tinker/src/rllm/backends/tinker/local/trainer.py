@@ -28,8 +28,8 @@ from rllm.backends.tinker.local.batching import (
 )
 from rllm.backends.tinker.local.loss import policy_loss
 from rllm.backends.tinker.local.vision import VisionInputs
-from rllm.engine.backend import TrainSequence
 from rllm.tinker_api.batching import split_mini_batches
+from rllm.types import TrainSequence
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -237,7 +237,7 @@ class LocalTrainer:
                     padded = self._pad(batch, piece)
                     logprobs, _ = token_logprobs_and_entropy(self.model, padded, with_entropy=False)
                     for row, i in enumerate(piece):
-                        snapshot[i] = logprobs[row, : len(batch[i].tokens) - 1]
+                        snapshot[i] = logprobs[row, : len(batch[i].input_ids) - 1]
         return snapshot
 
 

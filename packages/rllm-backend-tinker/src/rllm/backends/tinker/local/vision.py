@@ -10,13 +10,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from rllm.backends.tinker.tiny_vlm import (
-    decode_images,
-    image_token_counts,
-    load_image_processor,
-    pixel_inputs,
-)
-from rllm.engine.backend import TrainSequence
+from rllm.backends.tinker.vlm_prompt import decode_images, image_token_counts, pixel_inputs
+from rllm.tiny.vlm import load_image_processor
+from rllm.types import TrainSequence
 from rllm.types.images import parse_data_uri
 
 
@@ -65,7 +61,7 @@ class VisionInputs:
         mm = np.zeros((len(seqs), width), dtype=np.int64)
         pixels, grids = [], []
         for row, s in enumerate(seqs):
-            tokens = np.frombuffer(s.tokens, dtype=np.int32)
+            tokens = np.frombuffer(s.input_ids, dtype=np.int32)
             marks = (tokens == self.image_token_id) & (np.frombuffer(s.loss_mask, dtype=np.float32) == 0)
             if not s.images:
                 if marks.any():

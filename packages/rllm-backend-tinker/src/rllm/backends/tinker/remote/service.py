@@ -14,8 +14,8 @@ from typing import Any
 from rllm.algos.config import AlgorithmConfig
 from rllm.backends.tinker.config import TinkerBackendConfig
 from rllm.backends.tinker.remote.refusals import check_supported
-from rllm.engine.backend import TrainSequence
 from rllm.tinker_api import adam_params, make_custom_loss, plan_loss, split_mini_batches, to_datums
+from rllm.types import TrainSequence
 
 logger = logging.getLogger(__name__)
 

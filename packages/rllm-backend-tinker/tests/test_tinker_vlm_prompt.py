@@ -11,12 +11,8 @@ import torch
 from PIL import Image, ImageDraw
 from transformers import AutoConfig, AutoTokenizer, Qwen2VLForConditionalGeneration
 
-from rllm.backends.tinker.tiny_vlm import (
-    IMAGE_PAD,
-    init_tiny_vlm,
-    load_image_processor,
-    render_vlm_prompt,
-)
+from rllm.backends.tinker.vlm_prompt import render_vlm_prompt
+from rllm.tiny.vlm import IMAGE_PAD, init_tiny_vlm, load_image_processor
 from rllm.types.images import ImageError, data_uri
 
 

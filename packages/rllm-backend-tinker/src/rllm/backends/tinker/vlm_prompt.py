@@ -1,5 +1,7 @@
-"""The rendering of OpenAI messages with data-URI images into a Qwen2-VL model's inputs, and
-the tiny random-init Qwen2-VL to test it on (built by :mod:`rllm.tiny.vlm`, re-exported here)."""
+"""Prompt rendering for vision-language models: OpenAI messages with data-URI images (or a
+token-id prompt with images) into a Qwen2-VL-style model's inputs, with each image's placeholder
+token repeated once per merged patch. The tiny Qwen2-VL the tests run it on is built by
+:mod:`rllm.tiny.vlm`."""
 
 from __future__ import annotations
 
@@ -7,15 +9,7 @@ import io
 from dataclasses import dataclass
 from typing import Any
 
-from rllm.tiny.vlm import (
-    IMAGE_PAD,
-    VISION_TOKENS,
-    VLM_CHAT_TEMPLATE,
-    build_image_processor,
-    build_vlm_tokenizer,
-    init_tiny_vlm,
-    load_image_processor,
-)
+from rllm.tiny.vlm import IMAGE_PAD
 from rllm.types.images import ImageError, parse_data_uri
 
 
@@ -145,16 +139,9 @@ def image_token_counts(image_processor: Any, grid: Any) -> list[int]:
 
 
 __all__ = [
-    "IMAGE_PAD",
-    "VISION_TOKENS",
-    "VLM_CHAT_TEMPLATE",
     "VlmInputs",
-    "build_image_processor",
-    "build_vlm_tokenizer",
     "decode_images",
     "image_token_counts",
-    "init_tiny_vlm",
-    "load_image_processor",
     "message_images",
     "pixel_inputs",
     "placeholder_runs",
