@@ -53,7 +53,7 @@ class ErrorInfo(msgspec.Struct, omit_defaults=True):
         )
 
 
-class Step(msgspec.Struct, omit_defaults=True):
+class Step(msgspec.Struct, omit_defaults=True, repr_omit_defaults=True):
     """One model call: what went in, what came out, and the exact tokens the sampler produced.
 
     ``prompt_ids`` / ``completion_ids`` / ``completion_logprobs`` are the sampler's own, with the
@@ -109,7 +109,7 @@ class Step(msgspec.Struct, omit_defaults=True):
         self._v1_response_ids = self._v1_logprobs = None
 
 
-class Trajectory(msgspec.Struct, omit_defaults=True):
+class Trajectory(msgspec.Struct, omit_defaults=True, repr_omit_defaults=True):
     """The steps of one role within an episode, e.g. "solver" or "judge" (the traces' ``role``)."""
 
     id: str = msgspec.field(default_factory=new_id)
@@ -173,7 +173,7 @@ class Episode(msgspec.Struct, omit_defaults=True):
         return next((t for t in self.trajectories if t.role == role), None)
 
 
-class TrajectoryGroup(msgspec.Struct, omit_defaults=True):
+class TrajectoryGroup(msgspec.Struct, omit_defaults=True, repr_omit_defaults=True):
     """Trajectories of one role across the rollouts of one task: the unit advantages compare."""
 
     task_id: str

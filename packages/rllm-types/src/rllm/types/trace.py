@@ -22,7 +22,7 @@ class Usage(msgspec.Struct, omit_defaults=True):
     total_tokens: int = 0
 
 
-class TraceRecord(msgspec.Struct, omit_defaults=True):
+class TraceRecord(msgspec.Struct, omit_defaults=True, repr_omit_defaults=True):
     """One LLM call as the gateway saw it.
 
     ``prompt_ids``, ``completion_ids`` and ``completion_logprobs`` are the sampler's own (absent for hosted providers, which do not
