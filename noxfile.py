@@ -40,8 +40,10 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def layers(session: nox.Session) -> None:
-    """import-linter contracts (root pyproject.toml; the map is docs/architecture.md)."""
+    """import-linter contracts (root pyproject.toml; the map is docs/architecture.md), and every
+    package declares exactly what it imports (scripts/check_deps.py)."""
     session.run("lint-imports")
+    session.run("python", "scripts/check_deps.py")
 
 
 @nox.session(venv_backend="none")
