@@ -136,7 +136,7 @@ def problems(member: Member, resolver: Resolver) -> list[str]:
     """One line per undeclared or unused dependency of ``member``."""
     used: dict[str, str] = {}  # distribution → one importing file, for the message
     for path in sorted((member.directory / "src").rglob("*.py")):
-        for module in imports_of(path.read_text()):
+        for module in sorted(imports_of(path.read_text())):
             dist = resolver.distribution(module)
             if dist is not None and dist != member.name:
                 used.setdefault(dist, f"{path.relative_to(member.directory)} imports {module}")
