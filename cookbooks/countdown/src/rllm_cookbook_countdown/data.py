@@ -14,6 +14,7 @@ from typing import Any
 
 from rllm.sdk.hub import hub_rows
 from rllm.types import Task
+from rllm.types.errors import InputError
 from rllm_cookbook_countdown.equation import evaluate
 
 SAMPLE_DIR = Path(__file__).parent / "sample"
@@ -68,6 +69,6 @@ def load_tasks(split: str) -> list[Task]:
             for i, r in enumerate(rows)
         ]
     if split not in SAMPLE_SIZES:
-        raise ValueError(f"the countdown cookbook has splits 'train', 'test', 'hub:train', not {split!r}")
+        raise InputError(f"the countdown cookbook has splits 'train', 'test', 'hub:train', not {split!r}")
     lines = (SAMPLE_DIR / f"{split}.jsonl").read_text().splitlines()
     return [_task(json.loads(line)) for line in lines if line.strip()]

@@ -17,6 +17,7 @@ from typing import Any
 
 from rllm.sdk.hub import hub_rows
 from rllm.types import Task
+from rllm.types.errors import InputError
 
 SAMPLE_DIR = Path(__file__).parent / "sample"
 SAMPLE_SIZES = {"train": 24, "test": 8}
@@ -125,7 +126,7 @@ def load_tasks(split: str) -> list[Task]:
     if split.startswith("hub:"):
         return load_hub(split)
     if split not in SAMPLE_SIZES:
-        raise ValueError(
+        raise InputError(
             f"the deepcoder cookbook has splits 'train', 'test' and 'hub:<config>[:<split>]', not {split!r}"
         )
     lines = (SAMPLE_DIR / f"{split}.jsonl").read_text().splitlines()

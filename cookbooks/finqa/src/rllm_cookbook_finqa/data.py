@@ -15,6 +15,7 @@ from typing import Any
 
 from rllm.sdk.hub import hub_rows
 from rllm.types import Task
+from rllm.types.errors import InputError
 
 SAMPLE_DIR = Path(__file__).parent / "sample"
 SAMPLE_SIZES = {"train": 24, "test": 10}
@@ -100,7 +101,7 @@ def load_tasks(split: str) -> list[Task]:
     if split in ("hub:train", "hub:test"):
         return load_hub(split.removeprefix("hub:"))
     if split not in SAMPLE_SIZES:
-        raise ValueError(
+        raise InputError(
             f"the finqa cookbook has splits 'train', 'test', 'hub:train', 'hub:test', not {split!r}"
         )
     lines = (SAMPLE_DIR / f"{split}.jsonl").read_text().splitlines()

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from rllm.types import Task
+from rllm.types.errors import InputError
 
 SAMPLE_DIR = Path(__file__).parent / "sample"
 SAMPLE_SIZES = {"train": 20, "test": 10}
@@ -57,7 +58,7 @@ def load_tasks(split: str) -> list[Task]:
         lines = (SAMPLE_DIR / f"{split}.jsonl").read_text().splitlines()
         rows = [json.loads(line) for line in lines if line.strip()]
     else:
-        raise ValueError(
+        raise InputError(
             f"the frozenlake cookbook has splits 'train', 'test', 'fixed', 'gen:train', not {split!r}"
         )
     return [task_for_map(str(row["id"]), list(row["map"])) for row in rows]

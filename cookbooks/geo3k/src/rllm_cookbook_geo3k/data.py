@@ -16,6 +16,7 @@ from typing import Any
 
 from rllm.sdk.hub import hub_rows
 from rllm.types import Task
+from rllm.types.errors import InputError
 from rllm_cookbook_geo3k.diagrams import draw_problem
 
 SAMPLE_DIR = Path(__file__).parent / "sample"
@@ -60,7 +61,7 @@ def load_tasks(split: str) -> list[Task]:
     if split in HUB_SPLITS:
         return load_hub(split)
     if split not in SAMPLE_SIZES:
-        raise ValueError(
+        raise InputError(
             f"the geo3k cookbook has splits 'train', 'test', 'hub:train', 'hub:test', not {split!r}"
         )
     lines = (SAMPLE_DIR / f"{split}.jsonl").read_text().splitlines()

@@ -14,6 +14,7 @@ from typing import Any
 
 from rllm.sdk.hub import hub_rows
 from rllm.types import Task
+from rllm.types.errors import InputError
 
 SAMPLE_DIR = Path(__file__).parent / "sample"
 SAMPLE_SIZES = {"train": 30, "test": 10}
@@ -63,7 +64,7 @@ def load_tasks(split: str) -> list[Task]:
     if split in HUB:
         return load_hub(split)
     if split not in SAMPLE_SIZES:
-        raise ValueError(
+        raise InputError(
             f"the math cookbook has splits 'train', 'test', 'hub:train', 'hub:test', not {split!r}"
         )
     lines = (SAMPLE_DIR / f"{split}.jsonl").read_text().splitlines()

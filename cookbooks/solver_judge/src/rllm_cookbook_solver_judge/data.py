@@ -10,6 +10,7 @@ from typing import Any
 
 from rllm.sdk.hub import hub_rows
 from rllm.types import Task
+from rllm.types.errors import InputError
 
 SAMPLE_DIR = Path(__file__).parent / "sample"
 SAMPLE_SIZES = {"train": 30, "test": 10}
@@ -47,7 +48,7 @@ def load_tasks(split: str) -> list[Task]:
             for i, r in enumerate(rows)
         ]
     if split not in SAMPLE_SIZES:
-        raise ValueError(
+        raise InputError(
             f"the solver-judge cookbook has splits 'train', 'test', 'hub:train', 'hub:test', not {split!r}"
         )
     lines = (SAMPLE_DIR / f"{split}.jsonl").read_text().splitlines()

@@ -20,6 +20,7 @@ from rllm.sdk.evaluator import evaluator
 from rllm.sdk.sandbox import ExecResult, Sandbox, current_sandbox, needs_sandbox
 from rllm.sdk.task_dir import load_task_dirs, run_verifier, task_sandbox_spec
 from rllm.types import AgentConfig, Episode, EvalOutput, Signal, Task, TerminationReason
+from rllm.types.errors import InputError
 
 TASKS_DIR = Path(__file__).parent / "tasks"
 MAX_TURNS = 12
@@ -60,7 +61,7 @@ def load_tasks(split: str) -> list[Task]:
     if split.startswith("dir:"):
         return load_task_dirs(split[4:])
     if split not in ("train", "test"):
-        raise ValueError(
+        raise InputError(
             f"the terminal cookbook has splits 'train', 'test' and 'dir:<folder>', not {split!r}"
         )
     return load_task_dirs(TASKS_DIR)

@@ -16,6 +16,7 @@ from rllm.sdk.evaluator import evaluator
 from rllm.sdk.rewards import extract_boxed, grade_math
 from rllm.sdk.v1 import V1Settings, solve_v1, v1_credit
 from rllm.types import AgentConfig, Episode, EvalOutput, Task
+from rllm.types.errors import InputError
 from rllm_cookbook_v1_math.data import load_hub_tasks, load_tasks
 
 PROMPT = "Solve the problem. Put the final answer in \\boxed{{}}.\n\n{problem}"
@@ -29,7 +30,7 @@ def settings_for(task: Task, config: AgentConfig) -> V1Settings:
     options = {**DEFAULT_V1, **config.metadata.get("v1", {}), **task.metadata.get("v1", {})}
     unknown = set(options) - set(V1Settings.__dataclass_fields__)
     if unknown:
-        raise ValueError(f"task {task.id!r}: unknown V1 option(s) {sorted(unknown)} in metadata['v1']")
+        raise InputError(f"task {task.id!r}: unknown V1 option(s) {sorted(unknown)} in metadata['v1']")
     return V1Settings(**options)
 
 
@@ -40,7 +41,7 @@ def _answer_key(answer: str) -> str:
 @rollout
 async def v1_math_flow(task: Task, config: AgentConfig) -> dict[str, Any]:
     if not isinstance(task.instruction, str):
-        raise ValueError(f"task {task.id!r}: v1-math needs a text instruction")
+        raise InputError(f"task {task.id!r}: v1-math needs a text instruction")
     outcome = await solve_v1(
         task.instruction,
         config,

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from rllm.types.errors import InputError, LookupFailed
+
 if TYPE_CHECKING:
     from rllm.algos.config import AlgorithmConfig
     from rllm.algos.reward_batch import RewardBatch
@@ -42,13 +44,13 @@ def register_estimator(
     silently shadow each other.
     """
     if not isinstance(name, str) or not name:
-        raise ValueError(f"estimator name must be a non-empty string, got {name!r}")
+        raise InputError(f"estimator name must be a non-empty string, got {name!r}")
     if step_credit not in (None, "broadcast", "turn"):
-        raise ValueError(f"step_credit must be None, 'broadcast' or 'turn', got {step_credit!r}")
+        raise InputError(f"step_credit must be None, 'broadcast' or 'turn', got {step_credit!r}")
 
     def decorate(fn: EstimatorFn) -> EstimatorFn:
         if name in _REGISTRY and not replace:
-            raise ValueError(f"estimator {name!r} is already registered (pass replace=True to override it)")
+            raise InputError(f"estimator {name!r} is already registered (pass replace=True to override it)")
         _REGISTRY[name] = EstimatorSpec(name=name, fn=fn, step_credit=step_credit)
         return fn
 
@@ -66,7 +68,7 @@ def get_estimator(name: str) -> EstimatorSpec:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise KeyError(f"unknown advantage estimator {name!r}; known: {sorted(_REGISTRY)}") from None
+        raise LookupFailed(f"unknown advantage estimator {name!r}; known: {sorted(_REGISTRY)}") from None
 
 
 def available_estimators() -> frozenset[str]:

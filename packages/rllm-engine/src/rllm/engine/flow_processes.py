@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 
 from rllm.types import Episode, ErrorInfo, EvalOutput, Task, TerminationReason, from_msgpack, to_msgpack
-from rllm.types.errors import RLLMError
+from rllm.types.errors import InputError, RLLMError, StateError
 from rllm.types.images import pack_episode_images
 
 _HEADER = struct.Struct("<I")
@@ -283,7 +283,7 @@ class FlowProcessPool:
                 except (pickle.PicklingError, AttributeError, TypeError) as exc:
                     parent_sock.close()
                     child_sock.close()
-                    raise ValueError(
+                    raise InputError(
                         f"workers > 1 needs an importable flow and evaluator (module-level, not a "
                         f"lambda or a local function): {exc}"
                     ) from None
@@ -297,7 +297,7 @@ class FlowProcessPool:
                 with contextlib.suppress(TimeoutError):
                     w.gateway_url = await asyncio.wait_for(w.ready, self.start_timeout_s)
                 if not w.gateway_url:
-                    raise RuntimeError(
+                    raise StateError(
                         f"rollout worker {w.index} did not start (exit code {w.process.exitcode}); "
                         "is the flow importable (defined at module level)?"
                     )

@@ -42,6 +42,7 @@ from rllm.types import (
     convert,
     to_builtins,
 )
+from rllm.types.errors import InputError, StateError
 
 if TYPE_CHECKING:
     from rllm.gateway import GatewayAdmin, GatewayServer
@@ -82,11 +83,11 @@ class RolloutEngine:
         sandboxes: SandboxProvider | None = None,
     ) -> None:
         if gateway_url is None and not upstreams and gateway_config is None:
-            raise ValueError(
+            raise InputError(
                 "RolloutEngine needs gateway_url (attach), upstreams or gateway_config (own gateway)"
             )
         if gateway_url is not None and (upstreams or gateway_config is not None):
-            raise ValueError(
+            raise InputError(
                 "give either gateway_url (attach) or upstreams/gateway_config (own gateway), not both"
             )
         self._flow_arg, self._evaluator_arg = flow, evaluator  # what worker processes rebuild from
@@ -114,7 +115,7 @@ class RolloutEngine:
     @property
     def gateway_url(self) -> str:
         if self._gateway_url is None:
-            raise RuntimeError("the engine's gateway is not started; call `await engine.start()` first")
+            raise StateError("the engine's gateway is not started; call `await engine.start()` first")
         return self._gateway_url
 
     @property
@@ -123,7 +124,7 @@ class RolloutEngine:
         GatewayClient over HTTP when attached, the server's in-process LocalGatewayClient when the
         engine owns it, a GatewayGroup over every worker process's own gateway."""
         if self._client is None:
-            raise RuntimeError("the engine is not started; call `await engine.start()` first")
+            raise StateError("the engine is not started; call `await engine.start()` first")
         return self._client
 
     async def start(self) -> RolloutEngine:
@@ -258,7 +259,7 @@ class RolloutEngine:
         await self.start()
         n = self.config.n if n is None else n
         if n < 1:
-            raise ValueError(f"n (rollouts per task) must be >= 1, got {n}")
+            raise InputError(f"n (rollouts per task) must be >= 1, got {n}")
         total = len(tasks) * n
         if total == 0:
             return

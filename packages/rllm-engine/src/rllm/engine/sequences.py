@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from rllm.engine.backend import TrainSequence
 from rllm.types import FloatArray, ImageBlock, Step, TokenArray, Trajectory, TrajectoryGroup
-from rllm.types.errors import RLLMError
+from rllm.types.errors import InputError, RLLMError
 from rllm.types.images import IMAGE_REF_PREFIX
 
 
@@ -103,7 +103,7 @@ def _append_response(seq: TrainSequence, step: Step, response: TokenArray, where
     seq.loss_mask.extend(FloatArray([1.0]) * n)
     advantage = step.advantage
     if advantage is None:
-        raise ValueError(f"{where}: step has no advantage; compute advantages before building sequences")
+        raise InputError(f"{where}: step has no advantage; compute advantages before building sequences")
     if isinstance(advantage, float | int):
         seq.advantages.extend(FloatArray([float(advantage)]) * n)
     else:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rllm.types import Task
+from rllm.types.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -39,5 +40,5 @@ class Cookbook:
         if not options:
             return self
         if self.configure is None:
-            raise ValueError(f"cookbook {self.name!r} takes no options, got {sorted(options)}")
+            raise InputError(f"cookbook {self.name!r} takes no options, got {sorted(options)}")
         return self.configure(dict(options))

@@ -52,7 +52,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
             try:
                 doc = yaml.safe_load(text)
             except yaml.YAMLError as exc:
-                raise ValueError(str(exc)) from None
+                raise ConfigError(str(exc)) from None
     except (tomllib.TOMLDecodeError, msgspec.DecodeError, ValueError) as exc:
         raise ConfigError(f"config file {path} is not valid {fmt}: {exc}") from None
     if not isinstance(doc, dict):

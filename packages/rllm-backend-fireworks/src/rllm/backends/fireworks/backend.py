@@ -20,6 +20,7 @@ from rllm.backends.fireworks.refusals import check_supported
 from rllm.backends.fireworks.upstream import DeploymentUpstream
 from rllm.engine.backend import TrainSequence
 from rllm.tinker_api import LossPlan, adam_params, make_custom_loss, split_mini_batches, to_datums
+from rllm.types.errors import DeadlineError, InputError, NotFoundError, StateError
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ class FireworksBackend:
 
     def _started(self) -> Resources:
         if self.resources is None or self.training_client is None:
-            raise RuntimeError("FireworksBackend is not started: await backend.start() first")
+            raise StateError("FireworksBackend is not started: await backend.start() first")
         return self.resources
 
     def inference_urls(self) -> list[str]:
@@ -111,7 +112,7 @@ class FireworksBackend:
         self._started()
         check_supported(algo)
         if not batch:
-            raise ValueError("train_step got an empty batch")
+            raise InputError("train_step got an empty batch")
         outputs = await asyncio.to_thread(self._train_blocking, batch, algo)
         self.optimizer_steps += len(outputs)
         totals: dict[str, float] = {}
@@ -152,7 +153,7 @@ class FireworksBackend:
             async with asyncio.timeout(timeout):
                 await asyncio.to_thread(self.syncer.save_and_hotload, name)
         except TimeoutError as exc:
-            raise TimeoutError(f"saving and hot-loading {name!r} took longer than {timeout}s") from exc
+            raise DeadlineError(f"saving and hot-loading {name!r} took longer than {timeout}s") from exc
 
     async def sync_weights(self) -> int:
         """Save a sampler snapshot and hot-load it to the deployment; returns the new version."""
@@ -186,11 +187,11 @@ class FireworksBackend:
         res = self._started()
         state_file = Path(path) / STATE_FILE
         if not state_file.is_file():
-            raise FileNotFoundError(f"{path} is not a fireworks checkpoint (no {STATE_FILE})")
+            raise NotFoundError(f"{path} is not a fireworks checkpoint (no {STATE_FILE})")
         state = json.loads(state_file.read_text())
         for key in ("model", "lora_rank"):
             if state.get(key) != getattr(self.config, key):
-                raise ValueError(
+                raise InputError(
                     f"{state_file} was saved with {key}={state.get(key)!r}, but {OPTIONS}.{key} is "
                     f"{getattr(self.config, key)!r}"
                 )

@@ -13,6 +13,8 @@ from typing import Any
 
 import msgspec
 
+from rllm.types.errors import ConfigError
+
 API_KEY_ENV = "FIREWORKS_API_KEY"
 OPTIONS = "backend.options"
 _SHAPE_RE = re.compile(r"^accounts/[^/]+/trainingShapes/[^/]+(/versions/[^/]+)?$")
@@ -81,7 +83,7 @@ class FireworksBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields
         ]
         for ok, key, message in checks:
             if not ok:
-                raise ValueError(f"{OPTIONS}.{key} {message}")
+                raise ConfigError(f"{OPTIONS}.{key} {message}")
 
     def resolved_inference_url(self) -> str:
         return (self.inference_url or f"{self.base_url.rstrip('/')}/inference/v1").rstrip("/")
@@ -93,7 +95,7 @@ def parse_config(options: FireworksBackendConfig | Mapping[str, Any] | None) -> 
         return options
     options = dict(options or {})
     if "api_key" in options:
-        raise ValueError(f"{OPTIONS}.api_key is not an option: set the {API_KEY_ENV} environment variable")
+        raise ConfigError(f"{OPTIONS}.api_key is not an option: set the {API_KEY_ENV} environment variable")
     try:
         return msgspec.convert(options, FireworksBackendConfig)
     except msgspec.ValidationError as exc:
@@ -102,11 +104,11 @@ def parse_config(options: FireworksBackendConfig | Mapping[str, Any] | None) -> 
         unknown = re.fullmatch(r"Object contains unknown field `(\w+)`", str(exc))
         if unknown:
             message = f"`{OPTIONS}.{unknown.group(1)}` is not an option"
-        raise ValueError(f"invalid fireworks backend options: {message}") from exc
+        raise ConfigError(f"invalid fireworks backend options: {message}") from exc
 
 
 def api_key() -> str:
     key = os.environ.get(API_KEY_ENV, "")
     if not key:
-        raise ValueError(f"the fireworks backend needs an API key: set {API_KEY_ENV}")
+        raise ConfigError(f"the fireworks backend needs an API key: set {API_KEY_ENV}")
     return key

@@ -11,6 +11,7 @@ import msgspec
 from rllm.algos.config import AlgorithmConfig
 from rllm.backends.tinker.config import TinkerBackendConfig
 from rllm.engine.backend import TrainSequence
+from rllm.types.errors import InputError, StateError
 
 
 class _Service(Protocol):
@@ -32,7 +33,7 @@ def parse_config(options: TinkerBackendConfig | Mapping[str, Any] | None) -> Tin
     try:
         return msgspec.convert(dict(options or {}), TinkerBackendConfig)
     except msgspec.ValidationError as exc:
-        raise ValueError(f"invalid tinker backend options: {exc}") from exc
+        raise InputError(f"invalid tinker backend options: {exc}") from exc
 
 
 class TinkerBackend:
@@ -84,7 +85,7 @@ class TinkerBackend:
 
     def _started(self) -> _Service:
         if self._service is None:
-            raise RuntimeError("TinkerBackend is not started: await backend.start() first")
+            raise StateError("TinkerBackend is not started: await backend.start() first")
         return self._service
 
     async def start(self) -> None:

@@ -7,6 +7,8 @@ from typing import Literal
 
 import msgspec
 
+from rllm.types.errors import ConfigError
+
 
 class LoraConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """LoRA adapter shape. ``rank = 0`` means full fine-tuning (every weight trains)."""
@@ -90,4 +92,4 @@ class TinkerBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
         ]
         for ok, message in checks:
             if not ok:
-                raise ValueError(f"TinkerBackendConfig: {message}")
+                raise ConfigError(f"TinkerBackendConfig: {message}")

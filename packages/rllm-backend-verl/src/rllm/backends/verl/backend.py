@@ -19,6 +19,7 @@ import msgspec
 from rllm.algos.config import AlgorithmConfig
 from rllm.backends.verl.config import VerlBackendConfig, parse_config
 from rllm.engine.backend import TrainSequence
+from rllm.types.errors import InputError, NotFoundError, StateError
 
 STATE_FILE = "rllm_verl_state.json"
 
@@ -54,9 +55,9 @@ class VerlBackend:
         verl's engine. Only the model must be named (before Ray starts)."""
         algo.validate()
         if not self.config.model:
-            raise ValueError("backend.options.model: name the policy model (a local path or hub name)")
+            raise InputError("backend.options.model: name the policy model (a local path or hub name)")
         if self.config.cluster.device == "cpu" and self.config.rollout.engine != "external":
-            raise ValueError(
+            raise InputError(
                 "backend.options.cluster.device: 'cpu' needs rollout.engine = 'external' (running "
                 "vLLM servers): verl's own vLLM and SGLang rollout servers need GPUs"
             )
@@ -66,7 +67,7 @@ class VerlBackend:
         from rllm.backends.verl.ray_cluster import RayCluster
 
         if self._algo is None:
-            raise RuntimeError(
+            raise StateError(
                 "VerlBackend.start: call validate(algo) first (it decides whether a reference policy runs)"
             )
         cluster = RayCluster(self.config, self._algo)
@@ -79,7 +80,7 @@ class VerlBackend:
 
     def _started(self) -> Any:
         if self._cluster is None:
-            raise RuntimeError("VerlBackend is not started: await backend.start() first")
+            raise StateError("VerlBackend is not started: await backend.start() first")
         return self._cluster
 
     def inference_urls(self) -> list[str]:
@@ -147,7 +148,7 @@ class VerlBackend:
         path = Path(path)
         state_file = path / STATE_FILE
         if not state_file.is_file():
-            raise FileNotFoundError(f"{path}: not a verl backend checkpoint (no {STATE_FILE})")
+            raise NotFoundError(f"{path}: not a verl backend checkpoint (no {STATE_FILE})")
         await asyncio.to_thread(self._started().load_checkpoint, str(path))
         state = json.loads(state_file.read_text())
         # The Trainer syncs the restored weights to the samplers next, as a new version.

@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 import torch
 
-from rllm.types.errors import RLLMError
+from rllm.types.errors import InputError, RLLMError
 from verl.workers.rollout.base import _ROLLOUT_REGISTRY, BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry
 
@@ -140,7 +140,7 @@ class ExternalServerAdapter(BaseRollout):
         self.server_urls = [str(url) for url in custom.get("server_urls", [])]
         self.weights_dir = Path(str(custom.get("weights_dir", "")))
         if not self.server_urls or not str(custom.get("weights_dir", "")):
-            raise ValueError("rollout.custom needs server_urls and weights_dir for the external rollout")
+            raise InputError("rollout.custom needs server_urls and weights_dir for the external rollout")
         self._syncs = 0
 
     async def resume(self, tags: list[str]) -> None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from rllm.sdk.v1.verdict import Verdict
+from rllm.types.errors import InputError, UsageError
 
 Verifier = Callable[[int, int], Awaitable[Verdict | None]]
 TournamentFormat = Literal["swiss", "knockout", "all_pairs"]
@@ -76,14 +77,14 @@ class Match:
             else:
                 calls.append((k, i, j) if self.rng.random() < 0.5 else (k, j, i))
         if len(calls) > self.remaining:
-            raise ValueError(f"{len(calls)} verification calls exceed the remaining budget {self.remaining}")
+            raise InputError(f"{len(calls)} verification calls exceed the remaining budget {self.remaining}")
         self.remaining -= len(calls)
         verdicts = await asyncio.gather(*(self.verify(a, b) for _, a, b in calls))
         points = [0.0] * len(pairs)
         asked = [0] * len(pairs)
         for (k, a, b), verdict in zip(calls, verdicts, strict=True):
             if verdict is not None and not isinstance(verdict, Verdict):
-                raise TypeError(f"a verifier must return a Verdict or None, got {verdict!r}")
+                raise UsageError(f"a verifier must return a Verdict or None, got {verdict!r}")
             self.log.append(Comparison(a, b, verdict, round_no))
             first_shown = a == pairs[k][0]
             if verdict is Verdict.A:
@@ -128,13 +129,13 @@ async def run_tournament(
 ) -> TournamentResult:
     """Rank ``n`` candidates with at most ``budget`` calls of ``verify``; return the result."""
     if n < 1:
-        raise ValueError(f"a tournament needs at least one candidate, got n={n}")
+        raise InputError(f"a tournament needs at least one candidate, got n={n}")
     if budget < 0:
-        raise ValueError(f"budget must be >= 0 verification calls, got {budget}")
+        raise InputError(f"budget must be >= 0 verification calls, got {budget}")
     if format not in FORMATS:
-        raise ValueError(f"unknown tournament format {format!r}; known: {list(FORMATS)}")
+        raise InputError(f"unknown tournament format {format!r}; known: {list(FORMATS)}")
     if prior is not None and len(prior) != n:
-        raise ValueError(f"prior has {len(prior)} values for {n} candidates")
+        raise InputError(f"prior has {len(prior)} values for {n} candidates")
     rng = random.Random(seed)
     order = seed_order(n, prior, rng)
     match = Match(verify, budget, rng)
