@@ -11,16 +11,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from rllm.algos.config import AlgorithmConfig
 from rllm.backends.fireworks.config import OPTIONS, FireworksBackendConfig, api_key, parse_config
 from rllm.backends.fireworks.provision import Resources, provision, release
 from rllm.backends.fireworks.refusals import check_supported
 from rllm.backends.fireworks.upstream import DeploymentUpstream
 from rllm.engine.backend import TrainSequence
+from rllm.engine.backend_base import BackendBase
 from rllm.tinker_api import LossPlan, adam_params, make_custom_loss, split_mini_batches, to_datums
-from rllm.types.errors import DeadlineError, InputError, NotFoundError, StateError
+from rllm.types.errors import DeadlineError, InputError, NotFoundError
 
 logger = logging.getLogger(__name__)
 
@@ -29,18 +28,16 @@ STATE_FILE = "fireworks_state.json"
 CUSTOM = LossPlan("custom", None)
 
 
-class FireworksBackend:
+class FireworksBackend(BackendBase[FireworksBackendConfig]):
     """Implements rllm.engine's Backend protocol on Fireworks (see README.md)."""
 
     name = "fireworks"
+    options_type = FireworksBackendConfig
 
     def __init__(
         self, options: FireworksBackendConfig | Mapping[str, Any] | None = None, **overrides: Any
     ) -> None:
-        config = parse_config(options)
-        if overrides:
-            config = parse_config({**msgspec.to_builtins(config), **overrides})
-        self.config = config
+        super().__init__(options, **overrides)
         self.resources: Resources | None = None
         self.service_client: Any = None
         self.training_client: Any = None
@@ -86,10 +83,15 @@ class FireworksBackend:
             await self.close()
             raise
 
+    @classmethod
+    def parse_options(
+        cls, options: FireworksBackendConfig | Mapping[str, Any] | None = None, **overrides: Any
+    ) -> FireworksBackendConfig:
+        return parse_config(options, **overrides)  # refuses an api_key option first
+
     def _started(self) -> Resources:
-        if self.resources is None or self.training_client is None:
-            raise StateError("FireworksBackend is not started: await backend.start() first")
-        return self.resources
+        self.require_started(self.training_client)
+        return self.require_started(self.resources)
 
     def inference_urls(self) -> list[str]:
         self._started()

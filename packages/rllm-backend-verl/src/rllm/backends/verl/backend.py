@@ -14,28 +14,25 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from rllm.algos.config import AlgorithmConfig
 from rllm.backends.verl.config import VerlBackendConfig, parse_config
 from rllm.engine.backend import TrainSequence
+from rllm.engine.backend_base import BackendBase
 from rllm.types.errors import InputError, NotFoundError, StateError
 
 STATE_FILE = "rllm_verl_state.json"
 
 
-class VerlBackend:
+class VerlBackend(BackendBase[VerlBackendConfig]):
     """Implements rllm.engine's Backend protocol on verl (Ray, FSDP/Megatron, vLLM/SGLang)."""
 
     name = "verl"
+    options_type = VerlBackendConfig
 
     def __init__(
         self, options: VerlBackendConfig | Mapping[str, Any] | None = None, **overrides: Any
     ) -> None:
-        config = parse_config(options)
-        if overrides:
-            config = parse_config({**msgspec.to_builtins(config), **overrides})
-        self.config = config
+        super().__init__(options, **overrides)
         self._algo: AlgorithmConfig | None = None
         self._cluster: Any = None
         self._version = 0
@@ -78,10 +75,14 @@ class VerlBackend:
             raise
         self._cluster = cluster
 
+    @classmethod
+    def parse_options(
+        cls, options: VerlBackendConfig | Mapping[str, Any] | None = None, **overrides: Any
+    ) -> VerlBackendConfig:
+        return parse_config(options, **overrides)  # with the cross-field checks
+
     def _started(self) -> Any:
-        if self._cluster is None:
-            raise StateError("VerlBackend is not started: await backend.start() first")
-        return self._cluster
+        return self.require_started(self._cluster)
 
     def inference_urls(self) -> list[str]:
         return self._started().inference_urls()

@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 import torch
 
-from rllm.types.errors import InputError, RLLMError
+from rllm.types.errors import ConfigError, InputError, RLLMError
 from verl.workers.rollout.base import _ROLLOUT_REGISTRY, BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry
 
@@ -76,7 +76,7 @@ def served_models(base_url: str) -> list[str]:
 def check_servers(server_urls: list[str], model_name: str) -> None:
     """Every server answers and serves ``model_name`` (what the agents will ask for); else one
     error naming each ``backend.options.rollout.server_urls[i]`` that does not."""
-    from rllm.backends.verl.config import PREFIX, BackendOptionsError
+    from rllm.backends.verl.config import PREFIX
 
     problems = []
     for index, url in enumerate(server_urls):
@@ -92,7 +92,7 @@ def check_servers(server_urls: list[str], model_name: str) -> None:
                 "to the name the server was started with)"
             )
     if problems:
-        raise BackendOptionsError("; ".join(problems))
+        raise ConfigError("; ".join(problems), f"{PREFIX}.rollout.server_urls")
 
 
 def reload_server_weights(base_url: str, weights_path: Path) -> None:
