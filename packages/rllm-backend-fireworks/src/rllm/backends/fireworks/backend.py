@@ -48,7 +48,6 @@ class FireworksBackend(BackendBase[FireworksBackendConfig]):
 
     # Backend protocol ------------------------------------------------------------------------
     def validate(self, algo: AlgorithmConfig) -> None:
-        algo.validate()
         check_supported(algo)
 
     async def start(self) -> None:

@@ -50,7 +50,6 @@ class TinkerBackend(BackendBase[TinkerBackendConfig]):
 
     # Backend protocol ------------------------------------------------------------------------
     def validate(self, algo: AlgorithmConfig) -> None:
-        algo.validate()
         if self.config.service == "remote":
             from rllm.backends.tinker.remote.refusals import check_supported
 

@@ -50,7 +50,6 @@ class VerlBackend(BackendBase[VerlBackendConfig]):
     def validate(self, algo: AlgorithmConfig) -> None:
         """Every rLLM algorithm option is honoured: the loss is rllm.algos' own code running inside
         verl's engine. Only the model must be named (before Ray starts)."""
-        algo.validate()
         if not self.config.model:
             raise InputError("backend.options.model: name the policy model (a local path or hub name)")
         if self.config.cluster.device == "cpu" and self.config.rollout.engine != "external":
