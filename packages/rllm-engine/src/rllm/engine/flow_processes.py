@@ -178,7 +178,7 @@ def _encode_done(job: _Job, episode: Episode) -> bytes:
         return to_msgpack(_Done(job.id, pack_episode_images(episode)))  # each image sent once
     except Exception as exc:
         from rllm.engine.episode_builder import failed_episode
-        from rllm.engine.rollout_engine import RolloutEngine
+        from rllm.engine.scoring import apply_eval_output
 
         error = ErrorInfo(
             type=type(exc).__name__,
@@ -186,7 +186,7 @@ def _encode_done(job: _Job, episode: Episode) -> bytes:
             f"a flow's result, artifacts and metadata must be msgpack-encodable): {exc}",
         )
         failed = failed_episode(job.task.id, job.rollout_index, TerminationReason.AGENT_ERROR, error)
-        RolloutEngine._apply(failed, EvalOutput(reward=0.0, is_correct=False))
+        apply_eval_output(failed, EvalOutput(reward=0.0, is_correct=False))
         return to_msgpack(_Done(job.id, failed))
 
 
