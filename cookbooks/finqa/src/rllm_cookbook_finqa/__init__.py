@@ -15,7 +15,7 @@ from typing import Any
 
 from rllm.sdk import rollout, sampling_kwargs
 from rllm.sdk.clients import async_openai
-from rllm.sdk.cookbook import Cookbook
+from rllm.sdk.cookbook import Cookbook, train_defaults
 from rllm.sdk.rewards import numeric_match
 from rllm.types import AgentConfig, Episode, EvalOutput, Signal, Task, TerminationReason
 from rllm.types.errors import InputError
@@ -158,14 +158,7 @@ def configure(options: dict[str, Any]) -> Cookbook:
 
 finqa_evaluator = evaluator_from_options({})
 
-TRAIN_DEFAULTS = {
-    "total_steps": 100,
-    "tasks_per_step": 8,
-    "group_size": 8,
-    "val_split": "test",
-    "val_every": 10,
-    "rollout": {"sampling": {"temperature": 1.0, "max_tokens": 512}},
-}
+TRAIN_DEFAULTS = train_defaults(tasks_per_step=8, max_tokens=512)
 
 cookbook = Cookbook(
     name="finqa",

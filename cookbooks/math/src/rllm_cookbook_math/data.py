@@ -6,15 +6,14 @@ loads the hub datasets with the ``datasets`` library (``pip install 'rllm-cookbo
 
 from __future__ import annotations
 
-import json
 import random
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from rllm.sdk.cookbook import sample_rows
 from rllm.sdk.hub import hub_rows
 from rllm.types import Task
-from rllm.types.errors import InputError
 
 SAMPLE_DIR = Path(__file__).parent / "sample"
 SAMPLE_SIZES = {"train": 30, "test": 10}
@@ -63,12 +62,8 @@ def _task(row: dict[str, Any]) -> Task:
 def load_tasks(split: str) -> list[Task]:
     if split in HUB:
         return load_hub(split)
-    if split not in SAMPLE_SIZES:
-        raise InputError(
-            f"the math cookbook has splits 'train', 'test', 'hub:train', 'hub:test', not {split!r}"
-        )
-    lines = (SAMPLE_DIR / f"{split}.jsonl").read_text().splitlines()
-    return [_task(json.loads(line)) for line in lines if line.strip()]
+    rows = sample_rows(SAMPLE_DIR, split, cookbook="math", other_splits=list(HUB))
+    return [_task(row) for row in rows]
 
 
 def load_hub(split: str) -> list[Task]:

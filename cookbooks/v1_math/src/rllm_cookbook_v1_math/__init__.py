@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from rllm.sdk import rollout
-from rllm.sdk.cookbook import Cookbook
+from rllm.sdk.cookbook import Cookbook, train_defaults
 from rllm.sdk.evaluator import evaluator
 from rllm.sdk.rewards import extract_boxed, grade_math
 from rllm.sdk.v1 import V1Settings, solve_v1, v1_credit
@@ -68,21 +68,16 @@ def v1_math_evaluator(task: Task, episode: Episode) -> EvalOutput:
     )
 
 
-TRAIN_DEFAULTS = {
-    "total_steps": 100,
-    "tasks_per_step": 8,
-    "group_size": 2,
-    "val_split": "test",
-    "val_every": 10,
+TRAIN_DEFAULTS = train_defaults(
+    tasks_per_step=8,
+    group_size=2,
+    max_tokens=512,
     # Validation samples too: at temperature 0 the N candidates would all be the same.
-    "rollout": {
-        "sampling": {"temperature": 1.0, "max_tokens": 512},
-        "val_sampling": {"temperature": 1.0, "max_tokens": 512},
-    },
+    rollout={"val_sampling": {"temperature": 1.0, "max_tokens": 512}},
     # Both roles train jointly, each with its own estimator; verify.no_signal groups (all 0) are
     # dropped by the zero-variance filter.
-    "algorithm": {"estimator_by_role": {"generate": "grpo", "verify": "grpo"}, "filter_zero_variance": True},
-}
+    algorithm={"estimator_by_role": {"generate": "grpo", "verify": "grpo"}, "filter_zero_variance": True},
+)
 
 cookbook = Cookbook(
     name="v1-math",
