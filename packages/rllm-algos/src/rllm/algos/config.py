@@ -9,6 +9,7 @@ import msgspec
 
 # Raised when an option has a value rLLM cannot honour (the message names the option); one class
 # for every config error of the project, re-exported here where users import it from.
+from rllm.algos.registry import BUILTIN_LOSSES
 from rllm.types.errors import ConfigError
 
 Aggregation = Literal[
@@ -23,7 +24,7 @@ AGGREGATIONS: tuple[str, ...] = (
     "seq-mean-token-sum-norm",
 )
 # The built-in losses (rllm.algos.registry holds them, and any a user registers).
-LOSSES: tuple[str, ...] = ("ppo_clip", "dual_clip", "gspo", "cispo", "importance_sampling", "cross_entropy")
+LOSSES: tuple[str, ...] = BUILTIN_LOSSES
 KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
 TIS_MODES: tuple[str, ...] = ("none", "token", "sequence")
 STEP_CREDITS: tuple[str, ...] = ("broadcast", "turn")

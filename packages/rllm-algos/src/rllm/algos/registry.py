@@ -71,10 +71,18 @@ class LossSpec:
 
 
 _ESTIMATORS: dict[str, EstimatorSpec] = {}
-# Built-in losses by name; the policy-gradient ones share ppo_clip's signature.
+# The built-in losses: functions of rllm.algos.losses.policy by these names.
+BUILTIN_LOSSES: tuple[str, ...] = (
+    "ppo_clip",
+    "dual_clip",
+    "gspo",
+    "cispo",
+    "importance_sampling",
+    "cross_entropy",
+)
 _LOSSES: dict[str, LossSpec] = {
     name: LossSpec(name, target=f"rllm.algos.losses.policy:{name}", supervised=name == "cross_entropy")
-    for name in ("ppo_clip", "dual_clip", "gspo", "cispo", "importance_sampling", "cross_entropy")
+    for name in BUILTIN_LOSSES
 }
 _PLUGINS: dict[str, dict[str, EntryPoint]] = {}
 
