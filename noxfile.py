@@ -13,7 +13,7 @@ import shutil
 import nox
 
 nox.options.default_venv_backend = "uv"
-nox.options.sessions = ["lint", "layers", "typecheck", "tests", "wheels"]
+nox.options.sessions = ["lint", "layers", "typecheck", "tests", "wheels", "packages"]
 
 PYTEST = ["pytest", "-q", "-p", "no:cacheprovider"]
 
@@ -40,8 +40,13 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def layers(session: nox.Session) -> None:
-    """import-linter contracts (root pyproject.toml; the map is docs/architecture.md)."""
+    """import-linter contracts (root pyproject.toml; the map is docs/architecture.md), and every
+    package declares exactly what it imports (scripts/check_deps.py), with ranges on the others
+    (scripts/bump_version.py --check)."""
     session.run("lint-imports")
+    session.run("python", "scripts/check_deps.py")
+    # rLLM packages name each other with version ranges, and uv.lock agrees with every pyproject
+    session.run("python", "scripts/bump_version.py", "--check")
 
 
 @nox.session(venv_backend="none")
@@ -56,6 +61,14 @@ def typecheck(session: nox.Session) -> None:
 def wheels(session: nox.Session) -> None:
     """Build every product wheel; fail if one ships a mock, fake or testing module."""
     session.run("python", "scripts/check_wheels.py", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def packages(session: nox.Session) -> None:
+    """Each product package alone in a fresh venv (its wheel and only what it declares, from the
+    lock and the uv cache, offline): every module imports, every console script runs --help.
+    The verl backend goes without its `verl` extra (gigabytes; `verl` installs it)."""
+    session.run("python", "scripts/check_packages.py", *session.posargs)
 
 
 @nox.session(venv_backend="none")

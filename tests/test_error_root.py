@@ -22,6 +22,7 @@ from types import ModuleType
 import pytest
 
 from rllm.types import ConfigError, RLLMError
+from rllm.types.errors import DeadlineError, InputError, LookupFailed, StateError
 
 ROOT = Path(__file__).resolve().parents[1]
 ROOT_PACKAGES: list[str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"][
@@ -106,6 +107,70 @@ def test_one_config_error_class() -> None:
     assert issubclass(ConfigError, ValueError)
     configs = [c for c in _public_exceptions() if c.__name__ == "ConfigError"]
     assert configs == [ConfigError]
+
+
+# Builtins product code may raise bare: the protocols that define them ask for exactly these
+# (abstract methods, a module's __getattr__, the peer-gone signal asyncio's own streams raise,
+# the exit status of a command).
+BARE_OK = {"NotImplementedError", "AttributeError", "ConnectionResetError", "SystemExit"}
+PRODUCT_SOURCES = [
+    path
+    for pattern in ("packages/*/src/**/*.py", "cookbooks/*/src/**/*.py")
+    for path in sorted(ROOT.glob(pattern))
+    if "rllm-testing" not in path.parts
+]
+
+
+def bare_builtin_raises(source: str) -> list[tuple[int, str]]:
+    """(line, name) of each ``raise`` of a builtin exception class other than BARE_OK in ``source``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            raised = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            if isinstance(raised, ast.Name) and raised.id not in BARE_OK:
+                value = getattr(builtins, raised.id, None)
+                if isinstance(value, type) and issubclass(value, BaseException):
+                    found.append((node.lineno, raised.id))
+    return found
+
+
+def test_product_code_raises_rllm_errors_not_bare_builtins() -> None:
+    """``raise ValueError(...)`` escapes ``except RLLMError``: raise InputError, ConfigError,
+    StateError... (rllm.types.errors; each keeps the builtin base) or the package's own class."""
+    assert len(PRODUCT_SOURCES) > 150  # the glob reached every package and cookbook
+    strays = [
+        f"{path.relative_to(ROOT)}:{line}: raise {name}"
+        for path in PRODUCT_SOURCES
+        for line, name in bare_builtin_raises(path.read_text())
+    ]
+    assert strays == [], "\n".join(strays)
+
+
+def test_the_bare_raise_scan_sees_every_form() -> None:
+    source = (
+        "def f(x):\n"
+        "    if x:\n"
+        "        raise ValueError('bad')\n"
+        "    try:\n"
+        "        pass\n"
+        "    except OSError as exc:\n"
+        "        raise RuntimeError from exc\n"
+        "    raise NotImplementedError\n"
+        "    raise InputError('fine')\n"
+    )
+    assert bare_builtin_raises(source) == [(3, "ValueError"), (7, "RuntimeError")]
+
+
+@pytest.mark.parametrize(
+    "error",
+    [StateError("not started"), InputError("bad"), LookupFailed("no step 3"), DeadlineError("late")],
+)
+def test_general_errors_keep_their_builtin_base_and_message(error: RLLMError) -> None:
+    builtin = next(b for b in type(error).__mro__ if b.__module__ == "builtins" and b is not Exception)
+    assert isinstance(error, RLLMError) and isinstance(error, builtin)
+    assert str(error) == error.args[0]  # LookupFailed too: no KeyError quotes around the message
+    copy = pickle.loads(pickle.dumps(error))
+    assert (type(copy), str(copy)) == (type(error), str(error))
 
 
 @pytest.mark.parametrize("error", [ConfigError("config key `a.b`: unknown key", "a.b")])

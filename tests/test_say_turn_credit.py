@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rllm.algos import AlgorithmConfig, compute_advantages, filter_groups, group_trajectories
 from rllm.engine.plugins import load_cookbook
-from rllm.engine.rollout_engine import RolloutEngine
+from rllm.engine.scoring import apply_eval_output
 from rllm.types import Episode, Step, Task, TerminationReason, Trajectory
 
 
@@ -20,7 +20,7 @@ def _scored(task: Task, replies: list[str], index: int) -> Episode:
         termination_reason=TerminationReason.DONE,
     )
     cookbook = load_cookbook("say")
-    RolloutEngine._apply(episode, cookbook.evaluator.evaluate(task, episode))
+    apply_eval_output(episode, cookbook.evaluator.evaluate(task, episode))
     return episode
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from rllm.backends.tinker.backend import parse_config
+from rllm.backends.tinker.config import parse_config
 from rllm.engine.plugins import load_cookbook
 from rllm.engine.trainer_config import load_config
 

@@ -62,3 +62,34 @@ def test_estimator_for_role() -> None:
     config = AlgorithmConfig(estimator="grpo", estimator_by_role={"judge": "reinforce"})
     assert config.estimator_for("judge") == "reinforce"
     assert config.estimator_for("solver") == "grpo"
+
+
+def test_a_config_is_validated_when_built_and_never_again_per_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Built (or decoded) once, checked once: filters, advantages and the loss (per micro-batch)
+    trust it and do not run validate() again."""
+    import torch
+
+    from rllm.algos import compute_advantages, filter_groups
+    from rllm.algos.losses import compute_policy_loss
+    from rllm.types import Step, Trajectory, TrajectoryGroup
+
+    with pytest.raises(ConfigError, match="gamma"):
+        AlgorithmConfig(gamma=2.0)  # refused at construction, not at first use
+    with pytest.raises(msgspec.ValidationError, match="gamma"):
+        msgspec.convert({"gamma": 2.0}, AlgorithmConfig)  # and when decoded from a config file
+
+    config = AlgorithmConfig(step_credit="turn")
+    calls: list[str] = []
+    monkeypatch.setattr(AlgorithmConfig, "validate", lambda self: calls.append("validate") or self)
+    groups = [
+        TrajectoryGroup(
+            task_id="t",
+            name="solver",
+            trajectories=[Trajectory(steps=[Step(), Step()], reward=r) for r in (1.0, 0.0)],
+        )
+    ]
+    kept, _ = filter_groups(groups, config)
+    compute_advantages(kept, config)
+    for _ in range(3):  # three micro-batches
+        compute_policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2), torch.ones(2, 3), config)
+    assert calls == []

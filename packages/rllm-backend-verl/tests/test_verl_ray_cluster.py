@@ -25,8 +25,8 @@ from verl_helpers import cpu_config, reference_log_probs, sequence
 from rllm.algos import AlgorithmConfig
 from rllm.backends.verl.actor import compute_log_probs
 from rllm.backends.verl.backend import STATE_FILE, VerlBackend
-from rllm.backends.verl.config import BackendOptionsError
 from rllm.backends.verl.convert import to_data_proto
+from rllm.types import ConfigError
 
 pytestmark = pytest.mark.verl
 
@@ -120,10 +120,10 @@ async def test_an_unreachable_server_is_named_before_ray_starts(tiny_model_path:
         url = server.base_url
         backend = VerlBackend(cpu_config(tiny_model_path, **_options(url)))
         backend.validate(AlgorithmConfig())
-        with pytest.raises(BackendOptionsError, match=r"rollout\.server_urls\[0\]: .* not '"):
+        with pytest.raises(ConfigError, match=r"rollout\.server_urls\[0\]: .* not '"):
             await backend.start()
     # The recorder is gone now: the same URL no longer answers.
-    with pytest.raises(BackendOptionsError, match=r"rollout\.server_urls\[0\]: .*not reachable"):
+    with pytest.raises(ConfigError, match=r"rollout\.server_urls\[0\]: .*not reachable"):
         await backend.start()
     assert not ray.is_initialized()
 

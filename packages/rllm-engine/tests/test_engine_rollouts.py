@@ -13,6 +13,7 @@ import pytest
 
 from rllm.engine.rollout_config import RolloutConfig
 from rllm.engine.rollout_engine import RolloutEngine
+from rllm.engine.scoring import apply_eval_output
 from rllm.gateway import GatewayConfig
 from rllm.sdk import AgentConfig, EvalOutput, Task, evaluator, final_answer, role_url, rollout
 from rllm.testing import MockUpstream
@@ -400,5 +401,5 @@ async def test_flow_returning_unsupported_type_is_agent_error(gateway, bad):
 def test_trajectory_rewards_by_id_win_over_the_role_name():
     a, b, judge = Trajectory(role="gen"), Trajectory(role="gen"), Trajectory(role="judge")
     episode = Episode(task_id="t", trajectories=[a, b, judge])
-    RolloutEngine._apply(episode, EvalOutput(reward=0.25, trajectory_rewards={a.id: 1.0, "gen": 0.5}))
+    apply_eval_output(episode, EvalOutput(reward=0.25, trajectory_rewards={a.id: 1.0, "gen": 0.5}))
     assert (a.reward, b.reward, judge.reward) == (1.0, 0.5, 0.25)

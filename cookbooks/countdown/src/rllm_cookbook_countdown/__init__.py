@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rllm.sdk import rollout, sampling_kwargs
 from rllm.sdk.clients import async_openai
-from rllm.sdk.cookbook import Cookbook
+from rllm.sdk.cookbook import Cookbook, train_defaults
 from rllm.sdk.evaluator import evaluator
 from rllm.types import AgentConfig, Episode, EvalOutput, Signal, Task
 from rllm_cookbook_countdown.data import generate, load_tasks
@@ -34,14 +34,7 @@ def countdown_evaluator(task: Task, episode: Episode) -> EvalOutput:
     )
 
 
-TRAIN_DEFAULTS = {
-    "total_steps": 100,
-    "tasks_per_step": 16,
-    "group_size": 8,
-    "val_split": "test",
-    "val_every": 10,
-    "rollout": {"sampling": {"temperature": 1.0, "max_tokens": 512}},
-}
+TRAIN_DEFAULTS = train_defaults(max_tokens=512)
 
 cookbook = Cookbook(
     name="countdown",

@@ -7,11 +7,11 @@ expression over a subset of the numbers, so every task is solvable);
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 from typing import Any
 
+from rllm.sdk.cookbook import sample_rows
 from rllm.sdk.hub import hub_rows
 from rllm.types import Task
 from rllm_cookbook_countdown.equation import evaluate
@@ -67,7 +67,6 @@ def load_tasks(split: str) -> list[Task]:
             _task({"id": f"hub-{i:06d}", "numbers": r["nums"], "target": r["target"]})
             for i, r in enumerate(rows)
         ]
-    if split not in SAMPLE_SIZES:
-        raise ValueError(f"the countdown cookbook has splits 'train', 'test', 'hub:train', not {split!r}")
-    lines = (SAMPLE_DIR / f"{split}.jsonl").read_text().splitlines()
-    return [_task(json.loads(line)) for line in lines if line.strip()]
+    return [
+        _task(row) for row in sample_rows(SAMPLE_DIR, split, cookbook="countdown", other_splits=["hub:train"])
+    ]

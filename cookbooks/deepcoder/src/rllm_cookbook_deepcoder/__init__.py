@@ -9,7 +9,7 @@ from typing import Any
 
 from rllm.sdk import rollout, sampling_kwargs
 from rllm.sdk.clients import async_openai
-from rllm.sdk.cookbook import Cookbook
+from rllm.sdk.cookbook import Cookbook, train_defaults
 from rllm.sdk.evaluator import evaluator
 from rllm.sdk.sandbox import Sandbox, SandboxLimits, SandboxSpec, current_sandbox, needs_sandbox
 from rllm.types import AgentConfig, EvalOutput, Signal, Task
@@ -98,14 +98,7 @@ def deepcoder_evaluator(task: Task, episode: Any) -> EvalOutput:
     )
 
 
-TRAIN_DEFAULTS = {
-    "total_steps": 100,
-    "tasks_per_step": 16,
-    "group_size": 8,
-    "val_split": "test",
-    "val_every": 10,
-    "rollout": {"sampling": {"temperature": 1.0, "max_tokens": 2048}, "sandbox_warm": 16},
-}
+TRAIN_DEFAULTS = train_defaults(max_tokens=2048, rollout={"sandbox_warm": 16})
 
 cookbook = Cookbook(
     name="deepcoder",

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rllm.sdk.cookbook import sample_rows
 from rllm.sdk.hub import hub_rows
 from rllm.types import Task
 
@@ -124,12 +125,8 @@ def _task(row: dict[str, Any]) -> Task:
 def load_tasks(split: str) -> list[Task]:
     if split.startswith("hub:"):
         return load_hub(split)
-    if split not in SAMPLE_SIZES:
-        raise ValueError(
-            f"the deepcoder cookbook has splits 'train', 'test' and 'hub:<config>[:<split>]', not {split!r}"
-        )
-    lines = (SAMPLE_DIR / f"{split}.jsonl").read_text().splitlines()
-    return [_task(json.loads(line)) for line in lines if line.strip()]
+    rows = sample_rows(SAMPLE_DIR, split, cookbook="deepcoder", other_splits=["hub:<config>[:<split>]"])
+    return [_task(row) for row in rows]
 
 
 def stdin_tests(raw: Any) -> list[dict[str, str]]:

@@ -15,9 +15,10 @@ from typing import Any
 
 from rllm.sdk import rollout, sampling_kwargs
 from rllm.sdk.clients import async_openai
-from rllm.sdk.cookbook import Cookbook
+from rllm.sdk.cookbook import Cookbook, train_defaults
 from rllm.sdk.rewards import numeric_match
 from rllm.types import AgentConfig, Episode, EvalOutput, Signal, Task, TerminationReason
+from rllm.types.errors import InputError
 from rllm_cookbook_finqa.calculator import calculate
 from rllm_cookbook_finqa.data import generate, load_tasks
 from rllm_cookbook_finqa.tools import TOOLS, FinanceDB
@@ -131,7 +132,7 @@ def evaluator_from_options(options: dict[str, Any]) -> FinQAEvaluator:
     key read from the environment variable ``judge_api_key_env`` names (keys stay out of configs)."""
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
-        raise ValueError(f"unknown finqa option(s) {unknown}; known: {list(OPTIONS)}")
+        raise InputError(f"unknown finqa option(s) {unknown}; known: {list(OPTIONS)}")
     env = os.environ.get
     url = options.get("judge_base_url", env("FINQA_JUDGE_BASE_URL"))
     model = options.get("judge_model", env("FINQA_JUDGE_MODEL"))
@@ -139,9 +140,9 @@ def evaluator_from_options(options: dict[str, Any]) -> FinQAEvaluator:
     try:
         bonus = float(bonus)
     except (TypeError, ValueError):
-        raise ValueError(f"finqa option table_bonus must be a number, got {bonus!r}") from None
+        raise InputError(f"finqa option table_bonus must be a number, got {bonus!r}") from None
     if bool(url) != bool(model):
-        raise ValueError("finqa's judge needs both judge_base_url and judge_model")
+        raise InputError("finqa's judge needs both judge_base_url and judge_model")
     judge = None
     if url and model:
         from rllm.sdk.rewards import LLMJudge
@@ -157,14 +158,7 @@ def configure(options: dict[str, Any]) -> Cookbook:
 
 finqa_evaluator = evaluator_from_options({})
 
-TRAIN_DEFAULTS = {
-    "total_steps": 100,
-    "tasks_per_step": 8,
-    "group_size": 8,
-    "val_split": "test",
-    "val_every": 10,
-    "rollout": {"sampling": {"temperature": 1.0, "max_tokens": 512}},
-}
+TRAIN_DEFAULTS = train_defaults(tasks_per_step=8, max_tokens=512)
 
 cookbook = Cookbook(
     name="finqa",

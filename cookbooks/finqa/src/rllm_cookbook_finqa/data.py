@@ -8,11 +8,11 @@ statements made by :func:`generate` (the answers are computed from the tables).
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 from typing import Any
 
+from rllm.sdk.cookbook import sample_rows
 from rllm.sdk.hub import hub_rows
 from rllm.types import Task
 
@@ -99,12 +99,8 @@ def _task(row: dict[str, Any]) -> Task:
 def load_tasks(split: str) -> list[Task]:
     if split in ("hub:train", "hub:test"):
         return load_hub(split.removeprefix("hub:"))
-    if split not in SAMPLE_SIZES:
-        raise ValueError(
-            f"the finqa cookbook has splits 'train', 'test', 'hub:train', 'hub:test', not {split!r}"
-        )
-    lines = (SAMPLE_DIR / f"{split}.jsonl").read_text().splitlines()
-    return [_task(json.loads(line)) for line in lines if line.strip()]
+    rows = sample_rows(SAMPLE_DIR, split, cookbook="finqa", other_splits=["hub:train", "hub:test"])
+    return [_task(row) for row in rows]
 
 
 def load_hub(split: str) -> list[Task]:

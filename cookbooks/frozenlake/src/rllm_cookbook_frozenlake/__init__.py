@@ -8,7 +8,7 @@ import itertools
 
 from rllm.sdk import rollout, sampling_kwargs
 from rllm.sdk.clients import async_openai
-from rllm.sdk.cookbook import Cookbook
+from rllm.sdk.cookbook import Cookbook, train_defaults
 from rllm.sdk.evaluator import evaluator
 from rllm.types import AgentConfig, Episode, EvalOutput, Signal, Task, TerminationReason
 from rllm_cookbook_frozenlake.data import FIXED_MAP, generate, instruction, load_tasks, task_for_map
@@ -129,16 +129,11 @@ def frozenlake_progress_evaluator(task: Task, episode: Episode) -> EvalOutput:
     return EvalOutput(reward=values[-1], is_correct=success, trajectory_rewards=per_turn)
 
 
-TRAIN_DEFAULTS = {
-    "total_steps": 100,
-    "tasks_per_step": 16,
-    "group_size": 8,
-    "val_split": "test",
-    "val_every": 10,
-    "rollout": {"sampling": {"temperature": 1.0, "max_tokens": 64}},
+TRAIN_DEFAULTS = train_defaults(
+    max_tokens=64,
     # The outcome arrives at the last move; each earlier move gets it discounted.
-    "algorithm": {"step_credit": "turn", "gamma": 0.9},
-}
+    algorithm={"step_credit": "turn", "gamma": 0.9},
+)
 
 cookbook = Cookbook(
     name="frozenlake",

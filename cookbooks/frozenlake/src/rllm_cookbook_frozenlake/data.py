@@ -6,10 +6,10 @@ solvable maps with gymnasium's own generator.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from rllm.sdk.cookbook import sample_rows
 from rllm.types import Task
 
 SAMPLE_DIR = Path(__file__).parent / "sample"
@@ -53,11 +53,6 @@ def load_tasks(split: str) -> list[Task]:
         rows = generate(split)
     elif split == "fixed":
         rows = [{"id": "fixed-4x4", "map": FIXED_MAP}]
-    elif split in SAMPLE_SIZES:
-        lines = (SAMPLE_DIR / f"{split}.jsonl").read_text().splitlines()
-        rows = [json.loads(line) for line in lines if line.strip()]
     else:
-        raise ValueError(
-            f"the frozenlake cookbook has splits 'train', 'test', 'fixed', 'gen:train', not {split!r}"
-        )
+        rows = sample_rows(SAMPLE_DIR, split, cookbook="frozenlake", other_splits=["fixed", "gen:train"])
     return [task_for_map(str(row["id"]), list(row["map"])) for row in rows]

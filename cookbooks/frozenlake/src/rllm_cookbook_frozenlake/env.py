@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from rllm.types.errors import InputError
+
 ACTIONS = {"left": 0, "down": 1, "right": 2, "up": 3}  # gymnasium's FrozenLake action ids
 CELL_LETTERS = "abcdefghijklmnopqrstuvwxyz"
 _WORD = re.compile(r"\b(left|down|right|up)\b", re.IGNORECASE)
@@ -21,7 +23,7 @@ def cell_name(desc: list[str], position: int) -> str:
     tiny model's tokenizer, so the agent's position is a single token it can key its move on)."""
     cells = len(desc) * len(desc[0])
     if cells > len(CELL_LETTERS):
-        raise ValueError(
+        raise InputError(
             f"frozenlake names cells with letters: at most {len(CELL_LETTERS)} cells, got {cells}"
         )
     return CELL_LETTERS[position]

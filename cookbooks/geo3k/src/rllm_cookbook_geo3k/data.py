@@ -14,6 +14,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from rllm.sdk.cookbook import sample_rows
 from rllm.sdk.hub import hub_rows
 from rllm.types import Task
 from rllm_cookbook_geo3k.diagrams import draw_problem
@@ -59,12 +60,7 @@ def _task(row: dict[str, Any], image: Path) -> Task:
 def load_tasks(split: str) -> list[Task]:
     if split in HUB_SPLITS:
         return load_hub(split)
-    if split not in SAMPLE_SIZES:
-        raise ValueError(
-            f"the geo3k cookbook has splits 'train', 'test', 'hub:train', 'hub:test', not {split!r}"
-        )
-    lines = (SAMPLE_DIR / f"{split}.jsonl").read_text().splitlines()
-    rows = [json.loads(line) for line in lines if line.strip()]
+    rows = sample_rows(SAMPLE_DIR, split, cookbook="geo3k", other_splits=["hub:train", "hub:test"])
     return [_task(row, SAMPLE_DIR / row["image"]) for row in rows]
 
 

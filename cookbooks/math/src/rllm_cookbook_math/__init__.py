@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rllm.sdk import rollout, sampling_kwargs
 from rllm.sdk.clients import async_openai
-from rllm.sdk.cookbook import Cookbook
+from rllm.sdk.cookbook import Cookbook, train_defaults
 from rllm.sdk.evaluator import evaluator
 from rllm.sdk.rewards import math_reward
 from rllm.types import AgentConfig, Episode, EvalOutput, Task
@@ -28,15 +28,7 @@ def math_evaluator(task: Task, episode: Episode) -> EvalOutput:
     return math_reward(str(episode.artifacts.get("answer", "")), str(task.ground_truth))
 
 
-TRAIN_DEFAULTS = {
-    "total_steps": 100,
-    "tasks_per_step": 16,
-    "group_size": 8,
-    "val_split": "test",
-    "val_every": 10,
-    "rollout": {"sampling": {"temperature": 1.0, "max_tokens": 1024}},
-    "algorithm": {"estimator": "grpo"},
-}
+TRAIN_DEFAULTS = train_defaults(estimator="grpo")
 
 cookbook = Cookbook(
     name="math",

@@ -6,12 +6,12 @@ loads the hub datasets with the ``datasets`` library (``pip install 'rllm-cookbo
 
 from __future__ import annotations
 
-import json
 import random
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from rllm.sdk.cookbook import sample_rows
 from rllm.sdk.hub import hub_rows
 from rllm.types import Task
 
@@ -62,12 +62,8 @@ def _task(row: dict[str, Any]) -> Task:
 def load_tasks(split: str) -> list[Task]:
     if split in HUB:
         return load_hub(split)
-    if split not in SAMPLE_SIZES:
-        raise ValueError(
-            f"the math cookbook has splits 'train', 'test', 'hub:train', 'hub:test', not {split!r}"
-        )
-    lines = (SAMPLE_DIR / f"{split}.jsonl").read_text().splitlines()
-    return [_task(json.loads(line)) for line in lines if line.strip()]
+    rows = sample_rows(SAMPLE_DIR, split, cookbook="math", other_splits=list(HUB))
+    return [_task(row) for row in rows]
 
 
 def load_hub(split: str) -> list[Task]:

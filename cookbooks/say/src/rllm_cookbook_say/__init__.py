@@ -13,6 +13,7 @@ from rllm.sdk.clients import async_openai
 from rllm.sdk.cookbook import Cookbook
 from rllm.sdk.evaluator import evaluator
 from rllm.types import AgentConfig, Episode, EvalOutput, Task
+from rllm.types.errors import InputError
 
 WORDS = ("apple", "river", "stone", "cloud", "tiger", "lemon", "piano", "rocket")
 
@@ -24,7 +25,7 @@ def prompt_for(word: str) -> str:
 def load_tasks(split: str, turns: int = 2) -> list[Task]:
     """Every ordered pair (or single word) for train; a fixed shuffled sample of 16 for test."""
     if split not in ("train", "test"):
-        raise ValueError(f"the say cookbook has splits 'train' and 'test', not {split!r}")
+        raise InputError(f"the say cookbook has splits 'train' and 'test', not {split!r}")
     combos = list(itertools.product(WORDS, repeat=turns))
     tasks = [
         Task(

@@ -10,7 +10,7 @@ import re
 
 from rllm.sdk import rollout, sampling_kwargs
 from rllm.sdk.clients import async_openai
-from rllm.sdk.cookbook import Cookbook
+from rllm.sdk.cookbook import Cookbook, train_defaults
 from rllm.sdk.evaluator import evaluator
 from rllm.sdk.rewards import extract_boxed, numeric_match
 from rllm.types import AgentConfig, Episode, EvalOutput, Task
@@ -76,15 +76,11 @@ def solver_judge_evaluator(task: Task, episode: Episode) -> EvalOutput:
     return EvalOutput(reward=float(judge_right), is_correct=judge_right, trajectory_rewards=rewards)
 
 
-TRAIN_DEFAULTS = {
-    "total_steps": 100,
-    "tasks_per_step": 16,
-    "group_size": 4,
-    "val_split": "test",
-    "val_every": 10,
-    "rollout": {"sampling": {"temperature": 1.0, "max_tokens": 256}},
-    "algorithm": {"estimator_by_role": {**dict.fromkeys(SOLVER_ROLES, "grpo"), JUDGE_ROLE: "reinforce"}},
-}
+TRAIN_DEFAULTS = train_defaults(
+    group_size=4,
+    max_tokens=256,
+    algorithm={"estimator_by_role": {**dict.fromkeys(SOLVER_ROLES, "grpo"), JUDGE_ROLE: "reinforce"}},
+)
 
 cookbook = Cookbook(
     name="solver-judge",

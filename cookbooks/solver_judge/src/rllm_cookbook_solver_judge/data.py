@@ -3,11 +3,11 @@ GSM8K from the hub (``load_tasks("hub:train" | "hub:test")``, needs ``datasets``
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 from typing import Any
 
+from rllm.sdk.cookbook import sample_rows
 from rllm.sdk.hub import hub_rows
 from rllm.types import Task
 
@@ -46,9 +46,5 @@ def load_tasks(split: str) -> list[Task]:
             )
             for i, r in enumerate(rows)
         ]
-    if split not in SAMPLE_SIZES:
-        raise ValueError(
-            f"the solver-judge cookbook has splits 'train', 'test', 'hub:train', 'hub:test', not {split!r}"
-        )
-    lines = (SAMPLE_DIR / f"{split}.jsonl").read_text().splitlines()
-    return [_task(json.loads(line)) for line in lines if line.strip()]
+    rows = sample_rows(SAMPLE_DIR, split, cookbook="solver-judge", other_splits=["hub:train", "hub:test"])
+    return [_task(row) for row in rows]

@@ -15,11 +15,12 @@ from typing import Any
 
 from rllm.sdk import rollout, sampling_kwargs
 from rllm.sdk.clients import async_openai
-from rllm.sdk.cookbook import Cookbook
+from rllm.sdk.cookbook import Cookbook, train_defaults
 from rllm.sdk.evaluator import evaluator
 from rllm.sdk.sandbox import ExecResult, Sandbox, current_sandbox, needs_sandbox
 from rllm.sdk.task_dir import load_task_dirs, run_verifier, task_sandbox_spec
 from rllm.types import AgentConfig, Episode, EvalOutput, Signal, Task, TerminationReason
+from rllm.types.errors import InputError
 
 TASKS_DIR = Path(__file__).parent / "tasks"
 MAX_TURNS = 12
@@ -60,7 +61,7 @@ def load_tasks(split: str) -> list[Task]:
     if split.startswith("dir:"):
         return load_task_dirs(split[4:])
     if split not in ("train", "test"):
-        raise ValueError(
+        raise InputError(
             f"the terminal cookbook has splits 'train', 'test' and 'dir:<folder>', not {split!r}"
         )
     return load_task_dirs(TASKS_DIR)
@@ -149,14 +150,7 @@ def terminal_evaluator(task: Task, episode: Episode) -> EvalOutput:
     )
 
 
-TRAIN_DEFAULTS = {
-    "total_steps": 100,
-    "tasks_per_step": 8,
-    "group_size": 8,
-    "val_split": "test",
-    "val_every": 10,
-    "rollout": {"sampling": {"temperature": 1.0, "max_tokens": 512}, "sandbox_warm": 8},
-}
+TRAIN_DEFAULTS = train_defaults(tasks_per_step=8, max_tokens=512, rollout={"sandbox_warm": 8})
 
 cookbook = Cookbook(
     name="terminal",

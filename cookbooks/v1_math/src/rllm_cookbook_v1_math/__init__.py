@@ -11,11 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 from rllm.sdk import rollout
-from rllm.sdk.cookbook import Cookbook
+from rllm.sdk.cookbook import Cookbook, train_defaults
 from rllm.sdk.evaluator import evaluator
 from rllm.sdk.rewards import extract_boxed, grade_math
 from rllm.sdk.v1 import V1Settings, solve_v1, v1_credit
 from rllm.types import AgentConfig, Episode, EvalOutput, Task
+from rllm.types.errors import InputError
 from rllm_cookbook_v1_math.data import load_hub_tasks, load_tasks
 
 PROMPT = "Solve the problem. Put the final answer in \\boxed{{}}.\n\n{problem}"
@@ -29,7 +30,7 @@ def settings_for(task: Task, config: AgentConfig) -> V1Settings:
     options = {**DEFAULT_V1, **config.metadata.get("v1", {}), **task.metadata.get("v1", {})}
     unknown = set(options) - set(V1Settings.__dataclass_fields__)
     if unknown:
-        raise ValueError(f"task {task.id!r}: unknown V1 option(s) {sorted(unknown)} in metadata['v1']")
+        raise InputError(f"task {task.id!r}: unknown V1 option(s) {sorted(unknown)} in metadata['v1']")
     return V1Settings(**options)
 
 
@@ -40,7 +41,7 @@ def _answer_key(answer: str) -> str:
 @rollout
 async def v1_math_flow(task: Task, config: AgentConfig) -> dict[str, Any]:
     if not isinstance(task.instruction, str):
-        raise ValueError(f"task {task.id!r}: v1-math needs a text instruction")
+        raise InputError(f"task {task.id!r}: v1-math needs a text instruction")
     outcome = await solve_v1(
         task.instruction,
         config,
@@ -67,21 +68,16 @@ def v1_math_evaluator(task: Task, episode: Episode) -> EvalOutput:
     )
 
 
-TRAIN_DEFAULTS = {
-    "total_steps": 100,
-    "tasks_per_step": 8,
-    "group_size": 2,
-    "val_split": "test",
-    "val_every": 10,
+TRAIN_DEFAULTS = train_defaults(
+    tasks_per_step=8,
+    group_size=2,
+    max_tokens=512,
     # Validation samples too: at temperature 0 the N candidates would all be the same.
-    "rollout": {
-        "sampling": {"temperature": 1.0, "max_tokens": 512},
-        "val_sampling": {"temperature": 1.0, "max_tokens": 512},
-    },
+    rollout={"val_sampling": {"temperature": 1.0, "max_tokens": 512}},
     # Both roles train jointly, each with its own estimator; verify.no_signal groups (all 0) are
     # dropped by the zero-variance filter.
-    "algorithm": {"estimator_by_role": {"generate": "grpo", "verify": "grpo"}, "filter_zero_variance": True},
-}
+    algorithm={"estimator_by_role": {"generate": "grpo", "verify": "grpo"}, "filter_zero_variance": True},
+)
 
 cookbook = Cookbook(
     name="v1-math",

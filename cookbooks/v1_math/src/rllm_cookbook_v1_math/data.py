@@ -8,6 +8,7 @@ from typing import Any
 
 from rllm.sdk.hub import hub_rows
 from rllm.types import Task
+from rllm.types.errors import InputError
 
 TEST_SIZE = 8
 
@@ -16,7 +17,7 @@ def load_tasks(split: str) -> list[Task]:
     """The shipped sample: 24 generated problems (arithmetic, linear equations, fractions,
     polygon diagonals); the last 8 are the test split."""
     if split not in ("train", "test"):
-        raise ValueError(f"the v1-math cookbook has splits 'train' and 'test', not {split!r}")
+        raise InputError(f"the v1-math cookbook has splits 'train' and 'test', not {split!r}")
     text = resources.files("rllm_cookbook_v1_math").joinpath("data/sample.jsonl").read_text()
     tasks = [_task(json.loads(line), f"sample.jsonl:{n}") for n, line in enumerate(text.splitlines(), 1)]
     return tasks[:-TEST_SIZE] if split == "train" else tasks[-TEST_SIZE:]
@@ -39,5 +40,5 @@ def load_hub_tasks(
 def _task(row: dict[str, Any], where: str) -> Task:
     for field in ("problem", "answer"):
         if not isinstance(row.get(field), str) or not row[field].strip():
-            raise ValueError(f"{where}: field {field!r} must be a non-empty string")
+            raise InputError(f"{where}: field {field!r} must be a non-empty string")
     return Task(id=str(row.get("id", where)), instruction=row["problem"], ground_truth=row["answer"])

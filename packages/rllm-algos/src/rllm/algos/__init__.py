@@ -9,7 +9,16 @@ from rllm.algos.config import AlgorithmConfig
 from rllm.algos.errors import AlgorithmInputError, RewardError
 from rllm.algos.filters import filter_groups
 from rllm.algos.grouping import group_rewards, group_trajectories, trajectory_reward
-from rllm.algos.registry import available_estimators, get_estimator, register_estimator, unregister_estimator
+from rllm.algos.registry import (
+    available_estimators,
+    available_losses,
+    get_estimator,
+    get_loss,
+    register_estimator,
+    register_loss,
+    unregister_estimator,
+    unregister_loss,
+)
 from rllm.algos.reward_batch import RewardBatch
 from rllm.types.errors import ConfigError
 
@@ -20,12 +29,16 @@ __all__ = [
     "RewardBatch",
     "RewardError",
     "available_estimators",
+    "available_losses",
     "compute_advantages",
     "filter_groups",
     "get_estimator",
+    "get_loss",
     "group_rewards",
     "group_trajectories",
     "register_estimator",
+    "register_loss",
     "trajectory_reward",
     "unregister_estimator",
+    "unregister_loss",
 ]

@@ -21,7 +21,7 @@ import numpy as np
 from rllm.algos.config import AlgorithmConfig
 from rllm.algos.errors import AlgorithmInputError, RewardError
 from rllm.algos.grouping import group_rewards
-from rllm.algos.registry import EstimatorSpec, get_estimator
+from rllm.algos.registry import EstimatorSpec, get_estimator, step_credit_for
 from rllm.algos.reward_batch import RewardBatch
 from rllm.types import Trajectory, TrajectoryGroup
 
@@ -34,7 +34,6 @@ def compute_advantages(groups: Sequence[TrajectoryGroup], config: AlgorithmConfi
     is an AlgorithmInputError; a missing or non-finite reward a RewardError. Metric keys are
     unprefixed ("mean", "std", "min", "max", "<role>/mean", "<role>/std"); callers add a prefix.
     """
-    config.validate()
     if not groups:
         return {}
     by_role: dict[str, list[TrajectoryGroup]] = {}
@@ -66,11 +65,6 @@ def compute_advantages(groups: Sequence[TrajectoryGroup], config: AlgorithmConfi
         }
     )
     return metrics
-
-
-def step_credit_for(role: str, config: AlgorithmConfig) -> str:
-    """The step credit a role's advantages use: its estimator's own, else ``config.step_credit``."""
-    return get_estimator(config.estimator_for(role)).step_credit or config.step_credit
 
 
 def _broadcast_credit(

@@ -9,6 +9,7 @@ import msgspec
 
 # Raised when an option has a value rLLM cannot honour (the message names the option); one class
 # for every config error of the project, re-exported here where users import it from.
+from rllm.algos.registry import BUILTIN_LOSSES
 from rllm.types.errors import ConfigError
 
 Aggregation = Literal[
@@ -22,7 +23,8 @@ AGGREGATIONS: tuple[str, ...] = (
     "seq-mean-token-mean",
     "seq-mean-token-sum-norm",
 )
-LOSSES: tuple[str, ...] = ("ppo_clip", "dual_clip", "gspo", "cispo", "importance_sampling", "cross_entropy")
+# The built-in losses (rllm.algos.registry holds them, and any a user registers).
+LOSSES: tuple[str, ...] = BUILTIN_LOSSES
 KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
 TIS_MODES: tuple[str, ...] = ("none", "token", "sequence")
 STEP_CREDITS: tuple[str, ...] = ("broadcast", "turn")
@@ -64,13 +66,19 @@ class AlgorithmConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tis: Literal["none", "token", "sequence"] = "none"
     tis_cap: float = 2.0
 
+    def __post_init__(self) -> None:
+        # Checked once, when the config is built or decoded: filters, advantages and the loss
+        # trust it and never check it again per step or micro-batch.
+        self.validate()
+
     def validate(self) -> AlgorithmConfig:
         """Raise ConfigError naming the first option that cannot work; return self when all can.
 
-        Estimator names are checked against the live registry, so call this after registering
-        custom estimators.
+        Runs when the config is built (``__post_init__``). Estimator and loss names are checked
+        against the registries, entry points included: register a custom one in-process before
+        building the config that names it.
         """
-        from rllm.algos.registry import available_estimators
+        from rllm.algos.registry import available_estimators, available_losses, get_loss
 
         known = available_estimators()
         if self.estimator not in known:
@@ -83,7 +91,9 @@ class AlgorithmConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                     f"unknown estimator {name!r} for role {role!r} (option `estimator_by_role`); known: {sorted(known)}"
                 )
         _one_of("step_credit", self.step_credit, STEP_CREDITS)
-        _one_of("loss", self.loss, LOSSES)
+        losses = available_losses()
+        if self.loss not in losses:
+            raise ConfigError(f"unknown value {self.loss!r} for `loss`; known: {sorted(losses)}")
         _one_of("aggregation", self.aggregation, AGGREGATIONS)
         _one_of("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
         _one_of("tis", self.tis, TIS_MODES)
@@ -118,7 +128,7 @@ class AlgorithmConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ConfigError(f"`kl_coef` must be >= 0, got {self.kl_coef}")
         if not (self.tis_cap >= 1.0 and math.isfinite(self.tis_cap)):
             raise ConfigError(f"`tis_cap` must be a finite number >= 1, got {self.tis_cap}")
-        if self.loss == "cross_entropy" and self.tis != "none":
+        if self.tis != "none" and get_loss(self.loss).supervised:
             raise ConfigError(
                 "`tis` corrects policy-gradient losses for sampler drift; set tis='none' with loss='cross_entropy'"
             )

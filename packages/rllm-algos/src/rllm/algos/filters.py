@@ -10,9 +10,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rllm.algos.advantages import step_credit_for
 from rllm.algos.config import AlgorithmConfig
 from rllm.algos.grouping import group_rewards
+from rllm.algos.registry import step_credit_for
 from rllm.types import TrajectoryGroup
 
 
@@ -34,7 +34,6 @@ def filter_groups(
     carries a learning signal); plus counts of input, kept, masked and dropped. Keys are
     unprefixed; callers add one (the Trainer logs them under ``filter/``).
     """
-    config.validate()
     masked_reasons = config.masked_termination_reasons()
     total = len(groups)
     n_masked = 0

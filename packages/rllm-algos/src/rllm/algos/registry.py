@@ -1,24 +1,45 @@
-"""The estimator registry: advantage estimators are looked up by name, so users can add their own.
+"""The registries of advantage estimators and policy losses: looked up by name, extensible by users.
 
-An estimator is a function ``(batch: RewardBatch, config: AlgorithmConfig) -> np.ndarray`` that
-returns one advantage per row of ``batch`` and works on all groups at once (see RewardBatch's
-vectorised group helpers). Register it with ``@register_estimator("my_name")`` and select it with
-``AlgorithmConfig(estimator="my_name")`` or per role in ``estimator_by_role``.
+An **estimator** is ``fn(batch: RewardBatch, config: AlgorithmConfig) -> np.ndarray``: one
+advantage per row of ``batch``, for all groups at once (see RewardBatch's vectorised helpers).
+A **loss** is ``fn(logprobs, old_logprobs, advantages, mask, config) -> (loss, metrics)``: per-token
+torch tensors [batch, tokens] in, the per-token loss and per-token metric tensors out (see
+rllm.algos.losses.policy); rllm.algos.losses aggregates, adds TIS, KL and entropy around it.
+
+Three ways to add one, each selected with ``AlgorithmConfig(estimator=...)`` / ``loss=...``:
+
+* in-process: ``@register_estimator("mine")`` / ``@register_loss("mine")``;
+* an installed package's entry point, so ``rllm train`` finds it without code: in its
+  ``pyproject.toml``, ``[project.entry-points."rllm.estimators"] mine = "my_pkg.adv:mine"`` (or
+  ``"rllm.losses"``). The target is the function, a ready ``EstimatorSpec`` / ``LossSpec``, or a
+  module whose import registers the name itself. Entry points are read once per process
+  (``refresh_plugins()`` reads them again) and a target is imported only when first looked up;
+* built-ins, registered here by name (the losses' torch code is imported on first use, so
+  validating a config never needs torch).
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from importlib.metadata import EntryPoint, entry_points
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
+
+from rllm.types.errors import InputError, LookupFailed, UsageError
 
 if TYPE_CHECKING:
     from rllm.algos.config import AlgorithmConfig
     from rllm.algos.reward_batch import RewardBatch
 
 EstimatorFn = Callable[["RewardBatch", "AlgorithmConfig"], np.ndarray]
+# (logprobs, old_logprobs, advantages, mask, config) -> (loss [batch, tokens], {metric: tensor})
+LossFn = Callable[..., tuple[Any, dict[str, Any]]]
+
+ESTIMATORS_GROUP = "rllm.estimators"
+LOSSES_GROUP = "rllm.losses"
 
 
 @dataclass(frozen=True)
@@ -30,7 +51,45 @@ class EstimatorSpec:
     step_credit: str | None = None
 
 
-_REGISTRY: dict[str, EstimatorSpec] = {}
+@dataclass(frozen=True)
+class LossSpec:
+    """A registered policy loss. ``supervised`` losses train on the log-probs alone: they take no
+    old log-probs and no advantages (both arrive as None). ``target`` ("module:function") stands
+    in for ``fn`` until first use, so naming a loss never imports torch."""
+
+    name: str
+    fn: LossFn | None = None
+    target: str = ""
+    supervised: bool = False
+
+    def load(self) -> LossFn:
+        """The loss function (imported from ``target`` the first time)."""
+        if self.fn is not None:
+            return self.fn
+        module, _, attr = self.target.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+_ESTIMATORS: dict[str, EstimatorSpec] = {}
+# The built-in losses: functions of rllm.algos.losses.policy by these names.
+BUILTIN_LOSSES: tuple[str, ...] = (
+    "ppo_clip",
+    "dual_clip",
+    "gspo",
+    "cispo",
+    "importance_sampling",
+    "cross_entropy",
+)
+_LOSSES: dict[str, LossSpec] = {
+    name: LossSpec(name, target=f"rllm.algos.losses.policy:{name}", supervised=name == "cross_entropy")
+    for name in BUILTIN_LOSSES
+}
+_PLUGINS: dict[str, dict[str, EntryPoint]] = {}
+
+
+def _check_name(kind: str, name: object) -> None:
+    if not isinstance(name, str) or not name:
+        raise InputError(f"{kind} name must be a non-empty string, got {name!r}")
 
 
 def register_estimator(
@@ -41,15 +100,29 @@ def register_estimator(
     Registering an existing name is an error unless ``replace=True``, so two plugins cannot
     silently shadow each other.
     """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"estimator name must be a non-empty string, got {name!r}")
+    _check_name("estimator", name)
     if step_credit not in (None, "broadcast", "turn"):
-        raise ValueError(f"step_credit must be None, 'broadcast' or 'turn', got {step_credit!r}")
+        raise InputError(f"step_credit must be None, 'broadcast' or 'turn', got {step_credit!r}")
 
     def decorate(fn: EstimatorFn) -> EstimatorFn:
-        if name in _REGISTRY and not replace:
-            raise ValueError(f"estimator {name!r} is already registered (pass replace=True to override it)")
-        _REGISTRY[name] = EstimatorSpec(name=name, fn=fn, step_credit=step_credit)
+        if name in _ESTIMATORS and not replace:
+            raise InputError(f"estimator {name!r} is already registered (pass replace=True to override it)")
+        _ESTIMATORS[name] = EstimatorSpec(name=name, fn=fn, step_credit=step_credit)
+        return fn
+
+    return decorate
+
+
+def register_loss(
+    name: str, *, supervised: bool = False, replace: bool = False
+) -> Callable[[LossFn], LossFn]:
+    """Decorator: make ``fn`` available as loss ``name`` (``replace=True`` to override one)."""
+    _check_name("loss", name)
+
+    def decorate(fn: LossFn) -> LossFn:
+        if name in _LOSSES and not replace:
+            raise InputError(f"loss {name!r} is already registered (pass replace=True to override it)")
+        _LOSSES[name] = LossSpec(name, fn=fn, supervised=supervised)
         return fn
 
     return decorate
@@ -57,24 +130,86 @@ def register_estimator(
 
 def unregister_estimator(name: str) -> None:
     """Remove a registered estimator (mainly for tests and plugins that clean up)."""
-    _REGISTRY.pop(name, None)
+    _ESTIMATORS.pop(name, None)
+
+
+def unregister_loss(name: str) -> None:
+    """Remove a registered loss (mainly for tests and plugins that clean up)."""
+    _LOSSES.pop(name, None)
 
 
 def get_estimator(name: str) -> EstimatorSpec:
-    """The estimator registered as ``name``; a KeyError listing the known names otherwise."""
+    """The estimator registered as ``name``; a LookupFailed (a KeyError) listing the known names otherwise."""
     _load_builtins()
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"unknown advantage estimator {name!r}; known: {sorted(_REGISTRY)}") from None
+    spec = _ESTIMATORS.get(name) or _from_plugin(ESTIMATORS_GROUP, name, _ESTIMATORS, _as_estimator)
+    if spec is None:
+        raise LookupFailed(f"unknown advantage estimator {name!r}; known: {sorted(available_estimators())}")
+    return spec
+
+
+def get_loss(name: str) -> LossSpec:
+    """The loss registered as ``name``; a LookupFailed (a KeyError) listing the known names otherwise."""
+    spec = _LOSSES.get(name) or _from_plugin(LOSSES_GROUP, name, _LOSSES, _as_loss)
+    if spec is None:
+        raise LookupFailed(f"unknown policy loss {name!r}; known: {sorted(available_losses())}")
+    return spec
 
 
 def available_estimators() -> frozenset[str]:
-    """Names of every registered estimator (built-ins included)."""
+    """Names of every estimator: built-in, registered, or offered by an installed entry point."""
     _load_builtins()
-    return frozenset(_REGISTRY)
+    return frozenset(_ESTIMATORS) | frozenset(_plugins(ESTIMATORS_GROUP))
+
+
+def available_losses() -> frozenset[str]:
+    """Names of every loss: built-in, registered, or offered by an installed entry point."""
+    return frozenset(_LOSSES) | frozenset(_plugins(LOSSES_GROUP))
+
+
+def step_credit_for(role: str, config: AlgorithmConfig) -> str:
+    """The step credit a role's advantages use: its estimator's own, else ``config.step_credit``."""
+    return get_estimator(config.estimator_for(role)).step_credit or config.step_credit
+
+
+def refresh_plugins() -> None:
+    """Read the ``rllm.estimators`` / ``rllm.losses`` entry points again (after installing a
+    package into the running process's path)."""
+    _PLUGINS.clear()
+
+
+def _plugins(group: str) -> dict[str, EntryPoint]:
+    if group not in _PLUGINS:
+        _PLUGINS[group] = {ep.name: ep for ep in entry_points(group=group)}
+    return _PLUGINS[group]
+
+
+def _from_plugin(group: str, name: str, registry: dict[str, Any], wrap: Callable[[str, Any], Any]) -> Any:
+    """Load the entry point ``name`` of ``group`` into ``registry``; None when there is none."""
+    point = _plugins(group).get(name)
+    if point is None:
+        return None
+    loaded = point.load()
+    if name not in registry:  # the import may have registered the name itself
+        registry[name] = wrap(name, loaded)
+    return registry[name]
+
+
+def _as_estimator(name: str, loaded: Any) -> EstimatorSpec:
+    if isinstance(loaded, EstimatorSpec):
+        return loaded
+    if callable(loaded):
+        return EstimatorSpec(name=name, fn=cast(EstimatorFn, loaded))
+    raise UsageError(f"entry point {ESTIMATORS_GROUP}:{name} is {loaded!r}, not an estimator function")
+
+
+def _as_loss(name: str, loaded: Any) -> LossSpec:
+    if isinstance(loaded, LossSpec):
+        return loaded
+    if callable(loaded):
+        return LossSpec(name, fn=cast(LossFn, loaded))
+    raise UsageError(f"entry point {LOSSES_GROUP}:{name} is {loaded!r}, not a loss function")
 
 
 def _load_builtins() -> None:
-    # Imported lazily: the built-ins register themselves through this module.
+    # Imported lazily: the built-in estimators register themselves through this module.
     import rllm.algos.estimators  # noqa: F401

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import msgspec
 
 from rllm.types import Task
+from rllm.types.errors import InputError
 
 
 class DataCursor(msgspec.Struct, kw_only=True):
@@ -30,7 +31,7 @@ def next_batch(
 ) -> tuple[list[Task], DataCursor]:
     """The next ``size`` tasks and the cursor after them; an epoch's tail spills into the next epoch."""
     if not tasks:
-        raise ValueError("the training split has no tasks")
+        raise InputError("the training split has no tasks")
     batch: list[Task] = []
     epoch, cursor = position.epoch, position.cursor
     order = epoch_order(len(tasks), seed, epoch)

@@ -26,6 +26,7 @@ from rllm.engine.rollout_config import RolloutConfig
 from rllm.engine.rollout_engine import RolloutEngine, as_tasks
 from rllm.sdk.answer import final_answer
 from rllm.types import Episode, SamplingParams, SchemaError, Task, to_json
+from rllm.types.errors import InputError
 from rllm.types.images import pack_episode_images
 
 
@@ -225,9 +226,9 @@ async def evaluate(
     ``concurrency`` rollouts run at once, in ``workers`` processes (``RolloutConfig.workers``:
     for more agent traffic than one core carries; the flow must then be importable)."""
     if attempts < 1:
-        raise ValueError(f"attempts must be >= 1, got {attempts}")
+        raise InputError(f"attempts must be >= 1, got {attempts}")
     if (endpoint is None) == (gateway_url is None):
-        raise ValueError("evaluate needs exactly one of endpoint (a model server's /v1 URL) or gateway_url")
+        raise InputError("evaluate needs exactly one of endpoint (a model server's /v1 URL) or gateway_url")
     started = time.monotonic()
     tasks = load_dataset(dataset)
     out = Path(output_dir)

@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 
 from rllm.types import Episode, ErrorInfo, EvalOutput, Task, TerminationReason, from_msgpack, to_msgpack
-from rllm.types.errors import RLLMError
+from rllm.types.errors import InputError, RLLMError, StateError
 from rllm.types.images import pack_episode_images
 
 _HEADER = struct.Struct("<I")
@@ -178,7 +178,7 @@ def _encode_done(job: _Job, episode: Episode) -> bytes:
         return to_msgpack(_Done(job.id, pack_episode_images(episode)))  # each image sent once
     except Exception as exc:
         from rllm.engine.episode_builder import failed_episode
-        from rllm.engine.rollout_engine import RolloutEngine
+        from rllm.engine.scoring import apply_eval_output
 
         error = ErrorInfo(
             type=type(exc).__name__,
@@ -186,7 +186,7 @@ def _encode_done(job: _Job, episode: Episode) -> bytes:
             f"a flow's result, artifacts and metadata must be msgpack-encodable): {exc}",
         )
         failed = failed_episode(job.task.id, job.rollout_index, TerminationReason.AGENT_ERROR, error)
-        RolloutEngine._apply(failed, EvalOutput(reward=0.0, is_correct=False))
+        apply_eval_output(failed, EvalOutput(reward=0.0, is_correct=False))
         return to_msgpack(_Done(job.id, failed))
 
 
@@ -283,7 +283,7 @@ class FlowProcessPool:
                 except (pickle.PicklingError, AttributeError, TypeError) as exc:
                     parent_sock.close()
                     child_sock.close()
-                    raise ValueError(
+                    raise InputError(
                         f"workers > 1 needs an importable flow and evaluator (module-level, not a "
                         f"lambda or a local function): {exc}"
                     ) from None
@@ -297,7 +297,7 @@ class FlowProcessPool:
                 with contextlib.suppress(TimeoutError):
                     w.gateway_url = await asyncio.wait_for(w.ready, self.start_timeout_s)
                 if not w.gateway_url:
-                    raise RuntimeError(
+                    raise StateError(
                         f"rollout worker {w.index} did not start (exit code {w.process.exitcode}); "
                         "is the flow importable (defined at module level)?"
                     )

@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from rllm.types import Episode, from_msgpack, to_msgpack
+from rllm.types.errors import InputError
 from rllm.types.images import pack_episode_images
 
 log = logging.getLogger(__name__)
@@ -146,7 +147,7 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
             rows.append(json.loads(line))
         except json.JSONDecodeError:
             if number != len(lines):
-                raise ValueError(f"{path}:{number}: not a JSON metrics row") from None
+                raise InputError(f"{path}:{number}: not a JSON metrics row") from None
     return rows
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from rllm.types.errors import InputError
+
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """1 - C(n-c, k) / C(n, k): unbiased for drawing k of the n attempts without replacement.
@@ -11,9 +13,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     Computed as a running product so large n does not overflow or lose precision.
     """
     if not 0 <= c <= n:
-        raise ValueError(f"need 0 <= correct <= attempts, got correct={c}, attempts={n}")
+        raise InputError(f"need 0 <= correct <= attempts, got correct={c}, attempts={n}")
     if not 1 <= k <= n:
-        raise ValueError(f"need 1 <= k <= attempts, got k={k}, attempts={n}")
+        raise InputError(f"need 1 <= k <= attempts, got k={k}, attempts={n}")
     if n - c < k:
         return 1.0
     miss = 1.0

@@ -6,7 +6,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from rllm.sdk.cookbook import Cookbook
-from rllm.types.errors import RLLMError
+from rllm.types.errors import RLLMError, UsageError
 
 BACKENDS_GROUP = "rllm.backends"
 COOKBOOKS_GROUP = "rllm.cookbooks"
@@ -36,7 +36,7 @@ def backend_class(name: str) -> Any:
 def load_cookbook(name: str) -> Cookbook:
     cookbook = _load(COOKBOOKS_GROUP, name, "cookbook")
     if not isinstance(cookbook, Cookbook):
-        raise TypeError(
+        raise UsageError(
             f"entry point {COOKBOOKS_GROUP}:{name} is {type(cookbook).__name__}, not an rllm.sdk Cookbook"
         )
     return cookbook

@@ -20,15 +20,16 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from rllm.engine.episode_builder import build_episode, failed_episode
-from rllm.engine.failures import FAILED, RETRYABLE, classify_exception
+from rllm.engine.failures import RETRYABLE, classify_exception
 from rllm.engine.flow_processes import FlowProcessDied, FlowProcessPool
 from rllm.engine.flow_runner import DeadlineExceeded, call_with_deadline
 from rllm.engine.loop_lag import LoopLagMonitor
 from rllm.engine.rollout_config import RolloutConfig, rollout_sampling
 from rllm.engine.rollout_progress import RolloutProgress
 from rllm.engine.sandbox.provider import SandboxProvider, make_backend
+from rllm.engine.scoring import apply_eval_output, score_episode
 from rllm.runtime.gc_threshold import raise_gc_threshold, restore_gc_threshold
-from rllm.sdk.evaluator import EvaluatorFn, as_evaluator, to_eval_output
+from rllm.sdk.evaluator import EvaluatorFn, as_evaluator
 from rllm.sdk.flow import RolloutFlow, as_flow
 from rllm.sdk.sandbox import declares_sandbox
 from rllm.types import (
@@ -40,8 +41,8 @@ from rllm.types import (
     TerminationReason,
     TraceRecord,
     convert,
-    to_builtins,
 )
+from rllm.types.errors import InputError, StateError
 
 if TYPE_CHECKING:
     from rllm.gateway import GatewayAdmin, GatewayServer
@@ -82,11 +83,11 @@ class RolloutEngine:
         sandboxes: SandboxProvider | None = None,
     ) -> None:
         if gateway_url is None and not upstreams and gateway_config is None:
-            raise ValueError(
+            raise InputError(
                 "RolloutEngine needs gateway_url (attach), upstreams or gateway_config (own gateway)"
             )
         if gateway_url is not None and (upstreams or gateway_config is not None):
-            raise ValueError(
+            raise InputError(
                 "give either gateway_url (attach) or upstreams/gateway_config (own gateway), not both"
             )
         self._flow_arg, self._evaluator_arg = flow, evaluator  # what worker processes rebuild from
@@ -114,7 +115,7 @@ class RolloutEngine:
     @property
     def gateway_url(self) -> str:
         if self._gateway_url is None:
-            raise RuntimeError("the engine's gateway is not started; call `await engine.start()` first")
+            raise StateError("the engine's gateway is not started; call `await engine.start()` first")
         return self._gateway_url
 
     @property
@@ -123,7 +124,7 @@ class RolloutEngine:
         GatewayClient over HTTP when attached, the server's in-process LocalGatewayClient when the
         engine owns it, a GatewayGroup over every worker process's own gateway."""
         if self._client is None:
-            raise RuntimeError("the engine is not started; call `await engine.start()` first")
+            raise StateError("the engine is not started; call `await engine.start()` first")
         return self._client
 
     async def start(self) -> RolloutEngine:
@@ -258,7 +259,7 @@ class RolloutEngine:
         await self.start()
         n = self.config.n if n is None else n
         if n < 1:
-            raise ValueError(f"n (rollouts per task) must be >= 1, got {n}")
+            raise InputError(f"n (rollouts per task) must be >= 1, got {n}")
         total = len(tasks) * n
         if total == 0:
             return
@@ -359,7 +360,7 @@ class RolloutEngine:
         episode = failed_episode(
             task.id, rollout_index, TerminationReason.INFRA_ERROR, ErrorInfo.from_exception(died)
         )
-        self._apply(episode, EvalOutput(reward=0.0, is_correct=False))
+        apply_eval_output(episode, EvalOutput(reward=0.0, is_correct=False))
         return episode
 
     async def _attempt(
@@ -450,46 +451,8 @@ class RolloutEngine:
         except Exception:  # best effort: the gateway may be gone; nothing left to release then
             pass
 
-    # ------------------------------------------------------------------ scoring
     async def _score(self, task: Task, episode: Episode) -> None:
-        """Apply the evaluator. Failed rollouts get reward 0 without evaluation (nothing to grade);
-        an evaluator exception gives reward 0 and is recorded in ``metadata["eval_error"]``."""
-        if episode.termination_reason in FAILED:
-            self._apply(episode, EvalOutput(reward=0.0, is_correct=False))
-            return
-        if self.evaluator is None:
-            if any(t.reward is not None for t in episode.trajectories):
-                return  # the flow scored itself
-            self._apply(episode, EvalOutput(reward=0.0))
-            return
-        try:
-            value = await call_with_deadline(
-                self.evaluator.evaluate,
-                (task, episode),
-                is_async=self.evaluator.is_async,
-                deadline_s=self.config.eval_timeout_s,
-                executor=None,  # the default pool: hung sync flows must not starve evaluation
-            )
-            output = to_eval_output(value, source=f"evaluator {self.evaluator.name!r}")
-        except Exception as exc:
-            episode.metadata["eval_error"] = to_builtins(ErrorInfo.from_exception(exc))
-            output = EvalOutput(reward=0.0, is_correct=False)
-        self._apply(episode, output)
-
-    @staticmethod
-    def _apply(episode: Episode, output: EvalOutput) -> None:
-        episode.is_correct = output.is_correct
-        overrides = output.trajectory_rewards or {}
-        for trajectory in episode.trajectories:
-            # By trajectory id first: a flow with many calls per role rewards each one on its own.
-            trajectory.reward = overrides.get(trajectory.id, overrides.get(trajectory.role, output.reward))
-            if output.signals:
-                trajectory.signals.extend(output.signals)
-        episode.metrics["reward"] = output.reward
-        for signal in output.signals:
-            episode.metrics[f"signal/{signal.name}"] = signal.value
-        if output.metadata:
-            episode.metadata["eval"] = output.metadata
+        await score_episode(task, episode, self.evaluator, self.config.eval_timeout_s)
 
 
 def _last_call_failed(traces: list[TraceRecord]) -> bool:

@@ -13,7 +13,7 @@ from array import array
 from collections.abc import Iterable
 
 from rllm.types import FloatArray, ImageBlock, Step, TokenArray, TrainSequence, Trajectory, TrajectoryGroup
-from rllm.types.errors import RLLMError
+from rllm.types.errors import InputError, RLLMError
 from rllm.types.images import IMAGE_REF_PREFIX
 
 
@@ -102,7 +102,7 @@ def _append_response(seq: TrainSequence, step: Step, response: TokenArray, where
     seq.loss_mask.extend(FloatArray([1.0]) * n)
     advantage = step.advantage
     if advantage is None:
-        raise ValueError(f"{where}: step has no advantage; compute advantages before building sequences")
+        raise InputError(f"{where}: step has no advantage; compute advantages before building sequences")
     if isinstance(advantage, float | int):
         seq.advantages.extend(FloatArray([float(advantage)]) * n)
     else:

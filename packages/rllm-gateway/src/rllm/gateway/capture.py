@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rllm.types import SamplingParams
-from rllm.types.errors import RLLMError
+from rllm.types.errors import RLLMError, UsageError
 
 SAMPLING_FIELDS = ("temperature", "top_p", "max_tokens", "stop", "seed")
 
@@ -235,7 +235,7 @@ class StreamCapture:
             ids = choice.get("token_ids")
             if ids:
                 if not isinstance(ids, list):
-                    raise TypeError("'token_ids' is not a list")
+                    raise UsageError("'token_ids' is not a list")
                 cap.completion_ids.extend(ids)  # type: ignore[union-attr]
             lps = _logprobs_of(choice.get("logprobs"))
             if lps:

@@ -57,6 +57,7 @@ from rllm.gateway.toolcalls import (
     to_template_messages,
 )
 from rllm.types import ImageBlock, Message, TraceRecord
+from rllm.types.errors import InputError
 
 IMAGES_FIELD = "multi_modal_data"  # request: {"image": [data URIs in placeholder order]}
 IMAGES_USED = "images_used"  # response: how many of them the upstream gave the model
@@ -116,7 +117,7 @@ class BridgePlan:
 class TokenBridge:
     def __init__(self, tokenizer: Any, images: ImageTokens | None = None) -> None:
         if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("cumulative mode needs a tokenizer with a chat_template")
+            raise InputError("cumulative mode needs a tokenizer with a chat_template")
         self.tokenizer = tokenizer
         self.images = images  # None: a text-only model, whose image blocks are refused
         self.tool_format = detect_format(tokenizer)

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from rllm.gateway.admin_api import GatewayAdmin, GatewayAPIError, SessionInfo
 from rllm.gateway.client import GatewayClient
 from rllm.types import SamplingParams, TraceRecord, new_id
+from rllm.types.errors import InputError
 
 _T = TypeVar("_T")
 
@@ -29,7 +30,7 @@ class GatewayGroup:
     def __init__(self, urls: Sequence[str], admin_key: str | None = None) -> None:
         self.members: list[GatewayAdmin] = [GatewayClient(url, admin_key=admin_key) for url in urls]
         if not self.members:
-            raise ValueError("a GatewayGroup needs at least one gateway URL")
+            raise InputError("a GatewayGroup needs at least one gateway URL")
 
     @property
     def url(self) -> str:

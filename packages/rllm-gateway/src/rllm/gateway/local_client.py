@@ -23,6 +23,7 @@ import msgspec
 from rllm.gateway.admin_api import GatewayAPIError, SessionInfo, session_base_url
 from rllm.gateway.errors import GatewayError
 from rllm.types import SamplingParams, TraceRecord, from_msgpack, to_msgpack
+from rllm.types.errors import StateError
 
 if TYPE_CHECKING:
     from rllm.gateway.server import GatewayServer
@@ -67,7 +68,7 @@ class LocalGatewayClient:
         if loop is None:
             raise GatewayAPIError(503, "the gateway server is not running", method, path)
         if asyncio.get_running_loop() is not loop:
-            raise RuntimeError(
+            raise StateError(
                 "LocalGatewayClient must be used on the event loop its GatewayServer runs on; "
                 f"from another thread use GatewayClient({self.server.url!r})"
             )

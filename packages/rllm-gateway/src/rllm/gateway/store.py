@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import msgspec
 
 from rllm.types import TraceRecord, from_msgpack, to_msgpack
+from rllm.types.errors import InputError, StateError
 
 log = logging.getLogger("rllm.gateway.store")
 _INT64 = (-(2**63), 2**63 - 1)
@@ -303,7 +304,7 @@ class SqliteTraceStore:
                 self._cond.wait(timeout=1.0)
         if self._error is not None:
             err, self._error = self._error, None
-            raise RuntimeError(f"trace store {self.path}: write failed: {err}") from err
+            raise StateError(f"trace store {self.path}: write failed: {err}") from err
 
     async def flush(self) -> None:
         with self._cond:
@@ -412,4 +413,4 @@ def open_store(spec: str, *, batch_ms: float = 5.0) -> MemoryTraceStore | Sqlite
         return MemoryTraceStore()
     if spec.startswith("sqlite:"):
         return SqliteTraceStore(spec[len("sqlite:") :], batch_ms=batch_ms)
-    raise ValueError(f"unknown store {spec!r}: use 'memory' or 'sqlite:/path/file.db'")
+    raise InputError(f"unknown store {spec!r}: use 'memory' or 'sqlite:/path/file.db'")

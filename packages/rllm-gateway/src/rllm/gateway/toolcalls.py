@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rllm.gateway.errors import GatewayError
+from rllm.types.errors import InputError
 
 HERMES = "hermes"
 LLAMA3_JSON = "llama3_json"
@@ -91,12 +92,12 @@ def tool_calls_from_dicts(calls: Any) -> list[dict[str, Any]]:
     out = []
     for call in calls or ():
         if not isinstance(call, dict):
-            raise ValueError("a tool call is not a JSON object")
+            raise InputError("a tool call is not a JSON object")
         nested = call.get("function")
         fn: dict[str, Any] = nested if isinstance(nested, dict) else call
         name = fn.get("name")
         if not isinstance(name, str) or not name:
-            raise ValueError("a tool call has no name")
+            raise InputError("a tool call has no name")
         args = fn.get("arguments", fn.get("parameters", {}))
         out.append(openai_tool_call(name, args if args is not None else {}))
     return out

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from rllm.gateway.capture import Captured
 from rllm.gateway.sessions import Session
 from rllm.types import FloatArray, FunctionCall, Message, TokenArray, ToolCall, TraceRecord, Usage
+from rllm.types.errors import UsageError
 from rllm.types.images import intern_images
 
 _A = TypeVar("_A", bound=array)
@@ -102,7 +103,7 @@ def fill_trace(trace: TraceRecord, cap: Captured) -> None:
 def _text(value: Any) -> str:
     # A trace holds what it can encode: anything but a string here is an unreadable tool call.
     if not isinstance(value, str):
-        raise TypeError(f"expected a string, got {type(value).__name__}")
+        raise UsageError(f"expected a string, got {type(value).__name__}")
     return value
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import aiohttp
 
-from rllm.types.errors import RLLMError
+from rllm.types.errors import InputError, RLLMError
 
 
 class NoHealthyUpstream(RLLMError):
@@ -66,7 +66,7 @@ class UpstreamPool:
     def add(self, url: str) -> Upstream:
         url = url.rstrip("/")
         if not url.startswith(("http://", "https://")):
-            raise ValueError(f"upstream url must be an http(s) base URL ending in /v1, got {url!r}")
+            raise InputError(f"upstream url must be an http(s) base URL ending in /v1, got {url!r}")
         w = self.upstreams.get(url)
         if w is None:
             w = self.upstreams[url] = Upstream(url)

@@ -11,6 +11,7 @@ import threading
 from collections.abc import Awaitable, Callable
 
 from rllm.runtime.event_loop import new_event_loop
+from rllm.types.errors import DeadlineError
 
 
 class BackgroundLoop:
@@ -57,7 +58,7 @@ class BackgroundLoop:
         self._thread = threading.Thread(target=run, name=self.name, daemon=True)
         self._thread.start()
         if not ready.wait(timeout):
-            raise TimeoutError(f"{self.name} did not start within {timeout} s")
+            raise DeadlineError(f"{self.name} did not start within {timeout} s")
         if errors:
             self._thread.join()
             self._thread = self.loop = None

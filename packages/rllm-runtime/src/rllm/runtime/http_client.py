@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from rllm.types.errors import RLLMError
+from rllm.types.errors import DeadlineError, InputError, RLLMError
 
 
 class UpstreamConnectError(RLLMError, ConnectionError):
@@ -215,14 +215,14 @@ class _Conn(asyncio.Protocol):
 
     async def wait_data(self) -> None:
         if self.timed_out:
-            raise TimeoutError
+            raise DeadlineError
         self.waiter = asyncio.get_running_loop().create_future()
         try:
             await self.waiter
         finally:
             self.waiter = None
         if self.timed_out:
-            raise TimeoutError
+            raise DeadlineError
 
 
 Connection = _Conn  # what send_nowait returns: the exchange's handle (``cancel()``)
@@ -299,7 +299,7 @@ class FastHttpPool:
         self, method: str, url: str, length: int, content_type: str, headers: bytes
     ) -> tuple[tuple[str, int], bytes]:
         if not url.startswith("http://"):
-            raise ValueError("FastHttpPool speaks plain http only")
+            raise InputError("FastHttpPool speaks plain http only")
         cut = url.find("/", 7)  # origin | request target; admin targets differ per session
         origin, target = (url, "/") if cut < 0 else (url[:cut], url[cut:])
         shape = (origin, content_type, headers)

@@ -11,6 +11,8 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qsl
 
+from rllm.types.errors import StateError
+
 if TYPE_CHECKING:
     from rllm.runtime.http_server import HttpProtocol
 
@@ -145,7 +147,7 @@ class StreamResponse:
     async def write(self, data: bytes) -> None:
         conn = self._conn
         if conn is None:
-            raise RuntimeError("StreamResponse.write before prepare")
+            raise StateError("StreamResponse.write before prepare")
         if not data:
             return
         if conn.closed:

@@ -7,11 +7,14 @@ finds it by name. Cookbooks depend only on rllm-types and rllm-sdk.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rllm.types import Task
+from rllm.types.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -39,5 +42,55 @@ class Cookbook:
         if not options:
             return self
         if self.configure is None:
-            raise ValueError(f"cookbook {self.name!r} takes no options, got {sorted(options)}")
+            raise InputError(f"cookbook {self.name!r} takes no options, got {sorted(options)}")
         return self.configure(dict(options))
+
+
+def sample_rows(
+    sample_dir: Path, split: str, *, cookbook: str, other_splits: Sequence[str] = ()
+) -> list[dict[str, Any]]:
+    """The rows of the sample a cookbook ships for ``split``: ``sample_dir/<split>.jsonl``, one JSON
+    object a line. Any other split is an InputError listing the shipped splits and
+    ``other_splits`` (the ones the cookbook loads another way, e.g. ``"hub:train"``)."""
+    shipped = {path.stem: path for path in Path(sample_dir).glob("*.jsonl")}
+    if split not in shipped:
+        order = [s for s in ("train", "test") if s in shipped] + sorted(set(shipped) - {"train", "test"})
+        known = ", ".join(repr(s) for s in [*order, *other_splits])
+        raise InputError(f"the {cookbook} cookbook has splits {known}, not {split!r}")
+    lines = shipped[split].read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def train_defaults(
+    *,
+    total_steps: int = 100,
+    tasks_per_step: int = 16,
+    group_size: int = 8,
+    val_every: int = 10,
+    max_tokens: int = 1024,
+    temperature: float = 1.0,
+    estimator: str | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """A cookbook's ``train_defaults`` in the shape every cookbook uses: validation on the ``test``
+    split, sampling at ``temperature`` up to ``max_tokens``, ``estimator`` when given. ``extra`` keys are
+    merged over it table by table (``rollout={"deadline_s": 60}`` keeps the sampling settings)."""
+    base: dict[str, Any] = {
+        "total_steps": total_steps,
+        "tasks_per_step": tasks_per_step,
+        "group_size": group_size,
+        "val_split": "test",
+        "val_every": val_every,
+        "rollout": {"sampling": {"temperature": temperature, "max_tokens": max_tokens}},
+    }
+    if estimator is not None:
+        base["algorithm"] = {"estimator": estimator}
+    return _merged(base, extra)
+
+
+def _merged(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        both = isinstance(value, Mapping) and isinstance(out.get(key), Mapping)
+        out[key] = _merged(out[key], value) if both else value
+    return out

@@ -14,6 +14,7 @@ from typing import Any, Protocol, TypeAlias, cast, runtime_checkable
 
 from rllm.sdk.flow import _check_arity, is_async_callable, reduce_by_name
 from rllm.types import Episode, EvalOutput, Task
+from rllm.types.errors import InputError, UsageError
 
 EvalResult: TypeAlias = EvalOutput | float | bool | tuple[float, bool]
 EvalFunction: TypeAlias = Callable[[Task, Episode], EvalResult | Awaitable[EvalResult]]
@@ -31,7 +32,7 @@ class EvaluatorFn:
 
     def __init__(self, fn: EvalFunction, name: str | None = None) -> None:
         if not callable(fn):
-            raise TypeError(f"@evaluator needs a function (task, episode) -> result, got {fn!r}")
+            raise UsageError(f"@evaluator needs a function (task, episode) -> result, got {fn!r}")
         _check_arity(fn, "@evaluator", 2)
         self.fn = fn
         self.name = name or getattr(fn, "__name__", type(fn).__name__)
@@ -63,13 +64,15 @@ def as_evaluator(obj: Any) -> EvaluatorFn:
     if isinstance(obj, EvaluatorFn):
         return obj
     if isinstance(obj, type):
-        raise TypeError(f"expected an evaluator instance, got the class {obj.__name__}; instantiate it first")
+        raise UsageError(
+            f"expected an evaluator instance, got the class {obj.__name__}; instantiate it first"
+        )
     method = getattr(obj, "evaluate", None)
     if callable(method):
         return EvaluatorFn(cast(EvalFunction, method), name=type(obj).__name__)
     if callable(obj):
         return EvaluatorFn(cast(EvalFunction, obj))
-    raise TypeError(
+    raise UsageError(
         f"expected an evaluator: an @evaluator function, a function (task, episode) or an object with "
         f"evaluate(task, episode); got {obj!r}"
     )
@@ -90,11 +93,11 @@ def to_eval_output(value: Any, source: str = "evaluator") -> EvalOutput:
     if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], bool):
         reward, correct = value
         if isinstance(reward, bool) or not isinstance(reward, int | float):
-            raise TypeError(
+            raise UsageError(
                 f"{source} returned a tuple whose reward is {type(reward).__name__}, expected a number"
             )
         return EvalOutput(reward=_check_reward(reward, source), is_correct=correct)
-    raise TypeError(
+    raise UsageError(
         f"{source} returned {type(value).__name__} ({value!r:.80}); expected EvalOutput, float, bool or "
         f"(float, bool)"
     )
@@ -103,5 +106,5 @@ def to_eval_output(value: Any, source: str = "evaluator") -> EvalOutput:
 def _check_reward(reward: float, source: str) -> float:
     reward = float(reward)
     if not math.isfinite(reward):
-        raise ValueError(f"{source} returned a non-finite reward {reward}")
+        raise InputError(f"{source} returned a non-finite reward {reward}")
     return reward

@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeAlias, cast, overload, runtime_checkable
 
 from rllm.types import AgentConfig, Episode, Task, Trajectory
+from rllm.types.errors import UsageError
 
 FlowResult: TypeAlias = Episode | Trajectory | dict[str, Any] | str | None
 FlowFunction: TypeAlias = Callable[[Task, AgentConfig], FlowResult | Awaitable[FlowResult]]
@@ -40,7 +41,7 @@ class RolloutFlow:
 
     def __init__(self, fn: FlowFunction, name: str | None = None, max_turns: int | None = None) -> None:
         if not callable(fn):
-            raise TypeError(f"@rollout needs a function (task, config) -> result, got {fn!r}")
+            raise UsageError(f"@rollout needs a function (task, config) -> result, got {fn!r}")
         _check_arity(fn, "@rollout", 2)
         self.fn = fn
         self.name = name or getattr(fn, "__name__", type(fn).__name__)
@@ -92,13 +93,13 @@ def as_flow(obj: Any) -> RolloutFlow:
     if isinstance(obj, RolloutFlow):
         return obj
     if isinstance(obj, type):
-        raise TypeError(f"expected a flow instance, got the class {obj.__name__}; instantiate it first")
+        raise UsageError(f"expected a flow instance, got the class {obj.__name__}; instantiate it first")
     run = getattr(obj, "run", None)
     if callable(run):
         return RolloutFlow(cast(FlowFunction, run), name=type(obj).__name__)
     if callable(obj):
         return RolloutFlow(cast(FlowFunction, obj))
-    raise TypeError(
+    raise UsageError(
         f"expected a flow: a @rollout function, a function (task, config) or an object with run(task, config); got {obj!r}"
     )
 
@@ -140,4 +141,4 @@ def _check_arity(fn: Any, what: str, n: int) -> None:
         sig.bind(*([None] * n))
     except TypeError:
         name = getattr(fn, "__qualname__", repr(fn))
-        raise TypeError(f"{what} function {name}{sig} must accept {n} positional arguments") from None
+        raise UsageError(f"{what} function {name}{sig} must accept {n} positional arguments") from None

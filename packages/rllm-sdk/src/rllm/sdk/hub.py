@@ -11,13 +11,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from rllm.types.errors import MissingExtraError
+
 
 def hub_rows(name: str, config: str | None = None, *, split: str) -> Iterator[dict[str, Any]]:
     """Yield each row of ``name`` (``config``) ``split`` from the hub, in order."""
     try:
         from datasets import load_dataset
     except ImportError as exc:  # the message names the fix
-        raise ImportError(
+        raise MissingExtraError(
             f"loading {name!r} from the hub needs `datasets`: pip install 'rllm-sdk[hub]'"
         ) from exc
     rows = load_dataset(name, config, split=split) if config else load_dataset(name, split=split)

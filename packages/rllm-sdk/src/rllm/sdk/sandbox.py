@@ -18,6 +18,7 @@ import msgspec
 
 from rllm.sdk.errors import InfraError
 from rllm.types import InvariantError, Task
+from rllm.types.errors import UsageError
 
 TRUNCATION_MARKER = "\n[... output truncated by the sandbox: {dropped} more bytes ...]\n"
 
@@ -144,7 +145,7 @@ def needs_sandbox(spec: SpecSource | None = None) -> Callable[[Any], Any]:
     default: ``SandboxSpec()``."""
     source: SpecSource = SandboxSpec() if spec is None else spec
     if not isinstance(source, SandboxSpec) and not callable(source):
-        raise TypeError(f"needs_sandbox takes a SandboxSpec or a function task -> SandboxSpec, got {spec!r}")
+        raise UsageError(f"needs_sandbox takes a SandboxSpec or a function task -> SandboxSpec, got {spec!r}")
 
     def mark(flow: Any) -> Any:
         setattr(flow, _SPEC_ATTR, source)
@@ -174,7 +175,7 @@ def sandbox_spec_for(flow: Any, task: Task) -> SandboxSpec | None:
         return None
     spec = source if isinstance(source, SandboxSpec) else source(task)
     if not isinstance(spec, SandboxSpec):
-        raise TypeError(f"the sandbox spec function returned {type(spec).__name__}, not a SandboxSpec")
+        raise UsageError(f"the sandbox spec function returned {type(spec).__name__}, not a SandboxSpec")
     return spec
 
 

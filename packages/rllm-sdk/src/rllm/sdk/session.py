@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from rllm.types import AgentConfig
+from rllm.types.errors import InputError
 
 _ROLE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _SESSION_URL = re.compile(r"^(?P<root>.*/sessions/[^/]+)(?:/roles/[^/]+)?/v1/?$")
@@ -21,7 +22,7 @@ _SESSION_URL = re.compile(r"^(?P<root>.*/sessions/[^/]+)(?:/roles/[^/]+)?/v1/?$"
 def validate_role(role: str) -> str:
     """Return ``role`` if it can name a trajectory and a URL path segment, else raise ValueError."""
     if not isinstance(role, str) or not _ROLE_NAME.match(role):
-        raise ValueError(
+        raise InputError(
             f"invalid role name {role!r}: use 1-64 characters from [A-Za-z0-9_.-], starting with a letter or digit"
         )
     return role
@@ -37,7 +38,7 @@ def role_url(config: AgentConfig | str, role: str) -> str:
     validate_role(role)
     base_url = config.base_url if isinstance(config, AgentConfig) else config
     if not isinstance(base_url, str) or not base_url:
-        raise ValueError(f"role_url needs a base URL, got {base_url!r}")
+        raise InputError(f"role_url needs a base URL, got {base_url!r}")
     match = _SESSION_URL.match(base_url)
     if match is None:
         return base_url

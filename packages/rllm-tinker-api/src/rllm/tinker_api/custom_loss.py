@@ -19,6 +19,7 @@ from rllm.algos.config import AlgorithmConfig
 from rllm.algos.losses import compute_policy_loss
 from rllm.tinker_api.datums import shifted
 from rllm.types import TrainSequence
+from rllm.types.errors import InputError
 
 
 def _padded(rows: list[torch.Tensor]) -> torch.Tensor:
@@ -41,7 +42,7 @@ def make_custom_loss(
 
     def loss_fn(data: list[Any], logprobs_list: list[torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         if len(logprobs_list) != len(rows):
-            raise ValueError(f"the custom loss got {len(logprobs_list)} sequences for a batch of {len(rows)}")
+            raise InputError(f"the custom loss got {len(logprobs_list)} sequences for a batch of {len(rows)}")
         logprobs = _padded(list(logprobs_list))
         return compute_policy_loss(logprobs, sampler, advantages, mask, algo, sampler_logprobs=sampler)
 

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from rllm.tiny.tokenizer import build_tokenizer
+from rllm.types.errors import InputError
 
 
 def init_tiny_model(
@@ -35,7 +36,7 @@ def init_tiny_model(
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     if hidden_size % num_heads or hidden_size // num_heads < 64:
-        raise ValueError(
+        raise InputError(
             f"init_tiny_model: hidden_size/num_heads must be >= 64, got {hidden_size}/{num_heads}"
         )
     out = Path(path)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rllm.tiny.tokenizer import build_tokenizer
+from rllm.types.errors import InputError
 
 VISION_START, IMAGE_PAD, VISION_END = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"
 VISION_TOKENS = [VISION_START, IMAGE_PAD, VISION_END]
@@ -77,7 +78,7 @@ def init_tiny_vlm(
 
     head_dim = hidden_size // num_heads
     if hidden_size % num_heads or head_dim % 8:
-        raise ValueError(f"init_tiny_vlm: hidden_size/num_heads must be a multiple of 8, got {head_dim}")
+        raise InputError(f"init_tiny_vlm: hidden_size/num_heads must be a multiple of 8, got {head_dim}")
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_vlm_tokenizer(vocab_words)

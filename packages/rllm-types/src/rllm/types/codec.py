@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from rllm.types.arrays import Advantage, FloatArray, TokenArray, packed_bytes
-from rllm.types.errors import InvariantError, SchemaError
+from rllm.types.errors import InputError, InvariantError, SchemaError, UsageError
 
 T = TypeVar("T")
 
@@ -34,9 +34,9 @@ def _enc_json(obj: Any) -> Any:
 def _dec(tp: type, obj: Any) -> Any:
     if tp is TokenArray or tp is FloatArray:
         if isinstance(obj, bytes) and len(obj) % 4:
-            raise ValueError(f"packed {tp.__name__} has {len(obj)} bytes, not a multiple of 4")
+            raise InputError(f"packed {tp.__name__} has {len(obj)} bytes, not a multiple of 4")
         if not isinstance(obj, bytes | list):
-            raise TypeError(
+            raise UsageError(
                 f"Expected `{tp.__name__}` (bytes or list of numbers), got `{type(obj).__name__}`"
             )
         return tp(obj)

@@ -3,7 +3,8 @@
 The format follows the file's suffix (``.toml``, ``.yaml``/``.yml``, ``.json``); anything else
 is refused rather than guessed. Conversion to a msgspec Struct turns every validation error,
 including the ones a Struct's ``__post_init__`` raises, into a :class:`ConfigError` whose
-``key`` is the dotted key it blames (``rollout.sampling.top_p``, ``upstreams[0]``). Reading YAML
+``key`` is the dotted key it blames (``rollout.sampling.top_p``, ``upstreams[0]``). ``parse_options`` reads a plugin's own option table (a backend's ``backend.options``) the same
+way, its errors reading ``backend.options.KEY: MESSAGE``. Reading YAML
 and parsing override values need PyYAML: the ``rllm-types[yaml]`` extra.
 """
 
@@ -52,7 +53,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
             try:
                 doc = yaml.safe_load(text)
             except yaml.YAMLError as exc:
-                raise ValueError(str(exc)) from None
+                raise ConfigError(str(exc)) from None
     except (tomllib.TOMLDecodeError, msgspec.DecodeError, ValueError) as exc:
         raise ConfigError(f"config file {path} is not valid {fmt}: {exc}") from None
     if not isinstance(doc, dict):
@@ -101,6 +102,33 @@ def convert_config(doc: Mapping[str, Any], type_: type[T], *, context: str = "")
         key, message = _blame(doc, type_, str(exc))
     error = ConfigError.for_key(key, message) if key else ConfigError(message)
     raise ConfigError(f"{context}: {error}", key) if context else error from None
+
+
+def parse_options(
+    options: T | Mapping[str, Any] | None,
+    type_: type[T],
+    *,
+    prefix: str,
+    overrides: Mapping[str, Any] | None = None,
+) -> T:
+    """A plugin's typed options (e.g. a backend's ``backend.options``) from a ``type_`` instance, a
+    mapping (TOML/YAML/CLI) or None, with ``overrides`` merged over them table by table.
+
+    Every mistake is a ConfigError reading ``PREFIX.KEY: MESSAGE`` (``backend.options.learning_rat:
+    unknown key``), its ``key`` the full dotted key; a ``__post_init__`` check blames its field by
+    raising ``ConfigError.for_key(field, message)``.
+    """
+    if isinstance(options, type_) and not overrides:
+        return options
+    doc: dict[str, Any] = msgspec.to_builtins(options) if isinstance(options, type_) else dict(options or {})  # type: ignore[arg-type]
+    if overrides:
+        doc = merge_config(doc, overrides)
+    try:
+        return msgspec.convert(doc, type_)
+    except msgspec.ValidationError as exc:
+        key, message = _blame(doc, type_, str(exc))
+    full = prefix if not key else f"{prefix}{key}" if key.startswith("[") else f"{prefix}.{key}"
+    raise ConfigError(f"{full}: {message}", full) from None
 
 
 def _blame(doc: Mapping[str, Any], type_: type, error: str) -> tuple[str, str]:

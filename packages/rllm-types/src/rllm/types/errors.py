@@ -58,3 +58,41 @@ class ConfigError(RLLMError, ValueError):
     def __reduce__(self) -> tuple[type[ConfigError], tuple[str, str]]:
         # Crosses process boundaries intact (the default would rebuild it from the message alone).
         return (type(self), (str(self), self.key))
+
+
+# The general-purpose classes product code raises where no more specific rLLM error fits. Each
+# keeps the builtin base a caller may already catch, so switching a bare raise to one of these
+# never changes which ``except`` clause sees it.
+
+
+class InputError(RLLMError, ValueError):
+    """A value handed to rLLM (an argument, a record, a reply) does not fit; the message names it."""
+
+
+class UsageError(RLLMError, TypeError):
+    """rLLM was handed the wrong kind of object (a class for an instance, a non-function to a decorator)."""
+
+
+class StateError(RLLMError, RuntimeError):
+    """An operation ran in a state that does not allow it (not started, already closed), or a step
+    it relies on failed; the message says which."""
+
+
+class NotFoundError(RLLMError, FileNotFoundError):
+    """A file or directory rLLM needs is missing or is not what it should be (e.g. not a checkpoint)."""
+
+
+class LookupFailed(RLLMError, KeyError):
+    """A name or index was looked up and is not there; the message lists what is."""
+
+    def __str__(self) -> str:
+        # KeyError's str() is the repr of its argument (quotes around the message); say it plainly.
+        return str(self.args[0]) if self.args else ""
+
+
+class DeadlineError(RLLMError, TimeoutError):
+    """Something rLLM waited for did not happen in time; the message names it and the limit."""
+
+
+class MissingExtraError(RLLMError, ImportError):
+    """An optional package is not installed; the message gives the ``pip install`` that adds it."""

@@ -21,6 +21,8 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from rllm.types.errors import InputError
+
 # ---------------------------------------------------------------------------------- errors
 
 # The ``type`` of an error body per HTTP status; other statuses map by class (see error_type).
@@ -64,7 +66,7 @@ class ErrorBody(msgspec.Struct, kw_only=True):
 def error_body(status: int, message: str, *, param: str | None = None, code: str | None = None) -> ErrorBody:
     """The error body for ``status``; ``code`` defaults to the status as a string."""
     if not isinstance(status, int) or isinstance(status, bool) or not 100 <= status <= 599:
-        raise ValueError(f"error_body: status must be an HTTP status code (100-599), got {status!r}")
+        raise InputError(f"error_body: status must be an HTTP status code (100-599), got {status!r}")
     return ErrorBody(
         error=ErrorDetail(message=message, type=error_type(status), param=param, code=code or str(status))
     )
@@ -151,7 +153,7 @@ def completion_logprobs(
 ) -> CompletionLogprobs:
     """Completion logprobs of ``tokens`` (texts); ``text_offset`` is each token's start in the text."""
     if len(tokens) != len(logprobs) or (top is not None and len(top) != len(tokens)):
-        raise ValueError(
+        raise InputError(
             f"completion_logprobs: {len(tokens)} tokens but {len(logprobs)} logprobs"
             + ("" if top is None else f" and {len(top)} top_logprobs")
         )

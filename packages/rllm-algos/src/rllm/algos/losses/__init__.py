@@ -8,11 +8,11 @@ from __future__ import annotations
 import torch
 
 from rllm.algos.config import AlgorithmConfig
-from rllm.algos.losses import policy
 from rllm.algos.losses.aggregation import aggregate, masked_mean
 from rllm.algos.losses.checks import LossInputError, check_advantages, check_mask, check_tokens
 from rllm.algos.losses.kl import kl_penalty
 from rllm.algos.losses.tis import tis_weights
+from rllm.algos.registry import get_loss
 
 __all__ = [
     "LossInputError",
@@ -53,10 +53,11 @@ def compute_policy_loss(
 
     total = aggregate(policy loss [* TIS weight]) + kl_coef * aggregate(KL) - entropy_coef * aggregate(entropy)
     """
-    config.validate()
+    # config was validated when it was built (AlgorithmConfig.__post_init__): not again per micro-batch
+    spec = get_loss(config.loss)
     mask = check_mask(mask)
     lp = check_tokens("logprobs", logprobs, mask)
-    supervised = config.loss == "cross_entropy"
+    supervised = spec.supervised
     old = check_tokens("old_logprobs", old_logprobs, mask, required=not supervised or config.tis != "none")
     adv = check_advantages(advantages, mask, required=not supervised)
     sampler = check_tokens("sampler_logprobs", sampler_logprobs, mask, required=config.tis != "none")
@@ -68,15 +69,8 @@ def compute_policy_loss(
         "num_sequences": num_sequences,
     }
 
-    if supervised:
-        token_loss, token_metrics = policy.cross_entropy(lp, mask)
-    else:
-        assert old is not None and adv is not None  # the checks above required both for this loss
-        if config.loss in ("ppo_clip", "dual_clip"):
-            dual = config.loss == "dual_clip"
-            token_loss, token_metrics = policy.ppo_clip(lp, old, adv, mask, config, dual_clip=dual)
-        else:
-            token_loss, token_metrics = getattr(policy, config.loss)(lp, old, adv, mask, config)
+    # the checks above required old log-probs and advantages unless the loss is supervised
+    token_loss, token_metrics = spec.load()(lp, old, adv, mask, config)
 
     metrics: dict[str, float] = {}
     if config.tis != "none":

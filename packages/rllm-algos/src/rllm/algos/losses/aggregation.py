@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from rllm.algos.config import AGGREGATIONS
+from rllm.types.errors import InputError
 
 
 def aggregate(
@@ -46,7 +47,7 @@ def aggregate(
     if mode == "seq-mean-token-mean":
         per_seq = masked.sum(dim=-1) / seq_tokens.clamp(min=1.0)
         return per_seq.sum() / n_seq
-    raise ValueError(f"unknown aggregation {mode!r}; known: {list(AGGREGATIONS)}")
+    raise InputError(f"unknown aggregation {mode!r}; known: {list(AGGREGATIONS)}")
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from rllm.types.errors import InputError
+
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
     """Per-token estimate of KL(policy || reference) with estimator k1, k2 or k3."""
@@ -20,4 +22,4 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
     if estimator == "k3":
         log_ratio = torch.clamp(-diff, min=-20.0, max=20.0)
         return torch.clamp(torch.exp(log_ratio) - log_ratio - 1.0, min=-10.0, max=10.0)
-    raise ValueError(f"unknown KL estimator {estimator!r}; known: ['k1', 'k2', 'k3']")
+    raise InputError(f"unknown KL estimator {estimator!r}; known: ['k1', 'k2', 'k3']")

@@ -1,5 +1,9 @@
 """Per-token policy-gradient losses. Each returns (loss [batch, tokens], metric tensors).
 
+Every loss takes ``(logprobs, old_logprobs, advantages, mask, config)``; rllm.algos.registry
+names them (``AlgorithmConfig.loss``), and a user's loss with the same signature joins them
+through ``register_loss`` or the ``rllm.losses`` entry point.
+
 All ratios are pi_theta / pi_old computed from log-probabilities; the log-ratio is clamped to
 ±20 before exp so a single wildly off-policy token gives a large but finite ratio.
 Inputs arrive already checked, with masked positions zeroed (see checks.py).
@@ -46,6 +50,17 @@ def ppo_clip(
         metrics["clip_frac_lower"] = ((loss > cap) & negative).to(logprobs.dtype)
         loss = torch.where(negative, torch.minimum(loss, cap), loss)
     return loss, metrics
+
+
+def dual_clip(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    config: AlgorithmConfig,
+) -> LossOut:
+    """``ppo_clip`` with the dual clip on negative-advantage tokens (bound ``dual_clip_c``)."""
+    return ppo_clip(logprobs, old_logprobs, advantages, mask, config, dual_clip=True)
 
 
 def gspo(
@@ -99,6 +114,12 @@ def importance_sampling(
     return -advantages * ratio, {}
 
 
-def cross_entropy(logprobs: torch.Tensor, mask: torch.Tensor) -> LossOut:
+def cross_entropy(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor | None,
+    advantages: torch.Tensor | None,
+    mask: torch.Tensor,
+    config: AlgorithmConfig,
+) -> LossOut:
     """Supervised fine-tuning: negative log-likelihood of the trained tokens (advantages unused)."""
     return -logprobs, {}

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from rllm.types.errors import InputError
+
 
 def tis_weights(
     old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor, mode: str, cap: float
@@ -27,5 +29,5 @@ def tis_weights(
         seq = torch.clamp(log_ratio.sum(dim=-1, keepdim=True), min=-20.0, max=20.0)
         raw = torch.exp(seq).expand_as(log_ratio)
     else:
-        raise ValueError(f"unknown TIS mode {mode!r}; known: ['token', 'sequence']")
+        raise InputError(f"unknown TIS mode {mode!r}; known: ['token', 'sequence']")
     return torch.clamp(raw, max=cap), raw > cap

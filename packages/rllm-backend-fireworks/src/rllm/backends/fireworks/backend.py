@@ -11,15 +11,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from rllm.algos.config import AlgorithmConfig
 from rllm.backends.fireworks.config import OPTIONS, FireworksBackendConfig, api_key, parse_config
 from rllm.backends.fireworks.provision import Resources, provision, release
 from rllm.backends.fireworks.refusals import check_supported
 from rllm.backends.fireworks.upstream import DeploymentUpstream
+from rllm.engine.backend_base import BackendBase
 from rllm.tinker_api import LossPlan, adam_params, make_custom_loss, split_mini_batches, to_datums
 from rllm.types import TrainSequence
+from rllm.types.errors import DeadlineError, InputError, NotFoundError
 
 logger = logging.getLogger(__name__)
 
@@ -28,18 +28,16 @@ STATE_FILE = "fireworks_state.json"
 CUSTOM = LossPlan("custom", None)
 
 
-class FireworksBackend:
+class FireworksBackend(BackendBase[FireworksBackendConfig]):
     """Implements rllm.engine's Backend protocol on Fireworks (see README.md)."""
 
     name = "fireworks"
+    options_type = FireworksBackendConfig
 
     def __init__(
         self, options: FireworksBackendConfig | Mapping[str, Any] | None = None, **overrides: Any
     ) -> None:
-        config = parse_config(options)
-        if overrides:
-            config = parse_config({**msgspec.to_builtins(config), **overrides})
-        self.config = config
+        super().__init__(options, **overrides)
         self.resources: Resources | None = None
         self.service_client: Any = None
         self.training_client: Any = None
@@ -50,7 +48,6 @@ class FireworksBackend:
 
     # Backend protocol ------------------------------------------------------------------------
     def validate(self, algo: AlgorithmConfig) -> None:
-        algo.validate()
         check_supported(algo)
 
     async def start(self) -> None:
@@ -85,10 +82,15 @@ class FireworksBackend:
             await self.close()
             raise
 
+    @classmethod
+    def parse_options(
+        cls, options: FireworksBackendConfig | Mapping[str, Any] | None = None, **overrides: Any
+    ) -> FireworksBackendConfig:
+        return parse_config(options, **overrides)  # refuses an api_key option first
+
     def _started(self) -> Resources:
-        if self.resources is None or self.training_client is None:
-            raise RuntimeError("FireworksBackend is not started: await backend.start() first")
-        return self.resources
+        self.require_started(self.training_client)
+        return self.require_started(self.resources)
 
     def inference_urls(self) -> list[str]:
         self._started()
@@ -111,7 +113,7 @@ class FireworksBackend:
         self._started()
         check_supported(algo)
         if not batch:
-            raise ValueError("train_step got an empty batch")
+            raise InputError("train_step got an empty batch")
         outputs = await asyncio.to_thread(self._train_blocking, batch, algo)
         self.optimizer_steps += len(outputs)
         totals: dict[str, float] = {}
@@ -152,7 +154,7 @@ class FireworksBackend:
             async with asyncio.timeout(timeout):
                 await asyncio.to_thread(self.syncer.save_and_hotload, name)
         except TimeoutError as exc:
-            raise TimeoutError(f"saving and hot-loading {name!r} took longer than {timeout}s") from exc
+            raise DeadlineError(f"saving and hot-loading {name!r} took longer than {timeout}s") from exc
 
     async def sync_weights(self) -> int:
         """Save a sampler snapshot and hot-load it to the deployment; returns the new version."""
@@ -186,11 +188,11 @@ class FireworksBackend:
         res = self._started()
         state_file = Path(path) / STATE_FILE
         if not state_file.is_file():
-            raise FileNotFoundError(f"{path} is not a fireworks checkpoint (no {STATE_FILE})")
+            raise NotFoundError(f"{path} is not a fireworks checkpoint (no {STATE_FILE})")
         state = json.loads(state_file.read_text())
         for key in ("model", "lora_rank"):
             if state.get(key) != getattr(self.config, key):
-                raise ValueError(
+                raise InputError(
                     f"{state_file} was saved with {key}={state.get(key)!r}, but {OPTIONS}.{key} is "
                     f"{getattr(self.config, key)!r}"
                 )

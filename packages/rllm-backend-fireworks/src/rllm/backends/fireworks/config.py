@@ -13,6 +13,9 @@ from typing import Any
 
 import msgspec
 
+from rllm.types.config_file import parse_options
+from rllm.types.errors import ConfigError
+
 API_KEY_ENV = "FIREWORKS_API_KEY"
 OPTIONS = "backend.options"
 _SHAPE_RE = re.compile(r"^accounts/[^/]+/trainingShapes/[^/]+(/versions/[^/]+)?$")
@@ -81,32 +84,26 @@ class FireworksBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields
         ]
         for ok, key, message in checks:
             if not ok:
-                raise ValueError(f"{OPTIONS}.{key} {message}")
+                # parse_options prefixes the key: "backend.options.model: is empty: ..."
+                raise ConfigError.for_key(key, message)
 
     def resolved_inference_url(self) -> str:
         return (self.inference_url or f"{self.base_url.rstrip('/')}/inference/v1").rstrip("/")
 
 
-def parse_config(options: FireworksBackendConfig | Mapping[str, Any] | None) -> FireworksBackendConfig:
-    """A typed config from a mapping (TOML/YAML/CLI); errors name the dotted option."""
-    if isinstance(options, FireworksBackendConfig):
-        return options
-    options = dict(options or {})
-    if "api_key" in options:
-        raise ValueError(f"{OPTIONS}.api_key is not an option: set the {API_KEY_ENV} environment variable")
-    try:
-        return msgspec.convert(options, FireworksBackendConfig)
-    except msgspec.ValidationError as exc:
-        # msgspec says "... - at `$.lora_rank`"; name the option as users write it.
-        message = str(exc).replace("`$.", f"`{OPTIONS}.").replace("`$`", f"`{OPTIONS}`")
-        unknown = re.fullmatch(r"Object contains unknown field `(\w+)`", str(exc))
-        if unknown:
-            message = f"`{OPTIONS}.{unknown.group(1)}` is not an option"
-        raise ValueError(f"invalid fireworks backend options: {message}") from exc
+def parse_config(
+    options: FireworksBackendConfig | Mapping[str, Any] | None, **overrides: Any
+) -> FireworksBackendConfig:
+    """A typed config from a mapping (TOML/YAML/CLI); errors read ``backend.options.KEY: ...``."""
+    for given in (options if isinstance(options, Mapping) else {}), overrides:
+        if "api_key" in given:
+            key = f"{OPTIONS}.api_key"
+            raise ConfigError(f"{key}: not an option: set the {API_KEY_ENV} environment variable", key)
+    return parse_options(options, FireworksBackendConfig, prefix=OPTIONS, overrides=overrides)
 
 
 def api_key() -> str:
     key = os.environ.get(API_KEY_ENV, "")
     if not key:
-        raise ValueError(f"the fireworks backend needs an API key: set {API_KEY_ENV}")
+        raise ConfigError(f"the fireworks backend needs an API key: set {API_KEY_ENV}")
     return key

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rllm.backends.fireworks.config import OPTIONS, FireworksBackendConfig
+from rllm.types.errors import InputError
 
 logger = logging.getLogger(__name__)
 
@@ -35,12 +36,12 @@ class Resources:
 def _check_job(job: dict[str, Any], config: FireworksBackendConfig) -> None:
     training = job.get("trainingConfig") or {}
     if training.get("baseModel") != config.model:
-        raise ValueError(
+        raise InputError(
             f"{OPTIONS}.trainer_job_id={config.trainer_job_id!r} trains {training.get('baseModel')!r}, "
             f"not {OPTIONS}.model={config.model!r}"
         )
     if int(training.get("loraRank") or 0) != config.lora_rank:
-        raise ValueError(
+        raise InputError(
             f"{OPTIONS}.trainer_job_id={config.trainer_job_id!r} has LoRA rank {training.get('loraRank')}, "
             f"not {OPTIONS}.lora_rank={config.lora_rank}"
         )
@@ -53,7 +54,7 @@ def _trainer(config: FireworksBackendConfig, trainer_mgr: Any) -> tuple[Any, boo
     if config.trainer_job_id:
         job = trainer_mgr.try_get(config.trainer_job_id)
         if job is None:
-            raise ValueError(f"{OPTIONS}.trainer_job_id={config.trainer_job_id!r}: no such trainer job")
+            raise InputError(f"{OPTIONS}.trainer_job_id={config.trainer_job_id!r}: no such trainer job")
         _check_job(job, config)
         return trainer_mgr.wait_for_existing(config.trainer_job_id, **waits), False
     job_config = TrainerJobConfig(
@@ -87,7 +88,7 @@ def _deployment(
     created = existing is None
     if existing is not None:
         if existing.base_model and existing.base_model != config.model:
-            raise ValueError(
+            raise InputError(
                 f"{OPTIONS}.deployment_id={deployment_id!r} serves {existing.base_model!r}, "
                 f"not {OPTIONS}.model={config.model!r}"
             )
@@ -134,7 +135,7 @@ def provision(config: FireworksBackendConfig, api_key: str) -> Resources:
     )
     account = trainer_mgr.account_id
     if config.account and config.account != account:
-        raise ValueError(
+        raise InputError(
             f"{OPTIONS}.account={config.account!r}, but FIREWORKS_API_KEY belongs to account {account!r}"
         )
     shape = _deployment_shape(config, trainer_mgr)

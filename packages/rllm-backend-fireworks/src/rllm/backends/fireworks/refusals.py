@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from rllm.algos.config import AlgorithmConfig
 from rllm.tinker_api import unsupported_algo_options
+from rllm.types.errors import InputError
 
 SERVICE = "Fireworks (fireworks-ai training SDK)"
 
@@ -29,4 +30,4 @@ def check_supported(algo: AlgorithmConfig) -> None:
             "provisioned frozen reference trainer otherwise; this backend provisions none)"
         )
     if problems:
-        raise ValueError("the fireworks backend cannot honour: " + "; ".join(problems))
+        raise InputError("the fireworks backend cannot honour: " + "; ".join(problems))

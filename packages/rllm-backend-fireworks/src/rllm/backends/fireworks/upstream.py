@@ -23,6 +23,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from rllm.types.errors import StateError
+
 
 def to_vllm_fields(resp: dict[str, Any], *, chat: bool, keep_raw: bool) -> dict[str, Any]:
     """Fireworks' ``raw_output`` and ``sampling_logprob`` -> vLLM's token-id and logprob fields."""
@@ -77,7 +79,7 @@ class DeploymentUpstream:
         self._thread = threading.Thread(target=run, name="fireworks-upstream", daemon=True)
         self._thread.start()
         if not ready.wait(30) or failure:
-            raise RuntimeError(f"the Fireworks upstream adapter did not start: {failure}")
+            raise StateError(f"the Fireworks upstream adapter did not start: {failure}")
         return self.url
 
     async def _serve(self) -> None:

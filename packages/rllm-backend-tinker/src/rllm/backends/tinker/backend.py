@@ -6,10 +6,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-import msgspec
-
 from rllm.algos.config import AlgorithmConfig
 from rllm.backends.tinker.config import TinkerBackendConfig
+from rllm.engine.backend_base import BackendBase
 from rllm.types import TrainSequence
 
 
@@ -25,17 +24,7 @@ class _Service(Protocol):
     async def close(self) -> None: ...
 
 
-def parse_config(options: TinkerBackendConfig | Mapping[str, Any] | None) -> TinkerBackendConfig:
-    """A typed config from a mapping (TOML/YAML/CLI), with errors that name the bad option."""
-    if isinstance(options, TinkerBackendConfig):
-        return options
-    try:
-        return msgspec.convert(dict(options or {}), TinkerBackendConfig)
-    except msgspec.ValidationError as exc:
-        raise ValueError(f"invalid tinker backend options: {exc}") from exc
-
-
-class TinkerBackend:
+class TinkerBackend(BackendBase[TinkerBackendConfig]):
     """Implements rllm.engine's Backend protocol on a Tinker-style service.
 
     ``service = "local"`` (default) trains in-process with torch/transformers/peft and serves an
@@ -44,14 +33,12 @@ class TinkerBackend:
     """
 
     name = "tinker"
+    options_type = TinkerBackendConfig
 
     def __init__(
         self, options: TinkerBackendConfig | Mapping[str, Any] | None = None, **overrides: Any
     ) -> None:
-        config = parse_config(options)
-        if overrides:
-            config = parse_config({**msgspec.to_builtins(config), **overrides})
-        self.config = config
+        super().__init__(options, **overrides)
         self._service: _Service | None = None
 
     @staticmethod
@@ -63,7 +50,6 @@ class TinkerBackend:
 
     # Backend protocol ------------------------------------------------------------------------
     def validate(self, algo: AlgorithmConfig) -> None:
-        algo.validate()
         if self.config.service == "remote":
             from rllm.backends.tinker.remote.refusals import check_supported
 
@@ -83,9 +69,7 @@ class TinkerBackend:
         return self._service
 
     def _started(self) -> _Service:
-        if self._service is None:
-            raise RuntimeError("TinkerBackend is not started: await backend.start() first")
-        return self._service
+        return self.require_started(self._service)
 
     async def start(self) -> None:
         await self._get_service().start()

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import os
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import msgspec
+
+from rllm.types.config_file import parse_options
+from rllm.types.errors import ConfigError
+
+OPTIONS = "backend.options"
 
 
 class LoraConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -79,15 +85,23 @@ class TinkerBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
 
     def __post_init__(self) -> None:
         checks = [
-            (self.mini_batches >= 1, "mini_batches must be >= 1"),
-            (self.ppo_epochs >= 1, "ppo_epochs must be >= 1"),
-            (self.micro_batch_tokens >= 0, "micro_batch_tokens must be >= 0"),
-            (self.learning_rate > 0, "learning_rate must be > 0"),
-            (self.lora.rank >= 0, "lora.rank must be >= 0"),
-            (self.sampler_max_batch >= 1, "sampler_max_batch must be >= 1"),
-            (self.sampler_max_tokens >= 1, "sampler_max_tokens must be >= 1"),
-            (self.torch_threads >= 0, "torch_threads must be >= 0"),
+            (self.mini_batches >= 1, "mini_batches", "must be >= 1"),
+            (self.ppo_epochs >= 1, "ppo_epochs", "must be >= 1"),
+            (self.micro_batch_tokens >= 0, "micro_batch_tokens", "must be >= 0"),
+            (self.learning_rate > 0, "learning_rate", "must be > 0"),
+            (self.lora.rank >= 0, "lora.rank", "must be >= 0"),
+            (self.sampler_max_batch >= 1, "sampler_max_batch", "must be >= 1"),
+            (self.sampler_max_tokens >= 1, "sampler_max_tokens", "must be >= 1"),
+            (self.torch_threads >= 0, "torch_threads", "must be >= 0"),
         ]
-        for ok, message in checks:
+        for ok, key, message in checks:
             if not ok:
-                raise ValueError(f"TinkerBackendConfig: {message}")
+                # parse_options prefixes the key: "backend.options.mini_batches: must be >= 1"
+                raise ConfigError.for_key(key, message)
+
+
+def parse_config(
+    options: TinkerBackendConfig | Mapping[str, Any] | None, **overrides: Any
+) -> TinkerBackendConfig:
+    """A typed config from a mapping (TOML/YAML/CLI); errors read ``backend.options.KEY: ...``."""
+    return parse_options(options, TinkerBackendConfig, prefix=OPTIONS, overrides=overrides)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rllm.backends.tinker.config import TinkerBackendConfig
 from rllm.backends.tinker.local.service import LocalService
+from rllm.types.errors import NotFoundError
 
 
 def serve(
@@ -21,7 +22,7 @@ def serve(
 ) -> int:
     """Serve ``model_path`` (a local Hugging Face model directory) until SIGINT or SIGTERM."""
     if not (Path(model_path) / "config.json").is_file():
-        raise FileNotFoundError(f"{model_path} is not a local model directory (no config.json)")
+        raise NotFoundError(f"{model_path} is not a local model directory (no config.json)")
     config = TinkerBackendConfig(
         model=model_path,
         served_model_name=model_name or "",

@@ -21,6 +21,7 @@ import torch
 from tensordict import TensorDict
 
 from rllm.backends.verl.loss import OLD_LOG_PROBS, REF_LOG_PROBS, RllmPolicyLoss
+from rllm.types.errors import InputError
 from verl import DataProto
 from verl.utils import tensordict_utils as tu
 from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
@@ -108,7 +109,7 @@ def update_policy(
         data.batch[OLD_LOG_PROBS] = compute_log_probs(actor, data, batching=batching)["log_probs"]
     if loss.algo.kl_coef > 0:
         if ref is None:
-            raise ValueError("kl_coef > 0 needs a reference policy worker")
+            raise InputError("kl_coef > 0 needs a reference policy worker")
         data.batch[REF_LOG_PROBS] = compute_log_probs(ref, data, batching=batching)["log_probs"]
     td = prepare_update(
         data, loss, mini_batches=mini_batches, epochs=epochs, shuffle=shuffle, seed=seed, batching=batching
@@ -121,7 +122,7 @@ def mini_batch_layout(size: int, mini_batches: int, multiple: int) -> list[int |
     """Row order for ``mini_batches`` consecutive mini-batches of equal, ``multiple``-aligned
     length: the real rows split as evenly as they go, each part padded (None) to that length."""
     if size < 1 or mini_batches < 1 or multiple < 1:
-        raise ValueError(
+        raise InputError(
             f"cannot lay out {size} rows in {mini_batches} mini-batches of multiples of {multiple}"
         )
     parts = min(mini_batches, size)  # a mini-batch of padding alone would be an empty optimizer step

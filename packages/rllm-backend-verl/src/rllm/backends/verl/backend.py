@@ -14,27 +14,25 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from rllm.algos.config import AlgorithmConfig
 from rllm.backends.verl.config import VerlBackendConfig, parse_config
+from rllm.engine.backend_base import BackendBase
 from rllm.types import TrainSequence
+from rllm.types.errors import InputError, NotFoundError, StateError
 
 STATE_FILE = "rllm_verl_state.json"
 
 
-class VerlBackend:
+class VerlBackend(BackendBase[VerlBackendConfig]):
     """Implements rllm.engine's Backend protocol on verl (Ray, FSDP/Megatron, vLLM/SGLang)."""
 
     name = "verl"
+    options_type = VerlBackendConfig
 
     def __init__(
         self, options: VerlBackendConfig | Mapping[str, Any] | None = None, **overrides: Any
     ) -> None:
-        config = parse_config(options)
-        if overrides:
-            config = parse_config({**msgspec.to_builtins(config), **overrides})
-        self.config = config
+        super().__init__(options, **overrides)
         self._algo: AlgorithmConfig | None = None
         self._cluster: Any = None
         self._version = 0
@@ -52,11 +50,10 @@ class VerlBackend:
     def validate(self, algo: AlgorithmConfig) -> None:
         """Every rLLM algorithm option is honoured: the loss is rllm.algos' own code running inside
         verl's engine. Only the model must be named (before Ray starts)."""
-        algo.validate()
         if not self.config.model:
-            raise ValueError("backend.options.model: name the policy model (a local path or hub name)")
+            raise InputError("backend.options.model: name the policy model (a local path or hub name)")
         if self.config.cluster.device == "cpu" and self.config.rollout.engine != "external":
-            raise ValueError(
+            raise InputError(
                 "backend.options.cluster.device: 'cpu' needs rollout.engine = 'external' (running "
                 "vLLM servers): verl's own vLLM and SGLang rollout servers need GPUs"
             )
@@ -66,7 +63,7 @@ class VerlBackend:
         from rllm.backends.verl.ray_cluster import RayCluster
 
         if self._algo is None:
-            raise RuntimeError(
+            raise StateError(
                 "VerlBackend.start: call validate(algo) first (it decides whether a reference policy runs)"
             )
         cluster = RayCluster(self.config, self._algo)
@@ -77,10 +74,14 @@ class VerlBackend:
             raise
         self._cluster = cluster
 
+    @classmethod
+    def parse_options(
+        cls, options: VerlBackendConfig | Mapping[str, Any] | None = None, **overrides: Any
+    ) -> VerlBackendConfig:
+        return parse_config(options, **overrides)  # with the cross-field checks
+
     def _started(self) -> Any:
-        if self._cluster is None:
-            raise RuntimeError("VerlBackend is not started: await backend.start() first")
-        return self._cluster
+        return self.require_started(self._cluster)
 
     def inference_urls(self) -> list[str]:
         return self._started().inference_urls()
@@ -147,7 +148,7 @@ class VerlBackend:
         path = Path(path)
         state_file = path / STATE_FILE
         if not state_file.is_file():
-            raise FileNotFoundError(f"{path}: not a verl backend checkpoint (no {STATE_FILE})")
+            raise NotFoundError(f"{path}: not a verl backend checkpoint (no {STATE_FILE})")
         await asyncio.to_thread(self._started().load_checkpoint, str(path))
         state = json.loads(state_file.read_text())
         # The Trainer syncs the restored weights to the samplers next, as a new version.

@@ -13,13 +13,10 @@ from typing import Any, Literal
 
 import msgspec
 
-from rllm.types.errors import RLLMError
+from rllm.types.config_file import parse_options
+from rllm.types.errors import ConfigError
 
 PREFIX = "backend.options"
-
-
-class BackendOptionsError(RLLMError, ValueError):
-    """A ``backend.options`` value the verl backend cannot use; the message names its dotted key."""
 
 
 class ClusterOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -146,36 +143,25 @@ class VerlBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
         return "sdpa" if self.cluster.device == "cpu" else "flash_attention_2"
 
 
-def parse_config(options: VerlBackendConfig | Mapping[str, Any] | None) -> VerlBackendConfig:
-    """A checked config from a mapping (TOML/YAML/CLI overrides); errors name the dotted key."""
-    if isinstance(options, VerlBackendConfig):
-        config = options
-    else:
-        try:
-            config = msgspec.convert(dict(options or {}), VerlBackendConfig)
-        except msgspec.ValidationError as exc:
-            raise BackendOptionsError(_dotted(str(exc))) from exc
+def parse_config(
+    options: VerlBackendConfig | Mapping[str, Any] | None, **overrides: Any
+) -> VerlBackendConfig:
+    """A checked config from a mapping (TOML/YAML/CLI overrides); errors read
+    ``backend.options.KEY: MESSAGE`` (rllm.types.config_file.parse_options), the cross-field
+    checks all at once."""
+    config = parse_options(options, VerlBackendConfig, prefix=PREFIX, overrides=overrides)
     check(config)
     return config
-
-
-def _dotted(message: str) -> str:
-    """msgspec says "... - at `$.rollout.engine`"; we say "backend.options.rollout.engine: ..."."""
-    match = re.search(r" - at `\$((?:\.\w+|\[\d+\])*)`$", message)
-    key = PREFIX + (match.group(1) if match else "")
-    text = message[: match.start()] if match else message
-    unknown = re.match(r"Object contains unknown field `(\w+)`", text)
-    if unknown:
-        return f"{key}.{unknown.group(1)}: unknown option"
-    return f"{key}: {text}"
 
 
 def check(config: VerlBackendConfig) -> None:
     """Cross-field checks msgspec's types cannot express."""
     errors: list[str] = []
+    keys: list[str] = []
 
     def need(ok: bool, key: str, message: str) -> None:
         if not ok:
+            keys.append(f"{PREFIX}.{key}")
             errors.append(f"{PREFIX}.{key}: {message}")
 
     c, r = config.cluster, config.rollout
@@ -246,4 +232,4 @@ def check(config: VerlBackendConfig) -> None:
         f"must be >= 1, got {config.max_token_len_per_gpu}",
     )
     if errors:
-        raise BackendOptionsError("; ".join(errors))
+        raise ConfigError("; ".join(errors), keys[0])

@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 import torch
 
-from rllm.types.errors import RLLMError
+from rllm.types.errors import ConfigError, InputError, RLLMError
 from verl.workers.rollout.base import _ROLLOUT_REGISTRY, BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry
 
@@ -76,7 +76,7 @@ def served_models(base_url: str) -> list[str]:
 def check_servers(server_urls: list[str], model_name: str) -> None:
     """Every server answers and serves ``model_name`` (what the agents will ask for); else one
     error naming each ``backend.options.rollout.server_urls[i]`` that does not."""
-    from rllm.backends.verl.config import PREFIX, BackendOptionsError
+    from rllm.backends.verl.config import PREFIX
 
     problems = []
     for index, url in enumerate(server_urls):
@@ -92,7 +92,7 @@ def check_servers(server_urls: list[str], model_name: str) -> None:
                 "to the name the server was started with)"
             )
     if problems:
-        raise BackendOptionsError("; ".join(problems))
+        raise ConfigError("; ".join(problems), f"{PREFIX}.rollout.server_urls")
 
 
 def reload_server_weights(base_url: str, weights_path: Path) -> None:
@@ -140,7 +140,7 @@ class ExternalServerAdapter(BaseRollout):
         self.server_urls = [str(url) for url in custom.get("server_urls", [])]
         self.weights_dir = Path(str(custom.get("weights_dir", "")))
         if not self.server_urls or not str(custom.get("weights_dir", "")):
-            raise ValueError("rollout.custom needs server_urls and weights_dir for the external rollout")
+            raise InputError("rollout.custom needs server_urls and weights_dir for the external rollout")
         self._syncs = 0
 
     async def resume(self, tags: list[str]) -> None:

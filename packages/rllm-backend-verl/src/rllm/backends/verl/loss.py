@@ -20,6 +20,7 @@ from tensordict import TensorDict
 
 from rllm.algos.config import AlgorithmConfig
 from rllm.algos.losses import compute_policy_loss
+from rllm.algos.registry import get_loss
 from verl.utils import tensordict_utils as tu
 from verl.workers.utils.padding import no_padding_2_padding
 
@@ -33,7 +34,11 @@ class RllmPolicyLoss:
     """A picklable verl loss function (it travels to Ray workers) bound to one AlgorithmConfig."""
 
     def __init__(self, algo: AlgorithmConfig) -> None:
-        self.algo = algo.validate()
+        self.algo = algo  # validated when it was built
+        self.supervised = get_loss(algo.loss).supervised
+        # seq-mean-token-sum-norm without a loss_scale_factor: one config per token width, built
+        # once (building a config validates it, which must not happen per micro-batch)
+        self._scaled: dict[float, AlgorithmConfig] = {}
 
     @property
     def needs_entropy(self) -> bool:
@@ -41,7 +46,7 @@ class RllmPolicyLoss:
 
     @property
     def needs_old_log_probs(self) -> bool:
-        return self.algo.loss != "cross_entropy" or self.algo.tis != "none"
+        return not self.supervised or self.algo.tis != "none"
 
     def __call__(
         self, model_output: dict[str, Any], data: TensorDict, dp_group: Any = None
@@ -63,11 +68,14 @@ class RllmPolicyLoss:
             # The batch's token width, as rllm.algos uses on one unsplit batch; a micro-batch alone
             # would be narrower and scale its share differently.
             width = tu.get_non_tensor_data(data=data, key="max_response_len", default=log_probs.shape[-1])
-            config = msgspec.structs.replace(config, loss_scale_factor=float(cast(float, width)))
+            scale = float(cast(float, width))
+            if scale not in self._scaled:
+                self._scaled[scale] = msgspec.structs.replace(config, loss_scale_factor=scale)
+            config = self._scaled[scale]
         loss, metrics = compute_policy_loss(
             log_probs,
             fields.get(OLD_LOG_PROBS) if self.needs_old_log_probs else None,
-            fields["advantages"] if config.loss != "cross_entropy" else None,
+            fields["advantages"] if not self.supervised else None,
             fields["response_mask"].to(torch.bool),
             config,
             sampler_logprobs=fields.get(ROLLOUT_LOG_PROBS) if config.tis != "none" else None,

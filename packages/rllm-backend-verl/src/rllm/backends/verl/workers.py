@@ -11,6 +11,7 @@ import socket
 from typing import Any
 
 from rllm.backends.verl.config import VerlBackendConfig
+from rllm.types.errors import InputError
 
 
 def training_worker_config(config: VerlBackendConfig, *, forward_only: bool = False) -> Any:
@@ -105,7 +106,7 @@ def local_training_worker(config: VerlBackendConfig, *, forward_only: bool = Fal
     from rllm.backends.verl.cpu_platform import init_cpu_process_group, use_cpu_platform
 
     if config.cluster.device != "cpu" or config.world_size != 1:
-        raise ValueError(
+        raise InputError(
             "a local training worker runs on the CPU as one rank (cluster.device = 'cpu', one GPU slot)"
         )
     use_cpu_platform()

@@ -11,7 +11,7 @@ from typing import Any
 
 from rllm.engine.metrics_log import read_episode_sample, read_metrics, sample_path, sample_steps
 from rllm.types import Episode, Step, to_builtins
-from rllm.types.errors import RLLMError
+from rllm.types.errors import LookupFailed, RLLMError
 
 
 class RunNotFoundError(RLLMError, FileNotFoundError):
@@ -67,7 +67,7 @@ class RunView:
     def _sample(self, step: int) -> tuple[list[Episode], set[str]]:
         path = sample_path(self.run_dir, step)
         if not path.is_file():
-            raise KeyError(f"no episode sample for step {step}")
+            raise LookupFailed(f"no episode sample for step {step}")
         sample = read_episode_sample(path)
         return sample.episodes, set(sample.trained_trajectory_ids)
 
@@ -93,7 +93,7 @@ class RunView:
     def episode(self, step: int, index: int) -> dict[str, Any]:
         episodes, trained = self._sample(step)
         if not 0 <= index < len(episodes):
-            raise KeyError(f"step {step} has {len(episodes)} sampled episodes, not index {index}")
+            raise LookupFailed(f"step {step} has {len(episodes)} sampled episodes, not index {index}")
         e = episodes[index]
         return {
             "step": step,

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol, TypeVar
 
 from rllm.sdk.sandbox import Sandbox, SandboxError, SandboxSpec
+from rllm.types.errors import InputError
 
 SandboxT = TypeVar("SandboxT", bound=Sandbox)
 
@@ -51,7 +52,7 @@ class WarmPool:
 
     def __init__(self, backend: SandboxBackend, size: int = 0) -> None:
         if size < 0:
-            raise ValueError(f"warm pool size must be >= 0, got {size}")
+            raise InputError(f"warm pool size must be >= 0, got {size}")
         self.backend, self.size = backend, size
         self._upcoming: deque[SandboxSpec] = deque()
         self._slots: list[tuple[SandboxSpec, asyncio.Task[Sandbox]]] = []

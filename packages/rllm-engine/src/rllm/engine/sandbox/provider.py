@@ -12,6 +12,7 @@ from typing import Any
 from rllm.engine.sandbox.pool import SandboxBackend, WarmPool
 from rllm.sdk.sandbox import Sandbox, sandbox_spec_for, using_sandbox
 from rllm.types import Task
+from rllm.types.errors import InputError
 
 
 def make_backend(name: str, **options: Any) -> SandboxBackend:
@@ -28,7 +29,7 @@ def make_backend(name: str, **options: Any) -> SandboxBackend:
         from rllm.engine.sandbox.e2b import E2BBackend
 
         return E2BBackend(**options)
-    raise ValueError(f"sandbox_backend: no sandbox backend named {name!r} (bubblewrap, docker, e2b)")
+    raise InputError(f"sandbox_backend: no sandbox backend named {name!r} (bubblewrap, docker, e2b)")
 
 
 class SandboxProvider:

@@ -12,7 +12,7 @@ from typing import Any
 
 from rllm.sdk.answer import final_answer
 from rllm.types import Episode, EvalOutput, Task
-from rllm.types.errors import RLLMError
+from rllm.types.errors import InputError, MissingExtraError, RLLMError
 
 DEFAULT_JUDGE_PROMPT = """You are grading an answer to a task.
 
@@ -76,7 +76,7 @@ class LLMJudge:
     ) -> None:
         for field in ("{answer}",):
             if field not in prompt_template:
-                raise ValueError(f"judge prompt_template must contain {field}")
+                raise InputError(f"judge prompt_template must contain {field}")
         self.base_url = base_url
         self.model = model
         self.api_key = api_key
@@ -92,7 +92,7 @@ class LLMJudge:
             try:
                 from openai import AsyncOpenAI
             except ImportError as exc:  # pragma: no cover - depends on the install
-                raise ImportError("the LLM judge needs openai: pip install 'rllm-sdk[judge]'") from exc
+                raise MissingExtraError("the LLM judge needs openai: pip install 'rllm-sdk[judge]'") from exc
             self._client = AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, timeout=self.timeout_s)
         return self._client
 

@@ -7,6 +7,8 @@ import re
 import string
 import unicodedata
 
+from rllm.types.errors import InputError
+
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _SPACES = re.compile(r"\s+")
 _NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?(?:[eE][-+]?\d+)?%?")
@@ -56,7 +58,7 @@ def numeric_match(
 ) -> bool:
     """True if both sides hold a number and they agree within ``rel_tol`` / ``abs_tol``."""
     if rel_tol < 0 or abs_tol < 0:
-        raise ValueError(f"tolerances must be >= 0, got rel_tol={rel_tol}, abs_tol={abs_tol}")
+        raise InputError(f"tolerances must be >= 0, got rel_tol={rel_tol}, abs_tol={abs_tol}")
     pred = prediction if isinstance(prediction, int | float) else parse_number(prediction)
     ref = reference if isinstance(reference, int | float) else parse_number(reference)
     if pred is None or ref is None:

@@ -12,13 +12,14 @@ from typing import Any
 
 from rllm.sdk.rewards.boxed import extract_boxed
 from rllm.types import EvalOutput, Signal
+from rllm.types.errors import InputError, MissingExtraError
 
 
 def _math_verify() -> Any:
     try:
         import math_verify
     except ImportError as exc:  # pragma: no cover - depends on the install
-        raise ImportError("math grading needs math-verify: pip install 'rllm-sdk[math]'") from exc
+        raise MissingExtraError("math grading needs math-verify: pip install 'rllm-sdk[math]'") from exc
     return math_verify
 
 
@@ -45,7 +46,7 @@ def grade_math(response: str, ground_truth: str | float | int) -> bool:
     boxed = extract_boxed(response)
     gold = _parse(_as_latex(str(ground_truth)))
     if not gold:
-        raise ValueError(f"cannot parse the ground truth {ground_truth!r} as math")
+        raise InputError(f"cannot parse the ground truth {ground_truth!r} as math")
     pred = _parse(_as_latex(boxed)) if boxed is not None else _parse(response)
     if not pred:
         return False

@@ -9,16 +9,9 @@ the tournament, the verdict parser and majority vote need nothing; ``solve_v1`` 
 
 from rllm.sdk.v1.credit import NO_SIGNAL_SUFFIX, V1Credit, report_keys, split_role, v1_credit
 from rllm.sdk.v1.majority import MajorityResult, majority_vote
+from rllm.sdk.v1.match import Comparison, Verifier
 from rllm.sdk.v1.solve import V1Outcome, V1Settings, prompt_key, solve_v1
-from rllm.sdk.v1.tournament import (
-    FORMATS,
-    Comparison,
-    TournamentFormat,
-    TournamentResult,
-    Verifier,
-    allocate,
-    run_tournament,
-)
+from rllm.sdk.v1.tournament import FORMATS, TournamentFormat, TournamentResult, allocate, run_tournament
 from rllm.sdk.v1.verdict import VERIFY_INSTRUCTION, Verdict, pairwise_messages, parse_verdict
 
 __all__ = [

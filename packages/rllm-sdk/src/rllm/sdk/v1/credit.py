@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from rllm.sdk.v1.solve import prompt_key
 from rllm.sdk.v1.verdict import Verdict, parse_verdict
 from rllm.types import Episode, Signal, Trajectory
+from rllm.types.errors import InputError
 
 NO_SIGNAL_SUFFIX = ".no_signal"
 
@@ -68,10 +69,10 @@ def v1_credit(
     """
     v1 = episode.artifacts.get("v1")
     if not isinstance(v1, dict) or "candidates" not in v1:
-        raise ValueError("episode.artifacts['v1'] is missing: the flow must return V1Outcome.artifacts()")
+        raise InputError("episode.artifacts['v1'] is missing: the flow must return V1Outcome.artifacts()")
     candidates: list[str] = v1["candidates"]
     if len(correct) != len(candidates):
-        raise ValueError(f"correct has {len(correct)} values for {len(candidates)} candidates")
+        raise InputError(f"correct has {len(correct)} values for {len(candidates)} candidates")
     credit = V1Credit()
     unmatched = 0
     by_text = {text: i for i, text in enumerate(candidates)}

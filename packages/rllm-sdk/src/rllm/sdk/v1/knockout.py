@@ -8,7 +8,7 @@ call left, or a tie, goes to the better seed.
 
 from __future__ import annotations
 
-from rllm.sdk.v1.tournament import Match
+from rllm.sdk.v1.match import Match
 
 
 async def knockout(order: list[int], match: Match, both_orders: bool) -> tuple[list[int], list[float], int]:

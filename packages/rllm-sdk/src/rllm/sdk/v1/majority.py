@@ -10,6 +10,8 @@ import random
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
+from rllm.types.errors import InputError
+
 
 @dataclass(frozen=True)
 class MajorityResult:
@@ -27,7 +29,7 @@ def majority_vote(
 ) -> MajorityResult:
     """Pick a candidate of the most common answer (``key`` normalises answers before counting)."""
     if not answers:
-        raise ValueError("majority_vote needs at least one candidate answer")
+        raise InputError("majority_vote needs at least one candidate answer")
     keys = [None if a is None else key(a) for a in answers]
     counts: dict[Hashable, int] = {}
     for k in keys:

@@ -20,6 +20,7 @@ from rllm.sdk.v1.majority import MajorityResult, majority_vote
 from rllm.sdk.v1.tournament import FORMATS, TournamentFormat, TournamentResult, run_tournament
 from rllm.sdk.v1.verdict import Verdict, pairwise_messages, parse_verdict
 from rllm.types import AgentConfig
+from rllm.types.errors import InputError
 
 Messages = list[dict[str, Any]]
 
@@ -45,11 +46,11 @@ class V1Settings:
 
     def __post_init__(self) -> None:
         if not isinstance(self.n, int) or self.n < 1:
-            raise ValueError(f"V1Settings.n must be an int >= 1, got {self.n!r}")
+            raise InputError(f"V1Settings.n must be an int >= 1, got {self.n!r}")
         if self.budget is not None and (not isinstance(self.budget, int) or self.budget < 0):
-            raise ValueError(f"V1Settings.budget must be an int >= 0, got {self.budget!r}")
+            raise InputError(f"V1Settings.budget must be an int >= 0, got {self.budget!r}")
         if self.format not in FORMATS:
-            raise ValueError(f"V1Settings.format must be one of {list(FORMATS)}, got {self.format!r}")
+            raise InputError(f"V1Settings.format must be one of {list(FORMATS)}, got {self.format!r}")
         validate_role(self.generate_role)
         validate_role(self.verify_role)
 

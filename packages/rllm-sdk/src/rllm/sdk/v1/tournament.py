@@ -14,28 +14,18 @@ counts) seeds the field and breaks ties; ``seed`` makes every random choice repr
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from rllm.sdk.v1.verdict import Verdict
+from rllm.sdk.v1.knockout import knockout
+from rllm.sdk.v1.match import Comparison, Match, Verifier
+from rllm.types.errors import InputError
 
-Verifier = Callable[[int, int], Awaitable[Verdict | None]]
 TournamentFormat = Literal["swiss", "knockout", "all_pairs"]
 FORMATS: tuple[str, ...] = ("swiss", "knockout", "all_pairs")
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """One verification call: ``first`` was shown as A, ``second`` as B."""
-
-    first: int
-    second: int
-    verdict: Verdict | None
-    round: int
 
 
 @dataclass
@@ -57,46 +47,6 @@ class TournamentResult:
     @property
     def unparsed(self) -> int:
         return sum(c.verdict is None for c in self.comparisons)
-
-
-class Match:
-    """Plays pairings concurrently, spending the budget, and logs every call."""
-
-    def __init__(self, verify: Verifier, budget: int, rng: random.Random) -> None:
-        self.verify, self.remaining, self.rng = verify, budget, rng
-        self.log: list[Comparison] = []
-
-    async def play(self, pairs: Sequence[tuple[int, int]], doubled: int, round_no: int) -> list[float]:
-        """Each pair's share of points for its first member, in [0, 1]; the first ``doubled``
-        pairs are asked in both orders. Raises ValueError if the calls exceed the budget."""
-        calls: list[tuple[int, int, int]] = []  # (pair index, shown as A, shown as B)
-        for k, (i, j) in enumerate(pairs):
-            if k < doubled:
-                calls += [(k, i, j), (k, j, i)]
-            else:
-                calls.append((k, i, j) if self.rng.random() < 0.5 else (k, j, i))
-        if len(calls) > self.remaining:
-            raise ValueError(f"{len(calls)} verification calls exceed the remaining budget {self.remaining}")
-        self.remaining -= len(calls)
-        verdicts = await asyncio.gather(*(self.verify(a, b) for _, a, b in calls))
-        points = [0.0] * len(pairs)
-        asked = [0] * len(pairs)
-        for (k, a, b), verdict in zip(calls, verdicts, strict=True):
-            if verdict is not None and not isinstance(verdict, Verdict):
-                raise TypeError(f"a verifier must return a Verdict or None, got {verdict!r}")
-            self.log.append(Comparison(a, b, verdict, round_no))
-            first_shown = a == pairs[k][0]
-            if verdict is Verdict.A:
-                won = first_shown
-            elif verdict is Verdict.B:
-                won = not first_shown
-            else:
-                points[k] += 0.5
-                asked[k] += 1
-                continue
-            points[k] += 1.0 if won else 0.0
-            asked[k] += 1
-        return [p / n for p, n in zip(points, asked, strict=True)]
 
 
 def allocate(pairings: int, remaining: int, both_orders: bool) -> tuple[int, int]:
@@ -128,19 +78,17 @@ async def run_tournament(
 ) -> TournamentResult:
     """Rank ``n`` candidates with at most ``budget`` calls of ``verify``; return the result."""
     if n < 1:
-        raise ValueError(f"a tournament needs at least one candidate, got n={n}")
+        raise InputError(f"a tournament needs at least one candidate, got n={n}")
     if budget < 0:
-        raise ValueError(f"budget must be >= 0 verification calls, got {budget}")
+        raise InputError(f"budget must be >= 0 verification calls, got {budget}")
     if format not in FORMATS:
-        raise ValueError(f"unknown tournament format {format!r}; known: {list(FORMATS)}")
+        raise InputError(f"unknown tournament format {format!r}; known: {list(FORMATS)}")
     if prior is not None and len(prior) != n:
-        raise ValueError(f"prior has {len(prior)} values for {n} candidates")
+        raise InputError(f"prior has {len(prior)} values for {n} candidates")
     rng = random.Random(seed)
     order = seed_order(n, prior, rng)
     match = Match(verify, budget, rng)
     if format == "knockout":
-        from rllm.sdk.v1.knockout import knockout
-
         ranking, scores, rounds = await knockout(order, match, both_orders)
     elif format == "all_pairs":
         ranking, scores, rounds = await _all_pairs(order, match, both_orders)

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from rllm.types import TrainSequence
+from rllm.types.errors import InputError
 
 
 @dataclass
@@ -34,17 +35,17 @@ def check_sequences(batch: list[TrainSequence], vocab_size: int) -> None:
     """Clear errors for malformed sequences, naming the sequence and the field. (Non-finite
     values at trained tokens are caught by rllm.algos' loss checks, with their position.)"""
     if not batch:
-        raise ValueError("train_step got an empty batch")
+        raise InputError("train_step got an empty batch")
     for i, seq in enumerate(batch):
         n = len(seq.input_ids)
         if n < 2:
-            raise ValueError(f"batch[{i}]: a sequence needs at least 2 tokens to train on, got {n}")
+            raise InputError(f"batch[{i}]: a sequence needs at least 2 tokens to train on, got {n}")
         for name in ("loss_mask", "advantages", "sampler_logprobs"):
             if len(getattr(seq, name)) != n:
-                raise ValueError(f"batch[{i}].{name} has {len(getattr(seq, name))} values for {n} tokens")
+                raise InputError(f"batch[{i}].{name} has {len(getattr(seq, name))} values for {n} tokens")
         tokens = np.frombuffer(seq.input_ids, dtype=np.int32)
         if tokens.min() < 0 or tokens.max() >= vocab_size:
-            raise ValueError(f"batch[{i}].input_ids has ids outside the vocabulary [0, {vocab_size})")
+            raise InputError(f"batch[{i}].input_ids has ids outside the vocabulary [0, {vocab_size})")
 
 
 def split_micro_batches(batch: list[TrainSequence], indices: list[int], max_tokens: int) -> list[list[int]]:

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rllm.types.errors import InputError, NotFoundError
+
 if TYPE_CHECKING:
     from rllm.backends.tinker.local.model import PolicyModel
 
@@ -59,11 +61,11 @@ def load(path: Path, model: PolicyModel, optimizer: torch.optim.Optimizer) -> di
 
     state_file = path / STATE_FILE
     if not state_file.is_file():
-        raise FileNotFoundError(f"{path} is not a tinker-backend checkpoint (no {STATE_FILE})")
+        raise NotFoundError(f"{path} is not a tinker-backend checkpoint (no {STATE_FILE})")
     state = json.loads(state_file.read_text())
     if bool(state.get("lora")) != is_lora(model):
         kind = "LoRA" if state.get("lora") else "full fine-tuning"
-        raise ValueError(
+        raise InputError(
             f"checkpoint {path} holds {kind} weights but the backend is configured otherwise (lora.rank)"
         )
     device = next(model.parameters()).device
@@ -73,7 +75,7 @@ def load(path: Path, model: PolicyModel, optimizer: torch.optim.Optimizer) -> di
         result = set_peft_model_state_dict(model, load_file(str(path / ADAPTER_WEIGHTS), device=str(device)))
         unexpected = getattr(result, "unexpected_keys", [])
         if unexpected:
-            raise ValueError(f"checkpoint {path} adapter has keys this model lacks: {unexpected[:5]}")
+            raise InputError(f"checkpoint {path} adapter has keys this model lacks: {unexpected[:5]}")
     else:
         load_model(model, str(path / FULL_WEIGHTS), strict=True, device=str(device))
     optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, map_location=device, weights_only=True))

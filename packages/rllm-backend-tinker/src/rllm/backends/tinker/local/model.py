@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, TypeAlias
 import torch
 
 from rllm.backends.tinker.config import TinkerBackendConfig
+from rllm.types.errors import InputError
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -26,7 +27,7 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"TinkerBackendConfig.device={name!r} but CUDA is not available here")
+        raise InputError(f"TinkerBackendConfig.device={name!r} but CUDA is not available here")
     return device
 
 
@@ -82,7 +83,7 @@ def load_policy(config: TinkerBackendConfig, device: torch.device, dtype: torch.
     Dropout stays off (eval mode) for training too, so training logprobs match the sampler's.
     """
     if not config.model:
-        raise ValueError("TinkerBackendConfig.model is empty: give a local model directory or a hub name")
+        raise InputError("TinkerBackendConfig.model is empty: give a local model directory or a hub name")
     torch.manual_seed(config.seed)
     model: PolicyModel = load_pretrained(model_source(config.model), dtype, device)
     if config.lora.rank > 0:

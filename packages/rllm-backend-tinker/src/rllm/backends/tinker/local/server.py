@@ -25,6 +25,7 @@ from rllm.backends.tinker.local.protocol import (
 )
 from rllm.backends.tinker.local.streaming import include_usage, send_stream, stream_chunks
 from rllm.runtime.background import BackgroundLoop
+from rllm.types.errors import StateError
 
 
 class SamplerServer:
@@ -60,7 +61,7 @@ class SamplerServer:
         try:
             self._background.start(self._serve, self._cleanup)
         except Exception as exc:
-            raise RuntimeError(f"sampler server failed to start on {self.host}:{self.port}: {exc}") from exc
+            raise StateError(f"sampler server failed to start on {self.host}:{self.port}: {exc}") from exc
         return self.url
 
     async def _serve(self) -> None:

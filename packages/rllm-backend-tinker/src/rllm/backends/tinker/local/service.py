@@ -29,6 +29,7 @@ from rllm.backends.tinker.local.server import SamplerServer
 from rllm.backends.tinker.local.trainer import LocalTrainer
 from rllm.backends.tinker.local.vision import load_vision
 from rllm.types import TrainSequence
+from rllm.types.errors import InputError, StateError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -58,7 +59,7 @@ class LocalService:
     def _start_sync(self) -> None:
         cfg = self.config
         if not cfg.model:
-            raise ValueError("TinkerBackendConfig.model is empty: give a local model directory or a hub name")
+            raise InputError("TinkerBackendConfig.model is empty: give a local model directory or a hub name")
         threads = configure_threads(cfg.torch_threads, self.device)
         source = model_source(cfg.model)
         self.tokenizer = tokenizer = load_tokenizer(source)
@@ -128,7 +129,7 @@ class LocalService:
     # endpoints -------------------------------------------------------------------------------
     def inference_urls(self) -> list[str]:
         if not self._url:
-            raise RuntimeError("the local service is not started: await backend.start() first")
+            raise StateError("the local service is not started: await backend.start() first")
         return [self._url]
 
     def served_model_name(self) -> str:
@@ -140,7 +141,7 @@ class LocalService:
     # training --------------------------------------------------------------------------------
     def _require_started(self) -> tuple[LocalTrainer, SamplerEngine]:
         if self.trainer is None or self.engine is None:
-            raise RuntimeError("the local service is not started: await backend.start() first")
+            raise StateError("the local service is not started: await backend.start() first")
         return self.trainer, self.engine
 
     async def train_step(self, batch: list[TrainSequence], algo: AlgorithmConfig) -> dict[str, float]:

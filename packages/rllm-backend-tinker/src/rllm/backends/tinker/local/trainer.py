@@ -30,6 +30,7 @@ from rllm.backends.tinker.local.loss import policy_loss
 from rllm.backends.tinker.local.vision import VisionInputs
 from rllm.tinker_api.batching import split_mini_batches
 from rllm.types import TrainSequence
+from rllm.types.errors import InputError
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -79,7 +80,7 @@ class LocalTrainer:
         self.pad_id = pad_id
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
-            raise ValueError("the model has no trainable parameters (check lora.target_modules)")
+            raise InputError("the model has no trainable parameters (check lora.target_modules)")
         self.optimizer = torch.optim.AdamW(
             self.params,
             lr=config.learning_rate,
@@ -106,7 +107,7 @@ class LocalTrainer:
                     return token_logprobs_and_entropy(self.model, batch, with_entropy=False)[0]
             if self._reference is None:
                 if self._reference_loader is None:
-                    raise ValueError("kl_coef > 0 needs a reference model, but none can be loaded")
+                    raise InputError("kl_coef > 0 needs a reference model, but none can be loaded")
                 self._reference = self._reference_loader()
             return token_logprobs_and_entropy(self._reference, batch, with_entropy=False)[0]
 
@@ -186,7 +187,7 @@ class LocalTrainer:
         started = time.perf_counter()
         check_sequences(batch, self.vocab_size)
         if not any(np.frombuffer(s.loss_mask, dtype=np.float32)[1:].any() for s in batch):
-            raise ValueError(
+            raise InputError(
                 "train_step got a batch without a trained token (every loss_mask is 0 after token 0)"
             )
         cfg = self.config
@@ -219,7 +220,7 @@ class LocalTrainer:
         padded = pad(batch, piece, self.pad_id, self.device)
         if any(batch[i].images for i in piece):
             if self.vision is None:
-                raise ValueError("train_step got sequences with images, but the model takes no image inputs")
+                raise InputError("train_step got sequences with images, but the model takes no image inputs")
             dtype = next(self.model.parameters()).dtype
             width = padded.input_ids.shape[1]
             padded.model_inputs = self.vision.model_inputs(

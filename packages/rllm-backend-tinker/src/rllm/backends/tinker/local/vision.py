@@ -13,6 +13,7 @@ import torch
 from rllm.backends.tinker.vlm_prompt import decode_images, image_token_counts, pixel_inputs
 from rllm.tiny.vlm import load_image_processor
 from rllm.types import TrainSequence
+from rllm.types.errors import InputError
 from rllm.types.images import parse_data_uri
 
 
@@ -39,7 +40,7 @@ def load_vision(source: str) -> VisionInputs | None:
     try:
         processor = load_image_processor(source)
     except OSError as exc:
-        raise ValueError(f"model {source!r} has a vision tower but no image processor: {exc}") from None
+        raise InputError(f"model {source!r} has a vision tower but no image processor: {exc}") from None
     return VisionInputs(processor, int(config.image_token_id))
 
 
@@ -65,13 +66,13 @@ class VisionInputs:
             marks = (tokens == self.image_token_id) & (np.frombuffer(s.loss_mask, dtype=np.float32) == 0)
             if not s.images:
                 if marks.any():
-                    raise ValueError(f"sequence {row} has image tokens but no images")
+                    raise InputError(f"sequence {row} has image tokens but no images")
                 continue
             data = [parse_data_uri(url, f"images[{k}]")[1] for k, url in enumerate(s.images)]
             values, grid = pixel_inputs(self.image_processor, decode_images(data))
             expected = sum(image_token_counts(self.image_processor, grid))
             if int(marks.sum()) != expected:
-                raise ValueError(
+                raise InputError(
                     f"sequence {row}: {int(marks.sum())} image tokens, but its {len(s.images)} images "
                     f"need {expected}"
                 )

@@ -6,6 +6,7 @@ from __future__ import annotations
 from rllm.algos.config import AlgorithmConfig
 from rllm.backends.tinker.config import TinkerBackendConfig
 from rllm.tinker_api import unsupported_algo_options
+from rllm.types.errors import InputError
 
 
 def check_supported(algo: AlgorithmConfig, config: TinkerBackendConfig) -> None:
@@ -22,4 +23,4 @@ def check_supported(algo: AlgorithmConfig, config: TinkerBackendConfig) -> None:
     if config.micro_batch_tokens:
         problems.append("`micro_batch_tokens`: Tinker splits requests itself; leave it 0")
     if problems:
-        raise ValueError("the tinker backend's remote service cannot honour: " + "; ".join(problems))
+        raise InputError("the tinker backend's remote service cannot honour: " + "; ".join(problems))

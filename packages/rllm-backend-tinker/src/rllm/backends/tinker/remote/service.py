@@ -16,6 +16,7 @@ from rllm.backends.tinker.config import TinkerBackendConfig
 from rllm.backends.tinker.remote.refusals import check_supported
 from rllm.tinker_api import adam_params, make_custom_loss, plan_loss, split_mini_batches, to_datums
 from rllm.types import TrainSequence
+from rllm.types.errors import DeadlineError, InputError, NotFoundError
 
 logger = logging.getLogger(__name__)
 
@@ -31,14 +32,14 @@ def make_service_client(config: TinkerBackendConfig) -> Any:
 
     api_key = config.remote.resolved_api_key()
     if not api_key:
-        raise ValueError("the remote tinker service needs an API key: set remote.api_key or TINKER_API_KEY")
+        raise InputError("the remote tinker service needs an API key: set remote.api_key or TINKER_API_KEY")
     return tinker.ServiceClient(base_url=config.remote.resolved_base_url(), api_key=api_key)
 
 
 class RemoteService:
     def __init__(self, config: TinkerBackendConfig) -> None:
         if not config.model:
-            raise ValueError("TinkerBackendConfig.model is empty: give the Tinker base model name")
+            raise InputError("TinkerBackendConfig.model is empty: give the Tinker base model name")
         self.config = config
         self.service_client: Any = None
         self.training_client: Any = None
@@ -54,7 +55,7 @@ class RemoteService:
             async with asyncio.timeout(timeout):
                 return await future
         except TimeoutError as exc:
-            raise TimeoutError(
+            raise DeadlineError(
                 f"the Tinker service did not finish {what} within remote.request_timeout_s={timeout}s"
             ) from exc
 
@@ -70,7 +71,7 @@ class RemoteService:
 
     async def start(self) -> None:
         if not self.config.remote.inference_url:
-            raise ValueError(
+            raise InputError(
                 "remote.inference_url is empty: set it to Tinker's OpenAI-compatible endpoint (ending in /v1)"
             )
         self.service_client = make_service_client(self.config)
@@ -114,7 +115,7 @@ class RemoteService:
     async def train_step(self, batch: list[TrainSequence], algo: AlgorithmConfig) -> dict[str, float]:
         check_supported(algo, self.config)
         if not batch:
-            raise ValueError("train_step got an empty batch")
+            raise InputError("train_step got an empty batch")
         from tinker import types
 
         plan = plan_loss(algo)
@@ -174,10 +175,10 @@ class RemoteService:
         """Continue from a saved state (weights and Adam moments) in a new Tinker training run."""
         state_file = path / STATE_FILE
         if not state_file.is_file():
-            raise FileNotFoundError(f"{path} is not a remote tinker checkpoint (no {STATE_FILE})")
+            raise NotFoundError(f"{path} is not a remote tinker checkpoint (no {STATE_FILE})")
         state = json.loads(state_file.read_text())
         if state.get("model") != self.config.model:
-            raise ValueError(
+            raise InputError(
                 f"{state_file} was saved from base model {state.get('model')!r}, but this backend's "
                 f"model is {self.config.model!r}"
             )

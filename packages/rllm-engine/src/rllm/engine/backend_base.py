@@ -1,0 +1,43 @@
+"""BackendBase: what every training backend shares before and around ``start``.
+
+A backend is built from its typed ``backend.options`` (a msgspec Struct) and keyword overrides;
+the options are parsed and checked when it is built (``parse_options`` does it alone, starting
+nothing, so a launcher can refuse a typo before it builds a model), and every call that needs
+the running service says so the same way when ``start`` has not run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar, Generic, TypeVar
+
+from rllm.types.config_file import parse_options
+from rllm.types.errors import StateError
+
+OPTIONS_PREFIX = "backend.options"
+
+C = TypeVar("C")
+H = TypeVar("H")
+
+
+class BackendBase(Generic[C]):
+    """Subclasses set ``name`` and ``options_type`` (their options Struct) and keep their running
+    state in attributes that ``require_started`` checks."""
+
+    name: ClassVar[str]
+    options_type: ClassVar[type[Any]]
+
+    def __init__(self, options: C | Mapping[str, Any] | None = None, **overrides: Any) -> None:
+        self.config: C = self.parse_options(options, **overrides)
+
+    @classmethod
+    def parse_options(cls, options: C | Mapping[str, Any] | None = None, **overrides: Any) -> C:
+        """The checked options, without building or starting anything; a ConfigError reading
+        ``backend.options.KEY: MESSAGE`` otherwise."""
+        return parse_options(options, cls.options_type, prefix=OPTIONS_PREFIX, overrides=overrides)
+
+    def require_started(self, handle: H | None) -> H:
+        """``handle`` (the running service, cluster, client...), or the error that names the fix."""
+        if handle is None:
+            raise StateError(f"{type(self).__name__} is not started: await backend.start() first")
+        return handle

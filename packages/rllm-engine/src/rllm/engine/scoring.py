@@ -1,0 +1,59 @@
+"""Scoring a finished rollout: the evaluator's verdict written onto the Episode and its trajectories.
+
+Shared by the engine (each rollout, in this process or a flow worker's) and the flow worker
+processes (an episode that cannot be sent back is scored 0 before it is reported).
+"""
+
+from __future__ import annotations
+
+from rllm.engine.failures import FAILED
+from rllm.engine.flow_runner import call_with_deadline
+from rllm.sdk.evaluator import EvaluatorFn, to_eval_output
+from rllm.types import Episode, ErrorInfo, EvalOutput, Task, to_builtins
+
+
+async def score_episode(
+    task: Task, episode: Episode, evaluator: EvaluatorFn | None, deadline_s: float | None
+) -> None:
+    """Apply ``evaluator``. Failed rollouts get reward 0 without evaluation (nothing to grade);
+    an evaluator exception (or one past ``deadline_s``) gives reward 0 and is recorded in
+    ``metadata["eval_error"]``; without an evaluator a flow that rewarded its trajectories itself
+    keeps its rewards, any other gets 0."""
+    if episode.termination_reason in FAILED:
+        apply_eval_output(episode, EvalOutput(reward=0.0, is_correct=False))
+        return
+    if evaluator is None:
+        if any(t.reward is not None for t in episode.trajectories):
+            return  # the flow scored itself
+        apply_eval_output(episode, EvalOutput(reward=0.0))
+        return
+    try:
+        value = await call_with_deadline(
+            evaluator.evaluate,
+            (task, episode),
+            is_async=evaluator.is_async,
+            deadline_s=deadline_s,
+            executor=None,  # the default pool: hung sync flows must not starve evaluation
+        )
+        output = to_eval_output(value, source=f"evaluator {evaluator.name!r}")
+    except Exception as exc:
+        episode.metadata["eval_error"] = to_builtins(ErrorInfo.from_exception(exc))
+        output = EvalOutput(reward=0.0, is_correct=False)
+    apply_eval_output(episode, output)
+
+
+def apply_eval_output(episode: Episode, output: EvalOutput) -> None:
+    """Write ``output`` onto ``episode``: correctness, each trajectory's reward (per trajectory id,
+    then per role, then the episode's reward), signals, the reward metric and eval metadata."""
+    episode.is_correct = output.is_correct
+    overrides = output.trajectory_rewards or {}
+    for trajectory in episode.trajectories:
+        # By trajectory id first: a flow with many calls per role rewards each one on its own.
+        trajectory.reward = overrides.get(trajectory.id, overrides.get(trajectory.role, output.reward))
+        if output.signals:
+            trajectory.signals.extend(output.signals)
+    episode.metrics["reward"] = output.reward
+    for signal in output.signals:
+        episode.metrics[f"signal/{signal.name}"] = signal.value
+    if output.metadata:
+        episode.metadata["eval"] = output.metadata
