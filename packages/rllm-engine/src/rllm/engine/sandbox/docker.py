@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rllm.engine.sandbox import host_files
 from rllm.engine.sandbox.pool import prepare
 from rllm.sdk.sandbox import ExecResult, SandboxError, SandboxSpec, SandboxUnavailable, truncate_output
 
@@ -161,9 +162,12 @@ class DockerSandbox:
     async def read_file(self, path: str) -> bytes:
         with await self._archive(path) as tar:
             member = tar.next()
-            handle = tar.extractfile(member) if member is not None else None
+            # Regular files only: a link is not followed (not even within the archive).
+            handle = tar.extractfile(member) if member is not None and member.isreg() else None
             if handle is None:
-                raise SandboxError(f"{path!r} is not a file in the sandbox")
+                raise SandboxError(
+                    f"read_file {path!r}: not a regular file in the sandbox (links are not followed)"
+                )
             return handle.read()
 
     async def upload(self, local_path: str, path: str) -> None:
@@ -178,13 +182,9 @@ class DockerSandbox:
 
     async def download(self, path: str, local_path: str) -> None:
         with await self._archive(path) as tar:
-            dest = Path(local_path)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            # The archive's top entry is named after ``path``; rename it to ``local_path``.
-            top = posixpath.basename(self._path(path))
-            for member in tar.getmembers():
-                member.name = dest.name + member.name[len(top) :]
-            tar.extractall(dest.parent, filter="data")  # no links or paths out of the target
+            await asyncio.to_thread(
+                host_files.extract_tar, tar, posixpath.basename(self._path(path)), local_path, path
+            )
 
     async def _archive(self, path: str) -> tarfile.TarFile:
         try:

@@ -23,6 +23,7 @@ import platform
 import posixpath
 import secrets
 import stat
+import tarfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -321,11 +322,7 @@ def download_from(workdir: Path, mount: str, path: str, local: str) -> None:
             with _fd(os.open(dest.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)) as out:
                 _replace(out, dest.name, _copy_from(src), _safe_mode(st.st_mode), None)
     if refused:
-        shown = ", ".join(refused[:5]) + (f" and {len(refused) - 5} more" if len(refused) > 5 else "")
-        raise SandboxError(
-            f"download {path!r}: {len(refused)} entries are links or special files and were not "
-            f"copied (links are never created on the host): {shown}"
-        )
+        raise refused_error(path, refused)
 
 
 def _download_tree(src: int, out: int, rel: str, refused: list[str], depth: int) -> None:
@@ -352,6 +349,73 @@ def _download_tree(src: int, out: int, rel: str, refused: list[str], depth: int)
                 _replace(out, name, _copy_from(fd), _safe_mode(st.st_mode), None)
             else:
                 refused.append(f"{where} ({_kind(st.st_mode)})")
+
+
+# ------------------------------------------------------------------ the host side of remote backends
+
+
+def save_local(local: str, rel: str, data: bytes, mode: int = 0o644) -> None:
+    """Write one downloaded file at ``rel`` under the host folder ``local`` (``rel`` empty:
+    ``local`` is the file): folders are made and entered without following links, the file is
+    created fresh and renamed into place, and ``rel`` (named by the sandbox) may not leave
+    ``local``. The Docker and E2B backends' downloads go through here."""
+    dest = Path(local)
+    where = relative("/", rel) if rel else ""
+    with _refusing(rel or local, "download to"):
+        if not where:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with _fd(os.open(dest.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)) as out:
+                _replace(out, dest.name, _write_all(data), _safe_mode(mode), None)
+            return
+        dest.mkdir(parents=True, exist_ok=True)
+        parent, name = posixpath.split(where)
+        with (
+            _fd(os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)) as top,
+            _fd(_opendirs(top, parent.split("/") if parent else [], None, create=True)) as out,
+        ):
+            _replace(out, name, _write_all(data), _safe_mode(mode), None)
+
+
+def make_local_dir(local: str, rel: str) -> None:
+    """Make the folder ``rel`` under ``local`` (links in the way refused, not followed)."""
+    dest = Path(local)
+    dest.mkdir(parents=True, exist_ok=True)
+    where = relative("/", rel) if rel else ""
+    if where:
+        with (
+            _refusing(rel, "download to"),
+            _fd(os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)) as top,
+        ):
+            os.close(_opendirs(top, where.split("/"), None, create=True))
+
+
+def extract_tar(tar: tarfile.TarFile, top: str, local: str, path: str) -> None:
+    """Unpack a downloaded archive (its top entry named ``top``) as ``local``: regular files and
+    folders only, through :func:`save_local`; links, hard links and devices are refused."""
+    refused: list[str] = []
+    for member in tar:
+        name = member.name.rstrip("/")
+        if name != top and not name.startswith(top + "/"):
+            refused.append(member.name)
+            continue
+        rel = name[len(top) + 1 :]
+        if member.isdir():
+            make_local_dir(local, rel)
+        elif member.isreg():
+            handle = tar.extractfile(member)
+            save_local(local, rel, handle.read() if handle is not None else b"", member.mode)
+        else:
+            refused.append(rel or path)
+    if refused:
+        raise refused_error(path, refused)
+
+
+def refused_error(path: str, refused: list[str]) -> SandboxError:
+    shown = ", ".join(refused[:5]) + (f" and {len(refused) - 5} more" if len(refused) > 5 else "")
+    return SandboxError(
+        f"download {path!r}: {len(refused)} entries are links or special files and were not "
+        f"copied (links are never created on the host): {shown}"
+    )
 
 
 def give_to(path: Path, uid: int | None) -> None:
