@@ -144,7 +144,7 @@ async def test_swapping_a_folder_for_a_link_while_a_command_runs_never_reaches_t
         for _ in range(2000):  # bounded: each try is one chance for the race
             try:
                 seen.add(await sandbox.read_file("d/secret.txt"))
-            except SandboxError:
+            except (SandboxError, OSError):  # refused (the error class is another test's concern)
                 pass
         assert b"HOST-SECRET-4711\n" not in seen
         assert b"sandbox\n" in seen  # control: the real folder was read whenever it was there
@@ -154,7 +154,7 @@ async def test_swapping_a_folder_for_a_link_while_a_command_runs_never_reaches_t
             try:
                 await sandbox.write_file("d/pwn.txt", "agent")
                 written += 1
-            except SandboxError:
+            except (SandboxError, OSError):
                 pass
             assert not (host / "pwn.txt").exists(), "a write went through the swapped-in link"
         assert written > 0

@@ -67,7 +67,10 @@ class BubblewrapBackend:
         cgroup_parent: str | None = None,
     ) -> None:
         self.bwrap = bwrap
-        self.base_dir = Path(base_dir or Path(tempfile.gettempdir()) / "rllm-sandboxes")
+        # One default folder per user: root's is enterable by the sandbox uids but not writable
+        # by other users, who get their own.
+        default = "rllm-sandboxes" if _is_root() else f"rllm-sandboxes-{os.geteuid()}"
+        self.base_dir = Path(base_dir or Path(tempfile.gettempdir()) / default)
         self.ro_binds = tuple(ro_binds)
         self.cgroup_parent = cgroup_parent
         self.cgroups = CgroupHost("none", reason="not checked yet")
@@ -203,7 +206,7 @@ class BubblewrapSandbox:
             drop = ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--"]
             join = ["/bin/sh", "-c", _JOIN, "rllm-join", *self.cgroup.procs_files, "--"]
             argv = [*join, *(drop if self.uid is not None else []), *argv]
-            self._user = {}
+            self._user = _UserOptions()
         self._argv = argv
         self._ids = itertools.count()
         self._warm: tuple[int, asyncio.subprocess.Process, int] | None = None
