@@ -30,6 +30,8 @@ def test_container_options_enforce_the_spec() -> None:
     assert options["cap_drop"] == ["ALL"] and "no-new-privileges" in options["security_opt"]
     assert {u["Name"]: u["Hard"] for u in options["ulimits"]}["cpu"] == 7
     assert set(options["tmpfs"]) == {"/tmp", "/work"} and options["environment"]["A"] == "1"
+    assert options["tmpfs"]["/work"].startswith("size=1024m") and options["shm_size"] == "64m"
+    assert options["nano_cpus"] == 1_000_000_000
     assert (
         container_options(SandboxSpec(network=True, image="alpine"), DEFAULT_IMAGE)["network_disabled"]
         is False
