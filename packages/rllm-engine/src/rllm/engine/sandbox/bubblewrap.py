@@ -194,8 +194,10 @@ class BubblewrapSandbox:
                 self._mounted = True
             host_files.give_to(self.root / "work", self.uid)
             self.cgroup = backend.cgroups.create(spec.limits)
-        except BaseException:
+        except BaseException as exc:
             self._remove()
+            if isinstance(exc, OSError):
+                raise SandboxError(f"could not set up the sandbox's folder or cgroup: {exc}") from exc
             raise
         # bwrap's own two processes count against the limit too.
         extra = 0 if self.uid is not None else _processes_of(os.geteuid())
