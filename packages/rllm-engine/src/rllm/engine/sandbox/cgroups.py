@@ -110,6 +110,18 @@ class SandboxCgroup:
                     time.sleep(0.01)
 
 
+def _sweep(base: Path) -> None:
+    """Remove sandbox cgroups left by processes that died without closing them (SIGKILL); an
+    empty cgroup whose creator is gone has no one else to remove it. (Harnesses in other PID
+    namespaces sharing this folder would look gone: one folder per namespace is assumed.)"""
+    with contextlib.suppress(OSError):
+        for child in base.iterdir():
+            pid = child.name.split("-", 1)[0]
+            if child.is_dir() and pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                with contextlib.suppress(OSError):
+                    child.rmdir()
+
+
 def _write(path: Path, value: object) -> None:
     with open(path, "w") as f:
         f.write(str(value))
@@ -185,6 +197,7 @@ def _try_v2(
         )
         reasons.append(f"v2: cannot enable memory, pids, cpu below {top}: {why}")
         return None
+    _sweep(base)
     return CgroupHost("v2", {"all": base})
 
 
@@ -214,4 +227,6 @@ def _try_v1(
             reasons.append(f"v1: cannot create cgroups under {base.parent} ({exc.strerror})")
             return None
         bases[controller] = base
+    for base in bases.values():
+        _sweep(base)
     return CgroupHost("v1", bases)
