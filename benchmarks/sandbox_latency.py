@@ -5,7 +5,8 @@ at once next to 64 plain subprocesses at once.
 - plain: ``subprocess.run(["/bin/sh", "-c", CMD])`` (no isolation at all): the peer;
 - cold: ``backend.create(spec)`` then ``exec(CMD)`` (folders made, a bwrap started and woken);
 - warm: ``pool.acquire(spec)`` from a pool whose sandboxes were prepared ahead, then ``exec(CMD)``;
-- concurrent: 64 sandboxes created and each running CMD at once, vs 64 ``asyncio`` subprocesses.
+- concurrent: 64 sandboxes created and each running CMD at once, vs 64 ``asyncio`` subprocesses;
+- ``--close-files N``: ``close()`` of a sandbox holding N files, and the event loop's longest stall.
 
 Targets: warm <= 10 ms, cold <= 100 ms (medians). Run from the repository root:
 
@@ -114,7 +115,35 @@ async def concurrent_plain(k: int) -> tuple[float, list[float]]:
     return time.perf_counter() - t0, list(each)
 
 
-async def main(n: int, k: int) -> None:
+async def close_with_files(backend: BubblewrapBackend, files: int) -> tuple[float, float]:
+    """``close()`` of a sandbox holding ``files`` files: its duration and the event loop's longest
+    stall meanwhile (a ticker task yielding in a loop measures it)."""
+    sandbox = await backend.create(SandboxSpec())
+    folders = max(1, files // 100)
+    make = f"import os\nfor i in range({folders}):\n os.mkdir(str(i))\n for j in range(100): open(f'{{i}}/{{j}}', 'w').close()"
+    made = await sandbox.exec(["python3", "-c", make], timeout=600)
+    assert made.ok, made
+    stalls, stop = [0.0], False
+
+    async def ticker() -> None:
+        last = time.perf_counter()
+        while not stop:
+            await asyncio.sleep(0)
+            now = time.perf_counter()
+            stalls.append(now - last)
+            last = now
+
+    ticking = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    t0 = time.perf_counter()
+    await sandbox.close()
+    took = time.perf_counter() - t0
+    stop = True
+    await ticking
+    return took, max(stalls)
+
+
+async def main(n: int, k: int, close_files: int = 0) -> None:
     backend = BubblewrapBackend()
     spec = SandboxSpec()
     await backend.check()
@@ -140,11 +169,19 @@ async def main(n: int, k: int) -> None:
     print(f"{k} sandboxes at once        wall {1000 * wall_s:7.1f} ms   per sandbox {ms(each_s)}")
     print(f"{k} plain subprocesses      wall {1000 * wall_p:7.1f} ms   per process {ms(each_p)}")
     print(f"concurrent wall ratio (sandboxes / plain): {wall_s / wall_p:.1f}x")
+    if close_files:
+        took, stall = await close_with_files(backend, close_files)
+        print(
+            f"close with {close_files} files       {1000 * took:7.0f} ms   longest event-loop stall {1000 * stall:.0f} ms"
+        )
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=40, help="sequential samples per variant")
     parser.add_argument("--concurrent", type=int, default=64, help="sandboxes started at once")
+    parser.add_argument(
+        "--close-files", type=int, default=0, help="also time close() of a sandbox with this many files"
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.n, args.concurrent))
+    asyncio.run(main(args.n, args.concurrent, args.close_files))

@@ -30,6 +30,8 @@ def test_container_options_enforce_the_spec() -> None:
     assert options["cap_drop"] == ["ALL"] and "no-new-privileges" in options["security_opt"]
     assert {u["Name"]: u["Hard"] for u in options["ulimits"]}["cpu"] == 7
     assert set(options["tmpfs"]) == {"/tmp", "/work"} and options["environment"]["A"] == "1"
+    assert options["tmpfs"]["/work"].startswith("size=1024m") and options["shm_size"] == "64m"
+    assert options["nano_cpus"] == 1_000_000_000
     assert (
         container_options(SandboxSpec(network=True, image="alpine"), DEFAULT_IMAGE)["network_disabled"]
         is False
@@ -64,3 +66,59 @@ async def test_exec_files_limits_and_cleanup(tmp_path: Path, monkeypatch: pytest
     finally:
         await sandbox.close()
     assert not await sandbox.is_alive()
+
+
+class _ArchiveContainer:
+    """Just enough of a container for the transfer paths: ``get_archive`` serves one tar."""
+
+    def __init__(self, archive: bytes) -> None:
+        self.archive = archive
+
+    def get_archive(self, path: str) -> tuple[list[bytes], dict[str, object]]:
+        return [self.archive], {}
+
+
+def _tar(entries: list[tuple[str, str, bytes | str]]) -> bytes:
+    import io
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, kind, data in entries:
+            info = tarfile.TarInfo(name)
+            if kind == "dir":
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+            elif kind == "file":
+                raw = data if isinstance(data, bytes) else data.encode()
+                info.size, info.mode = len(raw), 0o4755  # setuid must not survive onto the host
+                tar.addfile(info, io.BytesIO(raw))
+            else:
+                info.type = tarfile.SYMTYPE if kind == "link" else tarfile.LNKTYPE
+                info.linkname = str(data)
+                tar.addfile(info)
+    return buffer.getvalue()
+
+
+async def test_transfers_never_create_links_or_follow_them(tmp_path: Path) -> None:
+    from rllm.engine.sandbox.docker import DockerSandbox
+    from rllm.sdk.sandbox import SandboxError
+
+    archive = _tar(
+        [
+            ("out", "dir", ""),
+            ("out/sub", "dir", ""),
+            ("out/a.txt", "file", "data\n"),
+            ("out/inner", "link", "sub"),  # inside the target: the "data" tar filter would make it
+            ("out/hard", "hard", "out/a.txt"),
+        ]
+    )
+    sandbox = DockerSandbox(None, _ArchiveContainer(archive), SandboxSpec())
+    local = tmp_path / "down"
+    with pytest.raises(SandboxError, match="links or special files"):
+        await sandbox.download("out", str(local))
+    assert [p for p in local.rglob("*") if p.is_symlink()] == []
+    assert (local / "a.txt").read_text() == "data\n" and (local / "a.txt").stat().st_mode & 0o7000 == 0
+    linked = DockerSandbox(None, _ArchiveContainer(_tar([("link", "link", "/etc/passwd")])), SandboxSpec())
+    with pytest.raises(SandboxError, match="regular file"):
+        await linked.read_file("link")

@@ -67,3 +67,43 @@ async def test_live_e2b() -> None:
         assert not (await sandbox.exec("curl -sm 5 https://example.com")).ok  # network off by default
     finally:
         await sandbox.close()
+
+
+@needs_bwrap
+async def test_transfers_follow_the_local_sandboxs_rules(tmp_path: Path) -> None:
+    """Links, FIFOs and a newline in a name, against the fake: nothing reaches the host, nothing hangs."""
+    from rllm.engine.sandbox import BubblewrapBackend
+    from rllm.sdk.sandbox import SandboxError
+    from rllm.testing.e2b import FakeE2B
+
+    host = tmp_path / "host"
+    host.mkdir()
+    bwrap = BubblewrapBackend()
+    async with FakeE2B(lambda: bwrap.create(SandboxSpec(workdir="/work"))) as fake:
+        backend = E2BBackend(api_key="e2b_" + "0" * 40, api_url=fake.url, sandbox_url=fake.url)
+        sandbox = await backend.create(SandboxSpec())
+        try:
+            made = await sandbox.exec(
+                f"mkdir -p out/sub && echo data > out/sub/a.txt && ln -s {host} out/h && mkfifo out/f "
+                "&& printf x > \"$(printf 'out/new\\nline')\" && mkfifo fifo && ln -s /etc/hostname link && echo ok"
+            )
+            assert made.stdout == "ok\n", made
+            with pytest.raises(SandboxError, match="regular file"):
+                await sandbox.read_file("fifo")
+            with pytest.raises(SandboxError, match="regular file"):
+                await sandbox.read_file("link")
+            with pytest.raises(SandboxError, match="regular file"):
+                await sandbox.write_file("fifo", "x")
+            await sandbox.write_file("link", "replaced")  # the link is replaced, not written through
+            assert (await sandbox.exec("test -L link || cat link")).stdout == "replaced"
+            local = tmp_path / "down"
+            with pytest.raises(
+                SandboxError, match=r"links or special files.*out/h|links or special files.*f"
+            ):
+                await sandbox.download("out", str(local))
+            assert [p for p in local.rglob("*") if p.is_symlink()] == []
+            assert (local / "sub" / "a.txt").read_text() == "data\n"
+            assert (local / "new\nline").read_text() == "x"
+            assert list(host.iterdir()) == []
+        finally:
+            await sandbox.close()

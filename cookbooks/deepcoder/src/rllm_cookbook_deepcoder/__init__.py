@@ -46,11 +46,16 @@ def same_output(got: str, expected: str) -> bool:
 
 
 async def run_hidden_tests(sandbox: Sandbox, code: str, tests: list[dict[str, str]]) -> dict[str, Any]:
-    """Run ``code`` on each test in order, stopping at the first failure (the reward needs all)."""
+    """Run ``code`` on each test in order, stopping at the first failure (the reward needs all).
+
+    Every input is written before the program first runs, so nothing it leaves behind (a link,
+    a FIFO, a read-only folder) can stand where the harness writes; what it does to later
+    inputs only fails its own later tests."""
     await sandbox.write_file("solution.py", code)
-    passed, failure = 0, None
     for i, test in enumerate(tests):
         await sandbox.write_file(f".hidden/{i}.in", test["input"])
+    passed, failure = 0, None
+    for i, test in enumerate(tests):
         result = await sandbox.exec(f"python3 solution.py < .hidden/{i}.in", timeout=TEST_TIMEOUT_S)
         if result.timed_out:
             failure = f"test {i}: time limit exceeded"

@@ -32,22 +32,42 @@ class SandboxUnavailable(SandboxError):
 
 
 class SandboxLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Per-sandbox resource limits. ``cpu_s`` is CPU time per process, ``memory_mb`` its address
-    space, ``max_procs`` the processes the sandbox may run at once, ``output_bytes`` what one
-    exec keeps of stdout and of stderr each, ``exec_timeout_s`` the default wall clock of one exec."""
+    """Resource limits of one sandbox.
+
+    Per sandbox (all its processes together; the local backend needs writable cgroups for the
+    first three, and says at start-up when it runs without them): ``memory_mb`` of memory
+    (RAM-backed files it writes, /tmp and /dev/shm included, count against it), ``max_procs``
+    processes at once, ``cpus`` CPUs' worth of time. Per mount: ``tmp_mb`` for /tmp, ``shm_mb``
+    for /dev/shm, ``disk_mb`` for the workdir; nothing else is writable. Per process: ``cpu_s``
+    CPU seconds, ``memory_mb`` of address space, ``file_size_mb`` per file written. Per exec:
+    ``output_bytes`` kept of stdout and of stderr each, ``exec_timeout_s`` of wall clock."""
 
     cpu_s: int = 60
     memory_mb: int = 2048
     max_procs: int = 64
+    cpus: float = 1.0
     output_bytes: int = 64 * 1024
     file_size_mb: int = 256
     tmp_mb: int = 256
+    shm_mb: int = 64
+    disk_mb: int = 1024
     exec_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
-        for name in ("cpu_s", "memory_mb", "max_procs", "output_bytes", "file_size_mb", "tmp_mb"):
+        for name in (
+            "cpu_s",
+            "memory_mb",
+            "max_procs",
+            "output_bytes",
+            "file_size_mb",
+            "tmp_mb",
+            "shm_mb",
+            "disk_mb",
+        ):
             if getattr(self, name) < 1:
                 raise InvariantError(f"{name} must be >= 1, got {getattr(self, name)}", name)
+        if self.cpus < 0.01:
+            raise InvariantError(f"cpus must be >= 0.01, got {self.cpus}", "cpus")
         if self.exec_timeout_s <= 0:
             raise InvariantError(f"exec_timeout_s must be > 0, got {self.exec_timeout_s}", "exec_timeout_s")
 

@@ -14,6 +14,11 @@
 ``[environment] network, setup_timeout_sec, cpu_s, memory_mb, max_procs, output_bytes``,
 ``[metadata]`` (free-form, kept in ``Task.metadata``). The tests are not in the sandbox while
 the agent works: ``run_verifier`` copies them in afterwards, so the agent cannot read or edit them.
+
+``network = true`` is the dataset asking for the network, which the operator must grant: loading
+such a task is refused unless ``allow_network=True`` (the ``sandbox.allow_task_network``
+setting of a run). With the local sandbox, a networked sandbox shares the host's network, its
+loopback services included (see rllm.engine.sandbox.bubblewrap).
 """
 
 from __future__ import annotations
@@ -42,8 +47,9 @@ def _text_files(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def load_task_dir(path: str | Path) -> Task:
-    """One task directory as a Task (self-contained: every file's text is in its metadata)."""
+def load_task_dir(path: str | Path, *, allow_network: bool = False) -> Task:
+    """One task directory as a Task (self-contained: every file's text is in its metadata).
+    A task asking for ``network = true`` is refused unless the operator ``allow_network``."""
     root = Path(path)
     instruction, verifier = root / "instruction.md", root / "tests" / "test.sh"
     for required in (instruction, verifier):
@@ -56,6 +62,12 @@ def load_task_dir(path: str | Path) -> Task:
         except tomllib.TOMLDecodeError as exc:
             raise TaskDirError(f"{root / 'task.toml'}: {exc}") from None
     env = config.get("environment", {})
+    if env.get("network", False) and not allow_network:
+        raise TaskDirError(
+            f"{root / 'task.toml'}: [environment] network = true, but task directories get the "
+            "network only with the operator's consent (allow_network=True, i.e. "
+            "sandbox.allow_task_network); a networked local sandbox reaches the host's loopback services"
+        )
     setup = root / "environment" / "setup.sh"
     try:
         spec = SandboxSpec(
@@ -82,12 +94,12 @@ def load_task_dir(path: str | Path) -> Task:
     )
 
 
-def load_task_dirs(parent: str | Path) -> list[Task]:
+def load_task_dirs(parent: str | Path, *, allow_network: bool = False) -> list[Task]:
     """Every task directory (a folder with an instruction.md) under ``parent``, sorted by name."""
     folders = sorted(p.parent for p in Path(parent).glob("*/instruction.md"))
     if not folders:
         raise TaskDirError(f"no task directories (folders with instruction.md) under {parent}")
-    return [load_task_dir(folder) for folder in folders]
+    return [load_task_dir(folder, allow_network=allow_network) for folder in folders]
 
 
 def task_sandbox_spec(task: Task) -> SandboxSpec:
@@ -99,8 +111,20 @@ def task_sandbox_spec(task: Task) -> SandboxSpec:
 
 async def run_verifier(sandbox: Sandbox, task: Task) -> ExecResult:
     """Copy the task's tests into the sandbox (replacing anything the agent put there) and run
-    ``tests/test.sh`` in the workdir; exit 0 means solved."""
-    await sandbox.exec(["rm", "-rf", TESTS_DIR])
+    ``tests/test.sh`` in the workdir; exit 0 means solved.
+
+    Whatever the agent left at the tests' folder is removed first, and the removal is checked:
+    a folder it made undeletable (read-only) is made writable and removed; when something still
+    remains, the verdict is a failure (exit 1) that says so, never tests mixed with its files."""
+    cleared = await sandbox.exec(
+        f"chmod -R u+rwx {TESTS_DIR} 2>/dev/null; rm -rf {TESTS_DIR} && test ! -e {TESTS_DIR} && test ! -L {TESTS_DIR}"
+    )
+    if not cleared.ok:
+        return ExecResult(
+            exit_code=1,
+            stderr=f"verifier: could not clear {TESTS_DIR} before copying the tests in "
+            f"(exit {cleared.exit_code}): {cleared.stderr.strip()[-300:]}",
+        )
     for rel, text in task.metadata["tests"].items():
         await sandbox.write_file(f"{TESTS_DIR}/{rel}", text)
     return await sandbox.exec(["sh", f"{TESTS_DIR}/test.sh"], timeout=task.metadata["verify_timeout_s"])

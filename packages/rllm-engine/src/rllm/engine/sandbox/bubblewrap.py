@@ -21,17 +21,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import errno
 import itertools
+import logging
 import os
 import shlex
 import shutil
 import signal
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TypedDict
+from typing import TypedDict, TypeVar
 
 from rllm.engine.sandbox import host_files
+from rllm.engine.sandbox.cgroups import CgroupHost, SandboxCgroup, detect
 from rllm.sdk.sandbox import ExecResult, SandboxError, SandboxSpec, SandboxUnavailable, truncate_output
 
 CTL = "/.rllm"  # the sandbox's read-only view of its control folder (exec scripts)
@@ -39,6 +44,12 @@ SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "
 PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
 _UID_BASE = 2_000_000
 _uid_counter = itertools.count()
+TRANSFER_TIMEOUT_S = 120.0  # one file transfer; a slower one fails rather than stalls the rollout
+# Joins the cgroups named before "--" (its own pid, before anything else runs), then execs the rest.
+_JOIN = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
+_MS_NOSUID, _MS_NODEV, _MNT_DETACH = 2, 4, 2
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class BubblewrapBackend:
@@ -48,11 +59,22 @@ class BubblewrapBackend:
     name = "bubblewrap"
 
     def __init__(
-        self, *, bwrap: str = "bwrap", base_dir: str | None = None, ro_binds: tuple[str, ...] = ()
+        self,
+        *,
+        bwrap: str = "bwrap",
+        base_dir: str | None = None,
+        ro_binds: tuple[str, ...] = (),
+        cgroup_parent: str | None = None,
     ) -> None:
         self.bwrap = bwrap
-        self.base_dir = Path(base_dir or Path(tempfile.gettempdir()) / "rllm-sandboxes")
+        # One default folder per user: root's is enterable by the sandbox uids but not writable
+        # by other users, who get their own.
+        default = "rllm-sandboxes" if _is_root() else f"rllm-sandboxes-{os.geteuid()}"
+        self.base_dir = Path(base_dir or Path(tempfile.gettempdir()) / default)
         self.ro_binds = tuple(ro_binds)
+        self.cgroup_parent = cgroup_parent
+        self.cgroups = CgroupHost("none", reason="not checked yet")
+        self.disk_capped = False  # the workdir is a sized tmpfs (needs root to mount)
         self._checked: asyncio.Future[None] | None = None
 
     async def check(self) -> None:
@@ -70,6 +92,8 @@ class BubblewrapBackend:
                 )
         if _is_root():
             _check_traversable(self.base_dir)
+        self.cgroups = detect(self.cgroup_parent)
+        self.disk_capped = _is_root() and _can_mount(self.base_dir)
         sandbox = BubblewrapSandbox(self, SandboxSpec())
         try:
             result = await sandbox.exec("true", timeout=30)
@@ -80,6 +104,23 @@ class BubblewrapBackend:
                 f"bubblewrap cannot create its namespaces here (exit {result.exit_code}: "
                 f"{result.stderr.strip()[:300]}); refusing to run commands unsandboxed"
             )
+        (log.info if self.cgroups.version != "none" and self.disk_capped else log.warning)("%s", self.mode())
+
+    def mode(self) -> str:
+        """One line: which of the per-sandbox caps this backend enforces here, and why not the rest."""
+        caps = (
+            f"per-sandbox memory, processes and CPU through cgroup {self.cgroups.version}"
+            if self.cgroups.version != "none"
+            else "WEAKER MODE: no writable cgroups, so memory is capped per process (address space) "
+            f"and processes per uid, not per sandbox ({self.cgroups.reason})"
+        )
+        disk = (
+            "the workdir is a tmpfs of disk_mb"
+            if self.disk_capped
+            else "the workdir is an uncapped host folder (only file_size_mb per file): mounting a "
+            "sized tmpfs needs root"
+        )
+        return f"bubblewrap sandbox: {caps}; {disk}"
 
     async def create(self, spec: SandboxSpec) -> BubblewrapSandbox:
         """A started sandbox of ``spec``: files written, setup run, a bwrap ready for the first exec."""
@@ -121,8 +162,12 @@ class BubblewrapBackend:
         for path in self.ro_binds:
             args += ["--ro-bind", path, path]
         args += ["--proc", "/proc", "--dev", "/dev"]
+        # Every writable mount is sized: /tmp and /dev/shm here, the workdir on the host; the
+        # root and /dev (tmpfs of half the host's RAM each) are made read-only below.
         args += ["--size", str(lim.tmp_mb * 1024 * 1024), "--tmpfs", "/tmp"]
+        args += ["--size", str(lim.shm_mb * 1024 * 1024), "--tmpfs", "/dev/shm"]
         args += ["--bind", str(root / "work"), spec.workdir, "--ro-bind", str(root / "ctl"), CTL]
+        args += ["--remount-ro", "/dev", "--remount-ro", "/"]
         args += ["--chdir", spec.workdir, "--clearenv"]
         base_env = {"PATH": PATH, "HOME": spec.workdir, "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
         for key, value in {**base_env, **spec.env}.items():
@@ -141,10 +186,40 @@ class BubblewrapSandbox:
         self.uid = _UID_BASE + (os.getpid() % 4096) * 4096 + next(_uid_counter) % 4096 if _is_root() else None
         (self.root / "work").mkdir(mode=0o700)
         (self.root / "ctl").mkdir(mode=0o755)
-        host_files.give_to(self.root / "work", self.uid)
+        self._mounted = False
+        self.cgroup: SandboxCgroup | None = None
+        try:
+            if backend.disk_capped:
+                _mount_tmpfs(self.root / "work", spec.limits.disk_mb, self.uid)
+                self._mounted = True
+            host_files.give_to(self.root / "work", self.uid)
+            self.cgroup = backend.cgroups.create(spec.limits)
+        except BaseException as exc:
+            self._remove()
+            if isinstance(exc, OSError):
+                raise SandboxError(f"could not set up the sandbox's folder or cgroup: {exc}") from exc
+            raise
         # bwrap's own two processes count against the limit too.
         extra = 0 if self.uid is not None else _processes_of(os.geteuid())
-        self._argv = backend.argv(spec, self.root, spec.limits.max_procs + 2 + extra)
+        argv = backend.argv(spec, self.root, spec.limits.max_procs + 2 + extra)
+        self._user = _as_user(self.uid)
+        if self.cgroup is not None:
+            # A shell joins the cgroup before anything else runs, then execs bwrap. cgroup v1 lets
+            # a process move itself when it may write cgroup.procs, so it runs as the sandbox's
+            # uid from the start; v2 asks for write access to the common ancestor, so there the
+            # shell runs as root and setpriv drops to the uid (one exec more, ~1-5 ms).
+            join = ["/bin/sh", "-c", _JOIN, "rllm-join", *self.cgroup.procs_files, "--"]
+            if self.uid is not None and backend.cgroups.version == "v1":
+                for procs in self.cgroup.procs_files:
+                    os.chown(procs, self.uid, self.uid)
+                argv = [*join, *argv]
+            elif self.uid is not None:
+                drop = ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--"]
+                argv = [*join, *drop, *argv]
+                self._user = _UserOptions()
+            else:
+                argv = [*join, *argv]
+        self._argv = argv
         self._ids = itertools.count()
         self._warm: tuple[int, asyncio.subprocess.Process, int] | None = None
         self._refill: asyncio.Task[None] | None = None
@@ -157,7 +232,11 @@ class BubblewrapSandbox:
             await self.write_file(rel, text)
         if self.spec.setup:
             (self.root / "ctl" / "setup.sh").write_text(self.spec.setup)
-            result = await self.exec(["/bin/sh", f"{CTL}/setup.sh"], timeout=self.spec.setup_timeout_s)
+            try:
+                result = await self.exec(["/bin/sh", f"{CTL}/setup.sh"], timeout=self.spec.setup_timeout_s)
+            finally:
+                # The agent must not read the setup script (it may hold the task's answer).
+                (self.root / "ctl" / "setup.sh").unlink(missing_ok=True)
             if not result.ok:
                 why = "timed out" if result.timed_out else f"exit {result.exit_code}"
                 raise SandboxError(f"sandbox setup script failed ({why}): {result.stderr.strip()[-500:]}")
@@ -227,7 +306,7 @@ class BubblewrapSandbox:
                 # Not the host's environment: bwrap itself is the sandbox's pid 1, whose
                 # /proc/1/environ the command can read (API keys would leak through it).
                 env={"PATH": os.environ.get("PATH", PATH)},
-                **_as_user(self.uid),
+                **self._user,
             )
         )
         started.add_done_callback(lambda _: os.close(read_end))
@@ -279,22 +358,26 @@ class BubblewrapSandbox:
         )
 
     # ------------------------------------------------------------------ files
+    # Off the event loop and under a timeout: file work on the agent's folder must not be able
+    # to stall every other rollout of the loop (host_files itself never blocks on a FIFO).
     async def write_file(self, path: str, data: bytes | str) -> None:
         self._check_open()
         raw = data.encode() if isinstance(data, str) else data
-        host_files.write_into(self.root / "work", self.spec.workdir, path, raw, self.uid)
+        await _off_loop(host_files.write_into, self.root / "work", self.spec.workdir, path, raw, self.uid)
 
     async def read_file(self, path: str) -> bytes:
         self._check_open()
-        return host_files.read_from(self.root / "work", self.spec.workdir, path)
+        return await _off_loop(host_files.read_from, self.root / "work", self.spec.workdir, path)
 
     async def upload(self, local_path: str, path: str) -> None:
         self._check_open()
-        host_files.upload_into(self.root / "work", self.spec.workdir, local_path, path, self.uid)
+        await _off_loop(
+            host_files.upload_into, self.root / "work", self.spec.workdir, local_path, path, self.uid
+        )
 
     async def download(self, path: str, local_path: str) -> None:
         self._check_open()
-        host_files.download_from(self.root / "work", self.spec.workdir, path, local_path)
+        await _off_loop(host_files.download_from, self.root / "work", self.spec.workdir, path, local_path)
 
     # ------------------------------------------------------------------ lifecycle
     async def is_alive(self) -> bool:
@@ -308,8 +391,6 @@ class BubblewrapSandbox:
         if self.closed:
             return
         self.closed = True
-        if self._refill is not None:
-            self._refill.cancel()
         procs = set(self._running)
         if self._warm is not None:
             os.close(self._warm[2])
@@ -318,13 +399,31 @@ class BubblewrapSandbox:
         for proc in procs:
             self._killed(proc)
         try:
+            # A spare being started is let finish and killed (_keep_warm sees ``closed``), not
+            # cancelled: a cancelled subprocess creation can hang asyncio.run's shutdown forever.
+            if self._refill is not None and not self._refill.done():
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(asyncio.shield(self._refill), 30)
             for proc in procs:
                 await proc.wait()
             # Killed commands' namespaces die asynchronously; close returns once they are gone.
             for pid in self._dying:
                 await _namespace_gone(pid)
         finally:
-            shutil.rmtree(self.root, ignore_errors=True)
+            # Deleting the folder (50k files: ~1 s) and the cgroup runs in a worker thread.
+            await asyncio.shield(asyncio.to_thread(self._remove))
+
+    def _remove(self) -> None:
+        """Unmount and delete the sandbox's folder and remove its cgroup (blocking)."""
+        if self._mounted:
+            _umount(self.root / "work")
+            self._mounted = False
+        shutil.rmtree(self.root, ignore_errors=True)
+        if self.cgroup is not None:
+            try:
+                self.cgroup.remove()
+            except OSError as exc:
+                log.warning("sandbox %s: its cgroup was not removed: %s", self.root.name, exc)
 
     def _killed(self, proc: asyncio.subprocess.Process) -> None:
         inner = _kill(proc)
@@ -337,6 +436,49 @@ class BubblewrapSandbox:
 
     def __repr__(self) -> str:
         return f"<BubblewrapSandbox {self.root.name} uid={self.uid} closed={self.closed}>"
+
+
+async def _off_loop(fn: Callable[..., T], *args: object) -> T:
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(fn, *args), TRANSFER_TIMEOUT_S)
+    except TimeoutError:
+        raise SandboxError(f"a file transfer took longer than {TRANSFER_TIMEOUT_S:g} s") from None
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _mount_tmpfs(path: Path, size_mb: int, uid: int | None) -> None:
+    """A tmpfs of ``size_mb`` on ``path`` (no devices, no setuid), owned by the sandbox's uid."""
+    owner = f",uid={uid},gid={uid}" if uid is not None else ""
+    options = f"size={size_mb}m,mode=0700{owner}".encode()
+    if _libc.mount(b"tmpfs", os.fsencode(path), b"tmpfs", _MS_NOSUID | _MS_NODEV, options) != 0:
+        err = ctypes.get_errno()
+        raise SandboxUnavailable(f"cannot mount the sandbox's sized workdir at {path}: {os.strerror(err)}")
+
+
+def _can_mount(base_dir: Path) -> bool:
+    """Whether this process may mount a tmpfs (root without CAP_SYS_ADMIN, as in a default
+    Docker container, may not)."""
+    base_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
+    probe = Path(tempfile.mkdtemp(prefix="mount-probe-", dir=base_dir))
+    try:
+        _mount_tmpfs(probe, 1, None)
+    except SandboxUnavailable:
+        return False
+    else:
+        _umount(probe)
+        return True
+    finally:
+        probe.rmdir()
+
+
+def _umount(path: Path) -> None:
+    if _libc.umount2(os.fsencode(path), _MNT_DETACH) != 0 and ctypes.get_errno() not in (
+        errno.EINVAL,
+        errno.ENOENT,
+    ):
+        log.warning("sandbox workdir %s: umount failed: %s", path, os.strerror(ctypes.get_errno()))
 
 
 async def _read_capped(

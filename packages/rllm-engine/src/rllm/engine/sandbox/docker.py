@@ -1,9 +1,11 @@
 """The Docker sandbox (``pip install 'rllm-engine[docker]'``, needs a Docker engine).
 
 One container per sandbox, from ``spec.image`` (default ``python:3.11-slim``), kept alive by
-``sleep infinity``: a read-only root filesystem, tmpfs workdir and /tmp, every capability
-dropped, no new privileges, no network unless the spec allows it, and the spec's limits as
-Docker limits (memory, pids) and ulimits (CPU seconds, file size, open files). Each exec gets a
+``sleep infinity``: a read-only root filesystem, tmpfs workdir (``disk_mb``), /tmp (``tmp_mb``)
+and /dev/shm (``shm_mb``), every capability dropped, no new privileges, no network unless the
+spec allows it, and the spec's limits as Docker limits (memory, pids, CPUs) and ulimits (CPU
+seconds, file size, open files). Transfers follow the local sandbox's rules: only regular files
+are read, downloads never create links on the host (``host_files.extract_tar``). Each exec gets a
 wall clock twice over: ``timeout -s KILL`` inside the container and the caller's deadline
 outside. Unlike the local backend, processes an exec leaves in the background keep running
 until the sandbox is closed (the container is removed with everything in it). The blocking
@@ -20,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rllm.engine.sandbox import host_files
 from rllm.engine.sandbox.pool import prepare
 from rllm.sdk.sandbox import ExecResult, SandboxError, SandboxSpec, SandboxUnavailable, truncate_output
 
@@ -39,6 +42,8 @@ def container_options(spec: SandboxSpec, image: str) -> dict[str, Any]:
         "mem_limit": f"{lim.memory_mb}m",
         "memswap_limit": f"{lim.memory_mb}m",  # no swap beyond the memory limit
         "pids_limit": lim.max_procs,
+        "nano_cpus": int(lim.cpus * 1e9),
+        "shm_size": f"{lim.shm_mb}m",
         "ulimits": [
             Ulimit(name="cpu", soft=lim.cpu_s, hard=lim.cpu_s),
             Ulimit(name="fsize", soft=lim.file_size_mb * 1024 * 1024, hard=lim.file_size_mb * 1024 * 1024),
@@ -46,7 +51,7 @@ def container_options(spec: SandboxSpec, image: str) -> dict[str, Any]:
             Ulimit(name="core", soft=0, hard=0),
         ],
         "read_only": True,
-        "tmpfs": {"/tmp": f"size={lim.tmp_mb}m", spec.workdir: f"size={lim.file_size_mb}m,exec"},
+        "tmpfs": {"/tmp": f"size={lim.tmp_mb}m", spec.workdir: f"size={lim.disk_mb}m,exec"},
         "working_dir": spec.workdir,
         "environment": {"HOME": spec.workdir, **spec.env},
         "cap_drop": ["ALL"],
@@ -161,9 +166,12 @@ class DockerSandbox:
     async def read_file(self, path: str) -> bytes:
         with await self._archive(path) as tar:
             member = tar.next()
-            handle = tar.extractfile(member) if member is not None else None
+            # Regular files only: a link is not followed (not even within the archive).
+            handle = tar.extractfile(member) if member is not None and member.isreg() else None
             if handle is None:
-                raise SandboxError(f"{path!r} is not a file in the sandbox")
+                raise SandboxError(
+                    f"read_file {path!r}: not a regular file in the sandbox (links are not followed)"
+                )
             return handle.read()
 
     async def upload(self, local_path: str, path: str) -> None:
@@ -178,13 +186,9 @@ class DockerSandbox:
 
     async def download(self, path: str, local_path: str) -> None:
         with await self._archive(path) as tar:
-            dest = Path(local_path)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            # The archive's top entry is named after ``path``; rename it to ``local_path``.
-            top = posixpath.basename(self._path(path))
-            for member in tar.getmembers():
-                member.name = dest.name + member.name[len(top) :]
-            tar.extractall(dest.parent, filter="data")  # no links or paths out of the target
+            await asyncio.to_thread(
+                host_files.extract_tar, tar, posixpath.basename(self._path(path)), local_path, path
+            )
 
     async def _archive(self, path: str) -> tarfile.TarFile:
         try:

@@ -11,12 +11,14 @@ background live until ``close`` (the sandbox is killed).
 
 from __future__ import annotations
 
+import asyncio
 import posixpath
 import shlex
 import time
 from pathlib import Path
 from typing import Any
 
+from rllm.engine.sandbox import host_files
 from rllm.engine.sandbox.pool import prepare
 from rllm.sdk.sandbox import ExecResult, SandboxError, SandboxSpec, SandboxUnavailable, truncate_output
 
@@ -118,10 +120,30 @@ class E2BSandbox:
             duration_s=time.monotonic() - started,
         )
 
+    # The same transfer rules as the local sandbox: only regular files are read (a FIFO would
+    # stall the service's file call), a write replaces a link or refuses a special file instead
+    # of going through it, and nothing a download writes on the host is a link or leaves
+    # ``local_path`` (host_files.save_local).
     async def write_file(self, path: str, data: bytes | str) -> None:
+        target = shlex.quote(self._path(path))
+        check = await self._run(
+            f"if [ -L {target} ]; then rm -f {target}; elif [ -e {target} ] && [ ! -f {target} ]; "
+            f"then exit 3; fi",
+            60,
+            {},
+            "/",
+        )
+        if check.exit_code != 0:
+            raise SandboxError(f"write_file {path!r}: not a regular file in the sandbox; refused")
         await self.remote.files.write(self._path(path), data)
 
     async def read_file(self, path: str) -> bytes:
+        target = shlex.quote(self._path(path))
+        check = await self._run(f"[ -f {target} ] && [ ! -L {target} ]", 60, {}, "/")
+        if check.exit_code != 0:
+            raise SandboxError(
+                f"read_file {path!r}: no regular file of that name in the sandbox (links are not followed)"
+            )
         try:
             return bytes(await self.remote.files.read(self._path(path), format="bytes"))
         except Exception as exc:
@@ -137,20 +159,27 @@ class E2BSandbox:
             await self.write_file(rel, file.read_bytes())
 
     async def download(self, path: str, local_path: str) -> None:
-        listing = await self.exec(["find", path, "-type", "f"])
-        if not listing.ok:
-            raise SandboxError(f"download: no file or folder {path!r} in the sandbox")
         root = self._path(path)
-        for found in listing.stdout.split("\n"):
-            if not found:
+        # NUL-separated (a file name may hold a newline); %y is the type, links never followed.
+        listing = await self._run(f"find {shlex.quote(root)} -printf '%y %P\\0'", 600, {}, "/")
+        if listing.exit_code != 0:
+            raise SandboxError(f"download: no file or folder {path!r} in the sandbox")
+        if listing.truncated:
+            raise SandboxError(f"download {path!r}: too many entries to list (over output_bytes)")
+        refused: list[str] = []
+        for entry in listing.stdout.split("\0"):
+            if not entry:
                 continue
-            full = self._path(found)
-            rel = posixpath.relpath(full, root)
-            target = Path(local_path) if rel == "." else Path(local_path) / rel
-            if not target.resolve().is_relative_to(Path(local_path).resolve()):
-                raise SandboxError(f"download: {found!r} would land outside {local_path!r}")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(await self.read_file(full))
+            kind, rel = entry[0], entry[2:]
+            if kind == "d":
+                await asyncio.to_thread(host_files.make_local_dir, local_path, rel)
+            elif kind == "f":
+                data = await self.read_file(posixpath.join(root, rel) if rel else root)
+                await asyncio.to_thread(host_files.save_local, local_path, rel, data)
+            else:
+                refused.append(rel or path)
+        if refused:
+            raise host_files.refused_error(path, refused)
 
     async def is_alive(self) -> bool:
         if self.closed:

@@ -1,35 +1,421 @@
 """File transfer into and out of a sandbox whose workdir is a host folder (bubblewrap backend).
 
-The sandbox owns what is in its workdir, symlinks included, so every path is resolved on the
-host and refused when it lands outside the workdir: a link planted by the agent must never make
-the (possibly root) host process read or overwrite a host file. Copies keep links as links.
-Nothing runs in the sandbox between execs (each exec's processes die with it), so the check is
-not raced by the sandbox while no exec is in flight.
+The sandbox owns everything in its workdir and can change it at any moment (a background
+process, a command running while the harness transfers), so no path is ever resolved by name
+and then used again: every transfer walks from a directory fd of the workdir one component at a
+time with ``O_NOFOLLOW`` (or one ``openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`` call where
+the kernel has it), and whatever it then reads or writes is the object it holds an fd of. A link
+is refused at every component, never followed; only regular files are read or copied (opened
+with ``O_NONBLOCK`` and checked with ``fstat``, so a FIFO, socket or device the agent made can
+neither hang the harness nor be read); files are written to a fresh name and renamed over the
+target, so a write never goes through an entry the agent made (a link, a hard link, a FIFO).
+Downloads never create links on the host. These functions block: the sandbox runs them in a
+worker thread under a timeout.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
 import os
-import shutil
+import platform
+import posixpath
+import secrets
+import stat
+import tarfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rllm.sdk.sandbox import SandboxError
 
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
+_MAX_DEPTH = 256  # deeper trees are refused rather than walked with one fd per level
+_CHUNK = 1 << 20
+# openat2(2): one syscall number on every architecture (it postdates the split tables).
+_SYS_OPENAT2 = 437
+_RESOLVE = 0x02 | 0x04 | 0x08  # RESOLVE_NO_MAGICLINKS | RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH
 
-def host_path(workdir: Path, mount: str, path: str) -> Path:
-    """The host path of sandbox path ``path`` (absolute under ``mount``, or relative to it)."""
-    rel = (
-        path[len(mount) :].lstrip("/") if path == mount or path.startswith(mount.rstrip("/") + "/") else path
-    )
-    if rel.startswith("/"):
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+def _load_openat2() -> Callable[..., int] | None:
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "aarch64"):
+        return None
+    try:
+        syscall = ctypes.CDLL(None, use_errno=True).syscall
+    except (OSError, AttributeError):
+        return None
+    syscall.restype = ctypes.c_long
+    syscall.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t]
+    return syscall
+
+
+_openat2 = _load_openat2()
+
+
+def relative(mount: str, path: str) -> str:
+    """``path`` (absolute under ``mount``, or relative to it) as a normalised path relative to
+    the workdir (``""`` for the workdir itself); refused when it leaves the workdir."""
+    mount = mount.rstrip("/") or "/"
+    if path == mount or path.startswith(mount + "/"):
+        rel = path[len(mount) :].lstrip("/")
+    elif path.startswith("/"):
         raise SandboxError(
             f"{path!r} is outside the sandbox workdir {mount}; only the workdir is transferable"
         )
-    root = workdir.resolve()
-    target = (root / rel).resolve()
-    if target != root and not target.is_relative_to(root):
+    else:
+        rel = path
+    rel = posixpath.normpath(rel) if rel else "."
+    if rel == ".." or rel.startswith("../"):
         raise SandboxError(f"{path!r} resolves outside the sandbox workdir")
-    return target
+    return "" if rel == "." else rel
+
+
+def open_beneath(dir_fd: int, rel: str, flags: int, mode: int = 0) -> int:
+    """An fd of ``rel`` beneath ``dir_fd``, no link followed at any component (ELOOP if one is)."""
+    global _openat2
+    if not rel:
+        return os.open(".", flags | os.O_CLOEXEC, dir_fd=dir_fd)
+    if _openat2 is not None:
+        how = _OpenHow(flags | os.O_CLOEXEC, mode, _RESOLVE)
+        fd = _openat2(_SYS_OPENAT2, dir_fd, os.fsencode(rel), ctypes.byref(how), ctypes.sizeof(how))
+        if fd >= 0:
+            return fd
+        err = ctypes.get_errno()
+        if err not in (errno.ENOSYS, errno.EPERM, errno.E2BIG, errno.EINVAL):
+            raise OSError(err, os.strerror(err), rel)
+        _openat2 = None  # an old kernel, or a seccomp filter that refuses it: walk instead
+    parts = rel.split("/")
+    current = dir_fd
+    try:
+        for part in parts[:-1]:
+            nxt = os.open(part, _DIR_FLAGS, dir_fd=current)
+            if current != dir_fd:
+                os.close(current)
+            current = nxt
+        return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=current)
+    finally:
+        if current != dir_fd:
+            os.close(current)
+
+
+@contextlib.contextmanager
+def _refusing(path: str, what: str) -> Iterator[None]:
+    """OS errors of a transfer as SandboxErrors that name the cause."""
+    try:
+        yield
+    except SandboxError:
+        raise
+    except OSError as exc:
+        reason = {
+            errno.ELOOP: "a link is in the way (links in the sandbox are never followed)",
+            errno.EXDEV: "it resolves outside the sandbox workdir",
+            errno.ENOENT: "no such file or folder in the sandbox",
+            errno.ENOTDIR: "a component is a link or not a folder (links in the sandbox are never followed)",
+            errno.ENXIO: "not a regular file",
+            errno.EISDIR: "it is a folder",
+            errno.ENOSPC: "the sandbox's disk cap is full",
+            errno.EDQUOT: "the sandbox's disk cap is full",
+        }.get(exc.errno or 0, exc.strerror or str(exc))
+        raise SandboxError(f"{what} {path!r}: {reason}") from None
+
+
+@contextlib.contextmanager
+def _fd(fd: int) -> Iterator[int]:
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _workdir(root: Path) -> int:
+    # The workdir folder itself is the harness's (its parent is not the sandbox's to change).
+    return os.open(root, _DIR_FLAGS)
+
+
+def _require_regular(fd: int, path: str, what: str) -> os.stat_result:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise SandboxError(f"{what} {path!r}: not a regular file ({_kind(st.st_mode)}); refused")
+    return st
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "folder"),
+        (stat.S_ISLNK, "link"),
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+    ):
+        if test(mode):
+            return name
+    return "special file"
+
+
+def _opendirs(dir_fd: int, parts: list[str], uid: int | None, create: bool) -> int:
+    """An fd of the folder ``parts`` beneath ``dir_fd`` (made, and given to ``uid``, if missing)."""
+    current = os.dup(dir_fd)
+    try:
+        for part in parts:
+            try:
+                nxt = os.open(part, _DIR_FLAGS, dir_fd=current)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                with contextlib.suppress(FileExistsError):  # made meanwhile: opened (no-follow) below
+                    os.mkdir(part, 0o755, dir_fd=current)
+                nxt = os.open(part, _DIR_FLAGS, dir_fd=current)
+                if uid is not None:
+                    os.fchown(nxt, uid, uid)
+            os.close(current)
+            current = nxt
+        return current
+    except BaseException:
+        os.close(current)
+        raise
+
+
+def _replace(dir_fd: int, name: str, fill: Callable[[int], None], mode: int, uid: int | None) -> None:
+    """Create ``name`` in ``dir_fd`` as a new regular file (``fill(fd)`` writes it) and rename it
+    over whatever entry had that name: the old entry is replaced, never written through."""
+    tmp = f".rllm-{secrets.token_hex(8)}.part"
+    fd = os.open(
+        tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd
+    )
+    try:
+        try:
+            fill(fd)
+            if uid is not None:
+                os.fchown(fd, uid, uid)
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
+
+
+def _write_all(data: bytes) -> Callable[[int], None]:
+    def fill(fd: int) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+
+    return fill
+
+
+def _copy_from(src: int) -> Callable[[int], None]:
+    def fill(fd: int) -> None:
+        while chunk := os.read(src, _CHUNK):
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(fd, view) :]
+
+    return fill
+
+
+def _safe_mode(mode: int) -> int:
+    """Permission bits for a copied file: never setuid/setgid/sticky, never group/other-writable."""
+    return (stat.S_IMODE(mode) & 0o755) | 0o600
+
+
+# ------------------------------------------------------------------ the four transfers
+
+
+def write_into(workdir: Path, mount: str, path: str, data: bytes, uid: int | None) -> None:
+    rel = relative(mount, path)
+    if not rel:
+        raise SandboxError(f"write_file {path!r}: it is the workdir itself, a folder")
+    parent, name = posixpath.split(rel)
+    with (
+        _refusing(path, "write_file"),
+        _fd(_workdir(workdir)) as top,
+        _fd(_opendirs(top, parent.split("/") if parent else [], uid, create=True)) as folder,
+    ):
+        _replace(folder, name, _write_all(data), 0o644, uid)
+
+
+def read_from(workdir: Path, mount: str, path: str) -> bytes:
+    rel = relative(mount, path)
+    with (
+        _refusing(path, "read_file"),
+        _fd(_workdir(workdir)) as top,
+        _fd(open_beneath(top, rel, _FILE_FLAGS)) as fd,
+    ):
+        _require_regular(fd, path, "read_file")
+        chunks = []
+        while chunk := os.read(fd, _CHUNK):
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+def upload_into(workdir: Path, mount: str, local: str, path: str, uid: int | None) -> None:
+    """Copy a host file or folder (the caller's, trusted) into the sandbox. Links in it are
+    recreated as links; existing entries in the sandbox are replaced, never written through."""
+    source = Path(local)
+    if not source.exists():
+        raise SandboxError(f"upload: no local file or folder {local!r}")
+    rel = relative(mount, path)
+    with _refusing(path, "upload to"), _fd(_workdir(workdir)) as top:
+        if source.is_dir():
+            with _fd(_opendirs(top, rel.split("/") if rel else [], uid, create=True)) as folder:
+                _upload_tree(source, folder, uid, path, 0)
+            return
+        if not rel:
+            raise SandboxError(f"upload to {path!r}: it is the workdir itself, a folder")
+        parent, name = posixpath.split(rel)
+        with _fd(_opendirs(top, parent.split("/") if parent else [], uid, create=True)) as folder:
+            _upload_file(source, folder, name, uid, path)
+
+
+def _upload_file(source: Path, folder: int, name: str, uid: int | None, path: str) -> None:
+    with _fd(os.open(source, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)) as src:
+        st = _require_regular(src, str(source), "upload")
+        _replace(folder, name, _copy_from(src), _safe_mode(st.st_mode), uid)
+
+
+def _upload_tree(source: Path, folder: int, uid: int | None, path: str, depth: int) -> None:
+    if depth > _MAX_DEPTH:
+        raise SandboxError(f"upload: {source} is nested deeper than {_MAX_DEPTH} folders")
+    for entry in sorted(os.scandir(source), key=lambda e: e.name):
+        if entry.is_symlink():
+            target = os.readlink(entry.path)
+            tmp = f".rllm-{secrets.token_hex(8)}.link"
+            os.symlink(target, tmp, dir_fd=folder)
+            if uid is not None:
+                os.chown(tmp, uid, uid, dir_fd=folder, follow_symlinks=False)
+            os.rename(tmp, entry.name, src_dir_fd=folder, dst_dir_fd=folder)
+        elif entry.is_dir(follow_symlinks=False):
+            with _fd(_opendirs(folder, [entry.name], uid, create=True)) as sub:
+                _upload_tree(Path(entry.path), sub, uid, path, depth + 1)
+        else:
+            _upload_file(Path(entry.path), folder, entry.name, uid, path)
+
+
+def download_from(workdir: Path, mount: str, path: str, local: str) -> None:
+    """Copy a sandbox file or folder to ``local``. Only regular files and folders are copied;
+    links and special files are refused (named in the error, after the rest is copied)."""
+    rel = relative(mount, path)
+    refused: list[str] = []
+    dest = Path(local)
+    with (
+        _refusing(path, "download"),
+        _fd(_workdir(workdir)) as top,
+        _fd(open_beneath(top, rel, _FILE_FLAGS)) as src,
+    ):
+        st = os.fstat(src)
+        if stat.S_ISDIR(st.st_mode):
+            dest.mkdir(parents=True, exist_ok=True)
+            with _fd(os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)) as out:
+                _download_tree(src, out, rel or ".", refused, 0)
+        else:
+            _require_regular(src, path, "download")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with _fd(os.open(dest.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)) as out:
+                _replace(out, dest.name, _copy_from(src), _safe_mode(st.st_mode), None)
+    if refused:
+        raise refused_error(path, refused)
+
+
+def _download_tree(src: int, out: int, rel: str, refused: list[str], depth: int) -> None:
+    if depth > _MAX_DEPTH:
+        raise SandboxError(f"download: {rel!r} is nested deeper than {_MAX_DEPTH} folders")
+    with os.scandir(src) as it:
+        names = sorted(entry.name for entry in it)
+    for name in names:
+        where = posixpath.join(rel, name)
+        try:
+            fd = os.open(name, _FILE_FLAGS, dir_fd=src)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENXIO, errno.ENOENT):
+                refused.append(where)  # a link, a socket, or gone meanwhile
+                continue
+            raise
+        with _fd(fd):
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                # An existing host entry of that name is the caller's; a link there is not followed.
+                with _fd(_opendirs(out, [name], None, create=True)) as sub:
+                    _download_tree(fd, sub, where, refused, depth + 1)
+            elif stat.S_ISREG(st.st_mode):
+                _replace(out, name, _copy_from(fd), _safe_mode(st.st_mode), None)
+            else:
+                refused.append(f"{where} ({_kind(st.st_mode)})")
+
+
+# ------------------------------------------------------------------ the host side of remote backends
+
+
+def save_local(local: str, rel: str, data: bytes, mode: int = 0o644) -> None:
+    """Write one downloaded file at ``rel`` under the host folder ``local`` (``rel`` empty:
+    ``local`` is the file): folders are made and entered without following links, the file is
+    created fresh and renamed into place, and ``rel`` (named by the sandbox) may not leave
+    ``local``. The Docker and E2B backends' downloads go through here."""
+    dest = Path(local)
+    where = relative("/", rel) if rel else ""
+    with _refusing(rel or local, "download to"):
+        if not where:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with _fd(os.open(dest.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)) as out:
+                _replace(out, dest.name, _write_all(data), _safe_mode(mode), None)
+            return
+        dest.mkdir(parents=True, exist_ok=True)
+        parent, name = posixpath.split(where)
+        with (
+            _fd(os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)) as top,
+            _fd(_opendirs(top, parent.split("/") if parent else [], None, create=True)) as out,
+        ):
+            _replace(out, name, _write_all(data), _safe_mode(mode), None)
+
+
+def make_local_dir(local: str, rel: str) -> None:
+    """Make the folder ``rel`` under ``local`` (links in the way refused, not followed)."""
+    dest = Path(local)
+    dest.mkdir(parents=True, exist_ok=True)
+    where = relative("/", rel) if rel else ""
+    if where:
+        with (
+            _refusing(rel, "download to"),
+            _fd(os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)) as top,
+        ):
+            os.close(_opendirs(top, where.split("/"), None, create=True))
+
+
+def extract_tar(tar: tarfile.TarFile, top: str, local: str, path: str) -> None:
+    """Unpack a downloaded archive (its top entry named ``top``) as ``local``: regular files and
+    folders only, through :func:`save_local`; links, hard links and devices are refused."""
+    refused: list[str] = []
+    for member in tar:
+        name = member.name.rstrip("/")
+        if name != top and not name.startswith(top + "/"):
+            refused.append(member.name)
+            continue
+        rel = name[len(top) + 1 :]
+        if member.isdir():
+            make_local_dir(local, rel)
+        elif member.isreg():
+            handle = tar.extractfile(member)
+            save_local(local, rel, handle.read() if handle is not None else b"", member.mode)
+        else:
+            refused.append(rel or path)
+    if refused:
+        raise refused_error(path, refused)
+
+
+def refused_error(path: str, refused: list[str]) -> SandboxError:
+    shown = ", ".join(refused[:5]) + (f" and {len(refused) - 5} more" if len(refused) > 5 else "")
+    return SandboxError(
+        f"download {path!r}: {len(refused)} entries are links or special files and were not "
+        f"copied (links are never created on the host): {shown}"
+    )
 
 
 def give_to(path: Path, uid: int | None) -> None:
@@ -41,61 +427,3 @@ def give_to(path: Path, uid: int | None) -> None:
         for dirpath, dirnames, filenames in os.walk(path):
             for name in dirnames + filenames:
                 os.chown(os.path.join(dirpath, name), uid, uid, follow_symlinks=False)
-
-
-def write_into(workdir: Path, mount: str, path: str, data: bytes, uid: int | None) -> None:
-    target = host_path(workdir, mount, path)
-    made = _make_parents(workdir, target)
-    if target.is_symlink() or target.is_dir():
-        raise SandboxError(f"{path!r} is a link or a folder in the sandbox; refusing to write through it")
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    for p in [*made, target]:
-        give_to(p, uid)
-
-
-def read_from(workdir: Path, mount: str, path: str) -> bytes:
-    target = host_path(workdir, mount, path)
-    try:
-        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        raise SandboxError(f"no file {path!r} in the sandbox") from None
-    with os.fdopen(fd, "rb") as f:
-        return f.read()
-
-
-def upload_into(workdir: Path, mount: str, local: str, path: str, uid: int | None) -> None:
-    source = Path(local)
-    if not source.exists():
-        raise SandboxError(f"upload: no local file or folder {local!r}")
-    target = host_path(workdir, mount, path)
-    made = _make_parents(workdir, target)
-    if target.is_symlink():
-        raise SandboxError(f"{path!r} is a link in the sandbox; refusing to write through it")
-    if source.is_dir():
-        shutil.copytree(source, target, symlinks=True, dirs_exist_ok=True)
-    else:
-        shutil.copyfile(source, target, follow_symlinks=False)
-    for p in [*made, target]:
-        give_to(p, uid)
-
-
-def download_from(workdir: Path, mount: str, path: str, local: str) -> None:
-    source = host_path(workdir, mount, path)
-    if source.is_dir():
-        shutil.copytree(source, local, symlinks=True, dirs_exist_ok=True)
-    elif source.is_file():
-        Path(local).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, local, follow_symlinks=False)
-    else:
-        raise SandboxError(f"download: no file or folder {path!r} in the sandbox")
-
-
-def _make_parents(workdir: Path, target: Path) -> list[Path]:
-    made = []
-    for parent in reversed(target.parents):
-        if parent.is_relative_to(workdir.resolve()) and not parent.exists():
-            parent.mkdir()
-            made.append(parent)
-    return made
