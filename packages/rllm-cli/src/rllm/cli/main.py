@@ -72,6 +72,7 @@ def cli(debug: bool) -> None:
 )
 @click.option("--out", default=None, help="run directory (default runs/NAME)")
 @click.option("--resume", is_flag=True, help="continue from the run directory's latest checkpoint")
+@click.option("--overwrite", is_flag=True, help="replace an earlier run in the run directory")
 @click.option("-v", "--verbose", is_flag=True, help="log at INFO level")
 def train(
     name: str,
@@ -80,6 +81,7 @@ def train(
     config: Path | None,
     out: str | None,
     resume: bool,
+    overwrite: bool,
     verbose: bool,
 ) -> int:
     """Train cookbook NAME's agent; `key.sub=value` arguments override the config.
@@ -88,13 +90,24 @@ def train(
     Example:
       rllm train say-single --out runs/demo total_steps=20 rollout.concurrency=32
       rllm train say-single --out runs/demo --resume
+      rllm train say-single --out runs/demo --overwrite
+
+    A run directory that holds an earlier run is refused unless --resume or --overwrite.
     """
     from rllm.engine.launch import build_trainer
 
     if verbose:
         logging.getLogger().setLevel(logging.INFO)
-    trainer = build_trainer(name, config_path=config, overrides=list(overrides), backend=backend, out_dir=out)
-    result = run(trainer.fit(resume=resume), uvloop_default=False)
+    trainer = build_trainer(
+        name,
+        config_path=config,
+        overrides=list(overrides),
+        backend=backend,
+        out_dir=out,
+        resume=resume,
+        overwrite=overwrite,
+    )
+    result = run(trainer.fit(resume=resume, overwrite=overwrite), uvloop_default=False)
     reward = (
         f"reward {result.first_reward:.3f} -> {result.final_reward:.3f}; "
         if result.first_reward is not None and result.final_reward is not None
@@ -104,6 +117,10 @@ def train(
         f"[bold green]done[/bold green]: {result.steps} steps in {result.wall_s:.0f} s; "
         f"{reward}run dir {result.out_dir}" + (f"; plot {result.plot}" if result.plot else "")
     )
+    if result.checkpoint:
+        console.print(f"checkpoint {result.checkpoint} (rllm serve {result.out_dir})", highlight=False)
+    for warning in result.warnings:
+        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
     return 0
 
 
