@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -13,7 +14,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from rllm.cli.errors import CliError
+from rllm.cli.errors import FAILED, CliError
 from rllm.cli.registry import DatasetRegistry
 from rllm.engine.evaluation import EvalSummary, evaluate
 from rllm.engine.plugins import COOKBOOKS_GROUP, PluginNotFoundError, available, load_cookbook
@@ -54,6 +55,13 @@ from rllm.types.config_file import apply_overrides
     metavar="KEY=VALUE",
     help="a cookbook option (its Cookbook.configure), e.g. --option judge_model=NAME; repeatable",
 )
+@click.option(
+    "--max-infra-errors",
+    type=click.FloatRange(0.0, 1.0),
+    default=0.5,
+    show_default=True,
+    help="fail (exit 1) when more than this fraction of rollouts failed for infrastructure reasons",
+)
 @click.option("--progress/--no-progress", default=True, help="show a progress bar")
 def eval_command(
     name: str,
@@ -71,12 +79,15 @@ def eval_command(
     evaluator: str | None,
     out: Path | None,
     options: tuple[str, ...],
+    max_infra_errors: float,
     progress: bool,
 ) -> int:
     """Evaluate cookbook NAME (or registered dataset NAME with --agent) and print a summary.
 
     Writes OUT/results.jsonl (one line per task), episodes.jsonl and summary.json; re-running
-    with the same --out skips finished tasks.
+    with the same --out skips finished tasks and retries those that failed for infrastructure
+    reasons. The first errors are printed; more than --max-infra-errors of the rollouts failing
+    for infrastructure reasons (dead endpoint, missing credentials) exits 1.
 
     \b
     Example:
@@ -115,7 +126,44 @@ def eval_command(
 
     summary = run(go(), uvloop_default=False)
     Console().print(summary_table(summary, title=f"{name} ({split}) -> {out_dir}"))
+    report_errors(summary, max_infra_errors)
     return 0
+
+
+def report_errors(summary: EvalSummary, max_infra_errors: float) -> None:
+    """Print the first failed attempts' errors; a CliError (exit 1) when too many rollouts failed
+    for infrastructure reasons, since their accuracy says nothing about the model."""
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    n = summary.num_rollouts
+    failing = bool(n and summary.infra_errors / n > max_infra_errors)
+    first_infra = next((e for e in summary.errors if e.startswith("infra_error: ")), "")
+    for text in summary.errors:
+        if not (failing and text == first_infra):  # that one is the error line below
+            reason, _, message = text.partition(": ")
+            err.print(f"[yellow]failed attempt ({reason}):[/yellow] {root_cause(message)[:500]}")
+    if failing:
+        raise CliError(
+            f"{summary.infra_errors} of {n} rollouts failed for infrastructure reasons "
+            f"(more than --max-infra-errors {max_infra_errors:g}): "
+            f"{root_cause(first_infra.removeprefix('infra_error: '))[:500]}",
+            hint="fix the endpoint or credentials; re-running with the same --out retries only those",
+            exit_code=FAILED,
+        )
+
+
+# Where the wrapped messages of the gateway and its clients quote the error that caused them.
+_CAUSE_MARKERS = ("last error: ", "hosted provider failed: ")
+_WRAPPER_PREFIX = re.compile(r"^(?:(?:[\w.]+(?:Error|Exception)|Error code: \d+)(?::| -) )+")
+
+
+def root_cause(text: str) -> str:
+    """The innermost cause of an attempt's error text: what the gateway quotes as its last error,
+    without the client and provider exception names wrapped around it
+    ("Missing credentials ... OPENAI_API_KEY", not "hosted provider failed: InternalServerError")."""
+    for marker in _CAUSE_MARKERS:
+        if marker in text:
+            text = text.rsplit(marker, 1)[1]
+    return _WRAPPER_PREFIX.sub("", text) or text
 
 
 def parse_options(items: tuple[str, ...]) -> dict[str, Any]:

@@ -71,6 +71,11 @@ class HostedProvider:
         return data, cap
 
 
+def _first_line(exc: BaseException, limit: int = 500) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else "")[:limit]
+
+
 def as_sse_chunks(data: dict[str, Any]) -> list[dict[str, Any]]:
     """A whole chat.completion as stream chunks (for clients that asked to stream)."""
     base = {
@@ -121,7 +126,8 @@ async def hosted_call(
         status = getattr(exc, "status_code", 502)
         raise GatewayError(
             status if isinstance(status, int) and 400 <= status < 600 else 502,
-            f"hosted provider failed: {type(exc).__name__}",
+            # The provider's own words carry the root cause ("Missing credentials ... OPENAI_API_KEY").
+            f"hosted provider failed: {type(exc).__name__}: {_first_line(exc)}",
             code="upstream_error",
         ) from None
     ledger.finish_trace(trace, cap, "ok", t0)
