@@ -72,3 +72,14 @@ def test_cookbook_options_are_refused_where_they_do_not_fit(
     assert main([*args, "--option", "no-equals-sign"]) == 2
     assert "not of the form" in capsys.readouterr().err
     assert not (tmp_path / "e" / "results.jsonl").exists()
+
+
+def test_debug_shows_a_traceback_for_errors_raised_as_cli_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RLLM_HOME", str(tmp_path / "home"))
+    assert main(["--debug", "dataset", "inspect", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "no registered dataset named 'nope'" in err
+    assert main(["dataset", "inspect", "nope"]) == 2
+    assert "Traceback" not in capsys.readouterr().err

@@ -36,6 +36,10 @@ class RllmGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except CliError:
+            if ctx.params.get("debug"):  # --debug promises a traceback for every failure
+                console.print_exception()
+            raise
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except KeyboardInterrupt:
