@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import re
@@ -19,6 +20,7 @@ from rllm.cli.registry import DatasetRegistry
 from rllm.engine.evaluation import EvalSummary, evaluate
 from rllm.engine.plugins import COOKBOOKS_GROUP, PluginNotFoundError, available, load_cookbook
 from rllm.runtime.event_loop import run
+from rllm.sdk.cookbook import Cookbook
 from rllm.types import ConfigError, SamplingParams, Task
 from rllm.types.config_file import apply_overrides
 
@@ -198,6 +200,44 @@ def resolve_eval_target(
         f"no cookbook or registered dataset named {name!r} "
         f"(cookbooks: {', '.join(available(COOKBOOKS_GROUP)) or 'none'}; "
         f"datasets: {', '.join(registry.names()) or 'none'})"
+    )
+
+
+def train_cookbook(name: str, agent: str | None, evaluator: str | None) -> Cookbook:
+    """What `rllm train NAME` trains: cookbook NAME (its flow or evaluator replaced by --agent /
+    --evaluator when given), or registered dataset NAME with --agent's flow and training defaults
+    and --evaluator's (default: --agent's) grader, the same rule as `rllm eval`."""
+    if name in available(COOKBOOKS_GROUP):
+        cookbook = load_cookbook(name)
+        if not agent and not evaluator:
+            return cookbook
+        flow = _load_object(agent, "flow") if agent else cookbook.flow
+        grader = _load_object(evaluator, "evaluator") if evaluator else cookbook.evaluator
+        return dataclasses.replace(cookbook, flow=flow, evaluator=grader)
+    registry = DatasetRegistry()
+    if not registry.has(name):
+        raise PluginNotFoundError(
+            f"no cookbook or registered dataset named {name!r} "
+            f"(cookbooks: {', '.join(available(COOKBOOKS_GROUP)) or 'none'}; "
+            f"datasets: {', '.join(registry.names()) or 'none'})"
+        )
+    if not agent:
+        raise CliError(
+            f"dataset {name!r} needs --agent (a cookbook name or module:attr flow)",
+            hint=f"e.g. rllm train {name} --agent math",
+        )
+    splits = tuple(registry.info(name).splits)
+    defaults = dict(load_cookbook(agent).train_defaults) if ":" not in agent else {}
+    if defaults.get("val_split") not in splits:  # the agent's cookbook validates on its own split
+        defaults = {k: v for k, v in defaults.items() if k not in ("val_split", "val_every", "val_tasks")}
+    return Cookbook(
+        name=name,
+        flow=_load_object(agent, "flow"),
+        evaluator=_load_object(evaluator or agent, "evaluator"),
+        load_tasks=lambda split: registry.load_tasks(name, split),
+        description=f"registered dataset {name} with the {agent} agent",
+        splits=splits,
+        train_defaults=defaults,
     )
 
 

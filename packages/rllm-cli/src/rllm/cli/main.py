@@ -20,7 +20,7 @@ from rich.console import Console
 from rllm.cli.cookbook import cookbook_group
 from rllm.cli.dataset import dataset_group
 from rllm.cli.errors import BAD_INPUT, INTERRUPTED, CliError, as_cli_error
-from rllm.cli.eval_cmd import eval_command
+from rllm.cli.eval_cmd import eval_command, train_cookbook
 from rllm.cli.serve import serve_command
 from rllm.cli.view_cmd import view_command
 from rllm.engine.plugins import BACKENDS_GROUP, COOKBOOKS_GROUP, available, load_cookbook
@@ -77,6 +77,8 @@ def cli(debug: bool) -> None:
 @click.option("--out", default=None, help="run directory (default runs/NAME)")
 @click.option("--resume", is_flag=True, help="continue from the run directory's latest checkpoint")
 @click.option("--overwrite", is_flag=True, help="replace an earlier run in the run directory")
+@click.option("--agent", default=None, help="cookbook name or module:attr whose flow trains (datasets)")
+@click.option("--evaluator", default=None, help="cookbook name or module:attr that grades (datasets)")
 @click.option("-v", "--verbose", is_flag=True, help="log at INFO level")
 def train(
     name: str,
@@ -86,15 +88,19 @@ def train(
     out: str | None,
     resume: bool,
     overwrite: bool,
+    agent: str | None,
+    evaluator: str | None,
     verbose: bool,
 ) -> int:
-    """Train cookbook NAME's agent; `key.sub=value` arguments override the config.
+    """Train cookbook NAME's agent (or registered dataset NAME with --agent, as in `rllm eval`);
+    `key.sub=value` arguments override the config.
 
     \b
     Example:
       rllm train say-single --out runs/demo total_steps=20 rollout.concurrency=32
       rllm train say-single --out runs/demo --resume
       rllm train say-single --out runs/demo --overwrite
+      rllm train mymath --agent math
 
     A run directory that holds an earlier run is refused unless --resume or --overwrite.
     """
@@ -104,6 +110,7 @@ def train(
         logging.getLogger().setLevel(logging.INFO)
     trainer = build_trainer(
         name,
+        cookbook=train_cookbook(name, agent, evaluator),
         config_path=config,
         overrides=list(overrides),
         backend=backend,

@@ -17,7 +17,7 @@ from typing import Any
 from rllm.engine.plugins import backend_class, load_cookbook
 from rllm.engine.run_folder import check_run_folder
 from rllm.engine.trainer import Trainer, validate_algorithm
-from rllm.engine.trainer_config import load_config
+from rllm.engine.trainer_config import TrainerConfig, load_config
 from rllm.sdk.cookbook import Cookbook
 from rllm.types import ConfigError
 
@@ -33,9 +33,12 @@ def build_trainer(
     out_dir: str | None = None,
     resume: bool = False,
     overwrite: bool = False,
+    cookbook: Cookbook | None = None,
 ) -> Trainer:
-    """The Trainer for cookbook ``name``; pass the same ``resume``/``overwrite`` to its ``fit``."""
-    cookbook = load_cookbook(name)
+    """The Trainer for cookbook ``name`` (or for ``cookbook`` itself, named ``name``, e.g. a
+    registered dataset with another cookbook's agent); pass the same ``resume``/``overwrite``
+    to its ``fit``."""
+    cookbook = cookbook or load_cookbook(name)
     base: dict[str, Any] = {"out_dir": f"runs/{name}", **cookbook.train_defaults, "cookbook": name}
     flags = [f"backend.name={backend}"] if backend else []
     flags += [f"out_dir={out_dir}"] if out_dir else []
@@ -44,6 +47,7 @@ def build_trainer(
         cookbook = cookbook.with_options(config.cookbook_options)
     except ValueError as exc:
         raise ConfigError(f"config key `cookbook_options`: {exc}", key="cookbook_options") from None
+    check_splits(config, cookbook)
     check_run_folder(Path(config.out_dir), resume=resume, overwrite=overwrite)
     cls = backend_class(config.backend.name)
     options = dict(config.backend.options)
@@ -60,6 +64,20 @@ def build_trainer(
         target = Path(config.out_dir) / "tiny-model"
         options["model"] = str(init_tiny_model(target, cookbook=cookbook, backend_cls=cls, seed=config.seed))
     return Trainer(config, cookbook, make_backend(cls, config.backend.name, options))
+
+
+def check_splits(config: TrainerConfig, cookbook: Cookbook) -> None:
+    """A split the cookbook cannot load is a config error now, not after the model is built.
+    (Cookbooks take splits beyond ``Cookbook.splits``, e.g. ``hub:train``: only loading tells.)"""
+    for key in ("train_split", "val_split"):
+        split = getattr(config, key)
+        if split is None:
+            continue
+        try:
+            cookbook.load_tasks(split)
+        except (ValueError, KeyError, LookupError) as exc:
+            message = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+            raise ConfigError.for_key(key, message) from None
 
 
 def make_backend(cls: Any, name: str, options: dict[str, Any]) -> Any:
