@@ -83,3 +83,27 @@ def test_debug_shows_a_traceback_for_errors_raised_as_cli_errors(
     assert "Traceback" in err and "no registered dataset named 'nope'" in err
     assert main(["dataset", "inspect", "nope"]) == 2
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_third_party_noise_is_off_unless_debug(monkeypatch: pytest.MonkeyPatch) -> None:
+    import logging
+
+    from rllm.cli.quiet import QUIET_ENV, QUIET_LOGGERS
+
+    for name in QUIET_ENV:
+        monkeypatch.delenv(name, raising=False)
+    loggers = [logging.getLogger(name) for name in QUIET_LOGGERS]
+    before = [lg.level for lg in loggers]
+    try:
+        for lg in loggers:
+            lg.setLevel(logging.NOTSET)
+        assert main(["--debug", "cookbooks"]) == 0
+        assert "HF_HUB_DISABLE_PROGRESS_BARS" not in __import__("os").environ
+        assert logging.getLogger("rllm.engine.loop_lag").getEffectiveLevel() <= logging.WARNING
+        assert main(["cookbooks"]) == 0
+        assert __import__("os").environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+        for name in ("rllm.engine.loop_lag", "LiteLLM", "math_verify.parser"):
+            assert logging.getLogger(name).getEffectiveLevel() == logging.ERROR, name
+    finally:
+        for lg, level in zip(loggers, before, strict=True):
+            lg.setLevel(level)

@@ -21,6 +21,7 @@ from rllm.cli.cookbook import cookbook_group
 from rllm.cli.dataset import dataset_group
 from rllm.cli.errors import BAD_INPUT, INTERRUPTED, CliError, as_cli_error
 from rllm.cli.eval_cmd import eval_command, train_cookbook
+from rllm.cli.quiet import QUIET_LOGGERS, quiet_third_party
 from rllm.cli.serve import serve_command
 from rllm.cli.view_cmd import view_command
 from rllm.engine.plugins import BACKENDS_GROUP, COOKBOOKS_GROUP, available, load_cookbook
@@ -65,6 +66,8 @@ def cli(debug: bool) -> None:
       eval "$(_RLLM_COMPLETE=bash_source rllm)"
     """
     logging.basicConfig(level=logging.WARNING)
+    if not debug:
+        quiet_third_party()
 
 
 @cli.command(context_settings=PASS_THROUGH)
@@ -108,6 +111,8 @@ def train(
 
     if verbose:
         logging.getLogger().setLevel(logging.INFO)
+        for quieted in QUIET_LOGGERS:
+            logging.getLogger(quieted).setLevel(logging.NOTSET)
     trainer = build_trainer(
         name,
         cookbook=train_cookbook(name, agent, evaluator),
