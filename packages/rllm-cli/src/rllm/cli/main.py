@@ -3,7 +3,8 @@
 rllm train NAME [key.sub=value ...]     rllm eval NAME --base-url URL | --model openai/...
 rllm dataset list|pull|register|inspect|remove
 rllm cookbook list|info NAME            rllm cookbooks | rllm backends
-rllm view RUN_DIR                       rllm serve MODEL_PATH
+rllm view RUN_DIR                       rllm serve RUN_DIR | MODEL_PATH
+rllm export RUN_DIR --to DIR
 rllm gateway serve [...]                rllm model init-tiny PATH
 """
 
@@ -21,6 +22,7 @@ from rllm.cli.cookbook import cookbook_group
 from rllm.cli.dataset import dataset_group
 from rllm.cli.errors import BAD_INPUT, INTERRUPTED, CliError, as_cli_error
 from rllm.cli.eval_cmd import eval_command, train_cookbook
+from rllm.cli.export_cmd import export_command
 from rllm.cli.quiet import QUIET_LOGGERS, quiet_third_party
 from rllm.cli.serve import serve_command
 from rllm.cli.view_cmd import view_command
@@ -200,6 +202,7 @@ cli.add_command(view_command)
 cli.add_command(dataset_group)
 cli.add_command(cookbook_group)
 cli.add_command(serve_command)
+cli.add_command(export_command)
 
 
 def main(argv: list[str] | None = None) -> int:
