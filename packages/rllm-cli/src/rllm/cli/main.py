@@ -133,12 +133,15 @@ def train(
     )
     console.print(
         f"[bold green]done[/bold green]: {result.steps} steps in {result.wall_s:.0f} s; "
-        f"{reward}run dir {result.out_dir}" + (f"; plot {result.plot}" if result.plot else "")
+        f"{reward}run dir {result.out_dir}" + (f"; plot {result.plot}" if result.plot else ""),
+        soft_wrap=True,  # paths stay whole, to be copied
     )
     if result.checkpoint:
-        console.print(f"checkpoint {result.checkpoint} (rllm serve {result.out_dir})", highlight=False)
+        console.print(
+            f"checkpoint {result.checkpoint} (rllm serve {result.out_dir})", highlight=False, soft_wrap=True
+        )
     for warning in result.warnings:
-        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
     return 0
 
 
