@@ -175,10 +175,26 @@ def list_cookbooks() -> int:
     return 0
 
 
+# What each bundled backend needs beyond `uv sync` (a backend from elsewhere shows its package).
+BACKEND_NEEDS: dict[str, str] = {
+    "tinker": "local: torch (CPU or one GPU); remote: the tinker SDK and TINKER_API_KEY",
+    "verl": "the verl extra (verl, ray, vllm) and GPUs; CPU runs need external vLLM servers",
+    "fireworks": "the fireworks-ai training SDK and FIREWORKS_API_KEY",
+}
+DEFAULT_BACKEND = "tinker"
+
+
 @cli.command("backends")
 def list_backends() -> int:
-    """List installed training backends."""
-    click.echo("\n".join(available(BACKENDS_GROUP)))
+    """List installed training backends: the default, and what each needs.
+
+    \b
+    Example:
+      rllm backends
+    """
+    for name in available(BACKENDS_GROUP):
+        default = " (default)" if name == DEFAULT_BACKEND else ""
+        click.echo(f"{name}{default}: needs {BACKEND_NEEDS.get(name, 'see its package README')}")
     return 0
 
 
@@ -186,6 +202,10 @@ def list_backends() -> int:
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def gateway(args: tuple[str, ...]) -> int:
     """Run the rLLM gateway: the same server as `rllm-gateway serve`.
+
+    \b
+    Subcommands:
+      serve   run the gateway until SIGINT/SIGTERM (`rllm gateway serve --help` for its flags)
 
     \b
     Example:
