@@ -65,7 +65,8 @@ def test_cookbook_options_are_refused_where_they_do_not_fit(
 ) -> None:
     assert main(["train", "say", "--out", str(tmp_path / "run"), "cookbook_options.judge_model=x"]) == 2
     err = capsys.readouterr().err
-    assert "cookbook_options" in err and "takes no options" in err
+    assert "cookbook_options" in err and "takes no options, got judge_model" in err
+    assert "['" not in err  # valid and given values as plain words, not a Python list
     args = ["eval", "finqa", "--base-url", "http://127.0.0.1:9/v1", "--out", str(tmp_path / "e")]
     assert main([*args, "--option", "judge_temperature=0"]) == 2
     assert "judge_temperature" in capsys.readouterr().err

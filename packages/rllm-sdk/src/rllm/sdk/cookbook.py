@@ -39,5 +39,5 @@ class Cookbook:
         if not options:
             return self
         if self.configure is None:
-            raise ValueError(f"cookbook {self.name!r} takes no options, got {sorted(options)}")
+            raise ValueError(f"cookbook {self.name!r} takes no options, got {', '.join(sorted(options))}")
         return self.configure(dict(options))
