@@ -76,8 +76,9 @@ def test_a_hosted_model_without_credentials_names_the_missing_key(
 ) -> None:
     for name in ("RLLM_GATEWAY_HOSTED_API_KEY", "OPENAI_API_KEY"):
         monkeypatch.delenv(name, raising=False)
-    code, _, err = _eval(tmp_path / "eval", "--model", "openai/mock", "--api-base", model_server.url)
+    code, out, err = _eval(tmp_path / "eval", "--model", "openai/mock", "--api-base", model_server.url)
     assert code == 1
+    assert "Give Feedback" not in out + err  # LiteLLM's banner, once per failed call
     assert "OPENAI_API_KEY" in err and "Missing credentials" in err
     assert "hosted provider failed" not in err  # the wrapper is cut away, the cause stays
 

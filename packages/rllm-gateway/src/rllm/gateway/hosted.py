@@ -50,6 +50,9 @@ class HostedProvider:
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch at import
         import litellm
 
+        # LiteLLM prints a "Give Feedback / Get Help" banner to stdout on every failed call; the
+        # error itself (its root cause) reaches the client and the trace, so the banner is noise.
+        litellm.suppress_debug_info = True
         self._litellm = litellm
         self.model = model
         self.api_key = api_key
