@@ -4,6 +4,7 @@ with a checkpoint, a re-run is refused, and --resume continues from the final ch
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -54,3 +55,38 @@ def test_the_no_learning_watch_warns_once_after_consecutive_idle_steps() -> None
     warning = watch.observe(0)
     assert warning is not None and "3 steps in a row" in warning and "group_size" in warning
     assert watch.observe(0) is None  # once per run
+
+
+def test_an_interrupted_run_keeps_its_finished_steps(tmp_path: Path) -> None:
+    """Ctrl-C cancels the run during a step's rollouts: the steps already done are checkpointed
+    (ckpt_every is 0, so nothing else would be) and --resume goes on from there."""
+    import asyncio
+
+    from rllm.engine.checkpoint import TrainerState
+    from rllm.engine.launch import build_trainer
+    from rllm.engine.rollout_engine import RolloutEngine
+    from rllm.engine.trainer import Trainer
+
+    out = tmp_path / "run"
+    trainer = build_trainer("say-single", out_dir=str(out), overrides=["total_steps=50", *QUICK])
+    original = Trainer._train_one_step
+    two_done = asyncio.Event()
+
+    async def counted(self: Trainer, engine: RolloutEngine, state: TrainerState) -> dict[str, Any]:
+        if state.step == 2:
+            two_done.set()  # the third step's rollouts are about to start
+        return await original(self, engine, state)
+
+    async def interrupt() -> None:
+        fit = asyncio.create_task(trainer.fit())
+        await two_done.wait()
+        fit.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await fit
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Trainer, "_train_one_step", counted)
+        asyncio.run(interrupt())
+    state = (out / "checkpoints" / "step_000002" / "trainer_state.json").read_text()
+    assert '"step":2' in state.replace(" ", "")
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2]

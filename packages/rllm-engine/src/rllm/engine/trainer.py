@@ -10,8 +10,10 @@ here once; a backend only trains, syncs and saves.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -133,6 +135,10 @@ class Trainer:
         validating = bool(self.val_tasks and cfg.val_every)
         saved_step = state.step  # a resumed run starts from a checkpoint of this step
         idle = NoLearningWatch()
+        # True while the backend's weights, ``state`` and the metrics rows all stand at
+        # ``state.step`` (between steps, and during the next step's rollouts): the only time an
+        # interrupted run can be checkpointed truthfully.
+        self._between_steps = True
         try:
             with TrainProgress(cfg.total_steps, start=state.step, enabled=cfg.progress) as progress:
                 if validating and state.step == 0:
@@ -147,6 +153,7 @@ class Trainer:
                         self.warnings.append(warning)
                         progress.warn(warning)
                     metrics_log.log(state.step, metrics)
+                    self._between_steps = True
                     progress.update(state.step, metrics)
                     if cfg.ckpt_every and state.step % cfg.ckpt_every == 0:
                         await self._checkpoint(state)
@@ -154,18 +161,35 @@ class Trainer:
                 # A short run (or ckpt_every = 0) must still leave something to resume and serve.
                 if state.step != saved_step:
                     await self._checkpoint(state)
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            # Ctrl-C: keep the steps done since the last checkpoint when that is truthful (not in
+            # the middle of an update); saving takes what one checkpoint takes, and a second
+            # Ctrl-C skips it.
+            if self._between_steps and state.step != saved_step:
+                print(
+                    f"interrupted: saving a checkpoint of step {state.step} (Ctrl-C again to skip)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                await self._checkpoint(state)
+            raise
         finally:
             metrics_log.close()
         return rewards
 
     async def _checkpoint(self, state: TrainerState) -> None:
+        # A save cut short by Ctrl-C is still running in its thread: no second save over it.
+        between, self._between_steps = self._between_steps, False
         self.last_checkpoint = await save_checkpoint(self.out_dir, state, self.backend.save_checkpoint)
+        self._between_steps = between
 
     async def _train_one_step(self, engine: RolloutEngine, state: TrainerState) -> dict[str, Any]:
         cfg, algo = self.config, self.config.algorithm
-        tasks, state.data = next_batch(self.train_tasks, cfg.tasks_per_step, cfg.seed, state.data)
+        # The cursor moves with the step count, at the end: a step cut short is redone whole.
+        tasks, next_data = next_batch(self.train_tasks, cfg.tasks_per_step, cfg.seed, state.data)
         t0 = time.perf_counter()
         episodes = await engine.run(tasks, n=cfg.group_size)
+        self._between_steps = False  # from here the weights may move ahead of ``state``
         t1 = time.perf_counter()
         groups = group_trajectories(episodes, algo)
         kept, filter_metrics = filter_groups(groups, algo)
@@ -188,6 +212,7 @@ class Trainer:
                 await engine.client.resume()
         t2 = time.perf_counter()
         state.step += 1
+        state.data = next_data
         return {
             **episode_metrics(episodes),
             **{f"filter/{k}": v for k, v in filter_metrics.items()},
