@@ -31,13 +31,14 @@ def build_trainer(
     overrides: list[str] | tuple[str, ...] = (),
     backend: str | None = None,
     out_dir: str | None = None,
-    resume: bool = False,
+    resume: bool | None = None,
     overwrite: bool = False,
     cookbook: Cookbook | None = None,
 ) -> Trainer:
     """The Trainer for cookbook ``name`` (or for ``cookbook`` itself, named ``name``, e.g. a
     registered dataset with another cookbook's agent); pass the same ``resume``/``overwrite``
-    to its ``fit``."""
+    to its ``fit``. Given ``resume`` (True or False), the run folder is checked here, before
+    anything is built; left None, only ``fit`` checks it."""
     cookbook = cookbook or load_cookbook(name)
     base: dict[str, Any] = {"out_dir": f"runs/{name}", **cookbook.train_defaults, "cookbook": name}
     flags = [f"backend.name={backend}"] if backend else []
@@ -48,7 +49,8 @@ def build_trainer(
     except ValueError as exc:
         raise ConfigError(f"config key `cookbook_options`: {exc}", key="cookbook_options") from None
     check_splits(config, cookbook)
-    check_run_folder(Path(config.out_dir), resume=resume, overwrite=overwrite)
+    if resume is not None:
+        check_run_folder(Path(config.out_dir), resume=resume, overwrite=overwrite)
     cls = backend_class(config.backend.name)
     options = dict(config.backend.options)
     options.setdefault("seed", config.seed)
