@@ -83,7 +83,7 @@ async def train(out: Path, minutes: float, args: argparse.Namespace, started: fl
     logged_at: list[float] = []  # wall seconds since the start when each metrics row appeared
     watcher = asyncio.create_task(watch_rows(out / "metrics.jsonl", started, logged_at))
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(trainer.fit(), minutes * 60)
+        await asyncio.wait_for(trainer.fit(overwrite=True), minutes * 60)
     watcher.cancel()
     rows = read_metrics(out / "metrics.jsonl")
     for row, seconds in zip(rows, logged_at, strict=False):

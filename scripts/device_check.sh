@@ -246,7 +246,7 @@ if want d; then
     rm -rf "$WORK/runs/tp"
     from=$(wc -l <"$OUT/gpu_monitor.csv")
     part "d throughput: 20 say steps, no validation/checkpoints" 60 "$OUT/d_throughput.log" \
-        rllm train say --out "$WORK/runs/tp" total_steps=20 "${FAST[@]}"
+        rllm train say --overwrite --out "$WORK/runs/tp" total_steps=20 "${FAST[@]}"
     to=$(wc -l <"$OUT/gpu_monitor.csv")
     if [ -s "$WORK/runs/tp/metrics.jsonl" ]; then
         { curve "$WORK/runs/tp" | tail -1; gpu_peak "$from" "$to"; } | tee -a "$OUT/d_throughput.log" | sed 's/^/  /' | tee -a "$SUMMARY"
@@ -256,7 +256,7 @@ if want c; then
     rm -rf "$WORK/runs/say"
     from=$(wc -l <"$OUT/gpu_monitor.csv")
     part "c rllm train say (main job, README defaults)" "${DEVCHK_SAY_S:-150}" "$OUT/c_train_say.log" \
-        rllm train say --out "$WORK/runs/say"
+        rllm train say --overwrite --out "$WORK/runs/say"
     to=$(wc -l <"$OUT/gpu_monitor.csv")
     if [ -s "$WORK/runs/say/metrics.jsonl" ]; then
         { echo "== reward curve"; curve "$WORK/runs/say"; } 2>&1 | tee -a "$OUT/c_train_say.log" | tail -1 | sed 's/^/  /' | tee -a "$SUMMARY"
@@ -268,7 +268,7 @@ fi
 if want d && [ $((DEADLINE - SECONDS)) -gt 60 ]; then  # the same 20 steps on the 16 CPU cores, for the ratio
     rm -rf "$WORK/runs/tp-cpu"
     part "d2 throughput on CPU (CUDA hidden)" 50 "$OUT/d_throughput.log" \
-        env CUDA_VISIBLE_DEVICES= rllm train say --out "$WORK/runs/tp-cpu" total_steps=20 "${FAST[@]}"
+        env CUDA_VISIBLE_DEVICES= rllm train say --overwrite --out "$WORK/runs/tp-cpu" total_steps=20 "${FAST[@]}"
     if [ -s "$WORK/runs/tp-cpu/metrics.jsonl" ]; then
         curve "$WORK/runs/tp-cpu" | tail -1 | tee -a "$OUT/d_throughput.log" | sed 's/^/  /' | tee -a "$SUMMARY"
     fi

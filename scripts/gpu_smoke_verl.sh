@@ -30,7 +30,7 @@ PY
 
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 start=$(date +%s)
-timeout 360 "$PYTHON" -m rllm.cli.main train say --backend verl --out "$WORK/rllm" \
+timeout 360 "$PYTHON" -m rllm.cli.main train say --backend verl --overwrite --out "$WORK/rllm" \
     total_steps="$STEPS" tasks_per_step="$TASKS" group_size="$GROUP" val_every=0 ckpt_every=0 \
     backend.options.model="$WORK/model" backend.options.learning_rate=5e-4 \
     backend.options.cluster.gpus_per_node=1 backend.options.strategy=fsdp2 \

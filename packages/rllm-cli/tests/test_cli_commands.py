@@ -161,7 +161,7 @@ def test_bad_files_are_one_line_errors(rllm_home: Path, tmp_path: Path) -> None:
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"question": "a"}\n{not json\n')
     code, _, err = invoke("dataset", "register", "x", str(broken))
-    assert code == 2 and str(broken) in err and "not valid json" in err
+    assert code == 2 and str(broken) in err and "line 2 of" in err and "is not JSON" in err
 
 
 def test_eval_a_cookbook_prints_a_summary_and_resumes(model_server: MockUpstream, tmp_path: Path) -> None:

@@ -65,10 +65,46 @@ def test_cookbook_options_are_refused_where_they_do_not_fit(
 ) -> None:
     assert main(["train", "say", "--out", str(tmp_path / "run"), "cookbook_options.judge_model=x"]) == 2
     err = capsys.readouterr().err
-    assert "cookbook_options" in err and "takes no options" in err
+    assert "cookbook_options" in err and "takes no options, got judge_model" in err
+    assert "['" not in err  # valid and given values as plain words, not a Python list
     args = ["eval", "finqa", "--base-url", "http://127.0.0.1:9/v1", "--out", str(tmp_path / "e")]
     assert main([*args, "--option", "judge_temperature=0"]) == 2
     assert "judge_temperature" in capsys.readouterr().err
     assert main([*args, "--option", "no-equals-sign"]) == 2
     assert "not of the form" in capsys.readouterr().err
     assert not (tmp_path / "e" / "results.jsonl").exists()
+
+
+def test_debug_shows_a_traceback_for_errors_raised_as_cli_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RLLM_HOME", str(tmp_path / "home"))
+    assert main(["--debug", "dataset", "inspect", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "no registered dataset named 'nope'" in err
+    assert main(["dataset", "inspect", "nope"]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_third_party_noise_is_off_unless_debug(monkeypatch: pytest.MonkeyPatch) -> None:
+    import logging
+
+    from rllm.cli.quiet import QUIET_ENV, QUIET_LOGGERS
+
+    for name in QUIET_ENV:
+        monkeypatch.delenv(name, raising=False)
+    loggers = [logging.getLogger(name) for name in QUIET_LOGGERS]
+    before = [lg.level for lg in loggers]
+    try:
+        for lg in loggers:
+            lg.setLevel(logging.NOTSET)
+        assert main(["--debug", "cookbooks"]) == 0
+        assert "HF_HUB_DISABLE_PROGRESS_BARS" not in __import__("os").environ
+        assert logging.getLogger("rllm.engine.loop_lag").getEffectiveLevel() <= logging.WARNING
+        assert main(["cookbooks"]) == 0
+        assert __import__("os").environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+        for name in ("rllm.engine.loop_lag", "LiteLLM", "math_verify.parser"):
+            assert logging.getLogger(name).getEffectiveLevel() == logging.ERROR, name
+    finally:
+        for lg, level in zip(loggers, before, strict=True):
+            lg.setLevel(level)

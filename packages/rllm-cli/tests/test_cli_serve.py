@@ -74,7 +74,7 @@ def test_serve_a_tiny_model_for_eval_and_people(tmp_path: Path) -> None:
 
 def test_serve_refuses_a_path_that_is_not_a_model(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["serve", str(tmp_path / "nope")])
-    assert result.exit_code == 2 and "not a local model directory" in result.stderr
+    assert result.exit_code == 2 and "does not exist" in result.stderr
 
 
 def test_serve_names_the_backends_that_can_serve(tmp_path: Path) -> None:

@@ -97,7 +97,7 @@ def test_api_errors_are_404_with_a_reason(run_dir: Path, path: str, message: str
 
 
 def test_an_empty_directory_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(RunNotFoundError, match=r"no metrics\.jsonl or episode samples"):
+    with pytest.raises(RunNotFoundError, match=r"no metrics\.jsonl, episode samples or episodes\.jsonl"):
         RunView(tmp_path)
 
 
@@ -162,3 +162,48 @@ def test_a_schema1_run_directory_still_shows(tmp_path: Path) -> None:
     assert [t["id"] for t in tokens] == [21, 22]
     assert [t["logprob"] for t in tokens] == [-0.5, -0.25]
     assert view.episodes(7)[0]["completion_tokens"] == 2 + 1 + 2
+
+
+def test_an_eval_folder_is_shown_as_one_step_with_nothing_filtered(tmp_path: Path) -> None:
+    from rllm.types import to_json
+
+    episodes = [_episode("apple", 0, 1.0), _episode("lemon", 0, 0.0)]
+    (tmp_path / "episodes.jsonl").write_bytes(b"".join(to_json(e) + b"\n" for e in episodes) + b'{"torn')
+    (tmp_path / "results.jsonl").write_text("")
+    with ViewerServer(RunView(tmp_path)) as server:
+        _, run = get(server.url + "api/run")
+        assert run["kind"] == "eval" and run["steps"] == [0] and run["metrics"] == []
+        _, listed = get(server.url + "api/steps/0/episodes")
+        assert [(e["task_id"], e["reward"], e["trained"]) for e in listed] == [
+            ("apple", 1.0, None),
+            ("lemon", 0.0, None),
+        ]
+        _, shown = get(server.url + "api/steps/0/episodes/1")
+    tokens = shown["trajectories"][0]["steps"][0]["tokens"]
+    assert [t["mask"] for t in tokens] == [1, 1]  # nothing was filtered: nothing struck out
+    assert shown["trajectories"][0]["trained"] is None
+
+
+def test_turn_credited_steps_show_their_own_rewards(tmp_path: Path) -> None:
+    """The say evaluator credits each turn: the episode's reward is the mean, the trajectory's
+    own reward only the last turn's. The API gives each step's reward so the page agrees."""
+    steps = [
+        Step(prompt_ids=[1], completion_ids=[2], completion_logprobs=[-0.1], reward=1.0),
+        Step(prompt_ids=[1], completion_ids=[3], completion_logprobs=[-0.1]),
+    ]
+    episode = Episode(
+        task_id="t", trajectories=[Trajectory(steps=steps, reward=0.0)], metrics={"reward": 0.5}
+    )
+    write_episode_sample(tmp_path, 1, [episode], [], groups=1)
+    shown = RunView(tmp_path).episode(1, 0)
+    assert shown["reward"] == 0.5
+    assert shown["trajectories"][0]["step_rewards"] == [1.0, 0.0]
+
+
+def test_the_no_learning_warning_reaches_the_page(tmp_path: Path) -> None:
+    logger = MetricsLogger(tmp_path, tensorboard=False)
+    logger.log(1, {"reward/mean": 0.0, "train/sequences": 0})
+    logger.log(3, {"reward/mean": 0.0, "warning/no_trainable_sequences": "no trainable sequence in 3 steps"})
+    logger.close()
+    run = RunView(tmp_path).run()
+    assert run["warnings"] == ["no trainable sequence in 3 steps"]

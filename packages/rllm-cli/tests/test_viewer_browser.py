@@ -181,3 +181,108 @@ def test_an_image_stored_once_per_episode_is_shown_in_every_step(browser: object
         )
         shown = driver.find_elements(By.CSS_SELECTOR, ".msg.user img")
     assert len(shown) == 2 and all(i.get_attribute("src") == url for i in shown)
+
+
+def _fixes_run(tmp_path: Path) -> Path:
+    """A run whose step holds what the viewer used to show badly: a very long token strip, a
+    filtered episode, a turn-credited trajectory, a no-learning warning and a 12-step curve."""
+    from rllm.engine.metrics_log import MetricsLogger, write_episode_sample
+    from rllm.types import Episode, Message, Step, Trajectory
+
+    logger = MetricsLogger(tmp_path, tensorboard=False)
+    for step in range(1, 13):
+        row: dict[str, object] = {"reward/mean": step / 12, "train/sequences": 4}
+        if step == 3:
+            row["warning/no_trainable_sequences"] = "no trainable sequence in 3 steps in a row"
+        logger.log(step, row)
+    logger.close()
+    long_step = Step(
+        input=[Message(role="user", content="say: " + "x" * 3000)],
+        prompt_ids=[1],
+        completion_ids=list(range(100_000, 100_600)),  # 600 tokens shown as "#100000"...: no spaces
+        completion_logprobs=[-0.5] * 600,
+    )
+    turns = [
+        Step(prompt_ids=[1], completion_ids=[5], completion_logprobs=[-0.1], reward=1.0),
+        Step(prompt_ids=[1], completion_ids=[6], completion_logprobs=[-0.1]),
+    ]
+    trained_episode = Episode(
+        task_id="turns", trajectories=[Trajectory(steps=turns, reward=0.0)], metrics={"reward": 0.5}
+    )
+    filtered = Episode(
+        task_id="long", trajectories=[Trajectory(steps=[long_step], reward=0.0)], metrics={"reward": 0.0}
+    )
+    trained = [t.id for t in trained_episode.trajectories]
+    write_episode_sample(tmp_path, 12, [trained_episode, filtered], trained, groups=2)
+    return tmp_path
+
+
+def test_long_strips_wrap_filtered_tokens_read_rewards_agree_curves_have_ticks(
+    browser: object, tmp_path: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = browser
+    wait = WebDriverWait(driver, WAIT_S)
+    with ViewerServer(RunView(_fixes_run(tmp_path))) as server:
+        driver.get(server.url)
+        rows = wait.until(ec.presence_of_all_elements_located((By.CSS_SELECTOR, ".episode-row")))
+        # The warning is on the page.
+        banner = wait.until(ec.visibility_of_element_located((By.CSS_SELECTOR, "#warnings .warning")))
+        assert "no trainable sequence" in banner.text
+
+        # Turn credit: the trajectory line shows each step's reward, which the episode's mean agrees with.
+        wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, "#episode h2"), "turns"))
+        assert "episode reward 0.500" in driver.find_element(By.ID, "episode-summary").text
+        assert "step rewards 1.000, 0.000" in driver.find_element(By.CSS_SELECTOR, "h3.trajectory").text
+
+        # The long, filtered episode: its strip wraps inside the window, its tokens stay readable.
+        rows[1].click()
+        wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, "#episode h2"), "long"))
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".tokens .tok")) == 600)
+        overflow = driver.execute_script(
+            "const m = document.querySelector('main'), t = document.querySelector('.tokens');"
+            "return [document.documentElement.scrollWidth - window.innerWidth,"
+            " m.scrollWidth - m.clientWidth, t.scrollWidth - t.clientWidth];"
+        )
+        assert overflow == [0, 0, 0], overflow
+        token = driver.find_element(By.CSS_SELECTOR, ".tok.masked")
+        assert token.value_of_css_property("opacity") == "1"
+        assert "line-through" not in token.value_of_css_property("text-decoration-line")
+        assert "filtered" in driver.find_element(By.CSS_SELECTOR, "h3.trajectory").text
+
+        # Curves: the panel's full width, ticks and labels on both axes.
+        driver.find_element(By.ID, "tab-curves").click()
+        svg = wait.until(ec.visibility_of_element_located((By.CSS_SELECTOR, "#curves svg")))
+        panel = driver.find_element(By.ID, "curves")
+        assert svg.size["width"] >= 0.9 * panel.size["width"]
+        yticks = [t.text for t in driver.find_elements(By.CSS_SELECTOR, "#curves text.ytick")]
+        xticks = [t.text for t in driver.find_elements(By.CSS_SELECTOR, "#curves text.xtick")]
+        assert len(yticks) >= 4 and len(xticks) >= 4, (yticks, xticks)
+        assert all(float(y) == float(y) for y in yticks) and {"2", "10"} <= set(xticks)
+
+
+def test_an_eval_folder_is_viewable(browser: object, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from rllm.types import Episode, Step, Trajectory, to_json
+
+    step = Step(prompt_ids=[1], completion_ids=[7, 8], completion_logprobs=[-0.2, -1.5])
+    episodes = [
+        Episode(task_id=f"t{i}", trajectories=[Trajectory(steps=[step])], metrics={"reward": float(i % 2)})
+        for i in range(3)
+    ]
+    (tmp_path / "episodes.jsonl").write_bytes(b"".join(to_json(e) + b"\n" for e in episodes))
+    driver = browser
+    wait = WebDriverWait(driver, WAIT_S)
+    with ViewerServer(RunView(tmp_path)) as server:
+        driver.get(server.url)
+        wait.until(ec.text_to_be_present_in_element((By.ID, "step-select"), "evaluation"))
+        rows = wait.until(ec.presence_of_all_elements_located((By.CSS_SELECTOR, ".episode-row")))
+        assert len(rows) == 3 and "filtered" not in rows[0].text
+        wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, ".tokens .tok")))
+        assert not driver.find_elements(By.CSS_SELECTOR, ".tok.masked")

@@ -104,3 +104,17 @@ def test_any_crash_and_resume_sequence_leaves_one_history(
         step = max(crash, resumed)
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(1, step + 1))
     assert sample_steps(out) == list(range(1, step + 1))
+
+
+def test_sample_always_keeps_the_best_and_the_worst_group(tmp_path: Path) -> None:
+    # The step's only successful group is its last task: it must be viewable.
+    episodes = []
+    for task, reward in (("a", 0.5), ("b", 0.5), ("c", 0.0), ("d", 1.0)):
+        for i in range(2):
+            episode = _episode(task, i)
+            episode.metrics["reward"] = reward
+            episodes.append(episode)
+    for groups, kept in ((1, ["d", "c"]), (2, ["d", "c"]), (3, ["a", "c", "d"])):
+        path = write_episode_sample(tmp_path, groups, episodes, [], groups=groups)
+        assert path is not None
+        assert sorted({e.task_id for e in read_episode_sample(path).episodes}) == sorted(kept), groups

@@ -335,3 +335,21 @@ async def test_run_one_takes_the_model_name_per_rollout(flows, upstream, workers
         old, new = await asyncio.gather(engine.run_one(task), engine.run_one(task, model="policy-v2"))
     assert (old.artifacts["model"], new.artifacts["model"]) == ("policy-v1", "policy-v2")
     assert engine.config.model == "policy-v1"
+
+
+async def test_ctrl_c_leaves_the_workers_to_the_parent(flows, upstream):
+    """Ctrl-C signals the whole process group: workers ignore it (no KeyboardInterrupt
+    tracebacks), keep serving, and exit cleanly when the parent closes them."""
+    import signal
+
+    config = RolloutConfig(n=1, concurrency=4, workers=2, progress=False)
+    async with RolloutEngine(flows.two_turns, None, config, upstreams=[upstream.url]) as engine:
+        assert engine._pool is not None
+        processes = [w.process for w in engine._pool.workers]
+        for process in processes:
+            os.kill(process.pid, signal.SIGINT)
+        episodes = await engine.run(_tasks(8))
+    assert all(ep.termination_reason == TerminationReason.DONE for ep in episodes), [
+        ep.error for ep in episodes
+    ]
+    assert [p.exitcode for p in processes] == [0, 0]

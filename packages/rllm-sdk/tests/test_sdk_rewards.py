@@ -128,3 +128,20 @@ async def test_llm_judge_calls_a_real_openai_compatible_server():
     assert (bad.reward, bad.is_correct) == (0.0, False)
     assert "Capital of France?" in seen[0] and "Reference answer:\nParis" in seen[0]
     assert good.metadata["judge_reply"].endswith("VERDICT: CORRECT")
+
+
+@pytest.mark.skipif(not HAS_MATH_VERIFY, reason="math-verify not installed (rllm-sdk[math])")
+def test_grading_in_a_thread_does_not_warn_about_its_disabled_timeout(caplog) -> None:
+    """Engines grade in worker threads, where the timeout is off on purpose: math-verify's
+    "Timeout is disabled" warning (one per call) must not flood the output; other warnings pass."""
+    import logging
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rllm.sdk.rewards import grade_math
+
+    caplog.set_level(logging.WARNING)
+    with ThreadPoolExecutor(1) as pool:
+        assert pool.submit(grade_math, "so \\boxed{\\frac{1}{2}}", "0.5").result()
+    assert not [r for r in caplog.records if "Timeout is disabled" in r.getMessage()]
+    logging.getLogger("math_verify.parser").warning("something else")
+    assert [r for r in caplog.records if r.getMessage() == "something else"]

@@ -62,6 +62,14 @@ def info(name: str) -> int:
     out.print("splits: " + ", ".join(sizes))
     out.print(f"flow: {_qualname(cookbook.flow)}")
     out.print(f"evaluator: {_qualname(cookbook.evaluator)}")
+    options = cookbook.train_defaults.get("backend", {}).get("options", {})
+    model = options.get("model", "tiny")
+    out.print(
+        f"model (rllm train): {model}"
+        + (" (a tiny random model built for the cookbook)" if model == "tiny" else "")
+        + "; set backend.options.model to change it",
+        highlight=False,
+    )
     out.print("train defaults (override with `rllm train NAME key.sub=value`):")
     out.print_json(json.dumps(cookbook.train_defaults, default=str))
     return 0

@@ -10,7 +10,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from rllm.cli.registry import ColumnMap, DatasetRegistry, hub_cache, read_local_file
+from rllm.cli.registry import ColumnMap, DatasetRegistry, hub_cache, quiet_datasets, read_local_file
 
 out = Console()
 err = Console(stderr=True)
@@ -31,6 +31,7 @@ def _columns(func: Any) -> Any:
     func = click.option(
         "--instruction-column", default="question", show_default=True, help="column holding the prompt"
     )(func)
+    func = click.option("--force", is_flag=True, help="replace the split if NAME already has it")(func)
     return click.option("--split", default="train", show_default=True, help="split name to store as")(func)
 
 
@@ -64,7 +65,8 @@ def list_datasets() -> int:
     for name in registry.names():
         info = registry.info(name)
         splits = ", ".join(f"{s} ({i.rows})" for s, i in info.splits.items())
-        table.add_row(name, splits, info.source)
+        sources = dict.fromkeys(info.split_source(s) for s in info.splits)
+        table.add_row(name, splits, ", ".join(sources))
     out.print(table)
     return 0
 
@@ -77,18 +79,25 @@ def register(
     name: str,
     path: Path,
     split: str,
+    force: bool,
     instruction_column: str,
     ground_truth_column: str,
     id_column: str | None,
 ) -> int:
     """Register a local jsonl, json, parquet or csv file as dataset NAME (one split).
 
+    A split NAME already has is refused unless --force.
+
     \b
     Example:
       rllm dataset register mymath train.jsonl --instruction-column problem --answer-column solution
+      rllm dataset register mymath test.jsonl --split test
     """
     columns = _column_map(instruction_column, ground_truth_column, id_column)
-    info = DatasetRegistry().add(name, str(path), split, columns, read_local_file(path))
+    registry = DatasetRegistry()
+    if not force:
+        registry.check_new_split(name, split)  # before reading the file
+    info = registry.add(name, str(path), split, columns, read_local_file(path), force=True)
     err.print(f"registered {name}/{split}: {info.splits[split].rows} tasks")
     return 0
 
@@ -105,6 +114,7 @@ def pull(
     hub_config: str | None,
     hub_split: str | None,
     split: str,
+    force: bool,
     instruction_column: str,
     ground_truth_column: str,
     id_column: str | None,
@@ -115,12 +125,15 @@ def pull(
     Example:
       rllm dataset pull openai/gsm8k --config main --split test --answer-column answer
     """
-    import datasets
-
-    data = datasets.load_dataset(hub_name, hub_config, split=hub_split or split, cache_dir=str(hub_cache()))
-    columns = _column_map(instruction_column, ground_truth_column, id_column)
     local = name or hub_name.rsplit("/", 1)[-1]
-    info = DatasetRegistry().add(local, f"hf:{hub_name}", split, columns, data)
+    registry = DatasetRegistry()
+    if not force:
+        registry.check_new_split(local, split)  # before the download
+    data = quiet_datasets().load_dataset(
+        hub_name, hub_config, split=hub_split or split, cache_dir=str(hub_cache())
+    )
+    columns = _column_map(instruction_column, ground_truth_column, id_column)
+    info = registry.add(local, f"hf:{hub_name}", split, columns, data, force=True)
     err.print(f"registered {local}/{split}: {info.splits[split].rows} tasks")
     return 0
 
@@ -139,12 +152,15 @@ def inspect(name: str, split: str | None, rows: int) -> int:
     registry = DatasetRegistry()
     info = registry.info(name)
     split = split or next(iter(info.splits))
-    out.print(f"[bold]{name}[/bold] from {info.source}")
-    out.print(
-        f"columns: instruction <- {info.columns.instruction}, ground_truth <- {info.columns.ground_truth}, "
-        f"id <- {info.columns.id or '(row number)'}"
-    )
-    out.print("splits: " + ", ".join(f"{s} ({i.rows} rows)" for s, i in info.splits.items()))
+    out.print(f"[bold]{name}[/bold]")
+    for each, split_info in info.splits.items():
+        columns = info.split_columns(each)
+        out.print(
+            f"split {each}: {split_info.rows} rows from {info.split_source(each)}; columns: instruction <- "
+            f"{columns.instruction}, ground_truth <- {columns.ground_truth}, id <- {columns.id or '(row number)'}",
+            highlight=False,
+            soft_wrap=True,
+        )
     table = Table(title=f"{name}/{split}")
     for column in ("id", "instruction", "ground_truth", "metadata"):
         table.add_column(column, overflow="fold")

@@ -56,6 +56,8 @@ class CliError(RLLMError, click.ClickException):
 def as_cli_error(exc: BaseException) -> CliError:
     """Turn an exception from the work into the one-line error the user sees."""
     hint = next((h for t, h in HINTS.items() if isinstance(exc, t)), None)
+    if isinstance(exc, ConfigError) and not exc.key:
+        hint = None  # about a file as a whole ("does not exist", "not valid TOML"): the keys do not help
     code = BAD_INPUT if isinstance(exc, INPUT_ERRORS) else FAILED
     message = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
     if code == FAILED:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -13,11 +15,12 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from rllm.cli.errors import CliError
+from rllm.cli.errors import FAILED, CliError
 from rllm.cli.registry import DatasetRegistry
 from rllm.engine.evaluation import EvalSummary, evaluate
 from rllm.engine.plugins import COOKBOOKS_GROUP, PluginNotFoundError, available, load_cookbook
 from rllm.runtime.event_loop import run
+from rllm.sdk.cookbook import Cookbook
 from rllm.types import ConfigError, SamplingParams, Task
 from rllm.types.config_file import apply_overrides
 
@@ -54,6 +57,13 @@ from rllm.types.config_file import apply_overrides
     metavar="KEY=VALUE",
     help="a cookbook option (its Cookbook.configure), e.g. --option judge_model=NAME; repeatable",
 )
+@click.option(
+    "--max-infra-errors",
+    type=click.FloatRange(0.0, 1.0),
+    default=0.5,
+    show_default=True,
+    help="fail (exit 1) when more than this fraction of rollouts failed for infrastructure reasons",
+)
 @click.option("--progress/--no-progress", default=True, help="show a progress bar")
 def eval_command(
     name: str,
@@ -71,12 +81,15 @@ def eval_command(
     evaluator: str | None,
     out: Path | None,
     options: tuple[str, ...],
+    max_infra_errors: float,
     progress: bool,
 ) -> int:
     """Evaluate cookbook NAME (or registered dataset NAME with --agent) and print a summary.
 
     Writes OUT/results.jsonl (one line per task), episodes.jsonl and summary.json; re-running
-    with the same --out skips finished tasks.
+    with the same --out skips finished tasks and retries those that failed for infrastructure
+    reasons. The first errors are printed; more than --max-infra-errors of the rollouts failing
+    for infrastructure reasons (dead endpoint, missing credentials) exits 1.
 
     \b
     Example:
@@ -115,7 +128,44 @@ def eval_command(
 
     summary = run(go(), uvloop_default=False)
     Console().print(summary_table(summary, title=f"{name} ({split}) -> {out_dir}"))
+    report_errors(summary, max_infra_errors)
     return 0
+
+
+def report_errors(summary: EvalSummary, max_infra_errors: float) -> None:
+    """Print the first failed attempts' errors; a CliError (exit 1) when too many rollouts failed
+    for infrastructure reasons, since their accuracy says nothing about the model."""
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    n = summary.num_rollouts
+    failing = bool(n and summary.infra_errors / n > max_infra_errors)
+    first_infra = next((e for e in summary.errors if e.startswith("infra_error: ")), "")
+    for text in summary.errors:
+        if not (failing and text == first_infra):  # that one is the error line below
+            reason, _, message = text.partition(": ")
+            err.print(f"[yellow]failed attempt ({reason}):[/yellow] {root_cause(message)[:500]}")
+    if failing:
+        raise CliError(
+            f"{summary.infra_errors} of {n} rollouts failed for infrastructure reasons "
+            f"(more than --max-infra-errors {max_infra_errors:g}): "
+            f"{root_cause(first_infra.removeprefix('infra_error: '))[:500]}",
+            hint="fix the endpoint or credentials; re-running with the same --out retries only those",
+            exit_code=FAILED,
+        )
+
+
+# Where the wrapped messages of the gateway and its clients quote the error that caused them.
+_CAUSE_MARKERS = ("last error: ", "hosted provider failed: ")
+_WRAPPER_PREFIX = re.compile(r"^(?:(?:[\w.]+(?:Error|Exception)|Error code: \d+)(?::| -) )+")
+
+
+def root_cause(text: str) -> str:
+    """The innermost cause of an attempt's error text: what the gateway quotes as its last error,
+    without the client and provider exception names wrapped around it
+    ("Missing credentials ... OPENAI_API_KEY", not "hosted provider failed: InternalServerError")."""
+    for marker in _CAUSE_MARKERS:
+        if marker in text:
+            text = text.rsplit(marker, 1)[1]
+    return _WRAPPER_PREFIX.sub("", text) or text
 
 
 def parse_options(items: tuple[str, ...]) -> dict[str, Any]:
@@ -150,6 +200,44 @@ def resolve_eval_target(
         f"no cookbook or registered dataset named {name!r} "
         f"(cookbooks: {', '.join(available(COOKBOOKS_GROUP)) or 'none'}; "
         f"datasets: {', '.join(registry.names()) or 'none'})"
+    )
+
+
+def train_cookbook(name: str, agent: str | None, evaluator: str | None) -> Cookbook:
+    """What `rllm train NAME` trains: cookbook NAME (its flow or evaluator replaced by --agent /
+    --evaluator when given), or registered dataset NAME with --agent's flow and training defaults
+    and --evaluator's (default: --agent's) grader, the same rule as `rllm eval`."""
+    if name in available(COOKBOOKS_GROUP):
+        cookbook = load_cookbook(name)
+        if not agent and not evaluator:
+            return cookbook
+        flow = _load_object(agent, "flow") if agent else cookbook.flow
+        grader = _load_object(evaluator, "evaluator") if evaluator else cookbook.evaluator
+        return dataclasses.replace(cookbook, flow=flow, evaluator=grader)
+    registry = DatasetRegistry()
+    if not registry.has(name):
+        raise PluginNotFoundError(
+            f"no cookbook or registered dataset named {name!r} "
+            f"(cookbooks: {', '.join(available(COOKBOOKS_GROUP)) or 'none'}; "
+            f"datasets: {', '.join(registry.names()) or 'none'})"
+        )
+    if not agent:
+        raise CliError(
+            f"dataset {name!r} needs --agent (a cookbook name or module:attr flow)",
+            hint=f"e.g. rllm train {name} --agent math",
+        )
+    splits = tuple(registry.info(name).splits)
+    defaults = dict(load_cookbook(agent).train_defaults) if ":" not in agent else {}
+    if defaults.get("val_split") not in splits:  # the agent's cookbook validates on its own split
+        defaults = {k: v for k, v in defaults.items() if k not in ("val_split", "val_every", "val_tasks")}
+    return Cookbook(
+        name=name,
+        flow=_load_object(agent, "flow"),
+        evaluator=_load_object(evaluator or agent, "evaluator"),
+        load_tasks=lambda split: registry.load_tasks(name, split),
+        description=f"registered dataset {name} with the {agent} agent",
+        splits=splits,
+        train_defaults=defaults,
     )
 
 

@@ -3,7 +3,8 @@
 rllm train NAME [key.sub=value ...]     rllm eval NAME --base-url URL | --model openai/...
 rllm dataset list|pull|register|inspect|remove
 rllm cookbook list|info NAME            rllm cookbooks | rllm backends
-rllm view RUN_DIR                       rllm serve MODEL_PATH
+rllm view RUN_DIR                       rllm serve RUN_DIR | MODEL_PATH
+rllm export RUN_DIR --to DIR
 rllm gateway serve [...]                rllm model init-tiny PATH
 """
 
@@ -20,7 +21,9 @@ from rich.console import Console
 from rllm.cli.cookbook import cookbook_group
 from rllm.cli.dataset import dataset_group
 from rllm.cli.errors import BAD_INPUT, INTERRUPTED, CliError, as_cli_error
-from rllm.cli.eval_cmd import eval_command
+from rllm.cli.eval_cmd import eval_command, train_cookbook
+from rllm.cli.export_cmd import export_command
+from rllm.cli.quiet import QUIET_LOGGERS, quiet_third_party
 from rllm.cli.serve import serve_command
 from rllm.cli.view_cmd import view_command
 from rllm.engine.plugins import BACKENDS_GROUP, COOKBOOKS_GROUP, available, load_cookbook
@@ -36,6 +39,10 @@ class RllmGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except CliError:
+            if ctx.params.get("debug"):  # --debug promises a traceback for every failure
+                console.print_exception()
+            raise
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except KeyboardInterrupt:
@@ -61,6 +68,8 @@ def cli(debug: bool) -> None:
       eval "$(_RLLM_COMPLETE=bash_source rllm)"
     """
     logging.basicConfig(level=logging.WARNING)
+    if not debug:
+        quiet_third_party()
 
 
 @cli.command(context_settings=PASS_THROUGH)
@@ -72,6 +81,9 @@ def cli(debug: bool) -> None:
 )
 @click.option("--out", default=None, help="run directory (default runs/NAME)")
 @click.option("--resume", is_flag=True, help="continue from the run directory's latest checkpoint")
+@click.option("--overwrite", is_flag=True, help="replace an earlier run in the run directory")
+@click.option("--agent", default=None, help="cookbook name or module:attr whose flow trains (datasets)")
+@click.option("--evaluator", default=None, help="cookbook name or module:attr that grades (datasets)")
 @click.option("-v", "--verbose", is_flag=True, help="log at INFO level")
 def train(
     name: str,
@@ -80,21 +92,40 @@ def train(
     config: Path | None,
     out: str | None,
     resume: bool,
+    overwrite: bool,
+    agent: str | None,
+    evaluator: str | None,
     verbose: bool,
 ) -> int:
-    """Train cookbook NAME's agent; `key.sub=value` arguments override the config.
+    """Train cookbook NAME's agent (or registered dataset NAME with --agent, as in `rllm eval`);
+    `key.sub=value` arguments override the config.
 
     \b
     Example:
       rllm train say-single --out runs/demo total_steps=20 rollout.concurrency=32
       rllm train say-single --out runs/demo --resume
+      rllm train say-single --out runs/demo --overwrite
+      rllm train mymath --agent math
+
+    A run directory that holds an earlier run is refused unless --resume or --overwrite.
     """
     from rllm.engine.launch import build_trainer
 
     if verbose:
         logging.getLogger().setLevel(logging.INFO)
-    trainer = build_trainer(name, config_path=config, overrides=list(overrides), backend=backend, out_dir=out)
-    result = run(trainer.fit(resume=resume), uvloop_default=False)
+        for quieted in QUIET_LOGGERS:
+            logging.getLogger(quieted).setLevel(logging.NOTSET)
+    trainer = build_trainer(
+        name,
+        cookbook=train_cookbook(name, agent, evaluator),
+        config_path=config,
+        overrides=list(overrides),
+        backend=backend,
+        out_dir=out,
+        resume=resume,
+        overwrite=overwrite,
+    )
+    result = run(trainer.fit(resume=resume, overwrite=overwrite), uvloop_default=False)
     reward = (
         f"reward {result.first_reward:.3f} -> {result.final_reward:.3f}; "
         if result.first_reward is not None and result.final_reward is not None
@@ -102,8 +133,15 @@ def train(
     )
     console.print(
         f"[bold green]done[/bold green]: {result.steps} steps in {result.wall_s:.0f} s; "
-        f"{reward}run dir {result.out_dir}" + (f"; plot {result.plot}" if result.plot else "")
+        f"{reward}run dir {result.out_dir}" + (f"; plot {result.plot}" if result.plot else ""),
+        soft_wrap=True,  # paths stay whole, to be copied
     )
+    if result.checkpoint:
+        console.print(
+            f"checkpoint {result.checkpoint} (rllm serve {result.out_dir})", highlight=False, soft_wrap=True
+        )
+    for warning in result.warnings:
+        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
     return 0
 
 
@@ -137,10 +175,26 @@ def list_cookbooks() -> int:
     return 0
 
 
+# What each bundled backend needs beyond `uv sync` (a backend from elsewhere shows its package).
+BACKEND_NEEDS: dict[str, str] = {
+    "tinker": "local: torch (CPU or one GPU); remote: the tinker SDK and TINKER_API_KEY",
+    "verl": "the verl extra (verl, ray, vllm) and GPUs; CPU runs need external vLLM servers",
+    "fireworks": "the fireworks-ai training SDK and FIREWORKS_API_KEY",
+}
+DEFAULT_BACKEND = "tinker"
+
+
 @cli.command("backends")
 def list_backends() -> int:
-    """List installed training backends."""
-    click.echo("\n".join(available(BACKENDS_GROUP)))
+    """List installed training backends: the default, and what each needs.
+
+    \b
+    Example:
+      rllm backends
+    """
+    for name in available(BACKENDS_GROUP):
+        default = " (default)" if name == DEFAULT_BACKEND else ""
+        click.echo(f"{name}{default}: needs {BACKEND_NEEDS.get(name, 'see its package README')}")
     return 0
 
 
@@ -148,6 +202,10 @@ def list_backends() -> int:
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def gateway(args: tuple[str, ...]) -> int:
     """Run the rLLM gateway: the same server as `rllm-gateway serve`.
+
+    \b
+    Subcommands:
+      serve   run the gateway until SIGINT/SIGTERM (`rllm gateway serve --help` for its flags)
 
     \b
     Example:
@@ -167,6 +225,7 @@ cli.add_command(view_command)
 cli.add_command(dataset_group)
 cli.add_command(cookbook_group)
 cli.add_command(serve_command)
+cli.add_command(export_command)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,16 +31,27 @@ class ColumnMap(msgspec.Struct, kw_only=True):
 
 
 class SplitInfo(msgspec.Struct, kw_only=True):
+    """One stored split, with where it came from and how its columns were mapped (splits of
+    one dataset may come from different files with different columns)."""
+
     rows: int
     file: str
+    source: str = ""  # empty in indexes written before splits kept their own: the dataset's
+    columns: ColumnMap | None = None
 
 
 class DatasetInfo(msgspec.Struct, kw_only=True):
     name: str
-    source: str
+    source: str  # the first split's (see SplitInfo for each split's own)
     columns: ColumnMap
     splits: dict[str, SplitInfo] = msgspec.field(default_factory=dict)
     created: float = 0.0
+
+    def split_source(self, split: str) -> str:
+        return self.splits[split].source or self.source
+
+    def split_columns(self, split: str) -> ColumnMap:
+        return self.splits[split].columns or self.columns
 
 
 def rllm_home() -> Path:
@@ -88,19 +99,37 @@ class DatasetRegistry:
             )
         return index[name]
 
-    def add(self, name: str, source: str, split: str, columns: ColumnMap, hf_dataset: Any) -> DatasetInfo:
-        """Map ``hf_dataset`` (a ``datasets.Dataset``) to Task rows and store it as NAME/SPLIT."""
+    def check_new_split(self, name: str, split: str) -> None:
+        """Refuse to replace a registered split silently (``force`` in :meth:`add` replaces it)."""
+        _check_name(name)
+        entry = self._index().get(name)
+        if entry is not None and split in entry.splits:
+            raise CliError(
+                f"dataset {name!r} already has split {split!r} ({entry.splits[split].rows} rows "
+                f"from {entry.split_source(split)})",
+                hint="pass --force to replace it, or --split NAME to add another split",
+            )
+
+    def add(
+        self, name: str, source: str, split: str, columns: ColumnMap, hf_dataset: Any, *, force: bool = False
+    ) -> DatasetInfo:
+        """Map ``hf_dataset`` (a ``datasets.Dataset``) to Task rows and store it as NAME/SPLIT;
+        an existing NAME/SPLIT is refused unless ``force``."""
+        if not force:
+            self.check_new_split(name, split)
         _check_name(name)
         rows = to_task_rows(hf_dataset, columns, source)
+        if not rows:
+            raise CliError(f"{source} has no rows")
         folder = self.root / name
         folder.mkdir(parents=True, exist_ok=True)
-        import datasets
-
+        datasets = quiet_datasets()
         datasets.Dataset.from_list(rows).to_parquet(str(folder / f"{split}.parquet"))
         index = self._index()
         entry = index.get(name) or DatasetInfo(name=name, source=source, columns=columns, created=time.time())
-        entry.splits[split] = SplitInfo(rows=len(rows), file=f"{name}/{split}.parquet")
-        entry.source, entry.columns = source, columns
+        entry.splits[split] = SplitInfo(
+            rows=len(rows), file=f"{name}/{split}.parquet", source=source, columns=columns
+        )
         index[name] = entry
         self._save(index)
         return entry
@@ -116,8 +145,7 @@ class DatasetRegistry:
         info = self.info(name)
         if split not in info.splits:
             raise CliError(f"dataset {name!r} has no split {split!r} (splits: {', '.join(info.splits)})")
-        import datasets
-
+        datasets = quiet_datasets()
         data = datasets.Dataset.from_parquet(str(self.root / info.splits[split].file))
         if limit is not None:
             data = data.select(range(min(limit, len(data))))
@@ -136,7 +164,15 @@ class DatasetRegistry:
 
 
 def read_local_file(path: Path) -> Any:
-    """A ``datasets.Dataset`` from a local jsonl, json, parquet or csv file."""
+    """A ``datasets.Dataset`` from a local jsonl, json, parquet or csv file.
+
+    The usual mistakes get a plain sentence naming the file (and the line), checked here before
+    ``datasets`` sees the file: its own errors (DatasetGenerationError, StopIteration, pyarrow's
+    text) say neither."""
+    if path.is_dir():
+        raise CliError(
+            f"{path} is a directory, not a file", hint="name one .jsonl, .json, .parquet or .csv file"
+        )
     if not path.is_file():
         raise CliError(f"file {path} does not exist")
     kind = FORMATS.get(path.suffix.lower())
@@ -144,12 +180,69 @@ def read_local_file(path: Path) -> Any:
         raise CliError(
             f"file {path}: unsupported format {path.suffix!r} (use .jsonl, .json, .parquet or .csv)"
         )
+    check_local_file(path)
+    datasets = quiet_datasets()
+    try:
+        data = datasets.load_dataset(kind, data_files=str(path), split="train", cache_dir=str(hub_cache()))
+    except Exception as exc:  # datasets raises many types for a malformed file; name the file
+        raise CliError(f"file {path} is not valid {path.suffix.lstrip('.')}: {_first_line(exc)}") from None
+    if len(data) == 0:
+        raise CliError(f"file {path} has no rows")
+    return data
+
+
+def check_local_file(path: Path) -> None:
+    """Plain sentences for an empty file, a binary text file, a header-only CSV, a line of a
+    JSONL file that is not a JSON object, and a JSON file that is not JSON."""
+    data = path.read_bytes()
+    if not data.strip():
+        raise CliError(f"file {path} is empty")
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        return
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CliError(
+            f"file {path} is not text (not UTF-8 at byte {exc.start}): is it really {suffix}?"
+        ) from None
+    if "\0" in text:
+        raise CliError(f"file {path} is not text (it holds NUL bytes): is it really {suffix}?")
+    if suffix == ".csv" and len([line for line in text.splitlines() if line.strip()]) < 2:
+        raise CliError(f"file {path} has a header but no rows")
+    if suffix == ".jsonl":
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise CliError(
+                    f"line {number} of {path} is not JSON: {exc.msg} (column {exc.colno})"
+                ) from None
+            if not isinstance(row, dict):
+                raise CliError(f"line {number} of {path} is not a JSON object (one row per line)")
+    if suffix == ".json":
+        try:
+            json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CliError(
+                f"file {path} is not JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
+            ) from None
+
+
+def quiet_datasets() -> Any:
+    """The ``datasets`` module with its progress bars off: register and inspect print one line."""
     import datasets
 
-    try:
-        return datasets.load_dataset(kind, data_files=str(path), split="train", cache_dir=str(hub_cache()))
-    except Exception as exc:  # datasets raises many types for a malformed file; name the file
-        raise CliError(f"file {path} is not valid {kind}: {type(exc).__name__}: {exc}") from None
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    return datasets
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def to_task_rows(hf_dataset: Any, columns: ColumnMap, source: str) -> list[dict[str, Any]]:

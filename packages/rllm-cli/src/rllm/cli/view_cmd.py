@@ -41,7 +41,8 @@ TABLE_COLUMNS = {
 def view_command(
     run_dir: Path, host: str, port: int, table: bool, open_browser: bool, tokenizer: Path | None
 ) -> int:
-    """Browse RUN_DIR: episodes per step, messages, tokens coloured by logprob, curves.
+    """Browse RUN_DIR (a `rllm train` run or a `rllm eval` folder): episodes per step, messages,
+    tokens coloured by logprob, curves.
 
     \b
     Example:
@@ -53,7 +54,9 @@ def view_command(
     try:
         run_view = RunView(run_dir, tokenizer)
     except RunNotFoundError as exc:
-        raise CliError(str(exc), hint="point it at a `rllm train` run directory") from None
+        raise CliError(
+            str(exc), hint="point it at a `rllm train` run folder or a `rllm eval` output folder"
+        ) from None
     try:
         server = ViewerServer(run_view, host=host, port=port)
     except OSError as exc:

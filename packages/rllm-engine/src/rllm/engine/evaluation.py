@@ -5,7 +5,9 @@ attaches to ``gateway_url``, runs ``attempts`` rollouts per task through the Rol
 appends one JSON line per finished task to ``<output_dir>/results.jsonl`` as soon as the task's
 attempts are done (with ``episodes.jsonl`` holding the full episodes when ``save_episodes``).
 Re-running with the same ``output_dir`` skips tasks that already have a line with enough
-attempts, so an interrupted evaluation resumes where it stopped. ``summary.json`` is rewritten
+attempts, so an interrupted evaluation resumes where it stopped; a task with an attempt that
+failed for infrastructure reasons (a dead endpoint, missing credentials) is not a result and is
+run again. ``summary.json`` is rewritten
 at the end from every line in results.jsonl.
 """
 
@@ -69,6 +71,27 @@ class EvalSummary(msgspec.Struct):
     wall_s: float = 0.0
     # Mean of each evaluator signal over the attempts that reported it.
     signals: dict[str, float] = msgspec.field(default_factory=dict)
+    # Attempts that failed for infrastructure reasons (termination "infra_error").
+    infra_errors: int = 0
+    # The first distinct error texts of failed attempts (infrastructure ones first), for the user.
+    errors: list[str] = msgspec.field(default_factory=list)
+
+
+INFRA_ERROR = "infra_error"
+MAX_ERRORS_SHOWN = 3
+
+
+def is_finished(row: TaskResult, attempts: int) -> bool:
+    """A task is done when it has its attempts and none failed for infrastructure reasons (those
+    say nothing about the model: a resumed evaluation runs the task again)."""
+    return len(row.attempts) >= attempts and not any(
+        a.termination_reason == INFRA_ERROR for a in row.attempts
+    )
+
+
+def first_errors(attempts: Iterable[AttemptResult], limit: int = MAX_ERRORS_SHOWN) -> list[str]:
+    failed = sorted((a for a in attempts if a.error), key=lambda a: a.termination_reason != INFRA_ERROR)
+    return list(dict.fromkeys(f"{a.termination_reason}: {a.error}" for a in failed))[:limit]
 
 
 def attempt_result(episode: Episode) -> AttemptResult:
@@ -159,6 +182,8 @@ def summarize(
         resumed_tasks=resumed,
         wall_s=wall_s,
         signals=_signal_means(flat),
+        infra_errors=termination.get(INFRA_ERROR, 0),
+        errors=first_errors(flat),
     )
 
 
@@ -235,7 +260,7 @@ async def evaluate(
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.jsonl"
     previous = read_results(results_path)
-    done_ids = {tid for tid, row in previous.items() if len(row.attempts) >= attempts}
+    done_ids = {tid for tid, row in previous.items() if is_finished(row, attempts)}
     todo = [t for t in tasks if t.id not in done_ids]
     _drop_torn_tail(results_path)
 

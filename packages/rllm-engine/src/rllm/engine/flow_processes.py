@@ -19,6 +19,7 @@ import contextlib
 import logging
 import multiprocessing
 import pickle
+import signal
 import socket
 import struct
 import time
@@ -122,6 +123,10 @@ class _Frames(asyncio.Protocol):
 def _worker_main(sock: socket.socket, engine_kwargs: dict[str, Any]) -> None:
     """Entry point of a worker process."""
     from rllm.runtime.event_loop import run
+
+    # Ctrl-C reaches the whole process group: the parent alone handles it and closes the pipe,
+    # which shuts this worker down; a KeyboardInterrupt here would only print tracebacks.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     run(_serve(sock, engine_kwargs))
 

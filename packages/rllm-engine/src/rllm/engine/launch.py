@@ -2,6 +2,10 @@
 
 Config precedence (lowest first): the cookbook's ``train_defaults``, the config file, then
 ``--backend`` and ``key.sub=value`` overrides from the command line.
+
+Everything that can be checked is checked before anything is built or written: the config,
+the cookbook's options, the run folder (``--resume``/``--overwrite``), the backend's own options
+and the algorithm against the backend. Only then is the tiny model built and the backend made.
 """
 
 from __future__ import annotations
@@ -11,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from rllm.engine.plugins import backend_class, load_cookbook
-from rllm.engine.trainer import Trainer
-from rllm.engine.trainer_config import load_config
+from rllm.engine.run_folder import check_run_folder
+from rllm.engine.trainer import Trainer, validate_algorithm
+from rllm.engine.trainer_config import TrainerConfig, load_config
 from rllm.sdk.cookbook import Cookbook
 from rllm.types import ConfigError
 
@@ -26,8 +31,15 @@ def build_trainer(
     overrides: list[str] | tuple[str, ...] = (),
     backend: str | None = None,
     out_dir: str | None = None,
+    resume: bool | None = None,
+    overwrite: bool = False,
+    cookbook: Cookbook | None = None,
 ) -> Trainer:
-    cookbook = load_cookbook(name)
+    """The Trainer for cookbook ``name`` (or for ``cookbook`` itself, named ``name``, e.g. a
+    registered dataset with another cookbook's agent); pass the same ``resume``/``overwrite``
+    to its ``fit``. Given ``resume`` (True or False), the run folder is checked here, before
+    anything is built; left None, only ``fit`` checks it."""
+    cookbook = cookbook or load_cookbook(name)
     base: dict[str, Any] = {"out_dir": f"runs/{name}", **cookbook.train_defaults, "cookbook": name}
     flags = [f"backend.name={backend}"] if backend else []
     flags += [f"out_dir={out_dir}"] if out_dir else []
@@ -36,17 +48,52 @@ def build_trainer(
         cookbook = cookbook.with_options(config.cookbook_options)
     except ValueError as exc:
         raise ConfigError(f"config key `cookbook_options`: {exc}", key="cookbook_options") from None
+    check_splits(config, cookbook)
+    if resume is not None:
+        check_run_folder(Path(config.out_dir), resume=resume, overwrite=overwrite)
     cls = backend_class(config.backend.name)
     options = dict(config.backend.options)
-    if options.get("model", TINY_MODEL) == TINY_MODEL:
-        if not hasattr(cls, "init_tiny_model"):
-            raise ConfigError(
-                f"backend {config.backend.name!r} cannot build a tiny model: set backend.options.model"
-            )
+    options.setdefault("seed", config.seed)
+    tiny = options.get("model", TINY_MODEL) == TINY_MODEL
+    if tiny and not hasattr(cls, "init_tiny_model"):
+        raise ConfigError(
+            f"backend {config.backend.name!r} cannot build a tiny model: set backend.options.model"
+        )
+    # A backend's constructor only parses its options: make one now, so that a typo in them or an
+    # algorithm option it refuses stops the run in milliseconds, not after the tiny model is built.
+    validate_algorithm(config, make_backend(cls, config.backend.name, options))
+    if tiny:
         target = Path(config.out_dir) / "tiny-model"
         options["model"] = str(init_tiny_model(target, cookbook=cookbook, backend_cls=cls, seed=config.seed))
-    options.setdefault("seed", config.seed)
-    return Trainer(config, cookbook, cls(options))
+    return Trainer(config, cookbook, make_backend(cls, config.backend.name, options))
+
+
+def check_splits(config: TrainerConfig, cookbook: Cookbook) -> None:
+    """A split the cookbook cannot load is a config error now, not after the model is built.
+    (Cookbooks take splits beyond ``Cookbook.splits``, e.g. ``hub:train``: only loading tells.)"""
+    for key in ("train_split", "val_split"):
+        split = getattr(config, key)
+        if split is None:
+            continue
+        try:
+            cookbook.load_tasks(split)
+        except (ValueError, KeyError, LookupError) as exc:
+            message = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+            raise ConfigError.for_key(key, message) from None
+
+
+def make_backend(cls: Any, name: str, options: dict[str, Any]) -> Any:
+    """``cls(options)``; its option errors become ConfigErrors under ``backend.options``."""
+    try:
+        return cls(options)
+    except ConfigError as exc:
+        if exc.key and not exc.key.startswith("backend."):
+            key = f"backend.options.{exc.key}"
+            message = str(exc).removeprefix(f"config key `{exc.key}`: ")
+            raise ConfigError.for_key(key, f"{message} (backend {name!r})") from None
+        raise
+    except (ValueError, TypeError) as exc:
+        raise ConfigError.for_key("backend.options", f"backend {name!r}: {exc}") from None
 
 
 def init_tiny_model(
@@ -72,4 +119,4 @@ def task_vocabulary(cookbook: Cookbook) -> list[str]:
     return list(words)
 
 
-__all__ = ["build_trainer", "init_tiny_model", "load_cookbook", "task_vocabulary"]
+__all__ = ["build_trainer", "init_tiny_model", "load_cookbook", "make_backend", "task_vocabulary"]

@@ -19,7 +19,7 @@ import collections
 import logging
 from collections.abc import Callable
 
-log = logging.getLogger("rllm.engine")
+log = logging.getLogger(__name__)  # rllm.engine.loop_lag: `rllm train` keeps it off the terminal
 
 # A tick this late is a "late tick": far above what a healthy loop shows (well under 10 ms).
 WARN_LAG_S = 0.1

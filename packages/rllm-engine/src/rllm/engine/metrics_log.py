@@ -74,12 +74,23 @@ def sample_path(out_dir: Path, step: int) -> Path:
 def write_episode_sample(
     out_dir: Path, step: int, episodes: Iterable[Episode], trained_trajectory_ids: Iterable[str], groups: int
 ) -> Path | None:
-    """Keep the episodes of the step's first ``groups`` tasks (every rollout of each); None if 0."""
+    """Keep every rollout of the step's best and worst group (by mean episode reward) and of its
+    first tasks, up to ``groups`` groups (at least those two); None if ``groups`` is 0.
+
+    The best group is kept even when it is not among the first: a step whose only successful
+    episode falls elsewhere would otherwise have nothing worth looking at.
+    """
     episodes = list(episodes)
-    task_ids = list(dict.fromkeys(e.task_id for e in episodes))[:groups]
-    chosen = [e for e in episodes if e.task_id in set(task_ids)]
-    if not chosen:
+    if groups <= 0:
         return None
+    task_ids = list(dict.fromkeys(e.task_id for e in episodes))
+    mean = {tid: _mean_reward([e for e in episodes if e.task_id == tid]) for tid in task_ids}
+    if not task_ids:
+        return None
+    best, worst = max(task_ids, key=mean.__getitem__), min(task_ids, key=mean.__getitem__)  # ties: first
+    keep = list(dict.fromkeys([best, worst, *task_ids]))
+    keep = keep[: max(groups, 2)]
+    chosen = [e for e in episodes if e.task_id in set(keep)]
     kept = {t.id for e in chosen for t in e.trajectories}
     sample = EpisodeSample(
         step=step,
@@ -92,6 +103,11 @@ def write_episode_sample(
     tmp.write_bytes(to_msgpack(sample))
     os.replace(tmp, path)  # a reader never sees half a sample
     return path
+
+
+def _mean_reward(episodes: list[Episode]) -> float:
+    rewards = [float(e.metrics.get("reward", 0.0)) for e in episodes]
+    return sum(rewards) / len(rewards) if rewards else 0.0
 
 
 def read_episode_sample(path: Path) -> EpisodeSample:

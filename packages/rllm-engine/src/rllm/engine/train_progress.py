@@ -52,6 +52,13 @@ class TrainProgress:
                 flush=True,
             )
 
+    def warn(self, message: str) -> None:
+        """A warning the user must see, progress display or not (above the bar when there is one)."""
+        if self._bar is not None:
+            self._bar.console.print(f"[yellow]warning:[/yellow] {message}", highlight=False)
+        else:
+            print(f"warning: {message}", file=sys.stderr, flush=True)
+
     def __exit__(self, *exc: object) -> None:
         if self._bar is not None:
             self._bar.stop()

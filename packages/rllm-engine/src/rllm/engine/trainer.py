@@ -10,8 +10,10 @@ here once; a backend only trains, syncs and saves.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,8 +23,9 @@ import msgspec
 
 from rllm.algos import compute_advantages, filter_groups, group_trajectories
 from rllm.engine.backend import Backend
-from rllm.engine.checkpoint import TrainerState, latest_checkpoint, load_trainer_state, save_checkpoint
+from rllm.engine.checkpoint import TrainerState, load_trainer_state, save_checkpoint
 from rllm.engine.data_order import next_batch
+from rllm.engine.learning_watch import NoLearningWatch
 from rllm.engine.metrics_log import (
     MetricsLogger,
     plot_reward_curve,
@@ -30,6 +33,7 @@ from rllm.engine.metrics_log import (
     write_episode_sample,
 )
 from rllm.engine.rollout_engine import RolloutEngine
+from rllm.engine.run_folder import prepare_run_folder
 from rllm.engine.sequences import sequences_from_groups
 from rllm.engine.train_progress import TrainProgress
 from rllm.engine.trainer_config import TrainerConfig
@@ -47,6 +51,8 @@ class TrainResult(msgspec.Struct, kw_only=True):
     final_reward: float | None
     wall_s: float
     plot: str | None = None
+    checkpoint: str | None = None  # the last checkpoint written (the run's final state)
+    warnings: list[str] = msgspec.field(default_factory=list)  # what the run's summary must repeat
 
 
 class Trainer:
@@ -67,11 +73,19 @@ class Trainer:
         tasks = self.cookbook.load_tasks(self.config.val_split)
         return tasks[: self.config.val_tasks] if self.config.val_tasks else tasks
 
-    async def fit(self, resume: bool = False) -> TrainResult:
-        """Train for ``total_steps`` optimizer steps (continuing from the latest checkpoint on resume)."""
+    async def fit(self, resume: bool = False, overwrite: bool = False) -> TrainResult:
+        """Train for ``total_steps`` optimizer steps (continuing from the latest checkpoint on resume).
+
+        A folder holding an earlier run is refused unless ``overwrite`` (which removes its
+        outputs first); ``resume`` with no checkpoint to resume from is refused too (see
+        :mod:`rllm.engine.run_folder`). The run always ends with a checkpoint of its last step.
+        """
         cfg = self.config
         started = time.perf_counter()
+        ckpt = prepare_run_folder(self.out_dir, resume=resume, overwrite=overwrite)
         state = TrainerState()
+        self.warnings: list[str] = []
+        self.last_checkpoint: Path | None = None
         await self.backend.start()
         engine: RolloutEngine | None = None
         try:
@@ -82,7 +96,7 @@ class Trainer:
                 gateway_config=self._gateway_config(),
             )
             await engine.start()
-            if resume and (ckpt := latest_checkpoint(self.out_dir)) is not None:
+            if ckpt is not None:
                 state = load_trainer_state(ckpt)
                 state.restore_rng()
                 await self.backend.load_checkpoint(ckpt / "backend")
@@ -108,6 +122,8 @@ class Trainer:
             final_reward=rewards[-1] if rewards else None,
             wall_s=time.perf_counter() - started,
             plot=str(plot) if plot else None,
+            checkpoint=str(self.last_checkpoint) if self.last_checkpoint else None,
+            warnings=list(self.warnings),
         )
 
     async def _loop(self, engine: RolloutEngine, state: TrainerState) -> list[float]:
@@ -117,6 +133,12 @@ class Trainer:
             self.out_dir, tensorboard=cfg.tensorboard, wandb=cfg.wandb, config=msgspec.to_builtins(cfg)
         )
         validating = bool(self.val_tasks and cfg.val_every)
+        saved_step = state.step  # a resumed run starts from a checkpoint of this step
+        idle = NoLearningWatch()
+        # True while the backend's weights, ``state`` and the metrics rows all stand at
+        # ``state.step`` (between steps, and during the next step's rollouts): the only time an
+        # interrupted run can be checkpointed truthfully.
+        self._between_steps = True
         try:
             with TrainProgress(cfg.total_steps, start=state.step, enabled=cfg.progress) as progress:
                 if validating and state.step == 0:
@@ -126,19 +148,48 @@ class Trainer:
                     rewards.append(metrics["reward/mean"])
                     if validating and state.step % cfg.val_every == 0:
                         metrics.update(await self._validate(engine))
+                    if (warning := idle.observe(metrics["train/sequences"])) is not None:
+                        metrics["warning/no_trainable_sequences"] = warning
+                        self.warnings.append(warning)
+                        progress.warn(warning)
                     metrics_log.log(state.step, metrics)
+                    self._between_steps = True
                     progress.update(state.step, metrics)
                     if cfg.ckpt_every and state.step % cfg.ckpt_every == 0:
-                        await save_checkpoint(self.out_dir, state, self.backend.save_checkpoint)
+                        await self._checkpoint(state)
+                        saved_step = state.step
+                # A short run (or ckpt_every = 0) must still leave something to resume and serve.
+                if state.step != saved_step:
+                    await self._checkpoint(state)
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            # Ctrl-C: keep the steps done since the last checkpoint when that is truthful (not in
+            # the middle of an update); saving takes what one checkpoint takes, and a second
+            # Ctrl-C skips it.
+            if self._between_steps and state.step != saved_step:
+                print(
+                    f"interrupted: saving a checkpoint of step {state.step} (Ctrl-C again to skip)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                await self._checkpoint(state)
+            raise
         finally:
             metrics_log.close()
         return rewards
 
+    async def _checkpoint(self, state: TrainerState) -> None:
+        # A save cut short by Ctrl-C is still running in its thread: no second save over it.
+        between, self._between_steps = self._between_steps, False
+        self.last_checkpoint = await save_checkpoint(self.out_dir, state, self.backend.save_checkpoint)
+        self._between_steps = between
+
     async def _train_one_step(self, engine: RolloutEngine, state: TrainerState) -> dict[str, Any]:
         cfg, algo = self.config, self.config.algorithm
-        tasks, state.data = next_batch(self.train_tasks, cfg.tasks_per_step, cfg.seed, state.data)
+        # The cursor moves with the step count, at the end: a step cut short is redone whole.
+        tasks, next_data = next_batch(self.train_tasks, cfg.tasks_per_step, cfg.seed, state.data)
         t0 = time.perf_counter()
         episodes = await engine.run(tasks, n=cfg.group_size)
+        self._between_steps = False  # from here the weights may move ahead of ``state``
         t1 = time.perf_counter()
         groups = group_trajectories(episodes, algo)
         kept, filter_metrics = filter_groups(groups, algo)
@@ -161,6 +212,7 @@ class Trainer:
                 await engine.client.resume()
         t2 = time.perf_counter()
         state.step += 1
+        state.data = next_data
         return {
             **episode_metrics(episodes),
             **{f"filter/{k}": v for k, v in filter_metrics.items()},

@@ -16,14 +16,20 @@ from rllm.types import ConfigError
 
 
 def build_parser() -> argparse.ArgumentParser:
+    d = GatewayConfig()  # each flag's help shows the default it leaves in place
     p = argparse.ArgumentParser(prog="rllm-gateway", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("serve", help="run the gateway until SIGINT/SIGTERM")
+    sub = p.add_subparsers(dest="command", required=True, title="subcommands", metavar="serve")
+    s = sub.add_parser(
+        "serve",
+        help="run the gateway until SIGINT/SIGTERM",
+        description="Run the gateway until SIGINT/SIGTERM. Flags override the --config file; "
+        "a flag left out keeps the file's value, else the default shown.",
+    )
     s.add_argument(
         "--config", help="TOML, YAML or JSON file with gateway settings (a [gateway] table or top level)"
     )
-    s.add_argument("--host")
-    s.add_argument("--port", type=int)
+    s.add_argument("--host", help=f"address to listen on (default: {d.host})")
+    s.add_argument("--port", type=int, help=f"port to listen on; 0 picks a free one (default: {d.port})")
     s.add_argument(
         "--upstream",
         action="append",
@@ -31,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="OpenAI-compatible base URL ending in /v1 (repeatable)",
     )
-    s.add_argument("--store", help="'memory' or 'sqlite:/path/file.db'")
+    s.add_argument("--store", help=f"trace store: 'memory' or 'sqlite:/path/file.db' (default: {d.store})")
     s.add_argument("--admin-key", help="admin API key (or set RLLM_GATEWAY_ADMIN_KEY)")
     s.add_argument(
         "--session-auth",
@@ -39,19 +45,42 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="require the per-session token on session routes",
     )
-    s.add_argument("--auto-create-sessions", action=argparse.BooleanOptionalAction, default=None)
-    s.add_argument("--max-body-bytes", type=int)
-    s.add_argument("--upstream-timeout-s", type=float)
-    s.add_argument("--tokenizer-path")
-    s.add_argument("--tokenizer-mode", choices=["plain", "cumulative"])
-    s.add_argument("--health-interval-s", type=float)
-    s.add_argument("--health-timeout-s", type=float)
+    s.add_argument(
+        "--auto-create-sessions",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"create a session on its first call instead of answering 404 (default: {d.auto_create_sessions})",
+    )
+    s.add_argument(
+        "--max-body-bytes", type=int, help=f"largest request body accepted (default: {d.max_body_bytes})"
+    )
+    s.add_argument(
+        "--upstream-timeout-s",
+        type=float,
+        help=f"seconds one upstream call may take (default: {d.upstream_timeout_s})",
+    )
+    s.add_argument(
+        "--tokenizer-path", help="tokenizer (local folder or hub name) for --tokenizer-mode cumulative"
+    )
+    s.add_argument(
+        "--tokenizer-mode",
+        choices=["plain", "cumulative"],
+        help=f"cumulative: token-level bridging of multi-turn chats (default: {d.tokenizer_mode})",
+    )
+    s.add_argument(
+        "--health-interval-s",
+        type=float,
+        help=f"seconds between upstream health checks; 0 turns them off (default: {d.health_interval_s})",
+    )
+    s.add_argument(
+        "--health-timeout-s", type=float, help=f"one health check's timeout (default: {d.health_timeout_s})"
+    )
     s.add_argument(
         "--hosted-model", help="send requests through LiteLLM to this model, e.g. openai/gpt-4o-mini"
     )
-    s.add_argument("--hosted-api-base")
+    s.add_argument("--hosted-api-base", help="the hosted provider's base URL (LiteLLM api_base)")
     s.add_argument("--model-name", help="model name to send upstream, whatever the client asked for")
-    s.add_argument("--log-level")
+    s.add_argument("--log-level", help=f"debug, info, warning or error (default: {d.log_level})")
     return p
 
 
@@ -70,6 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if not config.upstreams and not config.hosted_model:
+        # Not an error (workers can be added later through POST /admin/workers), but every model
+        # call fails until then: say so at start, not at the first 503.
+        print(
+            "rllm-gateway: warning: no --upstream and no --hosted-model: model calls answer 503 "
+            "until an upstream is added (POST /admin/workers)",
+            file=sys.stderr,
+            flush=True,
+        )
     prepare_process(config)
     asyncio.run(_serve(GatewayServer(config)))
     return 0

@@ -50,6 +50,9 @@ class HostedProvider:
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch at import
         import litellm
 
+        # LiteLLM prints a "Give Feedback / Get Help" banner to stdout on every failed call; the
+        # error itself (its root cause) reaches the client and the trace, so the banner is noise.
+        litellm.suppress_debug_info = True
         self._litellm = litellm
         self.model = model
         self.api_key = api_key
@@ -70,6 +73,11 @@ class HostedProvider:
         # Hosted APIs have no token truth.
         cap.prompt_ids = cap.completion_ids = cap.completion_logprobs = None
         return data, cap
+
+
+def _first_line(exc: BaseException, limit: int = 500) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else "")[:limit]
 
 
 def as_sse_chunks(data: dict[str, Any]) -> list[dict[str, Any]]:
@@ -122,7 +130,8 @@ async def hosted_call(
         status = getattr(exc, "status_code", 502)
         raise GatewayError(
             status if isinstance(status, int) and 400 <= status < 600 else 502,
-            f"hosted provider failed: {type(exc).__name__}",
+            # The provider's own words carry the root cause ("Missing credentials ... OPENAI_API_KEY").
+            f"hosted provider failed: {type(exc).__name__}: {_first_line(exc)}",
             code="upstream_error",
         ) from None
     ledger.finish_trace(trace, cap, "ok", t0)

@@ -2,7 +2,8 @@
 
 ``@rollout`` / ``AgentFlow`` for the agent, ``@evaluator`` / ``Evaluator`` for the reward,
 ``role_url`` for multi-role flows, and reward helpers in ``rllm.sdk.rewards``. Depends only on
-``rllm-types`` (optional extras: ``math``, ``judge``).
+``rllm-types`` (optional extras: ``math`` for math-verify grading, ``judge`` and ``openai`` for
+the openai client, ``images`` for image messages, ``hub`` for cookbooks' Hugging Face hub loaders).
 """
 
 from rllm.sdk.answer import final_answer

@@ -42,7 +42,7 @@ class Cookbook:
         if not options:
             return self
         if self.configure is None:
-            raise InputError(f"cookbook {self.name!r} takes no options, got {sorted(options)}")
+            raise InputError(f"cookbook {self.name!r} takes no options, got {', '.join(sorted(options))}")
         return self.configure(dict(options))
 
 

@@ -19,7 +19,9 @@ class Task(msgspec.Struct, omit_defaults=True):
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
-class SamplingParams(msgspec.Struct, omit_defaults=True):
+class SamplingParams(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
+    """How to sample. Unknown keys are refused: a typo (``temprature``) must not run silently."""
+
     temperature: float | None = None
     top_p: float | None = None
     max_tokens: int | None = None

@@ -1,5 +1,9 @@
 """What the viewer shows, read from a run directory: metrics rows, per-step episode samples
-(``rllm.engine.metrics_log``) and, where a tokenizer is found, the text of every token."""
+(``rllm.engine.metrics_log``) and, where a tokenizer is found, the text of every token.
+
+An evaluation folder (``rllm eval``'s ``episodes.jsonl``) is shown the same way, as one "step"
+(0) holding every episode; nothing in it was trained or filtered, so nothing is struck out.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rllm.engine.metrics_log import read_episode_sample, read_metrics, sample_path, sample_steps
-from rllm.types import Episode, Step, to_builtins
+from rllm.types import Episode, SchemaError, Step, Trajectory, from_json, to_builtins
 from rllm.types.errors import LookupFailed, RLLMError
 
 
@@ -46,25 +50,59 @@ def find_tokenizer(run_dir: Path) -> Path | None:
     return next(iter(sorted(run_dir.glob("*/tokenizer.json"))), None)
 
 
+EVAL_EPISODES = "episodes.jsonl"  # what `rllm eval` writes beside results.jsonl and summary.json
+EVAL_STEP = 0
+
+
+def read_eval_episodes(path: Path) -> list[Episode]:
+    """The episodes of an evaluation; a torn last line (a killed run) is skipped."""
+    lines = [line for line in path.read_bytes().splitlines() if line.strip()]
+    out = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            out.append(from_json(line, Episode))
+        except SchemaError:
+            if number == len(lines):
+                break
+            raise
+    return out
+
+
 class RunView:
     """Read-only access to one run directory, in the shapes the page's JSON API returns."""
 
     def __init__(self, run_dir: Path, tokenizer: Path | None = None) -> None:
         self.run_dir = run_dir
-        if not (run_dir / "metrics.jsonl").is_file() and not sample_steps(run_dir):
-            raise RunNotFoundError(f"no metrics.jsonl or episode samples in {run_dir}")
+        self.is_eval = (run_dir / EVAL_EPISODES).is_file() and not sample_steps(run_dir)
+        if not (run_dir / "metrics.jsonl").is_file() and not sample_steps(run_dir) and not self.is_eval:
+            raise RunNotFoundError(
+                f"no metrics.jsonl, episode samples or {EVAL_EPISODES} in {run_dir} "
+                "(neither a `rllm train` nor a `rllm eval` folder)"
+            )
         self.tokens = TokenText(tokenizer or find_tokenizer(run_dir))
+        self._eval: list[Episode] | None = None
 
     def run(self) -> dict[str, Any]:
         rows = read_metrics(self.run_dir / "metrics.jsonl")
+        warnings = [v for r in rows for k, v in r.items() if k.startswith("warning/") and isinstance(v, str)]
         return {
             "name": self.run_dir.resolve().name,
+            "kind": "eval" if self.is_eval else "train",
             "metrics": [{k: v for k, v in r.items() if isinstance(v, int | float)} for r in rows],
-            "steps": sample_steps(self.run_dir),
+            "steps": [EVAL_STEP] if self.is_eval else sample_steps(self.run_dir),
             "tokenizer": str(self.tokens.path) if self.tokens.path else None,
+            "warnings": list(dict.fromkeys(warnings)),
         }
 
-    def _sample(self, step: int) -> tuple[list[Episode], set[str]]:
+    def _sample(self, step: int) -> tuple[list[Episode], set[str] | None]:
+        """The step's episodes and the ids of the trajectories it trained on (None: an
+        evaluation, where nothing is trained and nothing filtered)."""
+        if self.is_eval:
+            if step != EVAL_STEP:
+                raise KeyError(f"an evaluation has one step ({EVAL_STEP}), not {step}")
+            if self._eval is None:
+                self._eval = read_eval_episodes(self.run_dir / EVAL_EPISODES)
+            return self._eval, None
         path = sample_path(self.run_dir, step)
         if not path.is_file():
             raise LookupFailed(f"no episode sample for step {step}")
@@ -82,7 +120,7 @@ class RunView:
                 "reward": e.metrics.get("reward"),
                 "is_correct": e.is_correct,
                 "termination_reason": str(e.termination_reason),
-                "trained": any(t.id in trained for t in e.trajectories),
+                "trained": None if trained is None else any(t.id in trained for t in e.trajectories),
                 "completion_tokens": sum(
                     len(s.completion_ids or ()) for t in e.trajectories for s in t.steps
                 ),
@@ -114,8 +152,11 @@ class RunView:
                     "id": t.id,
                     "role": t.role,
                     "reward": t.reward,
-                    "trained": t.id in trained,
-                    "steps": [self._step(s, t.id in trained) for s in t.steps],
+                    # What each step was credited with: its own Step.reward when the evaluator
+                    # gave one (turn credit), else the trajectory's, which is its last step's.
+                    "step_rewards": step_rewards(t),
+                    "trained": None if trained is None else t.id in trained,
+                    "steps": [self._step(s, trained is None or t.id in trained) for s in t.steps],
                 }
                 for t in e.trajectories
             ],
@@ -157,6 +198,18 @@ class RunView:
             "prompt_tokens": len(step.prompt_ids or ()),
             "tokens": tokens,
         }
+
+
+def step_rewards(trajectory: Trajectory) -> list[float | None] | None:
+    """Per-step rewards when any step carries its own (else None: the trajectory's is the one)."""
+    steps = trajectory.steps
+    if not any(s.reward is not None for s in steps):
+        return None
+    last = len(steps) - 1
+    return [
+        s.reward if s.reward is not None else (trajectory.reward if i == last else None)
+        for i, s in enumerate(steps)
+    ]
 
 
 def _finite(value: Any) -> float | None:

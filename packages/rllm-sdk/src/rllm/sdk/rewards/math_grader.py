@@ -7,6 +7,7 @@ expression extraction) and checks symbolic equivalence with the ground truth, so
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -15,11 +16,27 @@ from rllm.types import EvalOutput, Signal
 from rllm.types.errors import InputError, MissingExtraError
 
 
+class _DisabledTimeoutIsOurChoice(logging.Filter):
+    """math-verify warns "Timeout is disabled" on every call without a timeout; outside the main
+    thread that is this module's deliberate choice (see ``_timeout``), so the warning is noise
+    that floods an evaluation's output. Every other math-verify message passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Timeout is disabled" not in record.getMessage()
+
+
+_NO_TIMEOUT_FILTER = _DisabledTimeoutIsOurChoice()
+
+
 def _math_verify() -> Any:
     try:
         import math_verify
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise MissingExtraError("math grading needs math-verify: pip install 'rllm-sdk[math]'") from exc
+    for name in ("math_verify.grader", "math_verify.parser"):
+        logger = logging.getLogger(name)
+        if _NO_TIMEOUT_FILTER not in logger.filters:
+            logger.addFilter(_NO_TIMEOUT_FILTER)
     return math_verify
 
 

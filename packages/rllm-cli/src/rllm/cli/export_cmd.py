@@ -1,0 +1,57 @@
+"""`rllm export RUN_DIR --to DIR`: a trained checkpoint as a plain Hugging Face model folder.
+
+Found through the ``rllm.export`` entry point group: each backend registers
+``export(checkpoint, to, *, adapter_only) -> Path | None``, which answers None for a checkpoint
+that is not its own, so the CLI asks each installed backend and never imports one by name.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from rllm.cli.errors import CliError
+from rllm.cli.run_model import resolve_run_model
+
+EXPORT_GROUP = "rllm.export"
+
+
+def export_checkpoint(weights: Path, to: Path, *, adapter_only: bool = False) -> tuple[str, Path]:
+    """(backend name, folder written) for the first installed backend that knows ``weights``."""
+    exporters = sorted(entry_points(group=EXPORT_GROUP), key=lambda ep: ep.name)
+    for ep in exporters:
+        written = ep.load()(weights, to, adapter_only=adapter_only)
+        if written is not None:
+            return ep.name, Path(written)
+    names = ", ".join(ep.name for ep in exporters) or "none"
+    raise CliError(f"no installed backend recognises the checkpoint {weights} (exporters: {names})")
+
+
+@click.command("export")
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option(
+    "--to", "to", type=click.Path(path_type=Path), required=True, help="folder to write the model to"
+)
+@click.option("--step", type=int, default=None, help="the checkpoint's step (default: the latest)")
+@click.option("--adapter-only", is_flag=True, help="LoRA runs: write the adapter alone (PEFT format)")
+@click.option("--force", is_flag=True, help="write into a folder that is not empty")
+def export_command(run_dir: Path, to: Path, step: int | None, adapter_only: bool, force: bool) -> int:
+    """Export a run's checkpoint (RUN_DIR, or one checkpoint folder) as a Hugging Face model folder.
+
+    LoRA adapters are merged into the base model unless --adapter-only. transformers
+    (`AutoModelForCausalLM.from_pretrained(DIR)`) and vLLM (`vllm serve DIR`) load the result.
+
+    \b
+    Example:
+      rllm export runs/say --to models/say
+      rllm export runs/say --step 20 --to models/say-20 --adapter-only
+    """
+    model = resolve_run_model(run_dir, step)
+    if to.exists() and any(to.iterdir()) and not force:
+        raise CliError(f"{to} exists and is not empty", hint="pass --force to write into it, or another --to")
+    backend, written = export_checkpoint(model.path, to, adapter_only=adapter_only)
+    Console(stderr=True, highlight=False).print(f"exported {model.name} ({backend} checkpoint) to {written}")
+    return 0

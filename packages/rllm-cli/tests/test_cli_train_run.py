@@ -1,0 +1,92 @@
+"""`rllm train` end to end on the tiny model: a run that cannot learn says so, every run ends
+with a checkpoint, a re-run is refused, and --resume continues from the final checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rllm.cli.main import main
+from rllm.engine.learning_watch import NoLearningWatch
+from rllm.engine.metrics_log import read_metrics
+
+pytestmark = pytest.mark.slow
+
+QUICK = [
+    "tasks_per_step=2",
+    "group_size=2",
+    "val_every=0",
+    "rollout.workers=1",
+    "progress=false",
+    "plot=false",
+    "tensorboard=false",
+    "sample_groups=1",
+    # Groups of 2 under a minimum of 3: every group is filtered out, every step trains nothing.
+    "algorithm.min_group_size=3",
+]
+
+
+def test_a_run_that_cannot_learn_warns_checkpoints_and_resumes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    assert main(["train", "say-single", "--out", str(out), "total_steps=3", *QUICK]) == 0
+    err = capsys.readouterr().err
+    assert err.count("no trainable sequence in 3 steps in a row") == 2  # as it happens, and in the summary
+    assert (out / "checkpoints" / "step_000003" / "trainer_state.json").is_file()  # ckpt_every is 0
+    assert "checkpoint " in err and "step_000003" in err, err
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["train/sequences"] for r in rows] == [0, 0, 0]
+    assert "warning/no_trainable_sequences" in rows[2]
+
+    assert main(["train", "say-single", "--out", str(out), "total_steps=3", *QUICK]) == 2
+    assert "already holds a run" in capsys.readouterr().err
+
+    assert main(["train", "say-single", "--out", str(out), "--resume", "total_steps=4", *QUICK]) == 0
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert (out / "checkpoints" / "step_000004").is_dir()
+
+
+def test_the_no_learning_watch_warns_once_after_consecutive_idle_steps() -> None:
+    watch = NoLearningWatch(steps=3)
+    assert [watch.observe(n) for n in (0, 0, 4, 0, 0)] == [None] * 5  # a step that trained resets it
+    warning = watch.observe(0)
+    assert warning is not None and "3 steps in a row" in warning and "group_size" in warning
+    assert watch.observe(0) is None  # once per run
+
+
+def test_an_interrupted_run_keeps_its_finished_steps(tmp_path: Path) -> None:
+    """Ctrl-C cancels the run during a step's rollouts: the steps already done are checkpointed
+    (ckpt_every is 0, so nothing else would be) and --resume goes on from there."""
+    import asyncio
+
+    from rllm.engine.checkpoint import TrainerState
+    from rllm.engine.launch import build_trainer
+    from rllm.engine.rollout_engine import RolloutEngine
+    from rllm.engine.trainer import Trainer
+
+    out = tmp_path / "run"
+    trainer = build_trainer("say-single", out_dir=str(out), overrides=["total_steps=50", *QUICK])
+    original = Trainer._train_one_step
+    two_done = asyncio.Event()
+
+    async def counted(self: Trainer, engine: RolloutEngine, state: TrainerState) -> dict[str, Any]:
+        if state.step == 2:
+            two_done.set()  # the third step's rollouts are about to start
+        return await original(self, engine, state)
+
+    async def interrupt() -> None:
+        fit = asyncio.create_task(trainer.fit())
+        await two_done.wait()
+        fit.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await fit
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Trainer, "_train_one_step", counted)
+        asyncio.run(interrupt())
+    state = (out / "checkpoints" / "step_000002" / "trainer_state.json").read_text()
+    assert '"step":2' in state.replace(" ", "")
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2]
