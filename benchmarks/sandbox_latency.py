@@ -6,7 +6,8 @@ at once next to 64 plain subprocesses at once.
 - cold: ``backend.create(spec)`` then ``exec(CMD)`` (folders made, a bwrap started and woken);
 - warm: ``pool.acquire(spec)`` from a pool whose sandboxes were prepared ahead, then ``exec(CMD)``;
 - concurrent: 64 sandboxes created and each running CMD at once, vs 64 ``asyncio`` subprocesses;
-- ``--close-files N``: ``close()`` of a sandbox holding N files, and the event loop's longest stall.
+- ``--close-files N``: ``close()`` of a sandbox holding N files, and the event loop's longest stall;
+- ``--network``: the same with ``SandboxSpec(network=True)`` (each bwrap wired by slirp4netns).
 
 Targets: warm <= 10 ms, cold <= 100 ms (medians). Run from the repository root:
 
@@ -143,12 +144,14 @@ async def close_with_files(backend: BubblewrapBackend, files: int) -> tuple[floa
     return took, max(stalls)
 
 
-async def main(n: int, k: int, close_files: int = 0) -> None:
+async def main(n: int, k: int, close_files: int = 0, network: bool = False) -> None:
     backend = BubblewrapBackend()
-    spec = SandboxSpec()
+    spec = SandboxSpec(network=network)
     await backend.check()
     await cold(backend, spec, 3)  # warm the page cache and the interpreter's code paths
-    print(f"sandbox latency, {platform.machine()} {os.cpu_count()} cpus, n={n}, command {CMD!r}")
+    print(
+        f"sandbox latency, {platform.machine()} {os.cpu_count()} cpus, n={n}, command {CMD!r}, network={network}"
+    )
     base = plain(n)
     cold_t = await cold(backend, spec, n)
     warm_t = await warm(backend, spec, n, keep_open=False)
@@ -183,5 +186,8 @@ if __name__ == "__main__":
     parser.add_argument(
         "--close-files", type=int, default=0, help="also time close() of a sandbox with this many files"
     )
+    parser.add_argument(
+        "--network", action="store_true", help="networked sandboxes (own namespace + slirp4netns, as root)"
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.n, args.concurrent, args.close_files))
+    asyncio.run(main(args.n, args.concurrent, args.close_files, args.network))

@@ -47,6 +47,8 @@ def test_overrides_and_files_reach_the_engine(tmp_path: Path) -> None:
     engine = say_config(["rollout.concurrency=32", "rollout.sampling.max_tokens=4"]).engine_rollout("m")
     assert engine.concurrency == 32 and engine.sampling == SamplingParams(temperature=1.0, max_tokens=4)
     assert (engine.deadline_s, engine.max_retries, engine.workers) == (120.0, 1, 2)
+    consent = say_config(["rollout.sandbox_allow_task_network=true"]).engine_rollout("m")
+    assert consent.sandbox_allow_task_network and not engine.sandbox_allow_task_network
     path = tmp_path / "run.yaml"
     path.write_text("rollout:\n  deadline_s: 30\n  worker_prefetch: 3\n")
     engine = say_config(path=path).engine_rollout("m")

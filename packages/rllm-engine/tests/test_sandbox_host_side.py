@@ -18,10 +18,13 @@ from pathlib import Path
 import pytest
 from sandbox_helpers import needs_bwrap
 
-from rllm.engine.sandbox import BubblewrapBackend, BubblewrapSandbox
-from rllm.sdk.sandbox import SandboxError, SandboxSpec
-from rllm.sdk.task_dir import TaskDirError, load_task_dir, run_verifier
+from rllm.engine import RolloutConfig, RolloutEngine
+from rllm.engine.sandbox import BubblewrapBackend, BubblewrapSandbox, SandboxProvider
+from rllm.sdk import rollout
+from rllm.sdk.sandbox import SandboxError, SandboxSpec, needs_sandbox
+from rllm.sdk.task_dir import TaskDirError, load_task_dir, run_verifier, task_sandbox_spec
 from rllm.testing import wait_until
+from rllm.types import ConfigError, Task
 
 pytestmark = [needs_bwrap, pytest.mark.timeout(180)]
 
@@ -253,6 +256,36 @@ def test_a_task_asking_for_the_network_needs_the_operators_consent(tmp_path: Pat
     with pytest.raises(TaskDirError, match="allow_network"):
         load_task_dir(tmp_path)
     assert load_task_dir(tmp_path, allow_network=True).metadata["sandbox"]["network"] is True
+
+
+async def test_a_run_with_a_networked_task_needs_the_consent_key(tmp_path: Path, gateway) -> None:
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "instruction.md").write_text("Fetch something.\n")
+    (tmp_path / "tests" / "test.sh").write_text("true\n")
+    (tmp_path / "task.toml").write_text("[environment]\nnetwork = true\n")
+    task = load_task_dir(tmp_path, allow_network=True)  # loaded; the run must still be refused
+    created: list[SandboxSpec] = []
+
+    class Recording(BubblewrapBackend):
+        async def create(self, spec: SandboxSpec) -> BubblewrapSandbox:
+            created.append(spec)
+            return await super().create(spec)
+
+    @needs_sandbox(task_sandbox_spec)
+    @rollout
+    async def flow(task: Task, config: object) -> dict:
+        return {}
+
+    config = RolloutConfig(max_retries=0, progress=False)
+    provider = SandboxProvider(Recording(), warm=1)  # no consent (the default)
+    async with RolloutEngine(flow, None, config, gateway_url=gateway.url, sandboxes=provider) as engine:
+        with pytest.raises(ConfigError, match=r"rollout\.sandbox_allow_task_network.*asks for network"):
+            await engine.run([task])
+    assert created == []  # refused before any sandbox was made
+    consenting = RolloutConfig(max_retries=0, progress=False, sandbox_allow_task_network=True)
+    async with RolloutEngine(flow, None, consenting, gateway_url=gateway.url) as engine:
+        assert engine.sandboxes.allow_task_network  # the key reaches the engine's provider
+        engine.sandboxes.check_consent(task)
 
 
 async def test_the_setup_script_is_gone_before_the_agent_starts() -> None:

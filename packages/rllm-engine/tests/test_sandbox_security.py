@@ -4,10 +4,12 @@ with a positive control where the attack's failure could otherwise have another 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -65,6 +67,15 @@ async def test_2_cannot_write_outside_the_workdir(backend: BubblewrapBackend, tm
         await sandbox.close()
 
 
+def _host_address() -> str | None:
+    """One of the host's non-loopback addresses (a UDP connect sends nothing), or None."""
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))  # TEST-NET-1: only picks the outbound interface
+        address = probe.getsockname()[0]
+        return None if address.startswith("127.") else address
+    return None
+
+
 async def test_3_cannot_connect_to_a_loopback_server(backend: BubblewrapBackend) -> None:
     connections: list[bytes] = []
 
@@ -72,22 +83,43 @@ async def test_3_cannot_connect_to_a_loopback_server(backend: BubblewrapBackend)
         connections.append(await reader.read(100))
         writer.close()
 
-    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+    # On every address: the host's loopback (which no sandbox may reach, networked or not) and
+    # its other addresses (which a networked sandbox reaches through its outbound NAT).
+    server = await asyncio.start_server(on_connect, "0.0.0.0", 0)
     port = server.sockets[0].getsockname()[1]
-    attack = f"bash -c 'echo leaked > /dev/tcp/127.0.0.1/{port}' && echo CONNECTED"
+
+    def attack(host: str) -> str:
+        return f"bash -c 'echo leaked > /dev/tcp/{host}/{port}' && echo CONNECTED"
+
     closed = await backend.create(SandboxSpec())
-    opened = await backend.create(SandboxSpec(network=True))
     try:
-        blocked = await closed.exec(attack, timeout=20)
+        blocked = await closed.exec(attack("127.0.0.1"), timeout=20)
         assert "CONNECTED" not in blocked.stdout and blocked.exit_code != 0
-        assert connections == []
-        # Control: with network allowed the very same command reaches the server.
-        allowed = await opened.exec(attack, timeout=20)
-        assert "CONNECTED" in allowed.stdout
-        await wait_until(lambda: connections == [b"leaked\n"], what="the allowed connection")
+        if shutil.which("slirp4netns") is None or os.geteuid() != 0:
+            # Refused, never run with the host's network (the weaker modes' documented answer).
+            with pytest.raises(SandboxUnavailable, match="slirp4netns"):
+                await backend.create(SandboxSpec(network=True))
+            pytest.skip("networked sandboxes need slirp4netns and root (refused here, as they must be)")
+        opened = await backend.create(SandboxSpec(network=True))
+        try:
+            # slirp4netns's alias of the host loopback (10.0.2.2) is switched off too.
+            for host in ("127.0.0.1", "10.0.2.2"):
+                reached = await opened.exec(attack(host), timeout=20)
+                assert "CONNECTED" not in reached.stdout and reached.exit_code != 0, (host, reached)
+            assert connections == []
+            # Control: the network is there, the same command reaches the host's other address.
+            address = _host_address()
+            if address is None:
+                pytest.skip("the host has no non-loopback address for the positive control")
+            allowed = await opened.exec(attack(address), timeout=20)
+            assert "CONNECTED" in allowed.stdout, allowed
+            await wait_until(lambda: connections == [b"leaked\n"], what="the allowed connection")
+            again = await closed.exec(attack(address), timeout=20)  # without network: nothing
+            assert "CONNECTED" not in again.stdout and connections == [b"leaked\n"]
+        finally:
+            await opened.close()
     finally:
         await closed.close()
-        await opened.close()
         server.close()
         await server.wait_closed()
 
@@ -106,6 +138,31 @@ async def test_4_fork_bomb_is_capped(backend: BubblewrapBackend) -> None:
         assert "survived" in bomb.stdout
         assert (await sandbox.exec("echo still-usable")).stdout == "still-usable\n"
         assert subprocess.run(["true"], check=False).returncode == 0  # the host can still fork
+    finally:
+        await sandbox.close()
+
+
+async def test_4_the_process_cap_ignores_the_harness_users_other_processes(
+    backend: BubblewrapBackend,
+) -> None:
+    # Processes of the harness's user that exist while the sandbox is created and are gone when
+    # it runs (an earlier sandbox's zombies, the harness's own tools) must not raise its cap:
+    # run as a normal user, a limit counted over the whole user let 24 of 20 start (CI, 1 in 6).
+    others = [subprocess.Popen(["sleep", "300"]) for _ in range(12)]
+    try:
+        sandbox = await backend.create(SandboxSpec(limits=SandboxLimits(max_procs=20)))
+    finally:
+        for other in others:
+            other.kill()
+            other.wait()
+    try:
+        spawn = (
+            "import subprocess\nps = []\ntry:\n    while len(ps) < 60: ps.append(subprocess.Popen(['sleep', '30']))\n"
+            "except OSError as e: print(len(ps), e.strerror)"
+        )
+        counted = await sandbox.exec(["python3", "-c", spawn], timeout=30)
+        started, why = counted.stdout.split(" ", 1)
+        assert int(started) < 20 and "Resource temporarily unavailable" in why, counted
     finally:
         await sandbox.close()
 

@@ -59,7 +59,9 @@ def load_tasks(split: str) -> list[Task]:
     """``train`` and ``test``: the shipped tasks (the same ten; a tiny sample to learn the
     harness on); ``dir:/path``: every task directory under that folder."""
     if split.startswith("dir:"):
-        return load_task_dirs(split[4:])
+        # Loaded even when a task asks for network: the consent is the run's
+        # rollout.sandbox_allow_task_network, which the engine checks before any rollout starts.
+        return load_task_dirs(split[4:], allow_network=True)
     if split not in ("train", "test"):
         raise InputError(
             f"the terminal cookbook has splits 'train', 'test' and 'dir:<folder>', not {split!r}"

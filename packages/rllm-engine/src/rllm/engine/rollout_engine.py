@@ -231,7 +231,11 @@ class RolloutEngine:
     def sandboxes(self) -> SandboxProvider:
         if self._sandboxes is None:
             backend = make_backend(self.config.sandbox_backend)
-            self._sandboxes = SandboxProvider(backend, warm=self.config.sandbox_warm)
+            self._sandboxes = SandboxProvider(
+                backend,
+                warm=self.config.sandbox_warm,
+                allow_task_network=self.config.sandbox_allow_task_network,
+            )
         return self._sandboxes
 
     # ------------------------------------------------------------------ batch API

@@ -16,9 +16,10 @@
 the agent works: ``run_verifier`` copies them in afterwards, so the agent cannot read or edit them.
 
 ``network = true`` is the dataset asking for the network, which the operator must grant: loading
-such a task is refused unless ``allow_network=True`` (the ``sandbox.allow_task_network``
-setting of a run). With the local sandbox, a networked sandbox shares the host's network, its
-loopback services included (see rllm.engine.sandbox.bubblewrap).
+such a task is refused unless ``allow_network=True``; in a run, the engine refuses it unless
+``rollout.sandbox_allow_task_network`` is set. With the local sandbox, a networked sandbox has a
+network namespace of its own with outbound NAT and no route to the host's loopback services
+(see rllm.engine.sandbox.network).
 """
 
 from __future__ import annotations
@@ -65,8 +66,8 @@ def load_task_dir(path: str | Path, *, allow_network: bool = False) -> Task:
     if env.get("network", False) and not allow_network:
         raise TaskDirError(
             f"{root / 'task.toml'}: [environment] network = true, but task directories get the "
-            "network only with the operator's consent (allow_network=True, i.e. "
-            "sandbox.allow_task_network); a networked local sandbox reaches the host's loopback services"
+            "network only with the operator's consent (allow_network=True here; "
+            "rollout.sandbox_allow_task_network in a run)"
         )
     setup = root / "environment" / "setup.sh"
     try:

@@ -7,7 +7,7 @@ PID namespace, user, IPC and UTS namespaces. Limits (``prlimit`` around bwrap, s
 and everything under it): CPU seconds and address space per process, file size, no core dumps,
 and processes. As root, each sandbox runs as a uid of its own, which is what makes the process
 limit per sandbox and keeps sandbox code from being root on the host; run as a normal user, the
-process limit is set to what that user already runs plus the sandbox's allowance.
+process limit is set inside each exec's user namespace, so it counts that exec's processes only.
 
 Each exec runs in a fresh PID namespace over the sandbox's files, so nothing it starts outlives
 it (a background process, a fork bomb): when the command ends, the kernel kills the rest of its
@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypedDict, TypeVar
 
-from rllm.engine.sandbox import host_files
+from rllm.engine.sandbox import host_files, network
 from rllm.engine.sandbox.cgroups import CgroupHost, SandboxCgroup, detect
 from rllm.sdk.sandbox import ExecResult, SandboxError, SandboxSpec, SandboxUnavailable, truncate_output
 
@@ -112,7 +112,7 @@ class BubblewrapBackend:
             f"per-sandbox memory, processes and CPU through cgroup {self.cgroups.version}"
             if self.cgroups.version != "none"
             else "WEAKER MODE: no writable cgroups, so memory is capped per process (address space) "
-            f"and processes per uid, not per sandbox ({self.cgroups.reason})"
+            f"and processes per uid (as a normal user: per exec), not per sandbox ({self.cgroups.reason})"
         )
         disk = (
             "the workdir is a tmpfs of disk_mb"
@@ -125,6 +125,8 @@ class BubblewrapBackend:
     async def create(self, spec: SandboxSpec) -> BubblewrapSandbox:
         """A started sandbox of ``spec``: files written, setup run, a bwrap ready for the first exec."""
         await self.check()
+        if spec.network:
+            network.check_available()
         sandbox = BubblewrapSandbox(self, spec)
         try:
             await sandbox.prepare()
@@ -133,15 +135,16 @@ class BubblewrapBackend:
             raise
         return sandbox
 
-    def argv(self, spec: SandboxSpec, root: Path, nproc: int) -> list[str]:
-        """The full command line (prlimit, then bwrap) that a command of this sandbox runs under."""
+    def argv(self, spec: SandboxSpec, root: Path, nproc: int | None) -> list[str]:
+        """The full command line (prlimit, then bwrap) that a command of this sandbox runs under
+        (``nproc``: the process limit around bwrap; None when it is set inside instead)."""
         lim = spec.limits
         args = [
             "prlimit",
             f"--cpu={lim.cpu_s}",
             f"--as={lim.memory_mb * 1024 * 1024}",
             f"--fsize={lim.file_size_mb * 1024 * 1024}",
-            f"--nproc={nproc}",
+            *([f"--nproc={nproc}"] if nproc is not None else []),
             "--core=0",
             "--nofile=1024",
             "--",
@@ -152,8 +155,8 @@ class BubblewrapBackend:
             "--hostname",
             "sandbox",
         ]
-        if spec.network:
-            args.append("--share-net")
+        # network=True still gets a network namespace of its own (--unshare-all): slirp4netns
+        # gives it outbound NAT with the host's loopback cut off (see rllm.engine.sandbox.network).
         for path in SYSTEM_DIRS:
             if os.path.islink(path):
                 args += ["--symlink", os.readlink(path), path]
@@ -199,9 +202,20 @@ class BubblewrapSandbox:
             if isinstance(exc, OSError):
                 raise SandboxError(f"could not set up the sandbox's folder or cgroup: {exc}") from exc
             raise
-        # bwrap's own two processes count against the limit too.
-        extra = 0 if self.uid is not None else _processes_of(os.geteuid())
-        argv = backend.argv(spec, self.root, spec.limits.max_procs + 2 + extra)
+        # RLIMIT_NPROC counts a uid's processes. As root, the sandbox's own uid: bwrap's two
+        # processes count too. As a normal user, every process of that user would count, and
+        # they come and go (zombies of earlier sandboxes wait for the host's init to reap them),
+        # so a limit around bwrap could not be exact. Since Linux 5.14 the count is also kept per
+        # user namespace: the limit is set inside the exec's namespace (the command and bwrap's
+        # init there), where only that exec's processes count.
+        self._inner_nproc: int | None = None
+        if self.uid is not None:
+            nproc: int | None = spec.limits.max_procs + 2
+        elif _nproc_per_userns():
+            nproc, self._inner_nproc = None, spec.limits.max_procs + 1
+        else:
+            nproc = spec.limits.max_procs + 2 + _processes_of(os.geteuid())
+        argv = backend.argv(spec, self.root, nproc)
         self._user = _as_user(self.uid)
         if self.cgroup is not None:
             # A shell joins the cgroup before anything else runs, then execs bwrap. cgroup v1 lets
@@ -225,6 +239,7 @@ class BubblewrapSandbox:
         self._refill: asyncio.Task[None] | None = None
         self._running: set[asyncio.subprocess.Process] = set()
         self._dying: list[int] = []  # host pids of killed namespaces' inits
+        self._nets: dict[asyncio.subprocess.Process, network.Wiring] = {}  # networked bwraps' wiring
         self.closed = False
 
     async def prepare(self) -> None:
@@ -285,6 +300,7 @@ class BubblewrapSandbox:
         spawned, self._warm = self._warm, None
         if spawned is not None and spawned[1].returncode is not None:
             os.close(spawned[2])
+            self._killed(spawned[1])  # (only drops a networked one's wiring: it has ended)
             return None
         return spawned
 
@@ -292,10 +308,16 @@ class BubblewrapSandbox:
         """Start a bwrap that waits (on its stdin pipe) for its exec script, then runs it."""
         number = next(self._ids)
         read_end, wake = os.pipe()
-        inner = f"read _ || exit 111; exec /bin/sh {CTL}/{number}.sh </dev/null"
+        limit = f"prlimit --nproc={self._inner_nproc} -- " if self._inner_nproc is not None else ""
+        inner = f"read _ || exit 111; exec {limit}/bin/sh {CTL}/{number}.sh </dev/null"
+        argv, fds, net = [*self._argv], (), None
+        if self.spec.network:
+            net = network.Wiring(self.root / f"slirp-{number}.log")
+            argv += net.bwrap_args()
+            inner, fds = net.announce(inner), net.child_fds
         started = asyncio.ensure_future(
             asyncio.create_subprocess_exec(
-                *self._argv,
+                *argv,
                 "/bin/sh",
                 "-c",
                 inner,
@@ -303,6 +325,7 @@ class BubblewrapSandbox:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,
+                pass_fds=fds,
                 # Not the host's environment: bwrap itself is the sandbox's pid 1, whose
                 # /proc/1/environ the command can read (API keys would leak through it).
                 env={"PATH": os.environ.get("PATH", PATH)},
@@ -310,13 +333,23 @@ class BubblewrapSandbox:
             )
         )
         started.add_done_callback(lambda _: os.close(read_end))
+        if net is not None:
+            started.add_done_callback(lambda _: net.started())
         try:
             proc = await asyncio.shield(started)
+            if net is not None:
+                self._nets[proc] = net
+                assert proc.stderr is not None
+                await net.connect(proc.stderr)
         except BaseException:
             # Cancelled mid-creation, asyncio can wait forever for the half-made subprocess
             # (seen under load): the creation runs to its end and what it started is killed.
             os.close(wake)
             started.add_done_callback(_kill_if_started)
+            if started.done() and not started.cancelled() and started.exception() is None:
+                self._killed(started.result())
+            if net is not None:
+                net.close()
             raise
         return number, proc, wake
 
@@ -426,6 +459,9 @@ class BubblewrapSandbox:
                 log.warning("sandbox %s: its cgroup was not removed: %s", self.root.name, exc)
 
     def _killed(self, proc: asyncio.subprocess.Process) -> None:
+        net = self._nets.pop(proc, None)
+        if net is not None:
+            net.close()  # slirp4netns exits with its exit fd closed; the child watcher reaps it
         inner = _kill(proc)
         if inner is not None:
             self._dying.append(inner)
@@ -578,6 +614,15 @@ class _UserOptions(TypedDict, total=False):
 
 def _as_user(uid: int | None) -> _UserOptions:
     return {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
+
+
+def _nproc_per_userns() -> bool:
+    """Whether RLIMIT_NPROC is counted per user namespace (Linux 5.14's ucounts)."""
+    try:
+        major, minor = (int(part) for part in os.uname().release.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (5, 14)
 
 
 def _processes_of(uid: int) -> int:

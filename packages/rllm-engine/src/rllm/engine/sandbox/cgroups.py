@@ -11,7 +11,8 @@ Where they come from, checked once per backend:
   ``cpu.cfs_quota_us``): one folder per hierarchy, under this process's own cgroup in each, so
   sandboxes stay inside whatever limits the harness itself runs under.
 - neither writable (a normal user without delegation): the weaker mode, said once at start-up
-  (``reason``): memory is capped per process (address space) only, processes per uid.
+  (``reason``): memory is capped per process (address space) only, processes per uid (as a
+  normal user: per exec, counted in its user namespace).
 
 One cgroup per sandbox, ``<base>/rllm-sandboxes/<pid>-<n>``, removed when it closes. Processes
 join it before they exec anything (a wrapper shell writes its own pid, then execs bwrap), so

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rllm.sdk.sandbox import SandboxError
+from rllm.types.errors import RLLMError
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
@@ -87,7 +88,7 @@ def open_beneath(dir_fd: int, rel: str, flags: int, mode: int = 0) -> int:
             return fd
         err = ctypes.get_errno()
         if err not in (errno.ENOSYS, errno.EPERM, errno.E2BIG, errno.EINVAL):
-            raise OSError(err, os.strerror(err), rel)
+            raise _OpenFailed(err, os.strerror(err), rel)
         _openat2 = None  # an old kernel, or a seccomp filter that refuses it: walk instead
     parts = rel.split("/")
     current = dir_fd
@@ -101,6 +102,10 @@ def open_beneath(dir_fd: int, rel: str, flags: int, mode: int = 0) -> int:
     finally:
         if current != dir_fd:
             os.close(current)
+
+
+class _OpenFailed(RLLMError, OSError):
+    """openat2's errno, as the OSError os.open would raise (``_refusing`` names its cause)."""
 
 
 @contextlib.contextmanager

@@ -12,7 +12,9 @@ from typing import Any
 from rllm.engine.sandbox.pool import SandboxBackend, WarmPool
 from rllm.sdk.sandbox import Sandbox, sandbox_spec_for, using_sandbox
 from rllm.types import Task
-from rllm.types.errors import InputError
+from rllm.types.errors import ConfigError, InputError
+
+CONSENT_KEY = "rollout.sandbox_allow_task_network"
 
 
 def make_backend(name: str, **options: Any) -> SandboxBackend:
@@ -33,16 +35,38 @@ def make_backend(name: str, **options: Any) -> SandboxBackend:
 
 
 class SandboxProvider:
-    """Leases sandboxes to rollouts from a :class:`WarmPool` over ``backend``."""
+    """Leases sandboxes to rollouts from a :class:`WarmPool` over ``backend``.
 
-    def __init__(self, backend: SandboxBackend, warm: int = 0) -> None:
+    A task whose own data asks for the network (a task directory's ``network = true``, kept in
+    its ``metadata["sandbox"]``) gets it only with the operator's consent, ``allow_task_network``
+    (``rollout.sandbox_allow_task_network``); without it the run is refused before any rollout
+    starts. (A spec the flow's code sets itself is the flow author's decision, not the dataset's.)
+    """
+
+    def __init__(self, backend: SandboxBackend, warm: int = 0, *, allow_task_network: bool = False) -> None:
         self.pool = WarmPool(backend, warm)
         self.open: set[Sandbox] = set()
+        self.allow_task_network = allow_task_network
 
     def schedule(self, flow: Any, tasks: Iterable[Task]) -> None:
-        """Tell the pool which rollouts come next (task order, one entry per rollout)."""
+        """Tell the pool which rollouts come next (task order, one entry per rollout); refuses
+        (ConfigError) when one of the tasks asks for network without the operator's consent."""
+        tasks = list(tasks)
+        for task in tasks:
+            self.check_consent(task)
         specs = (sandbox_spec_for(flow, task) for task in tasks)
         self.pool.schedule(spec for spec in specs if spec is not None)
+
+    def check_consent(self, task: Task) -> None:
+        """ConfigError naming the consent key when ``task``'s data asks for network without it."""
+        asked = task.metadata.get("sandbox") if isinstance(task.metadata, dict) else None
+        if isinstance(asked, dict) and asked.get("network") and not self.allow_task_network:
+            raise ConfigError.for_key(
+                CONSENT_KEY,
+                f"task {task.id!r} asks for network (network = true in its task.toml); tasks get the "
+                f"network only with the operator's consent: set {CONSENT_KEY}=true (the sandbox then "
+                "has outbound NAT but not the host's loopback services)",
+            )
 
     @contextlib.asynccontextmanager
     async def lease(self, flow: Any, task: Task) -> AsyncIterator[Sandbox | None]:
@@ -51,6 +75,7 @@ class SandboxProvider:
         if spec is None:
             yield None
             return
+        self.check_consent(task)
         sandbox = await self.pool.acquire(spec)
         self.open.add(sandbox)
         try:
