@@ -82,9 +82,12 @@ def test_mixed_batch_of_image_and_text_prompts_matches_teacher_forcing(vlm) -> N
     assert engine.batches_run == 1 and engine.max_batch_seen == 5
     for vision, seqs in zip(prompts, results, strict=True):
         for seq in seqs:
-            assert len(seq.token_ids) == 5
-            forced = _forced(model, vision, seq.token_ids)
-            assert torch.allclose(torch.tensor(seq.logprobs), forced, atol=2e-4), (seq.logprobs, forced)
+            assert len(seq.completion_ids) == 5
+            forced = _forced(model, vision, seq.completion_ids)
+            assert torch.allclose(torch.tensor(seq.completion_logprobs), forced, atol=2e-4), (
+                seq.completion_logprobs,
+                forced,
+            )
 
 
 async def test_chat_with_image_blocks_over_http_and_through_the_gateway(vlm) -> None:

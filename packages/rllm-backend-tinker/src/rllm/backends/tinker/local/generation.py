@@ -50,8 +50,8 @@ class GenerationRequest:
 
 @dataclass
 class GeneratedSequence:
-    token_ids: list[int]
-    logprobs: list[float]
+    completion_ids: list[int]
+    completion_logprobs: list[float]
     top_logprobs: list[list[tuple[int, float]]]  # per generated token; empty lists unless requested
     text: str
     finish_reason: str  # "stop" | "length"
@@ -70,8 +70,8 @@ class _Row:
     choice: int
     sampling: RowSampling
     stop_ids: set[int]
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
+    completion_ids: list[int] = field(default_factory=list)
+    completion_logprobs: list[float] = field(default_factory=list)
     top: list[list[tuple[int, float]]] = field(default_factory=list)
     finish_reason: str | None = None
     text_cut: int | None = None
@@ -239,13 +239,13 @@ class SamplerEngine:
         self._decode(rows)
         out: dict[_Pending, list[GeneratedSequence]] = {p: [] for p in batch}
         for row in rows:
-            text = self.decode(row.token_ids, skip_special_tokens=True)
+            text = self.decode(row.completion_ids, skip_special_tokens=True)
             if row.text_cut is not None:
                 text = text[: row.text_cut]
             out[row.pending].append(
                 GeneratedSequence(
-                    token_ids=row.token_ids,
-                    logprobs=row.logprobs,
+                    completion_ids=row.completion_ids,
+                    completion_logprobs=row.completion_logprobs,
                     top_logprobs=row.top,
                     text=text,
                     finish_reason=row.finish_reason or "length",
@@ -291,8 +291,8 @@ class SamplerEngine:
             for pos, i in enumerate(active):
                 row = rows[i]
                 request = row.pending.request
-                row.token_ids.append(tokens[pos])
-                row.logprobs.append(logprobs[pos])
+                row.completion_ids.append(tokens[pos])
+                row.completion_logprobs.append(logprobs[pos])
                 k = request.top_logprobs
                 row.top.append(
                     list(zip(tops_ids[pos][:k], tops_lp[pos][:k], strict=True))
@@ -301,7 +301,7 @@ class SamplerEngine:
                 )
                 if tokens[pos] in row.stop_ids or (request.stop and self._hit_stop_string(row)):
                     row.finish_reason = "stop"
-                elif len(row.token_ids) >= request.max_tokens:
+                elif len(row.completion_ids) >= request.max_tokens:
                     row.finish_reason = "length"
                 else:
                     keep.append(pos)
@@ -359,7 +359,7 @@ class SamplerEngine:
         return positions, inputs
 
     def _hit_stop_string(self, row: _Row) -> bool:
-        text = self.decode(row.token_ids, skip_special_tokens=True)
+        text = self.decode(row.completion_ids, skip_special_tokens=True)
         cuts = [text.find(s) for s in row.pending.request.stop if s and s in text]
         if not cuts:
             return False

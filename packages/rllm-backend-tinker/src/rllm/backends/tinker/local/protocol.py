@@ -153,7 +153,7 @@ def parse_prompts(body: dict[str, Any], encode: Any) -> list[list[int]]:
 
 
 def _usage(prompt_tokens: int, seqs: list[GeneratedSequence]) -> openai.CompletionUsage:
-    return openai.usage(prompt_tokens, sum(len(s.token_ids) for s in seqs))
+    return openai.usage(prompt_tokens, sum(len(s.completion_ids) for s in seqs))
 
 
 def chat_response(
@@ -176,11 +176,11 @@ def chat_response(
         if logprobs:
             content = [
                 openai.token_logprob(decode_token(tok), lp, [(decode_token(t), v) for t, v in top])
-                for tok, lp, top in zip(s.token_ids, s.logprobs, s.top_logprobs, strict=True)
+                for tok, lp, top in zip(s.completion_ids, s.completion_logprobs, s.top_logprobs, strict=True)
             ]
             choice.logprobs = openai.ChatLogprobs(content=content)
         if return_token_ids:
-            choice.token_ids = s.token_ids
+            choice.token_ids = s.completion_ids
         choices.append(choice)
     body = openai.ChatCompletion(
         id=openai.response_id("chatcmpl"),
@@ -213,11 +213,11 @@ def completion_response(
                     [{decode_token(t): v for t, v in top} for top in s.top_logprobs] if logprobs > 0 else None
                 )
                 choice.logprobs = openai.completion_logprobs(
-                    [decode_token(t) for t in s.token_ids], s.logprobs, top
+                    [decode_token(t) for t in s.completion_ids], s.completion_logprobs, top
                 )
             if return_token_ids:
                 choice.prompt_token_ids = prompt_ids
-                choice.token_ids = s.token_ids
+                choice.token_ids = s.completion_ids
             choices.append(choice)
     all_seqs = [s for seqs in results for s in seqs]
     body = openai.Completion(
