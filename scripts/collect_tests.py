@@ -4,8 +4,8 @@ when it runs: collection errors (an import that no longer resolves) and fixtures
 collect`) and each backend session over its own files in its own environment first, so a session
 that is slow to reach its tests (vllm-cpu, Ray) fails on a stale test in seconds.
 
-Files skipped at import here (``importorskip`` of what this environment lacks) are listed; the
-session whose environment has it collects them.
+Files skipped at import here (``importorskip`` of what this environment lacks) are in pytest's
+summary; the session whose environment has it collects them.
 
 Usage: python scripts/collect_tests.py [PATH ...]   (default: the testpaths in pyproject.toml)
 """
@@ -13,23 +13,15 @@ Usage: python scripts/collect_tests.py [PATH ...]   (default: the testpaths in p
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 import pytest
 
 
 class CollectCheck:
-    """A pytest plugin recording fixtures no test can get and files skipped at import."""
+    """A pytest plugin recording the fixtures collected tests request that nothing defines."""
 
     def __init__(self) -> None:
         self.missing: list[str] = []
-        self.skipped: list[str] = []
-
-    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
-        if report.skipped:
-            longrepr: Any = report.longrepr
-            reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
-            self.skipped.append(f"{report.nodeid}: {reason}")
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         for item in session.items:
@@ -44,8 +36,6 @@ class CollectCheck:
 def main(paths: list[str]) -> int:
     check = CollectCheck()
     code = pytest.main(["--collect-only", "-qq", "-p", "no:cacheprovider", *paths], plugins=[check])
-    for line in check.skipped:
-        print(f"collect: skipped at import here: {line}")
     for line in check.missing:
         print(f"collect: {line}", file=sys.stderr)
     if code != 0:  # collection errors, or nothing collected at a path given

@@ -7,14 +7,26 @@
 #
 # The check is what the sessions need — vllm and its torch import — never that a folder exists:
 # a venv whose install failed or was interrupted is rebuilt, and a build that still does not
-# import ends this script non-zero with the import error.
+# import ends this script non-zero with the import error. A passed check is remembered against
+# the exact set of installed distributions (importing vLLM costs about 20 s of CPU), so the
+# second session of a CI run, or any change to the venv's contents, re-checks only when needed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${RLLM_VLLM_VENV:-.nox/vllm-cpu}
 FIND_LINKS=${RLLM_VLLM_FIND_LINKS:-/opt/wheels}
 CHECK='import torch, vllm; print(f"vllm {vllm.__version__}, torch {torch.__version__}")'
+STAMP="$VENV/.rllm-vllm-imports"
 
-imports() { [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "$CHECK" >&2; }
+# The installed distributions (name-version.dist-info) and the interpreter: what the check saw.
+fingerprint() {
+    { readlink -f "$VENV/bin/python"; ls "$VENV"/lib/python3*/site-packages 2>/dev/null | grep -F .dist-info; } |
+        sha256sum | cut -d' ' -f1
+}
+imports() {
+    [ -x "$VENV/bin/python" ] || return 1
+    [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(fingerprint)" ] && return 0
+    "$VENV/bin/python" -c "$CHECK" >&2 && fingerprint >"$STAMP"
+}
 
 if ! imports 2>/dev/null; then
     echo "vllm_cpu_venv: vllm does not import in $VENV; building it" >&2
