@@ -84,7 +84,8 @@ def vllm_url(say_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
             command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
     url = f"http://127.0.0.1:{port}/v1"
-    deadline = time.monotonic() + SERVER_START_S
+    started = time.monotonic()
+    deadline = started + SERVER_START_S
     try:
         while True:  # until the server answers (or dies, or the deadline passes)
             assert server.poll() is None, f"vLLM exited: {log.read_text()[-3000:]}"
@@ -96,6 +97,7 @@ def vllm_url(say_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
                 break
             except OSError:
                 time.sleep(0.5)
+        print(f"verl-e2e: vLLM serving after {time.monotonic() - started:.0f} s")  # CI's log (-s)
         yield url
     finally:
         os.killpg(server.pid, signal.SIGTERM)
@@ -154,13 +156,14 @@ def test_train_say_through_verl_kill_9_and_resume_samples_the_trained_policy(
     # A checkpoint every step: the kill lands after step 2's, the resumed step 3 writes its own.
     args = [
         *("train", "say", "--backend", "verl", "--out", str(out), *FAST),
-        *("total_steps=3", "ckpt_every=1"),
+        *("total_steps=3", "ckpt_every=1", "rollout.workers=1"),  # one flow process: one less start
         *_verl_options(say_model, vllm_url, weights_dir),
     ]
+    started = time.monotonic()
     proc = subprocess.Popen(
         _cli(*args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
     )
-    deadline = time.monotonic() + RUN_TIMEOUT_S
+    deadline = started + RUN_TIMEOUT_S
     target = out / "checkpoints" / "step_000002" / "trainer_state.json"
     while not target.exists():  # the Trainer writes trainer_state.json last, after the backend's part
         assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
@@ -170,11 +173,16 @@ def test_train_say_through_verl_kill_9_and_resume_samples_the_trained_policy(
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
     assert (out / "checkpoints" / "step_000002" / "backend" / "rllm_verl_state.json").is_file()
+    killed = time.monotonic()
 
     done = subprocess.run(
         _cli(*args, "--resume"), capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False
     )
     assert done.returncode == 0, done.stderr[-4000:]
+    print(
+        f"verl-e2e: start + 2 steps + kill {killed - started:.0f} s, "
+        f"--resume + 1 step {time.monotonic() - killed:.0f} s"
+    )
     rows = read_metrics(out / "metrics.jsonl")
     # One history: step 3 (redone after the kill, if it had begun) appears once, and every step
     # took its batch in the seeded order across the kill.
