@@ -347,7 +347,6 @@ async def test_abort_mid_stream_leaves_the_stream_unterminated(served):
                 await r.read()
 
 
-
 async def _read_answer(reader: asyncio.StreamReader, with_body: bool = True) -> tuple[bytes, bytes]:
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
     length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])

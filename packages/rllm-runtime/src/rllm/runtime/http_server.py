@@ -267,7 +267,7 @@ class HttpProtocol(asyncio.Protocol):
         """Go on reading once what is held behind the request being answered (queued bodies and
         the one arriving) fell to half the caps, or once nothing is being answered (then the
         arriving body is the next request, bounded by max_body_bytes alone)."""
-        if not self._reading_paused or self._final is not None:
+        if self._final is not None:
             return
         held = self._queued_bytes + (0 if self._too_big else self._size)  # a refused body is not kept
         if self.idle() or (
@@ -280,7 +280,8 @@ class HttpProtocol(asyncio.Protocol):
     def _next(self) -> None:
         req, keep_alive, too_big = self._queue.popleft()
         self._queued_bytes -= len(req.body)
-        self._resume_reading_if_room()
+        if self._reading_paused:
+            self._resume_reading_if_room()
         self._keep_alive = keep_alive
         server = self.server
         if too_big:
@@ -375,7 +376,7 @@ class HttpProtocol(asyncio.Protocol):
             self._next()
         elif self._final is not None:
             self._finish_connection()
-        else:
+        elif self._reading_paused:
             self._resume_reading_if_room()  # a body paused mid-way is now the next request
 
     def _write_response(self, resp: Response, keep_alive: bool, with_body: bool = True) -> None:
