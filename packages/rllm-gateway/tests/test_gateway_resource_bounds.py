@@ -6,9 +6,12 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import threading
+import tracemalloc
 
 import httptools
 import msgspec
+import pytest
 
 from rllm.gateway import GatewayConfig, GatewayServer
 
@@ -119,3 +122,153 @@ async def test_a_huge_upstream_answer_stays_within_max_upstream_body_bytes(mock)
             assert t.status == "error" and "exceeds the limit" in t.metadata["error"]
     finally:
         server.close()
+
+
+async def test_a_body_arriving_behind_a_held_call_counts_against_the_cap_before_it_is_whole(
+    mock, held, wait_until
+):
+    """Reading stops once queued plus arriving body bytes pass max_pipelined_bytes (not only
+    after a whole body is queued), and a finished body's pieces are not kept beside their join.
+    What the gateway holds is measured with tracemalloc (allocation sizes, not timings)."""
+    cap, big = 16 * MiB, 7 * MiB
+    cfg = GatewayConfig(
+        upstreams=[mock.url], health_interval_s=0, max_body_bytes=8 * MiB, max_pipelined_bytes=cap
+    )
+    n = 6
+    small = b'{"model": "m", "messages": [{"role": "user", "content": "x"}]}'
+    large = msgspec.json.encode(
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "user": "x" * (big - 200)}
+    )
+    head = "POST /sessions/pipe/v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n"
+    payload = (head.format(len(small)).encode() + small) + (head.format(len(large)).encode() + large) * n
+    async with GatewayServer(cfg) as gw:
+        tracemalloc.start()
+        try:
+            client = asyncio.create_task(asyncio.to_thread(_pipeline, gw.port, payload, n + 1))
+            await held.arrived.wait()  # the small first call is held upstream; the large ones queue
+            (conn,) = gw.http_server.connections
+            await wait_until(lambda: conn._reading_paused, what="the gateway to stop reading")
+            held_bytes = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        # Now about the cap (two bodies queued, the third paused part-way); before, three whole
+        # bodies (21 MiB), since the cap was checked only once a body was whole.
+        assert held_bytes < cap + 2 * MiB, held_bytes / MiB
+        held.release.set()
+        assert await client == [200] * (n + 1)  # back-pressure, not an error: every call is answered
+
+
+async def test_a_queued_body_is_not_kept_twice_its_pieces_and_their_join(mock, held, wait_until):
+    """Reading pauses right after a 7 MiB body completes (the 33rd request queued behind a held
+    call): the body is held once. Before, the pieces it was joined from stayed beside it until
+    the next request began, which a paused connection does not read."""
+    big = 7 * MiB
+    cfg = GatewayConfig(upstreams=[mock.url], health_interval_s=0, max_body_bytes=8 * MiB)
+    small = b'{"model": "m", "messages": [{"role": "user", "content": "x"}]}'
+    large = msgspec.json.encode(
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "user": "x" * (big - 200)}
+    )
+    head = "POST /sessions/pipe/v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n"
+    one_small = head.format(len(small)).encode() + small
+    payload = one_small * 33 + head.format(len(large)).encode() + large  # 1 held + 32 queued + 1
+    async with GatewayServer(cfg) as gw:
+        tracemalloc.start()
+        try:
+            client = asyncio.create_task(asyncio.to_thread(_pipeline, gw.port, payload, 34))
+            await held.arrived.wait()
+            (conn,) = gw.http_server.connections
+            await wait_until(lambda: conn._reading_paused, what="the gateway to stop reading")
+            held_bytes = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        assert held_bytes < big + 2 * MiB, held_bytes / MiB  # before: 14 MiB, the body twice
+        held.release.set()
+        assert await client == [200] * 34
+
+
+def _serve_canned(listener: socket.socket, answer: bytes) -> None:
+    """A blocking upstream in a thread (what it holds is allocated before tracemalloc starts):
+    every POST gets ``answer``, the health check a model list."""
+    health = b'HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\n{"data":[]}'
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return  # the test closed the listener
+        with conn:
+            buf = bytearray(1 << 16)
+            while True:
+                n = conn.recv_into(buf)
+                if not n:
+                    break
+                if b"\r\n\r\n" in buf[:n]:  # each request here fits one read
+                    conn.sendall(health if buf.startswith(b"GET") else answer)
+
+
+def _read_answer(port: int) -> tuple[bytes, int]:
+    """One call through the gateway; its status line and the body's length, read into one
+    reused buffer (so the client allocates next to nothing)."""
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "x"}]}'
+    buf = bytearray(1 << 20)
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(
+            b"POST /sessions/a/v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%b"
+            % (len(body), body)
+        )
+        got = sock.recv_into(buf)
+        while b"\r\n\r\n" not in buf[:got]:
+            got += sock.recv_into(memoryview(buf)[got:])
+        head, _, rest = bytes(buf[:got]).partition(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        seen = len(rest)
+        while seen < length and (n := sock.recv_into(buf)):
+            seen += n
+        return head.split(b"\r\n")[0], seen
+
+
+@pytest.mark.parametrize("lane", [True, False], ids=["early-lane", "task-path"])
+async def test_a_large_answer_passes_through_with_bounded_copies(lane):
+    """A 32 MiB upstream answer (its bulk in the reply's text) passed through to the agent: the
+    gateway's peak allocation stays under 4x the answer (before: 5.4x — two copies to cut it out
+    of the read buffer, the head glued to the body, the transport's copies of what it could not
+    send at once). The gateway README states the figure."""
+    size = 32 * MiB
+    answer = msgspec.json.encode(
+        {
+            "id": "x",
+            "object": "chat.completion",
+            "model": "m",
+            "prompt_token_ids": [1, 2, 3],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "y" * size},
+                    "finish_reason": "stop",
+                    "token_ids": [4, 5],
+                    "logprobs": {
+                        "content": [{"token": "a", "logprob": -0.5}, {"token": "b", "logprob": -0.5}]
+                    },
+                }
+            ],
+        }
+    )
+    reply = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(answer)
+    listener = socket.create_server(("127.0.0.1", 0))
+    upstream = threading.Thread(target=_serve_canned, args=(listener, reply + answer), daemon=True)
+    upstream.start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+    cfg = GatewayConfig(
+        upstreams=[url], health_interval_s=0, proxy_lane=lane, max_upstream_body_bytes=4 * size
+    )
+    try:
+        async with GatewayServer(cfg) as gw:
+            tracemalloc.start()
+            try:
+                status, length = await asyncio.to_thread(_read_answer, gw.port)
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+    finally:
+        listener.close()
+    assert status == b"HTTP/1.1 200 OK" and length > size
+    assert peak < 4 * len(answer), peak / len(answer)

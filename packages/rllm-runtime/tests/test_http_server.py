@@ -13,6 +13,7 @@ import pytest
 from rllm.runtime.http_messages import Request, Response, StreamResponse
 from rllm.runtime.http_router import Router
 from rllm.runtime.http_server import HttpServer
+from rllm.testing import wait_until
 
 
 def error_response(status: int, message: str) -> Response:
@@ -22,6 +23,9 @@ def error_response(status: int, message: str) -> Response:
         kind = "server_error"
     body = json.dumps({"error": {"message": message, "type": kind, "code": str(status)}}).encode()
     return Response(status=status, body=body)
+
+
+BIG = bytes(range(256)) * (5 * 4096)  # a 5 MiB plain answer (written in 1 MiB slices)
 
 
 class _App:
@@ -41,6 +45,8 @@ class _App:
         r.add("GET", "/stream-then-fail", self.stream_then_fail)
         r.add("GET", "/abort", self.abort)
         r.add("GET", "/stream-then-abort", self.stream_then_abort)
+        r.add("GET", "/big", self.big)
+        r.add("GET", "/huge", self.huge)
 
     async def dispatch(self, request: Request) -> Response | StreamResponse:
         return await self.router.dispatch(request, error_response)
@@ -57,6 +63,14 @@ class _App:
 
     async def params(self, request: Request) -> Response:
         return Response(body=json.dumps(request.match_info).encode())
+
+    async def big(self, request: Request) -> Response:
+        self.started.set()
+        return Response(body=BIG, content_type="application/octet-stream")
+
+    async def huge(self, request: Request) -> Response:
+        self.started.set()
+        return Response(body=BIG * 8, content_type="application/octet-stream")
 
     async def static(self, request: Request) -> Response:
         return Response(body=b'{"static": true}')
@@ -331,3 +345,45 @@ async def test_abort_mid_stream_leaves_the_stream_unterminated(served):
         with pytest.raises(aiohttp.ClientPayloadError):
             async with s.get(f"http://127.0.0.1:{port}/stream-then-abort") as r:
                 await r.read()
+
+
+async def _read_answer(reader: asyncio.StreamReader, with_body: bool = True) -> tuple[bytes, bytes]:
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    body = await asyncio.wait_for(reader.readexactly(length), 30) if with_body else b""
+    return head, body
+
+
+async def test_large_answers_go_out_whole_and_in_order_between_pipelined_requests(served):
+    _, _, port = served
+    get_big = b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n"
+    raw = get_big + _post("/echo", b'{"n": 1}') + b"HEAD /big HTTP/1.1\r\nHost: x\r\n\r\n" + get_big
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(raw)
+    try:
+        first = await _read_answer(reader)
+        echo = await _read_answer(reader)
+        head_only = await _read_answer(reader, with_body=False)
+        last = await _read_answer(reader)
+    finally:
+        writer.close()
+    assert first[1] == BIG and last[1] == BIG
+    assert echo[0].startswith(b"HTTP/1.1 200") and json.loads(echo[1])["len"] == 8
+    assert head_only[0].startswith(b"HTTP/1.1 200") and b"Content-Length: %d" % len(BIG) in head_only[0]
+
+
+async def test_a_client_that_stops_reading_a_large_answer_holds_it_back(served):
+    """A 40 MiB plain answer to a client that reads nothing: it waits in slices as the client
+    reads, so the transport holds about one slice, not all the kernel did not take (or two
+    copies of that)."""
+    app, server, port = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /huge HTTP/1.1\r\nHost: x\r\n\r\n" + _post("/echo", b"{}"))
+    await asyncio.wait_for(app.started.wait(), 5)
+    (conn,) = server.connections
+    await wait_until(lambda: conn.paused is not None, what="the server to wait for the client")
+    assert conn.transport.get_write_buffer_size() <= 2 * 1024 * 1024
+    _, body = await _read_answer(reader)  # reading lets the rest, then the next answer, go
+    assert body == BIG * 8
+    assert json.loads((await _read_answer(reader))[1])["len"] == 2
+    writer.close()

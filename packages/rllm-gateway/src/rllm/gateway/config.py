@@ -64,8 +64,8 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Nesting depth of JSON accepted from a client (body, messages, tools, metadata): deeper
     # documents are refused with 400 before anything recursive (validation, the store) sees them.
     max_json_depth: int = 64
-    # Memory bounds: bytes of requests queued behind the one being answered on one connection
-    # (pipelining; reading pauses past it), the size of a whole upstream answer, and of one
+    # Memory bounds: bytes of requests queued behind the one being answered on one connection,
+    # the one arriving included (pipelining; reading pauses as soon as they pass it), the size of a whole upstream answer, and of one
     # streamed SSE event (502 / an error event past them).
     max_pipelined_bytes: int = 64 * 1024 * 1024
     max_upstream_body_bytes: int = 256 * 1024 * 1024

@@ -94,16 +94,25 @@ def parse_response(
     elif length < 0:  # the body runs to the end of the connection
         if not closed:
             return None
-        body, stop, keep = bytes(buf[start:]), len(buf), False
+        body, stop, keep = _copy(buf, start, len(buf)), len(buf), False
     else:
         stop = start + length
         if len(buf) < stop:
             if closed:
                 raise UpstreamDropped("connection closed mid-body")
             return None
-        body = bytes(buf[start:stop])
-    del buf[:stop]
+        body = _copy(buf, start, stop)
+    del buf[:stop]  # frees the buffer's memory when that was the whole of it (the usual case)
     return status, body, keep
+
+
+def _copy(buf: bytearray, start: int, stop: int) -> bytes:
+    """``buf[start:stop]`` as bytes, a large one in one copy (slicing the bytearray first makes
+    two; for a small one that is the quicker way)."""
+    if stop - start < 1 << 16:
+        return bytes(buf[start:stop])
+    with memoryview(buf) as view:
+        return view[start:stop].tobytes()
 
 
 def _dechunk(buf: bytearray, pos: int) -> tuple[bytes, int] | None:
@@ -123,7 +132,8 @@ def _dechunk(buf: bytearray, pos: int) -> tuple[bytes, int] | None:
             return (bytes(out), trailer_end + 4) if trailer_end >= 0 else None
         if len(buf) < data + size + 2:
             return None
-        out += buf[data : data + size]
+        with memoryview(buf) as view:
+            out += view[data : data + size]
         pos = data + size + 2
 
 

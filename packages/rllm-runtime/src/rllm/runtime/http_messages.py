@@ -98,7 +98,8 @@ class Request:
 
 
 class Response:
-    """A whole response, written with its head in one transport write."""
+    """A whole response, written with its head in one transport write (a body over 1 MiB after
+    its head, in slices as the client reads it)."""
 
     __slots__ = ("body", "content_type", "headers", "status")
 

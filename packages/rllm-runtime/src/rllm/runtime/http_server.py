@@ -3,9 +3,10 @@
 Why not aiohttp's server: on a proxy's hot path its request objects, URL dispatcher, middleware
 chain and response machinery cost about a fifth of the CPU per request. This server does what the
 gateway and the mock upstream need and no more: whole request bodies (size-limited), keep-alive
-and pipelining, ``Expect: 100-continue``, one write per plain response, chunked streaming
-responses with write back-pressure, cancellation of the handler when the client goes away, idle
-connection reaping and a graceful shutdown. The request and response objects are in
+and pipelining, ``Expect: 100-continue``, one write per plain response (a body over 1 MiB goes in
+slices as the client reads it), chunked streaming responses with write back-pressure,
+cancellation of the handler when the client goes away, idle connection reaping and a graceful
+shutdown. The request and response objects are in
 :mod:`rllm.runtime.http_messages`, the router in :mod:`rllm.runtime.http_router`.
 """
 
@@ -39,6 +40,7 @@ log = logging.getLogger("rllm.runtime.http")
 
 _MAX_PIPELINED = 32  # queued requests per connection before we stop reading from it
 _MAX_HEAD_BYTES = 64 * 1024  # request line + headers; more is refused with 431
+_WRITE_SLICE = 1 << 20  # a response body larger than this is written a slice at a time
 
 
 class _Refused(Exception):
@@ -78,7 +80,7 @@ class HttpProtocol(asyncio.Protocol):
         self.paused: asyncio.Future[None] | None = None
         self.last_active = 0.0
         self._queue: deque[tuple[Request, bool, bool]] = deque()  # request, keep-alive, too big
-        self._queued_bytes = 0  # bodies held in _queue
+        self._queued_bytes = 0  # bodies held in _queue (the one arriving is _size)
         # Malformed input after requests still being answered: their answers go out whole and in
         # order first, then this one, then the connection closes.
         self._final: Response | None = None
@@ -140,7 +142,7 @@ class HttpProtocol(asyncio.Protocol):
         if self.closed:
             raise ConnectionResetError("client disconnected")
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         if not self.closed:
             self.transport.write(data)  # type: ignore[union-attr]
 
@@ -223,8 +225,16 @@ class HttpProtocol(asyncio.Protocol):
         if self._size > self.server.max_body_bytes:
             self._too_big = True
             self._body = []
-        else:
-            self._body.append(body)
+            return
+        self._body.append(body)
+        if (
+            not self._reading_paused
+            and not self.idle()
+            and self._queued_bytes + self._size > self.server.max_pipelined_bytes
+        ):
+            # A body behind a request still being answered counts against the cap while it
+            # arrives, not only once whole: stop reading now (within one read of the cap).
+            self._pause_reading()
 
     def on_message_complete(self) -> None:
         if self._final is not None:
@@ -234,7 +244,10 @@ class HttpProtocol(asyncio.Protocol):
         # "/" (%2F) can never change which route a path takes.
         path = url.path.decode("latin-1")
         method = self.parser.get_method().decode("latin-1")
-        body = b"".join(self._body) if len(self._body) != 1 else self._body[0]
+        # The pieces go as they are joined, so a finished body is never held twice for long.
+        pieces, self._body, self._size = self._body, [], 0
+        body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        del pieces
         req = Request(self, method, path, (url.query or b"").decode("latin-1"), Headers(self._headers), body)
         self._queue.append((req, self.parser.should_keep_alive(), self._too_big))
         self._queued_bytes += len(body)
@@ -243,22 +256,32 @@ class HttpProtocol(asyncio.Protocol):
         elif (
             len(self._queue) > _MAX_PIPELINED or self._queued_bytes > self.server.max_pipelined_bytes
         ) and not self._reading_paused:
-            # Back-pressure, not an error: the client's writes wait until earlier answers went out.
-            self._reading_paused = True
-            self.transport.pause_reading()  # type: ignore[union-attr]
+            self._pause_reading()
+
+    def _pause_reading(self) -> None:
+        """Back-pressure, not an error: the client's writes wait until earlier answers went out."""
+        self._reading_paused = True
+        self.transport.pause_reading()  # type: ignore[union-attr]
+
+    def _resume_reading_if_room(self) -> None:
+        """Go on reading once what is held behind the request being answered (queued bodies and
+        the one arriving) fell to half the caps, or once nothing is being answered (then the
+        arriving body is the next request, bounded by max_body_bytes alone)."""
+        if self._final is not None:
+            return
+        held = self._queued_bytes + (0 if self._too_big else self._size)  # a refused body is not kept
+        if self.idle() or (
+            len(self._queue) <= _MAX_PIPELINED // 2 and held <= self.server.max_pipelined_bytes // 2
+        ):
+            self._reading_paused = False
+            self.transport.resume_reading()  # type: ignore[union-attr]
 
     # ---------------------------------------------------------------- answering
     def _next(self) -> None:
         req, keep_alive, too_big = self._queue.popleft()
         self._queued_bytes -= len(req.body)
-        if (
-            self._reading_paused
-            and self._final is None
-            and len(self._queue) <= _MAX_PIPELINED // 2
-            and self._queued_bytes <= self.server.max_pipelined_bytes // 2
-        ):
-            self._reading_paused = False
-            self.transport.resume_reading()  # type: ignore[union-attr]
+        if self._reading_paused:
+            self._resume_reading_if_room()
         self._keep_alive = keep_alive
         server = self.server
         if too_big:
@@ -322,7 +345,27 @@ class HttpProtocol(asyncio.Protocol):
         self._task = None
         if self.closed:
             return
-        self._write_response(resp, self._keep_alive, with_body=req.method != "HEAD")
+        with_body = req.method != "HEAD"
+        if with_body and len(resp.body) > _WRITE_SLICE:
+            # A large body goes out in slices as the client reads it: handed to the transport
+            # whole, it would be copied (once or twice, by the loop) into the transport's buffer.
+            self._write_response(resp, self._keep_alive, with_body=False)
+            self._task = self.server.loop.create_task(self._write_body(resp.body))
+            return
+        self._write_response(resp, self._keep_alive, with_body=with_body)
+        self._done()
+
+    async def _write_body(self, body: bytes) -> None:
+        """The body of a large answer, one slice per drained write; then the next request."""
+        with memoryview(body) as view:
+            for start in range(0, len(view), _WRITE_SLICE):
+                try:
+                    await self.drain()
+                except ConnectionResetError:
+                    self._task = None  # the client went away; connection_lost cleaned up
+                    return
+                self.write(view[start : start + _WRITE_SLICE])
+        self._task = None
         self._done()
 
     def _done(self) -> None:
@@ -333,6 +376,8 @@ class HttpProtocol(asyncio.Protocol):
             self._next()
         elif self._final is not None:
             self._finish_connection()
+        elif self._reading_paused:
+            self._resume_reading_if_room()  # a body paused mid-way is now the next request
 
     def _write_response(self, resp: Response, keep_alive: bool, with_body: bool = True) -> None:
         head = status_line(resp.status)
@@ -376,7 +421,8 @@ class HttpServer:
         self.early = early
         self.error_factory = error_factory
         self.max_body_bytes = max_body_bytes
-        # Bodies queued behind the request being answered, per connection: reading pauses past it.
+        # Bodies queued behind the request being answered, per connection, the one arriving
+        # included: reading pauses as soon as they pass it.
         self.max_pipelined_bytes = (
             max_pipelined_bytes if max_pipelined_bytes is not None else 2 * max_body_bytes
         )
