@@ -1,6 +1,7 @@
 """The `rllm` command (click). Every subcommand lives in its own module of ``rllm.cli``.
 
 rllm train NAME [key.sub=value ...]     rllm eval NAME --base-url URL | --model openai/...
+rllm sft CHATS.jsonl --model M          (supervised fine-tuning, assistant tokens only)
 rllm dataset list|pull|register|inspect|remove
 rllm cookbook list|info NAME            rllm cookbooks | rllm backends
 rllm view RUN_DIR                       rllm serve MODEL_PATH
@@ -103,6 +104,52 @@ def train(
     console.print(
         f"[bold green]done[/bold green]: {result.steps} steps in {result.wall_s:.0f} s; "
         f"{reward}run dir {result.out_dir}" + (f"; plot {result.plot}" if result.plot else "")
+    )
+    return 0
+
+
+@cli.command(context_settings=PASS_THROUGH)
+@click.argument("dataset")
+@click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
+@click.option("--model", "model_name", default=None, help="model path or hub name (default: tiny)")
+@click.option("--backend", default=None, help="training backend (default: tinker)")
+@click.option(
+    "--config", type=click.Path(path_type=Path), default=None, help="SFTConfig file (TOML, YAML or JSON)"
+)
+@click.option("--out", default=None, help="run directory (default runs/sft-DATASET)")
+@click.option("--resume", is_flag=True, help="continue from the run directory's latest checkpoint")
+def sft(
+    dataset: str,
+    overrides: tuple[str, ...],
+    model_name: str | None,
+    backend: str | None,
+    config: Path | None,
+    out: str | None,
+    resume: bool,
+) -> int:
+    """Supervised fine-tuning on DATASET, an OpenAI chat JSONL (assistant tokens trained only).
+
+    \b
+    Example:
+      rllm sft chats.jsonl --model Qwen/Qwen3-0.6B --out runs/sft epochs=2 val_dataset=held.jsonl val_every=10
+      rllm train math --init-from runs/sft/checkpoints/step_000040
+    """
+    from rllm.engine.sft_launch import build_sft
+
+    runner = build_sft(
+        dataset, model=model_name, backend=backend, config_path=config, overrides=list(overrides), out_dir=out
+    )
+    result = run(runner.fit(resume=resume), uvloop_default=False)
+    loss = (
+        f"loss {result.first_loss:.3f} -> {result.final_loss:.3f}; "
+        if result.first_loss is not None and result.final_loss is not None
+        else ""
+    )
+    val = f"best held-out loss {result.best_val_loss:.3f}; " if result.best_val_loss is not None else ""
+    console.print(
+        f"[bold green]done[/bold green]: {result.steps} steps in {result.wall_s:.0f} s"
+        + (" (stopped early)" if result.stopped_early else "")
+        + f"; {loss}{val}checkpoint {result.checkpoint}"
     )
     return 0
 
