@@ -101,3 +101,54 @@ def test_batch_plan_and_schedule() -> None:
     assert plan == plan_batches([10, 10, 30, 5, 5], batch_tokens=20, epochs=2, seed=1)
     assert [lr_scale(s, 10, 2, "linear") for s in (0, 1, 2, 6)] == [0.5, 1.0, 1.0, 0.5]
     assert lr_scale(10, 10, 0, "cosine") == pytest.approx(0.0)
+
+
+def test_sft_then_rl_starts_from_the_sft_weights(tmp_path: Path) -> None:
+    from rllm.engine.chat_data import read_chat_jsonl, tokenize_all
+    from rllm.engine.init_from import init_weights
+    from rllm.engine.launch import build_trainer, init_tiny_model
+    from rllm.engine.plugins import load_cookbook
+    from rllm.engine.sft_launch import load_chat_tokenizer
+
+    model = init_tiny_model(tmp_path / "model", cookbook=load_cookbook("say-single"))
+    train = write_chats(tmp_path / "train.jsonl", 12)
+    held = write_chats(tmp_path / "held.jsonl", 4, offset=2)
+    sft_out = tmp_path / "sft"
+    sft = build_sft(
+        str(train),
+        model=str(model),
+        out_dir=str(sft_out),
+        overrides=[*FAST, f"val_dataset={held}", "val_every=2", "total_steps=2", "batch_tokens=40"],
+    )
+    asyncio.run(sft.fit())
+    sft_val = [r["val/loss"] for r in read_metrics(sft_out / "metrics.jsonl") if "val/loss" in r]
+    held_seqs = tokenize_all(load_chat_tokenizer(str(model)), read_chat_jsonl(held))
+    rl = [
+        *FAST,
+        "plot=false",
+        "tensorboard=false",
+        "rollout.workers=1",
+        f"backend.options.model={model}",
+        "total_steps=1",
+    ]
+
+    async def held_out_loss(init: bool) -> float:
+        trainer = build_trainer(
+            "say-single", out_dir=str(tmp_path / "rl-probe"), overrides=[*rl, f"init_from={sft_out}"]
+        )
+        assert trainer.init_checkpoint == sft_out / "checkpoints" / "step_000002"
+        backend = trainer.backend
+        await backend.start()
+        try:
+            if init:
+                await init_weights(backend, trainer.init_checkpoint)
+            return (await backend.eval_loss(held_seqs))["loss"]  # pyright: ignore[reportAttributeAccessIssue]
+        finally:
+            await backend.close()
+
+    assert asyncio.run(held_out_loss(True)) == pytest.approx(sft_val[-1], abs=1e-5)
+    assert abs(asyncio.run(held_out_loss(False)) - sft_val[-1]) > 0.1  # the fresh model differs
+    # The command itself: one RL step from the SFT checkpoint.
+    assert main(["train", "say-single", "--out", str(tmp_path / "rl"), "--init-from", str(sft_out), *rl]) == 0
+    with pytest.raises(ConfigError, match="init_from"):
+        build_trainer("say-single", out_dir=str(tmp_path / "x"), overrides=[*rl, f"init_from={tmp_path}"])

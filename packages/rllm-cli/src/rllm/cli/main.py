@@ -73,6 +73,9 @@ def cli(debug: bool) -> None:
 )
 @click.option("--out", default=None, help="run directory (default runs/NAME)")
 @click.option("--resume", is_flag=True, help="continue from the run directory's latest checkpoint")
+@click.option(
+    "--init-from", default=None, help="start from this checkpoint's weights (RUN/checkpoints/step_N or RUN)"
+)
 @click.option("-v", "--verbose", is_flag=True, help="log at INFO level")
 def train(
     name: str,
@@ -81,6 +84,7 @@ def train(
     config: Path | None,
     out: str | None,
     resume: bool,
+    init_from: str | None,
     verbose: bool,
 ) -> int:
     """Train cookbook NAME's agent; `key.sub=value` arguments override the config.
@@ -94,7 +98,10 @@ def train(
 
     if verbose:
         logging.getLogger().setLevel(logging.INFO)
-    trainer = build_trainer(name, config_path=config, overrides=list(overrides), backend=backend, out_dir=out)
+    flags = [f"init_from={init_from}"] if init_from else []
+    trainer = build_trainer(
+        name, config_path=config, overrides=[*flags, *overrides], backend=backend, out_dir=out
+    )
     result = run(trainer.fit(resume=resume), uvloop_default=False)
     reward = (
         f"reward {result.first_reward:.3f} -> {result.final_reward:.3f}; "

@@ -23,6 +23,7 @@ from rllm.algos import compute_advantages, filter_groups, group_trajectories
 from rllm.engine.backend import Backend
 from rllm.engine.checkpoint import TrainerState, latest_checkpoint, load_trainer_state, save_checkpoint
 from rllm.engine.data_order import next_batch
+from rllm.engine.init_from import init_weights, resolve_init_checkpoint
 from rllm.engine.metrics_log import (
     MetricsLogger,
     plot_reward_curve,
@@ -58,6 +59,7 @@ class Trainer:
         self.backend = backend
         self.out_dir = Path(config.out_dir)
         validate_algorithm(config, backend)
+        self.init_checkpoint = resolve_init_checkpoint(config.init_from) if config.init_from else None
         self.train_tasks = cookbook.load_tasks(config.train_split)
         self.val_tasks = self._load_val_tasks()
 
@@ -88,6 +90,8 @@ class Trainer:
                 await self.backend.load_checkpoint(ckpt / "backend")
                 state.weight_version = await self.backend.sync_weights()
                 log.info("resumed from %s at step %d", ckpt, state.step)
+            elif self.init_checkpoint is not None:
+                state.weight_version = await init_weights(self.backend, self.init_checkpoint)
             # One history per run: rows and samples past the restored step are redone, not kept twice.
             truncate_history(self.out_dir, state.step)
             await engine.client.set_weight_version(state.weight_version)

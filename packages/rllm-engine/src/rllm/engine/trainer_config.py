@@ -67,6 +67,8 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     val_every: int = 0
     val_tasks: int | None = None
     ckpt_every: int = 0
+    # Start from another run's checkpoint (RUN/checkpoints/step_N, or RUN for its latest): rllm.engine.init_from.
+    init_from: str | None = None
     out_dir: str = "runs/default"
     tensorboard: bool = True
     wandb: bool = False
