@@ -134,15 +134,19 @@ def sft(
     out: str | None,
     resume: bool,
 ) -> int:
-    """Supervised fine-tuning on DATASET, an OpenAI chat JSONL (assistant tokens trained only).
+    """Supervised fine-tuning on DATASET: an OpenAI chat JSONL (assistant tokens trained only) or
+    the NAME of a set `rllm dataset from-eval` wrote.
 
     \b
     Example:
       rllm sft chats.jsonl --model Qwen/Qwen3-0.6B --out runs/sft epochs=2 val_dataset=held.jsonl val_every=10
       rllm train math --init-from runs/sft/checkpoints/step_000040
     """
+    from rllm.cli.registry import sft_dataset_path
     from rllm.engine.sft_launch import build_sft
 
+    if not Path(dataset).exists() and "/" not in dataset and sft_dataset_path(dataset).is_file():
+        dataset = str(sft_dataset_path(dataset))  # a set `rllm dataset from-eval --name` wrote
     runner = build_sft(
         dataset, model=model_name, backend=backend, config_path=config, overrides=list(overrides), out_dir=out
     )

@@ -42,10 +42,22 @@ class ChatExample(msgspec.Struct, kw_only=True):
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None = None
     id: str = ""
+    # Already tokenized (``rllm dataset from-eval``: the sampler's own ids): used as they are.
+    input_ids: list[int] | None = None
+    loss_mask: list[float] | None = None
 
 
 def check_example(example: ChatExample, where: str) -> None:
     """Refuse a conversation rLLM cannot train on, naming ``where`` (file and line) and the message."""
+    if example.input_ids is not None or example.loss_mask is not None:
+        ids, mask = example.input_ids or [], example.loss_mask or []
+        if len(ids) != len(mask) or not ids:
+            raise InputError(f"{where}: `input_ids` and `loss_mask` must be non-empty and of one length")
+        if not all(isinstance(t, int) and t >= 0 for t in ids) or not set(mask) <= {0, 1}:
+            raise InputError(f"{where}: `input_ids` must be token ids and `loss_mask` 0s and 1s")
+        if not any(mask[1:]):
+            raise InputError(f"{where}: no trained token (every loss_mask is 0 after token 0)")
+        return
     if not example.messages:
         raise InputError(f"{where}: `messages` is empty")
     for i, message in enumerate(example.messages):
@@ -75,7 +87,13 @@ def read_chat_jsonl(path: str | Path) -> list[ChatExample]:
         tools = row.get("tools")
         if tools is not None and not isinstance(tools, list):
             raise InputError(f"{where}: `tools` must be a list")
-        example = ChatExample(messages=row["messages"], tools=tools, id=str(row.get("id", number)))
+        example = ChatExample(
+            messages=row["messages"],
+            tools=tools,
+            id=str(row.get("id", number)),
+            input_ids=row.get("input_ids"),
+            loss_mask=row.get("loss_mask"),
+        )
         check_example(example, where)
         examples.append(example)
     if not examples:
@@ -100,6 +118,10 @@ def tokenize_chat(tokenizer: ChatTokenizer, example: ChatExample, max_tokens: in
     its mask). Raises InputError when the template does not extend prefixes token for token.
     """
     check_example(example, f"conversation {example.id!r}")
+    if example.input_ids is not None and example.loss_mask is not None:
+        return _sequence(
+            example.input_ids[: max_tokens or None], example.loss_mask[: max_tokens or None], example
+        )
     ids: list[int] = []
     mask: list[float] = []
     for i, message in enumerate(example.messages):
@@ -116,6 +138,12 @@ def tokenize_chat(tokenizer: ChatTokenizer, example: ChatExample, max_tokens: in
             f"conversation {example.id!r}: no assistant token to train on"
             + (f" within max_tokens={max_tokens}" if max_tokens > 0 else "")
         )
+    return _sequence(ids, mask, example)
+
+
+def _sequence(ids: list[int], mask: list[float], example: ChatExample) -> TrainSequence:
+    if not any(mask[1:]):
+        raise InputError(f"conversation {example.id!r}: no trained token within max_tokens")
     n = len(ids)
     return TrainSequence(
         input_ids=TokenArray(ids),
