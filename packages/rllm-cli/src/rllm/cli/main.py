@@ -2,6 +2,7 @@
 
 rllm train NAME [key.sub=value ...]     rllm eval NAME --base-url URL | --model openai/...
 rllm sft CHATS.jsonl --model M          (supervised fine-tuning, assistant tokens only)
+rllm distill NAME --teacher URL         (on-policy distillation)
 rllm dataset list|pull|register|inspect|remove
 rllm cookbook list|info NAME            rllm cookbooks | rllm backends
 rllm view RUN_DIR                       rllm serve MODEL_PATH
@@ -161,6 +162,60 @@ def sft(
         f"[bold green]done[/bold green]: {result.steps} steps in {result.wall_s:.0f} s"
         + (" (stopped early)" if result.stopped_early else "")
         + f"; {loss}{val}checkpoint {result.checkpoint}"
+    )
+    return 0
+
+
+@cli.command(context_settings=PASS_THROUGH)
+@click.argument("name")
+@click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
+@click.option(
+    "--teacher", required=True, help="the teacher's OpenAI-compatible base URL (.../v1) with prompt_logprobs"
+)
+@click.option("--reward-coef", default=None, type=float, help="add this times the task reward's advantage")
+@click.option("--backend", default=None, help="training backend (default: tinker)")
+@click.option(
+    "--config", type=click.Path(path_type=Path), default=None, help="TrainerConfig file (TOML, YAML or JSON)"
+)
+@click.option("--out", default=None, help="run directory (default runs/NAME)")
+@click.option("--resume", is_flag=True, help="continue from the run directory's latest checkpoint")
+@click.option("--init-from", default=None, help="start from this checkpoint's weights")
+def distill(
+    name: str,
+    overrides: tuple[str, ...],
+    teacher: str,
+    reward_coef: float | None,
+    backend: str | None,
+    config: Path | None,
+    out: str | None,
+    resume: bool,
+    init_from: str | None,
+) -> int:
+    """On-policy distillation: the student samples cookbook NAME's tasks, the teacher scores its
+    tokens; per-token advantage = teacher - student logprob (optionally + the task reward's).
+
+    \b
+    Example:
+      rllm serve runs/teacher/model --port 8001 &
+      rllm distill say-single --teacher http://127.0.0.1:8001/v1 --out runs/distill total_steps=40
+    """
+    from rllm.engine.launch import build_trainer
+
+    if not teacher.startswith(("http://", "https://")):
+        raise CliError(
+            f"--teacher {teacher!r} is not a URL",
+            hint="serve a local teacher with `rllm serve PATH` and pass its http://HOST:PORT/v1",
+        )
+    # Every group trains: the teacher's advantages do not depend on the rewards varying.
+    flags = [f"distill.teacher={teacher}", "algorithm.filter_zero_variance=false"]
+    flags += [f"distill.reward_coef={reward_coef}"] if reward_coef is not None else []
+    flags += [f"init_from={init_from}"] if init_from else []
+    trainer = build_trainer(
+        name, config_path=config, overrides=[*flags, *overrides], backend=backend, out_dir=out
+    )
+    result = run(trainer.fit(resume=resume), uvloop_default=False)
+    console.print(
+        f"[bold green]done[/bold green]: {result.steps} steps in {result.wall_s:.0f} s; run dir {result.out_dir}"
     )
     return 0
 

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from typing import Any
+
+import msgspec
 
 from rllm.types import ConfigError, TrainSequence
 from rllm.types.arrays import FloatArray
@@ -26,6 +29,15 @@ from rllm.types.errors import InputError, RLLMError
 
 # Texts whose tokenization must agree between teacher and student (specials included).
 TOKENIZER_PROBES = ("Hello, world! 12 + 30 = 42.", "<|im_start|>user\nhi<|im_end|>", "  tabs\tand\nnewlines ")
+
+
+class DistillSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """TrainerConfig's ``distill``: on-policy distillation from ``teacher`` (a ``.../v1`` URL)."""
+
+    teacher: str
+    teacher_model: str = "teacher"
+    reward_coef: float = 0.0  # how much of the task reward's advantage is added to the teacher's
+    timeout_s: float = 120.0
 
 
 class TeacherError(RLLMError, ConnectionError):
@@ -80,6 +92,49 @@ class TeacherClient:
             *(asyncio.to_thread(self.score_sync, list(s.input_ids)) for s in sequences)
         )
 
+    def check_tokenizer(self, student: Any) -> None:
+        """Refuse a teacher whose server tokenizes the probe texts differently from ``student``
+        (it must return ``prompt_token_ids`` with ``return_token_ids``, as vLLM and rllm do)."""
+        for text in [*TOKENIZER_PROBES, vocabulary_probe(student)]:
+            body = {"model": self.model, "prompt": text, "max_tokens": 1, "return_token_ids": True}
+            answer = self._post(body)
+            theirs = answer.get("prompt_token_ids") or (answer.get("choices") or [{}])[0].get(
+                "prompt_token_ids"
+            )
+            if not isinstance(theirs, list):
+                raise ConfigError.for_key(
+                    "distill.teacher",
+                    f"teacher {self.url} returns no prompt_token_ids, so its tokenizer cannot be checked",
+                )
+            if theirs != list(student.encode(text, add_special_tokens=False)):
+                raise ConfigError.for_key(
+                    "distill.teacher",
+                    f"teacher {self.url} tokenizes {text!r} differently from the student: "
+                    "distillation needs one tokenizer",
+                )
+
+
+def vocabulary_probe(tokenizer: Any, samples: int = 64) -> str:
+    """A text of tokens spread over the student's whole vocabulary, its newest ids included (the
+    ones a fine-tuned or extended tokenizer adds): another vocabulary tokenizes it differently."""
+    size = len(tokenizer)
+    ids = sorted({*range(0, size, max(1, size // samples)), *range(max(0, size - samples), size)})
+    return str(tokenizer.decode(ids, skip_special_tokens=True))
+
+
+class Distiller:
+    """The Trainer's distillation hook: scores each step's sequences and rewrites their advantages."""
+
+    def __init__(self, section: DistillSection, student_tokenizer: Any) -> None:
+        self.section = section
+        self.teacher = TeacherClient(section.teacher, section.teacher_model, section.timeout_s)
+        self.teacher.check_tokenizer(student_tokenizer)
+
+    async def apply(self, sequences: Sequence[TrainSequence]) -> dict[str, float]:
+        started = time.perf_counter()
+        metrics = distill_advantages(sequences, await self.teacher.score(sequences), self.section.reward_coef)
+        return {**metrics, "time/teacher_s": time.perf_counter() - started}
+
 
 def distill_advantages(
     sequences: Sequence[TrainSequence], teacher_logprobs: Sequence[Sequence[float]], reward_coef: float = 0.0
@@ -116,4 +171,12 @@ def check_same_tokenizer(student: Any, teacher: Any) -> None:
             )
 
 
-__all__ = ["TOKENIZER_PROBES", "TeacherClient", "TeacherError", "check_same_tokenizer", "distill_advantages"]
+__all__ = [
+    "TOKENIZER_PROBES",
+    "DistillSection",
+    "Distiller",
+    "TeacherClient",
+    "TeacherError",
+    "check_same_tokenizer",
+    "distill_advantages",
+]
