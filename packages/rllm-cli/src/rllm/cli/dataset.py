@@ -10,7 +10,15 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from rllm.cli.registry import ColumnMap, DatasetRegistry, hub_cache, quiet_datasets, read_local_file
+from rllm.cli.errors import CliError
+from rllm.cli.registry import (
+    ColumnMap,
+    DatasetRegistry,
+    hub_cache,
+    quiet_datasets,
+    read_local_file,
+    sft_dataset_path,
+)
 
 out = Console()
 err = Console(stderr=True)
@@ -182,4 +190,36 @@ def remove(name: str) -> int:
     """
     DatasetRegistry().remove(name)
     err.print(f"removed {name}")
+    return 0
+
+
+@dataset_group.command("from-eval")
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--name", required=True, help="name of the SFT set (`rllm sft NAME` reads it)")
+@click.option("--min-reward", default=1.0, show_default=True, help="keep episodes with at least this reward")
+@click.option(
+    "--max-per-task", default=0, show_default=True, help="keep at most this many episodes a task (0: all)"
+)
+def from_eval(run_dir: Path, name: str, min_reward: float, max_per_task: int) -> int:
+    """Turn an `rllm eval` run's good episodes into an SFT set (the sampler's token ids, unchanged).
+
+    \b
+    Example:
+      rllm eval say --base-url http://127.0.0.1:8000/v1 --out runs/eval-say
+      rllm dataset from-eval runs/eval-say --min-reward 1.0 --name say-good --max-per-task 2
+      rllm sft say-good --model PATH
+    """
+    from rllm.engine.trace_data import read_eval_episodes, sft_records, write_records
+
+    records, stats = sft_records(read_eval_episodes(run_dir), min_reward, max_per_task)
+    if not records:
+        raise CliError(
+            f"{run_dir}: no episode with reward >= {min_reward} and token ids "
+            f"({stats.episodes} episodes, {stats.above_threshold} above the threshold)"
+        )
+    path = write_records(sft_dataset_path(name), records)
+    err.print(
+        f"wrote {stats.records} sequences to {path} from {stats.above_threshold} of {stats.episodes} episodes "
+        f"(reward >= {min_reward}; {stats.capped} over the per-task cap, {stats.duplicates} duplicates dropped)"
+    )
     return 0

@@ -1,6 +1,8 @@
 """The `rllm` command (click). Every subcommand lives in its own module of ``rllm.cli``.
 
 rllm train NAME [key.sub=value ...]     rllm eval NAME --base-url URL | --model openai/...
+rllm sft CHATS.jsonl --model M          (supervised fine-tuning, assistant tokens only)
+rllm distill NAME --teacher URL         (on-policy distillation)
 rllm dataset list|pull|register|inspect|remove
 rllm cookbook list|info NAME            rllm cookbooks | rllm backends
 rllm view RUN_DIR                       rllm serve RUN_DIR | MODEL_PATH
@@ -84,6 +86,9 @@ def cli(debug: bool) -> None:
 @click.option("--overwrite", is_flag=True, help="replace an earlier run in the run directory")
 @click.option("--agent", default=None, help="cookbook name or module:attr whose flow trains (datasets)")
 @click.option("--evaluator", default=None, help="cookbook name or module:attr that grades (datasets)")
+@click.option(
+    "--init-from", default=None, help="start from this checkpoint's weights (RUN/checkpoints/step_N or RUN)"
+)
 @click.option("-v", "--verbose", is_flag=True, help="log at INFO level")
 def train(
     name: str,
@@ -95,6 +100,7 @@ def train(
     overwrite: bool,
     agent: str | None,
     evaluator: str | None,
+    init_from: str | None,
     verbose: bool,
 ) -> int:
     """Train cookbook NAME's agent (or registered dataset NAME with --agent, as in `rllm eval`);
@@ -115,11 +121,12 @@ def train(
         logging.getLogger().setLevel(logging.INFO)
         for quieted in QUIET_LOGGERS:
             logging.getLogger(quieted).setLevel(logging.NOTSET)
+    flags = [f"init_from={init_from}"] if init_from else []
     trainer = build_trainer(
         name,
         cookbook=train_cookbook(name, agent, evaluator),
         config_path=config,
-        overrides=list(overrides),
+        overrides=[*flags, *overrides],
         backend=backend,
         out_dir=out,
         resume=resume,
@@ -142,6 +149,110 @@ def train(
         )
     for warning in result.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
+    return 0
+
+
+@cli.command(context_settings=PASS_THROUGH)
+@click.argument("dataset")
+@click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
+@click.option("--model", "model_name", default=None, help="model path or hub name (default: tiny)")
+@click.option("--backend", default=None, help="training backend (default: tinker)")
+@click.option(
+    "--config", type=click.Path(path_type=Path), default=None, help="SFTConfig file (TOML, YAML or JSON)"
+)
+@click.option("--out", default=None, help="run directory (default runs/sft-DATASET)")
+@click.option("--resume", is_flag=True, help="continue from the run directory's latest checkpoint")
+def sft(
+    dataset: str,
+    overrides: tuple[str, ...],
+    model_name: str | None,
+    backend: str | None,
+    config: Path | None,
+    out: str | None,
+    resume: bool,
+) -> int:
+    """Supervised fine-tuning on DATASET: an OpenAI chat JSONL (assistant tokens trained only) or
+    the NAME of a set `rllm dataset from-eval` wrote.
+
+    \b
+    Example:
+      rllm sft chats.jsonl --model Qwen/Qwen3-0.6B --out runs/sft epochs=2 val_dataset=held.jsonl val_every=10
+      rllm train math --init-from runs/sft/checkpoints/step_000040
+    """
+    from rllm.cli.registry import sft_dataset_path
+    from rllm.engine.sft_launch import build_sft
+
+    if not Path(dataset).exists() and "/" not in dataset and sft_dataset_path(dataset).is_file():
+        dataset = str(sft_dataset_path(dataset))  # a set `rllm dataset from-eval --name` wrote
+    runner = build_sft(
+        dataset, model=model_name, backend=backend, config_path=config, overrides=list(overrides), out_dir=out
+    )
+    result = run(runner.fit(resume=resume), uvloop_default=False)
+    loss = (
+        f"loss {result.first_loss:.3f} -> {result.final_loss:.3f}; "
+        if result.first_loss is not None and result.final_loss is not None
+        else ""
+    )
+    val = f"best held-out loss {result.best_val_loss:.3f}; " if result.best_val_loss is not None else ""
+    console.print(
+        f"[bold green]done[/bold green]: {result.steps} steps in {result.wall_s:.0f} s"
+        + (" (stopped early)" if result.stopped_early else "")
+        + f"; {loss}{val}checkpoint {result.checkpoint}"
+    )
+    return 0
+
+
+@cli.command(context_settings=PASS_THROUGH)
+@click.argument("name")
+@click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
+@click.option(
+    "--teacher", required=True, help="the teacher's OpenAI-compatible base URL (.../v1) with prompt_logprobs"
+)
+@click.option("--reward-coef", default=None, type=float, help="add this times the task reward's advantage")
+@click.option("--backend", default=None, help="training backend (default: tinker)")
+@click.option(
+    "--config", type=click.Path(path_type=Path), default=None, help="TrainerConfig file (TOML, YAML or JSON)"
+)
+@click.option("--out", default=None, help="run directory (default runs/NAME)")
+@click.option("--resume", is_flag=True, help="continue from the run directory's latest checkpoint")
+@click.option("--init-from", default=None, help="start from this checkpoint's weights")
+def distill(
+    name: str,
+    overrides: tuple[str, ...],
+    teacher: str,
+    reward_coef: float | None,
+    backend: str | None,
+    config: Path | None,
+    out: str | None,
+    resume: bool,
+    init_from: str | None,
+) -> int:
+    """On-policy distillation: the student samples cookbook NAME's tasks, the teacher scores its
+    tokens; per-token advantage = teacher - student logprob (optionally + the task reward's).
+
+    \b
+    Example:
+      rllm serve runs/teacher/model --port 8001 &
+      rllm distill say-single --teacher http://127.0.0.1:8001/v1 --out runs/distill total_steps=40
+    """
+    from rllm.engine.launch import build_trainer
+
+    if not teacher.startswith(("http://", "https://")):
+        raise CliError(
+            f"--teacher {teacher!r} is not a URL",
+            hint="serve a local teacher with `rllm serve PATH` and pass its http://HOST:PORT/v1",
+        )
+    # Every group trains: the teacher's advantages do not depend on the rewards varying.
+    flags = [f"distill.teacher={teacher}", "algorithm.filter_zero_variance=false"]
+    flags += [f"distill.reward_coef={reward_coef}"] if reward_coef is not None else []
+    flags += [f"init_from={init_from}"] if init_from else []
+    trainer = build_trainer(
+        name, config_path=config, overrides=[*flags, *overrides], backend=backend, out_dir=out
+    )
+    result = run(trainer.fit(resume=resume), uvloop_default=False)
+    console.print(
+        f"[bold green]done[/bold green]: {result.steps} steps in {result.wall_s:.0f} s; run dir {result.out_dir}"
+    )
     return 0
 
 

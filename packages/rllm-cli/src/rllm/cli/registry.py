@@ -58,6 +58,12 @@ def rllm_home() -> Path:
     return Path(os.environ.get("RLLM_HOME") or Path.home() / ".rllm")
 
 
+def sft_dataset_path(name: str) -> Path:
+    """Where `rllm dataset from-eval --name NAME` writes its SFT set (token-level JSONL)."""
+    _check_name(name)
+    return rllm_home() / "sft" / f"{name}.jsonl"
+
+
 def hub_cache() -> Path:
     """Where ``datasets`` keeps its download and conversion cache: under $RLLM_HOME too."""
     return rllm_home() / "cache" / "datasets"

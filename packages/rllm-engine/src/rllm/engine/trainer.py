@@ -25,6 +25,8 @@ from rllm.algos import compute_advantages, filter_groups, group_trajectories
 from rllm.engine.backend import Backend
 from rllm.engine.checkpoint import TrainerState, load_trainer_state, save_checkpoint
 from rllm.engine.data_order import next_batch
+from rllm.engine.distill_launch import build_distiller
+from rllm.engine.init_from import init_weights, resolve_init_checkpoint
 from rllm.engine.learning_watch import NoLearningWatch
 from rllm.engine.metrics_log import (
     MetricsLogger,
@@ -64,6 +66,8 @@ class Trainer:
         self.backend = backend
         self.out_dir = Path(config.out_dir)
         validate_algorithm(config, backend)
+        self.init_checkpoint = resolve_init_checkpoint(config.init_from) if config.init_from else None
+        self.distiller = build_distiller(config, backend)
         self.train_tasks = cookbook.load_tasks(config.train_split)
         self.val_tasks = self._load_val_tasks()
 
@@ -102,6 +106,8 @@ class Trainer:
                 await self.backend.load_checkpoint(ckpt / "backend")
                 state.weight_version = await self.backend.sync_weights()
                 log.info("resumed from %s at step %d", ckpt, state.step)
+            elif self.init_checkpoint is not None:
+                state.weight_version = await init_weights(self.backend, self.init_checkpoint)
             # One history per run: rows and samples past the restored step are redone, not kept twice.
             truncate_history(self.out_dir, state.step)
             await engine.client.set_weight_version(state.weight_version)
@@ -195,6 +201,7 @@ class Trainer:
         kept, filter_metrics = filter_groups(groups, algo)
         advantage_metrics = compute_advantages(kept, algo)
         sequences = sequences_from_groups(kept)
+        distill_metrics = await self.distiller.apply(sequences) if self.distiller and sequences else {}
         if cfg.sample_groups:
             trained = [t.id for g in kept for t in g.trajectories]
             write_episode_sample(self.out_dir, state.step + 1, episodes, trained, cfg.sample_groups)
@@ -217,6 +224,7 @@ class Trainer:
             **episode_metrics(episodes),
             **{f"filter/{k}": v for k, v in filter_metrics.items()},
             **{f"advantage/{k}": v for k, v in advantage_metrics.items()},
+            **distill_metrics,
             **{f"train/{k}": v for k, v in train_metrics.items()},
             "train/sequences": len(sequences),
             "weight_version": state.weight_version,

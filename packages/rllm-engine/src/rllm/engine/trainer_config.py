@@ -14,6 +14,7 @@ from typing import Any, Literal
 import msgspec
 
 from rllm.algos.config import AlgorithmConfig
+from rllm.engine.distill import DistillSection
 from rllm.engine.rollout_config import RolloutConfig, RolloutSettings
 from rllm.types import ConfigError
 from rllm.types.config_file import apply_overrides, convert_config, merge_config, read_config_file
@@ -67,6 +68,8 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     val_every: int = 0
     val_tasks: int | None = None
     ckpt_every: int = 0
+    # Start from another run's checkpoint (RUN/checkpoints/step_N, or RUN for its latest): rllm.engine.init_from.
+    init_from: str | None = None
     out_dir: str = "runs/default"
     tensorboard: bool = True
     wandb: bool = False
@@ -78,6 +81,8 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     rollout: RolloutSettings = msgspec.field(default_factory=training_rollout)
     backend: BackendSection = msgspec.field(default_factory=BackendSection)
     gateway: GatewaySection = msgspec.field(default_factory=GatewaySection)
+    # On-policy distillation (`rllm distill`): a teacher's per-token advantages (rllm.engine.distill).
+    distill: DistillSection | None = None
 
     def engine_rollout(self, model: str) -> RolloutConfig:
         """The RolloutConfig of this run's engine: the ``rollout`` settings, the backend's served

@@ -10,6 +10,7 @@ from rllm.algos.config import AlgorithmConfig
 from rllm.backends.tinker.config import TinkerBackendConfig
 from rllm.engine.backend_base import BackendBase
 from rllm.types import TrainSequence
+from rllm.types.errors import ConfigError
 
 
 class _Service(Protocol):
@@ -88,6 +89,25 @@ class TinkerBackend(BackendBase[TinkerBackendConfig]):
 
     async def sync_weights(self) -> int:
         return await self._started().sync_weights()
+
+    # Supervised fine-tuning (rllm.engine.sft): held-out loss and the LR schedule, local service only.
+    def supports_sft_extras(self) -> str | None:
+        """None when eval_loss and set_learning_rate_scale work; otherwise the reason they do not."""
+        if self.config.service != "local":
+            return "the remote Tinker service has no forward-only loss or LR-schedule hook in rLLM yet"
+        return None
+
+    async def eval_loss(self, batch: list[TrainSequence]) -> dict[str, float]:
+        return await self._local().eval_loss(batch)
+
+    def set_learning_rate_scale(self, scale: float) -> float:
+        return self._local().set_learning_rate_scale(scale)
+
+    def _local(self) -> Any:
+        service = self._started()
+        if self.config.service != "local":
+            raise ConfigError(f"backend.options.service: {self.supports_sft_extras()}")
+        return service
 
     async def save_checkpoint(self, path: Path) -> None:
         await self._started().save_checkpoint(Path(path))

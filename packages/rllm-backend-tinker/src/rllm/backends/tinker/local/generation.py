@@ -164,6 +164,15 @@ class SamplerEngine:
             self.weight_version += 1
             return self.weight_version
 
+    def prompt_logprobs(self, token_ids: list[int]) -> list[float | None]:
+        """The model's logprob of each token given the ones before it (None for the first): what
+        vLLM returns as ``prompt_logprobs``; a distillation teacher scores a student's tokens so."""
+        with self.weights_lock, torch.no_grad():
+            ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
+            logits = self.model(input_ids=ids, use_cache=False).logits[0, :-1].float()
+            picked = logits.gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+        return [None, *(float(x) for x in picked.tolist())]
+
     def decode(self, token_ids: list[int], *, skip_special_tokens: bool = False) -> str:
         # One sequence decodes to one str (transformers' annotation also covers batches).
         return cast(str, self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens))

@@ -200,9 +200,23 @@ class SamplerServer:
                 g.top_logprobs = logprobs or 0
                 g.vision = vision
             usage = include_usage(body)
+            scored = body.get("prompt_logprobs")
+            if scored is not None and (
+                not isinstance(scored, int) or isinstance(scored, bool) or scored != 0
+            ):
+                raise RequestError(
+                    "'prompt_logprobs' must be 0 (the prompt tokens' own logprobs)", "prompt_logprobs"
+                )
+            if scored is not None and vision is not None:
+                raise RequestError("'prompt_logprobs' is not supported with images", "prompt_logprobs")
         except RequestError as exc:
             return web.json_response(exc.body(), status=400)
         results = await asyncio.gather(*(asyncio.wrap_future(self.engine.submit(g)) for g in gens))
+        prompt_scores = (
+            [await asyncio.to_thread(self.engine.prompt_logprobs, p) for p in prompts]
+            if scored is not None
+            else None
+        )
         answer = completion_response(
             self.model_name,
             prompts,
@@ -211,6 +225,18 @@ class SamplerServer:
             logprobs=logprobs,
             return_token_ids=bool(body.get("return_token_ids", False)),
         )
+        if prompt_scores is not None:
+            # vLLM's shape: per prompt token, None for the first, else {token_id: {logprob, rank, decoded_token}}.
+            per_prompt = max(1, len(answer["choices"]) // len(prompts))  # choices run prompt by prompt
+            for choice in answer["choices"]:
+                ids = prompts[choice["index"] // per_prompt]
+                scores = prompt_scores[choice["index"] // per_prompt]
+                choice["prompt_logprobs"] = [
+                    None
+                    if lp is None
+                    else {str(t): {"logprob": lp, "rank": None, "decoded_token": self._decode_token(t)}}
+                    for t, lp in zip(ids, scores, strict=True)
+                ]
         if body.get("multi_modal_data") is not None:
             # Says the model saw the images: a caller sending them (the gateway's cumulative
             # mode) refuses an answer without this, from a server that ignored them.

@@ -155,6 +155,20 @@ class LocalService:
 
         return await asyncio.to_thread(work)
 
+    async def eval_loss(self, batch: list[TrainSequence]) -> dict[str, float]:
+        trainer, _ = self._require_started()
+
+        def work() -> dict[str, float]:
+            with self._work_lock:
+                return trainer.eval_loss(batch)
+
+        return await asyncio.to_thread(work)
+
+    def set_learning_rate_scale(self, scale: float) -> float:
+        trainer, _ = self._require_started()
+        with self._work_lock:
+            return trainer.set_learning_rate_scale(scale)
+
     async def sync_weights(self) -> int:
         _, engine = self._require_started()
 

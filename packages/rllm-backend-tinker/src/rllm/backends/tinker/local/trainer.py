@@ -216,6 +216,27 @@ class LocalTrainer:
         out["train_step_s"] = time.perf_counter() - started
         return out
 
+    def eval_loss(self, batch: list[TrainSequence]) -> dict[str, float]:
+        """Held-out negative log-likelihood of the loss-mask tokens (mean per token), no update."""
+        check_sequences(batch, self.vocab_size)
+        total, count = 0.0, 0.0
+        with torch.no_grad():
+            for piece in split_micro_batches(batch, list(range(len(batch))), self.config.micro_batch_tokens):
+                padded = self._pad(batch, piece)
+                logprobs, _ = token_logprobs_and_entropy(self.model, padded, with_entropy=False)
+                total += float(-(logprobs * padded.mask).sum())
+                count += padded.num_tokens
+        if count == 0:
+            raise InputError("eval_loss got a batch without a trained token (every loss_mask is 0)")
+        return {"loss": total / count, "num_tokens": count}
+
+    def set_learning_rate_scale(self, scale: float) -> float:
+        """Set every parameter group's LR to ``learning_rate * scale`` (a schedule's factor)."""
+        lr = self.config.learning_rate * scale
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
     def _pad(self, batch: list[TrainSequence], piece: list[int]) -> PaddedBatch:
         padded = pad(batch, piece, self.pad_id, self.device)
         if any(batch[i].images for i in piece):

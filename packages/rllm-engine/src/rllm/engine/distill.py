@@ -1,0 +1,182 @@
+"""On-policy distillation: a teacher scores the student's own tokens; the advantage is the
+negative reverse KL per token, ``teacher logprob - student logprob``, optionally plus the task's
+(scaled) advantage.
+
+The teacher is any OpenAI-compatible ``/v1/completions`` endpoint that returns vLLM's
+``prompt_logprobs`` for a prompt of token ids (vLLM, the tinker backend's local sampler server,
+``rllm serve``): the student's exact sequence is sent as the prompt, so the teacher judges the
+very tokens the student sampled, never a re-tokenization. An endpoint that answers without
+``prompt_logprobs`` is an error naming it, never a zero advantage. The teacher must share the
+student's tokenizer (token ids mean nothing across vocabularies): ``check_same_tokenizer`` compares
+the two before anything starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from rllm.types import ConfigError, TrainSequence
+from rllm.types.arrays import FloatArray
+from rllm.types.errors import InputError, RLLMError
+
+# Texts whose tokenization must agree between teacher and student (specials included).
+TOKENIZER_PROBES = ("Hello, world! 12 + 30 = 42.", "<|im_start|>user\nhi<|im_end|>", "  tabs\tand\nnewlines ")
+
+
+class DistillSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """TrainerConfig's ``distill``: on-policy distillation from ``teacher`` (a ``.../v1`` URL)."""
+
+    teacher: str
+    teacher_model: str = "teacher"
+    reward_coef: float = 0.0  # how much of the task reward's advantage is added to the teacher's
+    timeout_s: float = 120.0
+
+
+class TeacherError(RLLMError, ConnectionError):
+    """The teacher endpoint failed or is unreachable."""
+
+
+class TeacherClient:
+    """Scores token sequences with a teacher's ``prompt_logprobs`` over OpenAI-compatible HTTP."""
+
+    def __init__(self, base_url: str, model: str = "teacher", timeout_s: float = 120.0) -> None:
+        self.url = base_url.rstrip("/") + "/completions"
+        self.model = model
+        self.timeout_s = timeout_s
+
+    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+        request = urllib.request.Request(
+            self.url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:300]
+            raise TeacherError(f"teacher {self.url} answered HTTP {exc.code}: {detail}") from None
+        except (urllib.error.URLError, TimeoutError, OSError) as exc:
+            raise TeacherError(f"teacher {self.url} is unreachable: {exc}") from None
+
+    def score_sync(self, input_ids: Sequence[int]) -> list[float]:
+        """The teacher's logprob of each token of ``input_ids`` given the ones before (0.0 first)."""
+        body = {"model": self.model, "prompt": list(input_ids), "max_tokens": 1, "prompt_logprobs": 0}
+        answer = self._post(body)
+        choices = answer.get("choices") or [{}]
+        scores = choices[0].get("prompt_logprobs")
+        if not isinstance(scores, list) or len(scores) != len(input_ids):
+            raise InputError(
+                f"teacher {self.url} returned no prompt_logprobs for the student's tokens "
+                "(it must be an OpenAI-compatible server that supports vLLM's `prompt_logprobs`: "
+                "vLLM, rllm serve, the tinker local sampler)"
+            )
+        out: list[float] = [0.0]
+        for position, (token, entry) in enumerate(zip(input_ids[1:], scores[1:], strict=True), start=1):
+            value = entry.get(str(token)) if isinstance(entry, dict) else None
+            if not isinstance(value, dict) or not isinstance(value.get("logprob"), int | float):
+                raise InputError(
+                    f"teacher {self.url}: prompt_logprobs[{position}] has no logprob for token {token}"
+                )
+            out.append(float(value["logprob"]))
+        return out
+
+    async def score(self, sequences: Sequence[TrainSequence]) -> list[list[float]]:
+        return await asyncio.gather(
+            *(asyncio.to_thread(self.score_sync, list(s.input_ids)) for s in sequences)
+        )
+
+    def check_tokenizer(self, student: Any) -> None:
+        """Refuse a teacher whose server tokenizes the probe texts differently from ``student``
+        (it must return ``prompt_token_ids`` with ``return_token_ids``, as vLLM and rllm do)."""
+        for text in [*TOKENIZER_PROBES, vocabulary_probe(student)]:
+            body = {"model": self.model, "prompt": text, "max_tokens": 1, "return_token_ids": True}
+            answer = self._post(body)
+            theirs = answer.get("prompt_token_ids") or (answer.get("choices") or [{}])[0].get(
+                "prompt_token_ids"
+            )
+            if not isinstance(theirs, list):
+                raise ConfigError.for_key(
+                    "distill.teacher",
+                    f"teacher {self.url} returns no prompt_token_ids, so its tokenizer cannot be checked",
+                )
+            if theirs != list(student.encode(text, add_special_tokens=False)):
+                raise ConfigError.for_key(
+                    "distill.teacher",
+                    f"teacher {self.url} tokenizes {text!r} differently from the student: "
+                    "distillation needs one tokenizer",
+                )
+
+
+def vocabulary_probe(tokenizer: Any, samples: int = 64) -> str:
+    """A text of tokens spread over the student's whole vocabulary, its newest ids included (the
+    ones a fine-tuned or extended tokenizer adds): another vocabulary tokenizes it differently."""
+    size = len(tokenizer)
+    ids = sorted({*range(0, size, max(1, size // samples)), *range(max(0, size - samples), size)})
+    return str(tokenizer.decode(ids, skip_special_tokens=True))
+
+
+class Distiller:
+    """The Trainer's distillation hook: scores each step's sequences and rewrites their advantages."""
+
+    def __init__(self, section: DistillSection, student_tokenizer: Any) -> None:
+        self.section = section
+        self.teacher = TeacherClient(section.teacher, section.teacher_model, section.timeout_s)
+        self.teacher.check_tokenizer(student_tokenizer)
+
+    async def apply(self, sequences: Sequence[TrainSequence]) -> dict[str, float]:
+        started = time.perf_counter()
+        metrics = distill_advantages(sequences, await self.teacher.score(sequences), self.section.reward_coef)
+        return {**metrics, "time/teacher_s": time.perf_counter() - started}
+
+
+def distill_advantages(
+    sequences: Sequence[TrainSequence], teacher_logprobs: Sequence[Sequence[float]], reward_coef: float = 0.0
+) -> dict[str, float]:
+    """Write each trained token's advantage: teacher - student (sampler) logprob, plus
+    ``reward_coef`` times the advantage already there (the task reward's); returns metrics."""
+    total, count = 0.0, 0
+    for sequence, teacher in zip(sequences, teacher_logprobs, strict=True):
+        if len(teacher) != len(sequence.input_ids):
+            raise InputError("teacher logprobs and the sequence differ in length")
+        values = []
+        for i, trained in enumerate(sequence.loss_mask):
+            if not trained:
+                values.append(0.0)
+                continue
+            reverse_kl = sequence.sampler_logprobs[i] - teacher[i]
+            total += reverse_kl
+            count += 1
+            values.append(-reverse_kl + reward_coef * sequence.advantages[i])
+        sequence.advantages = FloatArray(values)
+    return {"distill/reverse_kl": total / count if count else 0.0, "distill/tokens": float(count)}
+
+
+def check_same_tokenizer(student: Any, teacher: Any) -> None:
+    """Refuse a teacher whose tokenizer differs from the student's (before anything starts)."""
+    if student.get_vocab() != teacher.get_vocab():
+        raise ConfigError.for_key(
+            "distill.teacher", "the teacher's tokenizer differs from the student's vocabulary"
+        )
+    for text in TOKENIZER_PROBES:
+        if student.encode(text, add_special_tokens=False) != teacher.encode(text, add_special_tokens=False):
+            raise ConfigError.for_key(
+                "distill.teacher", f"the teacher tokenizes {text!r} differently from the student"
+            )
+
+
+__all__ = [
+    "TOKENIZER_PROBES",
+    "DistillSection",
+    "Distiller",
+    "TeacherClient",
+    "TeacherError",
+    "check_same_tokenizer",
+    "distill_advantages",
+]

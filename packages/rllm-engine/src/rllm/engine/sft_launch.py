@@ -1,0 +1,59 @@
+"""Assemble an SFTRunner from names: the backend through its entry point, the config layered.
+
+Config precedence (lowest first): defaults, the config file, then ``--backend``, ``--model``,
+``--out`` and ``key.sub=value`` overrides. ``model = "tiny"`` builds a tiny random model whose
+tokenizer covers the dataset's words (tests, toy runs).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rllm.engine.chat_data import read_chat_jsonl
+from rllm.engine.launch import TINY_MODEL
+from rllm.engine.plugins import backend_class
+from rllm.engine.sft import SFTRunner, chat_vocabulary, check_backend, load_sft_config
+from rllm.types import ConfigError
+
+
+def build_sft(
+    dataset: str,
+    *,
+    model: str | None = None,
+    backend: str | None = None,
+    config_path: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    out_dir: str | None = None,
+) -> SFTRunner:
+    base: dict[str, Any] = {"dataset": dataset, "out_dir": f"runs/sft-{Path(dataset).stem}"}
+    flags = [f"backend.name={backend}"] if backend else []
+    flags += [f"backend.options.model={model}"] if model else []
+    flags += [f"out_dir={out_dir}"] if out_dir else []
+    config = load_sft_config(config_path, [*flags, *overrides], base=base)
+    cls = backend_class(config.backend.name)
+    options = dict(config.backend.options)
+    if options.get("model", TINY_MODEL) == TINY_MODEL:
+        if not hasattr(cls, "init_tiny_model"):
+            raise ConfigError(f"backend {config.backend.name!r} cannot build a tiny model: pass --model")
+        target = Path(config.out_dir) / "tiny-model"
+        if not (target / "config.json").is_file():
+            examples = read_chat_jsonl(config.dataset)
+            if config.val_dataset:
+                examples += read_chat_jsonl(config.val_dataset)
+            cls.init_tiny_model(target, vocab_words=chat_vocabulary(examples), seed=config.seed)
+        options["model"] = str(target)
+    options.setdefault("seed", config.seed)
+    instance = cls(options)
+    check_backend(config, instance)  # before loading anything
+    return SFTRunner(config, instance, load_chat_tokenizer(instance.tokenizer_path() or options["model"]))
+
+
+def load_chat_tokenizer(path: str) -> Any:
+    """The model's tokenizer with its chat template (transformers, through the gateway's loader)."""
+    from rllm.gateway.cumulative import TokenBridge
+
+    return TokenBridge.load(path).tokenizer
+
+
+__all__ = ["build_sft", "load_chat_tokenizer"]

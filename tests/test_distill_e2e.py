@@ -1,0 +1,48 @@
+"""`rllm distill` end to end on CPU: the student trains on a teacher's per-token advantages."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from rllm.backends.tinker import TinkerBackend
+from rllm.cli.main import main
+from rllm.engine.launch import build_trainer, init_tiny_model
+from rllm.engine.metrics_log import read_metrics
+from rllm.engine.plugins import load_cookbook
+from rllm.tiny import init_tiny_model as init_tiny_words
+from rllm.types import ConfigError
+
+
+async def start(model: Path) -> TinkerBackend:
+    backend = TinkerBackend({"model": str(model), "dtype": "float32", "torch_threads": 1})
+    await backend.start()
+    return backend
+
+
+def test_distill_from_a_teacher_equal_to_the_student_and_a_mismatched_one(tmp_path: Path) -> None:
+    model = init_tiny_model(tmp_path / "model", cookbook=load_cookbook("say-single"))
+    other = init_tiny_words(tmp_path / "other", vocab_words=["quince", "zebra"], seed=1)
+    same, different = asyncio.run(start(model)), asyncio.run(start(other))
+    fast = ["progress=false", "plot=false", "tensorboard=false", "rollout.workers=1"]
+    student = [f"backend.options.model={model}", "backend.options.dtype=float32", "total_steps=1"]
+    try:
+        out = tmp_path / "run"
+        teacher = same.inference_urls()[0]
+        assert main(["distill", "say-single", "--teacher", teacher, "--out", str(out), *fast, *student]) == 0
+        (row,) = [r for r in read_metrics(out / "metrics.jsonl") if r["step"] == 1]
+        # The teacher is the student's own initial weights: zero reverse KL on every trained token.
+        assert row["distill/tokens"] > 0 and abs(row["distill/reverse_kl"]) < 1e-3
+        # A student whose vocabulary has words the teacher's lacks (and the other way round).
+        mismatch = [*fast, f"backend.options.model={other}", f"distill.teacher={teacher}"]
+        with pytest.raises(ConfigError, match="tokenizes"):
+            build_trainer("say-single", out_dir=str(tmp_path / "x"), overrides=mismatch)
+        mismatch = [*fast, *student, f"distill.teacher={different.inference_urls()[0]}"]
+        with pytest.raises(ConfigError, match="tokenizes"):
+            build_trainer("say-single", out_dir=str(tmp_path / "x"), overrides=mismatch)
+        assert main(["distill", "say-single", "--teacher", str(model), "--out", str(tmp_path / "y")]) != 0
+    finally:
+        asyncio.run(same.close())
+        asyncio.run(different.close())
