@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from rllm.algos import compute_advantages, filter_groups, group_trajectories
+from rllm.engine.async_loop import AsyncStepper
 from rllm.engine.backend import Backend
 from rllm.engine.checkpoint import TrainerState, latest_checkpoint, load_trainer_state, save_checkpoint
 from rllm.engine.data_order import next_batch
@@ -31,6 +32,7 @@ from rllm.engine.metrics_log import (
 )
 from rllm.engine.rollout_engine import RolloutEngine
 from rllm.engine.sequences import sequences_from_groups
+from rllm.engine.staleness import check_backend
 from rllm.engine.train_progress import TrainProgress
 from rllm.engine.trainer_config import TrainerConfig
 from rllm.gateway import GatewayConfig
@@ -58,6 +60,7 @@ class Trainer:
         self.backend = backend
         self.out_dir = Path(config.out_dir)
         validate_algorithm(config, backend)
+        check_backend(backend, config.rollout.max_staleness)
         self.train_tasks = cookbook.load_tasks(config.train_split)
         self.val_tasks = self._load_val_tasks()
 
@@ -117,22 +120,36 @@ class Trainer:
             self.out_dir, tensorboard=cfg.tensorboard, wandb=cfg.wandb, config=msgspec.to_builtins(cfg)
         )
         validating = bool(self.val_tasks and cfg.val_every)
+        stepper = self._async_stepper(engine, state)
         try:
             with TrainProgress(cfg.total_steps, start=state.step, enabled=cfg.progress) as progress:
                 if validating and state.step == 0:
                     metrics_log.log(0, await self._validate(engine))
                 while state.step < cfg.total_steps:
-                    metrics = await self._train_one_step(engine, state)
+                    if stepper is not None:
+                        metrics = await stepper.step()
+                    else:
+                        metrics = await self._train_one_step(engine, state)
                     rewards.append(metrics["reward/mean"])
                     if validating and state.step % cfg.val_every == 0:
                         metrics.update(await self._validate(engine))
                     metrics_log.log(state.step, metrics)
                     progress.update(state.step, metrics)
                     if cfg.ckpt_every and state.step % cfg.ckpt_every == 0:
+                        if stepper is not None:
+                            stepper.record_unconsumed()
                         await save_checkpoint(self.out_dir, state, self.backend.save_checkpoint)
         finally:
+            if stepper is not None:
+                await stepper.close()
             metrics_log.close()
         return rewards
+
+    def _async_stepper(self, engine: RolloutEngine, state: TrainerState) -> AsyncStepper | None:
+        """K > 0: the asynchronous step (rllm.engine.async_loop); K = 0: the synchronous one."""
+        if self.config.rollout.max_staleness == 0:
+            return None
+        return AsyncStepper(self, engine, state).start()
 
     async def _train_one_step(self, engine: RolloutEngine, state: TrainerState) -> dict[str, Any]:
         cfg, algo = self.config, self.config.algorithm
