@@ -18,6 +18,8 @@ import statistics
 import time
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from rllm.algos import compute_advantages, filter_groups, group_trajectories
 from rllm.engine.async_rollouts import AsyncRollouts, FinishedGroup
 from rllm.engine.checkpoint import TrainerState
@@ -74,9 +76,12 @@ class AsyncStepper:
                 episode.metrics["weight_version_max"] = float(versions[1])
         return episodes
 
-    def record_unconsumed(self) -> None:
-        """Put the tasks handed out but not yet trained on into the state (before a checkpoint)."""
-        self.state.unconsumed_task_ids = [t.id for t in self.rollouts.unconsumed()]
+    def snapshot(self) -> TrainerState:
+        """The state to checkpoint now: the data cursor and the tasks handed out but not yet
+        trained on, taken together (rollouts keep handing out tasks while the checkpoint is
+        written, so the live state would drift from what the saved one claims)."""
+        unconsumed = [t.id for t in self.rollouts.unconsumed()]
+        return msgspec.structs.replace(self.state, unconsumed_task_ids=unconsumed)
 
     async def close(self) -> None:
         await self.rollouts.close()

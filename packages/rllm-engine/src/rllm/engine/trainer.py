@@ -136,9 +136,9 @@ class Trainer:
                     metrics_log.log(state.step, metrics)
                     progress.update(state.step, metrics)
                     if cfg.ckpt_every and state.step % cfg.ckpt_every == 0:
-                        if stepper is not None:
-                            stepper.record_unconsumed()
-                        await save_checkpoint(self.out_dir, state, self.backend.save_checkpoint)
+                        # Async: rollouts go on during the save; keep the state of this instant.
+                        saved = stepper.snapshot() if stepper is not None else state
+                        await save_checkpoint(self.out_dir, saved, self.backend.save_checkpoint)
         finally:
             if stepper is not None:
                 await stepper.close()
