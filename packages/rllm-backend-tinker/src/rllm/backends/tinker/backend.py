@@ -9,7 +9,7 @@ from typing import Any, Protocol
 from rllm.algos.config import AlgorithmConfig
 from rllm.backends.tinker.config import TinkerBackendConfig
 from rllm.engine.backend_base import BackendBase
-from rllm.types import TrainSequence
+from rllm.types import ConfigError, TrainSequence
 
 
 class _Service(Protocol):
@@ -60,12 +60,12 @@ class TinkerBackend(BackendBase[TinkerBackendConfig]):
         """``rollout.max_staleness`` > 0: the local service samples while it trains (separate
         sampler weights); the remote service and shared sampler weights cannot keep the bound."""
         if self.config.service == "remote":
-            raise ValueError(
+            raise ConfigError(
                 "the remote Tinker service is not supported with max_staleness > 0 yet (its sampler "
                 "checkpoints are not versioned per call); set rollout.max_staleness=0"
             )
         if self.config.sampler_weights == "shared":
-            raise ValueError(
+            raise ConfigError(
                 "sampler_weights='shared' changes the sampler's weights during every optimizer step, "
                 "so no call has one weight version; use sampler_weights='copy'"
             )
