@@ -14,6 +14,7 @@ import itertools
 from pathlib import Path
 from typing import Any, cast
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -23,6 +24,7 @@ from rllm.engine.checkpoint import TrainerState
 from rllm.engine.data_order import DataCursor, next_batch
 from rllm.engine.trainer_config import TrainerConfig, training_rollout
 from rllm.types import Episode, Step, Task, TrainSequence, Trajectory
+from rllm.types.errors import StateError
 
 BASE = 1000  # prompt token = BASE + the version that answered the call
 
@@ -58,6 +60,10 @@ class FakeGateway:
 
     async def resume(self) -> None:
         self._open.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._open.is_set()
 
     async def set_weight_version(self, version: int) -> None:
         self.version = version
@@ -231,5 +237,24 @@ def test_a_dropped_group_is_counted_and_its_task_not_run_again() -> None:
         assert sum(row["async/dropped_groups"] for row in rows) == 1
         trained = [t for row in rows for t in row["batch/task_ids"]]
         assert FIRST not in trained and FIRST not in [t.id for t in stepper.rollouts.unconsumed()]
+
+    asyncio.run(main())
+
+
+class HungSyncBackend(FakeBackend):
+    async def sync_weights(self) -> int:
+        await asyncio.Event().wait()  # a sync that never finishes (a known failure elsewhere)
+        return -1
+
+
+def test_a_hung_weight_sync_stops_the_run_naming_the_watchdog() -> None:
+    async def main() -> None:
+        engine = FakeEngine([0.0], turns=1, hold={})
+        backend = HungSyncBackend(engine.client, 1, [0.0])
+        config = _config(1, 1, 2, "requeue", steps=2)
+        config.rollout.sync_timeout_s = 0.05
+        with pytest.raises(StateError, match=r"rollout.sync_timeout_s=0.05s \(backend 'fake'\)"):
+            await _train(config, engine, backend, TASKS)
+        assert not engine.client.paused  # the gateway is resumed even when the sync fails
 
     asyncio.run(main())

@@ -149,7 +149,13 @@ class AsyncStepper:
         """Pause the gateway (calls in flight finish, new ones wait), sync, stamp, resume; all of
         it within ``rollout.sync_timeout_s``, or the run stops naming the stuck part."""
         client, timeout = self.engine.client, self.trainer.config.rollout.sync_timeout_s
-        await client.pause(timeout_s=timeout)
+        try:
+            await client.pause(timeout_s=timeout)
+        except Exception as exc:
+            raise StateError(
+                f"the gateway did not drain its calls in flight for a weight sync within "
+                f"rollout.sync_timeout_s={timeout}s: {exc}"
+            ) from exc
         try:
             try:
                 version = await asyncio.wait_for(self.trainer.backend.sync_weights(), timeout)

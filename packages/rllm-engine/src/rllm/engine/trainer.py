@@ -38,6 +38,7 @@ from rllm.engine.trainer_config import TrainerConfig
 from rllm.gateway import GatewayConfig
 from rllm.sdk.cookbook import Cookbook
 from rllm.types import ConfigError, Episode, Task
+from rllm.types.errors import StateError
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +149,11 @@ class Trainer:
     def _async_stepper(self, engine: RolloutEngine, state: TrainerState) -> AsyncStepper | None:
         """K > 0: the asynchronous step (rllm.engine.async_loop); K = 0: the synchronous one."""
         if self.config.rollout.max_staleness == 0:
+            if state.unconsumed_task_ids:
+                raise StateError(
+                    f"the checkpoint holds {len(state.unconsumed_task_ids)} tasks an asynchronous run "
+                    "handed out but did not train on; resume with its rollout.max_staleness > 0"
+                )
             return None
         return AsyncStepper(self, engine, state).start()
 
