@@ -23,6 +23,9 @@ class TrainerState(msgspec.Struct, kw_only=True):
     data: DataCursor = msgspec.field(default_factory=DataCursor)
     weight_version: int = 0
     rng_state: list = msgspec.field(default_factory=list)  # random.getstate(), JSON-friendly
+    # Asynchronous runs: tasks handed out (data cursor past them) but not yet trained on; a
+    # resumed run runs them first, so no task is skipped or trained twice.
+    unconsumed_task_ids: list[str] = msgspec.field(default_factory=list)
 
     def capture_rng(self) -> None:
         version, internal, gauss = random.getstate()

@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 
 from rllm.algos import compute_advantages, filter_groups, group_trajectories
+from rllm.engine.async_loop import AsyncStepper
 from rllm.engine.backend import Backend
 from rllm.engine.checkpoint import TrainerState, load_trainer_state, save_checkpoint
 from rllm.engine.data_order import next_batch
@@ -37,11 +38,13 @@ from rllm.engine.metrics_log import (
 from rllm.engine.rollout_engine import RolloutEngine
 from rllm.engine.run_folder import prepare_run_folder
 from rllm.engine.sequences import sequences_from_groups
+from rllm.engine.staleness import check_backend
 from rllm.engine.train_progress import TrainProgress
 from rllm.engine.trainer_config import TrainerConfig
 from rllm.gateway import GatewayConfig
 from rllm.sdk.cookbook import Cookbook
 from rllm.types import ConfigError, Episode, Task
+from rllm.types.errors import StateError
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +71,7 @@ class Trainer:
         validate_algorithm(config, backend)
         self.init_checkpoint = resolve_init_checkpoint(config.init_from) if config.init_from else None
         self.distiller = build_distiller(config, backend)
+        check_backend(backend, config.rollout.max_staleness)
         self.train_tasks = cookbook.load_tasks(config.train_split)
         self.val_tasks = self._load_val_tasks()
 
@@ -145,12 +149,16 @@ class Trainer:
         # ``state.step`` (between steps, and during the next step's rollouts): the only time an
         # interrupted run can be checkpointed truthfully.
         self._between_steps = True
+        stepper = self._async_stepper(engine, state)
         try:
             with TrainProgress(cfg.total_steps, start=state.step, enabled=cfg.progress) as progress:
                 if validating and state.step == 0:
                     metrics_log.log(0, await self._validate(engine))
                 while state.step < cfg.total_steps:
-                    metrics = await self._train_one_step(engine, state)
+                    if stepper is not None:
+                        metrics = await stepper.step()
+                    else:
+                        metrics = await self._train_one_step(engine, state)
                     rewards.append(metrics["reward/mean"])
                     if validating and state.step % cfg.val_every == 0:
                         metrics.update(await self._validate(engine))
@@ -162,16 +170,17 @@ class Trainer:
                     self._between_steps = True
                     progress.update(state.step, metrics)
                     if cfg.ckpt_every and state.step % cfg.ckpt_every == 0:
-                        await self._checkpoint(state)
+                        await self._checkpoint(self._snapshot(stepper, state))
                         saved_step = state.step
                 # A short run (or ckpt_every = 0) must still leave something to resume and serve.
                 if state.step != saved_step:
-                    await self._checkpoint(state)
+                    await self._checkpoint(self._snapshot(stepper, state))
         except (asyncio.CancelledError, KeyboardInterrupt):
             # Ctrl-C: keep the steps done since the last checkpoint when that is truthful (not in
-            # the middle of an update); saving takes what one checkpoint takes, and a second
+            # the middle of an update; an asynchronous run trains while it rolls out, so it keeps
+            # only its last checkpoint); saving takes what one checkpoint takes, and a second
             # Ctrl-C skips it.
-            if self._between_steps and state.step != saved_step:
+            if self._between_steps and stepper is None and state.step != saved_step:
                 print(
                     f"interrupted: saving a checkpoint of step {state.step} (Ctrl-C again to skip)",
                     file=sys.stderr,
@@ -180,6 +189,8 @@ class Trainer:
                 await self._checkpoint(state)
             raise
         finally:
+            if stepper is not None:
+                await stepper.close()
             metrics_log.close()
         return rewards
 
@@ -188,6 +199,22 @@ class Trainer:
         between, self._between_steps = self._between_steps, False
         self.last_checkpoint = await save_checkpoint(self.out_dir, state, self.backend.save_checkpoint)
         self._between_steps = between
+
+    @staticmethod
+    def _snapshot(stepper: AsyncStepper | None, state: TrainerState) -> TrainerState:
+        # Async: rollouts go on during the save; keep the state of this instant.
+        return stepper.snapshot() if stepper is not None else state
+
+    def _async_stepper(self, engine: RolloutEngine, state: TrainerState) -> AsyncStepper | None:
+        """K > 0: the asynchronous step (rllm.engine.async_loop); K = 0: the synchronous one."""
+        if self.config.rollout.max_staleness == 0:
+            if state.unconsumed_task_ids:
+                raise StateError(
+                    f"the checkpoint holds {len(state.unconsumed_task_ids)} tasks an asynchronous run "
+                    "handed out but did not train on; resume with its rollout.max_staleness > 0"
+                )
+            return None
+        return AsyncStepper(self, engine, state).start()
 
     async def _train_one_step(self, engine: RolloutEngine, state: TrainerState) -> dict[str, Any]:
         cfg, algo = self.config, self.config.algorithm

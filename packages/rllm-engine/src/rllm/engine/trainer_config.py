@@ -15,7 +15,8 @@ import msgspec
 
 from rllm.algos.config import AlgorithmConfig
 from rllm.engine.distill import DistillSection
-from rllm.engine.rollout_config import RolloutConfig, RolloutSettings
+from rllm.engine.rollout_config import RolloutConfig
+from rllm.engine.staleness import TrainRolloutSettings, check_correction, default_correction, engine_settings
 from rllm.types import ConfigError
 from rllm.types.config_file import apply_overrides, convert_config, merge_config, read_config_file
 
@@ -40,9 +41,9 @@ TRAINER_DECIDES: dict[str, str] = {
 }
 
 
-def training_rollout(**settings: Any) -> RolloutSettings:
+def training_rollout(**settings: Any) -> TrainRolloutSettings:
     """A training config's ``rollout`` section: the trainer's defaults, then ``settings``."""
-    return convert_config({**copy.deepcopy(TRAINING_ROLLOUT_DEFAULTS), **settings}, RolloutSettings)
+    return convert_config({**copy.deepcopy(TRAINING_ROLLOUT_DEFAULTS), **settings}, TrainRolloutSettings)
 
 
 class BackendSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -78,7 +79,7 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Groups (tasks, with all their rollouts) per step saved to OUT/samples/ for `rllm view`; 0: none.
     sample_groups: int = 2
     algorithm: AlgorithmConfig = msgspec.field(default_factory=AlgorithmConfig)
-    rollout: RolloutSettings = msgspec.field(default_factory=training_rollout)
+    rollout: TrainRolloutSettings = msgspec.field(default_factory=training_rollout)
     backend: BackendSection = msgspec.field(default_factory=BackendSection)
     gateway: GatewaySection = msgspec.field(default_factory=GatewaySection)
     # On-policy distillation (`rllm distill`): a teacher's per-token advantages (rllm.engine.distill).
@@ -87,7 +88,7 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def engine_rollout(self, model: str) -> RolloutConfig:
         """The RolloutConfig of this run's engine: the ``rollout`` settings, the backend's served
         ``model`` name, and no engine progress bar (the trainer draws its own)."""
-        return RolloutConfig(**msgspec.structs.asdict(self.rollout), model=model, progress=False)
+        return RolloutConfig(**engine_settings(self.rollout), model=model, progress=False)
 
     def __post_init__(self) -> None:
         for name in ("total_steps", "tasks_per_step", "group_size"):
@@ -98,6 +99,9 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 raise ConfigError.for_key(
                     name, f"{name} must be >= 0 (0 turns it off), got {getattr(self, name)}"
                 )
+        from rllm.algos.registry import get_loss
+
+        check_correction(self.rollout, self.algorithm.tis, get_loss(self.algorithm.loss).supervised)
         if self.val_every and not self.val_split:
             raise ConfigError.for_key(
                 "val_split", "val_every is set but val_split is not: name the split to validate on"
@@ -127,4 +131,4 @@ def config_from_dict(doc: dict[str, Any]) -> TrainerConfig:
             if key in rollout:
                 raise ConfigError.for_key(f"rollout.{key}", f"the trainer sets it: {instead}")
         doc = {**doc, "rollout": {**copy.deepcopy(TRAINING_ROLLOUT_DEFAULTS), **rollout}}
-    return convert_config(doc, TrainerConfig)
+    return convert_config(default_correction(doc), TrainerConfig)

@@ -9,8 +9,7 @@ from typing import Any, Protocol
 from rllm.algos.config import AlgorithmConfig
 from rllm.backends.tinker.config import TinkerBackendConfig
 from rllm.engine.backend_base import BackendBase
-from rllm.types import TrainSequence
-from rllm.types.errors import ConfigError
+from rllm.types import ConfigError, TrainSequence
 
 
 class _Service(Protocol):
@@ -56,6 +55,20 @@ class TinkerBackend(BackendBase[TinkerBackendConfig]):
 
             check_supported(algo, self.config)
         # The local service honours every option: it runs rllm.algos' own loss on its own logprobs.
+
+    def validate_async(self, max_staleness: int) -> None:
+        """``rollout.max_staleness`` > 0: the local service samples while it trains (separate
+        sampler weights); the remote service and shared sampler weights cannot keep the bound."""
+        if self.config.service == "remote":
+            raise ConfigError(
+                "the remote Tinker service is not supported with max_staleness > 0 yet (its sampler "
+                "checkpoints are not versioned per call); set rollout.max_staleness=0"
+            )
+        if self.config.sampler_weights == "shared":
+            raise ConfigError(
+                "sampler_weights='shared' changes the sampler's weights during every optimizer step, "
+                "so no call has one weight version; use sampler_weights='copy'"
+            )
 
     def _get_service(self) -> _Service:
         if self._service is None:

@@ -1,0 +1,197 @@
+"""The asynchronous training step (``rollout.max_staleness = K > 0``): rollouts keep running
+while the backend trains and syncs.
+
+Each step consumes ``tasks_per_step`` finished groups, as the synchronous loop does (groups the
+filters drop count, so the reward curve means the same in both modes), in dispatch order. A
+group whose oldest model call is older than ``v - K`` (``v``: the weights this update starts
+from) is never trained on: it is re-queued or dropped (``rollout.stale_policy``) and counted.
+Weight syncs pause the gateway, which lets calls in flight finish (drain) and holds new ones, so
+every call is answered, and stamped, by exactly one weight version; a watchdog bounds the sync.
+
+The Trainer delegates its step here when K > 0; K = 0 keeps the Trainer's synchronous step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from rllm.algos import compute_advantages, filter_groups, group_trajectories
+from rllm.engine.async_rollouts import AsyncRollouts, FinishedGroup
+from rllm.engine.checkpoint import TrainerState
+from rllm.engine.data_order import next_batch
+from rllm.engine.metrics_log import write_episode_sample
+from rllm.engine.sequences import sequences_from_groups
+from rllm.engine.staleness import episode_versions, is_stale
+from rllm.types import Episode, Task
+from rllm.types.errors import StateError
+
+if TYPE_CHECKING:
+    from rllm.engine.rollout_engine import RolloutEngine
+    from rllm.engine.trainer import Trainer
+
+
+class AsyncStepper:
+    """Produces one training step at a time from continuously running rollouts."""
+
+    def __init__(self, trainer: Trainer, engine: RolloutEngine, state: TrainerState) -> None:
+        cfg = trainer.config
+        self.trainer, self.engine, self.state = trainer, engine, state
+        self.k = cfg.rollout.max_staleness
+        by_id = {t.id: t for t in trainer.train_tasks}
+        missing = [i for i in state.unconsumed_task_ids if i not in by_id]
+        if missing:
+            raise StateError(
+                f"the checkpoint's unconsumed tasks {missing[:3]} are not in the training split; "
+                "resume with the split the run was started with"
+            )
+        self.rollouts = AsyncRollouts(
+            self._run_group,
+            self._next_task,
+            window=(self.k + 1) * cfg.tasks_per_step,
+            parallel=max(1, cfg.rollout.concurrency // cfg.group_size),
+            pending=[by_id[i] for i in state.unconsumed_task_ids],
+        )
+        self._last_step_end = time.perf_counter()
+        self._busy_at_last_step = 0.0
+
+    def start(self) -> AsyncStepper:
+        self.rollouts.start()
+        return self
+
+    def _next_task(self) -> Task:
+        cfg = self.trainer.config
+        (task,), self.state.data = next_batch(self.trainer.train_tasks, 1, cfg.seed, self.state.data)
+        return task
+
+    async def _run_group(self, task: Task) -> list[Episode]:
+        episodes = await self.engine.run([task], n=self.trainer.config.group_size)
+        for episode in episodes:  # a multi-turn episode may span versions: keep both ends
+            if (versions := episode_versions(episode)) is not None:
+                episode.metrics["weight_version_min"] = float(versions[0])
+                episode.metrics["weight_version_max"] = float(versions[1])
+        return episodes
+
+    def snapshot(self) -> TrainerState:
+        """The state to checkpoint now: the data cursor and the tasks handed out but not yet
+        trained on, taken together (rollouts keep handing out tasks while the checkpoint is
+        written, so the live state would drift from what the saved one claims)."""
+        unconsumed = [t.id for t in self.rollouts.unconsumed()]
+        return msgspec.structs.replace(self.state, unconsumed_task_ids=unconsumed)
+
+    async def close(self) -> None:
+        await self.rollouts.close()
+
+    async def step(self) -> dict[str, Any]:
+        cfg, algo, state = self.trainer.config, self.trainer.config.algorithm, self.state
+        started = time.perf_counter()
+        batch: list[FinishedGroup] = []
+        dropped = requeued = 0
+        waited = 0.0
+        while len(batch) < cfg.tasks_per_step:
+            t = time.perf_counter()
+            group = await self.rollouts.next_group()
+            waited += time.perf_counter() - t
+            if is_stale(group.episodes, state.weight_version, self.k):
+                requeue = cfg.rollout.stale_policy == "requeue"
+                self.rollouts.release(group.seq, requeue=requeue)
+                requeued += requeue
+                dropped += not requeue
+                continue
+            batch.append(group)
+        batch.sort(key=lambda g: g.seq)
+        episodes = [e for g in batch for e in g.episodes]
+        t1 = time.perf_counter()
+        groups = group_trajectories(episodes, algo)
+        kept, filter_metrics = filter_groups(groups, algo)
+        advantage_metrics = compute_advantages(kept, algo)
+        sequences = sequences_from_groups(kept)
+        if cfg.sample_groups:
+            trained = [t.id for g in kept for t in g.trajectories]
+            write_episode_sample(self.trainer.out_dir, state.step + 1, episodes, trained, cfg.sample_groups)
+        staleness = self._staleness_metrics(episodes, state.weight_version)
+        train_metrics: dict[str, float] = {}
+        sync_s = 0.0
+        if sequences:
+            train_metrics = await self.trainer.backend.train_step(sequences, algo)
+            t_sync = time.perf_counter()
+            await self._sync()
+            sync_s = time.perf_counter() - t_sync
+        for group in batch:  # their slots free only now: new groups start on the new weights
+            self.rollouts.release(group.seq)
+        t2 = time.perf_counter()
+        state.step += 1
+        from rllm.engine.trainer import episode_metrics  # the Trainer imports this module
+
+        return {
+            **episode_metrics(episodes),
+            **{f"filter/{k}": v for k, v in filter_metrics.items()},
+            **{f"advantage/{k}": v for k, v in advantage_metrics.items()},
+            **{f"train/{k}": v for k, v in train_metrics.items()},
+            **staleness,
+            "async/dropped_groups": dropped,
+            "async/requeued_groups": requeued,
+            **self._utilisation(started, t2, t2 - t1),
+            "time/trainer_wait_s": waited,
+            "time/sync_s": sync_s,
+            "time/rollout_s": t1 - started,
+            "time/train_s": t2 - t1,
+            "train/sequences": len(sequences),
+            "weight_version": state.weight_version,
+            "batch/task_ids": [g.task.id for g in batch],
+        }
+
+    async def _sync(self) -> None:
+        """Pause the gateway (calls in flight finish, new ones wait), sync, stamp, resume; all of
+        it within ``rollout.sync_timeout_s``, or the run stops naming the stuck part."""
+        client, timeout = self.engine.client, self.trainer.config.rollout.sync_timeout_s
+        try:
+            await client.pause(timeout_s=timeout)
+        except Exception as exc:
+            raise StateError(
+                f"the gateway did not drain its calls in flight for a weight sync within "
+                f"rollout.sync_timeout_s={timeout}s: {exc}"
+            ) from exc
+        try:
+            try:
+                version = await asyncio.wait_for(self.trainer.backend.sync_weights(), timeout)
+            except TimeoutError:
+                raise StateError(
+                    f"weight sync did not finish within rollout.sync_timeout_s={timeout}s "
+                    f"(backend {self.trainer.backend.name!r}); the run stops rather than hang"
+                ) from None
+            self.state.weight_version = version
+            await client.set_weight_version(version)
+            self.engine.config.model = self.trainer.backend.served_model_name()
+        finally:
+            await client.resume()
+
+    def _staleness_metrics(self, episodes: list[Episode], update_version: int) -> dict[str, float]:
+        spans = [v for e in episodes if (v := episode_versions(e)) is not None]
+        if not spans:
+            return {}
+        lags = [update_version - lo for lo, _ in spans]
+        spanned = [hi - lo + 1 for lo, hi in spans]
+        return {
+            "async/staleness_mean": statistics.fmean(lags),
+            "async/staleness_max": max(lags),
+            "async/versions_spanned_mean": statistics.fmean(spanned),
+            "async/versions_spanned_max": max(spanned),
+        }
+
+    def _utilisation(self, started: float, ended: float, trainer_busy: float) -> dict[str, float]:
+        wall = ended - self._last_step_end
+        busy = self.rollouts.busy_seconds()
+        rollout_busy, self._busy_at_last_step = busy - self._busy_at_last_step, busy
+        self._last_step_end = ended
+        if wall <= 0:
+            return {}
+        return {
+            "async/rollout_utilisation": min(1.0, rollout_busy / wall),
+            "async/trainer_utilisation": min(1.0, trainer_busy / wall),
+            "time/rollout_wait_s": max(0.0, wall - rollout_busy),
+        }

@@ -1,0 +1,118 @@
+"""One staleness bound for asynchronous training: its settings, its check, and who may honour it.
+
+``rollout.max_staleness = K`` means one thing on every backend: the update computed from weight
+version ``v`` may use a sample only if every model call of it was answered by version ``>= v - K``.
+``K = 0`` (the default) is the synchronous loop, unchanged. A backend honours ``K > 0`` only if
+it says so (``validate_async``); any other backend is refused by name before anything starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Literal
+
+from rllm.engine.rollout_config import RolloutSettings
+from rllm.types import Episode
+from rllm.types.errors import ConfigError, InvariantError
+
+
+class TrainRolloutSettings(RolloutSettings, kw_only=True, forbid_unknown_fields=True):
+    """A training run's ``rollout`` section: the engine's settings plus the asynchronous knobs.
+
+    ``max_staleness`` (K): how many weight versions a sample may lag the update that uses it; 0
+    keeps today's synchronous loop. ``stale_policy``: what happens to a group that would exceed K
+    (its oldest call older than ``v - K``): ``requeue`` runs its task again on newer weights,
+    ``drop`` discards it; either is counted per step, never silent. ``uncorrected_staleness``:
+    the explicit opt-out of off-policy correction (``algorithm.tis``) when K > 0.
+    ``sync_timeout_s``: the watchdog on one weight sync (gateway drain + backend sync); a sync
+    that takes longer stops the run with an error instead of hanging it.
+    """
+
+    max_staleness: int = 0
+    stale_policy: Literal["drop", "requeue"] = "requeue"
+    uncorrected_staleness: bool = False
+    sync_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.max_staleness < 0:
+            raise InvariantError(
+                f"max_staleness must be >= 0 (0: synchronous), got {self.max_staleness}", "max_staleness"
+            )
+        if not self.sync_timeout_s > 0:
+            raise InvariantError(f"sync_timeout_s must be > 0, got {self.sync_timeout_s}", "sync_timeout_s")
+
+
+# Keys of TrainRolloutSettings that the RolloutEngine does not take (the trainer's own).
+ASYNC_KEYS: tuple[str, ...] = ("max_staleness", "stale_policy", "uncorrected_staleness", "sync_timeout_s")
+
+
+def engine_settings(settings: RolloutSettings) -> dict[str, Any]:
+    """The settings as RolloutEngine keyword arguments (the trainer's own keys left out)."""
+    import msgspec
+
+    return {k: v for k, v in msgspec.structs.asdict(settings).items() if k not in ASYNC_KEYS}
+
+
+def default_correction(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` with off-policy correction turned on (``algorithm.tis = "token"``) when it asks for
+    K > 0 and does not name ``algorithm.tis`` itself: correction is the default, not an option."""
+    rollout, algorithm = doc.get("rollout"), doc.get("algorithm", {})
+    if not isinstance(rollout, dict) or not isinstance(algorithm, dict):
+        return doc
+    try:
+        k = int(rollout.get("max_staleness", 0))
+    except (TypeError, ValueError):
+        return doc  # the typed decode names the bad value
+    if k > 0 and "tis" not in algorithm and algorithm.get("loss") != "cross_entropy":
+        return {**doc, "algorithm": {**algorithm, "tis": "token"}}
+    return doc
+
+
+def check_correction(rollout: TrainRolloutSettings, tis: str, supervised: bool) -> None:
+    """Refuse K > 0 with no off-policy correction unless the config opts out explicitly."""
+    if rollout.max_staleness > 0 and tis == "none" and not supervised and not rollout.uncorrected_staleness:
+        raise ConfigError.for_key(
+            "algorithm.tis",
+            f"rollout.max_staleness={rollout.max_staleness} trains on samples from older weights; "
+            "correct for it (algorithm.tis='token' or 'sequence', with algorithm.tis_cap) or opt out "
+            "explicitly with rollout.uncorrected_staleness=true",
+        )
+
+
+def check_backend(backend: Any, max_staleness: int) -> None:
+    """Refuse K > 0 on a backend that does not declare it honours the bound (``validate_async``)."""
+    if max_staleness == 0:
+        return
+    name = getattr(backend, "name", type(backend).__name__)
+    validate_async = getattr(backend, "validate_async", None)
+    if validate_async is None:
+        raise ConfigError.for_key(
+            "rollout.max_staleness",
+            f"backend {name!r} does not support asynchronous training (it cannot keep sampling "
+            "while it trains); set rollout.max_staleness=0",
+        )
+    try:
+        validate_async(max_staleness)
+    except ValueError as exc:
+        raise ConfigError.for_key("rollout.max_staleness", f"backend {name!r}: {exc}") from None
+
+
+def episode_versions(episode: Episode) -> tuple[int, int] | None:
+    """(oldest, newest) weight version of the episode's model calls; None if it made none."""
+    versions = [
+        s.weight_version for t in episode.trajectories for s in t.steps if s.weight_version is not None
+    ]
+    return (min(versions), max(versions)) if versions else None
+
+
+def oldest_version(episodes: Iterable[Episode]) -> int | None:
+    """The oldest weight version of any call of the group (None: no call carries one)."""
+    oldest = [v[0] for e in episodes if (v := episode_versions(e)) is not None]
+    return min(oldest) if oldest else None
+
+
+def is_stale(episodes: Iterable[Episode], current_version: int, max_staleness: int) -> bool:
+    """True when using the group for the update from ``current_version`` would exceed K."""
+    oldest = oldest_version(episodes)
+    return oldest is not None and oldest < current_version - max_staleness

@@ -1,0 +1,35 @@
+"""Which backends honour rollout.max_staleness > 0, and that the others are refused by name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from rllm.backends.tinker import TinkerBackend
+from rllm.engine.plugins import backend_class
+from rllm.engine.staleness import check_backend
+from rllm.types import ConfigError
+
+
+def test_tinker_local_with_copied_sampler_weights_honours_the_bound() -> None:
+    check_backend(TinkerBackend({"model": "unused"}), 2)
+
+
+@pytest.mark.parametrize(
+    ("backend", "message"),
+    [
+        (lambda: TinkerBackend({"model": "unused", "service": "remote"}), "remote Tinker service"),
+        (lambda: TinkerBackend({"model": "unused", "sampler_weights": "shared"}), "sampler_weights"),
+        (lambda: backend_class("verl"), "backend 'verl' does not support asynchronous training"),
+        (lambda: backend_class("fireworks"), "backend 'fireworks' does not support asynchronous training"),
+    ],
+)
+def test_backends_that_cannot_keep_the_bound_are_refused_by_name(
+    backend: Callable[[], Any], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message) as err:
+        check_backend(backend(), 1)
+    assert err.value.key == "rollout.max_staleness"
+    check_backend(backend(), 0)  # K = 0 (synchronous) is every backend's
