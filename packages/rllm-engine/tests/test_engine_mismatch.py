@@ -124,7 +124,9 @@ def test_a_backend_without_trainer_logprobs_is_not_silently_passed():
 
 
 def test_segments_started_and_their_reasons():
-    metrics = segment_metrics([_episode(), Episode(task_id="t1")])
+    episode = _episode()
+    metrics = segment_metrics([episode, Episode(task_id="t1")])
+    assert episode.metrics["segments/new"] == 1.0
     assert metrics == {
         "segments/new_per_episode": 0.5,
         "segments/reason/the_previous_reply_was_changed": 1.0,

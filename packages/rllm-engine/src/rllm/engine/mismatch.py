@@ -155,7 +155,8 @@ def check_mismatch(report: MismatchReport, limit: float | None, step: int, backe
 
 def segment_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     """New token segments started per episode (the gateway's cumulative mode starts one when a
-    history does not extend the previous turn), and how many for each reason in this step."""
+    history does not extend the previous turn), and how many for each reason in this step;
+    each episode with trajectories also gets its own count (``metrics["segments/new"]``)."""
     started: list[int] = []
     reasons: Counter[str] = Counter()
     for episode in episodes:
@@ -169,6 +170,8 @@ def segment_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
                     reasons[_slug(str(step.metadata.get("segment_reason", "unknown")))] += 1
                 previous = segment
         started.append(count)
+        if episode.trajectories:
+            episode.metrics["segments/new"] = float(count)  # in the step's sample, per episode
     if not started:
         return {}
     out = {"segments/new_per_episode": sum(started) / len(started)}
