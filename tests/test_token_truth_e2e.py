@@ -150,8 +150,10 @@ def test_corrupted_sampler_is_caught_and_stops_the_run(tmp_path: Path) -> None:
     sample = read_episode_sample(sample_path(tmp_path, 1))
     worst = max(sample.episodes, key=lambda e: e.metrics.get("mismatch/mean_abs", 0.0))
     assert worst.id in message
-    assert worst.metrics["mismatch/mean_abs"] > 0.5
-    assert worst.metrics["mismatch/frac_over_0.5"] > 0.5
+    # A random tiny model's logprobs are close together, so wrong ids move them by tenths of a
+    # nat (0.67 on one run), against ~1e-7 when the ids are true.
+    assert worst.metrics["mismatch/mean_abs"] > 0.2
+    assert worst.metrics["mismatch/frac_over_0.5"] > 0.0
     # Ids that do not decode to the text the history carries cannot extend it: new segments, each with its reason.
     steps = [s for e in sample.episodes for t in e.trajectories for s in t.steps]
     assert any("segment_reason" in s.metadata for s in steps)
