@@ -22,6 +22,8 @@ def test_defaults_validate() -> None:
         ({"tis_cap": 0.5}, "tis_cap"),
         ({"kl_coef": -1.0}, "kl_coef"),
         ({"loss_scale_factor": 0.0}, "loss_scale_factor"),
+        ({"max_mismatch": 0.0}, "max_mismatch"),
+        ({"max_mismatch": float("nan")}, "max_mismatch"),
         ({"loss": "cross_entropy", "tis": "token"}, "tis"),
     ],
 )

@@ -28,6 +28,7 @@ def test_registered_as_an_entry_point_implementing_the_protocol() -> None:
         (AlgorithmConfig(kl_coef=0.1), "kl_coef"),
         (AlgorithmConfig(entropy_coef=0.01), "entropy_coef"),
         (AlgorithmConfig(tis="token"), "tis"),
+        (AlgorithmConfig(max_mismatch=0.05), "max_mismatch"),
     ],
 )
 def test_refuses_what_the_service_cannot_honour(algo: AlgorithmConfig, option: str) -> None:

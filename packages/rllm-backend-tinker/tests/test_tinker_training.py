@@ -13,6 +13,7 @@ import torch
 from tinker_helpers import (
     contrast_batch,
     cpu_params,
+    policy_logprobs,
     prompt_ids,
     reply_logprob,
     reply_sequence,
@@ -40,6 +41,24 @@ async def test_train_steps_raise_the_logprob_of_advantaged_tokens(backend: Tinke
     assert metrics["num_tokens"] == 8.0 and metrics["optimizer_steps"] == 1.0
     # the batch's logprobs came from the same weights, so the sampler/trainer gap is tiny
     assert metrics["sampler_logprob_abs_diff"] < 1e-3
+
+
+async def test_train_step_records_the_pre_update_policy_logprobs(tiny_model_path: Path) -> None:
+    for options in ({}, {"mini_batches": 2, "ppo_epochs": 2, "shuffle_seed": 0}):
+        backend = await start_backend(tiny_model_path, learning_rate=2e-2, **options)
+        try:
+            batch = contrast_batch(backend)
+            before = [policy_logprobs(backend, list(s.input_ids)) for s in batch]
+            await backend.train_step(batch, AlgorithmConfig(loss="ppo_clip"))
+            for seq, logprobs in zip(batch, before, strict=True):
+                assert seq.trainer_logprobs is not None and len(seq.trainer_logprobs) == len(seq.input_ids)
+                mask = list(seq.loss_mask)
+                expected = [0.0] + [lp if m else 0.0 for lp, m in zip(logprobs, mask[1:], strict=True)]
+                assert list(seq.trainer_logprobs) == pytest.approx(expected, abs=1e-4), options
+                # the batch's sampler logprobs came from the same weights
+                assert list(seq.trainer_logprobs) == pytest.approx(list(seq.sampler_logprobs), abs=1e-3)
+        finally:
+            await backend.close()
 
 
 async def test_cross_entropy_loss_decreases(backend: TinkerBackend) -> None:

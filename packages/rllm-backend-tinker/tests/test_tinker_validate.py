@@ -30,6 +30,7 @@ def test_local_service_honours_every_algorithm_option() -> None:
             )
         )
     backend.validate(AlgorithmConfig(loss="cross_entropy"))
+    backend.validate(AlgorithmConfig(max_mismatch=0.05))  # it records the trainer's logprobs
 
 
 def test_invalid_algorithm_values_are_refused_by_name() -> None:
@@ -44,6 +45,7 @@ def test_invalid_algorithm_values_are_refused_by_name() -> None:
         ("kl_coef", AlgorithmConfig(kl_coef=0.1)),
         ("entropy_coef", AlgorithmConfig(entropy_coef=0.01)),
         ("tis", AlgorithmConfig(tis="token")),
+        ("max_mismatch", AlgorithmConfig(max_mismatch=0.05)),
     ],
 )
 def test_remote_service_refuses_what_it_cannot_honour(option: str, algo: AlgorithmConfig) -> None:

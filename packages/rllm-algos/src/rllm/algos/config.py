@@ -65,6 +65,10 @@ class AlgorithmConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     entropy_coef: float = 0.0
     tis: Literal["none", "token", "sequence"] = "none"
     tis_cap: float = 2.0
+    # Token truth: stop the run when a step's mean |trainer - sampler| logprob over sampled tokens
+    # exceeds this (nats; e.g. 0.05). None: measured and logged, never enforced. Needs a backend
+    # that computes the policy's logprobs (the local tinker backend); others refuse it in validate.
+    max_mismatch: float | None = None
 
     def __post_init__(self) -> None:
         # Checked once, when the config is built or decoded: filters, advantages and the loss
@@ -128,6 +132,8 @@ class AlgorithmConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ConfigError(f"`kl_coef` must be >= 0, got {self.kl_coef}")
         if not (self.tis_cap >= 1.0 and math.isfinite(self.tis_cap)):
             raise ConfigError(f"`tis_cap` must be a finite number >= 1, got {self.tis_cap}")
+        if self.max_mismatch is not None:
+            _positive_finite("max_mismatch", self.max_mismatch)
         if self.tis != "none" and get_loss(self.loss).supervised:
             raise ConfigError(
                 "`tis` corrects policy-gradient losses for sampler drift; set tis='none' with loss='cross_entropy'"

@@ -23,6 +23,14 @@ def step_from_trace(trace: TraceRecord, shared_images: dict[str, str] | None = N
     images = dict(trace.images)
     if shared_images is not None:
         images = {digest: shared_images.setdefault(digest, uri) for digest, uri in images.items()}
+    metadata: dict[str, Any] = {
+        "trace_id": trace.id,
+        "seq": trace.seq,
+        "segment": trace.segment,
+        "model": trace.model,
+    }
+    if "segment_reason" in trace.metadata:  # why the gateway started a new token segment here
+        metadata["segment_reason"] = trace.metadata["segment_reason"]
     return Step(
         input=list(trace.messages),
         output=trace.response,
@@ -31,7 +39,7 @@ def step_from_trace(trace: TraceRecord, shared_images: dict[str, str] | None = N
         completion_logprobs=trace.completion_logprobs,
         weight_version=trace.weight_version,
         finish_reason=trace.finish_reason,
-        metadata={"trace_id": trace.id, "seq": trace.seq, "segment": trace.segment, "model": trace.model},
+        metadata=metadata,
         timing={"latency_s": trace.latency_s},
         images=images,
     )

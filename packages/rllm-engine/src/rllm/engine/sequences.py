@@ -52,12 +52,16 @@ def sequences_from_trajectory(
                 advantages=FloatArray(),
                 sampler_logprobs=FloatArray(),
                 group_id=group_id,
-                metadata={"trajectory_id": trajectory.id, "role": trajectory.role},
+                # step_spans: [step index, start, end) of each step's completion in input_ids,
+                # so per-token results (trainer logprobs) map back onto the steps.
+                metadata={"trajectory_id": trajectory.id, "role": trajectory.role, "step_spans": []},
             )
             sequences.append(current)
         assert current is not None
         _append_context(current, prompt[len(current.input_ids) :])
+        start = len(current.input_ids)
         _append_response(current, step, response, f"{where or trajectory.id}, step {number}")
+        current.metadata["step_spans"].append([number, start, len(current.input_ids)])
         # A step's input is the whole history, so its images are those of the sequence so far.
         current.images = step_images(step)
     return sequences

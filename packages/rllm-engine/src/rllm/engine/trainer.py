@@ -35,6 +35,7 @@ from rllm.engine.metrics_log import (
     truncate_history,
     write_episode_sample,
 )
+from rllm.engine.mismatch import check_mismatch, measure_mismatch
 from rllm.engine.rollout_engine import RolloutEngine
 from rllm.engine.run_folder import prepare_run_folder
 from rllm.engine.sequences import sequences_from_groups
@@ -229,12 +230,16 @@ class Trainer:
         advantage_metrics = compute_advantages(kept, algo)
         sequences = sequences_from_groups(kept)
         distill_metrics = await self.distiller.apply(sequences) if self.distiller and sequences else {}
-        if cfg.sample_groups:
-            trained = [t.id for g in kept for t in g.trajectories]
-            write_episode_sample(self.out_dir, state.step + 1, episodes, trained, cfg.sample_groups)
         train_metrics: dict[str, float] = {}
         if sequences:
             train_metrics = await self.backend.train_step(sequences, algo)
+        # Token truth: trainer vs sampler logprobs onto the steps (the samples show them), then enforced.
+        mismatch = measure_mismatch(sequences, episodes)
+        if cfg.sample_groups:
+            trained = [t.id for g in kept for t in g.trajectories]
+            write_episode_sample(self.out_dir, state.step + 1, episodes, trained, cfg.sample_groups)
+        if sequences:
+            check_mismatch(mismatch, algo.max_mismatch, state.step + 1, self.backend.name)
             # No request may see half-synced weights: drain the gateway while the sampler swaps them.
             await engine.client.pause()
             try:
@@ -253,6 +258,7 @@ class Trainer:
             **{f"advantage/{k}": v for k, v in advantage_metrics.items()},
             **distill_metrics,
             **{f"train/{k}": v for k, v in train_metrics.items()},
+            **mismatch.metrics,
             "train/sequences": len(sequences),
             "weight_version": state.weight_version,
             "time/rollout_s": t1 - t0,

@@ -53,6 +53,11 @@ def unsupported_algo_options(algo: AlgorithmConfig, service: str) -> list[str]:
             f"`tis`: {service} uses the sampler's logprobs as the old policy, so there is no "
             "trainer/sampler mismatch to correct; set tis='none'"
         )
+    if algo.max_mismatch is not None:
+        problems.append(
+            f"`max_mismatch`: {service} does not return the trainer's logprobs to this backend, so the "
+            "train/sampler mismatch cannot be measured; leave max_mismatch unset"
+        )
     return problems
 
 

@@ -21,6 +21,10 @@ class TrainSequence(msgspec.Struct, kw_only=True):
     loss. ``sampler_logprobs`` are the sampler's logprobs of the completion tokens (0 elsewhere).
     ``images`` are the data URIs of the images whose placeholder tokens appear in ``input_ids``,
     in order: a vision-language backend turns them into the same pixel inputs sampling used.
+    ``trainer_logprobs`` are filled in by a backend that computes the policy's own logprobs for
+    the loss (same alignment, 0 outside completions; taken before the step's first update), so
+    the engine can measure the train/sampler mismatch (``rllm.engine.mismatch``); None where the
+    backend cannot compute them.
     """
 
     input_ids: TokenArray
@@ -30,3 +34,4 @@ class TrainSequence(msgspec.Struct, kw_only=True):
     group_id: str = ""
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
     images: list[str] = msgspec.field(default_factory=list)
+    trainer_logprobs: FloatArray | None = None

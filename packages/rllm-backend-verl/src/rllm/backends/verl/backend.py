@@ -57,6 +57,13 @@ class VerlBackend(BackendBase[VerlBackendConfig]):
                 "backend.options.cluster.device: 'cpu' needs rollout.engine = 'external' (running "
                 "vLLM servers): verl's own vLLM and SGLang rollout servers need GPUs"
             )
+        if algo.max_mismatch is not None:
+            # Its loss computes the policy's logprobs inside Ray workers, but they are not sent
+            # back with the batch yet, so the engine cannot measure the mismatch.
+            raise InputError(
+                "`max_mismatch`: the verl backend does not yet return the trainer's logprobs, so the "
+                "train/sampler mismatch cannot be measured; leave max_mismatch unset"
+            )
         self._algo = algo
 
     async def start(self) -> None:

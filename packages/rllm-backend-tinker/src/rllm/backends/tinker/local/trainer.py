@@ -29,7 +29,7 @@ from rllm.backends.tinker.local.batching import (
 from rllm.backends.tinker.local.loss import policy_loss
 from rllm.backends.tinker.local.vision import VisionInputs
 from rllm.tinker_api.batching import split_mini_batches
-from rllm.types import TrainSequence
+from rllm.types import FloatArray, TrainSequence
 from rllm.types.errors import InputError
 
 if TYPE_CHECKING:
@@ -118,12 +118,15 @@ class LocalTrainer:
         indices: list[int],
         algo: AlgorithmConfig,
         old_logprobs: dict[int, torch.Tensor] | None,
+        record_logprobs: bool = False,
     ) -> dict[str, float]:
         """Accumulate the gradient of the loss over ``batch[indices]``; returns metrics.
 
         Micro-batches pass the mini-batch's token and sequence counts to the loss, so their
         losses (and gradients) sum to the mini-batch's. Micro-batches without a trained token
-        are skipped (they carry no gradient).
+        are skipped (they carry no gradient). ``record_logprobs`` writes the policy's logprobs
+        onto each sequence's ``trainer_logprobs`` (token truth: the engine compares them with
+        the sampler's).
         """
         pieces = split_micro_batches(batch, indices, self.config.micro_batch_tokens)
         padded = [p for p in (self._pad(batch, piece) for piece in pieces) if p.num_tokens > 0]
@@ -152,6 +155,8 @@ class LocalTrainer:
                 num_sequences=num_sequences,
             )
             loss.backward()
+            if record_logprobs:
+                record_trainer_logprobs(batch, piece.indices, logprobs.detach())
             for key, value in metrics.items():
                 sums[key] += float(value) * (1.0 if key in _SUMMED_METRICS else share)
             gap = (logprobs.detach() - piece.sampler_logprobs).abs()
@@ -195,11 +200,14 @@ class LocalTrainer:
         old = None
         if len(groups) * cfg.ppo_epochs > 1:  # later updates need the pre-update policy's logprobs
             old = self._snapshot_logprobs(batch, groups)
+            for i, row in old.items():
+                record_trainer_logprobs(batch, [i], row.unsqueeze(0))
         totals: dict[str, float] = defaultdict(float)
         grad_norms: list[float] = []
         for _ in range(cfg.ppo_epochs):
             for indices in groups:
-                metrics = self.forward_backward(batch, indices, algo, old)
+                # One update: its forward pass sees the weights the sampler sampled with.
+                metrics = self.forward_backward(batch, indices, algo, old, record_logprobs=old is None)
                 grad_norms.append(self.optim_step(guard))
                 for key, value in metrics.items():
                     totals[key] += value
@@ -261,6 +269,19 @@ class LocalTrainer:
                     for row, i in enumerate(piece):
                         snapshot[i] = logprobs[row, : len(batch[i].input_ids) - 1]
         return snapshot
+
+
+def record_trainer_logprobs(batch: list[TrainSequence], indices: list[int], logprobs: torch.Tensor) -> None:
+    """Write rows of shifted logprobs ([rows, >= n-1], column j = token j+1) onto the sequences'
+    ``trainer_logprobs``, aligned with ``input_ids`` (0 at token 0 and outside completions)."""
+    rows = logprobs.float().cpu().numpy()
+    for row, i in enumerate(indices):
+        seq = batch[i]
+        n = len(seq.input_ids)
+        values = np.zeros(n, dtype=np.float32)
+        values[1:] = rows[row, : n - 1]
+        values *= np.frombuffer(seq.loss_mask, dtype=np.float32) > 0
+        seq.trainer_logprobs = FloatArray(values.tobytes())
 
 
 def _stack_rows(rows: list[torch.Tensor], width: int, device: torch.device) -> torch.Tensor:

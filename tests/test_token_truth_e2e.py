@@ -1,0 +1,160 @@
+"""Token truth while training, end to end on CPU: the say job through the real gateway
+(cumulative mode), rollout engine, local sampler server and trainer.
+
+A healthy run trains on the tokens it sampled: trainer and sampler logprobs agree (mismatch ~0).
+A corrupted sampler (a loopback proxy in front of the real one that returns token ids that do not
+match its text) is caught: the mismatch rises and `algorithm.max_mismatch` stops the run naming
+the step, the worst episode and its first drifting token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from rllm.backends.tinker import TinkerBackend
+from rllm.engine.launch import build_trainer
+from rllm.engine.metrics_log import read_episode_sample, read_metrics, sample_path
+from rllm.engine.mismatch import TokenMismatchError
+from rllm.engine.trainer import Trainer
+
+pytestmark = pytest.mark.slow
+
+FAST = [
+    "progress=false",
+    "plot=false",
+    "tensorboard=false",
+    "val_every=0",
+    "ckpt_every=0",
+    "tasks_per_step=8",
+    "rollout.workers=1",
+    "sample_groups=8",
+    # A random model rarely scores: keep every group so each step trains.
+    "algorithm.filter_zero_variance=false",
+]
+
+
+def test_healthy_say_run_has_no_mismatch(tmp_path: Path) -> None:
+    trainer = build_trainer("say", out_dir=str(tmp_path), overrides=[*FAST, "total_steps=2"])
+    asyncio.run(trainer.fit())
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert len(rows) == 2
+    for row in rows:
+        assert row["mismatch/tokens"] > 0
+        assert row["mismatch/mean_abs"] < 1e-3, row
+        assert row["mismatch/frac_over_0.5"] == 0.0
+        # Measured whether or not it is 0 (the tiny template's separator: docs/token-truth.md).
+        assert "segments/new_per_episode" in row
+    sample = read_episode_sample(sample_path(tmp_path, 2))
+    steps = [s for e in sample.episodes for t in e.trajectories for s in t.steps]
+    trained = [s for s in steps if "train_logprobs" in s.metadata]
+    assert trained, "no step carries the trainer's logprobs (the viewer's mismatch colouring)"
+    for step in trained:
+        assert step.completion_logprobs is not None
+        assert len(step.metadata["train_logprobs"]) == len(step.completion_logprobs)
+        assert step.metadata["train_logprobs"] == pytest.approx(list(step.completion_logprobs), abs=1e-2)
+
+
+class _CorruptingProxy:
+    """Forwards to the real sampler; answers with each completion token id replaced by the next id
+    of the vocabulary, text and logprobs untouched (a router or parser that lost the ids)."""
+
+    def __init__(self, upstream: str, vocab: int) -> None:
+        target = urlsplit(upstream)
+        root = f"{target.scheme}://{target.netloc}"
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _forward(self, body: bytes | None) -> None:
+                request = urllib.request.Request(
+                    root + self.path,
+                    data=body,
+                    method=self.command,
+                    headers={"Content-Type": "application/json"},
+                )
+                with urllib.request.urlopen(request, timeout=120) as answer:
+                    data = answer.read()
+                    status = answer.status
+                    kind = answer.headers.get("Content-Type", "application/json")
+                if kind.startswith("application/json"):
+                    payload = json.loads(data)
+                    for choice in payload.get("choices", []) if isinstance(payload, dict) else []:
+                        if choice.get("token_ids"):
+                            choice["token_ids"] = [(t + 1) % vocab for t in choice["token_ids"]]
+                    data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                self._forward(None)
+
+            def do_POST(self) -> None:
+                self._forward(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class CorruptedSamplerBackend(TinkerBackend):
+    """The local backend whose gateway upstream is the corrupting proxy."""
+
+    proxy: _CorruptingProxy | None = None
+
+    def inference_urls(self) -> list[str]:
+        if self.proxy is None:
+            vocab = len(self.service.tokenizer)  # pyright: ignore[reportAttributeAccessIssue]
+            self.proxy = _CorruptingProxy(super().inference_urls()[0], vocab)
+        return [self.proxy.url]
+
+    async def close(self) -> None:
+        if self.proxy is not None:
+            self.proxy.close()
+            self.proxy = None
+        await super().close()
+
+
+def test_corrupted_sampler_is_caught_and_stops_the_run(tmp_path: Path) -> None:
+    built = build_trainer(
+        "say", out_dir=str(tmp_path), overrides=[*FAST, "total_steps=3", "algorithm.max_mismatch=0.05"]
+    )
+    backend = CorruptedSamplerBackend(built.backend.config)  # pyright: ignore[reportAttributeAccessIssue]
+    trainer = Trainer(built.config, built.cookbook, backend)
+    with pytest.raises(TokenMismatchError) as err:
+        asyncio.run(trainer.fit())
+    message = str(err.value)
+    assert message.startswith("step 1: train/sampler mismatch ")
+    assert "exceeds algorithm.max_mismatch=0.05; worst episode " in message
+    assert "first drifting token: role " in message
+    # The step's sample is written before the run stops: the viewer shows where it drifted.
+    sample = read_episode_sample(sample_path(tmp_path, 1))
+    worst = max(sample.episodes, key=lambda e: e.metrics.get("mismatch/mean_abs", 0.0))
+    assert worst.id in message
+    # A random tiny model's logprobs are close together, so wrong ids move them by tenths of a
+    # nat (0.67 on one run), against ~1e-7 when the ids are true.
+    assert worst.metrics["mismatch/mean_abs"] > 0.2
+    assert worst.metrics["mismatch/frac_over_0.5"] > 0.0
+    # Ids that do not decode to the text the history carries cannot extend it: new segments, each with its reason.
+    steps = [s for e in sample.episodes for t in e.trajectories for s in t.steps]
+    assert any("segment_reason" in s.metadata for s in steps)
+    assert not (tmp_path / "metrics.jsonl").exists() or not read_metrics(tmp_path / "metrics.jsonl")
