@@ -86,7 +86,7 @@ def test_a_config_is_validated_when_built_and_never_again_per_step(monkeypatch: 
     groups = [
         TrajectoryGroup(
             task_id="t",
-            name="solver",
+            role="solver",
             trajectories=[Trajectory(steps=[Step(), Step()], reward=r) for r in (1.0, 0.0)],
         )
     ]
