@@ -95,3 +95,17 @@ def test_a_config_is_validated_when_built_and_never_again_per_step(monkeypatch: 
     for _ in range(3):  # three micro-batches
         compute_policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2), torch.ones(2, 3), config)
     assert calls == []
+
+
+@pytest.mark.parametrize(
+    ("options", "listed"),
+    [
+        ({"estimator": "nope"}, "known: batch_norm, drgrpo, grpo, "),
+        ({"loss": "nope"}, "known: cispo, cross_entropy, "),
+        ({"mask_terminations": ["nope"]}, "known: "),
+    ],
+)
+def test_unknown_names_list_the_valid_ones_as_plain_words(options: dict, listed: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        AlgorithmConfig(**options)
+    assert listed in str(caught.value) and "[" not in str(caught.value)

@@ -87,17 +87,17 @@ class AlgorithmConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         known = available_estimators()
         if self.estimator not in known:
             raise ConfigError(
-                f"unknown estimator {self.estimator!r} (option `estimator`); known: {sorted(known)}"
+                f"unknown estimator {self.estimator!r} (option `estimator`); known: {', '.join(sorted(known))}"
             )
         for role, name in self.estimator_by_role.items():
             if name not in known:
                 raise ConfigError(
-                    f"unknown estimator {name!r} for role {role!r} (option `estimator_by_role`); known: {sorted(known)}"
+                    f"unknown estimator {name!r} for role {role!r} (option `estimator_by_role`); known: {', '.join(sorted(known))}"
                 )
         _one_of("step_credit", self.step_credit, STEP_CREDITS)
         losses = available_losses()
         if self.loss not in losses:
-            raise ConfigError(f"unknown value {self.loss!r} for `loss`; known: {sorted(losses)}")
+            raise ConfigError(f"unknown value {self.loss!r} for `loss`; known: {', '.join(sorted(losses))}")
         _one_of("aggregation", self.aggregation, AGGREGATIONS)
         _one_of("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
         _one_of("tis", self.tis, TIS_MODES)
@@ -107,7 +107,7 @@ class AlgorithmConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         for reason in self.mask_terminations:
             if reason not in allowed:
                 raise ConfigError(
-                    f"unknown termination reason {reason!r} in `mask_terminations`; known: {sorted(allowed)}"
+                    f"unknown termination reason {reason!r} in `mask_terminations`; known: {', '.join(sorted(allowed))}"
                 )
         if not (0.0 <= self.gamma <= 1.0):
             raise ConfigError(f"`gamma` must be in [0, 1], got {self.gamma}")

@@ -143,7 +143,7 @@ def get_estimator(name: str) -> EstimatorSpec:
     _load_builtins()
     spec = _ESTIMATORS.get(name) or _from_plugin(ESTIMATORS_GROUP, name, _ESTIMATORS, _as_estimator)
     if spec is None:
-        raise LookupFailed(f"unknown advantage estimator {name!r}; known: {sorted(available_estimators())}")
+        raise LookupFailed(f"unknown advantage estimator {name!r}; known: {', '.join(sorted(available_estimators()))}")
     return spec
 
 
@@ -151,7 +151,7 @@ def get_loss(name: str) -> LossSpec:
     """The loss registered as ``name``; a LookupFailed (a KeyError) listing the known names otherwise."""
     spec = _LOSSES.get(name) or _from_plugin(LOSSES_GROUP, name, _LOSSES, _as_loss)
     if spec is None:
-        raise LookupFailed(f"unknown policy loss {name!r}; known: {sorted(available_losses())}")
+        raise LookupFailed(f"unknown policy loss {name!r}; known: {', '.join(sorted(available_losses()))}")
     return spec
 
 
