@@ -72,7 +72,7 @@ def plugin_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pat
 
 def _group(rewards: list[float]) -> TrajectoryGroup:
     trajectories = [Trajectory(steps=[Step()], reward=r) for r in rewards]
-    return TrajectoryGroup(task_id="t", name="solver", trajectories=trajectories)
+    return TrajectoryGroup(task_id="t", role="solver", trajectories=trajectories)
 
 
 def test_without_the_package_the_names_are_refused() -> None:
