@@ -115,6 +115,7 @@ PUBLIC_API: dict[str, list[str]] = {
         "MemoryTraceStore",
         "SessionInfo",
         "SqliteTraceStore",
+        "TraceQuery",
         "TraceStore",
         "load_config",
         "open_store",

@@ -10,6 +10,7 @@ import openai
 import pytest
 
 from rllm.gateway import GatewayAPIError, GatewayClient, GatewayConfig, GatewayServer, LocalGatewayClient
+from rllm.gateway.trace_query import TraceQuery
 from rllm.testing import MockUpstream
 
 
@@ -91,7 +92,7 @@ async def test_json_and_msgpack_trace_endpoints_agree(admin, gateway):
     (t,) = await client.get_traces("fmt")
     assert as_json[0]["completion_ids"] == list(t.completion_ids)
     assert queried[0]["id"] == t.id
-    assert [x.id for x in await client.query_traces(role="default", session_id="fmt")] == [t.id]
+    assert [x.id for x in await client.query_traces(TraceQuery(role="default", session_id="fmt"))] == [t.id]
 
 
 async def test_workers_add_remove_list_and_sticky_routing():
@@ -240,8 +241,8 @@ async def test_in_process_client_matches_http_client(gateway):
         assert await local.list_upstreams() == await http.list_upstreams()
         assert await local.health() == await http.health()
         assert [t.id for t in await local.get_traces("same")] == [t.id for t in await http.get_traces("same")]
-        assert [t.id for t in await local.query_traces(session_id="same")] == [
-            t.id for t in await http.query_traces(session_id="same")
+        assert [t.id for t in await local.query_traces(TraceQuery(session_id="same"))] == [
+            t.id for t in await http.query_traces(TraceQuery(session_id="same"))
         ]
         # Reads are copies: a caller mutating them does not change what the gateway holds.
         (mine,) = await local.get_traces("same")

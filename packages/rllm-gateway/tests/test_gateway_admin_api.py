@@ -25,6 +25,7 @@ from rllm.gateway import (
     GatewayServer,
     LocalGatewayClient,
 )
+from rllm.gateway.trace_query import TraceQuery
 
 _IMPLEMENTATIONS = (GatewayClient, LocalGatewayClient, GatewayGroup)
 _DEAD = "http://127.0.0.1:1/v1"  # nothing listens on port 1: an upstream that is down
@@ -111,8 +112,8 @@ async def _script(admin: GatewayAdmin, mock_url: str) -> list[Any]:
         [(t.seq, t.role, t.status, t.messages[0].content, list(t.completion_ids or ())) for t in traces]
     )
     out.append([t.seq for t in await admin.get_traces("alpha", role="judge")])
-    out.append([t.seq for t in await admin.query_traces(session_id="alpha")])
-    out.append([t.role for t in await admin.query_traces(role="default", limit=5)])
+    out.append([t.seq for t in await admin.query_traces(TraceQuery(session_id="alpha"))])
+    out.append([t.role for t in await admin.query_traces(TraceQuery(role="default", limit=5))])
     out.append(await admin.get_traces("never-existed"))
     await admin.set_weight_version(3)
     out.append(await admin.get_weight_version())

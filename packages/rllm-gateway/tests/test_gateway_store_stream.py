@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from rllm.gateway import GatewayClient, GatewayConfig, GatewayServer, SqliteTraceStore, load_config
+from rllm.gateway.trace_query import TraceQuery
 from rllm.types import ConfigError, TraceRecord
 
 
@@ -86,7 +87,7 @@ async def test_store_protocol(tmp_path, store):
         )
     st.put(TraceRecord(session_id="b", seq=0))
     assert [r.seq for r in await st.get("a")] == [0, 1, 2]
-    assert len(await st.query(role="r")) == 2 and len(await st.query(limit=1)) == 1
+    assert len(await st.query(TraceQuery(role="r"))) == 2 and len(await st.query(TraceQuery(limit=1))) == 1
     assert st.trace_count() == 4
     assert await st.delete_session("a") == 3
     assert st.trace_count() == 1 and await st.get("a") == []

@@ -143,7 +143,9 @@ def get_estimator(name: str) -> EstimatorSpec:
     _load_builtins()
     spec = _ESTIMATORS.get(name) or _from_plugin(ESTIMATORS_GROUP, name, _ESTIMATORS, _as_estimator)
     if spec is None:
-        raise LookupFailed(f"unknown advantage estimator {name!r}; known: {', '.join(sorted(available_estimators()))}")
+        raise LookupFailed(
+            f"unknown advantage estimator {name!r}; known: {', '.join(sorted(available_estimators()))}"
+        )
     return spec
 
 

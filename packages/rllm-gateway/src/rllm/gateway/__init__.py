@@ -14,6 +14,7 @@ from rllm.gateway.group import GatewayGroup
 from rllm.gateway.local_client import LocalGatewayClient
 from rllm.gateway.server import GatewayServer
 from rllm.gateway.store import MemoryTraceStore, SqliteTraceStore, TraceStore, open_store
+from rllm.gateway.trace_query import TraceQuery
 
 __all__ = [
     "GatewayAPIError",
@@ -26,6 +27,7 @@ __all__ = [
     "MemoryTraceStore",
     "SessionInfo",
     "SqliteTraceStore",
+    "TraceQuery",
     "TraceStore",
     "load_config",
     "open_store",

@@ -14,6 +14,7 @@ from typing import Any, Protocol, Self, runtime_checkable
 
 import msgspec
 
+from rllm.gateway.trace_query import ALL_TRACES, TraceQuery
 from rllm.types import SamplingParams, TraceRecord
 from rllm.types.errors import RLLMError
 
@@ -82,14 +83,7 @@ class GatewayAdmin(Protocol):
         """The session's traces ordered by ``seq`` (none for an unknown session)."""
         ...
 
-    async def query_traces(
-        self,
-        *,
-        session_id: str | None = None,
-        role: str | None = None,
-        since: float | None = None,
-        limit: int | None = None,
-    ) -> list[TraceRecord]:
+    async def query_traces(self, query: TraceQuery = ALL_TRACES) -> list[TraceRecord]:
         """Traces matching every filter given, ordered by creation time."""
         ...
 

@@ -11,8 +11,10 @@ import msgspec
 from rllm.gateway.auth import bearer, require_admin, same_secret, session_denied
 from rllm.gateway.errors import GatewayError
 from rllm.gateway.store import encodable
+from rllm.gateway.trace_query import TraceQuery
 from rllm.runtime.http_messages import Handler, Request, Response
 from rllm.types import SamplingParams, SchemaError, TraceRecord, convert, to_json, to_msgpack
+from rllm.types.errors import InputError
 
 if TYPE_CHECKING:
     from rllm.gateway.server import GatewayServer
@@ -140,15 +142,11 @@ class AdminRoutes:
 
     async def query_traces(self, request: Request) -> Response:
         self._admin(request)
-        q = request.query
         try:
-            since = float(q["since"]) if "since" in q else None
-            limit = int(q["limit"]) if "limit" in q else None
-        except ValueError:
-            raise GatewayError(400, "'since' must be a number and 'limit' an integer") from None
-        records = await self.server.store.query(
-            session_id=q.get("session_id"), role=q.get("role"), since=since, limit=limit
-        )
+            query = TraceQuery.from_params(request.query)
+        except InputError as exc:
+            raise GatewayError(400, str(exc)) from None
+        records = await self.server.store.query(query)
         return records_response(request, records)
 
     async def flush(self, request: Request) -> Response:

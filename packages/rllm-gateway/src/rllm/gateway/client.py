@@ -13,6 +13,7 @@ import aiohttp
 import msgspec
 
 from rllm.gateway.admin_api import GatewayAPIError, SessionInfo, session_base_url
+from rllm.gateway.trace_query import ALL_TRACES, TraceQuery
 from rllm.runtime.http_client import FastHttpPool
 from rllm.types import SamplingParams, TraceRecord, from_msgpack, to_builtins
 
@@ -125,20 +126,10 @@ class GatewayClient:
             path += f"&role={role}"
         return from_msgpack(await self._call("GET", path, accept="application/msgpack"), list[TraceRecord])
 
-    async def query_traces(
-        self,
-        *,
-        session_id: str | None = None,
-        role: str | None = None,
-        since: float | None = None,
-        limit: int | None = None,
-    ) -> list[TraceRecord]:
-        params = {"format": "msgpack"}
-        for k, v in (("session_id", session_id), ("role", role), ("since", since), ("limit", limit)):
-            if v is not None:
-                params[k] = str(v)
-        query = "&".join(f"{k}={v}" for k, v in params.items())
-        return from_msgpack(await self._call("GET", f"/admin/traces?{query}"), list[TraceRecord])
+    async def query_traces(self, query: TraceQuery = ALL_TRACES) -> list[TraceRecord]:
+        params = {"format": "msgpack", **query.to_params()}
+        path = "/admin/traces?" + "&".join(f"{k}={v}" for k, v in params.items())
+        return from_msgpack(await self._call("GET", path), list[TraceRecord])
 
     async def flush(self) -> None:
         """Wait until every trace captured so far is committed to the store."""

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from rllm.gateway.admin_api import GatewayAdmin, GatewayAPIError, SessionInfo
 from rllm.gateway.client import GatewayClient
+from rllm.gateway.trace_query import ALL_TRACES, TraceQuery
 from rllm.types import SamplingParams, TraceRecord, new_id
 from rllm.types.errors import InputError
 
@@ -99,19 +100,10 @@ class GatewayGroup:
         found = await self._all(lambda m: m.get_traces(session_id, role))
         return sorted((r for records in found for r in records), key=lambda r: r.seq)
 
-    async def query_traces(
-        self,
-        *,
-        session_id: str | None = None,
-        role: str | None = None,
-        since: float | None = None,
-        limit: int | None = None,
-    ) -> list[TraceRecord]:
-        found = await self._all(
-            lambda m: m.query_traces(session_id=session_id, role=role, since=since, limit=limit)
-        )
+    async def query_traces(self, query: TraceQuery = ALL_TRACES) -> list[TraceRecord]:
+        found = await self._all(lambda m: m.query_traces(query))
         merged = sorted((r for records in found for r in records), key=lambda r: (r.created_at, r.seq))
-        return merged[:limit] if limit is not None else merged
+        return merged[: query.limit] if query.limit is not None else merged
 
     async def flush(self) -> None:
         await self._all(lambda m: m.flush())

@@ -22,6 +22,7 @@ import msgspec
 
 from rllm.gateway.admin_api import GatewayAPIError, SessionInfo, session_base_url
 from rllm.gateway.errors import GatewayError
+from rllm.gateway.trace_query import ALL_TRACES, TraceQuery
 from rllm.types import SamplingParams, TraceRecord, from_msgpack, to_msgpack
 from rllm.types.errors import StateError
 
@@ -137,18 +138,9 @@ class LocalGatewayClient:
 
         return await self._run("GET", f"/admin/sessions/{session_id}/traces", op)
 
-    async def query_traces(
-        self,
-        *,
-        session_id: str | None = None,
-        role: str | None = None,
-        since: float | None = None,
-        limit: int | None = None,
-    ) -> list[TraceRecord]:
+    async def query_traces(self, query: TraceQuery = ALL_TRACES) -> list[TraceRecord]:
         async def op() -> list[TraceRecord]:
-            records = await self.server.store.query(
-                session_id=session_id, role=role, since=since, limit=limit
-            )
+            records = await self.server.store.query(query)
             return _copies(records)
 
         return await self._run("GET", "/admin/traces", op)

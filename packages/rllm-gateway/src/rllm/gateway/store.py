@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from rllm.gateway.trace_query import ALL_TRACES, TraceQuery
 from rllm.types import TraceRecord, from_msgpack, to_msgpack
 from rllm.types.errors import InputError, StateError
 
@@ -39,14 +40,7 @@ class SessionRow(msgspec.Struct, omit_defaults=True):
 class TraceStore(Protocol):
     def put(self, record: TraceRecord) -> None: ...
     async def get(self, session_id: str) -> list[TraceRecord]: ...
-    async def query(
-        self,
-        *,
-        session_id: str | None = None,
-        role: str | None = None,
-        since: float | None = None,
-        limit: int | None = None,
-    ) -> list[TraceRecord]: ...
+    async def query(self, query: TraceQuery = ALL_TRACES) -> list[TraceRecord]: ...
     async def delete_session(self, session_id: str) -> int: ...
     async def flush(self) -> None: ...
     def trace_count(self) -> int: ...
@@ -118,20 +112,13 @@ class MemoryTraceStore:
     async def get(self, session_id: str) -> list[TraceRecord]:
         return sorted(self._by_session.get(session_id, ()), key=_seq_key)
 
-    async def query(
-        self,
-        *,
-        session_id: str | None = None,
-        role: str | None = None,
-        since: float | None = None,
-        limit: int | None = None,
-    ) -> list[TraceRecord]:
-        if session_id is not None:
-            pool: Iterable[TraceRecord] = self._by_session.get(session_id, ())
+    async def query(self, query: TraceQuery = ALL_TRACES) -> list[TraceRecord]:
+        if query.session_id is not None:
+            pool: Iterable[TraceRecord] = self._by_session.get(query.session_id, ())
         else:
             pool = (r for lst in self._by_session.values() for r in lst)
-        out = sorted(_filter(pool, role, since), key=lambda r: (r.created_at, r.seq))
-        return out[:limit] if limit is not None else out
+        out = sorted(_filter(pool, query.role, query.since), key=lambda r: (r.created_at, r.seq))
+        return out[: query.limit] if query.limit is not None else out
 
     async def delete_session(self, session_id: str) -> int:
         lst = self._by_session.pop(session_id, [])
@@ -341,31 +328,24 @@ class SqliteTraceStore:
             "SELECT data FROM traces WHERE session_id = ? ORDER BY seq", (session_id,)
         )
 
-    async def query(
-        self,
-        *,
-        session_id: str | None = None,
-        role: str | None = None,
-        since: float | None = None,
-        limit: int | None = None,
-    ) -> list[TraceRecord]:
+    async def query(self, query: TraceQuery = ALL_TRACES) -> list[TraceRecord]:
         where, args = [], []
-        if session_id is not None:
+        if query.session_id is not None:
             where.append("session_id = ?")
-            args.append(session_id)
-        if role is not None:
+            args.append(query.session_id)
+        if query.role is not None:
             where.append("role = ?")
-            args.append(role)
-        if since is not None:
+            args.append(query.role)
+        if query.since is not None:
             where.append("created_at >= ?")
-            args.append(since)
+            args.append(query.since)
         sql = "SELECT data FROM traces"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY created_at, seq"
-        if limit is not None:
+        if query.limit is not None:
             sql += " LIMIT ?"
-            args.append(limit)
+            args.append(query.limit)
         return await self._read_async(sql, tuple(args))
 
     async def delete_session(self, session_id: str) -> int:
