@@ -20,6 +20,10 @@ floor for another package's import, a runtime plugin) is listed, with its reason
 deptry was considered: it maps imports to distributions by top-level module, and every rLLM
 package is a portion of the one ``rllm`` namespace, so it cannot tell rllm.types from rllm.engine.
 
+Cookbooks (members under ``cookbooks/``) may use only ``rllm-types`` and ``rllm-sdk`` of rLLM:
+with every import declared, that is the cookbook contract, checked here so that a new cookbook
+needs no entry in the import-linter contracts.
+
 Run by ``uv run nox -s layers``, or alone: ``uv run python scripts/check_deps.py``.
 """
 
@@ -35,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 MEMBERS = ("packages/*", "cookbooks/*")
+# What a cookbook may use of rLLM (docs/architecture.md: cookbooks depend only on types + sdk).
+COOKBOOK_MAY_USE = frozenset({"rllm-types", "rllm-sdk"})
 
 # Distributions whose import name is neither their own name nor known to this environment.
 KNOWN = {
@@ -145,6 +151,12 @@ def problems(member: Member, resolver: Resolver) -> list[str]:
         for dist, where in sorted(used.items())
         if dist not in member.declared
     ]
+    if member.directory.parent.name == "cookbooks":
+        out += [
+            f"{member.name}: a cookbook uses only rllm-types and rllm-sdk of rLLM, not {dist} ({where})"
+            for dist, where in sorted(used.items())
+            if dist.startswith("rllm-") and dist not in COOKBOOK_MAY_USE
+        ]
     out += [
         f"{member.name}: declares {dist} but no module imports it"
         for dist in sorted(member.declared - set(used) - member.not_imported)

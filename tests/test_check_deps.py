@@ -73,3 +73,20 @@ def test_first_party_modules_map_to_the_deepest_member(tmp_path: Path) -> None:
     assert check_deps.check(tmp_path) == [
         "rllm-cli: imports rllm-backend-x without declaring it (src/rllm/cli/__init__.py imports rllm.backends.x.thing)"
     ]
+
+
+def test_a_cookbook_may_use_only_types_and_sdk(tmp_path: Path) -> None:
+    _member(tmp_path, "engine", "rllm-engine", [], {"rllm/engine/__init__.py": "x = 1\n"})
+    _member(tmp_path, "sdk", "rllm-sdk", [], {"rllm/sdk/__init__.py": "x = 1\n"})
+    cookbook = tmp_path / "cookbooks" / "demo"
+    (cookbook / "src" / "rllm_cookbook_demo").mkdir(parents=True)
+    (cookbook / "pyproject.toml").write_text(
+        '[project]\nname = "rllm-cookbook-demo"\nversion = "0.1.0"\ndependencies = ["rllm-sdk", "rllm-engine"]\n'
+    )
+    (cookbook / "src" / "rllm_cookbook_demo" / "__init__.py").write_text(
+        "from rllm.sdk import x\nfrom rllm.engine import x as y\n"
+    )
+    assert check_deps.check(tmp_path) == [
+        "rllm-cookbook-demo: a cookbook uses only rllm-types and rllm-sdk of rLLM, not rllm-engine "
+        "(src/rllm_cookbook_demo/__init__.py imports rllm.engine)"
+    ]

@@ -25,8 +25,10 @@ from rllm.types import ConfigError, RLLMError
 from rllm.types.errors import DeadlineError, InputError, LookupFailed, StateError
 
 ROOT = Path(__file__).resolve().parents[1]
-ROOT_PACKAGES: list[str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"][
-    "root_packages"
+# rLLM's packages (the import-linter roots) and every cookbook (found by folder, as check_deps does).
+ROOT_PACKAGES: list[str] = [
+    *tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["root_packages"],
+    *sorted(p.name for p in ROOT.glob("cookbooks/*/src/rllm_cookbook_*") if p.is_dir()),
 ]
 
 

@@ -99,7 +99,7 @@ class RunView:
         evaluation, where nothing is trained and nothing filtered)."""
         if self.is_eval:
             if step != EVAL_STEP:
-                raise KeyError(f"an evaluation has one step ({EVAL_STEP}), not {step}")
+                raise LookupFailed(f"an evaluation has one step ({EVAL_STEP}), not {step}")
             if self._eval is None:
                 self._eval = read_eval_episodes(self.run_dir / EVAL_EPISODES)
             return self._eval, None
