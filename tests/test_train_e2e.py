@@ -143,7 +143,10 @@ def test_cli_lists_plugins_and_rejects_bad_input(tmp_path: Path) -> None:
         in subprocess.run(_cli("backends"), capture_output=True, text=True, check=True).stdout.split()
     )
     unknown = subprocess.run(_cli("train", "no-such-cookbook"), capture_output=True, text=True, check=False)
-    assert unknown.returncode == 2 and "no cookbook named 'no-such-cookbook'" in unknown.stderr
+    assert (
+        unknown.returncode == 2
+        and "no cookbook or registered dataset named 'no-such-cookbook'" in unknown.stderr
+    )
     bad_key = subprocess.run(
         _cli("train", "say", "--out", str(tmp_path), "algorithm.clip_hi=0.3"),
         capture_output=True,

@@ -51,7 +51,13 @@ ALL = [(root, path, info) for root in (TrainerConfig, GatewayConfig) for path, i
 
 def test_the_walk_reaches_the_nested_structs() -> None:
     names = {info.cls.__name__ for _, _, info in ALL}
-    assert {"TrainerConfig", "RolloutSettings", "SamplingParams", "AlgorithmConfig", "GatewayConfig"} <= names
+    assert {
+        "TrainerConfig",
+        "TrainRolloutSettings",
+        "SamplingParams",
+        "AlgorithmConfig",
+        "GatewayConfig",
+    } <= names
 
 
 @pytest.mark.parametrize(("root", "path", "info"), ALL, ids=[f"{r.__name__}:{p or '.'}" for r, p, _ in ALL])
