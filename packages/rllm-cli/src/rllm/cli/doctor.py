@@ -152,23 +152,22 @@ def _error(status: int, message: str) -> Response:
 
 
 def load_tokenizer(model: str, tokenizer: str | None) -> tuple[Any, str]:
-    """The tokenizer MODEL trains with (``tiny``: rllm.tiny's) and a directory holding it."""
-    from transformers import AutoTokenizer
-
+    """The tokenizer MODEL trains with (``tiny``: rllm.tiny's) and a directory holding it,
+    loaded as the gateway loads it."""
+    try:
+        from rllm.gateway.cumulative import TokenBridge
+    except ImportError as e:  # pragma: no cover - transformers is the gateway's tokenizer extra
+        raise CliError(f"the doctor needs transformers: {e}") from e
+    path = tokenizer or model
     if tokenizer is None and model == TINY:
         from rllm.tiny import build_tokenizer
 
-        tok = build_tokenizer()
         path = tempfile.mkdtemp(prefix="rllm-doctor-")
-        tok.save_pretrained(path)
-        return AutoTokenizer.from_pretrained(path), path
-    path = tokenizer or model
+        build_tokenizer().save_pretrained(path)
     try:
-        tok = AutoTokenizer.from_pretrained(path)
+        tok = TokenBridge.load(path).tokenizer
     except (OSError, ValueError) as e:
         raise CliError(f"cannot load a tokenizer from {path!r}: {e}", hint="pass --tokenizer PATH") from e
-    if not getattr(tok, "chat_template", None):
-        raise CliError(f"the tokenizer at {path!r} has no chat_template", hint="pass --tokenizer PATH")
     return tok, path
 
 
@@ -222,6 +221,8 @@ class Doctor:
                 self.gw, self.client = gw, client
                 report.checks.append(await self.multi_turn())
                 report.checks.append(await self.streaming())
+                if "think>" in str(self.tok.chat_template):  # the template claims reasoning turns
+                    report.checks.append(await self.thinking())
                 report.checks.extend(await self.tools())
         return report
 
@@ -245,7 +246,11 @@ class Doctor:
         self._n += 1
         return f"doctor-{self._n}"
 
-    async def conversation(self, turns: int, **kw: Any) -> list[Any]:
+    async def thinking(self) -> Check:
+        traces = await self.conversation(3, think=True)
+        return self._verdict("multi-turn with thinking", traces)
+
+    async def conversation(self, turns: int, think: bool = False, **kw: Any) -> list[Any]:
         sid = self.sid()
         self.sent = []
         msgs: list[dict[str, Any]] = [
@@ -253,7 +258,10 @@ class Doctor:
             {"role": "user", "content": "say the word apple"},
         ]
         for i in range(turns):
-            msgs.append(await self.chat(sid, msgs, f"the answer is {i}", **kw))
+            reply = f"the answer is {i}"
+            if think:
+                reply = f"<think>\nsay {i}\n</think>\n\n{reply}"
+            msgs.append(await self.chat(sid, msgs, reply, **kw))
             msgs.append({"role": "user", "content": "say it again"})
         return await self.client.get_traces(sid)
 
@@ -304,10 +312,16 @@ class Doctor:
             list(prev.completion_ids), skip_special_tokens=False
         )
         text = render(self.sent[k])
-        i = next(
-            (k for k, (a, b) in enumerate(zip(done, text, strict=False)) if a != b), min(len(done), len(text))
-        )
-        return f"{reason}: the sampled text reads {done[max(0, i - 20) : i + 12]!r}, the template renders {text[max(0, i - 20) : i + 12]!r}"
+        at = zip(done, text, strict=False)
+        i = next((j for j, (a, b) in enumerate(at) if a != b), min(len(done), len(text)))
+        sampled, rendered = done[max(0, i - 20) : i + 12], text[max(0, i - 20) : i + 12]
+        if "<think>" in done[i:] and "<think>" not in text[i:]:
+            cause = "the chat template strips the thinking from earlier assistant turns"
+        elif done[i : i + 1].isspace() or text[i : i + 1].isspace():
+            cause = "the chat template adds or drops whitespace (a separator) around the reply"
+        else:
+            cause = reason
+        return f"{cause}: the sampled text reads {sampled!r}, the template renders {rendered!r}"
 
     async def streaming(self) -> Check:
         plain = await self.conversation(2)
