@@ -134,3 +134,33 @@ def test_a_failing_check_exits_1(capsys, tmp_path):
     assert code == 1 and report["ok"] is False
     assert by_name(report)["tool call: one"]["status"] == "fail"
     assert by_name(report)["multi-turn text"]["status"] == "pass"
+
+
+def test_a_real_upstream_whose_tokens_do_not_round_trip_is_reported(capsys, tmp_path):
+    # MockUpstream tokenizes its reply character by character: ids the tokenizer would never
+    # produce for that text, as a sampler may. The doctor names that, and skips the scripted checks.
+    from transformers import AutoTokenizer
+
+    from rllm.testing import MockUpstream
+    from rllm.tiny import build_tokenizer
+
+    build_tokenizer().save_pretrained(tmp_path / "tok")
+    tok = AutoTokenizer.from_pretrained(tmp_path / "tok")
+    mock = MockUpstream(tokenizer=tok, responder=lambda body: "the answer is 1").start_in_thread()
+    try:
+        code, report = doctor(capsys, "tiny", "--upstream", mock.url)
+    finally:
+        mock.stop_in_thread()
+    checks = by_name(report)
+    assert code == 0
+    multi = checks["multi-turn text"]
+    assert multi["status"] == "warn"
+    assert "not the tokenizer's own tokenization" in multi["detail"]
+    assert multi["first_diff"]["expected"]["text"] == "t" and multi["first_diff"]["got"]["text"] == "the"
+    assert checks["streaming = non-streaming"]["status"] == "pass"
+    assert checks["tool calls"] == {
+        "name": "tool calls",
+        "status": "skip",
+        "detail": "scripted replies only: run without --upstream",
+        "first_diff": None,
+    }
