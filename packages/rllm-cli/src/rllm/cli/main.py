@@ -22,6 +22,7 @@ from rich.console import Console
 
 from rllm.cli.cookbook import cookbook_group
 from rllm.cli.dataset import dataset_group
+from rllm.cli.doctor import doctor_group
 from rllm.cli.errors import BAD_INPUT, INTERRUPTED, CliError, as_cli_error
 from rllm.cli.eval_cmd import eval_command, train_cookbook
 from rllm.cli.export_cmd import export_command
@@ -337,6 +338,7 @@ cli.add_command(dataset_group)
 cli.add_command(cookbook_group)
 cli.add_command(serve_command)
 cli.add_command(export_command)
+cli.add_command(doctor_group)
 
 
 def main(argv: list[str] | None = None) -> int:

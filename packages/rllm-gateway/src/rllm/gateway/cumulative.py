@@ -9,7 +9,9 @@ In cumulative mode the gateway renders the chat template itself and sends token 
 ``/v1/completions``. When a request's messages extend the previous turn of the same
 (session, role) — same earlier messages, the previous reply unchanged, new messages after
 it — only the new part of the rendered text is tokenized and appended to the previous
-prompt + completion tokens. Otherwise (thinking stripped, history compacted, template does
+prompt + completion tokens (or, where the rendered text differs from the sampled text but its
+fresh tokenization still starts with exactly the previous prompt + completion ids, that
+tokenization). Otherwise (thinking stripped, history compacted, template does
 not extend) a new segment starts from a fresh rendering, and the trace says why.
 
 Tool calls: ``tools`` are rendered through the chat template and the completion is parsed back
@@ -161,7 +163,15 @@ class TokenBridge:
                 )
                 new_images = images[prev.image_count :]
                 if not text.startswith(done_text):
-                    reason = "the chat template's rendering does not extend the previous turn's tokens"
+                    # The text differs (e.g. whitespace a word-level decode drops), yet its fresh
+                    # tokens may still start with exactly what was sent and sampled: then it
+                    # extends token for token, which is what matters, and stays one segment.
+                    fresh = self.encode(self._expand(text, images))
+                    done_ids = prev.prompt_ids + prev.completion_ids
+                    if fresh[: len(done_ids)] == done_ids:
+                        ids = fresh
+                    else:
+                        reason = "the chat template's rendering does not extend the previous turn's tokens"
                 elif self._placeholders(text[len(done_text) :]) != len(new_images):
                     reason = "the new messages' image placeholders do not match their images"
                 else:

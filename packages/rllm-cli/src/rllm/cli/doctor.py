@@ -1,0 +1,472 @@
+"""``rllm doctor tokens MODEL``: token faithfulness of one model's tokenizer and chat template.
+
+A conformance run through the real gateway in cumulative mode against a scripted upstream
+(on loopback; or a real one with ``--upstream``). The scripted upstream answers each
+``/v1/completions`` call like vLLM, with the ids the tokenizer gives the scripted reply plus
+its end-of-turn token, so every check exercises the template and the gateway, not a model.
+
+Each check is pass, fail or warn. A template that makes every turn a new segment (it re-renders
+an earlier reply differently from the tokens the sampler produced) is a warning with its reason
+and its cost in re-prefilled tokens per turn: training stays token-true (the gateway starts a
+segment), but the run pays for it. Exit 0 unless a check fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import tempfile
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import click
+import msgspec
+from rich.console import Console
+from rich.table import Table
+
+from rllm.cli.errors import FAILED, CliError
+from rllm.runtime.http_messages import Request, Response, StreamResponse
+from rllm.runtime.http_router import Router
+from rllm.runtime.http_server import HttpServer
+from rllm.types.openai import Completion, CompletionChoice, error_body, response_id, usage
+
+TINY = "tiny"
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+_enc = msgspec.json.Encoder().encode
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # "pass", "fail", "warn", "skip"
+    detail: str = ""
+    first_diff: dict[str, Any] | None = None
+
+
+@dataclass
+class Report:
+    model: str
+    tool_format: str | None
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.status != "fail" for c in self.checks)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "tool_format": self.tool_format,
+            "ok": self.ok,
+            "checks": [asdict(c) for c in self.checks],
+        }
+
+
+class ScriptedUpstream:
+    """A loopback OpenAI-compatible ``/v1/completions`` that answers the next scripted reply with
+    the tokenizer's ids for it (+ the eos id), in vLLM's fields (``token_ids``, logprobs)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tok = tokenizer
+        self.reply = ""
+        self.port = 0
+        self._server: HttpServer | None = None
+        self._router = Router()
+        self._router.add("POST", "/v1/completions", self._completions)
+        self._router.add("GET", "/v1/models", self._models)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def ids(self, text: str) -> list[int]:
+        ids = list(self.tok.encode(text, add_special_tokens=False))
+        if self.tok.eos_token_id is not None:
+            ids.append(int(self.tok.eos_token_id))
+        return ids
+
+    async def __aenter__(self) -> ScriptedUpstream:
+        server = HttpServer(self._dispatch, _error, max_body_bytes=64 << 20)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        sock.setblocking(False)
+        self.port = sock.getsockname()[1]
+        await server.start(sock)
+        self._server = server
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._server is not None:
+            await self._server.stop(1.0)
+
+    async def _dispatch(self, request: Request) -> Response | StreamResponse:
+        return await self._router.dispatch(request, _error)
+
+    async def _models(self, request: Request) -> Response:
+        return Response(body=_enc({"object": "list", "data": [{"id": "doctor", "object": "model"}]}))
+
+    async def _completions(self, request: Request) -> Response | StreamResponse:
+        body = json.loads(request.body)
+        prompt = list(body.get("prompt") or [])
+        ids = self.ids(self.reply)
+        choice = CompletionChoice(
+            index=0, text=self.reply, finish_reason="stop", prompt_token_ids=prompt, token_ids=ids
+        )
+        if not body.get("stream"):
+            out = Completion(
+                id=response_id("cmpl"), model="doctor", choices=[choice], usage=usage(len(prompt), len(ids))
+            )
+            out.prompt_token_ids = prompt
+            return Response(body=_enc(out))
+        resp = StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        sent = ""
+        for i, t in enumerate(ids):  # one token per chunk, as a sampler streams
+            upto = self.tok.decode(ids[: i + 1], skip_special_tokens=True)
+            text, sent = upto[len(sent) :], upto
+            last = i == len(ids) - 1
+            c = CompletionChoice(index=0, text=text, finish_reason="stop" if last else None, token_ids=[t])
+            chunk = Completion(id="cmpl-doctor", model="doctor", choices=[c])
+            if i == 0:
+                chunk.prompt_token_ids = prompt
+            if last:
+                chunk.usage = usage(len(prompt), len(ids))
+            await resp.write(b"data: " + _enc(chunk) + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+
+def _error(status: int, message: str) -> Response:
+    return Response(status=status, body=_enc(error_body(status, message)))
+
+
+def load_tokenizer(model: str, tokenizer: str | None) -> tuple[Any, str]:
+    """The tokenizer MODEL trains with (``tiny``: rllm.tiny's) and a directory holding it,
+    loaded as the gateway loads it."""
+    try:
+        from rllm.gateway.cumulative import TokenBridge
+    except ImportError as e:  # pragma: no cover - transformers is the gateway's tokenizer extra
+        raise CliError(f"the doctor needs transformers: {e}") from e
+    path = tokenizer or model
+    if tokenizer is None and model == TINY:
+        from rllm.tiny import build_tokenizer
+
+        path = tempfile.mkdtemp(prefix="rllm-doctor-")
+        build_tokenizer().save_pretrained(path)
+    try:
+        tok = TokenBridge.load(path).tokenizer
+    except (OSError, ValueError) as e:
+        raise CliError(f"cannot load a tokenizer from {path!r}: {e}", hint="pass --tokenizer PATH") from e
+    return tok, path
+
+
+def _post(url: str, body: dict[str, Any]) -> bytes:
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return r.read()
+
+
+def first_diff(tok: Any, want: list[int], got: list[int]) -> dict[str, Any]:
+    """Where ``got`` stops starting with ``want``: the index and both tokens (id and text)."""
+    i = next((k for k, (a, b) in enumerate(zip(want, got, strict=False)) if a != b), min(len(want), len(got)))
+
+    def show(ids: list[int]) -> Any:
+        return (
+            None if i >= len(ids) else {"id": ids[i], "text": tok.decode([ids[i]], skip_special_tokens=False)}
+        )
+
+    return {"index": i, "expected": show(want), "got": show(got)}
+
+
+def _extends(prev: Any, cur: Any) -> bool:
+    prefix = list(prev.prompt_ids) + list(prev.completion_ids)
+    return list(cur.prompt_ids[: len(prefix)]) == prefix
+
+
+class Doctor:
+    def __init__(self, tok: Any, path: str, upstream: str | None, tool_format: str | None) -> None:
+        from rllm.gateway.toolcalls import detect_format
+
+        self.tok, self.path, self.upstream = tok, path, upstream
+        self.tool_format = tool_format or detect_format(tok)
+        self._n = 0
+        self.sent: list[tuple[list[dict[str, Any]], Any]] = []  # each call's messages, this conversation
+
+    async def run(self, model: str) -> Report:
+        from rllm.gateway import GatewayClient, GatewayConfig, GatewayServer
+
+        report = Report(model, self.tool_format)
+        async with ScriptedUpstream(self.tok) as scripted:
+            self.scripted = scripted
+            cfg = GatewayConfig(
+                upstreams=[self.upstream or scripted.url],
+                tokenizer_path=self.path,
+                tokenizer_mode="cumulative",
+                health_interval_s=0,
+            )
+            async with GatewayServer(cfg) as gw, GatewayClient(gw.url) as client:
+                self.gw, self.client = gw, client
+                report.checks.append(await self.multi_turn())
+                report.checks.append(await self.streaming())
+                if self.upstream is not None:  # a real model does not follow the script
+                    why = "scripted replies only: run without --upstream"
+                    report.checks.append(Check("tool calls", "skip", why))
+                    return report
+                if "think>" in str(self.tok.chat_template):  # the template claims reasoning turns
+                    report.checks.append(await self.thinking())
+                report.checks.extend(await self.tools())
+        return report
+
+    async def chat(self, sid: str, messages: list[dict[str, Any]], reply: str, **kw: Any) -> dict[str, Any]:
+        self.scripted.reply = reply
+        self.sent.append(([dict(m) for m in messages], kw.get("tools")))
+        url = self.client.session_url(sid) + "/chat/completions"
+        body = {"model": "doctor", "messages": messages, "max_tokens": 64, "temperature": 0, **kw}
+        raw = await asyncio.to_thread(_post, url, body)
+        if kw.get("stream"):
+            text = ""
+            for line in raw.decode().splitlines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    for c in json.loads(line[6:]).get("choices") or ():
+                        text += (c.get("delta") or {}).get("content") or ""
+            return {"role": "assistant", "content": text}
+        msg = json.loads(raw)["choices"][0]["message"]
+        return {k: v for k, v in msg.items() if k in ("role", "content", "tool_calls") and v is not None}
+
+    def sid(self) -> str:
+        self._n += 1
+        return f"doctor-{self._n}"
+
+    async def thinking(self) -> Check:
+        traces = await self.conversation(3, think=True)
+        return self._verdict("multi-turn with thinking", traces)
+
+    async def conversation(self, turns: int, think: bool = False, **kw: Any) -> list[Any]:
+        sid = self.sid()
+        self.sent = []
+        msgs: list[dict[str, Any]] = [
+            {"role": "system", "content": "you are an agent"},
+            {"role": "user", "content": "say the word apple"},
+        ]
+        for i in range(turns):
+            reply = f"the answer is {i}"
+            if think:
+                reply = f"<think>\nsay {i}\n</think>\n\n{reply}"
+            msgs.append(await self.chat(sid, msgs, reply, **kw))
+            msgs.append({"role": "user", "content": "say it again"})
+        return await self.client.get_traces(sid)
+
+    async def multi_turn(self) -> Check:
+        traces = await self.conversation(3)
+        return self._verdict("multi-turn text", traces)
+
+    def _verdict(self, name: str, traces: list[Any]) -> Check:
+        for k in range(1, len(traces)):
+            if traces[k].segment == traces[k - 1].segment and not _extends(traces[k - 1], traces[k]):
+                prev = list(traces[k - 1].prompt_ids) + list(traces[k - 1].completion_ids)
+                diff = first_diff(self.tok, prev, list(traces[k].prompt_ids))
+                return Check(name, "fail", f"turn {k + 1} claims to extend turn {k} but does not", diff)
+        new = [t for t in traces[1:] if t.segment != 0 and t.metadata.get("segment_reason")]
+        if not new:
+            return Check(name, "pass", f"{len(traces)} turns, one segment")
+        t = new[0]
+        k = traces.index(t)
+        prev = traces[k - 1]
+        prefix = list(prev.prompt_ids) + list(prev.completion_ids)
+        diff: dict[str, Any] | None = first_diff(self.tok, prefix, list(t.prompt_ids))
+        cost = sum(len(x.prompt_ids) for x in new) // len(new)
+        in_reply = diff["expected"] is not None and diff["index"] >= len(prev.prompt_ids)
+        why = self._why(k, prev, t.metadata["segment_reason"], in_reply)
+        if diff["expected"] is None:  # the ids extend; only the text comparison parts them
+            why += " (its token ids happen to extend all the same: the gateway compares text)"
+            diff = None
+        return Check(
+            name,
+            "warn",
+            f"this model starts a new segment every turn because {why}; "
+            f"cost: ~{cost} prompt tokens re-prefilled per turn ({len(new)} of {len(traces)} turns)",
+            diff,
+        )
+
+    def _why(self, k: int, prev: Any, reason: str, in_reply: bool = False) -> str:
+        """The reason, with the text where the sampled turn and the re-rendered history part."""
+        from rllm.gateway.toolcalls import to_template_messages
+
+        def render(sent: tuple[list[dict[str, Any]], Any]) -> str:
+            msgs, tools = sent
+            return self.tok.apply_chat_template(
+                to_template_messages(msgs), tools=tools, add_generation_prompt=True, tokenize=False
+            )
+
+        if k >= len(self.sent):
+            return reason
+        done = render(self.sent[k - 1]) + self.tok.decode(
+            list(prev.completion_ids), skip_special_tokens=False
+        )
+        text = render(self.sent[k])
+        at = zip(done, text, strict=False)
+        i = next((j for j, (a, b) in enumerate(at) if a != b), min(len(done), len(text)))
+        sampled, rendered = done[max(0, i - 20) : i + 12], text[max(0, i - 20) : i + 12]
+        if "<think>" in done[i:] and "<think>" not in text[i:]:
+            cause = "the chat template strips the thinking from earlier assistant turns"
+        elif in_reply:  # the ids part inside the sampled reply, not at a template boundary
+            cause = (
+                "the sampler's tokens for its reply are not the tokenizer's own tokenization of "
+                "that text (a non-canonical tokenization), so re-rendering changes them"
+            )
+        elif done[i : i + 1].isspace() or text[i : i + 1].isspace():
+            cause = "the chat template adds or drops whitespace (a separator) around the reply"
+        else:
+            cause = reason
+        return f"{cause}: the sampled text reads {sampled!r}, the template renders {rendered!r}"
+
+    async def streaming(self) -> Check:
+        plain = await self.conversation(2)
+        streamed = await self.conversation(2, stream=True)
+        for a, b in zip(plain, streamed, strict=True):
+            for part in ("prompt_ids", "completion_ids"):
+                x, y = list(getattr(a, part)), list(getattr(b, part))
+                if x != y:
+                    return Check(
+                        "streaming = non-streaming", "fail", f"{part} differ", first_diff(self.tok, x, y)
+                    )
+        return Check("streaming = non-streaming", "pass", "same prompt and completion ids")
+
+    async def tools(self) -> list[Check]:
+        from rllm.gateway.toolcalls import HERMES, LLAMA3_JSON
+
+        fmt = self.tool_format
+        if fmt not in (HERMES, LLAMA3_JSON):
+            why = "the template renders no tools" if fmt is None else f"{fmt} is not checked offline yet"
+            return [Check("tool calls", "skip", why)]
+        one = {"name": "get_weather", "arguments": {"city": "Paris"}}
+        two = {"name": "get_weather", "arguments": {"city": "Rome"}}
+        if fmt == HERMES:
+            call = lambda c: "<tool_call>\n" + json.dumps(c) + "\n</tool_call>"  # noqa: E731
+            single, parallel = call(one), call(one) + "\n" + call(two)
+            malformed = '<tool_call>\n{"name": "get_weather", "arguments": \n</tool_call>'
+        else:
+            call = lambda c: json.dumps({"name": c["name"], "parameters": c["arguments"]})  # noqa: E731
+            single, parallel = call(one), None  # Llama 3.1's template renders one call per turn
+            malformed = '{"name": "get_weather", "parameters": '
+        out = [await self._tool_check("tool call: one", single, [one])]
+        out.append(
+            await self._tool_check("tool call: parallel", parallel, [one, two])
+            if parallel
+            else Check("tool call: parallel", "skip", "the template renders one call per message")
+        )
+        out.append(await self._tool_result(single))
+        out.append(await self._malformed(malformed))
+        return out
+
+    async def _tool_check(self, name: str, reply: str, want: list[dict[str, Any]]) -> Check:
+        msgs = [{"role": "user", "content": "weather in paris"}]
+        msg = await self.chat(self.sid(), msgs, reply, tools=TOOLS)
+        got = [
+            {"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}
+            for c in msg.get("tool_calls") or ()
+        ]
+        if got != want:
+            return Check(name, "fail", f"parsed {got}, expected {want}")
+        return Check(name, "pass", f"{len(got)} call(s) parsed")
+
+    async def _tool_result(self, reply: str) -> Check:
+        sid = self.sid()
+        self.sent = []
+        msgs: list[dict[str, Any]] = [{"role": "user", "content": "weather in paris"}]
+        msg = await self.chat(sid, msgs, reply, tools=TOOLS)
+        calls = msg.get("tool_calls") or []
+        msgs.append(msg)
+        msgs.extend({"role": "tool", "tool_call_id": c["id"], "content": "sunny"} for c in calls)
+        await self.chat(sid, msgs, "it is sunny", tools=TOOLS)
+        traces = await self.client.get_traces(sid)
+        check = self._verdict("tool result (render -> parse -> render)", traces)
+        if not calls:
+            return Check(check.name, "fail", "the call was not parsed, so no result could follow")
+        return check
+
+    async def _malformed(self, reply: str) -> Check:
+        sid = self.sid()
+        msg = await self.chat(sid, [{"role": "user", "content": "weather in paris"}], reply, tools=TOOLS)
+        traces = await self.client.get_traces(sid)
+        err = traces[-1].metadata.get("tool_call_error")
+        if msg.get("tool_calls") or not err:
+            return Check(
+                "tool call: malformed", "fail", "a malformed call was not reported as tool_call_error"
+            )
+        return Check("tool call: malformed", "pass", f"reported: {err}")
+
+
+def run_doctor(model: str, tokenizer: str | None, tool_format: str | None, upstream: str | None) -> Report:
+    tok, path = load_tokenizer(model, tokenizer)
+    return asyncio.run(Doctor(tok, path, upstream, tool_format).run(model))
+
+
+_STYLE = {"pass": "green", "fail": "red", "warn": "yellow", "skip": "dim"}
+
+
+def print_report(report: Report, console: Console) -> None:
+    table = Table(title=f"rllm doctor tokens {report.model} (tool format: {report.tool_format or 'none'})")
+    for col in ("check", "result", "detail", "first differing token"):
+        table.add_column(col, overflow="fold")
+    for c in report.checks:
+        diff = ""
+        if c.first_diff:
+            d = c.first_diff
+            diff = f"#{d['index']}: expected {d['expected']}, got {d['got']}"
+        table.add_row(c.name, f"[{_STYLE[c.status]}]{c.status}[/]", c.detail, diff)
+    console.print(table)
+
+
+@click.group("doctor")
+def doctor_group() -> None:
+    """Check a model before training on it."""
+
+
+@doctor_group.command("tokens")
+@click.argument("model")
+@click.option("--tokenizer", default=None, help="tokenizer folder or hub name (default: MODEL's)")
+@click.option(
+    "--tool-format",
+    type=click.Choice(["hermes", "llama3_json", "harmony"]),
+    default=None,
+    help="tool-call format (default: detected from the chat template)",
+)
+@click.option("--upstream", default=None, help="a real OpenAI-compatible /v1 URL instead of the scripted one")
+@click.option("--json", "as_json", is_flag=True, help="print the report as JSON (for CI)")
+def tokens_command(
+    model: str, tokenizer: str | None, tool_format: str | None, upstream: str | None, as_json: bool
+) -> int:
+    """Token faithfulness of MODEL's tokenizer and chat template through the gateway.
+
+    MODEL is what a training config's `model` takes (`tiny`, a folder, a hub name). Checks
+    multi-turn extension, streaming against non-streaming ids, and tool calls (one, parallel,
+    a result, a malformed call) in the template's format. Exit 0 unless a check fails;
+    a template that starts a new segment every turn is a warning with its cause and cost.
+
+    \b
+    Example:
+      rllm doctor tokens tiny
+      rllm doctor tokens Qwen/Qwen2.5-0.5B-Instruct --json
+    """
+    if upstream is not None and not upstream.startswith(("http://", "https://")):
+        raise CliError(f"--upstream must be an http(s) URL ending in /v1, got {upstream!r}")
+    report = run_doctor(model, tokenizer, tool_format, upstream)
+    if as_json:
+        click.echo(json.dumps(report.as_json(), indent=2))
+    else:
+        print_report(report, Console(highlight=False))
+    return 0 if report.ok else FAILED
