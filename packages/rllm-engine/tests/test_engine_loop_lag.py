@@ -6,6 +6,8 @@ import asyncio
 import logging
 import time
 
+import pytest
+
 from rllm.engine.loop_lag import LoopLagMonitor
 from rllm.engine.rollout_config import RolloutConfig
 from rllm.engine.rollout_engine import RolloutEngine
@@ -78,3 +80,22 @@ async def test_episodes_carry_the_lag_and_a_blocking_flow_gets_one_warning(gatew
     warnings = [r.getMessage() for r in caplog.records if "event loop" in r.getMessage()]
     assert len(warnings) == 1  # once most recent ticks were late; once per engine
     assert "rollout.workers" in warnings[0] and "blocks the loop" in warnings[0]
+
+
+def test_a_rollout_worker_quiets_the_loggers_its_command_quieted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rllm` quiets the lag paragraph at the terminal; the workers, which print it, must too."""
+    import logging
+
+    from rllm.engine.flow_processes import QUIET_LOGGERS_ENV, quiet_loggers_from_env
+
+    lag, other = logging.getLogger("rllm.engine.loop_lag"), logging.getLogger("rllm.engine.test_other")
+    before = lag.level, other.level
+    try:
+        lag.setLevel(logging.NOTSET)
+        monkeypatch.setenv(QUIET_LOGGERS_ENV, "rllm.engine.loop_lag, math_verify")
+        quiet_loggers_from_env()
+        assert lag.getEffectiveLevel() == logging.ERROR
+        assert other.level == logging.NOTSET  # only the named ones
+    finally:
+        lag.setLevel(before[0])
+        other.setLevel(before[1])

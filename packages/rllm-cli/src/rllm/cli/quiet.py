@@ -12,15 +12,6 @@ from __future__ import annotations
 import logging
 import os
 
-QUIET_ENV: dict[str, str] = {
-    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
-    "TRANSFORMERS_VERBOSITY": "error",
-    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
-    "LITELLM_LOG": "ERROR",
-    "TOKENIZERS_PARALLELISM": "false",
-}
-
 # Loggers whose warnings are not the user's business at the terminal (kept under --debug).
 QUIET_LOGGERS: tuple[str, ...] = (
     "LiteLLM",
@@ -35,6 +26,17 @@ QUIET_LOGGERS: tuple[str, ...] = (
     "math_verify",
     "rllm.engine.loop_lag",
 )
+
+QUIET_ENV: dict[str, str] = {
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+    "LITELLM_LOG": "ERROR",
+    "TOKENIZERS_PARALLELISM": "false",
+    # The rollout workers (rllm.engine.flow_processes) quiet these too: the lag paragraph is theirs.
+    "RLLM_QUIET_LOGGERS": ",".join(QUIET_LOGGERS),
+}
 
 
 def quiet_third_party() -> None:

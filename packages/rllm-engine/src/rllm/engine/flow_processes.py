@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing
+import os
 import pickle
 import signal
 import socket
@@ -120,9 +121,22 @@ class _Frames(asyncio.Protocol):
 
 
 # ----------------------------------------------------------------------------- worker side
+# Loggers a command silenced (comma-separated names; `rllm` sets it, rllm.cli.quiet): a worker
+# writes to the same terminal, so they stay silent (ERROR and above only) in the workers too.
+QUIET_LOGGERS_ENV = "RLLM_QUIET_LOGGERS"
+
+
+def quiet_loggers_from_env() -> None:
+    """Raise the loggers named in ``$RLLM_QUIET_LOGGERS`` to ERROR in this process."""
+    for name in filter(None, os.environ.get(QUIET_LOGGERS_ENV, "").split(",")):
+        logging.getLogger(name.strip()).setLevel(logging.ERROR)
+
+
 def _worker_main(sock: socket.socket, engine_kwargs: dict[str, Any]) -> None:
     """Entry point of a worker process."""
     from rllm.runtime.event_loop import run
+
+    quiet_loggers_from_env()
 
     # Ctrl-C reaches the whole process group: the parent alone handles it and closes the pipe,
     # which shuts this worker down; a KeyboardInterrupt here would only print tracebacks.
