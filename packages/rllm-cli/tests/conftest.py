@@ -13,22 +13,6 @@ from rllm.testing import MockUpstream, say_back
 say_the_word = say_back(wrong_when=lambda messages, word: word == "lemon")
 
 
-@pytest.fixture(autouse=True)
-def _restore_what_the_cli_quiets(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """`main()` quiets third-party loggers and sets environment variables for the process (as it
-    should for a command); in a test session they must not leak into the next package's tests."""
-    import logging
-
-    from rllm.cli.quiet import QUIET_ENV, QUIET_LOGGERS
-
-    for name in QUIET_ENV:
-        monkeypatch.delenv(name, raising=False)  # restored after the test, whatever main() set
-    levels = {name: logging.getLogger(name).level for name in QUIET_LOGGERS}
-    yield
-    for name, level in levels.items():
-        logging.getLogger(name).setLevel(level)
-
-
 @pytest.fixture
 def rllm_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "rllm-home"

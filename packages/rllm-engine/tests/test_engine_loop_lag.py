@@ -89,13 +89,16 @@ def test_a_rollout_worker_quiets_the_loggers_its_command_quieted(monkeypatch: py
     from rllm.engine.flow_processes import QUIET_LOGGERS_ENV, quiet_loggers_from_env
 
     lag, other = logging.getLogger("rllm.engine.loop_lag"), logging.getLogger("rllm.engine.test_other")
-    before = lag.level, other.level
+    quieted = logging.getLogger("rllm.engine.test_quieted")
+    before = lag.level, other.level, quieted.level
     try:
         lag.setLevel(logging.NOTSET)
-        monkeypatch.setenv(QUIET_LOGGERS_ENV, "rllm.engine.loop_lag, math_verify")
+        monkeypatch.setenv(QUIET_LOGGERS_ENV, "rllm.engine.loop_lag, rllm.engine.test_quieted")
         quiet_loggers_from_env()
         assert lag.getEffectiveLevel() == logging.ERROR
+        assert quieted.level == logging.ERROR
         assert other.level == logging.NOTSET  # only the named ones
     finally:
         lag.setLevel(before[0])
         other.setLevel(before[1])
+        quieted.setLevel(before[2])
