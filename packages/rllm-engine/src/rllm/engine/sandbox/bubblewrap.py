@@ -29,13 +29,14 @@ import os
 import shlex
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypedDict, TypeVar
+from typing import TypedDict, TypeVar, cast
 
-from rllm.engine.sandbox import host_files, network
+from rllm.engine.sandbox import host_files, network, parked
 from rllm.engine.sandbox.cgroups import CgroupHost, SandboxCgroup, detect
 from rllm.sdk.sandbox import ExecResult, SandboxError, SandboxSpec, SandboxUnavailable, truncate_output
 
@@ -75,6 +76,7 @@ class BubblewrapBackend:
         self.cgroup_parent = cgroup_parent
         self.cgroups = CgroupHost("none", reason="not checked yet")
         self.disk_capped = False  # the workdir is a sized tmpfs (needs root to mount)
+        self.lot: parked.ParkingLot | None = None  # shells parked in fresh cgroups (cold starts)
         self._checked: asyncio.Future[None] | None = None
 
     async def check(self) -> None:
@@ -94,6 +96,7 @@ class BubblewrapBackend:
             _check_traversable(self.base_dir)
         self.cgroups = detect(self.cgroup_parent)
         self.disk_capped = _is_root() and _can_mount(self.base_dir)
+        self.lot = parked.lot_for(self.cgroups, _new_uid) if self.cgroups.version != "none" else None
         sandbox = BubblewrapSandbox(self, SandboxSpec())
         try:
             result = await sandbox.exec("true", timeout=30)
@@ -186,18 +189,26 @@ class BubblewrapSandbox:
         backend.base_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
         self.root = Path(tempfile.mkdtemp(prefix="sb-", dir=backend.base_dir))
         self.root.chmod(0o711)  # the sandbox's uid mounts its own folders, so it must reach them
-        self.uid = _UID_BASE + (os.getpid() % 4096) * 4096 + next(_uid_counter) % 4096 if _is_root() else None
         (self.root / "work").mkdir(mode=0o700)
         (self.root / "ctl").mkdir(mode=0o755)
+        # The first bwrap starts from a shell already in a fresh cgroup when one is parked (not
+        # for networked specs: their bwrap needs descriptors passed at its start).
+        self._parked = backend.lot.take() if backend.lot is not None and not spec.network else None
+        self.uid = self._parked.uid if self._parked is not None else _new_uid()
         self._mounted = False
-        self.cgroup: SandboxCgroup | None = None
+        self._dropped: list[subprocess.Popen[bytes]] = []  # parked shells let go, to wait for
+        self.cgroup: SandboxCgroup | None = self._parked.cgroup if self._parked is not None else None
         try:
             if backend.disk_capped:
                 _mount_tmpfs(self.root / "work", spec.limits.disk_mb, self.uid)
                 self._mounted = True
             host_files.give_to(self.root / "work", self.uid)
-            self.cgroup = backend.cgroups.create(spec.limits)
+            if self.cgroup is not None:
+                self.cgroup.apply(spec.limits)
+            else:
+                self.cgroup = backend.cgroups.create(spec.limits)
         except BaseException as exc:
+            self._drop_parked()
             self._remove()
             if isinstance(exc, OSError):
                 raise SandboxError(f"could not set up the sandbox's folder or cgroup: {exc}") from exc
@@ -217,6 +228,7 @@ class BubblewrapSandbox:
             nproc = spec.limits.max_procs + 2 + _processes_of(os.geteuid())
         argv = backend.argv(spec, self.root, nproc)
         self._user = _as_user(self.uid)
+        self._launch = argv  # what runs once the cgroup is joined (a parked shell execs this)
         if self.cgroup is not None:
             # A shell joins the cgroup before anything else runs, then execs bwrap. cgroup v1 lets
             # a process move itself when it may write cgroup.procs, so it runs as the sandbox's
@@ -230,6 +242,7 @@ class BubblewrapSandbox:
             elif self.uid is not None:
                 drop = ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--"]
                 argv = [*join, *drop, *argv]
+                self._launch = [*drop, *self._launch]
                 self._user = _UserOptions()
             else:
                 argv = [*join, *argv]
@@ -307,10 +320,21 @@ class BubblewrapSandbox:
     async def _spawn(self) -> tuple[int, asyncio.subprocess.Process, int]:
         """Start a bwrap that waits (on its stdin pipe) for its exec script, then runs it."""
         number = next(self._ids)
-        read_end, wake = os.pipe()
         limit = f"prlimit --nproc={self._inner_nproc} -- " if self._inner_nproc is not None else ""
         inner = f"read _ || exit 111; exec {limit}/bin/sh {CTL}/{number}.sh </dev/null"
         argv, fds, net = [*self._argv], (), None
+        if self._parked is not None:
+            shell, self._parked = self._parked, None
+            try:
+                adopted = await shell.adopt()
+            except BaseException:
+                self._drop_parked(shell)
+                raise
+            if shell.launch([*self._launch, "/bin/sh", "-c", inner]):
+                # Typed as asyncio's Process: AdoptedProcess has the part of it used here.
+                return number, cast(asyncio.subprocess.Process, adopted), shell.wake
+            self._drop_parked(shell)
+        read_end, wake = os.pipe()
         if self.spec.network:
             net = network.Wiring(self.root / f"slirp-{number}.log")
             argv += net.bwrap_args()
@@ -425,6 +449,7 @@ class BubblewrapSandbox:
             return
         self.closed = True
         procs = set(self._running)
+        self._drop_parked()
         if self._warm is not None:
             os.close(self._warm[2])
             procs.add(self._warm[1])
@@ -452,11 +477,23 @@ class BubblewrapSandbox:
             _umount(self.root / "work")
             self._mounted = False
         shutil.rmtree(self.root, ignore_errors=True)
+        for popen in self._dropped:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                popen.wait(timeout=5.0)
         if self.cgroup is not None:
             try:
                 self.cgroup.remove()
             except OSError as exc:
                 log.warning("sandbox %s: its cgroup was not removed: %s", self.root.name, exc)
+
+    def _drop_parked(self, shell: parked.Parked | None = None) -> None:
+        """Let go of a parked shell not used; its cgroup is the sandbox's (``_remove`` waits
+        for the shell's exit, then removes it)."""
+        shell = shell or self._parked
+        self._parked = None
+        if shell is not None:
+            shell.drop()
+            self._dropped.append(shell.popen)
 
     def _killed(self, proc: asyncio.subprocess.Process) -> None:
         net = self._nets.pop(proc, None)
@@ -598,6 +635,11 @@ def _check_traversable(path: Path) -> None:
                 f"sandbox base_dir {path} is under {parent}, which other users cannot enter (mode "
                 f"{parent.stat().st_mode & 0o777:o}); sandboxes run as their own uids: pick a base_dir like /tmp/rllm-sandboxes"
             )
+
+
+def _new_uid() -> int | None:
+    """As root, a uid of its own for a new sandbox (None otherwise)."""
+    return _UID_BASE + (os.getpid() % 4096) * 4096 + next(_uid_counter) % 4096 if _is_root() else None
 
 
 def _is_root() -> bool:

@@ -47,40 +47,34 @@ class CgroupHost:
 
     def create(self, limits: SandboxLimits) -> SandboxCgroup | None:
         """A new cgroup with ``limits``; None in the weaker mode."""
+        cgroup = self.make()
+        if cgroup is not None:
+            try:
+                cgroup.apply(limits)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    cgroup.remove(timeout_s=0)
+                raise
+        return cgroup
+
+    def make(self) -> SandboxCgroup | None:
+        """A new cgroup without limits yet (None in the weaker mode): made ahead of use, it gets
+        its limits from :meth:`SandboxCgroup.apply` when a sandbox takes it."""
         if self.version == "none":
             return None
         name = f"{os.getpid()}-{next(_names)}"
         made: list[Path] = []
         try:
-            if self.version == "v2":
-                path = self.bases["all"] / name
+            for base in self.bases.values():
+                path = base / name
                 path.mkdir()
                 made.append(path)
-                _write(path / "memory.max", limits.memory_mb * 1024 * 1024)
-                if (path / "memory.swap.max").exists():
-                    _write(path / "memory.swap.max", 0)
-                _write(path / "pids.max", limits.max_procs + 2)
-                _write(path / "cpu.max", f"{int(limits.cpus * _PERIOD_US)} {_PERIOD_US}")
-            else:
-                for controller, base in self.bases.items():
-                    path = base / name
-                    path.mkdir()
-                    made.append(path)
-                    if controller == "memory":
-                        _write(path / "memory.limit_in_bytes", limits.memory_mb * 1024 * 1024)
-                        if (path / "memory.memsw.limit_in_bytes").exists():
-                            _write(path / "memory.memsw.limit_in_bytes", limits.memory_mb * 1024 * 1024)
-                    elif controller == "pids":
-                        _write(path / "pids.max", limits.max_procs + 2)
-                    else:
-                        _write(path / "cpu.cfs_period_us", _PERIOD_US)
-                        _write(path / "cpu.cfs_quota_us", int(limits.cpus * _PERIOD_US))
         except BaseException:
             for path in reversed(made):
                 with contextlib.suppress(OSError):
                     path.rmdir()
             raise
-        return SandboxCgroup(made)
+        return SandboxCgroup(made, self.version, tuple(self.bases))
 
 
 @dataclass
@@ -88,6 +82,30 @@ class SandboxCgroup:
     """One sandbox's cgroup (one folder per v1 hierarchy, or one v2 folder)."""
 
     paths: list[Path]
+    version: str = "v2"
+    controllers: tuple[str, ...] = ()  # v1: the controller of each path
+
+    def apply(self, limits: SandboxLimits) -> None:
+        """Write ``limits`` (memory with no swap, processes, CPU)."""
+        memory = limits.memory_mb * 1024 * 1024
+        if self.version == "v2":
+            path = self.paths[0]
+            _write(path / "memory.max", memory)
+            if (path / "memory.swap.max").exists():
+                _write(path / "memory.swap.max", 0)
+            _write(path / "pids.max", limits.max_procs + 2)
+            _write(path / "cpu.max", f"{int(limits.cpus * _PERIOD_US)} {_PERIOD_US}")
+            return
+        for controller, path in zip(self.controllers, self.paths, strict=True):
+            if controller == "memory":
+                _write(path / "memory.limit_in_bytes", memory)
+                if (path / "memory.memsw.limit_in_bytes").exists():
+                    _write(path / "memory.memsw.limit_in_bytes", memory)
+            elif controller == "pids":
+                _write(path / "pids.max", limits.max_procs + 2)
+            else:
+                _write(path / "cpu.cfs_period_us", _PERIOD_US)
+                _write(path / "cpu.cfs_quota_us", int(limits.cpus * _PERIOD_US))
 
     @property
     def procs_files(self) -> list[str]:
