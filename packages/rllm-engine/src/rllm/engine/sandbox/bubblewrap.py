@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypedDict, TypeVar, cast
 
-from rllm.engine.sandbox import host_files, network, parked
+from rllm.engine.sandbox import host_files, network, parked, stale
 from rllm.engine.sandbox.cgroups import CgroupHost, SandboxCgroup, detect
 from rllm.sdk.sandbox import ExecResult, SandboxError, SandboxSpec, SandboxUnavailable, truncate_output
 
@@ -94,6 +94,8 @@ class BubblewrapBackend:
                 )
         if _is_root():
             _check_traversable(self.base_dir)
+        # Sandboxes of a harness killed with SIGKILL (tmpfs workdirs still mounted) go first.
+        await asyncio.to_thread(stale.sweep, self.base_dir)
         self.cgroups = detect(self.cgroup_parent)
         self.disk_capped = _is_root() and _can_mount(self.base_dir)
         self.lot = parked.lot_for(self.cgroups, _new_uid) if self.cgroups.version != "none" else None
@@ -188,6 +190,7 @@ class BubblewrapSandbox:
         self.backend, self.spec = backend, spec
         backend.base_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
         self.root = Path(tempfile.mkdtemp(prefix="sb-", dir=backend.base_dir))
+        stale.write_marker(self.root)  # lets the next start-up sweep it if this process is killed
         self.root.chmod(0o711)  # the sandbox's uid mounts its own folders, so it must reach them
         (self.root / "work").mkdir(mode=0o700)
         (self.root / "ctl").mkdir(mode=0o755)
@@ -320,8 +323,11 @@ class BubblewrapSandbox:
     async def _spawn(self) -> tuple[int, asyncio.subprocess.Process, int]:
         """Start a bwrap that waits (on its stdin pipe) for its exec script, then runs it."""
         number = next(self._ids)
-        limit = f"prlimit --nproc={self._inner_nproc} -- " if self._inner_nproc is not None else ""
-        inner = f"read _ || exit 111; exec {limit}/bin/sh {CTL}/{number}.sh </dev/null"
+        if self._inner_nproc is not None:
+            run = f"exec prlimit --nproc={self._inner_nproc} -- /bin/sh {CTL}/{number}.sh </dev/null"
+        else:  # the script is read by this shell itself: one exec fewer on the warm path
+            run = f"exec </dev/null; . {CTL}/{number}.sh"
+        inner = f"read _ || exit 111; {run}"
         argv, fds, net = [*self._argv], (), None
         if self._parked is not None:
             shell, self._parked = self._parked, None

@@ -14,7 +14,7 @@ Where they come from, checked once per backend:
   (``reason``): memory is capped per process (address space) only, processes per uid (as a
   normal user: per exec, counted in its user namespace).
 
-One cgroup per sandbox, ``<base>/rllm-sandboxes/<pid>-<n>``, removed when it closes. Processes
+One cgroup per sandbox, ``<base>/rllm-sandboxes/<pid>-<start time>-<n>``, removed when it closes. Processes
 join it before they exec anything (a wrapper shell writes its own pid, then execs bwrap), so
 nothing a sandbox runs starts outside it.
 """
@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rllm.engine.sandbox import stale
 from rllm.sdk.sandbox import SandboxLimits
 
 _names = itertools.count()
@@ -62,7 +63,7 @@ class CgroupHost:
         its limits from :meth:`SandboxCgroup.apply` when a sandbox takes it."""
         if self.version == "none":
             return None
-        name = f"{os.getpid()}-{next(_names)}"
+        name = f"{stale.owner_token()}-{next(_names)}"
         made: list[Path] = []
         try:
             for base in self.bases.values():
@@ -131,14 +132,22 @@ class SandboxCgroup:
 
 def _sweep(base: Path) -> None:
     """Remove sandbox cgroups left by processes that died without closing them (SIGKILL); an
-    empty cgroup whose creator is gone has no one else to remove it. (Harnesses in other PID
-    namespaces sharing this folder would look gone: one folder per namespace is assumed.)"""
+    empty cgroup whose creator is gone has no one else to remove it. A name is
+    ``<pid>-<start time>-<n>``: the creator is gone when no process has that pid and start time
+    (older ``<pid>-<n>`` names: when the pid is gone). (Harnesses in other PID namespaces sharing
+    this folder would look gone: one folder per namespace is assumed.)"""
+    deadline = time.monotonic() + 3.0
     with contextlib.suppress(OSError):
         for child in base.iterdir():
-            pid = child.name.split("-", 1)[0]
-            if child.is_dir() and pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            parts = child.name.split("-")
+            if len(parts) == 3:
+                dead = stale.is_dead(f"{parts[0]}-{parts[1]}")
+            else:
+                dead = parts[0].isdigit() and not Path(f"/proc/{parts[0]}").exists()
+            if dead and child.is_dir() and not child.is_symlink():
+                # Its processes die with their owner (--die-with-parent), a moment after it.
                 with contextlib.suppress(OSError):
-                    child.rmdir()
+                    SandboxCgroup([child]).remove(timeout_s=max(0.0, deadline - time.monotonic()))
 
 
 def _write(path: Path, value: object) -> None:

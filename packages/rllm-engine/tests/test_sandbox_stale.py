@@ -1,0 +1,101 @@
+"""Sandboxes left by a harness killed with SIGKILL are removed at the next backend start-up, and
+nothing else is: not a live process's sandbox, not what a planted link points to."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sandbox_helpers import needs_bwrap
+
+from rllm.engine.sandbox import BubblewrapBackend
+from rllm.engine.sandbox.stale import is_dead, owner_token
+from rllm.sdk.sandbox import SandboxSpec
+
+pytestmark = [needs_bwrap, pytest.mark.timeout(120)]
+
+HOLDER = textwrap.dedent("""
+    import asyncio, sys
+    from rllm.engine.sandbox import BubblewrapBackend
+    from rllm.sdk.sandbox import SandboxSpec
+
+    async def main():
+        sandbox = await BubblewrapBackend(base_dir=sys.argv[1]).create(SandboxSpec())
+        assert (await sandbox.exec("echo kept > kept.txt")).ok
+        cgroups = [str(p) for p in sandbox.cgroup.paths] if sandbox.cgroup else []
+        print(sandbox.root, *cgroups, flush=True)
+        await asyncio.Event().wait()  # held until killed
+
+    asyncio.run(main())
+""")
+
+
+@pytest.fixture
+def base_dir() -> Iterator[Path]:
+    # As root, sandboxes run as other uids, which must be able to enter the folder.
+    path = Path(tempfile.mkdtemp(prefix="rllm-stale-test-", dir="/tmp"))
+    path.chmod(0o711)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _mounted(path: Path) -> bool:
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == str(path) for line in f)
+
+
+async def test_a_killed_harness_leaves_nothing_after_the_next_start(base_dir: Path) -> None:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(base_dir)], stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout is not None
+    line = holder.stdout.readline().split()  # printed once the sandbox exists and has run
+    assert line, f"the holder exited with {holder.wait()} before making its sandbox"
+    root, cgroups = Path(line[0]), [Path(p) for p in line[1:]]
+    holder.kill()  # SIGKILL: nothing of the holder's own cleanup runs
+    holder.wait()
+    assert (root / "work" / "kept.txt").exists()
+    if os.geteuid() == 0:
+        assert _mounted(root / "work"), "as root the workdir is a tmpfs: the test needs it mounted"
+
+    # What must survive the sweep: a live process's sandbox (this one's), and a host folder
+    # that a planted link named like a sandbox points to.
+    host = base_dir.parent / f"{base_dir.name}-host"
+    host.mkdir()
+    (host / "precious").write_text("host data")
+    (base_dir / "sb-planted").symlink_to(host)
+    backend = BubblewrapBackend(base_dir=str(base_dir))
+    live = await backend.create(SandboxSpec())
+    try:
+        await BubblewrapBackend(base_dir=str(base_dir)).check()  # a new start-up sweeps
+        assert not root.exists(), "the killed harness's sandbox folder is still there"
+        assert not _mounted(root / "work"), "its workdir tmpfs is still mounted"
+        for cgroup in cgroups:
+            assert not cgroup.exists(), f"its cgroup {cgroup} is still there"
+        assert live.root.exists() and await live.is_alive()
+        assert (await live.exec("echo fine")).stdout == "fine\n"
+        assert (host / "precious").read_text() == "host data"
+        assert (base_dir / "sb-planted").is_symlink()
+    finally:
+        await live.close()
+        shutil.rmtree(host, ignore_errors=True)
+
+
+def test_only_a_provably_dead_owner_is_dead() -> None:
+    assert not is_dead(owner_token())  # this process
+    pid, _, started = owner_token().partition("-")
+    assert is_dead(f"{pid}-{int(started) + 1}")  # same pid, another start: the pid was reused
+    child = subprocess.Popen(["true"])
+    token = owner_token(child.pid)
+    child.wait()
+    assert is_dead(token)  # exited and reaped
+    assert not is_dead("not-a-token") and not is_dead("123")  # nothing proven
