@@ -47,7 +47,7 @@ def test_overrides_and_files_reach_the_engine(tmp_path: Path) -> None:
     engine = say_config(["rollout.concurrency=32", "rollout.sampling.max_tokens=4"]).engine_rollout("m")
     assert engine.concurrency == 32 and engine.sampling == SamplingParams(temperature=1.0, max_tokens=4)
     assert (engine.deadline_s, engine.max_retries, engine.workers) == (120.0, 1, 2)
-    consent = say_config(["rollout.sandbox_allow_task_network=true"]).engine_rollout("m")
+    consent = say_config(["sandbox.allow_task_network=true"]).engine_rollout("m")
     assert consent.sandbox_allow_task_network and not engine.sandbox_allow_task_network
     path = tmp_path / "run.yaml"
     path.write_text("rollout:\n  deadline_s: 30\n  worker_prefetch: 3\n")
@@ -76,3 +76,15 @@ def test_bad_rollout_values_name_the_key() -> None:
     with pytest.raises(ConfigError) as err:
         say_config(["rollout.concurrency=0"])
     assert err.value.key == "rollout.concurrency"
+
+
+def test_the_old_consent_key_is_refused_naming_the_new_one(tmp_path: Path) -> None:
+    with pytest.raises(
+        ConfigError,
+        match=r"^config key `rollout.sandbox_allow_task_network`: moved to sandbox.allow_task_network; use that key$",
+    ):
+        say_config(["rollout.sandbox_allow_task_network=true"])
+    path = tmp_path / "run.toml"
+    path.write_text("[rollout]\nsandbox_allow_task_network = false\n")
+    with pytest.raises(ConfigError, match="moved to sandbox.allow_task_network"):
+        say_config(path=path)

@@ -279,7 +279,7 @@ async def test_a_run_with_a_networked_task_needs_the_consent_key(tmp_path: Path,
     config = RolloutConfig(max_retries=0, progress=False)
     provider = SandboxProvider(Recording(), warm=1)  # no consent (the default)
     async with RolloutEngine(flow, None, config, gateway_url=gateway.url, sandboxes=provider) as engine:
-        with pytest.raises(ConfigError, match=r"rollout\.sandbox_allow_task_network.*asks for network"):
+        with pytest.raises(ConfigError, match=r"sandbox\.allow_task_network.*asks for network"):
             await engine.run([task])
     assert created == []  # refused before any sandbox was made
     consenting = RolloutConfig(max_retries=0, progress=False, sandbox_allow_task_network=True)

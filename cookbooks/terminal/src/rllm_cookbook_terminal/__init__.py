@@ -60,7 +60,7 @@ def load_tasks(split: str) -> list[Task]:
     harness on); ``dir:/path``: every task directory under that folder."""
     if split.startswith("dir:"):
         # Loaded even when a task asks for network: the consent is the run's
-        # rollout.sandbox_allow_task_network, which the engine checks before any rollout starts.
+        # sandbox.allow_task_network, which the engine checks before any rollout starts.
         return load_task_dirs(split[4:], allow_network=True)
     if split not in ("train", "test"):
         raise InputError(

@@ -34,8 +34,6 @@ class RolloutSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     :mod:`rllm.runtime.gc_threshold`); None leaves the collector alone. A flow marked
     ``@needs_sandbox`` gets a sandbox per rollout from ``sandbox_backend`` (``bubblewrap``,
     ``docker`` or ``e2b``), with ``sandbox_warm`` of them prepared ahead (see :mod:`rllm.engine.sandbox`).
-    ``sandbox_allow_task_network`` is the operator's consent to tasks whose own data asks for the
-    network (a task directory's ``network = true``); without it such a run is refused.
     """
 
     concurrency: int = 64
@@ -53,7 +51,6 @@ class RolloutSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     worker_prefetch: int | None = None
     sandbox_backend: str = "bubblewrap"
     sandbox_warm: int = 0
-    sandbox_allow_task_network: bool = False
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -96,11 +93,15 @@ class RolloutSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 class RolloutConfig(RolloutSettings, kw_only=True, forbid_unknown_fields=True):
     """RolloutSettings plus what the caller decides for its engine: ``n`` rollouts per task (a
-    run may ask for another), the ``model`` name agents send, and whether to draw a progress bar."""
+    run may ask for another), the ``model`` name agents send, and whether to draw a progress bar.
+    ``sandbox_allow_task_network`` is the operator's consent to tasks whose own data asks for the
+    network (a task directory's ``network = true``); without it such a run is refused. (In a
+    training config: ``sandbox.allow_task_network``, a section of its own, not ``rollout``.)"""
 
     n: int = 1
     model: str = "default"
     progress: bool = True
+    sandbox_allow_task_network: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -51,6 +51,18 @@ class BackendSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     options: dict[str, Any] = msgspec.field(default_factory=dict)  # the backend's own typed config
 
 
+# Keys that moved out of the ``rollout`` section: refused there, naming their new place.
+MOVED_FROM_ROLLOUT: dict[str, str] = {"sandbox_allow_task_network": "sandbox.allow_task_network"}
+
+
+class SandboxSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``sandbox.*``: the operator's decisions about sandboxes. ``allow_task_network``: consent to
+    tasks whose own data asks for the network (a task directory's ``network = true``); without it
+    such a run is refused before any rollout starts."""
+
+    allow_task_network: bool = False
+
+
 class GatewaySection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     mode: Literal["plain", "cumulative"] = "cumulative"
     store: str = "memory"
@@ -82,13 +94,19 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     rollout: TrainRolloutSettings = msgspec.field(default_factory=training_rollout)
     backend: BackendSection = msgspec.field(default_factory=BackendSection)
     gateway: GatewaySection = msgspec.field(default_factory=GatewaySection)
+    sandbox: SandboxSection = msgspec.field(default_factory=SandboxSection)
     # On-policy distillation (`rllm distill`): a teacher's per-token advantages (rllm.engine.distill).
     distill: DistillSection | None = None
 
     def engine_rollout(self, model: str) -> RolloutConfig:
         """The RolloutConfig of this run's engine: the ``rollout`` settings, the backend's served
         ``model`` name, and no engine progress bar (the trainer draws its own)."""
-        return RolloutConfig(**engine_settings(self.rollout), model=model, progress=False)
+        return RolloutConfig(
+            **engine_settings(self.rollout),
+            model=model,
+            progress=False,
+            sandbox_allow_task_network=self.sandbox.allow_task_network,
+        )
 
     def __post_init__(self) -> None:
         for name in ("total_steps", "tasks_per_step", "group_size"):
@@ -130,5 +148,8 @@ def config_from_dict(doc: dict[str, Any]) -> TrainerConfig:
         for key, instead in TRAINER_DECIDES.items():
             if key in rollout:
                 raise ConfigError.for_key(f"rollout.{key}", f"the trainer sets it: {instead}")
+        for key, moved in MOVED_FROM_ROLLOUT.items():
+            if key in rollout:
+                raise ConfigError.for_key(f"rollout.{key}", f"moved to {moved}; use that key")
         doc = {**doc, "rollout": {**copy.deepcopy(TRAINING_ROLLOUT_DEFAULTS), **rollout}}
     return convert_config(default_correction(doc), TrainerConfig)

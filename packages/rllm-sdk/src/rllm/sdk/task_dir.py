@@ -17,7 +17,7 @@ the agent works: ``run_verifier`` copies them in afterwards, so the agent cannot
 
 ``network = true`` is the dataset asking for the network, which the operator must grant: loading
 such a task is refused unless ``allow_network=True``; in a run, the engine refuses it unless
-``rollout.sandbox_allow_task_network`` is set. With the local sandbox, a networked sandbox has a
+``sandbox.allow_task_network`` is set. With the local sandbox, a networked sandbox has a
 network namespace of its own with outbound NAT and no route to the host's loopback services
 (see rllm.engine.sandbox.network).
 """
@@ -67,7 +67,7 @@ def load_task_dir(path: str | Path, *, allow_network: bool = False) -> Task:
         raise TaskDirError(
             f"{root / 'task.toml'}: [environment] network = true, but task directories get the "
             "network only with the operator's consent (allow_network=True here; "
-            "rollout.sandbox_allow_task_network in a run)"
+            "sandbox.allow_task_network in a run)"
         )
     setup = root / "environment" / "setup.sh"
     try:

@@ -14,7 +14,7 @@ from rllm.sdk.sandbox import Sandbox, sandbox_spec_for, using_sandbox
 from rllm.types import Task
 from rllm.types.errors import ConfigError, InputError
 
-CONSENT_KEY = "rollout.sandbox_allow_task_network"
+CONSENT_KEY = "sandbox.allow_task_network"
 
 
 def make_backend(name: str, **options: Any) -> SandboxBackend:
@@ -39,7 +39,8 @@ class SandboxProvider:
 
     A task whose own data asks for the network (a task directory's ``network = true``, kept in
     its ``metadata["sandbox"]``) gets it only with the operator's consent, ``allow_task_network``
-    (``rollout.sandbox_allow_task_network``); without it the run is refused before any rollout
+    (``sandbox.allow_task_network`` in a training config, ``RolloutConfig.sandbox_allow_task_network``
+    for an engine); without it the run is refused before any rollout
     starts. (A spec the flow's code sets itself is the flow author's decision, not the dataset's.)
     """
 
