@@ -86,5 +86,5 @@ def test_the_old_consent_key_is_refused_naming_the_new_one(tmp_path: Path) -> No
         say_config(["rollout.sandbox_allow_task_network=true"])
     path = tmp_path / "run.toml"
     path.write_text("[rollout]\nsandbox_allow_task_network = false\n")
-    with pytest.raises(ConfigError, match="moved to sandbox.allow_task_network"):
+    with pytest.raises(ConfigError, match=r"moved to sandbox\.allow_task_network"):
         say_config(path=path)
