@@ -225,6 +225,10 @@ async def test_7_cannot_kill_the_parent_and_dies_with_it(backend: BubblewrapBack
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.wait()
+        # The killed holder's tmpfs workdir stays mounted: the next start-up over the folder sweeps it.
+        await BubblewrapBackend(base_dir=str(held)).check()
+        assert not list(held.glob("sb-*")), "the killed holder's sandbox was not swept"
         shutil.rmtree(held, ignore_errors=True)
 
 
