@@ -7,7 +7,10 @@ at once next to 64 plain subprocesses at once.
 - warm: ``pool.acquire(spec)`` from a pool whose sandboxes were prepared ahead, then ``exec(CMD)``;
 - concurrent: 64 sandboxes created and each running CMD at once, vs 64 ``asyncio`` subprocesses;
 - ``--close-files N``: ``close()`` of a sandbox holding N files, and the event loop's longest stall;
-- ``--network``: the same with ``SandboxSpec(network=True)`` (each bwrap wired by slirp4netns).
+- ``--network``: the same with ``SandboxSpec(network=True)`` (each bwrap wired by slirp4netns);
+- ``--parking N``: only cold starts, interleaved in one process, N each: without cgroups, with
+  cgroups joined by the bwrap's own shell, and with shells parked ahead in fresh cgroups (the
+  default; ``rllm.engine.sandbox.parked``).
 
 Targets: warm <= 10 ms, cold <= 100 ms (medians). Run from the repository root:
 
@@ -27,6 +30,7 @@ import subprocess
 import time
 
 from rllm.engine.sandbox import BubblewrapBackend, WarmPool
+from rllm.engine.sandbox.cgroups import CgroupHost
 from rllm.sdk.sandbox import SandboxSpec
 
 CMD = "echo ready"
@@ -144,6 +148,32 @@ async def close_with_files(backend: BubblewrapBackend, files: int) -> tuple[floa
     return took, max(stalls)
 
 
+async def parking(n: int) -> None:
+    """Cold starts three ways, interleaved so that the machine's load falls on all alike."""
+    backend = BubblewrapBackend()
+    await backend.check()
+    cgroups, lot = backend.cgroups, backend.lot
+    if lot is None:
+        print(f"no cgroups here, nothing to compare: {backend.mode()}")
+        return
+    spec = SandboxSpec()
+    await cold(backend, spec, 3)
+    ways = {
+        "no cgroups": (CgroupHost("none"), None),
+        "cgroups, joined": (cgroups, None),
+        "cgroups, parked": (cgroups, lot),
+    }
+    times: dict[str, list[float]] = {way: [] for way in ways}
+    for _ in range(n):
+        for way, (host, parked) in ways.items():
+            backend.cgroups, backend.lot = host, parked
+            times[way] += await cold(backend, spec, 1)
+        await asyncio.sleep(0.05)  # between rollouts: the lot refills in its thread
+    print(f"cold create + first exec, interleaved, n={n}, cgroup {cgroups.version}")
+    for way, values in times.items():
+        print(f"{way:18s} {ms(values)}")
+
+
 async def main(n: int, k: int, close_files: int = 0, network: bool = False) -> None:
     backend = BubblewrapBackend()
     spec = SandboxSpec(network=network)
@@ -180,7 +210,7 @@ async def main(n: int, k: int, close_files: int = 0, network: bool = False) -> N
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "sandbox latency").splitlines()[0])
     parser.add_argument("--n", type=int, default=40, help="sequential samples per variant")
     parser.add_argument("--concurrent", type=int, default=64, help="sandboxes started at once")
     parser.add_argument(
@@ -189,5 +219,11 @@ if __name__ == "__main__":
     parser.add_argument(
         "--network", action="store_true", help="networked sandboxes (own namespace + slirp4netns, as root)"
     )
+    parser.add_argument(
+        "--parking", type=int, default=0, help="only compare cold starts with/without parked cgroup shells"
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.n, args.concurrent, args.close_files, args.network))
+    if args.parking:
+        asyncio.run(parking(args.parking))
+    else:
+        asyncio.run(main(args.n, args.concurrent, args.close_files, args.network))

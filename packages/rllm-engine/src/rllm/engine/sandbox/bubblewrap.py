@@ -123,7 +123,7 @@ class BubblewrapBackend:
             "the workdir is a tmpfs of disk_mb"
             if self.disk_capped
             else "the workdir is an uncapped host folder (only file_size_mb per file): mounting a "
-            "sized tmpfs needs root"
+            "sized tmpfs that outlives each exec needs root"
         )
         return f"bubblewrap sandbox: {caps}; {disk}"
 
