@@ -12,15 +12,25 @@ from sandbox_helpers import needs_bwrap
 
 from rllm.engine.sandbox import BubblewrapBackend
 from rllm.sdk.sandbox import SandboxLimits, SandboxSpec
+from rllm.testing import wait_until
 
 pytestmark = [needs_bwrap, pytest.mark.timeout(180)]
 
 
-async def test_memory_is_capped_across_all_processes_of_a_sandbox() -> None:
+@pytest.mark.parametrize("first_bwrap", ["parked", "joined"])
+async def test_memory_is_capped_across_all_processes_of_a_sandbox(first_bwrap: str) -> None:
     backend = BubblewrapBackend()
     await backend.check()
-    if backend.cgroups.version == "none":
+    if backend.cgroups.version == "none" or backend.lot is None:
         pytest.skip(f"weaker mode, no per-sandbox memory cap here: {backend.cgroups.reason}")
+    # Both ways a sandbox's first bwrap gets into its cgroup: exec'd by a shell parked there
+    # ahead of time, or joining by itself (later execs always join by themselves).
+    if first_bwrap == "parked":
+        lot = backend.lot
+        lot.fill()
+        await wait_until(lambda: lot.ready > 0, 60, "a parked shell")
+    else:
+        backend.lot = None
     # Four processes of 100 MiB each, all held at once, against a 256 MiB sandbox: each is under
     # the per-process limit, so only a per-sandbox cap stops them.
     driver = textwrap.dedent("""
@@ -35,6 +45,7 @@ async def test_memory_is_capped_across_all_processes_of_a_sandbox() -> None:
         print(sum(1 for k, line in zip(kids, lines) if line == b"held\\n" and k.wait() == 0))
     """)
     sandbox = await backend.create(SandboxSpec(limits=SandboxLimits(memory_mb=256)))
+    assert sandbox.started_parked == (first_bwrap == "parked")
     try:
         result = await sandbox.exec(["python3", "-c", driver], timeout=120)
         held = int(result.stdout.strip().splitlines()[-1])

@@ -198,6 +198,7 @@ class BubblewrapSandbox:
         # for networked specs: their bwrap needs descriptors passed at its start).
         self._parked = backend.lot.take() if backend.lot is not None and not spec.network else None
         self.uid = self._parked.uid if self._parked is not None else _new_uid()
+        self.started_parked = False  # whether its first bwrap was exec'd by a parked shell
         self._mounted = False
         self._dropped: list[subprocess.Popen[bytes]] = []  # parked shells let go, to wait for
         self.cgroup: SandboxCgroup | None = self._parked.cgroup if self._parked is not None else None
@@ -337,6 +338,7 @@ class BubblewrapSandbox:
                 self._drop_parked(shell)
                 raise
             if shell.launch([*self._launch, "/bin/sh", "-c", inner]):
+                self.started_parked = True
                 # Typed as asyncio's Process: AdoptedProcess has the part of it used here.
                 return number, cast(asyncio.subprocess.Process, adopted), shell.wake
             self._drop_parked(shell)

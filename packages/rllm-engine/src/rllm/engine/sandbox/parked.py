@@ -133,6 +133,11 @@ class ParkingLot:
         self._closed = False
         atexit.register(self.close)
 
+    @property
+    def ready(self) -> int:
+        """How many shells are parked now."""
+        return len(self._ready)
+
     def take(self) -> Parked | None:
         """A parked shell (None when none is ready); the lot is refilled either way."""
         found = None
@@ -144,12 +149,17 @@ class ParkingLot:
                 else:
                     parked.drop()
                     _remove_soon(parked.cgroup)
-        if not self._closed:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="rllm-sandbox-park", daemon=True)
-                self._thread.start()
-            self._wanted.set()
+        self.fill()
         return found
+
+    def fill(self) -> None:
+        """Have the worker thread park shells up to ``size`` (started on first use)."""
+        if self._closed:
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="rllm-sandbox-park", daemon=True)
+            self._thread.start()
+        self._wanted.set()
 
     def _run(self) -> None:
         while not self._closed:
