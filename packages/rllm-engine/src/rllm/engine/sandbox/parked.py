@@ -222,6 +222,20 @@ class ParkingLot:
 _lots: dict[tuple[object, ...], ParkingLot] = {}
 
 
+def _forget_in_child() -> None:
+    """A forked child must neither use nor (at its exit) kill its parent's parked shells: it
+    closes its copies of their pipes and starts with empty lots of its own."""
+    for lot in _lots.values():
+        for parked in lot._ready:
+            with contextlib.suppress(OSError):
+                os.close(parked.wake)
+        lot._ready, lot._thread = deque(), None
+        lot._lock, lot._wanted = threading.Lock(), threading.Event()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def lot_for(cgroups: CgroupHost, new_uid: Callable[[], int | None]) -> ParkingLot:
     """The process's one lot for this cgroup host (backends sharing a host share it)."""
     key = (cgroups.version, tuple(sorted((k, str(v)) for k, v in cgroups.bases.items())), os.geteuid())
