@@ -16,7 +16,7 @@ import pytest
 from sandbox_helpers import needs_bwrap
 
 from rllm.engine.sandbox import BubblewrapBackend
-from rllm.engine.sandbox.stale import is_dead, owner_token
+from rllm.engine.sandbox.stale import MARKER, is_dead, owner_token, pid_namespace
 from rllm.sdk.sandbox import SandboxSpec
 
 pytestmark = [needs_bwrap, pytest.mark.timeout(120)]
@@ -73,6 +73,11 @@ async def test_a_killed_harness_leaves_nothing_after_the_next_start(base_dir: Pa
     host.mkdir()
     (host / "precious").write_text("host data")
     (base_dir / "sb-planted").symlink_to(host)
+    # ... and a dead owner's sandbox made in another PID namespace (a container sharing the
+    # folder), where this process cannot tell whether the owner is dead.
+    foreign = base_dir / "sb-foreign"
+    foreign.mkdir()
+    (foreign / MARKER).write_text(f"{line_token(root)} {int(pid_namespace()) + 1}")
     backend = BubblewrapBackend(base_dir=str(base_dir))
     live = await backend.create(SandboxSpec())
     try:
@@ -85,9 +90,15 @@ async def test_a_killed_harness_leaves_nothing_after_the_next_start(base_dir: Pa
         assert (await live.exec("echo fine")).stdout == "fine\n"
         assert (host / "precious").read_text() == "host data"
         assert (base_dir / "sb-planted").is_symlink()
+        assert foreign.is_dir(), "a sandbox of another PID namespace was swept"
     finally:
         await live.close()
         shutil.rmtree(host, ignore_errors=True)
+
+
+def line_token(root: Path) -> str:
+    """The owner token of the marker in ``root`` (read before the sweep removes it)."""
+    return (root / MARKER).read_text().split()[0]
 
 
 def test_only_a_provably_dead_owner_is_dead() -> None:

@@ -1,11 +1,13 @@
 """Sandboxes left behind by a harness that was killed (``kill -9``): found and removed at the next
 start-up of a backend over the same folder.
 
-Each sandbox folder holds an ownership marker (``owner``: the creating process's pid and its
-start time in clock ticks since boot, from ``/proc/<pid>/stat``), written by the harness in the
-sandbox's root folder, which the sandbox's code cannot write. A folder is swept only when its
-owner is provably dead: no process with that pid, or one that started at another time (the
-pid was reused). A folder without a readable marker is left alone. Sweeping never follows a
+Each sandbox folder holds an ownership marker (``owner``: the creating process's pid, its
+start time in clock ticks since boot, from ``/proc/<pid>/stat``, and its PID namespace), written
+by the harness in the sandbox's root folder, which the sandbox's code cannot write. A folder is
+swept only when its owner is provably dead: no process with that pid, or one that started at
+another time (the pid was reused), in this process's own PID namespace (a harness in another
+one, e.g. a container sharing ``/tmp``, cannot be seen, so its folders are left alone). A folder
+without a readable marker is left alone too. Sweeping never follows a
 link: entries are examined with ``lstat``, the marker is opened with ``O_NOFOLLOW``, the
 workdir tmpfs is detached with ``UMOUNT_NOFOLLOW``, and the tree is deleted by ``shutil.rmtree``,
 which works from directory fds and does not follow links.
@@ -52,11 +54,19 @@ def is_dead(token: str) -> bool:
     return now is None or now != int(started)
 
 
+def pid_namespace() -> str:
+    """This process's PID namespace (the inode of ``/proc/self/ns/pid``; "" if unknown)."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return ""
+
+
 def write_marker(root: Path) -> None:
     """Mark ``root`` (a new sandbox folder) as this process's."""
     fd = os.open(root / MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        os.write(fd, owner_token().encode())
+        os.write(fd, f"{owner_token()} {pid_namespace()}".encode())
     finally:
         os.close(fd)
 
@@ -73,8 +83,9 @@ def sweep(base_dir: Path, prefix: str = "sb-") -> list[Path]:
         if not entry.name.startswith(prefix) or not entry.is_dir(follow_symlinks=False):
             continue
         root = Path(entry.path)
-        token = _read_marker(root)
-        if token is None or not is_dead(token):
+        marker = _read_marker(root)
+        token, _, namespace = (marker or "").partition(" ")
+        if marker is None or namespace != pid_namespace() or not namespace or not is_dead(token):
             continue
         _detach(root / "work")
         shutil.rmtree(root, ignore_errors=True)
