@@ -412,6 +412,7 @@ class RolloutEngine:
         result: Any = None
         reason = TerminationReason.DONE
         error: ErrorInfo | None = None
+        failure_metadata: Any = None
         try:
             async with self.sandboxes.lease(self.flow, task):
                 result = await call_with_deadline(
@@ -425,6 +426,7 @@ class RolloutEngine:
             reason, error = TerminationReason.TIMEOUT, ErrorInfo(type="Timeout", message=f"rollout {exc}")
         except Exception as exc:
             reason, error = classify_exception(exc), ErrorInfo.from_exception(exc)
+            failure_metadata = getattr(exc, "episode_metadata", None)  # e.g. a command's exit, tails
 
         try:
             traces = await self._collect_traces(config.session_id, closed)
@@ -437,7 +439,10 @@ class RolloutEngine:
             # The flow crashed right after the gateway reported an upstream failure: not its fault.
             reason = TerminationReason.INFRA_ERROR
         if reason != TerminationReason.DONE:
-            return failed_episode(task.id, rollout_index, reason, error, traces)
+            failed = failed_episode(task.id, rollout_index, reason, error, traces)
+            if isinstance(failure_metadata, dict):
+                failed.metadata.update(failure_metadata)
+            return failed
         try:
             return build_episode(task.id, rollout_index, result, traces)
         except Exception as exc:
