@@ -186,15 +186,15 @@ def resolve_eval_target(
             cookbook = load_cookbook(name).with_options(options or {})
         except ValueError as exc:
             raise CliError(f"--option: {exc}") from None
-        flow = _load_object(agent, "flow") if agent else cookbook.flow
-        grader = _load_object(evaluator, "evaluator") if evaluator else cookbook.evaluator
+        flow = load_object(agent, "flow") if agent else cookbook.flow
+        grader = load_object(evaluator, "evaluator") if evaluator else cookbook.evaluator
         return cookbook.load_tasks(split), flow, grader
     registry = DatasetRegistry()
     if registry.has(name):
         if not agent:
             raise CliError(f"dataset {name!r} needs --agent (a cookbook name or module:attr flow)")
-        flow = _load_object(agent, "flow")
-        grader = _load_object(evaluator or agent, "evaluator")
+        flow = load_object(agent, "flow")
+        grader = load_object(evaluator or agent, "evaluator")
         return registry.load_tasks(name, split), flow, grader
     raise PluginNotFoundError(
         f"no cookbook or registered dataset named {name!r} "
@@ -211,8 +211,8 @@ def train_cookbook(name: str, agent: str | None, evaluator: str | None) -> Cookb
         cookbook = load_cookbook(name)
         if not agent and not evaluator:
             return cookbook
-        flow = _load_object(agent, "flow") if agent else cookbook.flow
-        grader = _load_object(evaluator, "evaluator") if evaluator else cookbook.evaluator
+        flow = load_object(agent, "flow") if agent else cookbook.flow
+        grader = load_object(evaluator, "evaluator") if evaluator else cookbook.evaluator
         return dataclasses.replace(cookbook, flow=flow, evaluator=grader)
     registry = DatasetRegistry()
     if not registry.has(name):
@@ -232,8 +232,8 @@ def train_cookbook(name: str, agent: str | None, evaluator: str | None) -> Cookb
         defaults = {k: v for k, v in defaults.items() if k not in ("val_split", "val_every", "val_tasks")}
     return Cookbook(
         name=name,
-        flow=_load_object(agent, "flow"),
-        evaluator=_load_object(evaluator or agent, "evaluator"),
+        flow=load_object(agent, "flow"),
+        evaluator=load_object(evaluator or agent, "evaluator"),
         load_tasks=lambda split: registry.load_tasks(name, split),
         description=f"registered dataset {name} with the {agent} agent",
         splits=splits,
@@ -241,7 +241,7 @@ def train_cookbook(name: str, agent: str | None, evaluator: str | None) -> Cookb
     )
 
 
-def _load_object(ref: str, part: str) -> Any:
+def load_object(ref: str, part: str) -> Any:
     """``module:attr`` imported, or a cookbook name whose ``part`` (flow / evaluator) is taken."""
     if ":" not in ref:
         return getattr(load_cookbook(ref), part)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from rllm.engine.episode_builder import build_episode, failed_episode
+from rllm.engine.executors import close_executor, executor_flow, start_executor
 from rllm.engine.failures import RETRYABLE, classify_exception
 from rllm.engine.flow_processes import FlowProcessDied, FlowProcessPool
 from rllm.engine.flow_runner import DeadlineExceeded, call_with_deadline
@@ -91,9 +92,10 @@ class RolloutEngine:
                 "give either gateway_url (attach) or upstreams/gateway_config (own gateway), not both"
             )
         self._flow_arg, self._evaluator_arg = flow, evaluator  # what worker processes rebuild from
-        self.flow: RolloutFlow = as_flow(flow)
-        self.evaluator: EvaluatorFn | None = None if evaluator is None else as_evaluator(evaluator)
         self.config = config or RolloutConfig()
+        # rollout.executor: the flow object that runs a rollout (the cookbook's, or a remote one).
+        self.flow: RolloutFlow = as_flow(executor_flow(self.config, flow))
+        self.evaluator: EvaluatorFn | None = None if evaluator is None else as_evaluator(evaluator)
         self._gateway_url = gateway_url
         self._admin_key = admin_key
         self._upstreams = list(upstreams or [])
@@ -144,6 +146,7 @@ class RolloutEngine:
     async def _start_here(self) -> RolloutEngine:
         from rllm.gateway import GatewayClient
 
+        await start_executor(self.flow)  # first: a run whose agents are unreachable stops here
         if self._gateway_url is None:
             from rllm.gateway import GatewayConfig, GatewayServer
 
@@ -199,6 +202,7 @@ class RolloutEngine:
 
     async def close(self) -> None:
         self._lag.stop()
+        close_executor(self.flow)
         if self._sandboxes is not None:
             await self._sandboxes.close()
         if self._pool is not None:
