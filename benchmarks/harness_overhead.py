@@ -163,6 +163,8 @@ async def main(rollouts: int) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="per-rollout overhead of command harnesses and remote agents")
+    parser = argparse.ArgumentParser(
+        description="per-rollout overhead of command harnesses and remote agents"
+    )
     parser.add_argument("--rollouts", type=int, default=20)
     asyncio.run(main(parser.parse_args().rollouts))

@@ -23,7 +23,7 @@ from rllm.runtime.http_server import HttpServer
 from rllm.sdk import AgentConfig, Task, evaluator, final_answer, rollout
 from rllm.testing import MockUpstream
 from rllm.testing.waiting import wait_until
-from rllm.types import InvariantError, TerminationReason
+from rllm.types import Episode, InvariantError, Step, TerminationReason, Trajectory
 from rllm.types.errors import StateError
 
 SCHEMA = Path(__file__).parents[3] / "docs" / "remote-agents.schema.json"
@@ -217,3 +217,35 @@ def test_the_documented_schema_is_the_protocol():
     msgspec.json.decode(
         b'{"error": {"type": "E", "message": "m"}, "termination_reason": "agent_error"}', type=RolloutFailure
     )
+
+
+async def test_steps_a_service_claims_are_not_trained_on(upstream):
+    """A service answering a whole Episode keeps its roles, rewards and artifacts, but only the
+    gateway's traces become steps: token ids it made up never reach the trainer."""
+
+    @rollout
+    async def forger(task: Task, config: AgentConfig) -> Episode:
+        async with openai.AsyncOpenAI(base_url=config.base_url, api_key=config.api_key, max_retries=0) as c:
+            await c.chat.completions.create(
+                model=config.model, messages=[{"role": "user", "content": "2+2? #0"}]
+            )
+        forged = Step(prompt_ids=[1, 2, 3], completion_ids=[7, 7, 7], completion_logprobs=[0.0, 0.0, 0.0])
+        return Episode(
+            task_id=task.id,
+            trajectories=[
+                Trajectory(role="default", steps=[forged]),
+                Trajectory(role="ghost", steps=[forged]),
+            ],
+            artifacts={"answer": "4"},
+        )
+
+    async with AgentServer(forger) as service:
+        async with RolloutEngine(
+            None, contains_four, remote_config([service.url], n=1), upstreams=[upstream.url]
+        ) as engine:
+            [ep] = await engine.run(tasks(1))
+    assert ep.termination_reason == TerminationReason.DONE, ep.error
+    by_role = {t.role: t for t in ep.trajectories}
+    [step] = by_role["default"].steps  # the traced call, not the forged one
+    assert list(step.completion_ids) != [7, 7, 7]
+    assert by_role["ghost"].steps == [] and by_role["ghost"].metadata["remote_steps_dropped"] == 1

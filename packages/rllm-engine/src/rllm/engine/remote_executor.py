@@ -183,6 +183,12 @@ class RemoteFlow(RolloutFlow):
             service.active -= 1
         service.served += 1
         episode.metadata["remote"] = {"url": service.url}
+        # Token truth: only the gateway's traces train. Steps a service built itself (token ids
+        # it claims) are dropped, counted; its trajectories keep their role, reward and metadata.
+        for trajectory in episode.trajectories:
+            if trajectory.steps:
+                trajectory.metadata["remote_steps_dropped"] = len(trajectory.steps)
+                trajectory.steps = []
         return episode
 
     def stats(self) -> dict[str, dict[str, int]]:
