@@ -239,11 +239,13 @@ async def test_steps_a_service_claims_are_not_trained_on(upstream):
             artifacts={"answer": "4"},
         )
 
-    async with AgentServer(forger) as service:
-        async with RolloutEngine(
+    async with (
+        AgentServer(forger) as service,
+        RolloutEngine(
             None, contains_four, remote_config([service.url], n=1), upstreams=[upstream.url]
-        ) as engine:
-            [ep] = await engine.run(tasks(1))
+        ) as engine,
+    ):
+        [ep] = await engine.run(tasks(1))
     assert ep.termination_reason == TerminationReason.DONE, ep.error
     by_role = {t.role: t for t in ep.trajectories}
     [step] = by_role["default"].steps  # the traced call, not the forged one
