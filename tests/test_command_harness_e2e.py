@@ -44,7 +44,7 @@ FAST = [
     "val_every=0",
     "ckpt_every=0",
     "total_steps=2",
-    "tasks_per_step=4",
+    "tasks_per_step=2",
     "group_size=2",
     "rollout.workers=1",
     # A random model rarely scores: keep every group so each step trains.
@@ -79,7 +79,7 @@ def assert_trained_token_true(rows: list[dict]) -> None:
     assert len(rows) == 2
     for row in rows:
         assert row["termination/done"] == 1.0, row  # every process exited 0 with an answer
-        assert row["train/sequences"] == 8
+        assert row["train/sequences"] == 4
         # The trainer scored exactly the sampler's token ids the gateway captured.
         assert row["mismatch/tokens"] > 0
         assert row["mismatch/mean_abs"] < 1e-3, row
