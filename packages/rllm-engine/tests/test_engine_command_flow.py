@@ -190,3 +190,28 @@ def test_command_flow_pickles_by_its_arguments_and_refuses_bad_ones():
         command_flow(["x"], answer_from="stderr")
     with pytest.raises(UsageError, match="timeout_s"):
         command_flow(["x"], timeout_s=0)
+
+
+TASK_ECHO = """
+import json, os, sys
+from_file = json.load(open(os.environ["RLLM_TASK_FILE"]))
+from_env = json.loads(os.environ["RLLM_TASK"]) if "RLLM_TASK" in os.environ else None
+print(json.dumps({"file_id": from_file["id"], "env": from_env is not None, "n": len(from_file["instruction"]),
+                  "same": from_env in (None, from_file), "cwd_is_workdir": os.getcwd() == os.environ["RLLM_WORKDIR"]}))
+"""
+
+
+async def test_the_task_reaches_the_process_in_a_file_and_when_small_in_the_environment(gateway, tmp_path):
+    import json
+
+    script = tmp_path / "echo_task.py"
+    script.write_text(TASK_ECHO)
+    flow = command_flow([sys.executable, str(script)], timeout_s=60)
+    config = RolloutConfig(n=1, progress=False)
+    big = Task(id="big", instruction="x" * 300_000)  # over Linux's 128 KiB for one variable
+    async with RolloutEngine(flow, None, config, gateway_url=gateway.url) as engine:
+        small_ep, big_ep = await engine.run([tasks(1)[0], big])
+    for ep, in_env, n in ((small_ep, True, len("What is 2+2? #0")), (big_ep, False, 300_000)):
+        assert ep.termination_reason == TerminationReason.DONE, (ep.error, ep.metadata)
+        seen = json.loads(ep.artifacts["answer"])
+        assert seen == {"file_id": ep.task_id, "env": in_env, "n": n, "same": True, "cwd_is_workdir": True}

@@ -9,9 +9,10 @@ The process gets, besides the engine's own environment and ``env``:
 
 - ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``: the session's URL and token; ``OPENAI_MODEL`` and
   ``RLLM_MODEL``: the model name to send;
-- ``RLLM_TASK``: the task as JSON; ``RLLM_TASK_ID``; ``RLLM_SAMPLING``: the sampling settings
-  as JSON; ``RLLM_WORKDIR``: a fresh empty directory for this rollout (its working directory
-  unless ``cwd`` is given), removed afterwards.
+- ``RLLM_TASK_FILE``: a file holding the task as JSON, also in ``RLLM_TASK`` up to 64 KiB (an
+  environment variable is limited to 128 KiB); ``RLLM_TASK_ID``; ``RLLM_SAMPLING``: the
+  sampling settings as JSON; ``RLLM_WORKDIR``: a fresh empty directory for this rollout (its
+  working directory unless ``cwd`` is given), removed afterwards.
 
 ``{instruction}``, ``{task_id}`` and ``{workdir}`` in ``argv`` (and in ``answer_from``'s path)
 are replaced by the task's text, id and that directory; other braces are left alone.
@@ -53,6 +54,7 @@ _PLACEHOLDER = re.compile(r"\{(instruction|task_id|workdir)\}")
 _TOKEN_VAR = "RLLM_COMMAND_ID"
 TAIL_CHARS = 2000  # of stdout / stderr kept on the episode
 MAX_CAPTURE = 1 << 20  # bytes of stdout kept for the answer; the rest is dropped, counted
+MAX_ENV_TASK = 64 << 10  # a task's JSON up to this size is also in RLLM_TASK
 
 
 class CommandError(RLLMError, RuntimeError):
@@ -176,6 +178,8 @@ async def run_command(flow: CommandFlow, task: Task, config: AgentConfig) -> Epi
     values = {"instruction": instruction_text(task), "task_id": task.id, "workdir": str(workdir)}
     argv = [fill(a, values) for a in flow.argv]
     cwd = str(workdir) if flow.cwd is None else fill(flow.cwd, values)
+    task_json = msgspec.json.encode(task)
+    (root / "task.json").write_bytes(task_json)
     env = {
         **os.environ,
         **flow.env,
@@ -183,12 +187,14 @@ async def run_command(flow: CommandFlow, task: Task, config: AgentConfig) -> Epi
         "OPENAI_API_KEY": config.api_key,
         "OPENAI_MODEL": config.model,
         "RLLM_MODEL": config.model,
-        "RLLM_TASK": msgspec.json.encode(task).decode(),
+        "RLLM_TASK_FILE": str(root / "task.json"),
         "RLLM_TASK_ID": task.id,
         "RLLM_SAMPLING": msgspec.json.encode(config.sampling).decode(),
         "RLLM_WORKDIR": str(workdir),
         _TOKEN_VAR: token,
     }
+    if len(task_json) <= MAX_ENV_TASK:  # Linux refuses one variable over 128 KiB (E2BIG)
+        env["RLLM_TASK"] = task_json.decode()
     started = time.monotonic()
     details: dict[str, Any] = {"argv": argv}
     proc: asyncio.subprocess.Process | None = None
@@ -204,9 +210,9 @@ async def run_command(flow: CommandFlow, task: Task, config: AgentConfig) -> Epi
                     stderr=err,
                     start_new_session=True,  # its own process group, killed as a whole
                 )
-            except FileNotFoundError as exc:
+            except OSError as exc:  # not found, not executable, arguments too long, ...
                 raise CommandError(
-                    f"command {argv[0]!r} cannot be started: {exc.strerror}",
+                    f"command {argv[0]!r} cannot be started: {exc.strerror or exc}",
                     termination_reason=TerminationReason.AGENT_ERROR,
                     details=details,
                 ) from None
