@@ -251,3 +251,29 @@ async def test_steps_a_service_claims_are_not_trained_on(upstream):
     [step] = by_role["default"].steps  # the traced call, not the forged one
     assert list(step.completion_ids) != [7, 7, 7]
     assert by_role["ghost"].steps == [] and by_role["ghost"].metadata["remote_steps_dropped"] == 1
+
+
+async def test_a_full_service_answers_503_and_the_rollout_goes_to_the_other(upstream):
+    a, b = Agent("a"), Agent("b")
+    a.hold = asyncio.Event()
+    full = await AgentServer(a.flow, capacity=1).start()
+    other = await AgentServer(b.flow).start()
+    try:
+        config = remote_config([full.url, other.url], n=3, concurrency=3, max_retries=5)
+        async with RolloutEngine(None, contains_four, config, upstreams=[upstream.url]) as engine:
+            run = asyncio.create_task(engine.run(tasks(1)))
+            await wait_until(lambda: a.holding == 1, what="the full service holding its one rollout")
+            # Balancing sent a second rollout to it (a least loaded, by this engine's count): 503,
+            # retried on b. Then a is released; it is not marked down by the 503.
+            await wait_until(lambda: other.served == 2, what="b serving the other two")
+            a.hold.set()
+            episodes = await run
+            full_service = engine.flow.services[0]  # pyright: ignore[reportAttributeAccessIssue]
+            assert full_service.failed >= 1 and full_service.down_since is None  # busy is not down
+    finally:
+        await full.stop()
+        await other.stop()
+    assert all(ep.termination_reason == TerminationReason.DONE for ep in episodes), [
+        ep.error for ep in episodes
+    ]
+    assert full.served == 1 and other.served == 2

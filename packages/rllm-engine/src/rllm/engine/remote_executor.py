@@ -168,12 +168,17 @@ class RemoteFlow(RolloutFlow):
                     termination_reason=failure.termination_reason,
                     details={"url": service.url, "error_type": failure.error.type},
                 )
+            elif status == 503:  # full (its capacity): retried elsewhere, not marked down
+                raise InfraError(f"agent service {service.url} is busy (HTTP 503): {body[:200]!r}")
             else:
                 raise RemoteProtocolError(
                     f"the agent service {service.url} answered HTTP {status}: {body[:200]!r}"
                 )
         except RemoteAgentError:
             service.served += 1
+            raise
+        except InfraError:
+            service.failed += 1
             raise
         except (ConnectionError, OSError, TimeoutError, RemoteProtocolError, UpstreamBadResponse) as exc:
             service.failed += 1
