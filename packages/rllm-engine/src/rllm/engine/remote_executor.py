@@ -7,7 +7,7 @@ evaluator); only the flow is replaced by :class:`RemoteFlow`, which hands the ro
 
 Balancing: each attempt goes to the healthy service with the fewest rollouts in flight from this
 engine (ties: the one used longest ago). A service that refuses the connection, drops it, answers
-5xx or answers garbage is marked down and the attempt fails as ``infra_error``, so the engine's
+a 5xx (but 503, busy) or answers garbage is marked down and the attempt fails as ``infra_error``, so the engine's
 retry lands on another service; a down service is probed (``GET /health``) again after
 ``health_interval_s`` and used again once it answers. :meth:`RemoteFlow.start` checks every
 service before any work starts and refuses to start when none answers.
