@@ -64,6 +64,13 @@ from rllm.types.config_file import apply_overrides
     show_default=True,
     help="fail (exit 1) when more than this fraction of rollouts failed for infrastructure reasons",
 )
+@click.option(
+    "--remote",
+    "remote_urls",
+    multiple=True,
+    metavar="URL",
+    help="agent services that run the rollouts (rollout.executor=remote; `rllm agent serve`); repeatable",
+)
 @click.option("--progress/--no-progress", default=True, help="show a progress bar")
 def eval_command(
     name: str,
@@ -82,6 +89,7 @@ def eval_command(
     out: Path | None,
     options: tuple[str, ...],
     max_infra_errors: float,
+    remote_urls: tuple[str, ...],
     progress: bool,
 ) -> int:
     """Evaluate cookbook NAME (or registered dataset NAME with --agent) and print a summary.
@@ -95,6 +103,7 @@ def eval_command(
     Example:
       rllm eval say --base-url http://127.0.0.1:8000/v1 --attempts 4
       rllm eval gsm8k --agent my_agent:flow --evaluator math --model openai/gpt-4o-mini
+      rllm eval say --base-url http://127.0.0.1:8000/v1 --remote http://10.0.0.5:8700
     """
     sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens)
     if max_examples is not None and max_examples < 1:
@@ -124,6 +133,7 @@ def eval_command(
                 workers=workers,
                 sampling=sampling,
                 progress=progress,
+                remote_urls=list(remote_urls),
             )
 
     summary = run(go(), uvloop_default=False)
