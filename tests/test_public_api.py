@@ -76,6 +76,8 @@ PUBLIC_API: dict[str, list[str]] = {
     "rllm.sdk": [
         "AgentConfig",
         "AgentFlow",
+        "CommandError",
+        "CommandFlow",
         "Cookbook",
         "Episode",
         "EvalOutput",
@@ -94,6 +96,7 @@ PUBLIC_API: dict[str, list[str]] = {
         "as_evaluator",
         "as_flow",
         "client_kwargs",
+        "command_flow",
         "evaluator",
         "final_answer",
         "is_async_callable",

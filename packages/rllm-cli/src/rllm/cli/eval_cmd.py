@@ -64,6 +64,13 @@ from rllm.types.config_file import apply_overrides
     show_default=True,
     help="fail (exit 1) when more than this fraction of rollouts failed for infrastructure reasons",
 )
+@click.option(
+    "--remote",
+    "remote_urls",
+    multiple=True,
+    metavar="URL",
+    help="agent services that run the rollouts (rollout.executor=remote; `rllm agent serve`); repeatable",
+)
 @click.option("--progress/--no-progress", default=True, help="show a progress bar")
 def eval_command(
     name: str,
@@ -82,6 +89,7 @@ def eval_command(
     out: Path | None,
     options: tuple[str, ...],
     max_infra_errors: float,
+    remote_urls: tuple[str, ...],
     progress: bool,
 ) -> int:
     """Evaluate cookbook NAME (or registered dataset NAME with --agent) and print a summary.
@@ -95,6 +103,7 @@ def eval_command(
     Example:
       rllm eval say --base-url http://127.0.0.1:8000/v1 --attempts 4
       rllm eval gsm8k --agent my_agent:flow --evaluator math --model openai/gpt-4o-mini
+      rllm eval say --base-url http://127.0.0.1:8000/v1 --remote http://10.0.0.5:8700
     """
     sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens)
     if max_examples is not None and max_examples < 1:
@@ -124,6 +133,7 @@ def eval_command(
                 workers=workers,
                 sampling=sampling,
                 progress=progress,
+                remote_urls=list(remote_urls),
             )
 
     summary = run(go(), uvloop_default=False)
@@ -186,15 +196,15 @@ def resolve_eval_target(
             cookbook = load_cookbook(name).with_options(options or {})
         except ValueError as exc:
             raise CliError(f"--option: {exc}") from None
-        flow = _load_object(agent, "flow") if agent else cookbook.flow
-        grader = _load_object(evaluator, "evaluator") if evaluator else cookbook.evaluator
+        flow = load_object(agent, "flow") if agent else cookbook.flow
+        grader = load_object(evaluator, "evaluator") if evaluator else cookbook.evaluator
         return cookbook.load_tasks(split), flow, grader
     registry = DatasetRegistry()
     if registry.has(name):
         if not agent:
             raise CliError(f"dataset {name!r} needs --agent (a cookbook name or module:attr flow)")
-        flow = _load_object(agent, "flow")
-        grader = _load_object(evaluator or agent, "evaluator")
+        flow = load_object(agent, "flow")
+        grader = load_object(evaluator or agent, "evaluator")
         return registry.load_tasks(name, split), flow, grader
     raise PluginNotFoundError(
         f"no cookbook or registered dataset named {name!r} "
@@ -211,8 +221,8 @@ def train_cookbook(name: str, agent: str | None, evaluator: str | None) -> Cookb
         cookbook = load_cookbook(name)
         if not agent and not evaluator:
             return cookbook
-        flow = _load_object(agent, "flow") if agent else cookbook.flow
-        grader = _load_object(evaluator, "evaluator") if evaluator else cookbook.evaluator
+        flow = load_object(agent, "flow") if agent else cookbook.flow
+        grader = load_object(evaluator, "evaluator") if evaluator else cookbook.evaluator
         return dataclasses.replace(cookbook, flow=flow, evaluator=grader)
     registry = DatasetRegistry()
     if not registry.has(name):
@@ -232,8 +242,8 @@ def train_cookbook(name: str, agent: str | None, evaluator: str | None) -> Cookb
         defaults = {k: v for k, v in defaults.items() if k not in ("val_split", "val_every", "val_tasks")}
     return Cookbook(
         name=name,
-        flow=_load_object(agent, "flow"),
-        evaluator=_load_object(evaluator or agent, "evaluator"),
+        flow=load_object(agent, "flow"),
+        evaluator=load_object(evaluator or agent, "evaluator"),
         load_tasks=lambda split: registry.load_tasks(name, split),
         description=f"registered dataset {name} with the {agent} agent",
         splits=splits,
@@ -241,7 +251,7 @@ def train_cookbook(name: str, agent: str | None, evaluator: str | None) -> Cookb
     )
 
 
-def _load_object(ref: str, part: str) -> Any:
+def load_object(ref: str, part: str) -> Any:
     """``module:attr`` imported, or a cookbook name whose ``part`` (flow / evaluator) is taken."""
     if ":" not in ref:
         return getattr(load_cookbook(ref), part)

@@ -20,6 +20,8 @@ from typing import Any
 import click
 from rich.console import Console
 
+from rllm.cli.agent_cmd import agent_group
+from rllm.cli.capabilities_cmd import capabilities_command
 from rllm.cli.cookbook import cookbook_group
 from rllm.cli.dataset import dataset_group
 from rllm.cli.doctor import doctor_group
@@ -333,6 +335,8 @@ def gateway(args: tuple[str, ...]) -> int:
 
 
 cli.add_command(eval_command)
+cli.add_command(agent_group)
+cli.add_command(capabilities_command)
 cli.add_command(view_command)
 cli.add_command(dataset_group)
 cli.add_command(cookbook_group)

@@ -24,6 +24,7 @@ import msgspec
 
 from rllm.engine.failures import FAILED
 from rllm.engine.pass_at_k import mean_pass_at_k
+from rllm.engine.remote_executor import RemoteSettings
 from rllm.engine.rollout_config import RolloutConfig
 from rllm.engine.rollout_engine import RolloutEngine, as_tasks
 from rllm.sdk.answer import final_answer
@@ -245,11 +246,14 @@ async def evaluate(
     sampling: SamplingParams | None = None,
     save_episodes: bool = True,
     progress: bool = True,
+    remote_urls: list[str] | None = None,
 ) -> EvalSummary:
     """Run ``attempts`` rollouts of ``flow`` per task, grade them, write results and a summary.
 
     ``concurrency`` rollouts run at once, in ``workers`` processes (``RolloutConfig.workers``:
-    for more agent traffic than one core carries; the flow must then be importable)."""
+    for more agent traffic than one core carries; the flow must then be importable).
+    ``remote_urls``: agent services run the rollouts instead of ``flow``
+    (``rollout.executor = "remote"``, :mod:`rllm.engine.remote_executor`)."""
     if attempts < 1:
         raise InputError(f"attempts must be >= 1, got {attempts}")
     if (endpoint is None) == (gateway_url is None):
@@ -273,6 +277,8 @@ async def evaluate(
         model=model,
         sampling=sampling or SamplingParams(),
         progress=progress,
+        executor="remote" if remote_urls else "local",
+        remote=RemoteSettings(urls=list(remote_urls or [])),
     )
     engine = RolloutEngine(
         flow,

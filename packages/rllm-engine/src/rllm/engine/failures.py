@@ -56,8 +56,13 @@ def _status_code(exc: BaseException) -> int | None:
 
 
 def classify_exception(exc: BaseException) -> TerminationReason:
-    """INFRA_ERROR, CONTEXT_LIMIT or AGENT_ERROR for an exception that escaped a flow."""
+    """INFRA_ERROR, CONTEXT_LIMIT or AGENT_ERROR for an exception that escaped a flow (or the
+    ``termination_reason`` an exception in its chain declares)."""
     for err in _chain(exc):
+        # An error that knows its termination (e.g. rllm.sdk.command.CommandError) says so.
+        declared = getattr(err, "termination_reason", None)
+        if isinstance(declared, TerminationReason):
+            return declared
         if isinstance(err, InfraError | ConnectionError):
             return TerminationReason.INFRA_ERROR
         if any(cls.__name__ in _INFRA_TYPE_NAMES for cls in type(err).__mro__):

@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from rllm.engine.remote_executor import RemoteSettings
 from rllm.types import InvariantError, SamplingParams
 
 
@@ -51,8 +52,14 @@ class RolloutSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     worker_prefetch: int | None = None
     sandbox_backend: str = "bubblewrap"
     sandbox_warm: int = 0
+    executor: str = "local"
+    remote: RemoteSettings = msgspec.field(default_factory=RemoteSettings)
 
     def __post_init__(self) -> None:
+        if self.executor not in ("local", "remote"):
+            raise InvariantError(f"executor must be 'local' or 'remote', got {self.executor!r}", "executor")
+        if self.executor == "remote" and not self.remote.urls:
+            raise InvariantError('executor = "remote" needs remote.urls (the agent services)', "remote.urls")
         if self.concurrency < 1:
             raise InvariantError(f"concurrency must be >= 1, got {self.concurrency}", "concurrency")
         if self.deadline_s is not None and self.deadline_s <= 0:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from rllm.engine.episode_builder import build_episode, failed_episode
+from rllm.engine.executors import close_executor, executor_flow, start_executor
 from rllm.engine.failures import RETRYABLE, classify_exception
 from rllm.engine.flow_processes import FlowProcessDied, FlowProcessPool
 from rllm.engine.flow_runner import DeadlineExceeded, call_with_deadline
@@ -91,9 +92,10 @@ class RolloutEngine:
                 "give either gateway_url (attach) or upstreams/gateway_config (own gateway), not both"
             )
         self._flow_arg, self._evaluator_arg = flow, evaluator  # what worker processes rebuild from
-        self.flow: RolloutFlow = as_flow(flow)
-        self.evaluator: EvaluatorFn | None = None if evaluator is None else as_evaluator(evaluator)
         self.config = config or RolloutConfig()
+        # rollout.executor: the flow object that runs a rollout (the cookbook's, or a remote one).
+        self.flow: RolloutFlow = as_flow(executor_flow(self.config, flow))
+        self.evaluator: EvaluatorFn | None = None if evaluator is None else as_evaluator(evaluator)
         self._gateway_url = gateway_url
         self._admin_key = admin_key
         self._upstreams = list(upstreams or [])
@@ -144,6 +146,7 @@ class RolloutEngine:
     async def _start_here(self) -> RolloutEngine:
         from rllm.gateway import GatewayClient
 
+        await start_executor(self.flow)  # first: a run whose agents are unreachable stops here
         if self._gateway_url is None:
             from rllm.gateway import GatewayConfig, GatewayServer
 
@@ -199,6 +202,7 @@ class RolloutEngine:
 
     async def close(self) -> None:
         self._lag.stop()
+        close_executor(self.flow)
         if self._sandboxes is not None:
             await self._sandboxes.close()
         if self._pool is not None:
@@ -412,6 +416,7 @@ class RolloutEngine:
         result: Any = None
         reason = TerminationReason.DONE
         error: ErrorInfo | None = None
+        failure_metadata: Any = None
         try:
             async with self.sandboxes.lease(self.flow, task):
                 result = await call_with_deadline(
@@ -425,6 +430,7 @@ class RolloutEngine:
             reason, error = TerminationReason.TIMEOUT, ErrorInfo(type="Timeout", message=f"rollout {exc}")
         except Exception as exc:
             reason, error = classify_exception(exc), ErrorInfo.from_exception(exc)
+            failure_metadata = getattr(exc, "episode_metadata", None)  # e.g. a command's exit, tails
 
         try:
             traces = await self._collect_traces(config.session_id, closed)
@@ -437,7 +443,10 @@ class RolloutEngine:
             # The flow crashed right after the gateway reported an upstream failure: not its fault.
             reason = TerminationReason.INFRA_ERROR
         if reason != TerminationReason.DONE:
-            return failed_episode(task.id, rollout_index, reason, error, traces)
+            failed = failed_episode(task.id, rollout_index, reason, error, traces)
+            if isinstance(failure_metadata, dict):
+                failed.metadata.update(failure_metadata)
+            return failed
         try:
             return build_episode(task.id, rollout_index, result, traces)
         except Exception as exc:

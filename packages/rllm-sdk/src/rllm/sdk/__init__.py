@@ -1,12 +1,13 @@
 """rllm.sdk: what an agent harness installs.
 
-``@rollout`` / ``AgentFlow`` for the agent, ``@evaluator`` / ``Evaluator`` for the reward,
+``@rollout`` / ``AgentFlow`` for the agent, ``command_flow`` for an agent that is a program, ``@evaluator`` / ``Evaluator`` for the reward,
 ``role_url`` for multi-role flows, and reward helpers in ``rllm.sdk.rewards``. Depends only on
 ``rllm-types`` (optional extras: ``math`` for math-verify grading, ``judge`` and ``openai`` for
 the openai client, ``images`` for image messages, ``hub`` for cookbooks' Hugging Face hub loaders).
 """
 
 from rllm.sdk.answer import final_answer
+from rllm.sdk.command import CommandError, CommandFlow, command_flow
 from rllm.sdk.cookbook import Cookbook
 from rllm.sdk.errors import FlowReturnError, InfraError
 from rllm.sdk.evaluator import EvalResult, Evaluator, EvaluatorFn, as_evaluator, evaluator, to_eval_output
@@ -17,6 +18,8 @@ from rllm.types import AgentConfig, Episode, EvalOutput, SamplingParams, Signal,
 __all__ = [
     "AgentConfig",
     "AgentFlow",
+    "CommandError",
+    "CommandFlow",
     "Cookbook",
     "Episode",
     "EvalOutput",
@@ -35,6 +38,7 @@ __all__ = [
     "as_evaluator",
     "as_flow",
     "client_kwargs",
+    "command_flow",
     "evaluator",
     "final_answer",
     "is_async_callable",

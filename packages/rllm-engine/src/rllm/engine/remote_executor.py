@@ -1,0 +1,201 @@
+"""The remote executor (``rollout.executor = "remote"``): rollouts run by agent services.
+
+The engine keeps everything it does for a local flow (a gateway session per attempt, the
+deadline, retries of infrastructure errors on a fresh session, episodes from the traces, the
+evaluator); only the flow is replaced by :class:`RemoteFlow`, which hands the rollout to one of
+``rollout.remote.urls`` over the protocol of :mod:`rllm.engine.agent_protocol`.
+
+Balancing: each attempt goes to the healthy service with the fewest rollouts in flight from this
+engine (ties: the one used longest ago). A service that refuses the connection, drops it, answers
+a 5xx (but 503, busy) or answers garbage is marked down and the attempt fails as ``infra_error``, so the engine's
+retry lands on another service; a down service is probed (``GET /health``) again after
+``health_interval_s`` and used again once it answers. :meth:`RemoteFlow.start` checks every
+service before any work starts and refuses to start when none answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import msgspec
+
+from rllm.engine.agent_protocol import (
+    Health,
+    RemoteAgentError,
+    RemoteConfig,
+    RemoteProtocolError,
+    RolloutRequest,
+    decode_answer,
+    decode_failure,
+)
+from rllm.runtime.http_client import FastHttpPool, UpstreamBadResponse
+from rllm.sdk.errors import InfraError
+from rllm.sdk.flow import RolloutFlow
+from rllm.types import AgentConfig, Episode, Task
+from rllm.types.errors import ConfigError, InvariantError, StateError
+
+
+class RemoteSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``rollout.remote``: the agent services (``http://`` base URLs, e.g. ``http://host:8700``), how long a
+    connection may take, and how soon a service marked down is probed again."""
+
+    urls: list[str] = msgspec.field(default_factory=list)
+    connect_timeout_s: float = 5.0
+    health_interval_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        for url in self.urls:
+            if not url.startswith("http://"):
+                raise InvariantError(
+                    f"remote.urls: {url!r} is not an http:// URL (https is not supported yet)", "urls"
+                )
+        if not self.connect_timeout_s > 0:
+            raise InvariantError(
+                f"connect_timeout_s must be > 0, got {self.connect_timeout_s}", "connect_timeout_s"
+            )
+        if not self.health_interval_s > 0:
+            raise InvariantError(
+                f"health_interval_s must be > 0, got {self.health_interval_s}", "health_interval_s"
+            )
+
+
+class _Service:
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+        self.active = 0
+        self.last_used = 0.0
+        self.down_since: float | None = None
+        self.served = 0
+        self.failed = 0
+
+
+class RemoteFlow(RolloutFlow):
+    """A flow that runs each rollout on one of ``settings.urls`` (see the module docstring)."""
+
+    def __init__(self, settings: RemoteSettings, deadline_s: float | None = None) -> None:
+        if not settings.urls:
+            raise ConfigError.for_key(
+                "rollout.remote.urls", 'rollout.executor = "remote" needs rollout.remote.urls'
+            )
+        self.settings = settings
+        self.deadline_s = deadline_s
+        self.services = [_Service(u) for u in settings.urls]
+        self._pool: FastHttpPool | None = None
+
+        async def remote(task: Task, config: AgentConfig) -> Episode:
+            return await self.run_remote(task, config)
+
+        super().__init__(remote, name="remote")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (RemoteFlow, (self.settings, self.deadline_s))
+
+    @property
+    def pool(self) -> FastHttpPool:
+        if self._pool is None:
+            # No read timeout of its own: the engine's deadline bounds every attempt. No kept-alive
+            # connections: the pool re-sends a request whose reused connection dropped, and a
+            # rollout must never be sent twice (its first run may have called the model already).
+            self._pool = FastHttpPool(
+                connect_timeout_s=self.settings.connect_timeout_s, read_timeout_s=7 * 24 * 3600.0, max_idle=0
+            )
+        return self._pool
+
+    async def start(self) -> None:
+        """Probe every service; refuse to start (StateError naming them) when none answers."""
+        results = await asyncio.gather(*(self._probe(s) for s in self.services))
+        if not any(results):
+            listed = ", ".join(s.url for s in self.services)
+            raise StateError(f"no agent service answers GET /health: {listed}")
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    async def _probe(self, service: _Service) -> bool:
+        try:
+            status, body = await asyncio.wait_for(
+                self.pool.request("GET", service.url + "/health"), self.settings.connect_timeout_s
+            )
+            healthy = status == 200 and msgspec.json.decode(body, type=Health).status == "ok"
+        except Exception:  # unreachable, slow or garbage: down, whatever the way
+            healthy = False
+        service.down_since = None if healthy else time.monotonic()
+        return healthy
+
+    async def _pick(self) -> _Service:
+        now = time.monotonic()
+        due = [
+            s
+            for s in self.services
+            if s.down_since is not None and now - s.down_since >= self.settings.health_interval_s
+        ]
+        if due:
+            await asyncio.gather(*(self._probe(s) for s in due))
+        up = [s for s in self.services if s.down_since is None]
+        if not up:
+            raise InfraError("every agent service is down: " + ", ".join(s.url for s in self.services))
+        return min(up, key=lambda s: (s.active, s.last_used))
+
+    async def run_remote(self, task: Task, config: AgentConfig) -> Episode:
+        service = await self._pick()
+        service.active += 1
+        service.last_used = time.monotonic()
+        request = RolloutRequest(
+            task=task,
+            config=RemoteConfig(
+                base_url=config.base_url,
+                api_key=config.api_key,
+                model=config.model,
+                sampling=config.sampling,
+                session_id=config.session_id,
+                is_validation=config.is_validation,
+                metadata=dict(config.metadata),
+            ),
+            deadline_s=self.deadline_s,
+        )
+        try:
+            status, body = await self.pool.post(service.url + "/rollouts", msgspec.json.encode(request))
+            if status == 200:
+                episode = decode_answer(body, task.id)
+            elif status == 422:
+                failure = decode_failure(body)
+                raise RemoteAgentError(
+                    f"{failure.error.type}: {failure.error.message}",
+                    termination_reason=failure.termination_reason,
+                    details={"url": service.url, "error_type": failure.error.type},
+                )
+            elif status == 503:  # full (its capacity): retried elsewhere, not marked down
+                raise InfraError(f"agent service {service.url} is busy (HTTP 503): {body[:200]!r}")
+            else:
+                raise RemoteProtocolError(
+                    f"the agent service {service.url} answered HTTP {status}: {body[:200]!r}"
+                )
+        except RemoteAgentError:
+            service.served += 1
+            raise
+        except InfraError:
+            service.failed += 1
+            raise
+        except (ConnectionError, OSError, TimeoutError, RemoteProtocolError, UpstreamBadResponse) as exc:
+            service.failed += 1
+            service.down_since = time.monotonic()
+            raise InfraError(f"agent service {service.url}: {exc}") from exc
+        finally:
+            service.active -= 1
+        service.served += 1
+        episode.metadata["remote"] = {"url": service.url}
+        # Token truth: only the gateway's traces train. Steps a service built itself (token ids
+        # it claims) are dropped, counted; its trajectories keep their role, reward and metadata.
+        for trajectory in episode.trajectories:
+            if trajectory.steps:
+                trajectory.metadata["remote_steps_dropped"] = len(trajectory.steps)
+                trajectory.steps = []
+        return episode
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Rollouts served and failed per service URL (for tests and logs)."""
+        return {s.url: {"served": s.served, "failed": s.failed, "active": s.active} for s in self.services}

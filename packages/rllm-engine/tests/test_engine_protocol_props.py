@@ -1,0 +1,88 @@
+"""Property tests of the parsers of #34: the remote protocol's answer decoding (anything a
+service sends is an Episode or a RemoteProtocolError, never another exception) and the command
+harness's placeholder filling (the task's text goes in literally, once)."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rllm.engine.agent_protocol import RemoteProtocolError, decode_answer, decode_failure, encode_result
+from rllm.sdk.command import fill
+from rllm.types import Episode
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=20,
+)
+keys = st.sampled_from(
+    [
+        "answer",
+        "artifacts",
+        "metrics",
+        "metadata",
+        "task_id",
+        "trajectories",
+        "rollout_index",
+        "schema_version",
+        "images",
+        "x",
+    ]
+)
+answer_like = st.dictionaries(keys, json_values, max_size=4)
+
+
+@given(st.binary(max_size=200))
+def test_any_bytes_decode_to_an_episode_or_a_protocol_error(body: bytes) -> None:
+    try:
+        assert isinstance(decode_answer(body, "t"), Episode)
+    except RemoteProtocolError:
+        pass
+
+
+@given(answer_like | json_values)
+def test_any_json_decodes_to_an_episode_or_a_protocol_error(doc: object) -> None:
+    try:
+        episode = decode_answer(json.dumps(doc).encode(), "t")
+    except RemoteProtocolError:
+        return
+    assert isinstance(episode, Episode)
+    if isinstance(doc, dict) and isinstance(doc.get("answer"), str) and "task_id" not in doc:
+        assert episode.artifacts["answer"] == doc["answer"]
+
+
+@given(answer_like | json_values)
+def test_any_422_body_decodes_or_is_a_protocol_error(doc: object) -> None:
+    try:
+        decode_failure(json.dumps(doc).encode())
+    except RemoteProtocolError:
+        pass
+
+
+@given(
+    st.one_of(
+        st.none(), st.text(), st.dictionaries(st.text(max_size=8), st.text() | st.integers(), max_size=4)
+    )
+)
+def test_what_a_flow_returns_survives_the_round_trip(result: object) -> None:
+    episode = decode_answer(encode_result(result, "t"), "t")
+    if isinstance(result, str):
+        assert episode.artifacts == {"answer": result}
+    elif isinstance(result, dict):
+        assert episode.artifacts == result
+    else:
+        assert episode.artifacts == {}
+
+
+@given(st.text(), st.text(), st.text())
+def test_placeholders_insert_the_task_literally_once(template: str, instruction: str, task_id: str) -> None:
+    values = {"instruction": instruction, "task_id": task_id, "workdir": "/w"}
+    filled = fill(template + "{instruction}", values)
+    # The instruction is appended as is, even when it holds placeholders itself.
+    assert filled.endswith(instruction)
+    assert fill(template.replace("{", "(").replace("}", ")"), values) == template.replace("{", "(").replace(
+        "}", ")"
+    )
