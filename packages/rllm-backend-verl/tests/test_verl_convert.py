@@ -7,12 +7,13 @@ import pytest
 # Named on its own in the workspace env (no verl there), the file skips; nox -s verl runs it.
 pytest.importorskip("verl")
 
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from verl import DataProto
 from verl_helpers import sequence
 
-from rllm.backends.verl.convert import BatchConversionError, to_data_proto
+from rllm.backends.verl.convert import BatchConversionError, record_trainer_logprobs, to_data_proto
 from rllm.engine.sequences import sequences_from_trajectory
 from rllm.types import FloatArray, Step, TokenArray, Trajectory
 
@@ -136,3 +137,31 @@ def test_rows_give_back_every_sequence_token_for_token(batch) -> None:
         assert data.batch["rollout_log_probs"][row][response].tolist() == list(seq.sampler_logprobs[split:])
         # no sampled token is lost to the prompt side
         assert sum(seq.loss_mask[:split]) == 0
+
+
+@settings(max_examples=80, deadline=None)
+@given(train_sequences())
+def test_trainer_logprobs_come_back_to_the_tokens_their_rows_came_from(batch) -> None:
+    data = to_data_proto(batch, pad_token_id=PAD)
+    width = data.batch["prompts"].shape[1]
+    # Each response column holds -(1000 * row + the input position it stands for): a value that
+    # lands on another token, row or a masked position is seen.
+    splits = [
+        width - int((~data.batch["attention_mask"][row][:width].bool()).sum()) for row in range(len(batch))
+    ]
+    columns = torch.arange(data.batch["responses"].shape[1], dtype=torch.float32)
+    log_probs = torch.stack([-(1000.0 * row + split + columns) for row, split in enumerate(splits)])
+    record_trainer_logprobs(batch, log_probs)
+    for row, seq in enumerate(batch):
+        expected = [-(1000.0 * row + i) if m else 0.0 for i, m in enumerate(seq.loss_mask)]
+        assert seq.trainer_logprobs is not None and list(seq.trainer_logprobs) == expected
+
+
+def test_trainer_logprobs_of_another_batch_are_refused() -> None:
+    batch = [sequence([1, 2, 3], [0, 1, 1], 1.0), sequence([4, 5], [0, 1], 1.0)]
+    with pytest.raises(BatchConversionError, match=r"shape \(1, 2\) do not match a batch of 2"):
+        record_trainer_logprobs(batch, torch.zeros((1, 2)))
+    with pytest.raises(
+        BatchConversionError, match=r"sequence 0 .* 2 response tokens, but the log-probs have 1"
+    ):
+        record_trainer_logprobs(batch, torch.zeros((2, 1)))

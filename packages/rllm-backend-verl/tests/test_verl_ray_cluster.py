@@ -87,6 +87,18 @@ async def test_ray_workers_train_sync_and_resume_on_cpu(tiny_model_path: Path, t
 
             metrics = await backend.train_step(BATCH, algo)
             assert {"actor/loss", "actor/kl", "actor/entropy", "grad_norm"} <= set(metrics)
+            # Token truth: the workers' pre-update log-probs came back onto the sequences' sampled
+            # tokens (two ranks and a padding row), equal to the served initial weights' own.
+            recorded = torch.tensor(
+                [
+                    v
+                    for seq in BATCH
+                    for v, m in zip(seq.trainer_logprobs or [], seq.loss_mask, strict=True)
+                    if m
+                ]
+            )
+            initial_served = _served_log_probs(tiny_model_path, server.loads[0])
+            torch.testing.assert_close(recorded, _masked(initial_served), atol=1e-5, rtol=1e-5)
             assert await backend.sync_weights() == 1
             trained = _trainer_log_probs(backend)
             # The server now holds exactly the trained policy, and it differs from the initial one.

@@ -1,8 +1,10 @@
-"""Builders shared by the verl backend's tests: TrainSequences and a padded reference forward."""
+"""Builders shared by the verl backend's tests: TrainSequences, a padded reference forward, and
+an in-process stand-in for the Ray cluster."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -59,3 +61,33 @@ def cpu_config(model: Path, **options: object):
         "log_prob_micro_batch_size_per_gpu": 2,
     }
     return parse_config({**base, **options})
+
+
+class LocalCluster:
+    """The parts of ``RayCluster`` that ``VerlBackend``'s train_step and checkpoints use, over one
+    in-process ``TrainingWorker`` (verl's FSDP2 engine, one rank on the CPU): no Ray, no rollout."""
+
+    def __init__(self, worker: Any, algo: Any) -> None:
+        self.worker = worker
+        self.set_loss(algo)
+
+    def set_loss(self, algo: Any) -> None:
+        from rllm.backends.verl.loss import RllmPolicyLoss
+
+        self.algo = algo
+        self.worker.set_loss_fn(RllmPolicyLoss(algo))
+
+    def actor(self) -> Any:
+        return self.worker
+
+    def reference(self) -> None:
+        return None
+
+    async def release_rollout_memory(self) -> None:
+        return None
+
+    def save_checkpoint(self, path: str, version: int) -> None:
+        self.worker.save_checkpoint(local_path=path, global_step=version)
+
+    def load_checkpoint(self, path: str) -> None:
+        self.worker.load_checkpoint(local_path=path)

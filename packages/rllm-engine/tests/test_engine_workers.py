@@ -323,6 +323,25 @@ async def test_a_worker_that_dies_while_starting_is_reported(tmp_path, monkeypat
     assert engine._pool is None or engine._pool.workers == []
 
 
+async def test_a_worker_still_starting_at_the_timeout_is_not_called_broken(flows, upstream, monkeypatch):
+    """A worker that is slow to start (an overloaded machine) is reported as such, not as a flow
+    that cannot be imported; the pool it was part of is closed."""
+    import functools
+
+    from rllm.engine import rollout_engine
+    from rllm.engine.flow_processes import FlowProcessPool
+
+    monkeypatch.setattr(
+        rollout_engine, "FlowProcessPool", functools.partial(FlowProcessPool, start_timeout_s=0.001)
+    )
+    config = RolloutConfig(workers=2, progress=False)
+    engine = RolloutEngine(flows.two_turns, None, config, upstreams=[upstream.url])
+    with pytest.raises(RuntimeError, match=r"did not start within 0 s \(it is still starting") as err:
+        await asyncio.wait_for(engine.start(), 60)
+    assert "importable" not in str(err.value)
+    assert engine._pool is None or engine._pool.workers == []
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 async def test_run_one_takes_the_model_name_per_rollout(flows, upstream, workers):
     """Rollouts from before and after a rename can be in flight together: the name goes with

@@ -16,7 +16,14 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from rllm.gateway import GatewayClient, GatewayConfig, GatewayServer
-from rllm.gateway.toolcalls import HERMES, LLAMA3_JSON, detect_format, parse_hermes, parse_llama3_json
+from rllm.gateway.toolcalls import (
+    HERMES,
+    LLAMA3_JSON,
+    PROBE_TOOLS,
+    detect_format,
+    parse_hermes,
+    parse_llama3_json,
+)
 from rllm.testing import MockUpstream, build_tiny_chat_tokenizer
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -41,16 +48,6 @@ FAMILIES = {
         "bos": "<|begin_of_text|>",
     },
 }
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Weather in a city",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-        },
-    }
-]
 
 
 def build_family_tokenizer(path: Path, family: str) -> str:
@@ -110,7 +107,7 @@ async def test_tool_call_round_trip_is_token_true(family_dir):
                 {"role": "system", "content": "you are an agent"},
                 {"role": "user", "content": "weather in Paris?"},
             ]
-            first = await oc.chat.completions.create(model="m", messages=msgs, tools=TOOLS)
+            first = await oc.chat.completions.create(model="m", messages=msgs, tools=PROBE_TOOLS)
             choice = first.choices[0]
             assert choice.finish_reason == "tool_calls"
             (call,) = choice.message.tool_calls
@@ -118,7 +115,7 @@ async def test_tool_call_round_trip_is_token_true(family_dir):
             assert json.loads(call.function.arguments) == {"city": "Paris"}
             msgs.append(choice.message.model_dump(exclude_none=True))
             msgs.append({"role": "tool", "tool_call_id": call.id, "content": "sunny, 21C"})
-            second = await oc.chat.completions.create(model="m", messages=msgs, tools=TOOLS)
+            second = await oc.chat.completions.create(model="m", messages=msgs, tools=PROBE_TOOLS)
             assert second.choices[0].message.content == "It is sunny in Paris."
             assert not second.choices[0].message.tool_calls
             traces = await c.get_traces("tools")
@@ -128,7 +125,7 @@ async def test_tool_call_round_trip_is_token_true(family_dir):
     assert traces[0].response.tool_calls[0].function.name == "get_weather"
     rendered = tok.apply_chat_template(
         [*msgs[:2], {**msgs[2], "tool_calls": [_args_as_object(msgs[2]["tool_calls"][0])]}, msgs[3]],
-        tools=TOOLS,
+        tools=PROBE_TOOLS,
         add_generation_prompt=True,
         tokenize=False,
     )
@@ -149,11 +146,11 @@ async def test_edited_tool_call_starts_a_new_segment_with_a_reason(family_dir):
         async with GatewayServer(cfg) as gw, GatewayClient(gw.url) as c:
             oc = openai.AsyncOpenAI(base_url=c.session_url("edit"), api_key="x")
             msgs: list[dict] = [{"role": "user", "content": "weather?"}]
-            first = await oc.chat.completions.create(model="m", messages=msgs, tools=TOOLS)
+            first = await oc.chat.completions.create(model="m", messages=msgs, tools=PROBE_TOOLS)
             reply = first.choices[0].message.model_dump(exclude_none=True)
             reply["tool_calls"][0]["function"]["arguments"] = '{"city": "Rome"}'
             msgs += [reply, {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": "ok"}]
-            await oc.chat.completions.create(model="m", messages=msgs, tools=TOOLS)
+            await oc.chat.completions.create(model="m", messages=msgs, tools=PROBE_TOOLS)
             traces = await c.get_traces("edit")
     assert [t.segment for t in traces] == [0, 1]
     assert traces[1].metadata["segment_reason"] == "the previous reply's tool calls were changed"
@@ -169,7 +166,7 @@ async def test_tools_for_an_unknown_format_are_refused(tmp_path):
             oc = openai.AsyncOpenAI(base_url=c.session_url("s"), api_key="x", max_retries=0)
             with pytest.raises(openai.BadRequestError, match="tools: cumulative mode cannot parse"):
                 await oc.chat.completions.create(
-                    model="m", messages=[{"role": "user", "content": "hi"}], tools=TOOLS
+                    model="m", messages=[{"role": "user", "content": "hi"}], tools=PROBE_TOOLS
                 )
 
 

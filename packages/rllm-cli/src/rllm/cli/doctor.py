@@ -33,16 +33,6 @@ from rllm.runtime.http_server import HttpServer
 from rllm.types.openai import Completion, CompletionChoice, error_body, response_id, usage
 
 TINY = "tiny"
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Weather in a city",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-        },
-    }
-]
 _enc = msgspec.json.Encoder().encode
 
 
@@ -373,8 +363,10 @@ class Doctor:
         return out
 
     async def _tool_check(self, name: str, reply: str, want: list[dict[str, Any]]) -> Check:
+        from rllm.gateway.toolcalls import PROBE_TOOLS
+
         msgs = [{"role": "user", "content": "weather in paris"}]
-        msg = await self.chat(self.sid(), msgs, reply, tools=TOOLS)
+        msg = await self.chat(self.sid(), msgs, reply, tools=PROBE_TOOLS)
         got = [
             {"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}
             for c in msg.get("tool_calls") or ()
@@ -384,14 +376,16 @@ class Doctor:
         return Check(name, "pass", f"{len(got)} call(s) parsed")
 
     async def _tool_result(self, reply: str) -> Check:
+        from rllm.gateway.toolcalls import PROBE_TOOLS
+
         sid = self.sid()
         self.sent = []
         msgs: list[dict[str, Any]] = [{"role": "user", "content": "weather in paris"}]
-        msg = await self.chat(sid, msgs, reply, tools=TOOLS)
+        msg = await self.chat(sid, msgs, reply, tools=PROBE_TOOLS)
         calls = msg.get("tool_calls") or []
         msgs.append(msg)
         msgs.extend({"role": "tool", "tool_call_id": c["id"], "content": "sunny"} for c in calls)
-        await self.chat(sid, msgs, "it is sunny", tools=TOOLS)
+        await self.chat(sid, msgs, "it is sunny", tools=PROBE_TOOLS)
         traces = await self.client.get_traces(sid)
         check = self._verdict("tool result (render -> parse -> render)", traces)
         if not calls:
@@ -399,8 +393,12 @@ class Doctor:
         return check
 
     async def _malformed(self, reply: str) -> Check:
+        from rllm.gateway.toolcalls import PROBE_TOOLS
+
         sid = self.sid()
-        msg = await self.chat(sid, [{"role": "user", "content": "weather in paris"}], reply, tools=TOOLS)
+        msg = await self.chat(
+            sid, [{"role": "user", "content": "weather in paris"}], reply, tools=PROBE_TOOLS
+        )
         traces = await self.client.get_traces(sid)
         err = traces[-1].metadata.get("tool_call_error")
         if msg.get("tool_calls") or not err:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -33,6 +33,9 @@ from rllm.cli.serve import serve_command
 from rllm.cli.view_cmd import view_command
 from rllm.engine.plugins import BACKENDS_GROUP, COOKBOOKS_GROUP, available, load_cookbook
 from rllm.runtime.event_loop import run
+
+if TYPE_CHECKING:
+    from rllm.engine.trainer import Trainer, TrainResult
 
 console = Console(stderr=True)
 PASS_THROUGH = {"ignore_unknown_options": True, "allow_extra_args": True}
@@ -135,7 +138,7 @@ def train(
         resume=resume,
         overwrite=overwrite,
     )
-    result = run(trainer.fit(resume=resume, overwrite=overwrite), uvloop_default=False)
+    result = _fit(trainer, resume=resume, overwrite=overwrite)
     reward = (
         f"reward {result.first_reward:.3f} -> {result.final_reward:.3f}; "
         if result.first_reward is not None and result.final_reward is not None
@@ -252,7 +255,7 @@ def distill(
     trainer = build_trainer(
         name, config_path=config, overrides=[*flags, *overrides], backend=backend, out_dir=out
     )
-    result = run(trainer.fit(resume=resume), uvloop_default=False)
+    result = _fit(trainer, resume=resume)
     console.print(
         f"[bold green]done[/bold green]: {result.steps} steps in {result.wall_s:.0f} s; run dir {result.out_dir}"
     )
@@ -343,6 +346,17 @@ cli.add_command(cookbook_group)
 cli.add_command(serve_command)
 cli.add_command(export_command)
 cli.add_command(doctor_group)
+
+
+def _fit(trainer: Trainer, *, resume: bool, overwrite: bool = False) -> TrainResult:
+    """Run the trainer; Ctrl-C exits 130 with one line: the trainer's own when it saved a
+    checkpoint on the way out, else main's "interrupted"."""
+    try:
+        return run(trainer.fit(resume=resume, overwrite=overwrite), uvloop_default=False)
+    except KeyboardInterrupt:
+        if trainer.interrupt_reported:
+            raise click.exceptions.Exit(INTERRUPTED) from None
+        raise
 
 
 def main(argv: list[str] | None = None) -> int:

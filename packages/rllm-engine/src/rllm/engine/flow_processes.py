@@ -315,6 +315,12 @@ class FlowProcessPool:
             for w in self.workers:
                 with contextlib.suppress(TimeoutError):
                     w.gateway_url = await asyncio.wait_for(w.ready, self.start_timeout_s)
+                if not w.gateway_url and w.process.exitcode is None:
+                    # Still running: slow, not broken (an overloaded machine), so no import hint.
+                    raise StateError(
+                        f"rollout worker {w.index} did not start within {self.start_timeout_s:.0f} s "
+                        "(it is still starting; is the machine overloaded?)"
+                    )
                 if not w.gateway_url:
                     raise StateError(
                         f"rollout worker {w.index} did not start (exit code {w.process.exitcode}); "

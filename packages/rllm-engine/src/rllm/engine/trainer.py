@@ -94,6 +94,7 @@ class Trainer:
         ckpt = prepare_run_folder(self.out_dir, resume=resume, overwrite=overwrite)
         state = TrainerState()
         self.warnings: list[str] = []
+        self.interrupt_reported = False  # Ctrl-C: its one line is printed (the CLI adds none)
         self.last_checkpoint: Path | None = None
         await self.backend.start()
         engine: RolloutEngine | None = None
@@ -187,6 +188,7 @@ class Trainer:
                     file=sys.stderr,
                     flush=True,
                 )
+                self.interrupt_reported = True
                 await self._checkpoint(state)
             raise
         finally:

@@ -31,6 +31,19 @@ LLAMA3_JSON = "llama3_json"
 HARMONY = "harmony"
 SCHEMA = "response_schema"
 
+# A one-function tool list for probing a template's tool-call format: `rllm doctor tokens` sends
+# it, and the gateway's tool-call tests use the same definition.
+PROBE_TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+
 # transformers' response-schema language: every <tool_call> block, each parsed as JSON.
 _HERMES_SCHEMA = {
     "type": "array",

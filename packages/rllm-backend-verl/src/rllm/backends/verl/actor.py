@@ -100,12 +100,16 @@ def update_policy(
     shuffle: bool = False,
     seed: int = 0,
     batching: Batching | None = None,
+    record_log_probs: bool = True,
 ) -> dict[str, float]:
     """Old (and reference) log-probs, then ``epochs`` passes of ``mini_batches`` optimizer steps.
 
+    The old log-probs (the weights the sampler sampled with) stay in ``data.batch["old_log_probs"]``
+    for the caller; ``record_log_probs`` computes them even for a loss that needs none (a
+    supervised loss without TIS), so the train/sampler mismatch is measured on every step.
     Returns the mean of each metric over micro-batches (loss terms from rllm.algos).
     """
-    if loss.needs_old_log_probs:
+    if loss.needs_old_log_probs or record_log_probs:
         data.batch[OLD_LOG_PROBS] = compute_log_probs(actor, data, batching=batching)["log_probs"]
     if loss.algo.kl_coef > 0:
         if ref is None:

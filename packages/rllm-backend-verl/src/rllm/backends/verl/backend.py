@@ -49,7 +49,8 @@ class VerlBackend(BackendBase[VerlBackendConfig]):
     # Backend protocol ------------------------------------------------------------------------
     def validate(self, algo: AlgorithmConfig) -> None:
         """Every rLLM algorithm option is honoured: the loss is rllm.algos' own code running inside
-        verl's engine. Only the model must be named (before Ray starts)."""
+        verl's engine, and the trainer's logprobs come back for ``max_mismatch``. Only the model
+        must be named (before Ray starts)."""
         if not self.config.model:
             raise InputError("backend.options.model: name the policy model (a local path or hub name)")
         if self.config.cluster.device == "cpu" and self.config.rollout.engine != "external":
@@ -57,13 +58,7 @@ class VerlBackend(BackendBase[VerlBackendConfig]):
                 "backend.options.cluster.device: 'cpu' needs rollout.engine = 'external' (running "
                 "vLLM servers): verl's own vLLM and SGLang rollout servers need GPUs"
             )
-        if algo.max_mismatch is not None:
-            # Its loss computes the policy's logprobs inside Ray workers, but they are not sent
-            # back with the batch yet, so the engine cannot measure the mismatch.
-            raise InputError(
-                "`max_mismatch`: the verl backend does not yet return the trainer's logprobs, so the "
-                "train/sampler mismatch cannot be measured; leave max_mismatch unset"
-            )
+        # algorithm.max_mismatch is honoured: train_step records the trainer's logprobs.
         self._algo = algo
 
     async def start(self) -> None:
@@ -101,8 +96,8 @@ class VerlBackend(BackendBase[VerlBackendConfig]):
 
     async def train_step(self, batch: list[TrainSequence], algo: AlgorithmConfig) -> dict[str, float]:
         from rllm.backends.verl.actor import update_policy
-        from rllm.backends.verl.convert import to_data_proto
-        from rllm.backends.verl.loss import RllmPolicyLoss
+        from rllm.backends.verl.convert import record_trainer_logprobs, to_data_proto
+        from rllm.backends.verl.loss import OLD_LOG_PROBS, RllmPolicyLoss
         from rllm.backends.verl.vision import vision_rows_for
 
         cluster = self._started()
@@ -124,6 +119,9 @@ class VerlBackend(BackendBase[VerlBackendConfig]):
             seed=self.config.seed + self._step,
             batching=self.batching(),
         )
+        # Token truth: the policy's logprobs before this update, onto the sequences (the engine
+        # compares them with the sampler's: rllm.engine.mismatch).
+        record_trainer_logprobs(batch, data.batch[OLD_LOG_PROBS])
         self._step += 1
         return metrics
 

@@ -6,6 +6,10 @@ the first sampled token and its "response" everything from there on, so the tool
 observations of later turns sit inside the response with ``response_mask`` 0 (verl's multi-turn
 layout). Position ids count real tokens only (padding gets 0), as verl's own rollouts write them.
 
+The way back: :func:`record_trainer_logprobs` writes verl's per-response-token log-probs of a
+batch (``old_log_probs``, [B, R]) onto each sequence's ``trainer_logprobs`` at the token positions
+the row came from, so the engine measures the train/sampler mismatch as on every backend.
+
 Vision-language models (``vision``, from :func:`rllm.backends.verl.vision.vision_rows_for`):
 each sequence's ``images`` become its row's ``multi_modal_inputs`` and, for M-RoPE models
 (Qwen2-VL, Qwen2.5-VL), its position ids become [4, seq] (text positions, then the temporal,
@@ -20,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from rllm.types import TrainSequence
+from rllm.types import FloatArray, TrainSequence
 from rllm.types.errors import RLLMError
 from verl import DataProto
 
@@ -93,6 +97,28 @@ def to_data_proto(
     if vision is not None:
         non_tensors[MULTI_MODAL_KEY] = _column(multi_modal)
     return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
+
+
+def record_trainer_logprobs(batch: Sequence[TrainSequence], log_probs: torch.Tensor) -> None:
+    """Write the rows' response log-probs ([B, >= R], as ``to_data_proto(batch)`` laid the rows out)
+    onto each sequence's ``trainer_logprobs``: aligned with ``input_ids``, 0 outside sampled tokens."""
+    if log_probs.ndim != 2 or log_probs.shape[0] != len(batch):
+        raise BatchConversionError(
+            f"log-probs of shape {tuple(log_probs.shape)} do not match a batch of {len(batch)} sequences"
+        )
+    rows = log_probs.detach().float().cpu().numpy()
+    for row, seq in enumerate(batch):
+        split = _prompt_length(seq, row)
+        n = len(seq.input_ids)
+        if n - split > rows.shape[1]:
+            raise BatchConversionError(
+                f"sequence {row} (group {seq.group_id!r}): {n - split} response tokens, but the "
+                f"log-probs have {rows.shape[1]} columns"
+            )
+        values = np.zeros(n, dtype=np.float32)
+        values[split:] = rows[row, : n - split]  # response column j is token split + j
+        values *= np.frombuffer(seq.loss_mask, dtype=np.float32) > 0
+        seq.trainer_logprobs = FloatArray(values.tobytes())
 
 
 def _vision_row(
