@@ -23,14 +23,15 @@ def test_the_matrix_is_what_the_backends_validate() -> None:
     columns, rows = capability_matrix()
     marks = {row: dict(zip(columns, m, strict=True)) for _, row, m in rows}
     # Spot checks against the refusals the backends state (tinker remote / fireworks: no KL, no
-    # TIS; verl: no mismatch measurement; async training only on the local service).
+    # TIS; verl measures the mismatch as the local service does; async training only on the local
+    # service).
     assert marks["kl_coef > 0"] == {
         "fireworks": False,
         "tinker local": True,
         "tinker remote": False,
         "verl": True,
     }
-    assert marks["max_mismatch"]["verl"] is False
+    assert marks["max_mismatch"]["verl"] is True
     assert [c for c, ok in marks["RL, asynchronous (max_staleness > 0)"].items() if ok] == ["tinker local"]
     assert all(marks["command"].values()) and all(marks["remote"].values())
 

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rllm.engine.sandbox.cgroups import CgroupHost, SandboxCgroup
+from rllm.types.errors import NotFoundError
 
 # Joins the cgroups named before "--", then execs the one line read from stdin (written with
 # shlex quoting; the shell reads stdin a byte at a time, so what follows the line, the exec's
@@ -177,7 +178,7 @@ class ParkingLot:
     def _park_one(self) -> Parked:
         cgroup = self.cgroups.make()
         if cgroup is None:
-            raise OSError("no cgroups here")
+            raise NotFoundError("no cgroup could be made here")  # an OSError: the loop above logs it
         uid = self.new_uid()
         as_uid = uid is not None and self.cgroups.version == "v1"
         read_end, wake = os.pipe()
