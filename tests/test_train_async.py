@@ -5,6 +5,11 @@ cookbook, the real gateway, sampler server and optimizer.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -16,7 +21,8 @@ from rllm.engine.async_loop import AsyncStepper
 from rllm.engine.checkpoint import TrainerState, latest_checkpoint, load_trainer_state
 from rllm.engine.data_order import DataCursor, next_batch
 from rllm.engine.launch import build_trainer
-from rllm.engine.metrics_log import read_metrics
+from rllm.engine.metrics_log import read_episode_sample, read_metrics, sample_path
+from rllm.engine.plugins import load_cookbook
 from rllm.engine.rollout_engine import RolloutEngine
 from rllm.engine.trainer import Trainer
 from rllm.engine.trainer_config import ConfigError
@@ -130,3 +136,74 @@ def test_uncorrected_staleness_is_an_explicit_opt_out(tmp_path: Path) -> None:
         overrides=["rollout.max_staleness=2", "algorithm.tis=none", "rollout.uncorrected_staleness=true"],
     )
     assert trainer.config.algorithm.tis == "none"
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "rllm.cli.main", *args]
+
+
+def test_kill_9_of_an_async_run_then_resume_trains_every_task_once(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args = ["train", "say-single", "--out", str(out), *DETERMINISTIC, "rollout.max_staleness=1"]
+    args += ["ckpt_every=2", "total_steps=4"]
+    proc = subprocess.Popen(
+        _cli(*args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
+    deadline = time.monotonic() + 300
+    # A checkpoint is complete once its trainer state is written (the last file of it).
+    target = out / "checkpoints" / "step_000002" / "trainer_state.json"
+    while not target.exists():
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        assert time.monotonic() < deadline, "no checkpoint at step 2 within 300 s"
+        time.sleep(0.05)  # polling for the file: the run itself is not waited on by time
+    os.killpg(proc.pid, signal.SIGKILL)  # kill -9 while the next groups are in flight
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    if proc.stderr is not None:
+        proc.stderr.close()
+    pending = load_trainer_state(target.parent).unconsumed_task_ids
+    assert pending  # K = 1: groups were running on when the checkpoint was taken
+    done = subprocess.run(_cli(*args, "--resume"), capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    rows = [row for row in read_metrics(out / "metrics.jsonl") if "batch/task_ids" in row]
+    assert [row["step"] for row in rows] == [1, 2, 3, 4]  # one curve: nothing redone twice in it
+    assert all(row["async/staleness_max"] <= 1 for row in rows)
+    consumed = [task for row in rows for task in row["batch/task_ids"]]
+    assert set(pending) <= set(consumed[8:])  # the killed run's in-flight tasks were re-run
+    final = latest_checkpoint(out)
+    assert final is not None and final.name == "step_000004"
+    in_flight = load_trainer_state(final).unconsumed_task_ids
+    # Trained on + in flight at the end = exactly a prefix of the seeded data order: the tasks
+    # the killed run handed out after its checkpoint were handed out again, none twice.
+    tasks, cursor, order = load_cookbook("say-single").load_tasks("train"), DataCursor(), []
+    while len(order) < len(consumed) + len(in_flight):
+        batch, cursor = next_batch(tasks, 1, 0, cursor)
+        order.append(batch[0].id)
+    assert Counter(consumed) + Counter(in_flight) == Counter(order)
+
+
+@pytest.mark.parametrize("cookbook", ["say-duo", "say"])
+def test_per_role_estimators_and_turn_credit_train_under_staleness(tmp_path: Path, cookbook: str) -> None:
+    # say-duo: two roles with their own estimators (grpo / rloo); say: multi-turn episodes with
+    # per-turn credit (step_credit="turn"), whose turns may be answered by different versions.
+    overrides = [*DETERMINISTIC, "rollout.max_staleness=1", "total_steps=3", "ckpt_every=0"]
+    trainer = build_trainer(cookbook, out_dir=str(tmp_path), overrides=overrides)
+    asyncio.run(trainer.fit())
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert [row["step"] for row in rows] == [1, 2, 3]
+    assert all(row["async/staleness_max"] <= 1 and row["episodes"] == 16 for row in rows)
+    assert all("async/trainer_utilisation" in row for row in rows)  # the asynchronous step ran
+    if cookbook == "say-duo":
+        assert trainer.config.algorithm.estimator_by_role == {"speaker": "grpo", "repeater": "rloo"}
+        assert all(row["train/sequences"] == 2 * row["episodes"] for row in rows)
+        assert {"advantage/speaker/mean", "advantage/repeater/mean"} <= set(rows[-1])
+    else:
+        assert trainer.config.algorithm.step_credit == "turn"
+        # Turn credit wrote an advantage onto every turn of every trained multi-turn trajectory.
+        for step in range(1, 4):
+            sample = read_episode_sample(sample_path(tmp_path, step))
+            trained = set(sample.trained_trajectory_ids)
+            turns = [s for e in sample.episodes for t in e.trajectories if t.id in trained for s in t.steps]
+            assert trained and len(turns) > len(trained)
+            assert all(s.advantage is not None for s in turns)
+        assert all(row["async/versions_spanned_max"] >= 1 for row in rows)

@@ -78,9 +78,14 @@ class FakeEngine:
         self._turns = turns
         self._hold = hold  # task id -> event its first rollout waits for after its first call
 
-    async def run(self, tasks: list[Task], n: int) -> list[Episode]:
+    async def run(self, tasks: list[Task], n: int, *, slots: asyncio.Semaphore) -> list[Episode]:
         (task,) = tasks
-        return list(await asyncio.gather(*(self._rollout(task, i) for i in range(n))))
+
+        async def one(index: int) -> Episode:
+            async with slots:  # the stepper's concurrency, shared by the rollouts of every group
+                return await self._rollout(task, index)
+
+        return list(await asyncio.gather(*(one(i) for i in range(n))))
 
     async def _rollout(self, task: Task, index: int) -> Episode:
         steps = []
@@ -256,5 +261,25 @@ def test_a_hung_weight_sync_stops_the_run_naming_the_watchdog() -> None:
         with pytest.raises(StateError, match=r"rollout.sync_timeout_s=0.05s \(backend 'fake'\)"):
             await _train(config, engine, backend, TASKS)
         assert not engine.client.paused  # the gateway is resumed even when the sync fails
+
+    asyncio.run(main())
+
+
+def test_a_slow_rollout_holds_one_rollout_slot_not_its_whole_group() -> None:
+    async def main() -> None:
+        # Two rollout slots, groups of two. The first task's first rollout waits (after its call)
+        # until the weights reach version 1, i.e. until a step trained on other groups: those
+        # must run in the slot its finished sibling freed. Slots taken per group would hold both
+        # for the slow group and the run would never get to version 1.
+        held = asyncio.Event()
+        engine = FakeEngine([0.0], turns=1, hold={FIRST: held})
+        backend = FakeBackend(engine.client, 1, [0.0])
+        backend.reached[1] = held
+        config = _config(1, tasks_per_step=1, group_size=2, policy="requeue", steps=3)
+        config.rollout.concurrency = 2
+        rows, _ = await asyncio.wait_for(_train(config, engine, backend, TASKS), timeout=60)
+        assert backend.violations == []
+        trained = [t for row in rows for t in row["batch/task_ids"]]
+        assert trained[0] != FIRST and FIRST in trained  # overtaken, then trained within K
 
     asyncio.run(main())

@@ -49,11 +49,17 @@ class AsyncStepper:
                 f"the checkpoint's unconsumed tasks {missing[:3]} are not in the training split; "
                 "resume with the split the run was started with"
             )
+        # Every group of the window starts at once and its rollouts share ``concurrency`` one
+        # rollout at a time (first come, first served, so in dispatch order), as the synchronous
+        # loop's rollouts do: a group waiting on its slowest rollout holds one slot, not
+        # ``group_size`` of them, and the sampler is kept busy by the next groups meanwhile.
+        self._slots = asyncio.Semaphore(max(1, cfg.rollout.concurrency))
+        window = (self.k + 1) * cfg.tasks_per_step
         self.rollouts = AsyncRollouts(
             self._run_group,
             self._next_task,
-            window=(self.k + 1) * cfg.tasks_per_step,
-            parallel=max(1, cfg.rollout.concurrency // cfg.group_size),
+            window=window,
+            parallel=window,
             pending=[by_id[i] for i in state.unconsumed_task_ids],
         )
         self._last_step_end = time.perf_counter()
@@ -69,7 +75,7 @@ class AsyncStepper:
         return task
 
     async def _run_group(self, task: Task) -> list[Episode]:
-        episodes = await self.engine.run([task], n=self.trainer.config.group_size)
+        episodes = await self.engine.run([task], n=self.trainer.config.group_size, slots=self._slots)
         for episode in episodes:  # a multi-turn episode may span versions: keep both ends
             if (versions := episode_versions(episode)) is not None:
                 episode.metrics["weight_version_min"] = float(versions[0])

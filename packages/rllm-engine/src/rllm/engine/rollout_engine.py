@@ -244,12 +244,22 @@ class RolloutEngine:
 
     # ------------------------------------------------------------------ batch API
     async def run(
-        self, tasks: Iterable[Task | dict[str, Any]], n: int | None = None, is_validation: bool = False
+        self,
+        tasks: Iterable[Task | dict[str, Any]],
+        n: int | None = None,
+        is_validation: bool = False,
+        *,
+        slots: asyncio.Semaphore | None = None,
     ) -> list[Episode]:
-        """All episodes, ordered by task then ``rollout_index`` (0..n-1)."""
+        """All episodes, ordered by task then ``rollout_index`` (0..n-1).
+
+        ``slots``: a limit shared with other ``run`` calls, taken by each rollout while it runs
+        (the asynchronous trainer runs one call per group and shares ``concurrency`` this way)."""
         task_list = as_tasks(tasks)
         by_task: dict[int, list[Episode]] = {}
-        async for index, episodes in self.stream_indexed(task_list, n=n, is_validation=is_validation):
+        async for index, episodes in self.stream_indexed(
+            task_list, n=n, is_validation=is_validation, slots=slots
+        ):
             by_task[index] = episodes
         return [ep for i in range(len(task_list)) for ep in by_task[i]]
 
@@ -261,9 +271,14 @@ class RolloutEngine:
             yield episodes
 
     async def stream_indexed(
-        self, tasks: list[Task], n: int | None = None, is_validation: bool = False
+        self,
+        tasks: list[Task],
+        n: int | None = None,
+        is_validation: bool = False,
+        *,
+        slots: asyncio.Semaphore | None = None,
     ) -> AsyncIterator[tuple[int, list[Episode]]]:
-        """Like :meth:`stream`, with each group's position in ``tasks``."""
+        """Like :meth:`stream`, with each group's position in ``tasks`` (``slots``: see :meth:`run`)."""
         await self.start()
         n = self.config.n if n is None else n
         if n < 1:
@@ -291,7 +306,11 @@ class RolloutEngine:
                     ti, ri = pending.get_nowait()
                 except asyncio.QueueEmpty:
                     return
-                episode = await self.run_one(tasks[ti], ri, is_validation=is_validation)
+                if slots is None:
+                    episode = await self.run_one(tasks[ti], ri, is_validation=is_validation)
+                else:
+                    async with slots:
+                        episode = await self.run_one(tasks[ti], ri, is_validation=is_validation)
                 results[ti][ri] = episode
                 progress.update(episode)
                 remaining[ti] -= 1
