@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from rllm.engine.executors import EXECUTORS, RaySettings
 from rllm.types import InvariantError, SamplingParams
 
 
@@ -36,6 +37,9 @@ class RolloutSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ``docker`` or ``e2b``), with ``sandbox_warm`` of them prepared ahead (see :mod:`rllm.engine.sandbox`).
     ``sandbox_allow_task_network`` is the operator's consent to tasks whose own data asks for the
     network (a task directory's ``network = true``); without it such a run is refused.
+    ``executor`` says where flows run (:mod:`rllm.engine.executors`): ``local`` (this process),
+    ``processes`` (``workers`` local processes) or ``ray`` (Ray actors, ``ray``: a
+    :class:`~rllm.engine.executors.RaySettings`); None: ``processes`` when ``workers`` > 1, else ``local``.
     """
 
     concurrency: int = 64
@@ -54,8 +58,21 @@ class RolloutSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     sandbox_backend: str = "bubblewrap"
     sandbox_warm: int = 0
     sandbox_allow_task_network: bool = False
+    executor: str | None = None
+    ray: RaySettings = msgspec.field(default_factory=RaySettings)
 
     def __post_init__(self) -> None:
+        if self.executor is not None and self.executor not in EXECUTORS:
+            raise InvariantError(
+                f"executor must be one of {', '.join(map(repr, EXECUTORS))}, got {self.executor!r}",
+                "executor",
+            )
+        if self.executor == "local" and self.workers > 1:
+            raise InvariantError(
+                f"executor 'local' runs flows in this process: workers must be 1, got {self.workers} "
+                "(use executor 'processes', or drop workers)",
+                "workers",
+            )
         if self.concurrency < 1:
             raise InvariantError(f"concurrency must be >= 1, got {self.concurrency}", "concurrency")
         if self.deadline_s is not None and self.deadline_s <= 0:
