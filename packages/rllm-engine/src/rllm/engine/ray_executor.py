@@ -105,6 +105,8 @@ class FlowWorker:
         """One rollout: a msgpack ``_Job`` in, a msgpack ``_Done`` out."""
         assert self._engine is not None and self._free is not None, "start() first"
         job = from_msgpack(job_bytes, _Job)
+        # Its sandbox (if the flow has one) is prepared while the job waits for a slot.
+        self._engine.prepare_sandboxes([job.task])
         t0 = time.monotonic()
         async with self._free:
             waited = time.monotonic() - t0

@@ -12,6 +12,7 @@ failures are retried on a fresh session; the failed attempt's traces are discard
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -43,7 +44,7 @@ from rllm.types import (
     TraceRecord,
     convert,
 )
-from rllm.types.errors import InputError, StateError
+from rllm.types.errors import ConfigError, InputError, StateError
 
 if TYPE_CHECKING:
     from rllm.gateway import GatewayAdmin, GatewayServer
@@ -402,11 +403,24 @@ class RolloutEngine:
     async def _run_flow_in_session(
         self, task: Task, rollout_index: int, config: AgentConfig, closed: list[bool]
     ) -> Episode:
+        sandbox_metrics: dict[str, float] = {}
+        episode = await self._run_flow_in_sandbox(task, rollout_index, config, closed, sandbox_metrics)
+        episode.metrics.update(sandbox_metrics)
+        return episode
+
+    async def _run_flow_in_sandbox(
+        self,
+        task: Task,
+        rollout_index: int,
+        config: AgentConfig,
+        closed: list[bool],
+        sandbox_metrics: dict[str, float],
+    ) -> Episode:
         result: Any = None
         reason = TerminationReason.DONE
         error: ErrorInfo | None = None
         try:
-            async with self.sandboxes.lease(self.flow, task):
+            async with self.sandboxes.lease(self.flow, task, sandbox_metrics):
                 result = await call_with_deadline(
                     self.flow.run,
                     (task, config),
@@ -437,6 +451,14 @@ class RolloutEngine:
             return failed_episode(
                 task.id, rollout_index, TerminationReason.AGENT_ERROR, ErrorInfo.from_exception(exc), traces
             )
+
+    def prepare_sandboxes(self, tasks: Iterable[Task]) -> None:
+        """Start preparing the sandboxes of rollouts about to run here (a flow worker calls this as
+        each job arrives, so sandboxes are warm by the time the job gets a slot)."""
+        if declares_sandbox(self.flow):
+            # A task refused for network consent is refused by its rollout's own lease.
+            with contextlib.suppress(ConfigError):
+                self.sandboxes.schedule(self.flow, tasks)
 
     async def _drain_deletions(self) -> None:
         while self._deletions:
