@@ -112,10 +112,18 @@ async def _run(
         executor=executor,
         workers=args.workers,
         deadline_s=None,
-        ray=RaySettings(address=address, num_workers=args.workers, resources_per_worker={"CPU": 0.0}),
+        ray=RaySettings(
+            address=address,
+            num_workers=args.workers,
+            resources_per_worker={"CPU": 0.0},
+            runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).parent)}},
+        ),
     )
     tasks = [{"id": f"t{i}", "instruction": "play"} for i in range(args.rollouts)]
-    async with RolloutEngine(five_turns, None, config, upstreams=[upstream]) as engine:
+    # Workers import the flow by name: from this file as a module, not from __main__.
+    import rollout_scaling  # type: ignore[import-not-found]
+
+    async with RolloutEngine(rollout_scaling.five_turns, None, config, upstreams=[upstream]) as engine:
         await engine.run(tasks[: min(50, len(tasks))])  # warm-up: connections, imports
         before = _cpu_s(_tree(roots))
         t0 = time.perf_counter()
@@ -156,6 +164,7 @@ def main() -> None:
     # Workers run this venv's Python (not a per-worker `uv run` environment); a loopback cluster.
     ray_env = {"RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "RAY_AUTH_MODE": "disabled"}
     ray_env["RAY_agent_register_timeout_ms"] = "180000"  # a raylet waits this long for its agent
+    ray_env["RAY_raylet_start_wait_time_s"] = "120"
     os.environ.update(ray_env)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
@@ -165,13 +174,9 @@ def main() -> None:
     ideal = args.concurrency / (TURNS * args.latency)
     results: dict[str, dict[str, float]] = {}
     results["processes"] = asyncio.run(_run("processes", args, upstream, [os.getpid()], None))
-    import ray
-
-    ray.init(include_dashboard=False, num_cpus=args.workers, log_to_driver=False)
-    try:
-        results["ray, 1 node"] = asyncio.run(_run("ray", args, upstream, [os.getpid()], None))
-    finally:
-        ray.shutdown()
+    # No address: the engine starts a local Ray (its daemons are this process's children) and
+    # stops it at the end.
+    results["ray, 1 node"] = asyncio.run(_run("ray", args, upstream, [os.getpid()], None))
     if not args.skip_two_nodes:
         temps = [tempfile.mkdtemp(prefix="rh", dir="/tmp"), tempfile.mkdtemp(prefix="rw", dir="/tmp")]
         with socket.socket() as s:
