@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import multiprocessing as mp
 import os
 import platform
@@ -173,10 +174,31 @@ def main() -> None:
     upstream = queue.get(timeout=60)
     ideal = args.concurrency / (TURNS * args.latency)
     results: dict[str, dict[str, float]] = {}
+
+    def show(name: str) -> None:
+        r, base = results[name], results["processes"]
+        print(
+            f"{name:14s} {r['rollouts_s']:8.1f} rollouts/s  {r['rollouts_s'] / ideal:5.2f} of ideal  "
+            f"{r['cpu_ms_per_rollout']:6.1f} ms CPU/rollout ({r['cpu_ms_per_rollout'] - base['cpu_ms_per_rollout']:+.1f} "
+            f"vs processes)  ok {int(r['ok'])}",
+            flush=True,
+        )
+
+    cores = os.cpu_count() or 1
+    print(
+        f"# {time.strftime('%Y-%m-%d')} {platform.machine()} {cores} cores, Python {platform.python_version()}"
+    )
+    print(
+        f"{args.rollouts} rollouts of {TURNS} turns, concurrency {args.concurrency}, {args.workers} workers, "
+        f"mock latency {args.latency * 1000:.0f} ms; ideal {ideal:.0f} rollouts/s",
+        flush=True,
+    )
     results["processes"] = asyncio.run(_run("processes", args, upstream, [os.getpid()], None))
+    show("processes")
     # No address: the engine starts a local Ray (its daemons are this process's children) and
     # stops it at the end.
     results["ray, 1 node"] = asyncio.run(_run("ray", args, upstream, [os.getpid()], None))
+    show("ray, 1 node")
     if not args.skip_two_nodes:
         temps = [tempfile.mkdtemp(prefix="rh", dir="/tmp"), tempfile.mkdtemp(prefix="rw", dir="/tmp")]
         with socket.socket() as s:
@@ -211,27 +233,18 @@ def main() -> None:
             results["ray, 2 nodes"] = asyncio.run(
                 _run("ray", args, upstream, [os.getpid(), *(n.pid for n in nodes)], f"127.0.0.1:{port}")
             )
+            show("ray, 2 nodes")
         finally:
             for n in nodes:
-                with __import__("contextlib").suppress(ProcessLookupError):
-                    os.killpg(n.pid, signal.SIGTERM)
-                n.wait(timeout=30)
+                for sig in (signal.SIGTERM, signal.SIGKILL):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(n.pid, sig)
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        n.wait(timeout=30)
+                        break
             for t in temps:
                 shutil.rmtree(t, ignore_errors=True)
     mock.kill()
-    cores = os.cpu_count() or 1
-    print(
-        f"# {time.strftime('%Y-%m-%d')} {platform.machine()} {cores} cores, Python {platform.python_version()}"
-    )
-    print(
-        f"{args.rollouts} rollouts of {TURNS} turns, concurrency {args.concurrency}, {args.workers} workers, mock latency {args.latency * 1000:.0f} ms; ideal {ideal:.0f} rollouts/s"
-    )
-    base = results["processes"]
-    for name, r in results.items():
-        print(
-            f"{name:14s} {r['rollouts_s']:8.1f} rollouts/s  {r['rollouts_s'] / ideal:5.2f} of ideal  "
-            f"{r['cpu_ms_per_rollout']:6.1f} ms CPU/rollout ({r['cpu_ms_per_rollout'] - base['cpu_ms_per_rollout']:+.1f} vs processes)  ok {int(r['ok'])}"
-        )
     if "ray, 2 nodes" in results:
         ratio = results["ray, 2 nodes"]["rollouts_s"] / results["ray, 1 node"]["rollouts_s"]
         note = (
