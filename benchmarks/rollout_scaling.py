@@ -137,21 +137,30 @@ async def _run(
 
 
 def _ray_node(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """``ray start --block`` until its node is up; a raylet that missed Ray's fixed 30 s
+    registration window (a loaded machine) is started again, at most three times."""
     ray_cli = str(Path(sys.executable).with_name("ray"))
     common = ["--node-ip-address=127.0.0.1", "--disable-usage-stats", "--block"]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [ray_cli, "start", *args, *common],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    while b"will now block forever" not in log.read_bytes():
-        if proc.poll() is not None:
-            raise SystemExit(f"ray start failed:\n{log.read_text()[-2000:]}")
-        time.sleep(0.5)
-    return proc
+    for attempt in range(1, 4):
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [ray_cli, "start", *args, *common],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        while b"will now block forever" not in log.read_bytes():
+            if proc.poll() is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # what it started before giving up
+                if b"timed out during startup" in log.read_bytes() and attempt < 3:
+                    break
+                raise SystemExit(f"ray start failed:\n{log.read_text()[-2000:]}")
+            time.sleep(0.5)
+        else:
+            return proc
+    raise SystemExit("ray start failed three times")
 
 
 def main() -> None:
