@@ -9,6 +9,7 @@ import os
 import textwrap
 
 import pytest
+from sandbox_helpers import needs_bwrap
 
 from rllm.engine.rollout_config import RolloutConfig
 from rllm.engine.rollout_engine import RolloutEngine
@@ -57,6 +58,16 @@ async def timed(task, config):
 @rollout
 async def unsendable(task, config):
     return {"handle": object()} if task.id == "t1" else {"ok": True}
+
+
+from rllm.sdk.sandbox import SandboxSpec, current_sandbox, needs_sandbox
+
+
+@needs_sandbox(lambda task: SandboxSpec(setup=f"echo {task.id} > who"))
+@rollout
+async def sandboxed(task, config):
+    who = (await current_sandbox().exec("cat who; sleep 0.3")).stdout
+    return {"who": who.strip(), "pid": os.getpid()}
 
 
 @rollout
@@ -372,3 +383,21 @@ async def test_ctrl_c_leaves_the_workers_to_the_parent(flows, upstream):
         ep.error for ep in episodes
     ]
     assert [p.exitcode for p in processes] == [0, 0]
+
+
+@needs_bwrap
+async def test_each_worker_keeps_warm_sandboxes_for_the_jobs_it_holds(flows, upstream):
+    """A job's sandbox is prepared in its worker while the job waits for a slot (before, with
+    workers > 1, every sandbox was acquired cold); each rollout records its acquire latency."""
+    config = RolloutConfig(
+        n=1, concurrency=2, workers=2, worker_prefetch=3, sandbox_warm=3, max_retries=0, progress=False
+    )
+    async with RolloutEngine(flows.sandboxed, None, config, upstreams=[upstream.url]) as engine:
+        episodes = await engine.run(_tasks(10))
+    assert all(ep.termination_reason == TerminationReason.DONE for ep in episodes), [
+        ep.error for ep in episodes
+    ]
+    assert [ep.artifacts["who"] for ep in episodes] == [f"t{i}" for i in range(10)]
+    assert all(ep.metrics["sandbox_acquire_s"] >= 0 for ep in episodes)
+    warm = [ep for ep in episodes if ep.metrics["sandbox_warm"] == 1.0]
+    assert {ep.artifacts["pid"] for ep in warm} == {ep.artifacts["pid"] for ep in episodes}  # in each worker

@@ -277,7 +277,7 @@ async def evaluate(
         model=model,
         sampling=sampling or SamplingParams(),
         progress=progress,
-        executor="remote" if remote_urls else "local",
+        executor="remote" if remote_urls else None,
         remote=RemoteSettings(urls=list(remote_urls or [])),
     )
     engine = RolloutEngine(

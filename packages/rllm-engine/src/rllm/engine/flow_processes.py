@@ -176,7 +176,10 @@ async def _serve(sock: socket.socket, engine_kwargs: dict[str, Any]) -> None:
                     pipe.send(_encode_done(job, episode))
 
         def on_frame(frame: memoryview) -> None:
-            jobs.put_nowait(from_msgpack(frame, _Job))
+            job = from_msgpack(frame, _Job)
+            # Its sandbox (if the flow has one) is prepared while the job waits for a slot.
+            engine.prepare_sandboxes([job.task])
+            jobs.put_nowait(job)
 
         # Connected once the engine is up: jobs the parent sends meanwhile wait in the socket.
         _, pipe = await loop.create_connection(lambda: _Frames(on_frame, closed.set), sock=sock)

@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from rllm.engine.executors import EXECUTORS, IN_PROCESS_EXECUTORS, RaySettings
 from rllm.engine.remote_executor import RemoteSettings
 from rllm.types import InvariantError, SamplingParams
 
@@ -35,6 +36,10 @@ class RolloutSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     :mod:`rllm.runtime.gc_threshold`); None leaves the collector alone. A flow marked
     ``@needs_sandbox`` gets a sandbox per rollout from ``sandbox_backend`` (``bubblewrap``,
     ``docker`` or ``e2b``), with ``sandbox_warm`` of them prepared ahead (see :mod:`rllm.engine.sandbox`).
+    ``executor`` says where flows run (:mod:`rllm.engine.executors`): ``local`` (this process),
+    ``processes`` (``workers`` local processes), ``ray`` (Ray actors, ``ray``: a
+    :class:`~rllm.engine.executors.RaySettings`) or ``remote`` (agent services at ``remote.urls``);
+    None: ``processes`` when ``workers`` > 1, else ``local``.
     """
 
     concurrency: int = 64
@@ -52,12 +57,22 @@ class RolloutSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     worker_prefetch: int | None = None
     sandbox_backend: str = "bubblewrap"
     sandbox_warm: int = 0
-    executor: str = "local"
+    executor: str | None = None
+    ray: RaySettings = msgspec.field(default_factory=RaySettings)
     remote: RemoteSettings = msgspec.field(default_factory=RemoteSettings)
 
     def __post_init__(self) -> None:
-        if self.executor not in ("local", "remote"):
-            raise InvariantError(f"executor must be 'local' or 'remote', got {self.executor!r}", "executor")
+        if self.executor is not None and self.executor not in EXECUTORS:
+            raise InvariantError(
+                f"executor must be one of {', '.join(map(repr, EXECUTORS))}, got {self.executor!r}",
+                "executor",
+            )
+        if self.executor in IN_PROCESS_EXECUTORS and self.workers > 1:
+            raise InvariantError(
+                f"executor {self.executor!r} runs rollouts from this process: workers must be 1, got "
+                f"{self.workers} (use executor 'processes' or 'ray', or drop workers)",
+                "workers",
+            )
         if self.executor == "remote" and not self.remote.urls:
             raise InvariantError('executor = "remote" needs remote.urls (the agent services)', "remote.urls")
         if self.concurrency < 1:

@@ -12,6 +12,7 @@ failures are retried on a fresh session; the failed attempt's traces are discard
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -20,9 +21,17 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from rllm.engine.episode_builder import build_episode, failed_episode
-from rllm.engine.executors import close_executor, executor_flow, start_executor
+from rllm.engine.executors import (
+    IN_PROCESS_EXECUTORS,
+    WorkerPool,
+    close_executor,
+    executor_flow,
+    resolve_executor,
+    start_executor,
+    start_pool,
+)
 from rllm.engine.failures import RETRYABLE, classify_exception
-from rllm.engine.flow_processes import FlowProcessDied, FlowProcessPool
+from rllm.engine.flow_processes import FlowProcessDied
 from rllm.engine.flow_runner import DeadlineExceeded, call_with_deadline
 from rllm.engine.loop_lag import LoopLagMonitor
 from rllm.engine.rollout_config import RolloutConfig, rollout_sampling
@@ -43,7 +52,7 @@ from rllm.types import (
     TraceRecord,
     convert,
 )
-from rllm.types.errors import InputError, StateError
+from rllm.types.errors import ConfigError, InputError, StateError
 
 if TYPE_CHECKING:
     from rllm.gateway import GatewayAdmin, GatewayServer
@@ -105,7 +114,7 @@ class RolloutEngine:
         self._executor: ThreadPoolExecutor | None = None
         self._deletions: set[asyncio.Task[None]] = set()
         self._gc_restore: tuple[int, int, int] | None = None
-        self._pool: FlowProcessPool | None = None
+        self._pool: WorkerPool | None = None
         self._running = 0  # rollouts in progress in this process
         # The loop the flows run on (each worker process has its own), while they run.
         self._lag = LoopLagMonitor(busy=lambda: self._running > 0)
@@ -135,7 +144,7 @@ class RolloutEngine:
         # The parent of worker processes too: it decodes every Episode they send back.
         self._gc_restore = raise_gc_threshold(self.config.gc_gen0_threshold)
         try:
-            if self.config.workers > 1:
+            if resolve_executor(self.config.executor, self.config.workers) not in IN_PROCESS_EXECUTORS:
                 return await self._start_workers()
             return await self._start_here()
         except BaseException:
@@ -148,18 +157,9 @@ class RolloutEngine:
 
         await start_executor(self.flow)  # first: a run whose agents are unreachable stops here
         if self._gateway_url is None:
-            from rllm.gateway import GatewayConfig, GatewayServer
+            from rllm.gateway import GatewayServer
 
-            # No auto-created sessions: a sync flow still running after its deadline (its session
-            # deleted) must get a fast 410 (ended), not silently start a new, orphaned session.
-            # Health checks every 2 s, so a worker marked failed is back by the second retry
-            # (backoff 1 s, then 2 s) instead of failing every retry with 503.
-            cfg = self._gateway_config or GatewayConfig(
-                upstreams=self._upstreams,
-                admin_key=self._admin_key,
-                auto_create_sessions=False,
-                health_interval_s=2.0,
-            )
+            cfg = self._gateway_config or default_gateway_config(self._upstreams, self._admin_key)
             self._admin_key = cfg.admin_key
             self._server = GatewayServer(cfg)
             await self._server.start()
@@ -180,18 +180,14 @@ class RolloutEngine:
         kwargs = {
             "flow": self._flow_arg,
             "evaluator": self._evaluator_arg,
-            "config": msgspec.structs.replace(self.config, workers=1, progress=False),
+            "config": msgspec.structs.replace(self.config, workers=1, executor="local", progress=False),
             "gateway_url": self._gateway_url,
             "admin_key": self._admin_key,
             "upstreams": self._upstreams or None,
             "gateway_config": self._gateway_config,
         }
-        self._pool = await FlowProcessPool(
-            self.config.workers,
-            kwargs,
-            concurrency=self.config.concurrency,
-            prefetch=self.config.worker_prefetch,
-        ).start()
+        self._pool = await start_pool(self.config, kwargs)
+        assert self._pool is not None  # start() comes here only for a non-local executor
         if self._gateway_url is not None:  # attached: every worker uses the same gateway
             self._client = GatewayClient(self._gateway_url, admin_key=self._admin_key)
         else:
@@ -378,16 +374,21 @@ class RolloutEngine:
     ) -> Episode:
         assert self._pool is not None
         died: FlowProcessDied | None = None
-        for _ in range(self.config.max_retries + 1):
+        for lost in range(self.config.max_retries + 1):
             try:
-                return await self._pool.run_one(task, rollout_index, is_validation, model)
-            except FlowProcessDied as exc:
+                episode = await self._pool.run_one(task, rollout_index, is_validation, model)
+            except FlowProcessDied as exc:  # its worker died: run it again on another one
                 died = exc
+                continue
+            if lost:
+                episode.metrics["worker_lost"] = float(lost)
+            return episode
         assert died is not None  # max_retries >= 0 (RolloutConfig checks it): the loop ran and failed
         episode = failed_episode(
             task.id, rollout_index, TerminationReason.INFRA_ERROR, ErrorInfo.from_exception(died)
         )
         apply_eval_output(episode, EvalOutput(reward=0.0, is_correct=False))
+        episode.metrics["worker_lost"] = float(self.config.max_retries + 1)
         return episode
 
     async def _attempt(
@@ -432,12 +433,25 @@ class RolloutEngine:
     async def _run_flow_in_session(
         self, task: Task, rollout_index: int, config: AgentConfig, closed: list[bool]
     ) -> Episode:
+        sandbox_metrics: dict[str, float] = {}
+        episode = await self._run_flow_in_sandbox(task, rollout_index, config, closed, sandbox_metrics)
+        episode.metrics.update(sandbox_metrics)
+        return episode
+
+    async def _run_flow_in_sandbox(
+        self,
+        task: Task,
+        rollout_index: int,
+        config: AgentConfig,
+        closed: list[bool],
+        sandbox_metrics: dict[str, float],
+    ) -> Episode:
         result: Any = None
         reason = TerminationReason.DONE
         error: ErrorInfo | None = None
         failure_metadata: Any = None
         try:
-            async with self.sandboxes.lease(self.flow, task):
+            async with self.sandboxes.lease(self.flow, task, sandbox_metrics):
                 result = await call_with_deadline(
                     self.flow.run,
                     (task, config),
@@ -473,6 +487,14 @@ class RolloutEngine:
                 task.id, rollout_index, TerminationReason.AGENT_ERROR, ErrorInfo.from_exception(exc), traces
             )
 
+    def prepare_sandboxes(self, tasks: Iterable[Task]) -> None:
+        """Start preparing the sandboxes of rollouts about to run here (a flow worker calls this as
+        each job arrives, so sandboxes are warm by the time the job gets a slot)."""
+        if declares_sandbox(self.flow):
+            # A task refused for network consent is refused by its rollout's own lease.
+            with contextlib.suppress(ConfigError):
+                self.sandboxes.schedule(self.flow, tasks)
+
     async def _drain_deletions(self) -> None:
         while self._deletions:
             await asyncio.gather(*list(self._deletions), return_exceptions=True)
@@ -485,6 +507,19 @@ class RolloutEngine:
 
     async def _score(self, task: Task, episode: Episode) -> None:
         await score_episode(task, episode, self.evaluator, self.config.eval_timeout_s)
+
+
+def default_gateway_config(upstreams: list[str], admin_key: str | None) -> Any:
+    """The GatewayConfig of an engine's own gateway when the caller gives only upstreams."""
+    from rllm.gateway import GatewayConfig
+
+    # No auto-created sessions: a sync flow still running after its deadline (its session
+    # deleted) must get a fast 410 (ended), not silently start a new, orphaned session.
+    # Health checks every 2 s, so a worker marked failed is back by the second retry
+    # (backoff 1 s, then 2 s) instead of failing every retry with 503.
+    return GatewayConfig(
+        upstreams=upstreams, admin_key=admin_key, auto_create_sessions=False, health_interval_s=2.0
+    )
 
 
 def _last_call_failed(traces: list[TraceRecord]) -> bool:

@@ -319,6 +319,8 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         out["tokens/response_mean"] = statistics.fmean(response_tokens)
     # How late the rollouts' event loops ran (rllm.engine.loop_lag): high means CPU-bound.
     out["time/loop_lag_max_s"] = max(e.metrics.get("loop_lag_s", 0.0) for e in episodes)
+    # Rollouts whose flow worker (process, Ray actor or node) died under them and ran again.
+    out["rollout/worker_lost"] = sum(e.metrics.get("worker_lost", 0.0) for e in episodes)
     # Evaluator signals (e.g. rllm.sdk.v1's "v1/winner_correct"): mean over the episodes reporting them.
     signals: dict[str, list[float]] = {}
     for e in episodes:

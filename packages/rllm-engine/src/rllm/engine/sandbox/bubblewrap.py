@@ -34,7 +34,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypedDict, TypeVar, cast
+from typing import Any, TypedDict, TypeVar, cast
 
 from rllm.engine.sandbox import host_files, network, parked, stale
 from rllm.engine.sandbox.cgroups import CgroupHost, SandboxCgroup, detect
@@ -361,7 +361,7 @@ class BubblewrapSandbox:
                 # Not the host's environment: bwrap itself is the sandbox's pid 1, whose
                 # /proc/1/environ the command can read (API keys would leak through it).
                 env={"PATH": os.environ.get("PATH", PATH)},
-                **self._user,
+                **_spawn_as(self._user),
             )
         )
         started.add_done_callback(lambda _: os.close(read_end))
@@ -664,6 +664,23 @@ class _UserOptions(TypedDict, total=False):
 
 def _as_user(uid: int | None) -> _UserOptions:
     return {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
+
+
+def _spawn_as(user: _UserOptions) -> dict[str, Any]:
+    """``user`` as create_subprocess_exec keywords the running loop accepts: uvloop (the rollout
+    worker processes' loop) refuses user/group/extra_groups, so there the child drops to the
+    uid itself between fork and exec."""
+    if not user or type(asyncio.get_running_loop()).__module__.startswith("asyncio"):
+        return dict(user)
+    uid = user.get("user", os.geteuid())
+    gid = user.get("group", uid)
+
+    def drop() -> None:  # runs in the forked child, before exec: the order matters (groups first)
+        os.setgroups([])
+        os.setgid(gid)
+        os.setuid(uid)
+
+    return {"preexec_fn": drop}
 
 
 def _nproc_per_userns() -> bool:

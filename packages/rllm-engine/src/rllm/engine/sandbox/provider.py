@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
@@ -70,14 +71,21 @@ class SandboxProvider:
             )
 
     @contextlib.asynccontextmanager
-    async def lease(self, flow: Any, task: Task) -> AsyncIterator[Sandbox | None]:
-        """The rollout's sandbox (None when the flow declares none), current inside the block."""
+    async def lease(
+        self, flow: Any, task: Task, metrics: dict[str, float] | None = None
+    ) -> AsyncIterator[Sandbox | None]:
+        """The rollout's sandbox (None when the flow declares none), current inside the block.
+        ``metrics`` receives ``sandbox_acquire_s`` and ``sandbox_warm`` (1.0: from the warm pool)."""
         spec = sandbox_spec_for(flow, task)
         if spec is None:
             yield None
             return
         self.check_consent(task)
+        warm_before, started = self.pool.stats["warm"], time.monotonic()
         sandbox = await self.pool.acquire(spec)
+        if metrics is not None:
+            metrics["sandbox_acquire_s"] = time.monotonic() - started
+            metrics["sandbox_warm"] = float(self.pool.stats["warm"] > warm_before)
         self.open.add(sandbox)
         try:
             with using_sandbox(sandbox):

@@ -1,0 +1,28 @@
+"""`rllm train say rollout.executor=ray` end to end: no Ray address, so the run starts a local Ray
+instance, runs its rollouts in Ray actors (each with its own gateway) and shuts Ray down."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rllm.cli.main import main
+from rllm.engine.metrics_log import read_metrics
+
+pytestmark = pytest.mark.slow
+
+
+def test_rllm_train_say_on_a_local_ray(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ray = pytest.importorskip("ray")
+    # Workers run this venv's Python: under `uv run` Ray would rebuild the workspace per worker.
+    monkeypatch.setenv("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    out = tmp_path / "run"
+    args = ["train", "say", "--out", str(out), "total_steps=3", "rollout.executor=ray"]
+    quick = ["rollout.ray.num_workers=2", "tasks_per_step=2", "group_size=2", "val_every=0"]
+    assert main([*args, *quick, "progress=false", "plot=false", "tensorboard=false", "sample_groups=1"]) == 0
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["termination/done"] == 1.0 and r["episodes"] == 4 for r in rows), rows
+    assert all(r["rollout/worker_lost"] == 0 for r in rows)
+    assert not ray.is_initialized()  # the Ray it started is shut down with the run

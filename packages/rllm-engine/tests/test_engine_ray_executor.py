@@ -1,0 +1,238 @@
+"""The ``ray`` executor on a real two-node Ray cluster on loopback: ``ray start --head`` and a
+second ``ray start --address``, each with its own temp dir, started and stopped by this module
+(by process group). Flows talk to a real loopback upstream through each worker's own gateway."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rllm.engine.executors import RaySettings
+from rllm.engine.rollout_config import RolloutConfig
+from rllm.engine.rollout_engine import RolloutEngine
+from rllm.types import Episode, TerminationReason
+
+pytestmark = pytest.mark.slow
+
+ray = pytest.importorskip("ray")
+
+# The workers import the flow by name: it lives in a module on the PYTHONPATH of both nodes.
+FLOWS = """
+import os
+from pathlib import Path
+
+import openai
+
+from rllm.sdk import rollout
+
+
+@rollout
+async def two_turns(task, config):
+    marker = config.metadata.get("die_once")
+    if marker and task.id == "t0" and not Path(marker).exists():
+        Path(marker).write_text("died")
+        os._exit(3)  # this node's worker process dies mid-rollout
+    client = openai.AsyncOpenAI(base_url=config.base_url, api_key=config.api_key, max_retries=0)
+    messages = [{"role": "user", "content": f"{task.instruction} #{task.id}"}]
+    for turn in range(2):
+        reply = await client.chat.completions.create(model=config.model, messages=messages)
+        messages += [reply.choices[0].message.model_dump(exclude_none=True),
+                     {"role": "user", "content": f"go on {turn} #{task.id}"}]
+    await client.close()
+    return {"model": config.model}
+"""
+
+RAY_START_WINDOW_S = 480.0  # both nodes, retries included; a loaded 2-core CI machine is slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ray_start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    ray_cli = str(Path(sys.executable).with_name("ray"))
+    common = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--disable-usage-stats", "--block"]
+    with log.open("wb") as out:
+        # Its own process group: teardown ends exactly the processes this node started.
+        return subprocess.Popen(
+            [ray_cli, "start", *args, *common],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=20)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _start_node(args: list[str], env: dict[str, str], log: Path, deadline: float) -> subprocess.Popen[bytes]:
+    """``ray start --block`` until it says its node is up (it prints that once its raylet
+    registered). Ray gives a raylet a fixed 30 s to register, which a loaded machine misses now
+    and then although nothing is wrong: such a start is tried again, at most three times."""
+    for attempt in range(1, 4):
+        proc = _ray_start(args, env, log)
+        while b"will now block forever" not in log.read_bytes():
+            if proc.poll() is not None:
+                _stop(proc)  # what it started before giving up
+                if b"timed out during startup" in log.read_bytes() and attempt < 3:
+                    break
+                raise AssertionError(log.read_text())
+            assert time.monotonic() < deadline, f"the Ray node did not come up:\n{log.read_text()}"
+            time.sleep(0.5)  # polling a log file: nothing else tells us
+        else:
+            return proc
+    raise AssertionError("not reached")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    """A head and a worker node on 127.0.0.1, one CPU each: two one-CPU rollout workers must go
+    one to each node. Yields the head's address."""
+    flows_dir = Path(tempfile.mkdtemp(prefix="rllm-ray-flows-"))
+    (flows_dir / "rllm_ray_flows.py").write_text(textwrap.dedent(FLOWS))
+    sys.path.insert(0, str(flows_dir))
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(flows_dir), os.environ.get("PYTHONPATH")])),
+        # A raylet waits this long for its node's agent, which starts slowly on a loaded machine.
+        "RAY_agent_register_timeout_ms": "180000",
+        "RAY_raylet_start_wait_time_s": "120",
+    }
+    # A loopback cluster without token authentication (`ray start --head` turns it on, and this
+    # process's Ray reads its token once, at import). Workers run this venv's Python: under
+    # `uv run` Ray would otherwise rebuild the workspace into a fresh environment per worker.
+    own = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
+    saved = {k: os.environ.get(k) for k in own}
+    os.environ.update(own)
+    env.update(own)
+    # Short temp dirs: Ray's unix socket paths must stay under the 107-byte limit.
+    temps = [tempfile.mkdtemp(prefix="rh", dir="/tmp"), tempfile.mkdtemp(prefix="rw", dir="/tmp")]
+    address = f"127.0.0.1:{_free_port()}"
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        deadline = time.monotonic() + RAY_START_WINDOW_S
+        head = [
+            "--head",
+            f"--port={address.split(':')[1]}",
+            f"--temp-dir={temps[0]}",
+            "--include-dashboard=false",
+        ]
+        procs.append(_start_node(head, env, flows_dir / "head.log", deadline))
+        node = [f"--address={address}", f"--temp-dir={temps[1]}"]
+        procs.append(_start_node(node, env, flows_dir / "node.log", deadline))
+        yield address
+    finally:
+        for proc in reversed(procs):
+            _stop(proc)
+        sys.path.remove(str(flows_dir))
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        for d in [*temps, str(flows_dir)]:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _tasks(n: int) -> list[dict[str, str]]:
+    return [{"id": f"t{i}", "instruction": "what is 2 + 2?"} for i in range(n)]
+
+
+def _content(ep: Episode) -> tuple[object, ...]:
+    """What a rollout produced, without ids, timings and where it ran."""
+    steps = [
+        (
+            [m.content for m in s.input],
+            s.output.content if s.output else None,
+            list(s.prompt_ids or []),
+            list(s.completion_ids or []),
+            list(s.completion_logprobs or []),
+            s.weight_version,
+        )
+        for t in ep.trajectories
+        for s in t.steps
+    ]
+    return ep.task_id, ep.rollout_index, ep.termination_reason, ep.artifacts, steps
+
+
+def _ray_config(address: str, **kw: object) -> RolloutConfig:
+    return RolloutConfig(
+        n=2,
+        concurrency=8,
+        progress=False,
+        executor="ray",
+        ray=RaySettings(address=address, num_workers=2, resources_per_worker={"CPU": 1.0}),
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+async def test_rollouts_spread_over_both_nodes_and_equal_the_local_executors(cluster, upstream):
+    import rllm_ray_flows as flows  # type: ignore[import-not-found]
+
+    local = RolloutConfig(n=2, concurrency=8, progress=False)
+    async with RolloutEngine(flows.two_turns, None, local, upstreams=[upstream.url]) as engine:
+        await engine.client.set_weight_version(3)
+        expected = await engine.run(_tasks(12))
+
+    async with RolloutEngine(flows.two_turns, None, _ray_config(cluster), upstreams=[upstream.url]) as engine:
+        pool = engine._pool
+        await engine.client.set_weight_version(3)  # the GatewayGroup reaches both nodes' gateways
+        assert await engine.client.get_weight_version() == 3
+        episodes = await engine.run(_tasks(12))
+        by_node = dict(pool.completed_by_node)  # type: ignore[union-attr]
+        nodes = {w.node_id for w in pool.workers}  # type: ignore[union-attr]
+    assert len(nodes) == 2, "the two workers were not placed on two nodes"
+    assert set(by_node) == nodes and all(count > 0 for count in by_node.values()), by_node
+    assert sum(by_node.values()) == 24
+    assert all(ep.termination_reason == TerminationReason.DONE for ep in episodes), [
+        ep.error for ep in episodes
+    ]
+    assert [_content(ep) for ep in episodes] == [_content(ep) for ep in expected]
+
+
+async def test_a_dead_worker_is_retried_on_the_other_node_and_nothing_is_lost(cluster, upstream, tmp_path):
+    import rllm_ray_flows as flows  # type: ignore[import-not-found]
+
+    marker = tmp_path / "died"
+    config = _ray_config(cluster, metadata={"die_once": str(marker)})
+    async with RolloutEngine(flows.two_turns, None, config, upstreams=[upstream.url]) as engine:
+        pool = engine._pool
+        episodes = await engine.run(_tasks(10))
+        alive = [w.node_id for w in pool.workers if w.alive]  # type: ignore[union-attr]
+        lost = pool.workers_lost  # type: ignore[union-attr]
+        by_node = dict(pool.completed_by_node)  # type: ignore[union-attr]
+    assert marker.exists() and lost == 1 and len(alive) == 1
+    assert [(ep.task_id, ep.rollout_index) for ep in episodes] == [
+        (f"t{i}", r) for i in range(10) for r in range(2)
+    ]
+    assert all(ep.termination_reason == TerminationReason.DONE for ep in episodes), [
+        ep.error for ep in episodes
+    ]
+    retried = [ep for ep in episodes if ep.metrics.get("worker_lost")]
+    assert retried and all(ep.task_id == "t0" or ep.metrics["worker_lost"] == 1 for ep in retried)
+    # Every rollout was answered once: the survivor's count is all rollouts but the dead one's.
+    assert sum(by_node.values()) == 20 and by_node[alive[0]] >= len(retried)
