@@ -339,11 +339,12 @@ async def test_a_worker_still_starting_at_the_timeout_is_not_called_broken(flows
     that cannot be imported; the pool it was part of is closed."""
     import functools
 
-    from rllm.engine import rollout_engine
+    from rllm.engine import flow_processes
     from rllm.engine.flow_processes import FlowProcessPool
 
+    # The executors' dispatch imports the pool class from its module when it starts one.
     monkeypatch.setattr(
-        rollout_engine, "FlowProcessPool", functools.partial(FlowProcessPool, start_timeout_s=0.001)
+        flow_processes, "FlowProcessPool", functools.partial(FlowProcessPool, start_timeout_s=0.001)
     )
     config = RolloutConfig(workers=2, progress=False)
     engine = RolloutEngine(flows.two_turns, None, config, upstreams=[upstream.url])
