@@ -152,3 +152,37 @@ def test_sft_then_rl_starts_from_the_sft_weights(tmp_path: Path) -> None:
     assert main(["train", "say-single", "--out", str(tmp_path / "rl"), "--init-from", str(sft_out), *rl]) == 0
     with pytest.raises(ConfigError, match="init_from"):
         build_trainer("say-single", out_dir=str(tmp_path / "x"), overrides=[*rl, f"init_from={tmp_path}"])
+
+
+def test_cli_sft_on_a_hugging_face_dataset_with_mapped_columns_and_packing(tmp_path: Path) -> None:
+    """`rllm sft hf:FOLDER:SPLIT` goes through datasets.load_dataset (the hub code path) on a
+    folder of parquet files built here; single-turn columns mapped; packed rows on the backend."""
+    import datasets
+
+    folder = tmp_path / "fruit-set"
+    folder.mkdir()
+    rows = [{"q": f"say {fruit}", "a": fruit} for fruit in FRUITS * 2]
+    datasets.Dataset.from_list(rows).to_parquet(str(folder / "train.parquet"))
+    datasets.Dataset.from_list(rows[:3]).to_parquet(str(folder / "test.parquet"))
+    out = tmp_path / "run"
+    code = main(
+        [
+            "sft",
+            f"hf:{folder}",
+            "--out",
+            str(out),
+            *FAST,
+            "columns.prompt=q",
+            "columns.response=a",
+            f"val_dataset=hf:{folder}:test",
+            "val_every=2",
+            "total_steps=2",
+            "batch_tokens=60",
+            "backend.options.pack_tokens=32",
+        ]
+    )
+    assert code == 0
+    metrics = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in metrics if "val/loss" in r] == [0, 2]
+    assert all(r["train/num_sequences"] >= 2 for r in metrics if "train/loss" in r)
+    assert main(["sft", f"hf:{folder}", "--out", str(tmp_path / "bad"), *FAST]) != 0  # no messages column
