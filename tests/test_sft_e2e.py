@@ -81,13 +81,11 @@ def test_refusals_before_start(tmp_path: Path) -> None:
     train = write_chats(tmp_path / "train.jsonl", 4)
     with pytest.raises(ConfigError, match="val_dataset"):
         build_sft(str(train), out_dir=str(tmp_path / "a"), overrides=["val_every=2"])
-    remote = [
-        "backend.options.service=remote",
-        "backend.options.model=some/base",
-        "backend.options.lora.rank=8",
-    ]
-    with pytest.raises(ConfigError, match=r"warmup_steps.*remote Tinker service"):
-        build_sft(str(train), out_dir=str(tmp_path / "b"), overrides=[*remote, "warmup_steps=3"])
+    # A backend without the SFT hooks is refused by name, before anything starts (the remote
+    # Tinker service has them: packages/rllm-backend-tinker/tests/test_tinker_remote_sft.py).
+    fireworks = ["backend.name=fireworks", "backend.options.model=accounts/fireworks/models/qwen3-8b"]
+    with pytest.raises(ConfigError, match=r"warmup_steps.*backend 'fireworks'.*set_learning_rate_scale"):
+        build_sft(str(train), out_dir=str(tmp_path / "b"), overrides=[*fireworks, "warmup_steps=3"])
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
     assert main(["sft", str(bad), "--out", str(tmp_path / "c")]) != 0
