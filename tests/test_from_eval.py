@@ -73,3 +73,38 @@ async def test_from_eval_keeps_exactly_the_good_episodes_with_their_token_ids(tm
     assert main(["dataset", "from-eval", str(tmp_path), "--name", "none", "--min-reward", "2"]) != 0
     lines = [json.loads(line) for line in Path(path).read_text().splitlines()]
     assert all(line["reward"] == pytest.approx(1.0) and line["messages"] for line in lines)
+
+
+async def test_from_eval_reads_a_training_runs_samples_filtered_by_reward_and_step(
+    tmp_path, monkeypatch
+) -> None:
+    """The per-step samples the Trainer writes (write_episode_sample) are a from-eval source too."""
+    from rllm.engine.metrics_log import write_episode_sample
+
+    eval_dir, run = tmp_path / "eval", tmp_path / "run"
+    async with MockUpstream(responder=graded_reply) as upstream:
+        await evaluate(
+            DATASET, solver, math_eval, upstream.url, attempts=3, output_dir=eval_dir, progress=False
+        )
+    episodes = read_eval_episodes(eval_dir)
+    # step 1 holds tasks 0 and 1, step 2 tasks 2 and 3 (every group kept: sample_groups=4)
+    for step, tasks in ((1, {"task-0", "task-1"}), (2, {"task-2", "task-3"})):
+        chosen = [e for e in episodes if e.task_id in tasks]
+        write_episode_sample(run, step, chosen, [t.id for e in chosen for t in e.trajectories], groups=4)
+
+    monkeypatch.setenv("RLLM_HOME", str(tmp_path / "home"))
+    assert main(["dataset", "from-eval", str(run), "--name", "all", "--min-reward", "1.0"]) == 0
+    kept = [json.loads(line) for line in (tmp_path / "home" / "sft" / "all.jsonl").read_text().splitlines()]
+    expected, _ = sft_records(episodes, min_reward=1.0)
+    assert sorted(r["input_ids"] for r in kept) == sorted(
+        r["input_ids"] for r in expected
+    )  # the sampler's ids
+    assert sorted(r["task_id"] for r in kept) == ["task-1", "task-2", "task-2", "task-3", "task-3", "task-3"]
+    assert main(["dataset", "from-eval", str(run), "--name", "late", "--from-step", "2"]) == 0
+    late = [json.loads(line) for line in (tmp_path / "home" / "sft" / "late.jsonl").read_text().splitlines()]
+    assert sorted(r["task_id"] for r in late) == ["task-2", "task-2", "task-3", "task-3", "task-3"]
+    assert main(["dataset", "from-eval", str(run), "--name", "x", "--from-step", "3"]) != 0  # no such samples
+    assert (
+        main(["dataset", "from-eval", str(eval_dir), "--name", "x", "--from-step", "1"]) != 0
+    )  # an eval run
+    assert main(["dataset", "from-eval", str(tmp_path / "nothing"), "--name", "x"]) != 0

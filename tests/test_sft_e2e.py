@@ -81,13 +81,11 @@ def test_refusals_before_start(tmp_path: Path) -> None:
     train = write_chats(tmp_path / "train.jsonl", 4)
     with pytest.raises(ConfigError, match="val_dataset"):
         build_sft(str(train), out_dir=str(tmp_path / "a"), overrides=["val_every=2"])
-    remote = [
-        "backend.options.service=remote",
-        "backend.options.model=some/base",
-        "backend.options.lora.rank=8",
-    ]
-    with pytest.raises(ConfigError, match=r"warmup_steps.*remote Tinker service"):
-        build_sft(str(train), out_dir=str(tmp_path / "b"), overrides=[*remote, "warmup_steps=3"])
+    # A backend without the SFT hooks is refused by name, before anything starts (the remote
+    # Tinker service has them: packages/rllm-backend-tinker/tests/test_tinker_remote_sft.py).
+    fireworks = ["backend.name=fireworks", "backend.options.model=accounts/fireworks/models/qwen3-8b"]
+    with pytest.raises(ConfigError, match=r"warmup_steps.*backend 'fireworks'.*set_learning_rate_scale"):
+        build_sft(str(train), out_dir=str(tmp_path / "b"), overrides=[*fireworks, "warmup_steps=3"])
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
     assert main(["sft", str(bad), "--out", str(tmp_path / "c")]) != 0
@@ -152,3 +150,37 @@ def test_sft_then_rl_starts_from_the_sft_weights(tmp_path: Path) -> None:
     assert main(["train", "say-single", "--out", str(tmp_path / "rl"), "--init-from", str(sft_out), *rl]) == 0
     with pytest.raises(ConfigError, match="init_from"):
         build_trainer("say-single", out_dir=str(tmp_path / "x"), overrides=[*rl, f"init_from={tmp_path}"])
+
+
+def test_cli_sft_on_a_hugging_face_dataset_with_mapped_columns_and_packing(tmp_path: Path) -> None:
+    """`rllm sft hf:FOLDER:SPLIT` goes through datasets.load_dataset (the hub code path) on a
+    folder of parquet files built here; single-turn columns mapped; packed rows on the backend."""
+    import datasets
+
+    folder = tmp_path / "fruit-set"
+    folder.mkdir()
+    rows = [{"q": f"say {fruit}", "a": fruit} for fruit in FRUITS * 2]
+    datasets.Dataset.from_list(rows).to_parquet(str(folder / "train.parquet"))
+    datasets.Dataset.from_list(rows[:3]).to_parquet(str(folder / "test.parquet"))
+    out = tmp_path / "run"
+    code = main(
+        [
+            "sft",
+            f"hf:{folder}",
+            "--out",
+            str(out),
+            *FAST,
+            "columns.prompt=q",
+            "columns.response=a",
+            f"val_dataset=hf:{folder}:test",
+            "val_every=2",
+            "total_steps=2",
+            "batch_tokens=60",
+            "backend.options.pack_tokens=32",
+        ]
+    )
+    assert code == 0
+    metrics = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in metrics if "val/loss" in r] == [0, 2]
+    assert all(r["train/num_sequences"] >= 2 for r in metrics if "train/loss" in r)
+    assert main(["sft", f"hf:{folder}", "--out", str(tmp_path / "bad"), *FAST]) != 0  # no messages column

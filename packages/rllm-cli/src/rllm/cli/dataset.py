@@ -200,18 +200,26 @@ def remove(name: str) -> int:
 @click.option(
     "--max-per-task", default=0, show_default=True, help="keep at most this many episodes a task (0: all)"
 )
-def from_eval(run_dir: Path, name: str, min_reward: float, max_per_task: int) -> int:
-    """Turn an `rllm eval` run's good episodes into an SFT set (the sampler's token ids, unchanged).
+@click.option(
+    "--from-step",
+    default=None,
+    type=click.IntRange(min=0),
+    help="a training run: only the samples of this step and later",
+)
+def from_eval(run_dir: Path, name: str, min_reward: float, max_per_task: int, from_step: int | None) -> int:
+    """Turn an `rllm eval` run's good episodes, or the per-step samples an `rllm train` run kept
+    (RUN_DIR/samples), into an SFT set (the sampler's token ids, unchanged).
 
     \b
     Example:
       rllm eval say --base-url http://127.0.0.1:8000/v1 --out runs/eval-say
       rllm dataset from-eval runs/eval-say --min-reward 1.0 --name say-good --max-per-task 2
       rllm sft say-good --model PATH
+      rllm dataset from-eval runs/train-say --from-step 100 --min-reward 1.0 --name say-late
     """
-    from rllm.engine.trace_data import read_eval_episodes, sft_records, write_records
+    from rllm.engine.trace_data import read_run_episodes, sft_records, write_records
 
-    records, stats = sft_records(read_eval_episodes(run_dir), min_reward, max_per_task)
+    records, stats = sft_records(read_run_episodes(run_dir, from_step), min_reward, max_per_task)
     if not records:
         raise CliError(
             f"{run_dir}: no episode with reward >= {min_reward} and token ids "

@@ -177,13 +177,16 @@ def sft(
     out: str | None,
     resume: bool,
 ) -> int:
-    """Supervised fine-tuning on DATASET: an OpenAI chat JSONL (assistant tokens trained only) or
-    the NAME of a set `rllm dataset from-eval` wrote.
+    """Supervised fine-tuning on DATASET: an OpenAI chat JSONL (assistant tokens trained only),
+    hf:NAME[:SPLIT] (a Hugging Face dataset; map columns with columns.messages=, columns.prompt=
+    columns.response=), a datasets save_to_disk folder, or the NAME of a set `rllm dataset
+    from-eval` wrote.
 
     \b
     Example:
       rllm sft chats.jsonl --model Qwen/Qwen3-0.6B --out runs/sft epochs=2 val_dataset=held.jsonl val_every=10
       rllm train math --init-from runs/sft/checkpoints/step_000040
+      rllm sft hf:openai/gsm8k --model Qwen/Qwen3-0.6B columns.subset=main columns.prompt=question columns.response=answer
     """
     from rllm.cli.registry import sft_dataset_path
     from rllm.engine.sft_launch import build_sft

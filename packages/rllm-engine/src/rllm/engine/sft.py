@@ -22,7 +22,8 @@ import msgspec
 
 from rllm.algos.config import AlgorithmConfig
 from rllm.engine.backend import Backend
-from rllm.engine.chat_data import ChatExample, ChatTokenizer, read_chat_jsonl, tokenize_all
+from rllm.engine.chat_data import ChatExample, ChatTokenizer, tokenize_all
+from rllm.engine.chat_sources import ChatColumns, read_chat_source
 from rllm.engine.checkpoint import TrainerState, latest_checkpoint, load_trainer_state, save_checkpoint
 from rllm.engine.metrics_log import MetricsLogger, truncate_history
 from rllm.engine.train_progress import TrainProgress
@@ -34,8 +35,11 @@ SFT_ALGORITHM = AlgorithmConfig(loss="cross_entropy", tis="none")
 
 
 class SFTConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    dataset: str  # OpenAI chat JSONL: {"messages": [...], "tools": [...]} a line
-    val_dataset: str | None = None  # held-out conversations (same format)
+    # OpenAI chat JSONL ({"messages": [...], "tools": [...]} a line), hf:NAME[:SPLIT] (a hub
+    # dataset or a folder of data files) or a datasets.save_to_disk folder (rllm.engine.chat_sources)
+    dataset: str
+    val_dataset: str | None = None  # held-out conversations (same forms, same columns)
+    columns: ChatColumns = msgspec.field(default_factory=ChatColumns)  # Hugging Face datasets' columns
     seed: int = 0
     epochs: int = 1
     total_steps: int = 0  # 0: as many steps as `epochs` take
@@ -157,9 +161,11 @@ class SFTRunner:
         self.backend = backend
         self.out_dir = Path(config.out_dir)
         check_backend(config, backend)
-        self.train = tokenize_all(tokenizer, read_chat_jsonl(config.dataset), config.max_tokens)
+        self.train = tokenize_all(
+            tokenizer, read_chat_source(config.dataset, config.columns), config.max_tokens
+        )
         self.val = (
-            tokenize_all(tokenizer, read_chat_jsonl(config.val_dataset), config.max_tokens)
+            tokenize_all(tokenizer, read_chat_source(config.val_dataset, config.columns), config.max_tokens)
             if config.val_dataset
             else []
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rllm.engine.chat_data import read_chat_jsonl
+from rllm.engine.chat_sources import read_chat_source, source_stem
 from rllm.engine.launch import TINY_MODEL
 from rllm.engine.plugins import backend_class
 from rllm.engine.sft import SFTRunner, chat_vocabulary, check_backend, load_sft_config
@@ -26,7 +26,7 @@ def build_sft(
     overrides: list[str] | tuple[str, ...] = (),
     out_dir: str | None = None,
 ) -> SFTRunner:
-    base: dict[str, Any] = {"dataset": dataset, "out_dir": f"runs/sft-{Path(dataset).stem}"}
+    base: dict[str, Any] = {"dataset": dataset, "out_dir": f"runs/sft-{source_stem(dataset)}"}
     flags = [f"backend.name={backend}"] if backend else []
     flags += [f"backend.options.model={model}"] if model else []
     flags += [f"out_dir={out_dir}"] if out_dir else []
@@ -38,9 +38,9 @@ def build_sft(
             raise ConfigError(f"backend {config.backend.name!r} cannot build a tiny model: pass --model")
         target = Path(config.out_dir) / "tiny-model"
         if not (target / "config.json").is_file():
-            examples = read_chat_jsonl(config.dataset)
+            examples = read_chat_source(config.dataset, config.columns)
             if config.val_dataset:
-                examples += read_chat_jsonl(config.val_dataset)
+                examples += read_chat_source(config.val_dataset, config.columns)
             cls.init_tiny_model(target, vocab_words=chat_vocabulary(examples), seed=config.seed)
         options["model"] = str(target)
     options.setdefault("seed", config.seed)

@@ -1,4 +1,5 @@
-"""Eval traces to an SFT set: the episodes of an `rllm eval` run above a reward, as token sequences.
+"""Eval traces to an SFT set: the episodes of an `rllm eval` run (or the per-step samples a
+training run kept, ``OUT/samples/step_N.msgpack``) above a reward, as token sequences.
 
 Each kept trajectory becomes the sequences ``rllm.engine.sequences`` builds for RL, from the
 sampler's own token ids (never re-tokenized): the completions are trained (loss mask 1), the
@@ -18,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from rllm.engine.metrics_log import read_episode_sample, sample_path, sample_steps
 from rllm.engine.sequences import sequences_from_trajectory
 from rllm.engine.trainer import episode_reward
 from rllm.types import Episode, from_json, to_builtins
@@ -49,6 +51,42 @@ def read_eval_episodes(run_dir: str | Path) -> list[Episode]:
                 break
             raise InputError(f"{path}:{number}: not an episode ({exc})") from None
     return episodes
+
+
+def read_training_samples(run_dir: str | Path, from_step: int = 0) -> list[Episode]:
+    """The episodes a training run's samples hold (``sample_groups`` groups a step: the best, the
+    worst and the first), steps ``>= from_step`` in order; later steps come from a better policy."""
+    steps = [s for s in sample_steps(Path(run_dir)) if s >= from_step]
+    if not steps:
+        raise InputError(
+            f"{run_dir} has no training samples"
+            + (f" from step {from_step} on" if from_step else "")
+            + " (samples/step_N.msgpack; a run with sample_groups=0 keeps none)"
+        )
+    episodes: list[Episode] = []
+    for step in steps:
+        path = sample_path(Path(run_dir), step)
+        try:
+            episodes.extend(read_episode_sample(path).episodes)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise InputError(f"{path}: not an episode sample ({exc})") from None
+    return episodes
+
+
+def read_run_episodes(run_dir: str | Path, from_step: int | None = None) -> list[Episode]:
+    """An `rllm eval` run's episodes, or a training run's samples (``from_step`` applies only to those)."""
+    root = Path(run_dir)
+    if (root / "episodes.jsonl").is_file():
+        if from_step:
+            raise InputError(
+                f"{run_dir} is an eval run (episodes.jsonl): from_step applies to a training run"
+            )
+        return read_eval_episodes(root)
+    if sample_steps(root):
+        return read_training_samples(root, from_step or 0)
+    raise InputError(
+        f"{run_dir} has neither episodes.jsonl (an `rllm eval` run) nor samples/ (an `rllm train` run)"
+    )
 
 
 def sft_records(
@@ -109,4 +147,11 @@ def write_records(path: str | Path, records: list[dict[str, Any]]) -> Path:
     return path
 
 
-__all__ = ["FromEvalStats", "read_eval_episodes", "sft_records", "write_records"]
+__all__ = [
+    "FromEvalStats",
+    "read_eval_episodes",
+    "read_run_episodes",
+    "read_training_samples",
+    "sft_records",
+    "write_records",
+]

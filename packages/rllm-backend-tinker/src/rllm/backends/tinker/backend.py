@@ -103,24 +103,22 @@ class TinkerBackend(BackendBase[TinkerBackendConfig]):
     async def sync_weights(self) -> int:
         return await self._started().sync_weights()
 
-    # Supervised fine-tuning (rllm.engine.sft): held-out loss and the LR schedule, local service only.
+    # Supervised fine-tuning (rllm.engine.sft): held-out loss and the LR schedule. The local
+    # service runs them itself; the remote one with a forward-only pass and the LR it sends with
+    # every optim_step.
     def supports_sft_extras(self) -> str | None:
-        """None when eval_loss and set_learning_rate_scale work; otherwise the reason they do not."""
-        if self.config.service != "local":
-            return "the remote Tinker service has no forward-only loss or LR-schedule hook in rLLM yet"
+        """None: eval_loss and set_learning_rate_scale work on both services."""
         return None
 
     async def eval_loss(self, batch: list[TrainSequence]) -> dict[str, float]:
-        return await self._local().eval_loss(batch)
+        return await self._sft_service().eval_loss(batch)
 
     def set_learning_rate_scale(self, scale: float) -> float:
-        return self._local().set_learning_rate_scale(scale)
+        return self._sft_service().set_learning_rate_scale(scale)
 
-    def _local(self) -> Any:
-        service = self._started()
-        if self.config.service != "local":
-            raise ConfigError(f"backend.options.service: {self.supports_sft_extras()}")
-        return service
+    def _sft_service(self) -> Any:
+        # Both services define eval_loss and set_learning_rate_scale (not part of _Service).
+        return self._started()
 
     async def save_checkpoint(self, path: Path) -> None:
         await self._started().save_checkpoint(Path(path))

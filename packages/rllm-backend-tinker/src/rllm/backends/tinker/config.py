@@ -62,6 +62,10 @@ class TinkerBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     mini_batches: int = 1
     ppo_epochs: int = 1
     micro_batch_tokens: int = 0
+    # Local service: lay sequences end to end in rows of at most this many tokens for the forward
+    # pass (attention stays inside each sequence: block-diagonal causal mask, positions restart),
+    # so short sequences stop paying for padding. 0 = one sequence a row.
+    pack_tokens: int = 0
     shuffle_seed: int | None = None  # shuffle sequences before cutting mini-batches (None = keep order)
     # local service
     device: str = "auto"  # auto | cpu | cuda | cuda:N
@@ -88,6 +92,7 @@ class TinkerBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
             (self.mini_batches >= 1, "mini_batches", "must be >= 1"),
             (self.ppo_epochs >= 1, "ppo_epochs", "must be >= 1"),
             (self.micro_batch_tokens >= 0, "micro_batch_tokens", "must be >= 0"),
+            (self.pack_tokens >= 0, "pack_tokens", "must be >= 0"),
             (self.learning_rate > 0, "learning_rate", "must be > 0"),
             (self.lora.rank >= 0, "lora.rank", "must be >= 0"),
             (self.sampler_max_batch >= 1, "sampler_max_batch", "must be >= 1"),

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from rllm.backends.tinker.local.packing import PackLayout
 from rllm.types import TrainSequence
 from rllm.types.errors import InputError
 
@@ -25,6 +26,9 @@ class PaddedBatch:
     indices: list[int]  # positions of these sequences in the train_step batch
     # A vision-language model's pixel inputs (pixel_values, image_grid_thw, mm_token_type_ids).
     model_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    # Set when the forward pass runs on packed rows (``pack_tokens``); the tensors above stay
+    # one sequence a row, so the loss sees the same layout either way.
+    packed: PackLayout | None = None
 
     @property
     def num_tokens(self) -> float:

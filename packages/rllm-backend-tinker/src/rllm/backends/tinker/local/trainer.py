@@ -27,6 +27,7 @@ from rllm.backends.tinker.local.batching import (
     split_micro_batches,
 )
 from rllm.backends.tinker.local.loss import policy_loss
+from rllm.backends.tinker.local.packing import pack_layout, plan_packed_micro_batches
 from rllm.backends.tinker.local.vision import VisionInputs
 from rllm.tinker_api.batching import split_mini_batches
 from rllm.types import FloatArray, TrainSequence
@@ -46,13 +47,33 @@ def token_logprobs_and_entropy(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token logprobs of ``batch.targets`` ([B, L-1], float32) and, optionally, the policy's
     entropy at each position — with gradient only when it is a loss term (``entropy_coef``),
-    otherwise it is a metric and costs no backward memory."""
+    otherwise it is a metric and costs no backward memory. A packed batch runs its packed rows
+    and gathers the values back to one sequence a row."""
+    packed = batch.packed
+    if packed is None:
+        logits = model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            use_cache=False,
+            **batch.model_inputs,
+        ).logits
+        return _logprobs_and_entropy(logits, batch.targets, with_entropy, entropy_grad)
     logits = model(
-        input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False, **batch.model_inputs
+        input_ids=packed.input_ids,
+        attention_mask=packed.attention_mask,
+        position_ids=packed.position_ids,
+        use_cache=False,
     ).logits
+    logprobs, entropy = _logprobs_and_entropy(logits, packed.input_ids[:, 1:], with_entropy, entropy_grad)
+    return packed.gather(logprobs), None if entropy is None else packed.gather(entropy)
+
+
+def _logprobs_and_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool, entropy_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     logits = logits[:, :-1, :].float()
     log_norm = torch.logsumexp(logits, dim=-1)
-    logprobs = logits.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1) - log_norm
+    logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm
     entropy = None
     if with_entropy or entropy_grad:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
@@ -93,6 +114,9 @@ class LocalTrainer:
         assert head is not None  # causal and image-text-to-text LMs have an output head
         self.vocab_size = int(head.weight.shape[0])
         self.optimizer_steps = 0
+        # What a packed micro-batch's attention mask is built for (see local/packing.py).
+        self._attention = str(getattr(model.config, "_attn_implementation", None) or "eager")
+        self._dtype = next(model.parameters()).dtype
         self._reference_loader = reference_loader
         self._reference: torch.nn.Module | None = None
 
@@ -128,8 +152,7 @@ class LocalTrainer:
         onto each sequence's ``trainer_logprobs`` (token truth: the engine compares them with
         the sampler's).
         """
-        pieces = split_micro_batches(batch, indices, self.config.micro_batch_tokens)
-        padded = [p for p in (self._pad(batch, piece) for piece in pieces) if p.num_tokens > 0]
+        padded = [p for p in self._pieces(batch, indices) if p.num_tokens > 0]
         num_tokens = sum(p.num_tokens for p in padded)
         num_sequences = float(sum(int((p.mask.sum(-1) > 0).sum()) for p in padded))
         sums: dict[str, float] = defaultdict(float)
@@ -229,8 +252,7 @@ class LocalTrainer:
         check_sequences(batch, self.vocab_size)
         total, count = 0.0, 0.0
         with torch.no_grad():
-            for piece in split_micro_batches(batch, list(range(len(batch))), self.config.micro_batch_tokens):
-                padded = self._pad(batch, piece)
+            for padded in self._pieces(batch, list(range(len(batch)))):
                 logprobs, _ = token_logprobs_and_entropy(self.model, padded, with_entropy=False)
                 total += float(-(logprobs * padded.mask).sum())
                 count += padded.num_tokens
@@ -244,6 +266,21 @@ class LocalTrainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         return lr
+
+    def _pieces(self, batch: list[TrainSequence], indices: list[int]) -> list[PaddedBatch]:
+        """``batch[indices]`` as micro-batches: padded one sequence a row, or packed (``pack_tokens``)."""
+        cfg = self.config
+        if not cfg.pack_tokens:
+            return [
+                self._pad(batch, piece)
+                for piece in split_micro_batches(batch, indices, cfg.micro_batch_tokens)
+            ]
+        pieces: list[PaddedBatch] = []
+        for rows in plan_packed_micro_batches(batch, indices, cfg.pack_tokens, cfg.micro_batch_tokens):
+            padded = pad(batch, [i for row in rows for i in row], self.pad_id, self.device)
+            padded.packed = pack_layout(batch, rows, self.pad_id, self.device, self._attention, self._dtype)
+            pieces.append(padded)
+        return pieces
 
     def _pad(self, batch: list[TrainSequence], piece: list[int]) -> PaddedBatch:
         padded = pad(batch, piece, self.pad_id, self.device)
@@ -263,10 +300,9 @@ class LocalTrainer:
         snapshot: dict[int, torch.Tensor] = {}
         with torch.no_grad():
             for indices in groups:
-                for piece in split_micro_batches(batch, indices, self.config.micro_batch_tokens):
-                    padded = self._pad(batch, piece)
+                for padded in self._pieces(batch, indices):
                     logprobs, _ = token_logprobs_and_entropy(self.model, padded, with_entropy=False)
-                    for row, i in enumerate(piece):
+                    for row, i in enumerate(padded.indices):
                         snapshot[i] = logprobs[row, : len(batch[i].input_ids) - 1]
         return snapshot
 

@@ -22,5 +22,7 @@ def check_supported(algo: AlgorithmConfig, config: TinkerBackendConfig) -> None:
         )
     if config.micro_batch_tokens:
         problems.append("`micro_batch_tokens`: Tinker splits requests itself; leave it 0")
+    if config.pack_tokens:
+        problems.append("`pack_tokens`: packing is done by the local service only; leave it 0")
     if problems:
         raise InputError("the tinker backend's remote service cannot honour: " + "; ".join(problems))

@@ -11,6 +11,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
+import numpy as np
+
 from rllm.algos.config import AlgorithmConfig
 from rllm.backends.tinker.config import TinkerBackendConfig
 from rllm.backends.tinker.remote.refusals import check_supported
@@ -46,6 +49,7 @@ class RemoteService:
         self.weight_version = 0
         self.optimizer_steps = 0
         self.sampler_path = ""
+        self.lr_scale = 1.0  # set_learning_rate_scale (an SFT schedule); each optim_step sends it
         self._failed = False
 
     async def _result(self, what: str, future: Awaitable[Any]) -> Any:
@@ -110,7 +114,32 @@ class RemoteService:
     def adam_params(self) -> Any:
         from tinker import types
 
-        return adam_params(types.AdamParams, self.config)
+        scaled = msgspec.structs.replace(self.config, learning_rate=self.config.learning_rate * self.lr_scale)
+        return adam_params(types.AdamParams, scaled)
+
+    def set_learning_rate_scale(self, scale: float) -> float:
+        """Later optim_steps use ``learning_rate * scale`` (Tinker takes the LR with every step)."""
+        self.lr_scale = scale
+        return self.config.learning_rate * scale
+
+    async def eval_loss(self, batch: list[TrainSequence]) -> dict[str, float]:
+        """Held-out NLL of the loss-mask tokens (mean per token) from a forward-only pass."""
+        if not batch:
+            raise InputError("eval_loss got an empty batch")
+        from tinker import types
+
+        algo = AlgorithmConfig(loss="cross_entropy", tis="none")
+        datums = to_datums(batch, algo, plan_loss(algo), types)
+        output = await self._result("forward", self.training_client.forward(datums, "cross_entropy"))
+        total, count = 0.0, 0.0
+        for seq, out in zip(batch, output.loss_fn_outputs, strict=True):
+            mask = np.frombuffer(seq.loss_mask, dtype=np.float32)[1:]  # datums are shifted by one
+            logprobs = np.asarray(out["logprobs"].to_numpy(), dtype=np.float64)[: len(mask)]
+            total -= float((logprobs * mask).sum())
+            count += float(mask.sum())
+        if count == 0:
+            raise InputError("eval_loss got a batch without a trained token (every loss_mask is 0)")
+        return {"loss": total / count, "num_tokens": count}
 
     async def train_step(self, batch: list[TrainSequence], algo: AlgorithmConfig) -> dict[str, float]:
         check_supported(algo, self.config)
@@ -147,6 +176,10 @@ class RemoteService:
             metrics = {**output.metrics, **{f"optim/{k}": v for k, v in (optim.metrics or {}).items()}}
             for key, value in metrics.items():
                 totals[f"tinker/{key}"] = totals.get(f"tinker/{key}", 0.0) + float(value) / len(pending)
+        if "tinker/loss:sum" in totals:
+            # The datums carry the aggregation weights, so the service's summed loss is the
+            # aggregated loss (`rllm sft` and the metrics read it as `loss`).
+            totals["loss"] = totals["tinker/loss:sum"]
         totals["optimizer_steps"] = float(len(pending))
         totals["num_sequences"] = float(len(batch))
         return totals
