@@ -75,6 +75,7 @@ async def test_desktop_starts_screenshots_at_its_size_and_is_gone_after_close() 
         block, scale = await desktop.screenshot_block()
         assert block["type"] == "image_url" and scale == 1.0
         assert len(host_processes_with("Xvfb :0 -screen 0 357x241x24")) == 1
+        assert len(host_processes_with("evilwm -fn fixed")) >= 1  # the window manager runs too
         assert (await sandbox.exec("xdotool getdisplaygeometry")).stdout.split() == ["357", "241"]
     finally:
         await sandbox.close()

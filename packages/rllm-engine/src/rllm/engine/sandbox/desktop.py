@@ -51,7 +51,7 @@ def session_script(spec: SandboxSpec) -> str:
         f"3>/tmp/rllm-displayfd </dev/null >{shlex.quote(logs)}/xvfb.log 2>&1 &",
         "read -r number </tmp/rllm-displayfd || true",
         '[ -n "$number" ] || { echo rllm-desktop-xvfb-died; exit 1; }',
-        f"evilwm </dev/null >{shlex.quote(logs)}/wm.log 2>&1 &",
+        f"evilwm -fn fixed </dev/null >{shlex.quote(logs)}/wm.log 2>&1 &",
         f"cd {shlex.quote(spec.workdir)}",
     ]
     for number, app in enumerate(desktop.apps):
