@@ -132,13 +132,22 @@ async def test_the_display_is_private_to_the_sandbox(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("DISPLAY", f":{name[1:]}")
     before = set(os.listdir(host_dir))
     try:
-        sandbox = await BubblewrapBackend().create(SandboxSpec(desktop=DesktopSpec(width=200, height=100)))
+        backend = BubblewrapBackend()
+        sandbox = await backend.create(SandboxSpec(desktop=DesktopSpec(width=200, height=100)))
+        other = await backend.create(SandboxSpec(desktop=DesktopSpec(width=200, height=100)))
         try:
             result = await sandbox.exec('echo "$DISPLAY"; ls -A /tmp/.X11-unix')
             assert result.stdout.split() == [":0", "X0"]
             assert set(os.listdir(host_dir)) == before  # the sandbox's X0 is not on the host
+            # its socket sits under a folder other host users cannot enter
+            assert (sandbox.root / "display").stat().st_mode & 0o777 == 0o700
+            # two sandboxes, two displays: a click in one does not move the other's pointer
+            await Desktop(sandbox).click(150, 70)
+            assert await Desktop(sandbox).cursor() == (150, 70)
+            assert await Desktop(other).cursor() != (150, 70)
         finally:
             await sandbox.close()
+            await other.close()
     finally:
         listener.close()
         (host_dir / name).unlink()

@@ -176,7 +176,7 @@ class BubblewrapBackend:
         # root and /dev (tmpfs of half the host's RAM each) are made read-only below.
         args += ["--size", str(lim.tmp_mb * 1024 * 1024), "--tmpfs", "/tmp"]
         if spec.desktop is not None:  # the sandbox's own X socket folder, never the host's
-            args += ["--bind", str(root / "x11"), desktop.SOCKET_DIR]
+            args += ["--bind", str(root / "display" / "x11"), desktop.SOCKET_DIR]
         args += ["--size", str(lim.shm_mb * 1024 * 1024), "--tmpfs", "/dev/shm"]
         args += ["--bind", str(root / "work"), spec.workdir, "--ro-bind", str(root / "ctl"), CTL]
         args += ["--remount-ro", "/dev", "--remount-ro", "/"]
@@ -201,7 +201,10 @@ class BubblewrapSandbox:
         (self.root / "work").mkdir(mode=0o700)
         (self.root / "ctl").mkdir(mode=0o755)
         if spec.desktop is not None:
-            (self.root / "x11").mkdir(mode=0o700)
+            # Xvfb makes its socket folder world-writable (1777); the 0700 folder above it keeps
+            # other host users from reaching the socket.
+            (self.root / "display").mkdir(mode=0o700)
+            (self.root / "display" / "x11").mkdir(mode=0o700)
         # The first bwrap starts from a shell already in a fresh cgroup when one is parked (not
         # for networked specs: their bwrap needs descriptors passed at its start).
         self._parked = backend.lot.take() if backend.lot is not None and not spec.network else None
@@ -216,7 +219,8 @@ class BubblewrapSandbox:
                 self._mounted = True
             host_files.give_to(self.root / "work", self.uid)
             if spec.desktop is not None and self.uid is not None:
-                os.chown(self.root / "x11", self.uid, self.uid)
+                for folder in (self.root / "display", self.root / "display" / "x11"):
+                    os.chown(folder, self.uid, self.uid)
             if self.cgroup is not None:
                 self.cgroup.apply(spec.limits)
             else:

@@ -2,7 +2,7 @@
 the sandbox that lives as long as the sandbox (its "desktop session"), beside the per-exec ones.
 
 The display is private: the X server listens only on a unix socket in a host folder of this
-sandbox (``<root>/x11``, owned by the sandbox's uid, mode 0700) that every bwrap of the sandbox
+sandbox (``<root>/display/x11``, under a folder owned by the sandbox's uid, mode 0700) that every bwrap of the sandbox
 mounts at /tmp/.X11-unix, never the host's; no TCP, and the abstract socket sits in the session's
 own network namespace. The session joins the sandbox's cgroup like any exec (its memory counts
 against the sandbox's cap) and is killed with the sandbox at close.
