@@ -4,7 +4,9 @@ are (reward 1) and one that clicks elsewhere (reward 0). Real bubblewrap, Xvfb a
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 import shutil
 
 import msgspec
@@ -109,3 +111,51 @@ async def test_a_scripted_vlm_that_knows_the_widgets_solves_and_one_clicking_els
     assert {e.task_id: e.trajectories[0].reward for e in episodes} == {t.id: 0.0 for t in wrong}
     assert all(e.artifacts["refused"] == 1 and e.artifacts["actions"] == 3 for e in episodes)
     assert len(seen_errors) == 3 and all("off the screen" in error for error in seen_errors)
+
+
+@pytest.mark.slow
+def test_two_training_steps_with_a_tiny_vision_language_model(tmp_path) -> None:
+    """The desktop cookbook end to end on the local tinker backend: the tiny Qwen2-VL gets a
+    screenshot every turn through the cumulative-mode gateway, and the steps keep the images."""
+    import asyncio
+
+    from rllm.engine.launch import build_trainer, task_vocabulary
+    from rllm.engine.metrics_log import read_episode_sample, read_metrics, sample_path
+    from rllm.tiny.vlm import init_tiny_vlm
+
+    words = [*task_vocabulary(load_cookbook("desktop")), *re.findall(r"\w+|[^\w\s]", json.dumps(TOOLS))]
+    model = init_tiny_vlm(tmp_path / "tiny-vlm", vocab_words=words, tool_calls=True)
+    trainer = build_trainer(
+        "desktop",
+        out_dir=str(tmp_path / "run"),
+        overrides=[
+            "progress=false",
+            "plot=false",
+            "tensorboard=false",
+            "total_steps=2",
+            "tasks_per_step=2",
+            "group_size=2",
+            "val_every=0",
+            "rollout.sampling.max_tokens=6",
+            "algorithm.filter_zero_variance=false",
+            f"backend.options.model={model}",
+            "backend.options.lora.rank=0",
+        ],
+    )
+    assert trainer.config.gateway.mode == "cumulative"
+    asyncio.run(trainer.fit())
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [row["step"] for row in rows] == [1, 2]
+    assert all(row["train/sequences"] >= row["episodes"] > 0 for row in rows), rows
+    from transformers import AutoTokenizer
+
+    from rllm.tiny.vlm import IMAGE_PAD
+
+    pad = AutoTokenizer.from_pretrained(model).convert_tokens_to_ids(IMAGE_PAD)
+    sample = read_episode_sample(sample_path(tmp_path / "run", 1))
+    for trajectory in (t for e in sample.episodes for t in e.trajectories):
+        # A random model acts on nothing, so every turn adds the same screenshot: each step's
+        # prompt holds one more image's tokens, and the step keeps that image once (by content).
+        pads = [list(s.prompt_ids).count(pad) for s in trajectory.steps]
+        assert len(pads) > 1 and all(b - a == pads[0] > 0 for a, b in itertools.pairwise(pads)), pads
+        assert all(len(s.images) == 1 for s in trajectory.steps)
