@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from rllm.tiny.tokenizer import TOOL_CALL_TOKENS, build_tokenizer
 from rllm.types.errors import InputError
@@ -151,7 +151,7 @@ def init_tiny_vlm(
     # stream's dimension 0 stays positive at text positions, where the vision tokens' logits
     # then sit ~90 below every other token's, while the rest of the model stays random.
     with torch.no_grad():
-        embeddings = model.get_input_embeddings().weight
+        embeddings = cast(torch.Tensor, model.get_input_embeddings().weight)
         embeddings[:, 0] = 4.0
         embeddings[[start, pad, end], 0] = -4.0
     model.generation_config = GenerationConfig(
