@@ -64,27 +64,19 @@ def host_peer(n: int) -> dict[str, list[float]]:
     shots: list[float] = []
     clicks: list[float] = []
     for i in range(max(3, n // 4)):
-        display = f":{700 + os.getpid() % 100 + i}"
         read_end, write_end = os.pipe()
         t0 = time.perf_counter()
+        # No display number given: the server picks a free one and writes it once it accepts clients.
         server = subprocess.Popen(
-            [
-                "Xvfb",
-                display,
-                "-screen",
-                "0",
-                "1024x768x24",
-                "-nolisten",
-                "tcp",
-                "-displayfd",
-                str(write_end),
-            ],
+            ["Xvfb", "-screen", "0", "1024x768x24", "-nolisten", "tcp", "-displayfd", str(write_end)],
             pass_fds=(write_end,),
             stderr=subprocess.DEVNULL,
         )
         os.close(write_end)
-        os.read(read_end, 16)  # the server writes its display number once it accepts clients
-        os.close(read_end)
+        with os.fdopen(read_end, "rb") as numbers:  # to the newline: closed early, the server fails
+            display = ":" + numbers.readline().decode().strip()
+        if display == ":":
+            raise SystemExit("the host Xvfb did not start")
         env = {**os.environ, "DISPLAY": display}
         wm = subprocess.Popen(["evilwm", "-fn", "fixed"], env=env, stderr=subprocess.DEVNULL)
         starts.append(time.perf_counter() - t0)
