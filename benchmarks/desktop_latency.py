@@ -145,7 +145,7 @@ async def sandboxed(n: int) -> dict[str, list[float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description="sandbox desktop latency vs a host Xvfb")
     parser.add_argument("--n", type=int, default=20)
     args = parser.parse_args()
     print(f"{platform.node()}  {os.cpu_count()} CPUs  load {os.getloadavg()[0]:.1f}  1024x768x24")
