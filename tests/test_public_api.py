@@ -274,6 +274,7 @@ PUBLIC_API: dict[str, list[str]] = {
         "v1_math_evaluator",
         "v1_math_flow",
     ],
+    "rllm_cookbook_desktop": ["TOOLS", "act", "cookbook", "desktop_evaluator", "desktop_flow", "load_tasks"],
     "rllm_cookbook_terminal": [
         "TOOLS",
         "cookbook",

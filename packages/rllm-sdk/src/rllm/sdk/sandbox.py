@@ -72,11 +72,36 @@ class SandboxLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
             raise InvariantError(f"exec_timeout_s must be > 0, got {self.exec_timeout_s}", "exec_timeout_s")
 
 
+class DesktopSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A virtual screen inside the sandbox: an X server (Xvfb) of ``width`` x ``height`` pixels at
+    ``depth`` bits and a minimal window manager, private to the sandbox (its own socket folder,
+    never the host's), counted in its limits and torn down at close. ``apps`` are shell commands
+    started on the display (in ``workdir``, after setup) that live as long as the sandbox;
+    ``screenshot_max`` is the longest side of the screenshots sent to a model (downscaled)."""
+
+    width: int = 1024
+    height: int = 768
+    depth: int = 24
+    apps: tuple[str, ...] = ()
+    screenshot_max: int = 1024
+
+    def __post_init__(self) -> None:
+        for name in ("width", "height"):
+            value = getattr(self, name)
+            if not 64 <= value <= 8192:
+                raise InvariantError(f"desktop {name} must be 64..8192 pixels, got {value}", name)
+        if self.depth not in (8, 16, 24):
+            raise InvariantError(f"desktop depth must be 8, 16 or 24, got {self.depth}", "depth")
+        if self.screenshot_max < 64:
+            raise InvariantError(f"screenshot_max must be >= 64, got {self.screenshot_max}", "screenshot_max")
+
+
 class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """What sandbox a rollout needs. ``setup`` is a shell script run in the sandbox (in
-    ``workdir``) before the agent starts; a failing setup fails the sandbox, not the agent.
-    ``image`` is used by container and hosted backends; the local backend runs the host's
-    read-only system. ``files`` are written into ``workdir`` before ``setup`` runs."""
+        ``workdir``) before the agent starts; a failing setup fails the sandbox, not the agent.
+        ``image`` is used by container and hosted backends; the local backend runs the host's
+        read-only system. ``files`` are written into ``workdir`` before ``setup`` runs. ``desktop``
+    asks for a virtual screen (see :class:`DesktopSpec`; its actions are ``rllm.sdk.desktop``)."""
 
     network: bool = False
     limits: SandboxLimits = SandboxLimits()
@@ -86,6 +111,7 @@ class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     files: dict[str, str] = msgspec.field(default_factory=dict)
     image: str | None = None
     workdir: str = "/work"
+    desktop: DesktopSpec | None = None
 
     def __post_init__(self) -> None:
         if not self.workdir.startswith("/") or self.workdir.rstrip("/") in ("", "/usr", "/etc", "/proc"):

@@ -12,6 +12,8 @@
 
 ``task.toml`` keys (all optional): ``[agent] timeout_sec``, ``[verifier] timeout_sec``,
 ``[environment] network, setup_timeout_sec, cpu_s, memory_mb, max_procs, output_bytes``,
+``[environment.desktop] width, height, depth, apps, screenshot_max`` (a virtual screen whose
+``apps`` start the task's GUI program; see ``rllm.sdk.sandbox.DesktopSpec``),
 ``[metadata]`` (free-form, kept in ``Task.metadata``). The tests are not in the sandbox while
 the agent works: ``run_verifier`` copies them in afterwards, so the agent cannot read or edit them.
 
@@ -30,7 +32,7 @@ from typing import Any
 
 import msgspec
 
-from rllm.sdk.sandbox import ExecResult, Sandbox, SandboxLimits, SandboxSpec
+from rllm.sdk.sandbox import DesktopSpec, ExecResult, Sandbox, SandboxLimits, SandboxSpec
 from rllm.types import Task, convert, to_builtins
 from rllm.types.errors import RLLMError
 
@@ -77,6 +79,7 @@ def load_task_dir(path: str | Path, *, allow_network: bool = False) -> Task:
             setup=setup.read_text() if setup.is_file() else None,
             setup_timeout_s=float(env.get("setup_timeout_sec", 120.0)),
             files=_text_files(root / "environment" / "files"),
+            desktop=convert(env["desktop"], DesktopSpec) if "desktop" in env else None,
         )
     except (TypeError, ValueError, msgspec.ValidationError) as exc:
         raise TaskDirError(f"{root / 'task.toml'} [environment]: {exc}") from None

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from rllm.tiny.tokenizer import build_tokenizer
+from rllm.tiny.tokenizer import TOOL_CALL_TOKENS, build_tokenizer
 from rllm.types.errors import InputError
 
 VISION_START, IMAGE_PAD, VISION_END = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"
@@ -36,11 +36,36 @@ VLM_CHAT_TEMPLATE = (
 )
 
 
-def build_vlm_tokenizer(words: Iterable[str] = ()) -> Any:
-    """tiny.build_tokenizer's tokenizer with the vision tokens and :data:`VLM_CHAT_TEMPLATE`."""
+# VLM_CHAT_TEMPLATE with native tool calls, hermes style as tiny.TOOL_CHAT_TEMPLATE (the tools
+# listed up front, calls as <tool_call>{json}</tool_call>, results as <|tool|> turns): for
+# cookbooks whose vision agents call tools (e.g. the desktop cookbook).
+VLM_TOOL_CHAT_TEMPLATE = (
+    "{% if tools %}{{ '<|system|> tools : ' }}{% for tool in tools %}{{ tool | tojson + ' ' }}{% endfor %}"
+    '{{ \'<tool_call> {"name": name, "arguments": arguments} </tool_call> <|end|> \' }}{% endif %}'
+    "{% for message in messages %}"
+    "{% if message['role'] == 'tool' %}{{ '<|tool|> ' + message['content'] + ' <|end|> ' }}"
+    "{% elif message.get('tool_calls') %}{{ '<|assistant|> ' + (message['content'] or '') + ' ' }}"
+    "{% for call in message['tool_calls'] %}{{ '<tool_call> ' + "
+    "{'name': call['function']['name'], 'arguments': call['function']['arguments']} | tojson"
+    " + ' </tool_call> ' }}{% endfor %}{{ '<|end|> ' }}"
+    "{% else %}{{ '<|' + message['role'] + '|> ' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for block in message['content'] %}"
+    "{% if block['type'] == 'text' %}{{ block['text'] }}"
+    "{% else %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}{% endif %}"
+    "{% endfor %}{% endif %}{{ ' <|end|> ' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|> ' }}{% endif %}"
+)
+
+
+def build_vlm_tokenizer(words: Iterable[str] = (), *, tool_calls: bool = False) -> Any:
+    """tiny.build_tokenizer's tokenizer with the vision tokens and :data:`VLM_CHAT_TEMPLATE`
+    (``tool_calls``: :data:`VLM_TOOL_CHAT_TEMPLATE` and the ``<tool_call>`` tokens)."""
     tokenizer = build_tokenizer(words)
     tokenizer.add_tokens(VISION_TOKENS, special_tokens=True)
-    tokenizer.chat_template = VLM_CHAT_TEMPLATE
+    tokenizer.chat_template = VLM_TOOL_CHAT_TEMPLATE if tool_calls else VLM_CHAT_TEMPLATE
+    if tool_calls:
+        tokenizer.add_tokens(TOOL_CALL_TOKENS)
     return tokenizer
 
 
@@ -70,9 +95,11 @@ def init_tiny_vlm(
     max_positions: int = 2048,
     vision_depth: int = 1,
     vision_dim: int = 64,
+    tool_calls: bool = False,
 ) -> Path:
     """Write a random-init Qwen2-VL (2 text layers, 1 vision block) with its tokenizer and image
-    processor to ``path`` and return it. Deterministic for a seed."""
+    processor to ``path`` and return it. Deterministic for a seed. ``tool_calls``: the tokenizer
+    renders native tool calls (:data:`VLM_TOOL_CHAT_TEMPLATE`)."""
     import torch
     from transformers import GenerationConfig, Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
@@ -81,7 +108,7 @@ def init_tiny_vlm(
         raise InputError(f"init_tiny_vlm: hidden_size/num_heads must be a multiple of 8, got {head_dim}")
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_vlm_tokenizer(vocab_words)
+    tokenizer = build_vlm_tokenizer(vocab_words, tool_calls=tool_calls)
     start, pad, end = tokenizer.convert_tokens_to_ids(VISION_TOKENS)
     # M-RoPE splits each head's rotary half into (time, height, width) sections.
     half = head_dim // 2
@@ -118,6 +145,15 @@ def init_tiny_vlm(
     )
     torch.manual_seed(seed)
     model = Qwen2VLForConditionalGeneration(config)
+    # A trained VLM never samples its vision placeholders (they come only from the processor);
+    # a random one would, and a sampled <|image_pad|> then miscounts the images at training. So
+    # dimension 0 of every (tied) embedding carries +4 and the vision tokens' -4: the residual
+    # stream's dimension 0 stays positive at text positions, where the vision tokens' logits
+    # then sit ~90 below every other token's, while the rest of the model stays random.
+    with torch.no_grad():
+        embeddings = cast(torch.Tensor, model.get_input_embeddings().weight)
+        embeddings[:, 0] = 4.0
+        embeddings[[start, pad, end], 0] = -4.0
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
     )
@@ -133,6 +169,7 @@ __all__ = [
     "VISION_START",
     "VISION_TOKENS",
     "VLM_CHAT_TEMPLATE",
+    "VLM_TOOL_CHAT_TEMPLATE",
     "build_image_processor",
     "build_vlm_tokenizer",
     "init_tiny_vlm",

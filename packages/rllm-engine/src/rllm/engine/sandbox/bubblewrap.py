@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypedDict, TypeVar, cast
 
-from rllm.engine.sandbox import host_files, network, parked, stale
+from rllm.engine.sandbox import desktop, host_files, network, parked, stale
 from rllm.engine.sandbox.cgroups import CgroupHost, SandboxCgroup, detect
 from rllm.sdk.sandbox import ExecResult, SandboxError, SandboxSpec, SandboxUnavailable, truncate_output
 
@@ -132,6 +132,8 @@ class BubblewrapBackend:
         await self.check()
         if spec.network:
             network.check_available()
+        if spec.desktop is not None:
+            desktop.check_tools()
         sandbox = BubblewrapSandbox(self, spec)
         try:
             await sandbox.prepare()
@@ -173,11 +175,15 @@ class BubblewrapBackend:
         # Every writable mount is sized: /tmp and /dev/shm here, the workdir on the host; the
         # root and /dev (tmpfs of half the host's RAM each) are made read-only below.
         args += ["--size", str(lim.tmp_mb * 1024 * 1024), "--tmpfs", "/tmp"]
+        if spec.desktop is not None:  # the sandbox's own X socket folder, never the host's
+            args += ["--bind", str(root / "display" / "x11"), desktop.SOCKET_DIR]
         args += ["--size", str(lim.shm_mb * 1024 * 1024), "--tmpfs", "/dev/shm"]
         args += ["--bind", str(root / "work"), spec.workdir, "--ro-bind", str(root / "ctl"), CTL]
         args += ["--remount-ro", "/dev", "--remount-ro", "/"]
         args += ["--chdir", spec.workdir, "--clearenv"]
         base_env = {"PATH": PATH, "HOME": spec.workdir, "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
+        if spec.desktop is not None:
+            base_env["DISPLAY"] = desktop.DISPLAY
         for key, value in {**base_env, **spec.env}.items():
             args += ["--setenv", key, value]
         return args
@@ -194,6 +200,11 @@ class BubblewrapSandbox:
         self.root.chmod(0o711)  # the sandbox's uid mounts its own folders, so it must reach them
         (self.root / "work").mkdir(mode=0o700)
         (self.root / "ctl").mkdir(mode=0o755)
+        if spec.desktop is not None:
+            # Xvfb makes its socket folder world-writable (1777); the 0700 folder above it keeps
+            # other host users from reaching the socket.
+            (self.root / "display").mkdir(mode=0o700)
+            (self.root / "display" / "x11").mkdir(mode=0o700)
         # The first bwrap starts from a shell already in a fresh cgroup when one is parked (not
         # for networked specs: their bwrap needs descriptors passed at its start).
         self._parked = backend.lot.take() if backend.lot is not None and not spec.network else None
@@ -207,6 +218,9 @@ class BubblewrapSandbox:
                 _mount_tmpfs(self.root / "work", spec.limits.disk_mb, self.uid)
                 self._mounted = True
             host_files.give_to(self.root / "work", self.uid)
+            if spec.desktop is not None and self.uid is not None:
+                for folder in (self.root / "display", self.root / "display" / "x11"):
+                    os.chown(folder, self.uid, self.uid)
             if self.cgroup is not None:
                 self.cgroup.apply(spec.limits)
             else:
@@ -257,6 +271,7 @@ class BubblewrapSandbox:
         self._running: set[asyncio.subprocess.Process] = set()
         self._dying: list[int] = []  # host pids of killed namespaces' inits
         self._nets: dict[asyncio.subprocess.Process, network.Wiring] = {}  # networked bwraps' wiring
+        self._desktop: asyncio.subprocess.Process | None = None  # the desktop session's bwrap
         self.closed = False
 
     async def prepare(self) -> None:
@@ -272,10 +287,33 @@ class BubblewrapSandbox:
             if not result.ok:
                 why = "timed out" if result.timed_out else f"exit {result.exit_code}"
                 raise SandboxError(f"sandbox setup script failed ({why}): {result.stderr.strip()[-500:]}")
+        if self.spec.desktop is not None:
+            await self._start_desktop()
         if self._refill is not None:
             await self._refill
         if self._warm is None:
             self._warm = await self._spawn()
+
+    async def _start_desktop(self) -> None:
+        """Start the desktop session (a bwrap of this sandbox that lives until close) and return
+        once its X server accepts clients and its apps are started."""
+        number, proc, wake = await self._spawn()
+        self._running.add(proc)  # killed with the sandbox, never discarded before
+        self._desktop = proc
+        (self.root / "ctl" / f"{number}.sh").write_text(desktop.session_script(self.spec))
+        _wake(wake)
+        assert proc.stdout is not None
+        try:
+            await desktop.wait_ready(proc.stdout)
+        except SandboxError as exc:
+            raise SandboxError(f"{exc}; X server log: {self._desktop_log()}") from None
+
+    def _desktop_log(self) -> str:
+        path = self.root / "work" / desktop.LOG_DIR / "xvfb.log"
+        try:
+            return path.read_text(errors="replace").strip()[-400:] or "(the X server wrote nothing)"
+        except OSError:
+            return "(no X server log)"
 
     # ------------------------------------------------------------------ exec
     async def exec(
@@ -447,6 +485,8 @@ class BubblewrapSandbox:
     # ------------------------------------------------------------------ lifecycle
     async def is_alive(self) -> bool:
         if self.closed or not (self.root / "work").is_dir():
+            return False
+        if self._desktop is not None and self._desktop.returncode is not None:
             return False
         return self._warm is None or self._warm[1].returncode is None
 

@@ -86,6 +86,10 @@ class DockerBackend:
         return self._client
 
     async def create(self, spec: SandboxSpec) -> DockerSandbox:
+        if spec.desktop is not None:
+            raise SandboxUnavailable(
+                f"the {self.name} sandbox has no desktop support yet (SandboxSpec.desktop); use the bubblewrap backend"
+            )
         client = await asyncio.to_thread(self.client)
         options = container_options(spec, self.image)
         try:

@@ -47,6 +47,10 @@ class E2BBackend:
         self.template, self.lifetime_s, self.connection = template, lifetime_s, connection
 
     async def create(self, spec: SandboxSpec) -> E2BSandbox:
+        if spec.desktop is not None:
+            raise SandboxUnavailable(
+                f"the {self.name} sandbox has no desktop support yet (SandboxSpec.desktop); use the bubblewrap backend"
+            )
         try:
             from e2b import AsyncSandbox
         except ImportError:

@@ -1,0 +1,2 @@
+xdotool mousemove 240 53 click 1
+xdotool mousemove 60 165 click 1

@@ -1,0 +1,2 @@
+xdotool mousemove 80 23 click 1
+xdotool mousemove 60 165 click 1

@@ -1,0 +1,153 @@
+"""Sandbox desktops (SandboxSpec.desktop): a private Xvfb + window manager in the bwrap sandbox,
+screenshots and input through rllm.sdk.desktop, torn down at close. Real bubblewrap, Xvfb, Tk."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import socket
+import textwrap
+from pathlib import Path
+
+import pytest
+from sandbox_helpers import host_processes_with, needs_bwrap
+
+from rllm.engine.sandbox import BubblewrapBackend
+from rllm.sdk.desktop import MAX_TEXT, Desktop, DesktopInputError
+from rllm.sdk.sandbox import DesktopSpec, SandboxSpec
+
+needs_x = pytest.mark.skipif(
+    any(shutil.which(tool) is None for tool in ("Xvfb", "evilwm", "xdotool", "xwd", "xwdtopnm")),
+    reason="apt-get install xvfb evilwm xdotool x11-apps netpbm",
+)
+pytestmark = [needs_bwrap, needs_x, pytest.mark.timeout(120)]
+
+# A Tk form that records its state in state.json and, once shown, where its widgets are.
+APP = textwrap.dedent(
+    """
+    import json, tkinter as tk
+    root = tk.Tk(); root.title("rllm-test-form"); root.geometry("300x160+20+20")
+    state = {"clicks": 0, "saved": None}
+    def write():
+        with open("state.tmp", "w") as f: json.dump(state, f)
+        __import__("os").replace("state.tmp", "state.json")
+    entry = tk.Entry(root); entry.pack(pady=8)
+    def save():
+        state["clicks"] += 1; state["saved"] = entry.get(); write()
+    button = tk.Button(root, text="Save", command=save); button.pack()
+    def ready():
+        def centre(w): return [w.winfo_rootx() + w.winfo_width() // 2, w.winfo_rooty() + w.winfo_height() // 2]
+        state["entry"], state["button"] = centre(entry), centre(button); write()
+    root.after(300, ready)
+    root.mainloop()
+    """
+)
+
+
+def form_spec(width: int = 400, height: int = 300) -> SandboxSpec:
+    return SandboxSpec(
+        files={"app.py": APP},
+        desktop=DesktopSpec(width=width, height=height, apps=("exec /usr/bin/python3 app.py",)),
+    )
+
+
+async def wait_for_form(sandbox) -> dict:
+    # xdotool's --sync blocks until the window exists; then the app's own record of its widgets.
+    result = await sandbox.exec("xdotool search --sync --name rllm-test-form >/dev/null", timeout=30)
+    assert result.ok, result.stderr
+    result = await sandbox.exec(
+        "while ! grep -q button state.json 2>/dev/null; do sleep 0.02; done; cat state.json", timeout=30
+    )
+    assert result.ok, result.stderr
+    return json.loads(result.stdout)
+
+
+async def test_desktop_starts_screenshots_at_its_size_and_is_gone_after_close() -> None:
+    from PIL import Image
+
+    sandbox = await BubblewrapBackend().create(form_spec(width=357, height=241))
+    try:
+        desktop = Desktop(sandbox)
+        png = await desktop.screenshot()
+        assert png.startswith(b"\x89PNG") and Image.open(io.BytesIO(png)).size == (357, 241)
+        block, scale = await desktop.screenshot_block()
+        assert block["type"] == "image_url" and scale == 1.0
+        assert len(host_processes_with("Xvfb :0 -screen 0 357x241x24")) == 1
+        assert len(host_processes_with("evilwm -fn fixed")) >= 1  # the window manager runs too
+        assert (await sandbox.exec("xdotool getdisplaygeometry")).stdout.split() == ["357", "241"]
+    finally:
+        await sandbox.close()
+    assert host_processes_with("Xvfb :0 -screen 0 357x241x24") == []
+    assert not sandbox.root.exists()
+
+
+async def test_click_on_the_button_and_typed_text_reach_the_app() -> None:
+    sandbox = await BubblewrapBackend().create(form_spec())
+    try:
+        desktop = Desktop(sandbox)
+        form = await wait_for_form(sandbox)
+        await desktop.click(*form["entry"])
+        await desktop.type_text("hello desk")
+        await desktop.click(*form["button"])
+        state = json.loads(await sandbox.read_file("state.json"))
+        assert state["clicks"] == 1 and state["saved"] == "hello desk"
+        assert await desktop.cursor() == tuple(form["button"])
+        await desktop.key("ctrl+a")
+        await desktop.click(5, 5)  # nowhere near the button: no click counted
+        assert json.loads(await sandbox.read_file("state.json"))["clicks"] == 1
+    finally:
+        await sandbox.close()
+
+
+async def test_bad_actions_are_refused_before_anything_runs() -> None:
+    sandbox = await BubblewrapBackend().create(SandboxSpec(desktop=DesktopSpec(width=200, height=100)))
+    try:
+        desktop = Desktop(sandbox)
+        with pytest.raises(DesktopInputError, match=r"off the screen"):
+            await desktop.click(200, 5)
+        with pytest.raises(DesktopInputError, match=r"off the screen"):
+            await desktop.drag(0, 0, 5, -1)
+        with pytest.raises(DesktopInputError, match=r"unknown key 'Hyper_Return'"):
+            await desktop.key("ctrl+Hyper_Return")
+        with pytest.raises(DesktopInputError, match=r"unknown modifier"):
+            await desktop.key("cmd+a")
+        with pytest.raises(DesktopInputError, match=rf"at most {MAX_TEXT} characters"):
+            await desktop.type_text("x" * (MAX_TEXT + 1))
+        with pytest.raises(DesktopInputError, match=r"unknown mouse button"):
+            await desktop.click(1, 1, "side")  # type: ignore[arg-type]
+        assert await desktop.cursor() != (200, 5)
+    finally:
+        await sandbox.close()
+
+
+async def test_the_display_is_private_to_the_sandbox(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A host X socket the sandbox must not see, and a host DISPLAY it must not inherit.
+    host_dir = Path("/tmp/.X11-unix")
+    host_dir.mkdir(mode=0o1777, exist_ok=True)
+    name = f"X{9000 + os.getpid() % 900}"
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(host_dir / name))
+    monkeypatch.setenv("DISPLAY", f":{name[1:]}")
+    before = set(os.listdir(host_dir))
+    try:
+        backend = BubblewrapBackend()
+        sandbox = await backend.create(SandboxSpec(desktop=DesktopSpec(width=200, height=100)))
+        other = await backend.create(SandboxSpec(desktop=DesktopSpec(width=200, height=100)))
+        try:
+            result = await sandbox.exec('echo "$DISPLAY"; ls -A /tmp/.X11-unix')
+            assert result.stdout.split() == [":0", "X0"]
+            assert set(os.listdir(host_dir)) == before  # the sandbox's X0 is not on the host
+            # its socket sits under a folder other host users cannot enter
+            assert (sandbox.root / "display").stat().st_mode & 0o777 == 0o700
+            # two sandboxes, two displays: a click in one does not move the other's pointer
+            await Desktop(sandbox).click(150, 70)
+            assert await Desktop(sandbox).cursor() == (150, 70)
+            assert await Desktop(other).cursor() != (150, 70)
+        finally:
+            await sandbox.close()
+            await other.close()
+    finally:
+        listener.close()
+        (host_dir / name).unlink()
