@@ -14,7 +14,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rllm.types import ConfigError, InvariantError
-from rllm.types.config_file import apply_overrides, convert_config, merge_config, read_config_file
+from rllm.types.config_file import (
+    _FLOAT_1_2,
+    apply_overrides,
+    convert_config,
+    merge_config,
+    read_config_file,
+)
 
 # -------------------------------------------------------------------------------- file formats
 
@@ -37,10 +43,16 @@ def _toml_value(value: Any) -> str:
     return "{" + ", ".join(f"{_toml_string(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
 
 
+class _Dumper(yaml.SafeDumper):
+    """Quotes the strings the reader takes for YAML 1.2 floats (`1e5`), as a YAML 1.2 writer would."""
+
+
+_Dumper.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_1_2, list("-+0123456789."))
+
 WRITERS = {
     ".toml": lambda doc: "".join(f"{_toml_string(k)} = {_toml_value(v)}\n" for k, v in doc.items()),
-    ".yaml": lambda doc: yaml.safe_dump(doc, allow_unicode=True),
-    ".yml": lambda doc: yaml.safe_dump(doc),
+    ".yaml": lambda doc: yaml.dump(doc, Dumper=_Dumper, allow_unicode=True),
+    ".yml": lambda doc: yaml.dump(doc, Dumper=_Dumper),
     ".json": lambda doc: msgspec.json.encode(doc).decode(),
 }
 
@@ -115,6 +127,20 @@ def test_overrides_parse_values_as_yaml_and_leave_the_input_alone() -> None:
     out = apply_overrides(base, ["a.b=2", "a.d.e=[1, two]", "f=null", "g=true", "h=", "c=0.5"])
     assert out == {"a": {"b": 2, "d": {"e": [1, "two"]}}, "c": 0.5, "f": None, "g": True, "h": ""}
     assert base == {"a": {"b": 1}, "c": "x"}
+
+
+@settings(max_examples=100, deadline=None)
+@given(x=st.floats(allow_nan=False, allow_infinity=False), style=st.sampled_from(["{:e}", "{:E}", "{:.0e}"]))
+def test_exponent_floats_are_floats_as_in_yaml_1_2(x: float, style: str) -> None:
+    """`learning_rate=1e-3` is a float (PyYAML alone, YAML 1.1, reads it as a string)."""
+    text = style.format(x)
+    assert apply_overrides({}, [f"lr={text}"]) == {"lr": float(text)}
+
+
+def test_exponent_floats_in_a_yaml_file(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("lr: 1e-3\nwarm: 5E+2\nname: 1e5x\nquoted: '1e-3'\n", encoding="utf-8")
+    assert read_config_file(path) == {"lr": 0.001, "warm": 500.0, "name": "1e5x", "quoted": "1e-3"}
 
 
 def test_bad_overrides() -> None:

@@ -51,7 +51,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         else:
             yaml = _yaml(f"config file {path}: reading YAML")
             try:
-                doc = yaml.safe_load(text)
+                doc = yaml.load(text, Loader=_yaml_loader())
             except yaml.YAMLError as exc:
                 raise ConfigError(str(exc)) from None
     except (tomllib.TOMLDecodeError, msgspec.DecodeError, ValueError) as exc:
@@ -79,7 +79,7 @@ def apply_overrides(doc: Mapping[str, Any], overrides: Iterable[str]) -> dict[st
         key = key.strip()
         if not sep or not key:
             raise ConfigError(f"override {item!r} is not of the form key.sub=value")
-        value = _yaml("overrides").safe_load(raw) if raw.strip() else ""
+        value = _yaml("overrides").load(raw, Loader=_yaml_loader()) if raw.strip() else ""
         *parents, leaf = key.split(".")
         node = out
         for part in parents:
@@ -219,3 +219,23 @@ def _yaml(what: str) -> Any:
     except ImportError:
         raise ConfigError(f"{what} needs PyYAML: pip install 'rllm-types[yaml]'") from None
     return yaml
+
+
+# YAML 1.2's floats: PyYAML follows YAML 1.1, where `1e-3` (no dot) is a string, so
+# `learning_rate=1e-3` would be refused as "expected float, got str".
+_FLOAT_1_2 = re.compile(r"^[-+]?(?:\d[\d_]*(?:\.\d*)?|\.\d+)[eE][-+]?\d+$")
+_LOADER: Any = None
+
+
+def _yaml_loader() -> Any:
+    """PyYAML's safe loader that also reads YAML 1.2 exponent floats (``1e-3``, ``5E+2``)."""
+    global _LOADER
+    if _LOADER is None:
+        yaml = _yaml("YAML")
+
+        class Loader(yaml.SafeLoader):
+            pass
+
+        Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_1_2, list("-+0123456789."))
+        _LOADER = Loader
+    return _LOADER
