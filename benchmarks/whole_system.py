@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-import cpu_training as ct  # noqa: E402  (the sibling benchmark: TRL and direct sides)
+import cpu_training as ct  # (the sibling benchmark: TRL and direct sides)
 
 # (label, scope): "step" parts are sequential wall time of the trainer; "rollout" parts are per rollout.
 STEP_PARTS = [
