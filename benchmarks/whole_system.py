@@ -293,8 +293,11 @@ def main() -> None:
         ratio = results["system"].seconds_per_step / results["direct"].seconds_per_step
         print(f"system/direct per step: {ratio:.2f}x (target <= 1.3)")
     if "system" in results and "trl" in results:
-        ratio = ct.time_to_target(results["system"]) / ct.time_to_target(results["trl"])
-        print(f"system/TRL wall time to 0.9: {ratio:.2f}x (target <= 1.0)")
+        if results["system"].seconds_to_target is None or results["trl"].seconds_to_target is None:
+            print("system/TRL wall time to 0.9: n/a (a side did not reach 0.9; raise --max-steps)")
+        else:
+            ratio = ct.time_to_target(results["system"]) / ct.time_to_target(results["trl"])
+            print(f"system/TRL wall time to 0.9: {ratio:.2f}x (target <= 1.0)")
     if timers is not None and timers.steps:
         print_breakdown(timers, skip=min(3, len(timers.steps) - 1))
 
