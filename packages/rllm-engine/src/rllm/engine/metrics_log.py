@@ -11,6 +11,7 @@ import json
 import logging
 import os
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -46,12 +47,27 @@ class MetricsLogger:
         self._file = self.path.open("a", buffering=1)
         self._tb = _tensorboard_writer(out_dir / "tensorboard") if tensorboard else None
         self._wandb = _wandb_run(out_dir, config) if wandb else None
+        # The sinks (TensorBoard's protobufs, wandb) cost ~5 ms a step, a tenth of a toy step
+        # (benchmarks/whole_system.py): they run on one thread, in order, off the step's path.
+        # metrics.jsonl (what resume and `rllm view` read) stays written here, synchronously.
+        self._sinks = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="rllm-metrics")
+            if self._tb is not None or self._wandb is not None
+            else None
+        )
+        self._pending: list[Future[None]] = []
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         self._file.write(json.dumps({"step": step, **metrics}) + "\n")
+        if self._sinks is None:
+            return
+        self._raise_sink_errors(wait=False)
         scalars = {
             k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)
         }
+        self._pending.append(self._sinks.submit(self._mirror, step, scalars))
+
+    def _mirror(self, step: int, scalars: dict[str, float]) -> None:
         if self._tb is not None:
             for key, value in scalars.items():
                 self._tb.add_scalar(key, value, step)
@@ -59,12 +75,27 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.log(scalars, step=step)
 
+    def _raise_sink_errors(self, wait: bool) -> None:
+        """A sink that failed fails the run loudly (at the next step, or at close)."""
+        pending, self._pending = self._pending, []
+        for future in pending:
+            if wait or future.done():
+                future.result()
+            else:
+                self._pending.append(future)
+
     def close(self) -> None:
         self._file.close()
-        if self._tb is not None:
-            self._tb.close()
-        if self._wandb is not None:
-            self._wandb.finish()
+        try:
+            if self._sinks is not None:
+                self._raise_sink_errors(wait=True)
+        finally:
+            if self._sinks is not None:
+                self._sinks.shutdown(wait=True)
+            if self._tb is not None:
+                self._tb.close()
+            if self._wandb is not None:
+                self._wandb.finish()
 
 
 def sample_path(out_dir: Path, step: int) -> Path:

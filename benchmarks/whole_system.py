@@ -1,0 +1,306 @@
+"""Whole-system benchmark: `rllm train` vs the backend driven directly vs TRL's GRPOTrainer.
+
+Same toy config as benchmarks/cpu_training.py (say-single: "say: X" over 8 words, reward 1 when
+the reply starts with X; 4 tasks x 8 samples per step, lr 1e-4, at most 4 tokens, temperature 1,
+one flow worker, no validation or checkpoints, broadcast step credit), each side run until the
+trailing 25-step mean reward reaches 0.9 (or --max-steps / --max-seconds):
+
+  (1) trl     TRL's GRPOTrainer (subprocess, venv made by cpu_training.ensure_trl_env)
+  (2) direct  the local backend driven directly (cpu_training.run_ours)
+  (3) system  the Trainer as `rllm train` builds it (rllm.engine.launch.build_trainer): engine,
+              embedded gateway sessions, sampler server, traces, episodes, evaluator, files
+
+Printed: each side's per-step median and wall time to 0.9, the ratios the issue sets targets on
+(system/direct per step <= 1.3x, system/TRL wall to 0.9 <= 1.0x), and for (3) a per-component
+breakdown of a step: median milliseconds per step of each part, measured by wrapping the parts
+in this process (the run itself is unchanged). Rollout-internal parts run concurrently for the
+step's 32 rollouts: they are shown as the mean per rollout; trainer-side parts are sequential.
+
+    uv run --no-sync python benchmarks/whole_system.py                    # all three sides
+    uv run --no-sync python benchmarks/whole_system.py --only system --max-steps 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+import cpu_training as ct  # (the sibling benchmark: TRL and direct sides)
+
+# (label, scope): "step" parts are sequential wall time of the trainer; "rollout" parts are per rollout.
+STEP_PARTS = [
+    ("data order (next_batch)", "step"),
+    ("rollouts: engine.run (wall)", "step"),
+    ("group + filter", "step"),
+    ("advantages", "step"),
+    ("sequences", "step"),
+    ("train step (backend)", "step"),
+    ("token-truth mismatch", "step"),
+    ("sample file (episodes)", "step"),
+    ("pause + sync + resume", "step"),
+    ("  of which sync_weights", "step"),
+    ("episode metrics", "step"),
+    ("metrics file (metrics.jsonl)", "step"),
+    ("progress display", "step"),
+]
+ROLLOUT_PARTS = [
+    ("rollout attempt (whole)", "rollout"),
+    ("session open", "rollout"),
+    ("flow run (LLM call via gateway)", "rollout"),
+    ("session close + trace fetch", "rollout"),
+    ("episode build", "rollout"),
+    ("evaluator (score)", "rollout"),
+]
+
+
+class Timers:
+    """Accumulates the seconds each wrapped part takes within the current step."""
+
+    def __init__(self) -> None:
+        self.current: dict[str, float] = defaultdict(float)
+        self.counts: dict[str, int] = defaultdict(int)
+        self.steps: list[dict[str, float]] = []
+        self.step_counts: list[dict[str, int]] = []
+
+    def close_step(self) -> None:
+        self.steps.append(dict(self.current))
+        self.step_counts.append(dict(self.counts))
+        self.current.clear()
+        self.counts.clear()
+
+    def wrap(self, owner: Any, attr: str, label: str) -> None:
+        fn = getattr(owner, attr)
+        timers = self
+        if asyncio.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def awrapped(*a: Any, **k: Any) -> Any:
+                t = time.perf_counter()
+                try:
+                    return await fn(*a, **k)
+                finally:
+                    timers.current[label] += time.perf_counter() - t
+                    timers.counts[label] += 1
+
+            setattr(owner, attr, awrapped)
+        else:
+
+            @functools.wraps(fn)
+            def wrapped(*a: Any, **k: Any) -> Any:
+                t = time.perf_counter()
+                try:
+                    return fn(*a, **k)
+                finally:
+                    timers.current[label] += time.perf_counter() - t
+                    timers.counts[label] += 1
+
+            setattr(owner, attr, wrapped)
+
+
+def instrument(timers: Timers, on_step: Callable[[int, dict[str, Any]], None]) -> None:
+    """Wrap the parts of a step where they are looked up (module globals / classes)."""
+    from rllm.engine import rollout_engine as re_mod
+    from rllm.engine import trainer as tr
+    from rllm.engine.metrics_log import MetricsLogger
+    from rllm.engine.rollout_engine import RolloutEngine
+    from rllm.engine.train_progress import TrainProgress
+    from rllm.gateway.local_client import LocalGatewayClient
+
+    timers.wrap(tr, "next_batch", "data order (next_batch)")
+    timers.wrap(RolloutEngine, "run", "rollouts: engine.run (wall)")
+    timers.wrap(tr, "group_trajectories", "group + filter")
+    timers.wrap(tr, "filter_groups", "group + filter")
+    timers.wrap(tr, "compute_advantages", "advantages")
+    timers.wrap(tr, "sequences_from_groups", "sequences")
+    timers.wrap(tr, "measure_mismatch", "token-truth mismatch")
+    timers.wrap(tr, "check_mismatch", "token-truth mismatch")
+    timers.wrap(tr, "write_episode_sample", "sample file (episodes)")
+    timers.wrap(tr, "episode_metrics", "episode metrics")
+    timers.wrap(TrainProgress, "update", "progress display")
+    timers.wrap(RolloutEngine, "_attempt", "rollout attempt (whole)")
+    timers.wrap(LocalGatewayClient, "create_session", "session open")
+    timers.wrap(re_mod, "call_with_deadline", "flow run (LLM call via gateway)")
+    timers.wrap(LocalGatewayClient, "finish_session", "session close + trace fetch")
+    timers.wrap(re_mod, "build_episode", "episode build")
+    timers.wrap(RolloutEngine, "_score", "evaluator (score)")
+    for name in ("pause", "resume", "set_weight_version"):
+        timers.wrap(LocalGatewayClient, name, "pause + sync + resume")
+    timers.wrap(MetricsLogger, "log", "metrics file (metrics.jsonl)")
+
+    # Outermost on MetricsLogger.log: one row is one finished step (its time stamp and reward).
+    inner_log = MetricsLogger.log
+
+    def log(self: Any, step: int, metrics: dict[str, Any]) -> None:
+        inner_log(self, step, metrics)
+        on_step(step, metrics)
+
+    MetricsLogger.log = log  # type: ignore[method-assign]
+
+
+def wrap_backend(timers: Timers, backend: Any) -> None:
+    timers.wrap(backend, "train_step", "train step (backend)")
+    timers.wrap(backend, "sync_weights", "  of which sync_weights")
+    # sync_weights runs between pause and resume: count it in that part as well.
+    inner = backend.sync_weights
+
+    async def sync() -> Any:
+        t = time.perf_counter()
+        try:
+            return await inner()
+        finally:
+            timers.current["pause + sync + resume"] += time.perf_counter() - t
+
+    backend.sync_weights = sync
+
+
+def run_system(args: argparse.Namespace, breakdown: bool) -> tuple[ct.RunResult, Timers | None]:
+    import msgspec
+
+    from rllm.engine.launch import build_trainer
+
+    out = Path(tempfile.mkdtemp(prefix="rllm-ws-")) / "run"
+    overrides = [
+        f"tasks_per_step={args.prompts}",
+        f"group_size={args.group}",
+        f"backend.options.learning_rate={args.lr}",
+        f"backend.options.torch_threads={args.threads}",
+        "rollout.sampling.max_tokens=4",
+        f"total_steps={args.max_steps}",
+        "val_every=0",
+        "ckpt_every=0",
+        "rollout.workers=1",
+        "algorithm.step_credit=broadcast",
+        f"seed={args.seed}",
+        "progress=false",
+        "plot=false",
+    ]
+    trainer = build_trainer("say-single", overrides=overrides, out_dir=str(out), resume=False)
+    rewards: list[float] = []
+    ends: list[float] = []
+    timers = Timers() if breakdown else None
+    start = [0.0]
+
+    def on_step(step: int, metrics: dict[str, Any]) -> None:
+        if step == 0:
+            return
+        rewards.append(float(metrics["reward/mean"]))
+        ends.append(time.perf_counter())
+        if timers is not None:
+            timers.close_step()
+        if ct._reached(rewards) or ends[-1] - start[0] > args.max_seconds:
+            # End the loop after this step, as total_steps would (the final checkpoint follows).
+            msgspec.structs.force_setattr(trainer.config, "total_steps", step)
+
+    if timers is not None:
+        instrument(timers, on_step)
+        wrap_backend(timers, trainer.backend)
+    else:
+        from rllm.engine.metrics_log import MetricsLogger
+
+        inner_log = MetricsLogger.log
+
+        def log(self: Any, step: int, metrics: dict[str, Any]) -> None:
+            inner_log(self, step, metrics)
+            on_step(step, metrics)
+
+        MetricsLogger.log = log  # type: ignore[method-assign]
+
+    # The clock starts with the first step's rollouts (after backend + engine start-up), as
+    # TRL's on_train_begin and the direct side's loop do.
+    from rllm.engine.trainer import Trainer
+
+    inner_step = Trainer._train_one_step
+
+    async def first_step(self: Any, engine: Any, state: Any) -> Any:
+        if not start[0]:
+            start[0] = time.perf_counter()
+        return await inner_step(self, engine, state)
+
+    Trainer._train_one_step = first_step  # type: ignore[method-assign]
+    asyncio.run(trainer.fit(resume=False, overwrite=False))
+    return ct.summarise("system", args.lr, rewards, ends, start[0]), timers
+
+
+def median_step_ms(r: ct.RunResult, ends: list[float] | None = None) -> float:
+    return r.seconds_per_step * 1000
+
+
+def print_breakdown(timers: Timers, skip: int) -> None:
+    steps = timers.steps[skip:] or timers.steps
+    counts = timers.step_counts[skip:] or timers.step_counts
+    print(f"\nper-component breakdown of one `rllm train` step (median over {len(steps)} steps):")
+    for label, _ in STEP_PARTS:
+        values = [s.get(label, 0.0) * 1000 for s in steps]
+        print(f"  {label:34s} {statistics.median(values):8.2f} ms/step")
+    step_total = statistics.median(
+        sum(s.get(label, 0.0) for label, _ in STEP_PARTS if not label.startswith("  ")) * 1000 for s in steps
+    )
+    print(f"  {'sum of the parts above':34s} {step_total:8.2f} ms/step")
+    print("  within the rollouts (mean per rollout; the step's rollouts run concurrently):")
+    for label, _ in ROLLOUT_PARTS:
+        per = [s.get(label, 0.0) * 1000 / max(c.get(label, 0), 1) for s, c in zip(steps, counts, strict=True)]
+        print(f"    {label:32s} {statistics.median(per):8.2f} ms/rollout")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads, every side")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-steps", type=int, default=3000)
+    parser.add_argument("--max-seconds", type=float, default=300.0, help="per side")
+    parser.add_argument("--only", choices=["trl", "direct", "system"], action="append", default=None)
+    parser.add_argument("--no-breakdown", action="store_true", help="run (3) without the wrappers")
+    parser.add_argument("--trl-venv", type=Path, default=Path("/tmp/trlenv"))
+    args = parser.parse_args()
+    sides = args.only or ["trl", "direct", "system"]
+
+    from rllm.tiny import init_tiny_model
+
+    model = init_tiny_model(
+        Path(tempfile.mkdtemp(prefix="rllm-ws-")) / "model", vocab_words=ct.WORDS, seed=args.seed
+    )
+    print(
+        f"{args.prompts} tasks x {args.group} samples per step, lr {args.lr:g}, {args.threads} torch thread(s)"
+    )
+    results: dict[str, ct.RunResult] = {}
+    timers: Timers | None = None
+    for side in sides:
+        if side == "trl":
+            r = ct.run_trl(ct.ensure_trl_env(args.trl_venv), model, args.lr, args)
+        elif side == "direct":
+            r = asyncio.run(ct.run_ours(model, args.lr, args))
+            r.side = "direct"
+        else:
+            r, timers = run_system(args, breakdown=not args.no_breakdown)
+        results[side] = r
+        print(ct.fmt(r).replace("rllm ", "direct") if side == "direct" else ct.fmt(r), flush=True)
+    if "system" in results and "direct" in results:
+        ratio = results["system"].seconds_per_step / results["direct"].seconds_per_step
+        print(f"system/direct per step: {ratio:.2f}x (target <= 1.3)")
+    if "system" in results and "trl" in results:
+        if results["system"].seconds_to_target is None or results["trl"].seconds_to_target is None:
+            print("system/TRL wall time to 0.9: n/a (a side did not reach 0.9; raise --max-steps)")
+        else:
+            ratio = ct.time_to_target(results["system"]) / ct.time_to_target(results["trl"])
+            print(f"system/TRL wall time to 0.9: {ratio:.2f}x (target <= 1.0)")
+    if timers is not None and timers.steps:
+        print_breakdown(timers, skip=min(3, len(timers.steps) - 1))
+
+
+if __name__ == "__main__":
+    main()
