@@ -17,6 +17,11 @@ def test_rllm_train_say_on_a_local_ray(tmp_path: Path, monkeypatch: pytest.Monke
     ray = pytest.importorskip("ray")
     # Workers run this venv's Python: under `uv run` Ray would rebuild the workspace per worker.
     monkeypatch.setenv("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    # Ray read that variable at import (maybe before this test): set its switch here too, or under
+    # `uv run … nox` its hook would start the workers with nox's command line.
+    from ray._private import ray_constants
+
+    monkeypatch.setattr(ray_constants, "RAY_ENABLE_UV_RUN_RUNTIME_ENV", False)
     out = tmp_path / "run"
     args = ["train", "say", "--out", str(out), "total_steps=3", "rollout.executor=ray"]
     quick = ["rollout.ray.num_workers=2", "tasks_per_step=2", "group_size=2", "val_every=0"]

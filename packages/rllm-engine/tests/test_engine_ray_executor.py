@@ -108,6 +108,15 @@ def _start_node(args: list[str], env: dict[str, str], log: Path, deadline: float
     raise AssertionError("not reached")
 
 
+def _set_uv_run_hook(on: bool) -> bool:
+    """Set Ray's "replicate the `uv run` environment" switch in this process; the old value."""
+    from ray._private import ray_constants
+
+    old = ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV
+    ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = on
+    return old
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
     """A head and a worker node on 127.0.0.1, one CPU each: two one-CPU rollout workers must go
@@ -128,6 +137,9 @@ def cluster() -> Iterator[str]:
     own = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
     saved = {k: os.environ.get(k) for k in own}
     os.environ.update(own)
+    # This process's Ray read that variable when it was imported (at collection, before this
+    # fixture): under `uv run … nox` its hook would start workers with nox's command line.
+    uv_hook = _set_uv_run_hook(False)
     env.update(own)
     # Short temp dirs: Ray's unix socket paths must stay under the 107-byte limit.
     temps = [tempfile.mkdtemp(prefix="rh", dir="/tmp"), tempfile.mkdtemp(prefix="rw", dir="/tmp")]
@@ -149,6 +161,7 @@ def cluster() -> Iterator[str]:
         for proc in reversed(procs):
             _stop(proc)
         sys.path.remove(str(flows_dir))
+        _set_uv_run_hook(uv_hook)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)

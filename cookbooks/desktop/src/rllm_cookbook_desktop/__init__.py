@@ -76,9 +76,9 @@ async def act(desktop: Desktop, name: str, arguments: str, scale: float) -> str:
     """Run one tool call; its result (or the refusal the model should read) as text."""
     try:
         args = json.loads(arguments or "{}")
-        if not isinstance(args, dict):
-            raise TypeError
-    except (json.JSONDecodeError, TypeError):
+    except json.JSONDecodeError:
+        args = None
+    if not isinstance(args, dict):
         return f"error: {name} takes a JSON object of arguments"
 
     def point(x: str, y: str) -> tuple[int, int]:
