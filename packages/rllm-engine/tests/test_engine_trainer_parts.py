@@ -163,3 +163,26 @@ def test_sequences_carry_their_images_in_prompt_order():
         )
     (seq,) = sequences_from_trajectory(Trajectory(steps=steps))
     assert seq.images == [a, b, a]
+
+
+async def test_a_swallowed_ctrl_c_still_stops_the_run_at_the_next_step() -> None:
+    """Ctrl-C cancels the main task; when something on the way swallows the CancelledError (as
+    Python 3.11's wait_for can), the training loop still stops instead of running to its end."""
+    from rllm.engine.trainer import _stop_if_cancel_requested
+
+    started = asyncio.Event()
+
+    async def step_loop() -> str:
+        try:
+            started.set()
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            pass  # swallowed
+        _stop_if_cancel_requested()
+        return "ran to the end"
+
+    task = asyncio.create_task(step_loop())
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task

@@ -157,6 +157,7 @@ class Trainer:
                 if validating and state.step == 0:
                     metrics_log.log(0, await self._validate(engine))
                 while state.step < cfg.total_steps:
+                    _stop_if_cancel_requested()
                     if stepper is not None:
                         metrics = await stepper.step()
                     else:
@@ -339,3 +340,13 @@ def validate_algorithm(config: TrainerConfig, backend: Backend) -> None:
         raise ConfigError(
             f"backend {config.backend.name!r} cannot run this algorithm config: {exc}"
         ) from None
+
+
+def _stop_if_cancel_requested() -> None:
+    """Raise CancelledError when this task was asked to stop (Ctrl-C cancels the main task) but
+    the request was swallowed on the way, as Python 3.11's ``asyncio.wait_for`` can do when the
+    awaited call finishes in the same loop turn: the run then stops at the next step instead of
+    running to its end and exiting 0."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
