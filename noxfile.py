@@ -86,7 +86,15 @@ def packages(session: nox.Session) -> None:
 @nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
     """All CPU tests of every package and the cross-package end-to-end runs."""
-    session.run(*PYTEST, "-m", "not browser", *session.posargs, env={"PYTHONHASHSEED": "0"})
+    session.run(*PYTEST, "-m", "not browser and not ray", *session.posargs, env={"PYTHONHASHSEED": "0"})
+
+
+@nox.session(venv_backend="none")
+def ray(session: nox.Session) -> None:
+    """The Ray rollout executor on real local clusters, in a pytest process of its own: Ray keeps
+    process-wide state (its connection, switches read once at import) that no other test shares."""
+    paths = ("packages/rllm-engine/tests", "packages/rllm-cli/tests")
+    session.run(*PYTEST, "-m", "ray", *paths, *session.posargs, env={"PYTHONHASHSEED": "0"})
 
 
 @nox.session(venv_backend="none")

@@ -60,12 +60,25 @@ def _alive(pids: set[int], group: int) -> set[int]:
     return out
 
 
+def _ctrl_c_at_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_exits_130_with_one_line_and_the_run_resumes(tmp_path: Path) -> None:
     out = tmp_path / "run"
     args = ["train", "say", "--out", str(out), "total_steps=100", *ARGS]
     stderr_path = tmp_path / "stderr.txt"
     with stderr_path.open("w") as stderr:
-        proc = subprocess.Popen(_cli(*args), stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
+        # As a terminal starts a foreground command: Ctrl-C at its default. A test run launched in
+        # the background of a shell inherits SIGINT ignored, and Python then never raises
+        # KeyboardInterrupt (the run would carry on to its end).
+        proc = subprocess.Popen(
+            _cli(*args),
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,
+            preexec_fn=_ctrl_c_at_default,
+        )
     try:
         deadline = time.monotonic() + 300
         metrics = out / "metrics.jsonl"

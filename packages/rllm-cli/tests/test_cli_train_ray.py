@@ -10,7 +10,7 @@ import pytest
 from rllm.cli.main import main
 from rllm.engine.metrics_log import read_metrics
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
 
 def test_rllm_train_say_on_a_local_ray(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
