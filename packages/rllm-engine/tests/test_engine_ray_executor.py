@@ -4,6 +4,8 @@ second ``ray start --address``, each with its own temp dir, started and stopped 
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import shutil
 import signal
@@ -13,22 +15,32 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from rllm.engine.executors import RaySettings
+from rllm.engine.plugins import load_cookbook
 from rllm.engine.rollout_config import RolloutConfig
 from rllm.engine.rollout_engine import RolloutEngine
-from rllm.types import Episode, TerminationReason
+from rllm.engine.trainer import episode_metrics
+from rllm.engine.worker_metrics import acquire_s_by_worker
+from rllm.testing import MockReply, MockUpstream
+from rllm.types import ConfigError, Episode, TerminationReason
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
+
+needs_bwrap = pytest.mark.skipif(
+    shutil.which("bwrap") is None or shutil.which("prlimit") is None,
+    reason="bubblewrap (bwrap) and prlimit are not installed: apt-get install bubblewrap",
+)
 
 ray = pytest.importorskip("ray")
 
 # The workers import the flow by name: it lives in a module on the PYTHONPATH of both nodes.
 FLOWS = """
+import asyncio
 import os
 from pathlib import Path
 
@@ -43,6 +55,27 @@ async def two_turns(task, config):
     if marker and task.id == "t0" and not Path(marker).exists():
         Path(marker).write_text("died")
         os._exit(3)  # this node's worker process dies mid-rollout
+    return await _chat(task, config)
+
+
+@rollout
+async def held(task, config):
+    # Writes a marker and waits forever (on every node, or only on the node started with
+    # RLLM_TEST_NODE=victim); a cancellation it receives leaves a ".cancelled" marker.
+    hold = config.metadata.get("hold_dir")
+    here = config.metadata.get("hold_on") in (None, os.environ.get("RLLM_TEST_NODE"))
+    if hold and here:
+        marker = Path(hold, f"{task.id}-{config.metadata['rollout_index']}-{os.getpid()}")
+        marker.write_text(os.environ.get("RLLM_TEST_NODE", ""))
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            marker.with_suffix(".cancelled").write_text("")
+            raise
+    return await _chat(task, config)
+
+
+async def _chat(task, config):
     client = openai.AsyncOpenAI(base_url=config.base_url, api_key=config.api_key, max_retries=0)
     messages = [{"role": "user", "content": f"{task.instruction} #{task.id}"}]
     for turn in range(2):
@@ -101,7 +134,9 @@ def _start_node(args: list[str], env: dict[str, str], log: Path, deadline: float
                 if b"timed out during startup" in log.read_bytes() and attempt < 3:
                     break
                 raise AssertionError(log.read_text())
-            assert time.monotonic() < deadline, f"the Ray node did not come up:\n{log.read_text()}"
+            if time.monotonic() > deadline:
+                _stop(proc)  # what it started so far
+                raise AssertionError(f"the Ray node did not come up:\n{log.read_text()}")
             time.sleep(0.5)  # polling a log file: nothing else tells us
         else:
             return proc
@@ -115,6 +150,9 @@ def _set_uv_run_hook(on: bool) -> bool:
     old = ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV
     ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = on
     return old
+
+
+_NODE_ENV: dict[str, str] = {}  # the environment the cluster's nodes were started with
 
 
 @pytest.fixture(scope="module")
@@ -141,6 +179,8 @@ def cluster() -> Iterator[str]:
     # fixture): under `uv run … nox` its hook would start workers with nox's command line.
     uv_hook = _set_uv_run_hook(False)
     env.update(own)
+    _NODE_ENV.clear()
+    _NODE_ENV.update(env)
     # Short temp dirs: Ray's unix socket paths must stay under the 107-byte limit.
     temps = [tempfile.mkdtemp(prefix="rh", dir="/tmp"), tempfile.mkdtemp(prefix="rw", dir="/tmp")]
     address = f"127.0.0.1:{_free_port()}"
@@ -249,3 +289,213 @@ async def test_a_dead_worker_is_retried_on_the_other_node_and_nothing_is_lost(cl
     assert retried and all(ep.task_id == "t0" or ep.metrics["worker_lost"] == 1 for ep in retried)
     # Every rollout was answered once: the survivor's count is all rollouts but the dead one's.
     assert sum(by_node.values()) == 20 and by_node[alive[0]] >= len(retried)
+
+
+async def _until(condition: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:
+    """Wait for ``condition`` (a file another process writes: nothing else tells us)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.1)
+
+
+def _held(folder: Path) -> list[Path]:
+    return [p for p in folder.iterdir() if not p.suffix]
+
+
+def _cancelled(folder: Path) -> list[Path]:
+    return list(folder.glob("*.cancelled"))
+
+
+@pytest.fixture
+def victim_node(cluster: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A third node (one CPU, custom resource ``victim``) whose workers see RLLM_TEST_NODE=victim;
+    the test kills it, and teardown ends whatever it left (by process group)."""
+    temp = tempfile.mkdtemp(prefix="rv", dir="/tmp")
+    env = {**_NODE_ENV, "RLLM_TEST_NODE": "victim"}
+    args = [f"--address={cluster}", f"--temp-dir={temp}", '--resources={"victim": 1}']
+    proc = _start_node(args, env, Path(temp) / "node.log", time.monotonic() + RAY_START_WINDOW_S)
+    try:
+        yield proc
+    finally:
+        _stop(proc)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _raylet_pid(node: subprocess.Popen[bytes]) -> int:
+    """The raylet that ``ray start`` (its own process group) started."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry.name)) != node.pid:
+                continue
+            with open(f"/proc/{entry.name}/comm") as f:
+                if f.read().strip() == "raylet":
+                    return int(entry.name)
+        except (OSError, ProcessLookupError):
+            continue
+    raise AssertionError("the victim node has no raylet")
+
+
+async def test_a_killed_node_s_rollouts_are_retried_on_the_others(cluster, victim_node, upstream, tmp_path):
+    """SIGKILL of a whole non-head node's raylet mid-batch: its in-flight rollouts fail as a lost
+    worker, run again on the other nodes, nothing is lost or answered twice, and the step's
+    metrics count them in ``rollout/worker_lost``."""
+    import rllm_ray_flows as flows  # type: ignore[import-not-found]
+
+    config = RolloutConfig(
+        n=2,
+        concurrency=9,
+        progress=False,
+        executor="ray",
+        # Three one-CPU workers on three one-CPU nodes: one on each, the victim's included.
+        ray=RaySettings(address=cluster, num_workers=3, resources_per_worker={"CPU": 1.0}),
+        metadata={"hold_dir": str(tmp_path), "hold_on": "victim"},
+    )
+    async with RolloutEngine(flows.held, None, config, upstreams=[upstream.url]) as engine:
+        pool = engine._pool
+        victim = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and "victim" in n["Resources"])
+        assert victim in {w.node_id for w in pool.workers}  # type: ignore[union-attr]
+        run = asyncio.create_task(engine.run(_tasks(6)))
+        await _until(lambda: bool(_held(tmp_path)), "a rollout running on the victim node")
+        os.kill(_raylet_pid(victim_node), signal.SIGKILL)
+        episodes = await asyncio.wait_for(run, 300)
+        lost = pool.workers_lost  # type: ignore[union-attr]
+        by_node = dict(pool.completed_by_node)  # type: ignore[union-attr]
+    assert lost == 1 and victim not in by_node and len(by_node) == 2, by_node
+    assert [(ep.task_id, ep.rollout_index) for ep in episodes] == [
+        (f"t{i}", r) for i in range(6) for r in range(2)
+    ]
+    assert all(ep.termination_reason == TerminationReason.DONE for ep in episodes), [
+        ep.error for ep in episodes
+    ]
+    assert sum(by_node.values()) == 12  # each rollout answered exactly once
+    retried = [ep for ep in episodes if ep.metrics.get("worker_lost")]
+    assert all(ep.metrics["worker_lost"] == 1 for ep in retried)
+    # Every rollout that had started on the victim (and any queued behind them there) ran again.
+    assert len(retried) >= len(_held(tmp_path)) >= 1
+    assert episode_metrics(episodes)["rollout/worker_lost"] == len(retried)
+
+
+async def test_a_cancelled_rollout_is_cancelled_in_its_actor(cluster, upstream, tmp_path):
+    """Cancelling the batch (a step cancelled, Ctrl-C) cancels each rollout in its Ray actor:
+    the flow there gets CancelledError (before, only the driver's wait ended and the flow ran on)."""
+    import rllm_ray_flows as flows  # type: ignore[import-not-found]
+
+    config = _ray_config(cluster, metadata={"hold_dir": str(tmp_path)})
+    async with RolloutEngine(flows.held, None, config, upstreams=[upstream.url]) as engine:
+        run = asyncio.create_task(engine.run(_tasks(2)))
+        await _until(lambda: len(_held(tmp_path)) == 4, "all four rollouts running in their actors")
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        await _until(lambda: len(_cancelled(tmp_path)) == 4, "every remote flow cancelled")
+
+
+async def test_a_rollout_past_its_deadline_is_cancelled_in_its_actor(cluster, upstream, tmp_path):
+    import rllm_ray_flows as flows  # type: ignore[import-not-found]
+
+    config = _ray_config(cluster, metadata={"hold_dir": str(tmp_path)}, deadline_s=2.0, max_retries=0)
+    async with RolloutEngine(flows.held, None, config, upstreams=[upstream.url]) as engine:
+        episodes = await engine.run(_tasks(1))
+    assert [ep.termination_reason for ep in episodes] == [TerminationReason.TIMEOUT] * 2
+    assert len(_cancelled(tmp_path)) == 2  # the flows were cancelled where they ran
+
+
+async def test_a_ray_address_other_than_the_connected_one_is_refused(cluster, upstream):
+    """Ray already initialised in this process (as the verl backend does) with one cluster and
+    ``rollout.ray.address`` naming another: refused, naming both (it used to be ignored, the
+    rollouts silently running on the connected cluster). The same cluster spelt another way is
+    reused and left connected."""
+    import rllm_ray_flows as flows  # type: ignore[import-not-found]
+
+    ray.init(address=cluster, log_to_driver=False)
+    try:
+        other = f"127.0.0.1:{_free_port()}"
+        engine = RolloutEngine(flows.two_turns, None, _ray_config(other), upstreams=[upstream.url])
+        with pytest.raises(ConfigError, match=r"^config key `rollout\.ray\.address`: ") as err:
+            await engine.start()
+        await engine.close()
+        assert other in str(err.value) and cluster in str(err.value) and "\n" not in str(err.value)
+        same = f"localhost:{cluster.split(':')[1]}"
+        async with RolloutEngine(
+            flows.two_turns, None, _ray_config(same), upstreams=[upstream.url]
+        ) as engine:
+            episodes = await engine.run(_tasks(1))
+        assert [ep.termination_reason for ep in episodes] == [TerminationReason.DONE] * 2
+        assert ray.is_initialized()  # not shut down: the pool did not connect it
+    finally:
+        ray.shutdown()
+
+
+def _shell_call(name: str, **args: str) -> MockReply:
+    call = {
+        "id": f"call_{name}",
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(args)},
+    }
+    return MockReply(tool_calls=[call])
+
+
+@needs_bwrap
+async def test_the_terminal_cookbook_runs_on_ray_workers_with_warm_sandboxes(cluster):
+    """The terminal cookbook (bubblewrap sandboxes) on both nodes' workers, a scripted model
+    solving each task: every rollout is verified in its sandbox, each worker prepared sandboxes
+    warm for the jobs it held, and each worker's acquire latency is recorded."""
+    cookbook = load_cookbook("terminal")
+    tasks = cookbook.load_tasks("train")[:5]
+    solution = {t.instruction: t.metadata["solution"] for t in tasks}
+
+    def respond(body: dict[str, object]) -> MockReply:
+        messages = body["messages"]
+        assert isinstance(messages, list)
+        if any(m["role"] == "tool" for m in messages):
+            return _shell_call("submit")
+        return _shell_call("run_shell", command=solution[messages[1]["content"]])
+
+    upstream = MockUpstream(responder=respond)
+    await upstream.start()
+    config = RolloutConfig(
+        n=2,
+        concurrency=4,
+        worker_prefetch=3,
+        sandbox_warm=3,
+        max_retries=0,
+        progress=False,
+        executor="ray",
+        ray=RaySettings(address=cluster, num_workers=2, resources_per_worker={"CPU": 1.0}),
+    )
+    try:
+        async with RolloutEngine(
+            cookbook.flow, cookbook.evaluator, config, upstreams=[upstream.url]
+        ) as engine:
+            pool = engine._pool
+            episodes = await engine.run(tasks)
+            by_node = dict(pool.completed_by_node)  # type: ignore[union-attr]
+            per_worker = dict(pool.sandbox_acquire_s)  # type: ignore[union-attr]
+    finally:
+        await upstream.stop()
+    assert all(ep.termination_reason == TerminationReason.DONE for ep in episodes), [
+        ep.error for ep in episodes
+    ]
+    assert all(ep.artifacts["verified"] and ep.trajectories[0].reward == 1.0 for ep in episodes)
+    assert len(by_node) == 2 and sum(by_node.values()) == 10, by_node
+    # Each worker's acquire latencies, in the pool and (by the episode's worker) in the step metrics.
+    assert sorted(per_worker) == [0, 1] and sum(len(v) for v in per_worker.values()) == 10
+    named = acquire_s_by_worker(episodes)
+    assert len(named) == 2 and all(name.startswith("ray-") for name in named)
+    assert sorted(sorted(v) for v in named.values()) == sorted(sorted(v) for v in per_worker.values())
+    for worker, latencies in named.items():  # warm wherever the rollout ran
+        warm = [
+            ep
+            for ep in episodes
+            if ep.metadata["rollout_worker"] == worker and ep.metrics["sandbox_warm"] == 1.0
+        ]
+        assert warm, f"worker {worker} acquired every sandbox cold: {latencies}"
+    metrics = episode_metrics(episodes)
+    assert (
+        metrics["sandbox/warm"] > 0
+        and metrics["sandbox/acquire_s_slowest_worker"] >= metrics["sandbox/acquire_s"]
+    )
+    print("sandbox acquire s by worker:", {w: [round(x * 1000, 1) for x in v] for w, v in named.items()})

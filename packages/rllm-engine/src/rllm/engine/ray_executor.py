@@ -8,7 +8,9 @@ sends a job (msgpack) to the worker with the most room and gets the Episode back
 each worker runs at most its share of ``rollout.concurrency`` and queues up to ``prefetch`` more.
 A worker whose process or node dies fails its in-flight rollouts with :class:`RayWorkerDied`
 (a ``FlowProcessDied``: the engine retries them on another worker, as ``infra_error`` when none
-is left) and takes no more work.
+is left) and takes no more work. A rollout cancelled in the driver (its step cancelled, a
+Ctrl-C, a dropped group) is cancelled in its actor too (``ray.cancel``): its flow, sandbox and
+gateway session end there, not only the driver's wait for it.
 
 Ray is the ``rllm-engine[ray]`` extra; this is the one engine module that imports it.
 """
@@ -20,6 +22,7 @@ import collections
 import contextlib
 import logging
 import os
+import socket
 import time
 from typing import Any
 
@@ -35,8 +38,9 @@ from rllm.engine.flow_processes import (
     _per_worker,
     quiet_loggers_from_env,
 )
+from rllm.engine.worker_metrics import WORKER_KEY
 from rllm.types import Episode, Task, from_msgpack, to_msgpack
-from rllm.types.errors import MissingExtraError, StateError
+from rllm.types.errors import ConfigError, MissingExtraError, StateError
 
 try:
     import ray
@@ -57,10 +61,25 @@ class RayWorkerDied(FlowProcessDied):
     """The Ray actor (or its node) running a rollout died before answering."""
 
 
+ADDRESS_KEY = "rollout.ray.address"
+
+
 def connect_ray(address: str | None) -> bool:
     """Connect this process to Ray: the instance it already has, the cluster at ``address``, or
-    a new local instance. True when this call connected (the caller then shuts it down)."""
+    a new local instance. True when this call connected (the caller then shuts it down).
+
+    When Ray is already initialised here (e.g. by the verl backend), it is reused if ``address``
+    is unset, ``auto`` or names the same cluster; another address is refused (ConfigError naming
+    both) rather than silently running the rollouts on the cluster Ray is connected to."""
     if ray.is_initialized():
+        current = current_ray_address()
+        if address not in (None, "auto") and not same_ray_address(address, current):
+            raise ConfigError.for_key(
+                ADDRESS_KEY,
+                f"{address!r}, but Ray is already initialised in this process with {current!r} (by "
+                f"the backend or an earlier ray.init); set {ADDRESS_KEY} to {current!r} or leave it "
+                "unset to share that cluster",
+            )
         return False
     for attempt in range(1, RAY_START_TRIES + 1):
         try:
@@ -71,6 +90,38 @@ def connect_ray(address: str | None) -> bool:
                 raise
             ray.shutdown()
     return False  # not reached: the last attempt returns or raises
+
+
+def current_ray_address() -> str:
+    """The cluster this process's Ray is connected to: ``ray://HOST:PORT`` (Ray client) or the
+    GCS's ``HOST:PORT``."""
+    from ray.util.client import ray as client
+
+    if client.is_connected():
+        worker = getattr(client.get_context(), "client_worker", None)
+        return f"ray://{getattr(worker, '_conn_str', '') or '?'}"
+    return str(ray.get_runtime_context().gcs_address)
+
+
+def _endpoint(address: str) -> tuple[str, str, int | None]:
+    """(scheme, IP, port) of ``[ray://]HOST[:PORT]``; a loopback host stands for this machine."""
+    scheme, _, rest = address.rpartition("://")
+    host, _, port = rest.rpartition(":") if ":" in rest else (rest, "", "")
+    host = host.strip("[]")
+    try:
+        ip = socket.gethostbyname(host)
+    except OSError:
+        ip = host
+    if ip.startswith("127.") or ip == "::1":
+        ip = ray.util.get_node_ip_address()
+    return scheme, ip, int(port) if port.isdigit() else None
+
+
+def same_ray_address(wanted: str, current: str) -> bool:
+    """Whether ``wanted`` (a ``rollout.ray.address``) names the cluster at ``current``."""
+    w_scheme, w_ip, w_port = _endpoint(wanted)
+    c_scheme, c_ip, c_port = _endpoint(current)
+    return (w_scheme, w_ip) == (c_scheme, c_ip) and (w_port is None or w_port == c_port)
 
 
 class FlowWorker:
@@ -139,7 +190,8 @@ class RayFlowPool:
     :class:`~rllm.engine.flow_processes.FlowProcessPool` (see :mod:`rllm.engine.executors`).
 
     ``completed_by_node`` counts the rollouts each node's workers finished; ``workers_lost`` the
-    workers that died."""
+    workers that died; ``sandbox_acquire_s`` each worker's sandbox acquire latencies (by worker
+    index). Each episode names its worker in ``metadata["rollout_worker"]``."""
 
     def __init__(
         self,
@@ -158,6 +210,7 @@ class RayFlowPool:
         self.workers: list[_Handle] = []
         self.completed_by_node: collections.Counter[str] = collections.Counter()
         self.workers_lost = 0
+        self.sandbox_acquire_s: dict[int, list[float]] = {}
         self._ids = 0
         self._connected = False
 
@@ -231,7 +284,15 @@ class RayFlowPool:
         job = to_msgpack(_Job(self._ids, task, rollout_index, is_validation, model))
         w.in_flight += 1
         try:
-            answer = await w.actor.run.remote(job)
+            ref = w.actor.run.remote(job)
+            try:
+                answer = await ref
+            except asyncio.CancelledError:
+                # The rollout ends in its actor too (its flow task gets CancelledError there, so
+                # its sandbox and session are released), not only this wait for it.
+                with contextlib.suppress(Exception):
+                    ray.cancel(ref)
+                raise
         except (RayActorError, ActorUnavailableError) as exc:
             if w.alive:
                 w.alive = False
@@ -241,7 +302,11 @@ class RayFlowPool:
         finally:
             w.in_flight -= 1
         self.completed_by_node[w.node_id] += 1
-        return from_msgpack(answer, _Done).episode
+        episode = from_msgpack(answer, _Done).episode
+        episode.metadata[WORKER_KEY] = f"ray-{w.index}@{w.node_id[:12]}"
+        if "sandbox_acquire_s" in episode.metrics:
+            self.sandbox_acquire_s.setdefault(w.index, []).append(episode.metrics["sandbox_acquire_s"])
+        return episode
 
     async def close(self) -> None:
         live = [w for w in self.workers if w.alive]

@@ -42,6 +42,7 @@ from rllm.engine.sequences import sequences_from_groups
 from rllm.engine.staleness import check_backend
 from rllm.engine.train_progress import TrainProgress
 from rllm.engine.trainer_config import TrainerConfig
+from rllm.engine.worker_metrics import sandbox_step_metrics
 from rllm.gateway import GatewayConfig
 from rllm.sdk.cookbook import Cookbook
 from rllm.types import ConfigError, Episode, Task
@@ -322,6 +323,7 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     out["time/loop_lag_max_s"] = max(e.metrics.get("loop_lag_s", 0.0) for e in episodes)
     # Rollouts whose flow worker (process, Ray actor or node) died under them and ran again.
     out["rollout/worker_lost"] = sum(e.metrics.get("worker_lost", 0.0) for e in episodes)
+    out.update(sandbox_step_metrics(episodes))  # sandbox acquire latency, overall and per worker
     # Evaluator signals (e.g. rllm.sdk.v1's "v1/winner_correct"): mean over the episodes reporting them.
     signals: dict[str, list[float]] = {}
     for e in episodes:
