@@ -99,13 +99,17 @@ def _ray_start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Po
     ray_cli = str(Path(sys.executable).with_name("ray"))
     common = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--disable-usage-stats", "--block"]
     with log.open("wb") as out:
-        # Its own process group: teardown ends exactly the processes this node started.
+        # Its own process group: teardown ends exactly the processes this node started. Not its own
+        # session: with the kernel's autogroup scheduling a new session is one scheduling entity,
+        # so a whole node (a raylet and six Python services booting at once) would share one
+        # process's CPU share on a loaded machine, and its raylet gives the dashboard agent a
+        # fixed 15 s to write its port file before it aborts.
         return subprocess.Popen(
             [ray_cli, "start", *args, *common],
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
+            process_group=0,
         )
 
 
@@ -410,6 +414,8 @@ async def test_a_ray_address_other_than_the_connected_one_is_refused(cluster, up
     reused and left connected."""
     import rllm_ray_flows as flows  # type: ignore[import-not-found]
 
+    from rllm.engine.ray_executor import current_ray_address
+
     ray.init(address=cluster, log_to_driver=False)
     try:
         other = f"127.0.0.1:{_free_port()}"
@@ -417,7 +423,10 @@ async def test_a_ray_address_other_than_the_connected_one_is_refused(cluster, up
         with pytest.raises(ConfigError, match=r"^config key `rollout\.ray\.address`: ") as err:
             await engine.start()
         await engine.close()
-        assert other in str(err.value) and cluster in str(err.value) and "\n" not in str(err.value)
+        # Both named: the one asked for and the one connected (as Ray reports it: the node's IP).
+        message = str(err.value)
+        assert f"'{other}'" in message and f"'{current_ray_address()}'" in message and "\n" not in message
+        assert current_ray_address().endswith(f":{cluster.split(':')[1]}")
         same = f"localhost:{cluster.split(':')[1]}"
         async with RolloutEngine(
             flows.two_turns, None, _ray_config(same), upstreams=[upstream.url]
