@@ -148,7 +148,10 @@ def _ray_node(args: list[str], env: dict[str, str], log: Path) -> subprocess.Pop
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,
+                # A process group, not a session: under the kernel's autogroup scheduling a new
+                # session is one scheduling entity, so a Ray node would get a different CPU share
+                # than the `processes` executor's workers (which stay in this session).
+                process_group=0,
             )
         while b"will now block forever" not in log.read_bytes():
             if proc.poll() is not None:

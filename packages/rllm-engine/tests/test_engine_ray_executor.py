@@ -364,7 +364,9 @@ async def test_a_killed_node_s_rollouts_are_retried_on_the_others(cluster, victi
         run = asyncio.create_task(engine.run(_tasks(6)))
         await _until(lambda: bool(_held(tmp_path)), "a rollout running on the victim node")
         os.kill(_raylet_pid(victim_node), signal.SIGKILL)
+        killed = time.monotonic()
         episodes = await asyncio.wait_for(run, 300)
+        print(f"batch complete {time.monotonic() - killed:.1f} s after the raylet's SIGKILL")
         lost = pool.workers_lost  # type: ignore[union-attr]
         by_node = dict(pool.completed_by_node)  # type: ignore[union-attr]
     assert lost == 1 and victim not in by_node and len(by_node) == 2, by_node
