@@ -39,7 +39,8 @@ class RaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     ``address`` is a Ray cluster's address (``ray://…`` or ``HOST:PORT``; None: the one Ray is
     already connected to in this process, e.g. the verl backend's, else a local instance started
-    for the run). ``num_workers`` actors (None: ``rollout.workers``), each holding
+    for the run; set while Ray is connected to another cluster, it is refused, naming both).
+    ``num_workers`` actors (None: ``rollout.workers``), each holding
     ``resources_per_worker``: ``CPU``, ``GPU``, ``memory`` (bytes) and any custom resource of the
     cluster (e.g. ``sandbox``). Workers are spread over the nodes (Ray's SPREAD strategy).
     ``runtime_env`` is the workers' Ray runtime environment (``env_vars``, ``pip``,
