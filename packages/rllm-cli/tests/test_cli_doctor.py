@@ -34,6 +34,21 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "eos": "<|eot_id|>",
         "bos": "<|begin_of_text|>",
     },
+    # gpt-oss's harmony special tokens; its template (templates/gpt_oss.jinja) renders harmony
+    "gpt_oss": {
+        "specials": [
+            "<|start|>",
+            "<|end|>",
+            "<|message|>",
+            "<|channel|>",
+            "<|constrain|>",
+            "<|return|>",
+            "<|call|>",
+            "<|endoftext|>",
+        ],
+        "eos": "<|return|>",
+        "bos": None,
+    },
 }
 # Qwen3's behaviour in a few lines: an earlier assistant turn is rendered without its thinking.
 THINK_STRIPPING = (
@@ -164,3 +179,41 @@ def test_a_real_upstream_whose_tokens_do_not_round_trip_is_reported(capsys, tmp_
         "detail": "scripted replies only: run without --upstream",
         "first_diff": None,
     }
+
+
+def test_harmony_checks_calls_and_reports_gpt_oss_known_breaks(capsys, tmp_path):
+    # A tiny tokenizer with gpt-oss's harmony special tokens and a template rendering harmony as
+    # gpt-oss's does (templates/gpt_oss.jinja); nothing is downloaded.
+    path = build(tmp_path / "gpt_oss", "gpt_oss")
+    code, report = doctor(capsys, "gpt-oss-tiny", "--tokenizer", path)
+    assert report["tool_format"] == "harmony"
+    checks = by_name(report)
+    assert code == 0 and report["ok"] is True, report
+    assert checks["tool call: one"] == {
+        "name": "tool call: one",
+        "status": "pass",
+        "detail": "1 call(s) parsed",
+        "first_diff": None,
+    }
+    assert checks["tool call: parallel"]["status"] == "pass"
+    malformed = checks["tool call: malformed"]
+    assert malformed["status"] == "pass" and "unparsable harmony tool call arguments" in malformed["detail"]
+    # The known breaks, each reported with its cause, cost and first differing token:
+    text = checks["multi-turn text"]
+    assert text["status"] == "warn"
+    assert "ends an earlier final answer with <|end|> where the model sampled <|return|>" in text["detail"]
+    assert "prompt tokens re-prefilled per turn (2 of 3 turns)" in text["detail"]
+    assert (text["first_diff"]["expected"]["text"], text["first_diff"]["got"]["text"]) == (
+        "<|return|>",
+        "<|end|>",
+    )
+    analysis = checks["multi-turn with analysis"]
+    assert analysis["status"] == "warn"
+    assert "drops the analysis channel of earlier assistant turns" in analysis["detail"]
+    assert analysis["first_diff"]["expected"]["text"] != analysis["first_diff"]["got"]["text"]
+    result = checks["tool result (render -> parse -> render)"]
+    assert result["status"] == "warn"
+    assert "writes a tool call's recipient in the role header" in result["detail"]
+    assert result["first_diff"]["expected"]["text"] == "<|channel|>"
+    streaming = checks["streaming = non-streaming"]
+    assert streaming["status"] == "warn" and "the same ids on turn 1" in streaming["detail"]
