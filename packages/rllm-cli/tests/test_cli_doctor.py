@@ -217,3 +217,41 @@ def test_harmony_checks_calls_and_reports_gpt_oss_known_breaks(capsys, tmp_path)
     assert result["first_diff"]["expected"]["text"] == "<|channel|>"
     streaming = checks["streaming = non-streaming"]
     assert streaming["status"] == "warn" and "the same ids on turn 1" in streaming["detail"]
+
+
+def test_images_round_trip_for_a_model_with_a_processor(capsys, tmp_path):
+    # The tiny Qwen2-VL's tokenizer and image processor (no weights: the doctor needs none).
+    from rllm.tiny.vlm import build_image_processor, build_vlm_tokenizer
+
+    build_vlm_tokenizer().save_pretrained(tmp_path)
+    build_image_processor().save_pretrained(tmp_path)
+    code, report = doctor(capsys, "tiny-vlm", "--tokenizer", str(tmp_path))
+    assert code == 0, report
+    # 56x56, 112x56 and 84x84 images: 4, 8 and 9 placeholder tokens (28 px per merged patch),
+    # every turn's prompt extending the last one's in one segment.
+    assert by_name(report)["images (multi-turn)"] == {
+        "name": "images (multi-turn)",
+        "status": "pass",
+        "detail": "3 turns with an image each, one segment; image tokens per turn [4, 12, 21]",
+        "first_diff": None,
+    }
+    # A text-only model has no image check.
+    code, report = doctor(capsys, "tiny")
+    assert "images (multi-turn)" not in by_name(report)
+
+
+def test_the_doctors_png_is_the_image_it_claims(tmp_path):
+    from PIL import Image
+
+    from rllm.cli.doctor_images import png_data_uri
+    from rllm.types.images import parse_data_uri
+
+    mime, data = parse_data_uri(png_data_uri(112, 56, 40))
+    (tmp_path / "x.png").write_bytes(data)
+    with Image.open(tmp_path / "x.png") as img:
+        assert (mime, img.size, img.mode, img.getpixel((5, 5))) == (
+            "image/png",
+            (112, 56),
+            "RGB",
+            (40, 100, 200),
+        )

@@ -119,7 +119,11 @@ class ScriptedUpstream:
                 id=response_id("cmpl"), model="doctor", choices=[choice], usage=usage(len(prompt), len(ids))
             )
             out.prompt_token_ids = prompt
-            return Response(body=_enc(out))
+            wire: dict[str, Any] = msgspec.to_builtins(out)
+            images = (body.get("multi_modal_data") or {}).get("image")
+            if images:  # as the local tinker sampler says it gave the model every image
+                wire["images_used"] = len(images)
+            return Response(body=_enc(wire))
         resp = StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         sent = ""
@@ -142,9 +146,10 @@ def _error(status: int, message: str) -> Response:
     return Response(status=status, body=_enc(error_body(status, message)))
 
 
-def load_tokenizer(model: str, tokenizer: str | None) -> tuple[Any, str]:
-    """The tokenizer MODEL trains with (``tiny``: rllm.tiny's) and a directory holding it,
-    loaded as the gateway loads it."""
+def load_tokenizer(model: str, tokenizer: str | None) -> tuple[Any, str, Any]:
+    """The tokenizer MODEL trains with (``tiny``: rllm.tiny's), a directory holding it, and the
+    gateway's ``ImageTokens`` where the model has an image processor (else None), loaded as the
+    gateway loads them."""
     try:
         from rllm.gateway.cumulative import TokenBridge
     except ImportError as e:  # pragma: no cover - transformers is the gateway's tokenizer extra
@@ -156,10 +161,10 @@ def load_tokenizer(model: str, tokenizer: str | None) -> tuple[Any, str]:
         path = tempfile.mkdtemp(prefix="rllm-doctor-")
         build_tokenizer().save_pretrained(path)
     try:
-        tok = TokenBridge.load(path).tokenizer
+        bridge = TokenBridge.load(path)
     except (OSError, ValueError) as e:
         raise CliError(f"cannot load a tokenizer from {path!r}: {e}", hint="pass --tokenizer PATH") from e
-    return tok, path
+    return bridge.tokenizer, path, bridge.images
 
 
 def _post(url: str, body: dict[str, Any]) -> bytes:
@@ -188,13 +193,16 @@ def _extends(prev: Any, cur: Any) -> bool:
 
 
 class Doctor:
-    def __init__(self, tok: Any, path: str, upstream: str | None, tool_format: str | None) -> None:
+    def __init__(
+        self, tok: Any, path: str, upstream: str | None, tool_format: str | None, images: Any = None
+    ) -> None:
         from rllm.gateway.toolcalls import HARMONY, detect_format
 
         self.tok, self.path, self.upstream = tok, path, upstream
         self.tool_format = tool_format or detect_format(tok)
         self.harmony = self.tool_format == HARMONY
         self.last_reply: dict[str, Any] = {}
+        self.images = images  # the gateway's ImageTokens: the model has an image processor
         self._n = 0
         self.sent: list[tuple[list[dict[str, Any]], Any]] = []  # each call's messages, this conversation
 
@@ -215,6 +223,13 @@ class Doctor:
                 self.gw, self.client = gw, client
                 report.checks.append(await self.multi_turn())
                 report.checks.append(await self.streaming())
+                if self.images is not None and self.upstream is None:
+                    from rllm.cli.doctor_images import images_check
+
+                    report.checks.append(await images_check(self, self.images))
+                elif self.images is not None:  # vLLM's /v1/completions takes no images with ids
+                    why = "checked with the scripted upstream only: run without --upstream"
+                    report.checks.append(Check("images (multi-turn)", "skip", why))
                 if self.upstream is not None:  # a real model does not follow the script
                     why = "scripted replies only: run without --upstream"
                     report.checks.append(Check("tool calls", "skip", why))
@@ -450,8 +465,8 @@ class Doctor:
 
 
 def run_doctor(model: str, tokenizer: str | None, tool_format: str | None, upstream: str | None) -> Report:
-    tok, path = load_tokenizer(model, tokenizer)
-    return asyncio.run(Doctor(tok, path, upstream, tool_format).run(model))
+    tok, path, images = load_tokenizer(model, tokenizer)
+    return asyncio.run(Doctor(tok, path, upstream, tool_format, images).run(model))
 
 
 _STYLE = {"pass": "green", "fail": "red", "warn": "yellow", "skip": "dim"}
