@@ -34,6 +34,21 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "eos": "<|eot_id|>",
         "bos": "<|begin_of_text|>",
     },
+    # gpt-oss's harmony special tokens; its template (templates/gpt_oss.jinja) renders harmony
+    "gpt_oss": {
+        "specials": [
+            "<|start|>",
+            "<|end|>",
+            "<|message|>",
+            "<|channel|>",
+            "<|constrain|>",
+            "<|return|>",
+            "<|call|>",
+            "<|endoftext|>",
+        ],
+        "eos": "<|return|>",
+        "bos": None,
+    },
 }
 # Qwen3's behaviour in a few lines: an earlier assistant turn is rendered without its thinking.
 THINK_STRIPPING = (
@@ -164,3 +179,79 @@ def test_a_real_upstream_whose_tokens_do_not_round_trip_is_reported(capsys, tmp_
         "detail": "scripted replies only: run without --upstream",
         "first_diff": None,
     }
+
+
+def test_harmony_checks_calls_and_reports_gpt_oss_known_breaks(capsys, tmp_path):
+    # A tiny tokenizer with gpt-oss's harmony special tokens and a template rendering harmony as
+    # gpt-oss's does (templates/gpt_oss.jinja); nothing is downloaded.
+    path = build(tmp_path / "gpt_oss", "gpt_oss")
+    code, report = doctor(capsys, "gpt-oss-tiny", "--tokenizer", path)
+    assert report["tool_format"] == "harmony"
+    checks = by_name(report)
+    assert code == 0 and report["ok"] is True, report
+    assert checks["tool call: one"] == {
+        "name": "tool call: one",
+        "status": "pass",
+        "detail": "1 call(s) parsed",
+        "first_diff": None,
+    }
+    assert checks["tool call: parallel"]["status"] == "pass"
+    malformed = checks["tool call: malformed"]
+    assert malformed["status"] == "pass" and "unparsable harmony tool call arguments" in malformed["detail"]
+    # The known breaks, each reported with its cause, cost and first differing token:
+    text = checks["multi-turn text"]
+    assert text["status"] == "warn"
+    assert "ends an earlier final answer with <|end|> where the model sampled <|return|>" in text["detail"]
+    assert "prompt tokens re-prefilled per turn (2 of 3 turns)" in text["detail"]
+    assert (text["first_diff"]["expected"]["text"], text["first_diff"]["got"]["text"]) == (
+        "<|return|>",
+        "<|end|>",
+    )
+    analysis = checks["multi-turn with analysis"]
+    assert analysis["status"] == "warn"
+    assert "drops the analysis channel of earlier assistant turns" in analysis["detail"]
+    assert analysis["first_diff"]["expected"]["text"] != analysis["first_diff"]["got"]["text"]
+    result = checks["tool result (render -> parse -> render)"]
+    assert result["status"] == "warn"
+    assert "writes a tool call's recipient in the role header" in result["detail"]
+    assert result["first_diff"]["expected"]["text"] == "<|channel|>"
+    streaming = checks["streaming = non-streaming"]
+    assert streaming["status"] == "warn" and "the same ids on turn 1" in streaming["detail"]
+
+
+def test_images_round_trip_for_a_model_with_a_processor(capsys, tmp_path):
+    # The tiny Qwen2-VL's tokenizer and image processor (no weights: the doctor needs none).
+    from rllm.tiny.vlm import build_image_processor, build_vlm_tokenizer
+
+    build_vlm_tokenizer().save_pretrained(tmp_path)
+    build_image_processor().save_pretrained(tmp_path)
+    code, report = doctor(capsys, "tiny-vlm", "--tokenizer", str(tmp_path))
+    assert code == 0, report
+    # 56x56, 112x56 and 84x84 images: 4, 8 and 9 placeholder tokens (28 px per merged patch),
+    # every turn's prompt extending the last one's in one segment.
+    assert by_name(report)["images (multi-turn)"] == {
+        "name": "images (multi-turn)",
+        "status": "pass",
+        "detail": "3 turns with an image each, one segment; image tokens per turn [4, 12, 21]",
+        "first_diff": None,
+    }
+    # A text-only model has no image check.
+    code, report = doctor(capsys, "tiny")
+    assert "images (multi-turn)" not in by_name(report)
+
+
+def test_the_doctors_png_is_the_image_it_claims(tmp_path):
+    from PIL import Image
+
+    from rllm.cli.doctor_images import png_data_uri
+    from rllm.types.images import parse_data_uri
+
+    mime, data = parse_data_uri(png_data_uri(112, 56, 40))
+    (tmp_path / "x.png").write_bytes(data)
+    with Image.open(tmp_path / "x.png") as img:
+        assert (mime, img.size, img.mode, img.getpixel((5, 5))) == (
+            "image/png",
+            (112, 56),
+            "RGB",
+            (40, 100, 200),
+        )

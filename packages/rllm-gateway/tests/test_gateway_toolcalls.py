@@ -11,7 +11,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
@@ -249,17 +249,33 @@ def offline_o200k(tmp_path, monkeypatch):
     monkeypatch.setenv("TIKTOKEN_ENCODINGS_BASE", str(tmp_path))
 
 
-def test_harmony_parses_a_gpt_oss_call(offline_o200k):
+class O200kDecoder:
+    """gpt-oss's real vocabulary (o200k_harmony, through openai-harmony) as the tokenizer the
+    gateway decodes with: the parser sees the ids gpt-oss samples."""
+
+    def __init__(self, enc):
+        self.enc = enc
+
+    def decode(self, ids, skip_special_tokens=False):
+        assert skip_special_tokens is False  # the channel markers are the structure
+        return self.enc.decode_utf8(ids)
+
+
+@pytest.fixture
+def o200k(offline_o200k):
     harmony = pytest.importorskip("openai_harmony")
-    enc = harmony.load_harmony_encoding(harmony.HarmonyEncodingName.HARMONY_GPT_OSS)
-    from rllm.gateway.toolcalls import HarmonyParser
+    return harmony.load_harmony_encoding(harmony.HarmonyEncodingName.HARMONY_GPT_OSS)
+
+
+def test_harmony_parses_a_gpt_oss_call(o200k):
+    from rllm.gateway.harmony import HarmonyParser
 
     text = (
         "<|channel|>analysis<|message|>need weather<|end|><|start|>assistant"
         '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>'
     )
-    ids = enc.encode(text, allowed_special="all")
-    (call,) = HarmonyParser().parse(ids, "").tool_calls
+    ids = o200k.encode(text, allowed_special="all")
+    (call,) = HarmonyParser(O200kDecoder(o200k)).parse(ids, "").tool_calls
     assert call["function"]["name"] == "get_weather"
     assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
 
@@ -287,14 +303,79 @@ def test_a_tokenizers_own_response_schema_wins(qwen_tok):
         qwen_tok.response_schema = None
 
 
-def test_harmony_final_answer_is_content(offline_o200k):
-    harmony = pytest.importorskip("openai_harmony")
-    enc = harmony.load_harmony_encoding(harmony.HarmonyEncodingName.HARMONY_GPT_OSS)
-    from rllm.gateway.toolcalls import HarmonyParser
+def test_harmony_final_answer_is_content(o200k):
+    from rllm.gateway.harmony import HarmonyParser
 
-    parser = HarmonyParser()
     answer = (
         "<|channel|>analysis<|message|>easy<|end|><|start|>assistant<|channel|>final<|message|>4<|return|>"
     )
-    parsed = parser.parse(enc.encode(answer, allowed_special="all"), "")
+    parsed = HarmonyParser(O200kDecoder(o200k)).parse(o200k.encode(answer, allowed_special="all"), "")
     assert parsed.tool_calls == [] and parsed.content == "4" and parsed.error is None
+
+
+harmony_words = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=12)
+harmony_bodies = st.text(
+    alphabet=st.characters(codec="utf-8", exclude_characters="<|"), min_size=1, max_size=40
+)
+
+
+@st.composite
+def harmony_completions(draw):
+    """A gpt-oss completion: analysis / commentary / final messages and function calls, the
+    recipient after the channel (as the model writes it) or after the role (as the template)."""
+    parts, n = [], draw(st.integers(1, 4))
+    for i in range(n):
+        kind = draw(st.sampled_from(["analysis", "final", "call"]))
+        role = "" if i == 0 else "<|start|>assistant"
+        if kind == "call":
+            name = draw(harmony_words)
+            args = json.dumps(draw(st.dictionaries(harmony_words, harmony_words, max_size=3)))
+            if draw(st.booleans()):
+                head = f"{role}<|channel|>commentary to=functions.{name} <|constrain|>json"
+            else:
+                head = f"{role or 'assistant'} to=functions.{name}<|channel|>commentary json"
+                head = head if role else head.removeprefix("assistant")
+            parts.append(f"{head}<|message|>{args}<|call|>")
+        else:
+            end = "<|return|>" if kind == "final" and i == n - 1 else "<|end|>"
+            parts.append(f"{role}<|channel|>{kind}<|message|>{draw(harmony_bodies)}{end}")
+    return "".join(parts)
+
+
+# The encoding is read-only: one per test is enough for every example.
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=harmony_completions())
+def test_harmony_parser_agrees_with_openai_harmony(o200k, text):
+    """The reference: openai-harmony's own parser on gpt-oss's ids reads the same calls and the
+    same final content as rllm.gateway.harmony on the decoded text."""
+    from openai_harmony import Role
+
+    from rllm.gateway.harmony import parse_harmony_text
+
+    ids = o200k.encode(text, allowed_special="all")
+    ref = o200k.parse_messages_from_completion_tokens(ids, Role.ASSISTANT)
+    want_calls = [
+        (m.recipient.removeprefix("functions."), "".join(c.text for c in m.content))
+        for m in ref
+        if (m.recipient or "").startswith("functions.")
+    ]
+    want_content = "".join(
+        "".join(c.text for c in m.content)
+        for m in ref
+        if not (m.recipient or "").startswith("functions.") and m.channel in (None, "final")
+    )
+    got = parse_harmony_text(o200k.decode_utf8(ids))
+    assert got.error is None
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in got.tool_calls] == want_calls
+    assert got.content == want_content
+
+
+def test_harmony_malformed_replies_are_reported():
+    from rllm.gateway.harmony import parse_harmony_text
+
+    head = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+    assert "arguments" in parse_harmony_text(head + '{"city": <|call|>').error
+    assert "cut off" in parse_harmony_text(head + '{"city": "Pa').error
+    assert "no function name" in parse_harmony_text(head.replace("get_weather", "") + "{}<|call|>").error
+    assert "does not open a message" in parse_harmony_text("<|channel|>final<|message|>a<|end|>b").error
+    assert parse_harmony_text("plain text").content == "plain text"

@@ -70,6 +70,7 @@ class ScriptedUpstream:
     def __init__(self, tokenizer: Any) -> None:
         self.tok = tokenizer
         self.reply = ""
+        self.eos = True  # False where the reply writes its own stop token (harmony's <|return|>)
         self.port = 0
         self._server: HttpServer | None = None
         self._router = Router()
@@ -82,7 +83,7 @@ class ScriptedUpstream:
 
     def ids(self, text: str) -> list[int]:
         ids = list(self.tok.encode(text, add_special_tokens=False))
-        if self.tok.eos_token_id is not None:
+        if self.eos and self.tok.eos_token_id is not None:
             ids.append(int(self.tok.eos_token_id))
         return ids
 
@@ -118,7 +119,11 @@ class ScriptedUpstream:
                 id=response_id("cmpl"), model="doctor", choices=[choice], usage=usage(len(prompt), len(ids))
             )
             out.prompt_token_ids = prompt
-            return Response(body=_enc(out))
+            wire: dict[str, Any] = msgspec.to_builtins(out)
+            images = (body.get("multi_modal_data") or {}).get("image")
+            if images:  # as the local tinker sampler says it gave the model every image
+                wire["images_used"] = len(images)
+            return Response(body=_enc(wire))
         resp = StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         sent = ""
@@ -141,9 +146,10 @@ def _error(status: int, message: str) -> Response:
     return Response(status=status, body=_enc(error_body(status, message)))
 
 
-def load_tokenizer(model: str, tokenizer: str | None) -> tuple[Any, str]:
-    """The tokenizer MODEL trains with (``tiny``: rllm.tiny's) and a directory holding it,
-    loaded as the gateway loads it."""
+def load_tokenizer(model: str, tokenizer: str | None) -> tuple[Any, str, Any]:
+    """The tokenizer MODEL trains with (``tiny``: rllm.tiny's), a directory holding it, and the
+    gateway's ``ImageTokens`` where the model has an image processor (else None), loaded as the
+    gateway loads them."""
     try:
         from rllm.gateway.cumulative import TokenBridge
     except ImportError as e:  # pragma: no cover - transformers is the gateway's tokenizer extra
@@ -155,10 +161,10 @@ def load_tokenizer(model: str, tokenizer: str | None) -> tuple[Any, str]:
         path = tempfile.mkdtemp(prefix="rllm-doctor-")
         build_tokenizer().save_pretrained(path)
     try:
-        tok = TokenBridge.load(path).tokenizer
+        bridge = TokenBridge.load(path)
     except (OSError, ValueError) as e:
         raise CliError(f"cannot load a tokenizer from {path!r}: {e}", hint="pass --tokenizer PATH") from e
-    return tok, path
+    return bridge.tokenizer, path, bridge.images
 
 
 def _post(url: str, body: dict[str, Any]) -> bytes:
@@ -187,11 +193,16 @@ def _extends(prev: Any, cur: Any) -> bool:
 
 
 class Doctor:
-    def __init__(self, tok: Any, path: str, upstream: str | None, tool_format: str | None) -> None:
-        from rllm.gateway.toolcalls import detect_format
+    def __init__(
+        self, tok: Any, path: str, upstream: str | None, tool_format: str | None, images: Any = None
+    ) -> None:
+        from rllm.gateway.toolcalls import HARMONY, detect_format
 
         self.tok, self.path, self.upstream = tok, path, upstream
         self.tool_format = tool_format or detect_format(tok)
+        self.harmony = self.tool_format == HARMONY
+        self.last_reply: dict[str, Any] = {}
+        self.images = images  # the gateway's ImageTokens: the model has an image processor
         self._n = 0
         self.sent: list[tuple[list[dict[str, Any]], Any]] = []  # each call's messages, this conversation
 
@@ -201,6 +212,7 @@ class Doctor:
         report = Report(model, self.tool_format)
         async with ScriptedUpstream(self.tok) as scripted:
             self.scripted = scripted
+            scripted.eos = not self.harmony
             cfg = GatewayConfig(
                 upstreams=[self.upstream or scripted.url],
                 tokenizer_path=self.path,
@@ -211,12 +223,22 @@ class Doctor:
                 self.gw, self.client = gw, client
                 report.checks.append(await self.multi_turn())
                 report.checks.append(await self.streaming())
+                if self.images is not None and self.upstream is None:
+                    from rllm.cli.doctor_images import images_check
+
+                    report.checks.append(await images_check(self, self.images))
+                elif self.images is not None:  # vLLM's /v1/completions takes no images with ids
+                    why = "checked with the scripted upstream only: run without --upstream"
+                    report.checks.append(Check("images (multi-turn)", "skip", why))
                 if self.upstream is not None:  # a real model does not follow the script
                     why = "scripted replies only: run without --upstream"
                     report.checks.append(Check("tool calls", "skip", why))
                     return report
                 if "think>" in str(self.tok.chat_template):  # the template claims reasoning turns
                     report.checks.append(await self.thinking())
+                if self.harmony:  # gpt-oss reasons on the analysis channel
+                    traces = await self.conversation(3, think=True)
+                    report.checks.append(self._verdict("multi-turn with analysis", traces))
                 report.checks.extend(await self.tools())
         return report
 
@@ -232,9 +254,17 @@ class Doctor:
                 if line.startswith("data: ") and line != "data: [DONE]":
                     for c in json.loads(line[6:]).get("choices") or ():
                         text += (c.get("delta") or {}).get("content") or ""
-            return {"role": "assistant", "content": text}
+            self.last_reply = {"role": "assistant", "content": text}
+            return self.last_reply
         msg = json.loads(raw)["choices"][0]["message"]
         return {k: v for k, v in msg.items() if k in ("role", "content", "tool_calls") and v is not None}
+
+    def wrap(self, text: str, think: str | None = None) -> str:
+        """What the model writes for an answer (after its reasoning ``think``), in its format."""
+        if self.harmony:  # analysis, then the final channel, ended by <|return|> as gpt-oss does
+            head = f"<|channel|>analysis<|message|>{think}<|end|><|start|>assistant" if think else ""
+            return f"{head}<|channel|>final<|message|>{text}<|return|>"
+        return f"<think>\n{think}\n</think>\n\n{text}" if think else text
 
     def sid(self) -> str:
         self._n += 1
@@ -252,9 +282,7 @@ class Doctor:
             {"role": "user", "content": "say the word apple"},
         ]
         for i in range(turns):
-            reply = f"the answer is {i}"
-            if think:
-                reply = f"<think>\nsay {i}\n</think>\n\n{reply}"
+            reply = self.wrap(f"the answer is {i}", f"say {i}" if think else None)
             msgs.append(await self.chat(sid, msgs, reply, **kw))
             msgs.append({"role": "user", "content": "say it again"})
         return await self.client.get_traces(sid)
@@ -310,8 +338,22 @@ class Doctor:
         at = zip(done, text, strict=False)
         i = next((j for j, (a, b) in enumerate(at) if a != b), min(len(done), len(text)))
         sampled, rendered = done[max(0, i - 20) : i + 12], text[max(0, i - 20) : i + 12]
+        j = max(done.rfind("<|", 0, i + 1), 0)  # the special token the difference is in
         if "<think>" in done[i:] and "<think>" not in text[i:]:
             cause = "the chat template strips the thinking from earlier assistant turns"
+        elif done[j:].startswith("<|channel|>analysis") and not text[j:].startswith("<|channel|>analysis"):
+            cause = "the chat template drops the analysis channel of earlier assistant turns (gpt-oss)"
+        elif done[j:].startswith("<|return|>") and text[j:].startswith("<|end|>"):
+            cause = (
+                "the chat template ends an earlier final answer with <|end|> where the model "
+                "sampled <|return|> (harmony's rule for history)"
+            )
+        elif done[i:].startswith("<|channel|>") and text[i:].startswith(" to="):
+            cause = (
+                "the chat template writes a tool call's recipient in the role header "
+                "('assistant to=functions.NAME<|channel|>commentary json') where the model writes "
+                "it after the channel ('<|channel|>commentary to=functions.NAME <|constrain|>json')"
+            )
         elif in_reply:  # the ids part inside the sampled reply, not at a template boundary
             cause = (
                 "the sampler's tokens for its reply are not the tokenizer's own tokenization of "
@@ -326,20 +368,28 @@ class Doctor:
     async def streaming(self) -> Check:
         plain = await self.conversation(2)
         streamed = await self.conversation(2, stream=True)
-        for a, b in zip(plain, streamed, strict=True):
+        for k, (a, b) in enumerate(zip(plain, streamed, strict=True)):
             for part in ("prompt_ids", "completion_ids"):
                 x, y = list(getattr(a, part)), list(getattr(b, part))
-                if x != y:
-                    return Check(
-                        "streaming = non-streaming", "fail", f"{part} differ", first_diff(self.tok, x, y)
+                if x == y:
+                    continue
+                diff = first_diff(self.tok, x, y)
+                if self.harmony and k > 0:  # the first turn's ids agreed: the reply text is at fault
+                    why = (
+                        f"the same ids on turn 1; later turns differ because the gateway relays a "
+                        f"streamed harmony reply as its raw text, channels not split (the agent "
+                        f"reads {self.last_reply.get('content')!r}), so the history re-renders "
+                        f"differently: stream gpt-oss only where the agent keeps no history"
                     )
+                    return Check("streaming = non-streaming", "warn", why, diff)
+                return Check("streaming = non-streaming", "fail", f"{part} differ", diff)
         return Check("streaming = non-streaming", "pass", "same prompt and completion ids")
 
     async def tools(self) -> list[Check]:
-        from rllm.gateway.toolcalls import HERMES, LLAMA3_JSON
+        from rllm.gateway.toolcalls import HARMONY, HERMES, LLAMA3_JSON
 
         fmt = self.tool_format
-        if fmt not in (HERMES, LLAMA3_JSON):
+        if fmt not in (HERMES, LLAMA3_JSON, HARMONY):
             why = "the template renders no tools" if fmt is None else f"{fmt} is not checked offline yet"
             return [Check("tool calls", "skip", why)]
         one = {"name": "get_weather", "arguments": {"city": "Paris"}}
@@ -348,6 +398,12 @@ class Doctor:
             call = lambda c: "<tool_call>\n" + json.dumps(c) + "\n</tool_call>"  # noqa: E731
             single, parallel = call(one), call(one) + "\n" + call(two)
             malformed = '<tool_call>\n{"name": "get_weather", "arguments": \n</tool_call>'
+        elif fmt == HARMONY:  # as gpt-oss writes a call: recipient after the channel, <|call|> ends it
+            head = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+            call = lambda c: head + json.dumps(c["arguments"]) + "<|call|>"  # noqa: E731
+            # gpt-oss stops at <|call|>; two calls in one completion come from a sampler that does not
+            single, parallel = call(one), call(one) + "<|start|>assistant" + call(two)
+            malformed = head + '{"city": <|call|>'
         else:
             call = lambda c: json.dumps({"name": c["name"], "parameters": c["arguments"]})  # noqa: E731
             single, parallel = call(one), None  # Llama 3.1's template renders one call per turn
@@ -385,7 +441,7 @@ class Doctor:
         calls = msg.get("tool_calls") or []
         msgs.append(msg)
         msgs.extend({"role": "tool", "tool_call_id": c["id"], "content": "sunny"} for c in calls)
-        await self.chat(sid, msgs, "it is sunny", tools=PROBE_TOOLS)
+        await self.chat(sid, msgs, self.wrap("it is sunny"), tools=PROBE_TOOLS)
         traces = await self.client.get_traces(sid)
         check = self._verdict("tool result (render -> parse -> render)", traces)
         if not calls:
@@ -409,8 +465,8 @@ class Doctor:
 
 
 def run_doctor(model: str, tokenizer: str | None, tool_format: str | None, upstream: str | None) -> Report:
-    tok, path = load_tokenizer(model, tokenizer)
-    return asyncio.run(Doctor(tok, path, upstream, tool_format).run(model))
+    tok, path, images = load_tokenizer(model, tokenizer)
+    return asyncio.run(Doctor(tok, path, upstream, tool_format, images).run(model))
 
 
 _STYLE = {"pass": "green", "fail": "red", "warn": "yellow", "skip": "dim"}

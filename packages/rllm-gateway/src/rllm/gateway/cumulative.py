@@ -42,13 +42,13 @@ from typing import Any
 
 from rllm.gateway.capture import Captured, UpstreamShapeError
 from rllm.gateway.errors import GatewayError
+from rllm.gateway.harmony import HarmonyParser
 from rllm.gateway.image_tokens import ImageTokens, PromptImage, prompt_images
 from rllm.gateway.toolcalls import (
     HARMONY,
     HERMES,
     LLAMA3_JSON,
     SCHEMA,
-    HarmonyParser,
     ParsedReply,
     detect_format,
     parse_hermes,
@@ -245,7 +245,8 @@ class TokenBridge:
             trace.metadata["capture_warning"] = "upstream reported prompt ids that differ from those sent"
         trace.prompt_ids = None  # fill_trace sets it from cap; make sure it is what we sent
         cap.prompt_ids = plan.prompt_ids
-        if plan.tools and not plan.stream:
+        # A harmony reply is channels even without tools: the agent gets the final channel.
+        if (plan.tools or self.tool_format == HARMONY) and not plan.stream:
             parsed = self.parse_tools(cap)
             cap.text, cap.tool_calls = parsed.content, parsed.tool_calls
             if parsed.tool_calls:
@@ -276,7 +277,7 @@ class TokenBridge:
             return parse_llama3_json(cap.text)
         if fmt == HARMONY:
             if self._harmony is None:
-                self._harmony = HarmonyParser()
+                self._harmony = HarmonyParser(self.tokenizer)
             return self._harmony.parse(list(cap.completion_ids or ()), cap.text)
         if fmt == SCHEMA:
             return parse_with_schema(self.tokenizer, cap.text)

@@ -10,7 +10,8 @@ format is found from the tokenizer:
   schema parser;
 - ``llama3_json``: Llama-3.1's bare ``{"name": ..., "parameters": ...}`` reply, optionally after
   ``<|python_tag|>``;
-- ``harmony``: gpt-oss, parsed from the completion's token ids by ``openai-harmony``.
+- ``harmony``: gpt-oss, its completion's token ids decoded by the model's tokenizer and split
+  into channels and ``to=functions.NAME`` calls (:mod:`rllm.gateway.harmony`).
 
 A request with ``tools`` for a template of none of these families is refused (400), never
 answered with tool calls silently left in the text.
@@ -148,32 +149,6 @@ def parse_llama3_json(text: str) -> ParsedReply:
         return ParsedReply("", tool_calls_from_dicts([obj]))
     except (ValueError, TypeError, AttributeError) as exc:
         return ParsedReply(text, error=f"unparsable Llama-3.1 tool call: {exc}")
-
-
-class HarmonyParser:
-    """gpt-oss replies: messages on the ``commentary`` channel addressed ``to=functions.NAME``."""
-
-    def __init__(self) -> None:
-        from openai_harmony import HarmonyEncodingName, load_harmony_encoding
-
-        self.encoding = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
-
-    def parse(self, completion_ids: list[int], text: str) -> ParsedReply:
-        from openai_harmony import Role
-
-        try:
-            messages = self.encoding.parse_messages_from_completion_tokens(completion_ids, Role.ASSISTANT)
-        except Exception as exc:  # openai_harmony raises its own HarmonyError (an Exception)
-            return ParsedReply(text, error=f"unparsable harmony reply: {exc}")
-        content, calls = [], []
-        for message in messages:
-            body = "".join(getattr(part, "text", "") for part in message.content)
-            recipient = message.recipient or ""
-            if recipient.startswith("functions."):
-                calls.append(openai_tool_call(recipient.removeprefix("functions."), body))
-            elif message.channel in (None, "final"):
-                content.append(body)
-        return ParsedReply("".join(content), calls)
 
 
 def to_template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
