@@ -96,6 +96,11 @@ class SessionBridge:
         self._open: set[asyncio.Task[None]] = set()
         self.stats = {"requests": 0, "refused": 0}
 
+    @property
+    def open_connections(self) -> int:
+        """How many sandbox connections are being served now."""
+        return len(self._open)
+
     def upstream_path(self, target: str) -> str:
         """The gateway path a sandbox's request target maps to; BridgeRefused when it names
         anything but this session's OpenAI API."""
@@ -142,11 +147,22 @@ class SessionBridge:
             await self._forward(reader, writer)
         except BridgeRefused as exc:
             self.stats["refused"] += 1
-            with contextlib.suppress(OSError, RuntimeError):
+            with contextlib.suppress(OSError, RuntimeError, TimeoutError):
                 writer.write(_error_answer(exc.status, str(exc)))
                 await writer.drain()
+                # Closing with the client's unread request in our buffer would reset the
+                # connection before it reads the refusal: end our side, discard a bounded rest.
+                writer.write_eof()
+                async with asyncio.timeout(1.0):
+                    for _ in range(16):
+                        if not await reader.read(65536):
+                            break
         except (OSError, asyncio.IncompleteReadError, TimeoutError):
             pass  # the sandbox or the gateway went away or stalled: nothing more to say
+        except asyncio.CancelledError:
+            # Only close() cancels these (the server's own task per connection); ending quietly
+            # keeps Python 3.11's stream callback from logging the cancellation as an error.
+            pass
         finally:
             self._open.discard(task)
             writer.close()
