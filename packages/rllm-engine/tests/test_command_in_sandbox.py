@@ -5,16 +5,19 @@ the session's token, and its process tree dies with its timeout."""
 
 from __future__ import annotations
 
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
 from sandbox_helpers import host_processes_with, needs_bwrap
 
 from rllm.engine.rollout_config import RolloutConfig
 from rllm.engine.rollout_engine import RolloutEngine
+from rllm.engine.sandbox import BubblewrapBackend, SandboxProvider
 from rllm.gateway import GatewayClient
 from rllm.sdk import Task, command_flow, evaluator, final_answer
-from rllm.sdk.sandbox import SandboxSpec
+from rllm.sdk.sandbox import SandboxLimits, SandboxSpec
 from rllm.types import TerminationReason
 
 pytestmark = [needs_bwrap, pytest.mark.timeout(120)]
@@ -128,3 +131,41 @@ async def test_a_failing_sandboxed_harness_is_an_agent_error_with_its_stderr(gat
     assert ep.termination_reason == TerminationReason.AGENT_ERROR
     assert ep.error is not None and "exited with status 3 in its sandbox: no model today" in ep.error.message
     assert ep.metrics["attempts"] == 1.0
+
+
+PY_HARNESS = """
+import os, sys
+from openai import OpenAI
+
+client = OpenAI(max_retries=0)  # OPENAI_BASE_URL / OPENAI_API_KEY: the bridge inside the sandbox
+reply = client.chat.completions.create(
+    model=os.environ["OPENAI_MODEL"], messages=[{"role": "user", "content": sys.argv[1]}]
+)
+print(reply.choices[0].message.content)
+"""
+
+
+@pytest.mark.slow  # imports the openai client (httpx, pydantic) inside each sandbox
+@pytest.mark.timeout(600)
+async def test_python_openai_harness_in_a_sandbox_talks_through_the_bridge(gateway):
+    # The test's own Python (its venv and the interpreter it links to) bound in read-only, so the
+    # sandboxed process has the openai client (httpx, keep-alive by default, through the bridge).
+    binds = tuple(sorted({sys.prefix, sys.base_prefix, str(Path(sys.executable).resolve().parents[1])}))
+    # (This checkout lives under /work, the default workdir, which would hide the venv's bind.)
+    spec = SandboxSpec(
+        files={"harness.py": PY_HARNESS}, workdir="/home/agent", limits=SandboxLimits(cpu_s=240)
+    )
+    flow = command_flow(
+        [f"{sys.prefix}/bin/python", "harness.py", "{instruction}"], timeout_s=240, sandbox=spec
+    )
+    provider = SandboxProvider(BubblewrapBackend(ro_binds=binds))
+    config = RolloutConfig(n=2, progress=False)
+    async with RolloutEngine(
+        flow, contains_four, config, gateway_url=gateway.url, sandboxes=provider
+    ) as engine:
+        episodes = await engine.run(tasks(1))
+    for ep in episodes:
+        assert ep.termination_reason == TerminationReason.DONE, (ep.error, ep.metadata)
+        assert ep.artifacts["answer"] == "The answer is 4. [0]"
+        [step] = ep.trajectories[0].steps
+        assert bytes(list(step.completion_ids)).decode() == ep.artifacts["answer"]
