@@ -5,6 +5,7 @@ the session's token, and its process tree dies with its timeout."""
 
 from __future__ import annotations
 
+import pickle
 import sys
 import uuid
 from pathlib import Path
@@ -17,7 +18,7 @@ from rllm.engine.rollout_engine import RolloutEngine
 from rllm.engine.sandbox import BubblewrapBackend, SandboxProvider
 from rllm.gateway import GatewayClient
 from rllm.sdk import Task, command_flow, evaluator, final_answer
-from rllm.sdk.sandbox import SandboxLimits, SandboxSpec
+from rllm.sdk.sandbox import SandboxLimits, SandboxSpec, declares_sandbox, sandbox_spec_for
 from rllm.types import TerminationReason
 
 pytestmark = [needs_bwrap, pytest.mark.timeout(120)]
@@ -169,3 +170,11 @@ async def test_python_openai_harness_in_a_sandbox_talks_through_the_bridge(gatew
         assert ep.artifacts["answer"] == "The answer is 4. [0]"
         [step] = ep.trajectories[0].steps
         assert bytes(list(step.completion_ids)).decode() == ep.artifacts["answer"]
+
+
+def test_a_sandboxed_command_flow_pickles_with_its_spec_and_declares_it():
+    spec = SandboxSpec(workdir="/home/agent")
+    again = pickle.loads(pickle.dumps(command_flow(["agent", "{instruction}"], sandbox=spec)))
+    assert again.sandbox == spec and declares_sandbox(again)
+    assert sandbox_spec_for(again, tasks(1)[0]) == spec
+    assert not declares_sandbox(command_flow(["agent"]))

@@ -26,6 +26,10 @@ group) of its own, and whatever way the rollout ends (exit, error, timeout, the 
 deadline cancelling it) the whole tree is killed: the process group, and on Linux also every
 descendant that left it (``setsid``, double forks), found by a per-rollout token in its
 environment.
+
+``sandbox=SandboxSpec(...)`` (or ``task -> SandboxSpec``) runs the process inside the rollout's
+sandbox instead (``rllm.sdk.command_sandbox``): one exec there, whose PID namespace takes the whole
+tree down with it, reaching only its own session through the sandbox's gateway bridge.
 """
 
 from __future__ import annotations
