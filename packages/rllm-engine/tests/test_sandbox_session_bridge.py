@@ -28,7 +28,7 @@ async def bridged(gateway) -> AsyncIterator[tuple[SessionBridge, Path, str]]:
     bridge = SessionBridge(
         session.base_url,
         session.token or "",
-        BridgeLimits(head_timeout_s=1, max_body_bytes=4096, max_connections=2),
+        BridgeLimits(head_timeout_s=1, body_timeout_s=1, max_body_bytes=4096, max_connections=2),
     )
     await bridge.start(folder / "s.sock", None)
     try:
@@ -89,6 +89,14 @@ async def test_hostile_requests_are_refused_with_their_status(bridged, raw, code
 async def test_a_client_that_never_finishes_its_head_is_cut_off(bridged):
     _, sock, _ = bridged
     assert status(await ask(sock, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")) == 408
+
+
+async def test_a_body_cut_short_is_refused_and_never_reaches_the_model(bridged, gateway):
+    _, sock, session_id = bridged
+    # Streamed through as it comes: the gateway got the head and 10 bytes, then nothing more.
+    assert status(await ask(sock, post()[:-10])) == 408
+    assert await GatewayClient(gateway.url).get_traces(session_id) == []
+    assert status(await ask(sock, post())) == 200  # control
 
 
 async def test_connections_over_the_cap_are_refused_not_queued(bridged):

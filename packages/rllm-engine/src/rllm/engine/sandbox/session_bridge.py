@@ -187,22 +187,15 @@ class SessionBridge:
             raise BridgeRefused(413, f"the request body is over {lim.max_body_bytes} bytes")
         if headers.get("expect", "").lower() == "100-continue":
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        try:
-            async with asyncio.timeout(lim.body_timeout_s):
-                body = await reader.readexactly(length)
-        except TimeoutError:
-            raise BridgeRefused(
-                408, f"the request body did not arrive within {lim.body_timeout_s:g} s"
-            ) from None
         lines = [
             f"{method} {path} HTTP/1.1",
             f"Host: {self._netloc}",
             f"Authorization: Bearer {self.api_key}",
         ]
         lines += [f"{name.title()}: {headers[name]}" for name in _FORWARDED if name in headers]
-        if body or method == "POST":
-            lines.append(f"Content-Length: {len(body)}")
-        request = ("\r\n".join([*lines, "Connection: close"]) + "\r\n\r\n").encode("latin-1") + body
+        if length or method == "POST":
+            lines.append(f"Content-Length: {length}")
+        head_out = ("\r\n".join([*lines, "Connection: close"]) + "\r\n\r\n").encode("latin-1")
         try:
             up_reader, up_writer = await asyncio.wait_for(
                 asyncio.open_connection(
@@ -213,8 +206,24 @@ class SessionBridge:
         except (OSError, TimeoutError) as exc:
             raise BridgeRefused(502, f"the gateway is not reachable: {exc}") from None
         try:
-            up_writer.write(request)
-            await up_writer.drain()
+            # The body is streamed through in slices, never held whole: 32 connections of
+            # max_body_bytes each must not become the engine's memory. One cut short leaves the
+            # gateway a truncated request, which it drops without calling the model.
+            up_writer.write(head_out)
+            left = length
+            try:
+                async with asyncio.timeout(lim.body_timeout_s):
+                    while left:
+                        chunk = await reader.read(min(left, 65536))
+                        if not chunk:
+                            return  # the sandbox hung up mid-body
+                        left -= len(chunk)
+                        up_writer.write(chunk)
+                        await up_writer.drain()
+            except TimeoutError:
+                raise BridgeRefused(
+                    408, f"the request body did not arrive within {lim.body_timeout_s:g} s"
+                ) from None
             sent = 0
             while True:
                 async with asyncio.timeout(lim.response_idle_s):
