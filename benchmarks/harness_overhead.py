@@ -5,7 +5,9 @@ against an in-process ``@rollout`` flow doing the same model calls, in one run.
   script with curl, one model call each, against an in-process flow making that one call; also
   the time from the rollout's start to the model call arriving (process start to first call);
 - remote protocol (``rollout.executor = "remote"``): a 5-turn episode run by an agent service
-  (``rllm agent serve`` in its own process) against the same 5-turn flow in process.
+  (``rllm agent serve`` in its own process) against the same 5-turn flow in process;
+- the bash harness again inside a bwrap sandbox (``command_flow(..., sandbox=SandboxSpec())``,
+  one sandbox prepared ahead), through the gateway bridge, against the same harness unsandboxed.
 
 Everything runs on loopback against the zero-latency MockUpstream through the engine's own
 gateway, one rollout at a time, so the difference is the harness's own cost. Prints mean and
@@ -20,6 +22,7 @@ import argparse
 import asyncio
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -32,6 +35,7 @@ from rllm.engine.rollout_config import RolloutConfig
 from rllm.engine.rollout_engine import RolloutEngine
 from rllm.sdk import AgentConfig, Task, command_flow, rollout
 from rllm.sdk.clients import async_openai
+from rllm.sdk.sandbox import SandboxSpec
 from rllm.testing import MockUpstream
 
 ARRIVALS: list[float] = []  # when each model call reached the upstream (one rollout at a time)
@@ -51,6 +55,7 @@ curl -sSf "$OPENAI_BASE_URL/chat/completions" -H "Authorization: Bearer $OPENAI_
 AGENT_MODULE = """
 from rllm.sdk import rollout
 from rllm.sdk.clients import async_openai
+from rllm.sdk.sandbox import SandboxSpec
 
 @rollout
 async def five_turns(task, config):
@@ -134,6 +139,21 @@ async def main(rollouts: int) -> None:
             command_flow(["bash", "-c", CURL_HARNESS, "h", "hi"]), upstream.url, rollouts
         )
         print(line("command: bash + curl, 1 call", sh, one, first_sh))
+        if shutil.which("bwrap") and shutil.which("prlimit"):
+            # The same harness inside a bwrap sandbox per rollout (one prepared ahead, as with
+            # rollout.sandbox_warm), reaching its session through the gateway bridge.
+            boxed, first_boxed = await measure(
+                command_flow(["bash", "-c", CURL_HARNESS, "h", "hi"], sandbox=SandboxSpec()),
+                upstream.url,
+                rollouts,
+                sandbox_warm=1,
+            )
+            print(line("command: bash + curl, in a sandbox", boxed, one, first_boxed))
+            print(
+                f"{'':34s} sandbox + bridge over the same harness unsandboxed: "
+                f"x{statistics.mean(boxed) / statistics.mean(sh):.2f} "
+                f"(+{(statistics.mean(boxed) - statistics.mean(sh)) * 1e3:.1f} ms)"
+            )
         five, first_five = await measure(turns(5), upstream.url, rollouts)
         print(line("in-process @rollout, 5 turns", five, None, first_five))
         env = {**os.environ, "PYTHONPATH": str(tmp)}

@@ -6,6 +6,7 @@ token-true (the trainer's logprobs match the sampler's on the captured ids)."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import sys
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from rllm_cookbook_say import TRAIN_DEFAULTS, load_tasks
 from rllm.engine.launch import build_trainer
 from rllm.engine.metrics_log import read_metrics
 from rllm.sdk import Cookbook, EvalOutput, Task, command_flow, evaluator, final_answer
+from rllm.sdk.sandbox import SandboxSpec
 from rllm.types import Episode
 
 pytestmark = pytest.mark.slow
@@ -59,18 +61,19 @@ def says_the_word(task: Task, episode: Episode) -> EvalOutput:
     return EvalOutput(reward=float(hit), is_correct=hit)
 
 
-def harness_cookbook(argv: list[str]) -> Cookbook:
+def harness_cookbook(argv: list[str], sandbox: SandboxSpec | None = None) -> Cookbook:
     return Cookbook(
         name="say-command",
-        flow=command_flow(argv, timeout_s=120),
+        flow=command_flow(argv, timeout_s=120, sandbox=sandbox),
         evaluator=says_the_word,
         load_tasks=lambda split: load_tasks(split, turns=1),
         train_defaults=TRAIN_DEFAULTS,
     )
 
 
-def train_two_steps(argv: list[str], out: Path) -> list[dict]:
-    trainer = build_trainer("say-command", out_dir=str(out), overrides=FAST, cookbook=harness_cookbook(argv))
+def train_two_steps(argv: list[str], out: Path, sandbox: SandboxSpec | None = None) -> list[dict]:
+    cookbook = harness_cookbook(argv, sandbox)
+    trainer = build_trainer("say-command", out_dir=str(out), overrides=FAST, cookbook=cookbook)
     asyncio.run(trainer.fit())
     return read_metrics(out / "metrics.jsonl")
 
@@ -96,4 +99,17 @@ def test_python_openai_harness_trains_two_steps(tmp_path: Path) -> None:
 
 def test_bash_curl_harness_trains_two_steps(tmp_path: Path) -> None:
     rows = train_two_steps(["bash", "-c", CURL_HARNESS, "harness", "{instruction}"], tmp_path / "run")
+    assert_trained_token_true(rows)
+
+
+@pytest.mark.skipif(
+    shutil.which("bwrap") is None or shutil.which("prlimit") is None,
+    reason="bubblewrap (bwrap) and prlimit are not installed: apt-get install bubblewrap",
+)
+def test_bash_curl_harness_in_a_bwrap_sandbox_trains_two_steps(tmp_path: Path) -> None:
+    # The same harness, each rollout inside its own sandbox: no network, only the bridge to its
+    # session (OPENAI_BASE_URL is a loopback URL inside the sandbox).
+    rows = train_two_steps(
+        ["bash", "-c", CURL_HARNESS, "harness", "{instruction}"], tmp_path / "run", sandbox=SandboxSpec()
+    )
     assert_trained_token_true(rows)

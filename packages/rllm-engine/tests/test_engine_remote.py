@@ -13,11 +13,18 @@ import openai
 import pytest
 
 from conftest import scripted_reply
-from rllm.engine.agent_protocol import RolloutAnswer, RolloutFailure, RolloutRequest, protocol_schema
+from rllm.engine.agent_protocol import (
+    RemoteConfig,
+    RolloutAnswer,
+    RolloutFailure,
+    RolloutRequest,
+    protocol_schema,
+)
 from rllm.engine.agent_server import AgentServer
 from rllm.engine.remote_executor import RemoteSettings
 from rllm.engine.rollout_config import RolloutConfig
 from rllm.engine.rollout_engine import RolloutEngine
+from rllm.runtime.http_client import FastHttpPool
 from rllm.runtime.http_messages import Request, Response
 from rllm.runtime.http_server import HttpServer
 from rllm.sdk import AgentConfig, Task, evaluator, final_answer, rollout
@@ -258,22 +265,77 @@ async def test_a_full_service_answers_503_and_the_rollout_goes_to_the_other(upst
     a.hold = asyncio.Event()
     full = await AgentServer(a.flow, capacity=1).start()
     other = await AgentServer(b.flow).start()
+    # Another client (not this engine) takes the full service's one slot, so the engine, which
+    # counts only its own rollouts against the capacity, still sends it one: 503.
+    outside = RolloutRequest(
+        task=tasks(1)[0], config=RemoteConfig(base_url=upstream.url, api_key="x", model="m")
+    )
+    pool = FastHttpPool(connect_timeout_s=5, read_timeout_s=60, max_idle=0)
+    taken = asyncio.create_task(pool.post(full.url + "/rollouts", msgspec.json.encode(outside)))
     try:
+        await wait_until(lambda: a.holding == 1, what="the full service holding the outside rollout")
         config = remote_config([full.url, other.url], n=3, concurrency=3, max_retries=5)
         async with RolloutEngine(None, contains_four, config, upstreams=[upstream.url]) as engine:
-            run = asyncio.create_task(engine.run(tasks(1)))
-            await wait_until(lambda: a.holding == 1, what="the full service holding its one rollout")
-            # Balancing sent a second rollout to it (a least loaded, by this engine's count): 503,
-            # retried on b. Then a is released; it is not marked down by the 503.
-            await wait_until(lambda: other.served == 2, what="b serving the other two")
-            a.hold.set()
-            episodes = await run
+            episodes = await engine.run(tasks(1))
             full_service = engine.flow.services[0]  # pyright: ignore[reportAttributeAccessIssue]
             assert full_service.failed >= 1 and full_service.down_since is None  # busy is not down
+        a.hold.set()
+        assert (await taken)[0] == 200
     finally:
+        pool.close()
         await full.stop()
         await other.stop()
     assert all(ep.termination_reason == TerminationReason.DONE for ep in episodes), [
         ep.error for ep in episodes
     ]
-    assert full.served == 1 and other.served == 2
+    assert full.served == 1 and other.served == 3  # each of the engine's rollouts ran once, on b
+
+
+async def test_rollouts_are_weighted_by_the_capacity_each_service_reports(upstream):
+    small, large = Agent("small"), Agent("large")
+    release = asyncio.Event()
+    small.hold = large.hold = release  # every rollout stays in flight until all 4 are placed
+    service_small = await AgentServer(small.flow, capacity=2).start()
+    service_large = await AgentServer(large.flow, capacity=6).start()
+    try:
+        config = remote_config([service_small.url, service_large.url], n=4, concurrency=4)
+        async with RolloutEngine(None, contains_four, config, upstreams=[upstream.url]) as engine:
+            run = asyncio.create_task(engine.run(tasks(1)))
+            await wait_until(lambda: small.holding + large.holding == 4, what="all 4 rollouts placed")
+            # Loads 1/2 vs 3/6: the capacity-6 service takes three times the capacity-2 one's share
+            # (plain least-loaded would have split them 2 and 2).
+            assert (small.holding, large.holding) == (1, 3)
+            release.set()
+            episodes = await run
+            stats = engine.flow.stats()  # pyright: ignore[reportAttributeAccessIssue]
+    finally:
+        await service_small.stop()
+        await service_large.stop()
+    assert all(ep.termination_reason == TerminationReason.DONE for ep in episodes)
+    assert stats[service_small.url]["failed"] == stats[service_large.url]["failed"] == 0
+
+
+async def test_when_every_service_is_full_attempts_wait_for_a_slot_instead_of_bouncing(upstream):
+    a, b = Agent("a"), Agent("b")
+    release = asyncio.Event()
+    a.hold = b.hold = release
+    service_a = await AgentServer(a.flow, capacity=1).start()
+    service_b = await AgentServer(b.flow, capacity=1).start()
+    try:
+        config = remote_config([service_a.url, service_b.url], n=4, concurrency=4, max_retries=0)
+        async with RolloutEngine(None, contains_four, config, upstreams=[upstream.url]) as engine:
+            run = asyncio.create_task(engine.run(tasks(1)))
+            await wait_until(lambda: a.holding == b.holding == 1, what="each service holding one rollout")
+            release.set()
+            episodes = await run
+            stats = engine.flow.stats()  # pyright: ignore[reportAttributeAccessIssue]
+    finally:
+        await service_a.stop()
+        await service_b.stop()
+    # No retries allowed: a 503 would have ended a rollout as infra_error.
+    assert [ep.termination_reason for ep in episodes] == [TerminationReason.DONE] * 4, [
+        ep.error for ep in episodes
+    ]
+    assert service_a.served + service_b.served == 4
+    for url in (service_a.url, service_b.url):
+        assert stats[url]["failed"] == 0 and stats[url]["peak"] == 1

@@ -7,6 +7,10 @@ starting it. ``rllm capabilities`` prints the table; docs/capabilities.md holds 
 compares with a fresh one, so a change to a backend's validation fails CI until the doc is
 regenerated (``rllm capabilities --write docs/capabilities.md``).
 
+Modalities: text is what every backend trains on; images where the backend's own
+``validate_images`` passes (``rllm.engine.modality``, which also refuses a batch with images on
+any other backend before it trains).
+
 Execution flows (regular, sandboxed, command, remote) run in the engine, in front of the
 gateway, so every backend that trains on the gateway's traces honours them; a flow the engine
 does not have in this build (e.g. Ray, ``rollout.executor = "ray"``) reads "no" everywhere.
@@ -21,6 +25,7 @@ from typing import Any
 from rllm.algos.config import AlgorithmConfig
 from rllm.algos.registry import BUILTIN_LOSSES, available_estimators, get_estimator
 from rllm.engine.executors import EXECUTORS
+from rllm.engine.modality import trains_on_images
 from rllm.engine.plugins import BACKENDS_GROUP, available, backend_class
 
 # How to build each backend variant without starting it: the options its constructor parses.
@@ -99,6 +104,7 @@ def probes() -> list[tuple[str, str, Probe]]:
         ("algorithm", "max_mismatch", _validates(max_mismatch=0.05)),
     ]
     rows += [("execution flow", name, _flow(name)) for name in ALL_FLOWS]
+    rows += [("modality", "text", _validates()), ("modality", "images", trains_on_images)]
     rows += [
         ("training mode", "RL, synchronous", _validates()),
         ("training mode", "RL, asynchronous (max_staleness > 0)", _async_ok),

@@ -5,8 +5,13 @@ deadline, retries of infrastructure errors on a fresh session, episodes from the
 evaluator); only the flow is replaced by :class:`RemoteFlow`, which hands the rollout to one of
 ``rollout.remote.urls`` over the protocol of :mod:`rllm.engine.agent_protocol`.
 
-Balancing: each attempt goes to the healthy service with the fewest rollouts in flight from this
-engine (ties: the one used longest ago). A service that refuses the connection, drops it, answers
+Balancing, by the capacity each service reports (``GET /health``'s ``capacity``, read at start and
+at every probe): each attempt goes to the healthy service with a free slot whose load after taking
+it, rollouts in flight from this engine divided by its capacity, is lowest (ties: the one used
+longest ago), so a service of capacity 6 gets three times the rollouts of one of capacity 2. A
+service that reports no capacity has no cap and weighs as the mean of the reported ones (1 when
+none reports one: plain least-loaded). When every healthy service is at its capacity the attempt
+waits for a slot instead of being sent to bounce off a 503. A service that refuses the connection, drops it, answers
 a 5xx (but 503, busy) or answers garbage is marked down and the attempt fails as ``infra_error``, so the engine's
 retry lands on another service; a down service is probed (``GET /health``) again after
 ``health_interval_s`` and used again once it answers. :meth:`RemoteFlow.start` checks every
@@ -16,6 +21,7 @@ service before any work starts and refuses to start when none answers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -69,6 +75,8 @@ class _Service:
         self.down_since: float | None = None
         self.served = 0
         self.failed = 0
+        self.capacity: int | None = None  # as its last health answer reported it
+        self.peak = 0  # most rollouts in flight at once (for tests and logs)
 
 
 class RemoteFlow(RolloutFlow):
@@ -83,6 +91,7 @@ class RemoteFlow(RolloutFlow):
         self.deadline_s = deadline_s
         self.services = [_Service(u) for u in settings.urls]
         self._pool: FastHttpPool | None = None
+        self._freed: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None  # a slot was freed
 
         async def remote(task: Task, config: AgentConfig) -> Episode:
             return await self.run_remote(task, config)
@@ -120,29 +129,58 @@ class RemoteFlow(RolloutFlow):
             status, body = await asyncio.wait_for(
                 self.pool.request("GET", service.url + "/health"), self.settings.connect_timeout_s
             )
-            healthy = status == 200 and msgspec.json.decode(body, type=Health).status == "ok"
+            health = msgspec.json.decode(body, type=Health) if status == 200 else None
+            healthy = health is not None and health.status == "ok"
         except Exception:  # unreachable, slow or garbage: down, whatever the way
-            healthy = False
+            health, healthy = None, False
+        if health is not None and healthy:
+            # A capacity below 1 would never be picked: taken as not reported.
+            service.capacity = (
+                health.capacity if health.capacity is not None and health.capacity >= 1 else None
+            )
         service.down_since = None if healthy else time.monotonic()
+        if healthy:
+            self._freed_event().set()  # a service back up is room for waiting attempts
         return healthy
 
+    def _freed_event(self) -> asyncio.Event:
+        # One per event loop (an Event binds to the loop it is first awaited in).
+        loop = asyncio.get_running_loop()
+        if self._freed is None or self._freed[0] is not loop:
+            self._freed = (loop, asyncio.Event())
+        return self._freed[1]
+
     async def _pick(self) -> _Service:
-        now = time.monotonic()
-        due = [
-            s
-            for s in self.services
-            if s.down_since is not None and now - s.down_since >= self.settings.health_interval_s
-        ]
-        if due:
-            await asyncio.gather(*(self._probe(s) for s in due))
-        up = [s for s in self.services if s.down_since is None]
-        if not up:
-            raise InfraError("every agent service is down: " + ", ".join(s.url for s in self.services))
-        return min(up, key=lambda s: (s.active, s.last_used))
+        while True:
+            now = time.monotonic()
+            due = [
+                s
+                for s in self.services
+                if s.down_since is not None and now - s.down_since >= self.settings.health_interval_s
+            ]
+            if due:
+                await asyncio.gather(*(self._probe(s) for s in due))
+            up = [s for s in self.services if s.down_since is None]
+            if not up:
+                raise InfraError("every agent service is down: " + ", ".join(s.url for s in self.services))
+            free = [s for s in up if s.capacity is None or s.active < s.capacity]
+            if free:
+                return min(free, key=self._load_after_one_more)
+            # Every service is full: wait for a slot (or, at the latest, the next probe of one down).
+            freed = self._freed_event()
+            freed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(freed.wait(), self.settings.health_interval_s)
+
+    def _load_after_one_more(self, service: _Service) -> tuple[float, float]:
+        reported = [s.capacity for s in self.services if s.capacity is not None]
+        weight = service.capacity or (sum(reported) / len(reported) if reported else 1.0)
+        return ((service.active + 1) / weight, service.last_used)
 
     async def run_remote(self, task: Task, config: AgentConfig) -> Episode:
         service = await self._pick()
-        service.active += 1
+        service.active += 1  # at once, no await since the pick: the next pick sees this slot taken
+        service.peak = max(service.peak, service.active)
         service.last_used = time.monotonic()
         request = RolloutRequest(
             task=task,
@@ -186,6 +224,7 @@ class RemoteFlow(RolloutFlow):
             raise InfraError(f"agent service {service.url}: {exc}") from exc
         finally:
             service.active -= 1
+            self._freed_event().set()
         service.served += 1
         episode.metadata["remote"] = {"url": service.url}
         # Token truth: only the gateway's traces train. Steps a service built itself (token ids
@@ -197,5 +236,8 @@ class RemoteFlow(RolloutFlow):
         return episode
 
     def stats(self) -> dict[str, dict[str, int]]:
-        """Rollouts served and failed per service URL (for tests and logs)."""
-        return {s.url: {"served": s.served, "failed": s.failed, "active": s.active} for s in self.services}
+        """Rollouts served and failed, in flight now and at most, per service URL (for tests and logs)."""
+        return {
+            s.url: {"served": s.served, "failed": s.failed, "active": s.active, "peak": s.peak}
+            for s in self.services
+        }

@@ -26,6 +26,10 @@ group) of its own, and whatever way the rollout ends (exit, error, timeout, the 
 deadline cancelling it) the whole tree is killed: the process group, and on Linux also every
 descendant that left it (``setsid``, double forks), found by a per-rollout token in its
 environment.
+
+``sandbox=SandboxSpec(...)`` (or ``task -> SandboxSpec``) runs the process inside the rollout's
+sandbox instead (``rllm.sdk.command_sandbox``): one exec there, whose PID namespace takes the whole
+tree down with it, reaching only its own session through the sandbox's gateway bridge.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from typing import Any
 import msgspec
 
 from rllm.sdk.flow import RolloutFlow
+from rllm.sdk.sandbox import SpecSource, current_sandbox, needs_sandbox
 from rllm.types import AgentConfig, Episode, Task, TerminationReason
 from rllm.types.errors import RLLMError, UsageError
 
@@ -83,6 +88,7 @@ class CommandFlow(RolloutFlow):
         answer_from: str = "stdout",
         timeout_s: float | None = None,
         name: str | None = None,
+        sandbox: SpecSource | None = None,
     ) -> None:
         argv = list(argv)
         if not argv or not all(isinstance(a, str) for a in argv):
@@ -96,12 +102,15 @@ class CommandFlow(RolloutFlow):
         self.cwd = None if cwd is None else str(cwd)
         self.answer_from = answer_from
         self.timeout_s = timeout_s
+        self.sandbox = sandbox
 
         async def run(task: Task, config: AgentConfig) -> Episode:
             return await run_command(self, task, config)
 
         run.__name__ = run.__qualname__ = name or Path(argv[0]).name
         super().__init__(run, name=name or Path(argv[0]).name)
+        if sandbox is not None:
+            needs_sandbox(sandbox)(self)  # the engine leases one per rollout, as for any flow
 
     def __reduce__(self) -> tuple[Any, ...]:
         kwargs = {
@@ -109,6 +118,7 @@ class CommandFlow(RolloutFlow):
             "cwd": self.cwd,
             "answer_from": self.answer_from,
             "timeout_s": self.timeout_s,
+            "sandbox": self.sandbox,
         }
         return (_rebuild, (self.argv, kwargs, self.name))
 
@@ -128,14 +138,19 @@ def command_flow(
     answer_from: str = "stdout",
     timeout_s: float | None = None,
     name: str | None = None,
+    sandbox: SpecSource | None = None,
 ) -> CommandFlow:
     """A flow that runs ``argv`` as a process per rollout (see the module docstring).
 
     ``env`` is added to the engine's environment (the session variables win); ``cwd`` defaults
     to the rollout's fresh ``{workdir}``; ``timeout_s`` (None: only the engine's deadline)
     bounds the process, whose tree is then killed and the rollout ends as ``timeout``.
+    ``sandbox`` (a ``SandboxSpec`` or ``task -> SandboxSpec``) runs the process inside the
+    rollout's sandbox instead, reaching its session through a bridge (``rllm.sdk.command_sandbox``).
     """
-    return CommandFlow(argv, env=env, cwd=cwd, answer_from=answer_from, timeout_s=timeout_s, name=name)
+    return CommandFlow(
+        argv, env=env, cwd=cwd, answer_from=answer_from, timeout_s=timeout_s, name=name, sandbox=sandbox
+    )
 
 
 def instruction_text(task: Task) -> str:
@@ -171,6 +186,10 @@ async def run_command(flow: CommandFlow, task: Task, config: AgentConfig) -> Epi
 
     stdout and stderr go to files, not pipes: a child the harness left behind may hold them open,
     and waiting for a pipe's end would wait for that child."""
+    if flow.sandbox is not None:
+        from rllm.sdk.command_sandbox import run_in_sandbox  # late: it imports this module
+
+        return await run_in_sandbox(flow, task, config, current_sandbox())
     root = Path(tempfile.mkdtemp(prefix="rllm-cmd-"))
     workdir = root / "work"
     workdir.mkdir()

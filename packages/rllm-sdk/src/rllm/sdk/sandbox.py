@@ -144,6 +144,29 @@ class ExecResult(msgspec.Struct, kw_only=True):
         return self.exit_code == 0 and not self.timed_out
 
 
+class HarnessHookup(msgspec.Struct, frozen=True, kw_only=True):
+    """How a command harness started in a sandbox reaches its rollout's session (what
+    ``hook_up_harness`` answers): its ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` inside the
+    sandbox, a shell line to run first in the harness's exec (it starts the sandbox's end of the
+    bridge), and where the given files are inside the sandbox (read-only)."""
+
+    base_url: str
+    api_key: str
+    launch: str
+    files: dict[str, str]
+
+
+@runtime_checkable
+class HarnessHost(Protocol):
+    """A sandbox that can connect a command harness in it to the session at ``base_url`` (and to
+    nothing else); the local bubblewrap sandbox is one. Called once per rollout; the bridge
+    closes with the sandbox."""
+
+    async def hook_up_harness(
+        self, base_url: str, api_key: str, files: dict[str, bytes]
+    ) -> HarnessHookup: ...
+
+
 @runtime_checkable
 class Sandbox(Protocol):
     """An isolated place to run commands. Paths are inside the sandbox; relative ones are

@@ -17,6 +17,7 @@ from rllm.backends.fireworks.provision import Resources, provision, release
 from rllm.backends.fireworks.refusals import check_supported
 from rllm.backends.fireworks.upstream import DeploymentUpstream
 from rllm.engine.backend_base import BackendBase
+from rllm.engine.modality import refuse_images
 from rllm.tinker_api import LossPlan, adam_params, make_custom_loss, split_mini_batches, to_datums
 from rllm.types import TrainSequence
 from rllm.types.errors import DeadlineError, InputError, NotFoundError
@@ -112,6 +113,7 @@ class FireworksBackend(BackendBase[FireworksBackendConfig]):
     async def train_step(self, batch: list[TrainSequence], algo: AlgorithmConfig) -> dict[str, float]:
         self._started()
         check_supported(algo)
+        refuse_images(self, batch)  # no validate_images: its datums carry token ids only
         if not batch:
             raise InputError("train_step got an empty batch")
         outputs = await asyncio.to_thread(self._train_blocking, batch, algo)

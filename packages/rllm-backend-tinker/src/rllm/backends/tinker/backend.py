@@ -9,6 +9,7 @@ from typing import Any, Protocol
 from rllm.algos.config import AlgorithmConfig
 from rllm.backends.tinker.config import TinkerBackendConfig
 from rllm.engine.backend_base import BackendBase
+from rllm.engine.modality import refuse_images
 from rllm.types import ConfigError, TrainSequence
 
 
@@ -56,6 +57,15 @@ class TinkerBackend(BackendBase[TinkerBackendConfig]):
             check_supported(algo, self.config)
         # The local service honours every option: it runs rllm.algos' own loss on its own logprobs.
 
+    def validate_images(self) -> None:
+        """Images train on the local service (its vision path puts their pixels beside the
+        placeholder tokens); the remote service's datums carry tokens only."""
+        if self.config.service == "remote":
+            raise ConfigError(
+                "the remote Tinker service's datums carry token ids only, not images; train vision "
+                "models with service='local' or the verl backend"
+            )
+
     def validate_async(self, max_staleness: int) -> None:
         """``rollout.max_staleness`` > 0: the local service samples while it trains (separate
         sampler weights); the remote service and shared sampler weights cannot keep the bound."""
@@ -98,6 +108,7 @@ class TinkerBackend(BackendBase[TinkerBackendConfig]):
         return self._get_service().tokenizer_path()
 
     async def train_step(self, batch: list[TrainSequence], algo: AlgorithmConfig) -> dict[str, float]:
+        refuse_images(self, batch)
         return await self._started().train_step(batch, algo)
 
     async def sync_weights(self) -> int:

@@ -94,6 +94,9 @@ class VerlBackend(BackendBase[VerlBackendConfig]):
     def tokenizer_path(self) -> str | None:
         return self.config.model if Path(self.config.model).is_dir() else None
 
+    def validate_images(self) -> None:
+        """Images train (``rllm.backends.verl.vision``: pixel inputs and M-RoPE positions)."""
+
     async def train_step(self, batch: list[TrainSequence], algo: AlgorithmConfig) -> dict[str, float]:
         from rllm.backends.verl.actor import update_policy
         from rllm.backends.verl.convert import record_trainer_logprobs, to_data_proto

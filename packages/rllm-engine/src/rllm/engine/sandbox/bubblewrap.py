@@ -36,9 +36,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypedDict, TypeVar, cast
 
-from rllm.engine.sandbox import desktop, host_files, network, parked, stale
+from rllm.engine.sandbox import desktop, host_files, network, parked, session_bridge, stale
 from rllm.engine.sandbox.cgroups import CgroupHost, SandboxCgroup, detect
-from rllm.sdk.sandbox import ExecResult, SandboxError, SandboxSpec, SandboxUnavailable, truncate_output
+from rllm.sdk.sandbox import (
+    ExecResult,
+    HarnessHookup,
+    SandboxError,
+    SandboxSpec,
+    SandboxUnavailable,
+    truncate_output,
+)
 
 CTL = "/.rllm"  # the sandbox's read-only view of its control folder (exec scripts)
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
@@ -272,6 +279,7 @@ class BubblewrapSandbox:
         self._dying: list[int] = []  # host pids of killed namespaces' inits
         self._nets: dict[asyncio.subprocess.Process, network.Wiring] = {}  # networked bwraps' wiring
         self._desktop: asyncio.subprocess.Process | None = None  # the desktop session's bwrap
+        self._bridge: session_bridge.SessionBridge | None = None  # a command harness's gateway bridge
         self.closed = False
 
     async def prepare(self) -> None:
@@ -460,6 +468,17 @@ class BubblewrapSandbox:
             truncated=cut_out or cut_err,
         )
 
+    async def hook_up_harness(self, base_url: str, api_key: str, files: dict[str, bytes]) -> HarnessHookup:
+        """Bridge a command harness in this sandbox to the session ``base_url`` and nothing else
+        (``rllm.engine.sandbox.session_bridge``); once per sandbox, closed with it."""
+        self._check_open()
+        if self._bridge is not None:
+            raise SandboxError("this sandbox already bridges a harness to a session")
+        self._bridge, hookup = await session_bridge.hook_up(
+            self.root / "ctl", CTL, self.uid, base_url, api_key, files
+        )
+        return hookup
+
     # ------------------------------------------------------------------ files
     # Off the event loop and under a timeout: file work on the agent's folder must not be able
     # to stall every other rollout of the loop (host_files itself never blocks on a FIFO).
@@ -505,6 +524,8 @@ class BubblewrapSandbox:
         for proc in procs:
             self._killed(proc)
         try:
+            if self._bridge is not None:  # after the kills: nothing in the sandbox uses it any more
+                await asyncio.shield(self._bridge.close())
             # A spare being started is let finish and killed (_keep_warm sees ``closed``), not
             # cancelled: a cancelled subprocess creation can hang asyncio.run's shutdown forever.
             if self._refill is not None and not self._refill.done():
