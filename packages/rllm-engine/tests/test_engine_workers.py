@@ -116,6 +116,11 @@ async def test_rollouts_spread_over_worker_processes_with_their_own_gateways(flo
         assert traj.steps[1].input[-1].content == f"go on 0 #{ep.task_id}"  # no cross-talk
         pids.add(ep.artifacts["pid"])
     assert len(pids) == 2  # both processes served rollouts
+    # each episode names its worker, one name per process (the per-worker sandbox metrics need it)
+    by_pid = {ep.artifacts["pid"]: set() for ep in episodes}
+    for ep in episodes:
+        by_pid[ep.artifacts["pid"]].add(ep.metadata["rollout_worker"])
+    assert sorted(n for names in by_pid.values() for n in names) == ["process-0", "process-1"]
 
 
 def _most_at_once(episodes) -> int:

@@ -29,6 +29,7 @@ from typing import Any
 
 import msgspec
 
+from rllm.engine.worker_metrics import WORKER_KEY
 from rllm.types import Episode, ErrorInfo, EvalOutput, Task, TerminationReason, from_msgpack, to_msgpack
 from rllm.types.errors import InputError, RLLMError, StateError
 from rllm.types.images import pack_episode_images
@@ -350,7 +351,10 @@ class FlowProcessPool:
         except ConnectionResetError:
             w.pending.pop(self._ids, None)
             raise FlowProcessDied(f"rollout worker {w.index} exited (code {w.process.exitcode})") from None
-        return await fut
+        episode = await fut
+        # named per worker so the step's slowest-worker sandbox metric sees each process apart
+        episode.metadata[WORKER_KEY] = f"process-{w.index}"
+        return episode
 
     async def close(self) -> None:
         for w in self.workers:
