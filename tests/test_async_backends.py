@@ -33,3 +33,32 @@ def test_backends_that_cannot_keep_the_bound_are_refused_by_name(
         check_backend(backend(), 1)
     assert err.value.key == "rollout.max_staleness"
     check_backend(backend(), 0)  # K = 0 (synchronous) is every backend's
+
+
+class _Aborting:
+    """A stand-in backend that declares it can abort and continue calls (no real one can yet)."""
+
+    name = "aborting"
+
+    def __init__(self, why: str | None = None) -> None:
+        self.why = why
+
+    def validate_async(self, max_staleness: int) -> None:
+        pass
+
+    def validate_partial(self) -> None:
+        if self.why is not None:
+            raise ConfigError(self.why)
+
+
+def test_partial_rollouts_need_k_above_0_and_a_backend_that_can_abort() -> None:
+    check_backend(_Aborting(), 1, partial=True)  # declared: taken
+    with pytest.raises(ConfigError, match="backend 'aborting': its sampler cannot") as err:
+        check_backend(_Aborting("its sampler cannot"), 1, partial=True)
+    assert err.value.key == "rollout.partial"
+    with pytest.raises(ConfigError, match="max_staleness=0 every rollout has finished"):
+        check_backend(_Aborting(), 0, partial=True)
+    for backend in (TinkerBackend({"model": "unused"}), backend_class("verl")):
+        with pytest.raises(ConfigError, match="cannot abort a call in flight") as err:
+            check_backend(backend, 1, partial=True)
+        assert err.value.key == "rollout.partial"

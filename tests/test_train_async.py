@@ -120,6 +120,14 @@ def test_staleness_one_trains_within_its_bound_and_resumes_every_task_once(tmp_p
         (["rollout.max_staleness=1", "algorithm.tis=none"], "uncorrected_staleness"),
         (["rollout.max_staleness=1", "backend.options.sampler_weights=shared"], "sampler_weights"),
         (["rollout.max_staleness=-1"], "max_staleness"),
+        # Refused for K > 0 itself, before the correction K > 0 turned on (the remote service
+        # refuses algorithm.tis): no remote service is contacted, so none is faked.
+        (
+            ["rollout.max_staleness=1", "backend.options.service=remote", "backend.options.lora.rank=8"],
+            "remote Tinker service is not supported with max_staleness > 0",
+        ),
+        (["rollout.partial=true"], "with rollout.max_staleness=0 every rollout has finished"),
+        (["rollout.max_staleness=1", "rollout.partial=true"], "backend 'tinker' cannot abort a call"),
     ],
 )
 def test_async_configs_that_cannot_keep_the_bound_are_refused(

@@ -107,3 +107,23 @@ def test_two_training_steps_with_tool_calls(train, tmp_path: Path) -> None:
         "terminal", tmp_path / "run", f"backend.options.model={model}", "backend.options.learning_rate=0.0005"
     )
     assert all(row["episodes"] == 4 for row in rows)
+
+
+@pytest.mark.slow
+def test_two_asynchronous_training_steps_in_sandboxes(train, tmp_path: Path) -> None:
+    """rollout.max_staleness = 1: sandboxed rollouts keep running (each in its own sandbox) while
+    the backend trains and syncs; the run trains every step within the bound."""
+    from rllm.tiny import init_tiny_model
+
+    words = [*task_vocabulary(load_cookbook("terminal")), *re.findall(r"\w+|[^\w\s]", json.dumps(TOOLS))]
+    model = init_tiny_model(tmp_path / "tiny-tools", vocab_words=words, tool_calls=True, max_positions=4096)
+    rows = train(
+        "terminal",
+        tmp_path / "run",
+        f"backend.options.model={model}",
+        "backend.options.learning_rate=0.0005",
+        "rollout.max_staleness=1",
+    )
+    assert all(row["episodes"] == 4 and row["async/staleness_max"] <= 1 for row in rows)
+    # A sandbox that failed to start, or was lost at a sync, ends its rollout as an infra error.
+    assert all(row.get("termination/infra_error", 0) == 0 for row in rows), rows

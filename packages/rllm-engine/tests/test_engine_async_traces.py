@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -33,13 +34,21 @@ from rllm.types import Episode, TerminationReason, TrainSequence
 
 TURNS = 3
 
+# The run's first rollout takes this hold and, after its first call (answered ``v<version>``),
+# awaits ``hold(version)`` before its second: the test makes it wait until the weights moved past
+# K, so its group is stale when it finishes, on any machine, and the stale policy must act on it.
+_HOLD: list[Callable[[int], Awaitable[None]]] = []
+
 
 @rollout
 async def multi_turn(task: Task, config: AgentConfig) -> dict[str, str]:
+    hold = _HOLD.pop() if _HOLD else None
     async with openai.AsyncOpenAI(base_url=config.base_url, api_key=config.api_key, max_retries=0) as client:
         messages: list[Any] = [{"role": "user", "content": task.instruction}]
         answer = ""
         for turn in range(TURNS):
+            if hold is not None and turn == 1:
+                await hold(int(answer[1:]))
             reply = await client.chat.completions.create(model=config.model, messages=messages)
             answer = reply.choices[0].message.content or ""
             messages += [
@@ -64,6 +73,7 @@ class VersionedBackend:
         self.version = 0
         self.syncs_with_calls_in_flight = 0
         self.trained: list[TrainSequence] = []
+        self._synced = asyncio.Condition()
 
     async def train_step(self, batch: list[TrainSequence], algo: AlgorithmConfig) -> dict[str, float]:
         self.trained.extend(batch)
@@ -72,8 +82,15 @@ class VersionedBackend:
 
     async def sync_weights(self) -> int:
         self.syncs_with_calls_in_flight += self.gateway.inflight > 0
-        self.version += 1
+        async with self._synced:
+            self.version += 1
+            self._synced.notify_all()
         return self.version
+
+    async def reached(self, version: int) -> None:
+        """Return once the weights are at ``version`` or newer."""
+        async with self._synced:
+            await self._synced.wait_for(lambda: self.version >= version)
 
     def served_model_name(self) -> str:
         return "mock-model"
@@ -97,16 +114,35 @@ class VersionedUpstream:
 
 class RecordingEngine(RolloutEngine):
     """Keeps every rollout that finished, whether its group was trained on, re-queued, dropped,
-    still waiting for the trainer or still waiting for its siblings."""
+    still waiting for the trainer or still waiting for its siblings; counts the ones running."""
 
     finished: list[Episode]
+    running = 0
 
     async def run_one(
         self, task: Task, rollout_index: int = 0, is_validation: bool = False, *, model: str | None = None
     ) -> Episode:
-        episode = await super().run_one(task, rollout_index, is_validation, model=model)
-        self.finished.append(episode)
+        self.running += 1
+        try:
+            episode = await super().run_one(task, rollout_index, is_validation, model=model)
+            self.finished.append(episode)
+        finally:
+            self.running -= 1
         return episode
+
+
+async def _settle(engine: RecordingEngine, server: GatewayServer) -> None:
+    """After a pause (no call is answered any more): wait until every rollout still running holds
+    a call at the gateway's door. A rollout that has just taken its session's traces (finished
+    the session) and is still building or scoring its episode holds its answered calls in
+    neither a trace nor a finished episode; cancelling it there would discard them. This is the
+    condition itself, checked as it changes (the scoring runs in a thread), not a guessed delay."""
+
+    async def settled() -> None:
+        while engine.running != server.waiting:
+            await asyncio.sleep(0.001)
+
+    await asyncio.wait_for(settled(), 30)
 
 
 class FakeTrainer:
@@ -121,20 +157,12 @@ def _calls(server: GatewayServer, status: str) -> int:
     return int(value or 0)
 
 
-# Known bug (issue #30): with stale_policy "drop", on a fast unloaded machine a few answered
-# calls end in neither an episode nor a trace (2 of 3 cases lost 3 and 9 of ~125 calls in CI);
-# they pass on a loaded one. Kept running so the fix shows, not required until it lands.
-_DROP_LOSES_CALLS = pytest.mark.xfail(
-    reason="stale_policy=drop can lose answered calls (issue #30)", strict=False
-)
-
-
 @pytest.mark.parametrize(
     ("k", "policy", "seed"),
     [
         (1, "requeue", 0),
-        pytest.param(2, "drop", 1, marks=_DROP_LOSES_CALLS),
-        pytest.param(1, "drop", 2, marks=_DROP_LOSES_CALLS),
+        (2, "drop", 1),
+        (1, "drop", 2),
     ],
 )
 async def test_weight_syncs_drain_calls_and_every_call_ends_in_an_episode(
@@ -166,6 +194,7 @@ async def test_weight_syncs_drain_calls_and_every_call_ends_in_an_episode(
             gateway_url=server.url,
         )
         engine.finished = []
+        _HOLD[:] = [lambda first: backend.reached(first + k + 1)]
         await engine.start()
         stepper = AsyncStepper(cast(Any, FakeTrainer(config, backend, tasks)), engine, TrainerState())
         try:
@@ -174,6 +203,7 @@ async def test_weight_syncs_drain_calls_and_every_call_ends_in_an_episode(
             # Stop the way a sync does: calls in flight finish, new ones wait at the door (and are
             # then cancelled there, before the gateway opened a trace or sent anything upstream).
             await engine.client.pause()
+            await _settle(engine, server)
             # The calls of rollouts still running: their sessions hold them.
             unfinished = await engine.client.query_traces()
             await stepper.close()
@@ -199,4 +229,8 @@ async def test_weight_syncs_drain_calls_and_every_call_ends_in_an_episode(
     # The syncs really interleaved with rollouts: episodes ran on several versions, some spanning two.
     assert len({s.weight_version for s in steps}) > 2
     assert max(row["async/staleness_max"] for row in rows) <= k
+    # The held group (at least) went stale and was dropped or re-queued, as configured, and counted.
+    counted = {p: sum(row[f"async/{p}_groups"] for row in rows) for p in ("dropped", "requeued")}
+    assert counted["dropped" if policy == "drop" else "requeued"] >= 1
+    assert counted["requeued" if policy == "drop" else "dropped"] == 0
     assert len(backend.trained) == config.total_steps * config.tasks_per_step * config.group_size

@@ -2,7 +2,7 @@
 
 Nothing here is written by hand per backend: each row is a probe that runs the very check a run
 would run before it starts (``Backend.validate`` on an algorithm config, ``validate_async``,
-the SFT check, the executors the engine has), on a backend built from its options without
+``validate_partial``, the SFT check, the executors the engine has), on a backend built from its options without
 starting it. ``rllm capabilities`` prints the table; docs/capabilities.md holds a copy that a test
 compares with a fresh one, so a change to a backend's validation fails CI until the doc is
 regenerated (``rllm capabilities --write docs/capabilities.md``).
@@ -27,6 +27,7 @@ from rllm.algos.registry import BUILTIN_LOSSES, available_estimators, get_estima
 from rllm.engine.executors import EXECUTORS
 from rllm.engine.modality import trains_on_images
 from rllm.engine.plugins import BACKENDS_GROUP, available, backend_class
+from rllm.engine.staleness import check_backend
 
 # How to build each backend variant without starting it: the options its constructor parses.
 # (The only hand-written part: which variants exist. Whether they honour an option is asked.)
@@ -62,6 +63,14 @@ def _async_ok(backend: Any) -> bool:
         return False
     try:
         check(1)
+    except ValueError:
+        return False
+    return True
+
+
+def _partial_ok(backend: Any) -> bool:
+    try:
+        check_backend(backend, 1, partial=True)
     except ValueError:
         return False
     return True
@@ -108,6 +117,7 @@ def probes() -> list[tuple[str, str, Probe]]:
     rows += [
         ("training mode", "RL, synchronous", _validates()),
         ("training mode", "RL, asynchronous (max_staleness > 0)", _async_ok),
+        ("training mode", "RL, asynchronous, partial rollouts (rollout.partial)", _partial_ok),
         ("training mode", "SFT", _sft_ok),
     ]
     return rows

@@ -25,13 +25,17 @@ class TrainRolloutSettings(RolloutSettings, kw_only=True, forbid_unknown_fields=
     ``drop`` discards it; either is counted per step, never silent. ``uncorrected_staleness``:
     the explicit opt-out of off-policy correction (``algorithm.tis``) when K > 0.
     ``sync_timeout_s``: the watchdog on one weight sync (gateway drain + backend sync); a sync
-    that takes longer stops the run with an error instead of hanging it.
+    that takes longer stops the run with an error instead of hanging it. ``partial``: at a weight
+    sync, abort the calls in flight and re-send them from their token history on the new weights
+    instead of draining them (the default); only a backend that says it can abort a call and
+    continue it token for token (``validate_partial``) takes it, any other refuses it by name.
     """
 
     max_staleness: int = 0
     stale_policy: Literal["drop", "requeue"] = "requeue"
     uncorrected_staleness: bool = False
     sync_timeout_s: float = 600.0
+    partial: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -44,7 +48,13 @@ class TrainRolloutSettings(RolloutSettings, kw_only=True, forbid_unknown_fields=
 
 
 # Keys of TrainRolloutSettings that the RolloutEngine does not take (the trainer's own).
-ASYNC_KEYS: tuple[str, ...] = ("max_staleness", "stale_policy", "uncorrected_staleness", "sync_timeout_s")
+ASYNC_KEYS: tuple[str, ...] = (
+    "max_staleness",
+    "stale_policy",
+    "uncorrected_staleness",
+    "sync_timeout_s",
+    "partial",
+)
 
 
 def engine_settings(settings: RolloutSettings) -> dict[str, Any]:
@@ -80,11 +90,14 @@ def check_correction(rollout: TrainRolloutSettings, tis: str, supervised: bool) 
         )
 
 
-def check_backend(backend: Any, max_staleness: int) -> None:
-    """Refuse K > 0 on a backend that does not declare it honours the bound (``validate_async``)."""
+def check_backend(backend: Any, max_staleness: int, partial: bool = False) -> None:
+    """Refuse K > 0 on a backend that does not declare it honours the bound (``validate_async``),
+    and partial rollouts (``rollout.partial``) on one that cannot abort and continue a call."""
+    name = getattr(backend, "name", type(backend).__name__)
+    if partial:
+        check_partial(backend, name, max_staleness)
     if max_staleness == 0:
         return
-    name = getattr(backend, "name", type(backend).__name__)
     validate_async = getattr(backend, "validate_async", None)
     if validate_async is None:
         raise ConfigError.for_key(
@@ -96,6 +109,29 @@ def check_backend(backend: Any, max_staleness: int) -> None:
         validate_async(max_staleness)
     except ValueError as exc:
         raise ConfigError.for_key("rollout.max_staleness", f"backend {name!r}: {exc}") from None
+
+
+def check_partial(backend: Any, name: str, max_staleness: int) -> None:
+    """``rollout.partial = true`` only where a sync can have calls in flight (K > 0) and the backend
+    declares it can abort a call and re-send it from its token history (``validate_partial``)."""
+    if max_staleness == 0:
+        raise ConfigError.for_key(
+            "rollout.partial",
+            "rollout.partial=true aborts the calls in flight at a weight sync, but with "
+            "rollout.max_staleness=0 every rollout has finished before the sync; set "
+            "rollout.max_staleness >= 1 or rollout.partial=false",
+        )
+    validate_partial = getattr(backend, "validate_partial", None)
+    if validate_partial is None:
+        raise ConfigError.for_key(
+            "rollout.partial",
+            f"backend {name!r} cannot abort a call in flight and continue it token for token on "
+            "the new weights; set rollout.partial=false (calls in flight are drained at each sync)",
+        )
+    try:
+        validate_partial()
+    except ValueError as exc:
+        raise ConfigError.for_key("rollout.partial", f"backend {name!r}: {exc}") from None
 
 
 def episode_versions(episode: Episode) -> tuple[int, int] | None:

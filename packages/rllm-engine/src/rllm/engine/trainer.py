@@ -73,7 +73,6 @@ class Trainer:
         validate_algorithm(config, backend)
         self.init_checkpoint = resolve_init_checkpoint(config.init_from) if config.init_from else None
         self.distiller = build_distiller(config, backend)
-        check_backend(backend, config.rollout.max_staleness)
         self.train_tasks = cookbook.load_tasks(config.train_split)
         self.val_tasks = self._load_val_tasks()
 
@@ -336,6 +335,9 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
 
 def validate_algorithm(config: TrainerConfig, backend: Backend) -> None:
     """Refuse, before anything starts, every algorithm option the backend cannot honour."""
+    # First: a backend that cannot keep K > 0 is refused for that, by name, not for the
+    # correction (algorithm.tis) that K > 0 turned on by default.
+    check_backend(backend, config.rollout.max_staleness, config.rollout.partial)
     try:
         backend.validate(config.algorithm)
     except ValueError as exc:
