@@ -8,11 +8,13 @@ import itertools
 import json
 import re
 import shutil
+from pathlib import Path
 
 import msgspec
 import pytest
+import rllm_cookbook_desktop
 from rllm_cookbook_desktop import TOOLS, load_tasks
-from rllm_cookbook_desktop.forms import centre
+from rllm_cookbook_desktop.forms import centre, generate
 
 from rllm.engine.plugins import load_cookbook
 from rllm.engine.sandbox import BubblewrapBackend
@@ -44,6 +46,22 @@ def one_of_each_kind():
     tasks = load_tasks("test")
     assert len(tasks) == 10 and len({t.id for t in tasks}) == 10
     return [next(t for t in tasks if t.metadata["kind"] == kind) for kind in ("check", "type", "choose")]
+
+
+def test_the_app_ships_once_and_every_loaded_task_carries_it(tmp_path) -> None:
+    package = Path(rllm_cookbook_desktop.__file__).parent
+    assert list((package / "tasks").rglob("app.py")) == []  # no copy per task folder
+    made = generate(tmp_path / "more", 3, 7)
+    assert [p for folder in made for p in folder.rglob("*.py")] == []  # nor does the generator write one
+    (made[0] / "environment" / "files" / "app.py").write_text("print('its own app')\n")
+    app = (package / "form_app.py").read_text()
+    for split in ("test", f"dir:{tmp_path / 'more'}"):
+        tasks = load_tasks(split)
+        own = [t for t in tasks if t.id == made[0].name]
+        assert len(tasks) >= 3 and all(
+            t.metadata["sandbox"]["files"]["app.py"] == app for t in tasks if t not in own
+        )
+        assert all(t.metadata["sandbox"]["files"]["app.py"] == "print('its own app')\n" for t in own)
 
 
 async def test_each_kind_is_unsolved_at_start_and_solved_by_its_reference() -> None:
@@ -143,6 +161,7 @@ def test_two_training_steps_with_a_tiny_vision_language_model(tmp_path) -> None:
         ],
     )
     assert trainer.config.gateway.mode == "cumulative"
+    assert (trainer.config.algorithm.step_credit, trainer.config.algorithm.gamma) == ("turn", 0.9)
     asyncio.run(trainer.fit())
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [row["step"] for row in rows] == [1, 2]

@@ -1,5 +1,9 @@
-"""The generator of desktop tasks: Harbor-style task directories, each a Tk form (form_app.py
-with its form.json) on a small virtual screen and a verifier that reads the form's saved state.
+"""The generator of desktop tasks: Harbor-style task directories, each a Tk form (its form.json,
+shown by form_app.py) on a small virtual screen and a verifier that reads the form's saved state.
+
+The app itself ships once, as this package's ``form_app.py``: task directories do not hold a
+copy; :func:`with_app` puts it into a loaded task's files (as ``app.py``, where its task.toml
+runs it), so a loaded task is self-contained.
 
 Three kinds: ``check`` ("tick the box labelled ... and press Save"), ``type`` ("type ... into
 the ... field and press Save") and ``choose`` ("choose ... from the list and press Save"). The
@@ -17,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rllm.types import Task
 from rllm.types.errors import InputError
 
 WIDTH, HEIGHT = 320, 240
@@ -100,11 +105,24 @@ def task_files(kind: str, rng: random.Random) -> dict[str, str]:
     return {
         "instruction.md": instruction + "\n",
         "task.toml": toml,
-        "environment/files/app.py": APP.read_text(),
         "environment/files/form.json": json.dumps(form, indent=1) + "\n",
         "tests/test.sh": f"python3 - <<'EOF'\n{check}EOF\n",
         "solution/solve.sh": "".join(f"xdotool {step}\n" for step in steps),
     }
+
+
+def with_app(task: Task) -> Task:
+    """``task`` with the form app among its sandbox files as ``app.py`` (a task directory that
+    brings its own ``app.py`` keeps it)."""
+    sandbox = task.metadata.get("sandbox")
+    if not isinstance(sandbox, dict):
+        raise InputError(f"task {task.id!r} is not from a task directory (no sandbox in its metadata)")
+    files = sandbox.get("files") or {}
+    if "app.py" in files:
+        return task
+    sandbox = {**sandbox, "files": {**files, "app.py": APP.read_text()}}
+    task.metadata = {**task.metadata, "sandbox": sandbox}  # new dicts: nothing shared is changed
+    return task
 
 
 def generate(out: str | Path, count: int, seed: int = 0) -> list[Path]:
