@@ -191,6 +191,24 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+@pytest.mark.parametrize("helper", [True, False], ids=["helper", "exec-per-action"])
+async def test_every_pointer_action_ends_where_it_was_sent(helper: bool) -> None:
+    sandbox = await BubblewrapBackend().create(SandboxSpec(desktop=DesktopSpec(width=200, height=100)))
+    try:
+        desktop = Desktop(sandbox, helper=helper)
+        await desktop.double_click(20, 30)
+        assert await desktop.cursor() == (20, 30)
+        await desktop.drag(20, 30, 150, 80, button="right")
+        assert await desktop.cursor() == (150, 80)
+        await desktop.scroll(40, 50, dy=-3, dx=2)
+        assert await desktop.cursor() == (40, 50)
+        await desktop.key("shift+Tab")
+        assert sandbox.desktop_helper is not None
+        assert sandbox.desktop_helper.state == ("ready" if helper else "new")
+    finally:
+        await sandbox.close()
+
+
 async def test_bad_actions_are_refused_before_anything_runs() -> None:
     sandbox = await BubblewrapBackend().create(SandboxSpec(desktop=DesktopSpec(width=200, height=100)))
     try:

@@ -6,8 +6,8 @@
 backend's do), an action is one request to that long-lived process (libxdo, xdotool's library)
 and a screenshot one ``XGetImage`` through the X server; elsewhere, or once the helper is gone,
 each action is one ``exec`` of xdotool on the sandbox's own display and a screenshot ``xwd``
-(converted by netpbm in the sandbox). PNGs are encoded by Pillow here. Bad input (a point off the screen, an unknown key,
-text over the size limit) raises :class:`DesktopInputError` before anything runs, so a flow can
+(converted by netpbm in the sandbox). PNGs are encoded by Pillow here, off the event loop. Bad
+input (a point off the screen, an unknown key, text over the size limit) raises :class:`DesktopInputError` before anything runs, so a flow can
 hand the message back to the model as the tool's result.
 
 Needs Pillow (``rllm-sdk[images]``) for screenshots.
@@ -138,20 +138,8 @@ class Desktop:
         self._point(x, y)
         number = self._button(button)
         if await self._call("click", x=x, y=y, button=number, repeat=2, delay_ms=60) is None:
-            await self._run(
-                [
-                    "xdotool",
-                    "mousemove",
-                    str(x),
-                    str(y),
-                    "click",
-                    "--repeat",
-                    "2",
-                    "--delay",
-                    "60",
-                    str(number),
-                ]
-            )
+            twice = ["click", "--repeat", "2", "--delay", "60", str(number)]
+            await self._run(["xdotool", "mousemove", str(x), str(y), *twice])
 
     async def drag(self, x1: int, y1: int, x2: int, y2: int, button: Button = "left") -> None:
         """Press ``button`` at (x1, y1), move to (x2, y2), release."""
