@@ -4,8 +4,11 @@ are (reward 1) and one that clicks elsewhere (reward 0). Real bubblewrap, Xvfb a
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import itertools
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -78,6 +81,46 @@ async def test_each_kind_is_unsolved_at_start_and_solved_by_its_reference() -> N
             assert after.ok, (task.id, after.stdout, after.stderr)
         finally:
             await sandbox.close()
+
+
+async def test_a_right_state_that_lands_while_the_verifier_runs_still_counts() -> None:
+    # The app handles the agent's last click after the X server sent it: the Save may land just
+    # after the episode ended. The verifier gives a right state a moment to land.
+    task = next(t for t in load_tasks("test") if t.metadata["kind"] == "type")
+    expect = task.instruction.split("'")[1]
+    spec = msgspec.structs.replace(task_sandbox_spec(task), desktop=None)  # the state file is all it reads
+    right = json.dumps({"saved": True, "text": expect}).encode()
+    sandbox = await BubblewrapBackend().create(spec)
+    try:
+        # state.json is first a FIFO (also linked as .fifo): the verifier's first read blocks in
+        # open() until this test writes the old state into it, so that read sees the old state.
+        assert (await sandbox.exec("mkfifo state.json && ln state.json .fifo")).ok
+        work = sandbox.root / "work"
+
+        def old_state_into_the_first_read() -> None:
+            with open(work / "state.json", "wb") as fifo:
+                fifo.write(json.dumps({"saved": True, "text": "not yet"}).encode())
+
+        verdict = asyncio.ensure_future(run_verifier(sandbox, task))
+        await asyncio.to_thread(old_state_into_the_first_read)
+        # Then the app's late Save: a regular file in its place, and the right state for a read
+        # that had already opened the FIFO again meanwhile.
+        await sandbox.write_file("state.tmp", right)
+        assert (await sandbox.exec("mv state.tmp state.json")).ok
+        try:
+            fd = os.open(work / ".fifo", os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            assert exc.errno == errno.ENXIO  # no read waiting on it
+        else:
+            os.write(fd, right)
+            os.close(fd)
+        result = await verdict
+        assert result.ok, (result.stdout, result.stderr)
+        await sandbox.write_file("state.json", json.dumps({"saved": True, "text": "wrong"}))
+        wrong = await run_verifier(sandbox, task)  # and a wrong one still fails, saying why
+        assert not wrong.ok and "saved state differs" in wrong.stderr
+    finally:
+        await sandbox.close()
 
 
 def plan_for(task) -> list[MockReply]:

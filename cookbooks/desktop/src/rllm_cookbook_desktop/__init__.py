@@ -22,7 +22,6 @@ from rllm.sdk.sandbox import SandboxError, current_sandbox, needs_sandbox
 from rllm.sdk.task_dir import load_task_dirs, run_verifier, task_sandbox_spec
 from rllm.types import AgentConfig, Episode, EvalOutput, Signal, Task, TerminationReason
 from rllm.types.errors import InputError
-from rllm_cookbook_desktop.forms import with_app
 
 TASKS_DIR = Path(__file__).parent / "tasks"
 MAX_TURNS = 8
@@ -65,7 +64,9 @@ TOOLS: list[dict[str, Any]] = [
 
 def load_tasks(split: str) -> list[Task]:
     """``train`` and ``test``: the ten shipped tasks; ``dir:/path``: task directories there
-    (e.g. written by ``python -m rllm_cookbook_desktop.forms``)."""
+    (e.g. written by ``python -m rllm_cookbook_desktop.forms``). Each task gets the form app."""
+    from rllm_cookbook_desktop.forms import with_app  # here: ``python -m ...forms`` runs it fresh
+
     if split.startswith("dir:"):
         return [with_app(task) for task in load_task_dirs(split[4:], allow_network=True)]
     if split not in ("train", "test"):

@@ -32,6 +32,7 @@ CHOICES = ("red", "green", "blue", "orange", "purple", "yellow")
 FIELDS = ("Name", "City", "Email", "Team")
 WORDS = ("alice", "berlin", "tokyo", "delta", "kiwi", "lumen", "orbit", "pixel", "quartz", "sierra")
 APP = Path(__file__).with_name("form_app.py")
+SETTLE_S = 2.0  # how long a verifier waits for a right state to land (wrong ones take this long)
 
 
 def form_of(rng: random.Random) -> dict[str, Any]:
@@ -95,12 +96,19 @@ def task_files(kind: str, rng: random.Random) -> dict[str, str]:
         f'[metadata]\nkind = "{kind}"\nmax_turns = 8\n'
     )
     check = (
-        "import json, sys\n"
+        "import json, sys, time\n"
         f"expect = {expect!r}\n"
-        "try:\n    state = json.load(open('state.json'))\n"
-        "except (OSError, ValueError):\n    sys.exit('the form was never saved')\n"
-        "wrong = {k: state.get(k) for k, v in expect.items() if state.get(k) != v}\n"
-        "sys.exit(f'saved state differs: {wrong}, expected {expect}' if wrong else 0)\n"
+        "# The app handles the agent's last click in its own time (the X server has only sent it):\n"
+        f"# a right state may land a moment after the episode ends, so it gets {SETTLE_S:g} s to.\n"
+        f"deadline = time.monotonic() + {SETTLE_S!r}\n"
+        "while True:\n"
+        "    try:\n        state = json.load(open('state.json'))\n"
+        "    except (OSError, ValueError):\n        state = None\n"
+        "    wrong = {k: state.get(k) for k, v in expect.items() if state.get(k) != v} if state else None\n"
+        "    if state is not None and not wrong:\n        sys.exit(0)\n"
+        "    if time.monotonic() > deadline:\n        break\n"
+        "    time.sleep(0.02)\n"
+        "sys.exit('the form was never saved' if state is None else f'saved state differs: {wrong}, expected {expect}')\n"
     )
     return {
         "instruction.md": instruction + "\n",
