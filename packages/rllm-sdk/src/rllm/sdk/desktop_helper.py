@@ -6,8 +6,9 @@ copies it into the sandbox and runs it there with the system's ``python3 -I -S``
 sandbox's display, with the path of a unix socket the host listens on as its argument (the
 helper connects; requests and replies go over that one connection). Input goes through libxdo
 (xdotool's own library: its key names, its typing of any character), screenshots through the X
-server (``XGetImage`` of the root window); both are loaded with ctypes from the system, which
-has them wherever xdotool is installed.
+server (``XShmGetImage`` into a shared memory segment where MIT-SHM is there, else
+``XGetImage`` of the root window); all are loaded with ctypes from the system, which has them
+wherever xdotool is installed.
 
 Wire format (the host side, with its bounds and checks, is ``rllm.sdk.desktop_channel``):
 
@@ -101,6 +102,8 @@ class Helper:
         self.x11, self.xdo = _load()
         self.errors: list[int] = []
         self._image: Any = None
+        self._shm: _SharedImage | None = None
+        self._shm_tried = False
         # Xlib's default error handler ends the process; this one records the error for the reply.
         self._on_error = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(self._x_error)
         self.x11.XSetErrorHandler(ctypes.cast(self._on_error, ctypes.c_void_p))
@@ -185,10 +188,18 @@ class Helper:
 
     def op_shot(self, _request: dict[str, object]) -> list[bytes | memoryview]:
         self.release()
-        image = self.x11.XGetImage(self.dpy, self.root, 0, 0, self.width, self.height, ALL_PLANES, ZPIXMAP)
-        if not image:
-            raise _Failed("XGetImage of the root window failed")
-        self._image = image  # freed after the reply is written: its rows are sent without a copy
+        if self._shm is None and not self._shm_tried:
+            self._shm_tried = True
+            self._shm = _SharedImage.make(self)  # None where MIT-SHM is not there
+        if self._shm is not None and self._shm.grab(self):
+            image = self._shm.image
+        else:
+            image = self.x11.XGetImage(
+                self.dpy, self.root, 0, 0, self.width, self.height, ALL_PLANES, ZPIXMAP
+            )
+            if not image:
+                raise _Failed("XGetImage of the root window failed")
+            self._image = image  # freed after the reply is written: its rows are sent without a copy
         im = image.contents
         head = SHOT_HEADER.pack(
             im.width,
@@ -225,6 +236,79 @@ class Helper:
     def _check(code: int, what: str) -> None:
         if code != 0:
             raise _Failed(f"libxdo {what} failed (code {code})")
+
+
+class _ShmSegmentInfo(ctypes.Structure):
+    _fields_ = [
+        ("shmseg", ctypes.c_ulong),
+        ("shmid", ctypes.c_int),
+        ("shmaddr", ctypes.c_void_p),
+        ("readOnly", ctypes.c_int),
+    ]
+
+
+class _SharedImage:
+    """A screen-sized image in a SysV shared memory segment the X server writes into (MIT-SHM):
+    a screenshot then costs the server one copy, not a stream of the pixels over the socket.
+    The segment is marked for removal once both sides hold it, so it goes when they do."""
+
+    def __init__(self, xext: ctypes.CDLL, info: _ShmSegmentInfo, image: Any) -> None:
+        self.xext, self.info, self.image = xext, info, image
+
+    @classmethod
+    def make(cls, helper: Helper) -> _SharedImage | None:
+        try:
+            xext, libc = ctypes.CDLL("libXext.so.6"), ctypes.CDLL(None, use_errno=True)
+        except OSError:
+            return None
+        vp, i = ctypes.c_void_p, ctypes.c_int
+        xext.XShmQueryExtension.restype, xext.XShmQueryExtension.argtypes = i, [vp]
+        xext.XShmCreateImage.restype = ctypes.POINTER(XImage)
+        xext.XShmCreateImage.argtypes = [vp, vp, ctypes.c_uint, i, vp, vp, ctypes.c_uint, ctypes.c_uint]
+        xext.XShmAttach.restype, xext.XShmAttach.argtypes = i, [vp, vp]
+        xext.XShmGetImage.restype = i
+        xext.XShmGetImage.argtypes = [vp, ctypes.c_ulong, ctypes.POINTER(XImage), i, i, ctypes.c_ulong]
+        libc.shmget.restype, libc.shmget.argtypes = i, [i, ctypes.c_size_t, i]
+        libc.shmat.restype, libc.shmat.argtypes = vp, [i, vp, i]
+        libc.shmctl.restype, libc.shmctl.argtypes = i, [i, i, vp]
+        x11 = helper.x11
+        x11.XDefaultVisual.restype, x11.XDefaultVisual.argtypes = vp, [vp, i]
+        x11.XDefaultDepth.restype, x11.XDefaultDepth.argtypes = i, [vp, i]
+        if not xext.XShmQueryExtension(helper.dpy):
+            return None
+        info = _ShmSegmentInfo()
+        visual, depth = x11.XDefaultVisual(helper.dpy, 0), x11.XDefaultDepth(helper.dpy, 0)
+        image = xext.XShmCreateImage(
+            helper.dpy, visual, depth, ZPIXMAP, None, ctypes.byref(info), helper.width, helper.height
+        )
+        if not image:
+            return None
+        size = image.contents.bytes_per_line * image.contents.height
+        info.shmid = libc.shmget(0, size, 0o1000 | 0o600)  # IPC_PRIVATE, IPC_CREAT
+        if info.shmid < 0:
+            x11.XDestroyImage(image)
+            return None
+        address = libc.shmat(info.shmid, None, 0)
+        if address in (None, ctypes.c_void_p(-1).value):
+            libc.shmctl(info.shmid, 0, None)  # IPC_RMID
+            x11.XDestroyImage(image)
+            return None
+        info.shmaddr = address
+        image.contents.data = address
+        helper.errors.clear()
+        attached = xext.XShmAttach(helper.dpy, ctypes.byref(info))
+        x11.XSync(helper.dpy, 0)
+        libc.shmctl(info.shmid, 0, None)  # IPC_RMID: gone once the server and this process are
+        if not attached or helper.errors:
+            return None  # (a server that cannot attach: XGetImage it is; the segment goes with us)
+        return cls(xext, info, image)
+
+    def grab(self, helper: Helper) -> bool:
+        """The root window into the shared image; False when the server refused."""
+        helper.errors.clear()
+        ok = self.xext.XShmGetImage(helper.dpy, helper.root, self.image, 0, 0, ALL_PLANES)
+        helper.x11.XSync(helper.dpy, 0)
+        return bool(ok) and not helper.errors
 
 
 def _int(request: dict[str, object], key: str, default: int | None = None) -> int:
