@@ -4,15 +4,20 @@ are (reward 1) and one that clicks elsewhere (reward 0). Real bubblewrap, Xvfb a
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import itertools
 import json
+import os
 import re
 import shutil
+from pathlib import Path
 
 import msgspec
 import pytest
+import rllm_cookbook_desktop
 from rllm_cookbook_desktop import TOOLS, load_tasks
-from rllm_cookbook_desktop.forms import centre
+from rllm_cookbook_desktop.forms import centre, generate
 
 from rllm.engine.plugins import load_cookbook
 from rllm.engine.sandbox import BubblewrapBackend
@@ -46,6 +51,22 @@ def one_of_each_kind():
     return [next(t for t in tasks if t.metadata["kind"] == kind) for kind in ("check", "type", "choose")]
 
 
+def test_the_app_ships_once_and_every_loaded_task_carries_it(tmp_path) -> None:
+    package = Path(rllm_cookbook_desktop.__file__).parent
+    assert list((package / "tasks").rglob("app.py")) == []  # no copy per task folder
+    made = generate(tmp_path / "more", 3, 7)
+    assert [p for folder in made for p in folder.rglob("*.py")] == []  # nor does the generator write one
+    (made[0] / "environment" / "files" / "app.py").write_text("print('its own app')\n")
+    app = (package / "form_app.py").read_text()
+    for split in ("test", f"dir:{tmp_path / 'more'}"):
+        tasks = load_tasks(split)
+        own = [t for t in tasks if t.id == made[0].name]
+        assert len(tasks) >= 3 and all(
+            t.metadata["sandbox"]["files"]["app.py"] == app for t in tasks if t not in own
+        )
+        assert all(t.metadata["sandbox"]["files"]["app.py"] == "print('its own app')\n" for t in own)
+
+
 async def test_each_kind_is_unsolved_at_start_and_solved_by_its_reference() -> None:
     backend = BubblewrapBackend()
     for task in one_of_each_kind():
@@ -60,6 +81,46 @@ async def test_each_kind_is_unsolved_at_start_and_solved_by_its_reference() -> N
             assert after.ok, (task.id, after.stdout, after.stderr)
         finally:
             await sandbox.close()
+
+
+async def test_a_right_state_that_lands_while_the_verifier_runs_still_counts() -> None:
+    # The app handles the agent's last click after the X server sent it: the Save may land just
+    # after the episode ended. The verifier gives a right state a moment to land.
+    task = next(t for t in load_tasks("test") if t.metadata["kind"] == "type")
+    expect = task.instruction.split("'")[1]
+    spec = msgspec.structs.replace(task_sandbox_spec(task), desktop=None)  # the state file is all it reads
+    right = json.dumps({"saved": True, "text": expect}).encode()
+    sandbox = await BubblewrapBackend().create(spec)
+    try:
+        # state.json is first a FIFO (also linked as .fifo): the verifier's first read blocks in
+        # open() until this test writes the old state into it, so that read sees the old state.
+        assert (await sandbox.exec("mkfifo state.json && ln state.json .fifo")).ok
+        work = sandbox.root / "work"
+
+        def old_state_into_the_first_read() -> None:
+            with open(work / "state.json", "wb") as fifo:
+                fifo.write(json.dumps({"saved": True, "text": "not yet"}).encode())
+
+        verdict = asyncio.ensure_future(run_verifier(sandbox, task))
+        await asyncio.to_thread(old_state_into_the_first_read)
+        # Then the app's late Save: a regular file in its place, and the right state for a read
+        # that had already opened the FIFO again meanwhile.
+        await sandbox.write_file("state.tmp", right)
+        assert (await sandbox.exec("mv state.tmp state.json")).ok
+        try:
+            fd = os.open(work / ".fifo", os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            assert exc.errno == errno.ENXIO  # no read waiting on it
+        else:
+            os.write(fd, right)
+            os.close(fd)
+        result = await verdict
+        assert result.ok, (result.stdout, result.stderr)
+        await sandbox.write_file("state.json", json.dumps({"saved": True, "text": "wrong"}))
+        wrong = await run_verifier(sandbox, task)  # and a wrong one still fails, saying why
+        assert not wrong.ok and "saved state differs" in wrong.stderr
+    finally:
+        await sandbox.close()
 
 
 def plan_for(task) -> list[MockReply]:
@@ -143,6 +204,7 @@ def test_two_training_steps_with_a_tiny_vision_language_model(tmp_path) -> None:
         ],
     )
     assert trainer.config.gateway.mode == "cumulative"
+    assert (trainer.config.algorithm.step_credit, trainer.config.algorithm.gamma) == ("turn", 0.9)
     asyncio.run(trainer.fit())
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [row["step"] for row in rows] == [1, 2]

@@ -3,16 +3,18 @@ screenshots and input through rllm.sdk.desktop, torn down at close. Real bubblew
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
 import shutil
+import signal
 import socket
 import textwrap
 from pathlib import Path
 
 import pytest
-from sandbox_helpers import host_processes_with, needs_bwrap
+from sandbox_helpers import host_processes_with, needs_bwrap, within
 
 from rllm.engine.sandbox import BubblewrapBackend
 from rllm.sdk.desktop import MAX_TEXT, Desktop, DesktopInputError
@@ -83,20 +85,126 @@ async def test_desktop_starts_screenshots_at_its_size_and_is_gone_after_close() 
     assert not sandbox.root.exists()
 
 
-async def test_click_on_the_button_and_typed_text_reach_the_app() -> None:
+async def saved_state(sandbox, clicks: int) -> dict:
+    """The app's state once it has counted ``clicks`` Save clicks: the X server has sent the
+    events when an action returns, but the app handles them in its own time."""
+    while True:
+        state = json.loads(await sandbox.read_file("state.json"))
+        if state["clicks"] >= clicks:
+            return state
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("helper", [True, False], ids=["helper", "exec-per-action"])
+async def test_click_on_the_button_and_typed_text_reach_the_app(helper: bool) -> None:
+    sandbox = await BubblewrapBackend().create(form_spec())
+    try:
+        desktop = Desktop(sandbox, helper=helper)
+        form = await wait_for_form(sandbox)
+        await desktop.click(*form["entry"])
+        # (ASCII: a character off the keyboard map is typed through a keycode bound to it for a
+        # moment, which the app may read after it was unbound, with xdotool and libxdo alike.)
+        text = "hello desk"
+        await desktop.type_text(text)
+        await desktop.click(*form["button"])
+        async with within(30, "the app saving"):
+            state = await saved_state(sandbox, clicks=1)
+        assert state["clicks"] == 1 and state["saved"] == text
+        assert await desktop.cursor() == tuple(form["button"])
+        await desktop.key("ctrl+a")  # Tk's entry: to the start of the line
+        await desktop.key("Delete")
+        await desktop.type_text("J")
+        await desktop.click(5, 5)  # nowhere near the button: no click counted
+        await desktop.click(*form["button"])
+        async with within(30, "the app saving"):
+            state = await saved_state(sandbox, clicks=2)
+        assert state["clicks"] == 2 and state["saved"] == "J" + text[1:]
+        assert sandbox.desktop_helper is not None
+        assert sandbox.desktop_helper.state == ("ready" if helper else "new")
+    finally:
+        await sandbox.close()
+
+
+async def test_the_helper_screenshot_is_the_xwd_screenshot() -> None:
+    from PIL import Image
+
+    sandbox = await BubblewrapBackend().create(form_spec(width=333, height=211))
+    try:
+        await wait_for_form(sandbox)
+        fast, slow = Desktop(sandbox), Desktop(sandbox, helper=False)
+        ours, theirs = await fast.screenshot(), await slow.screenshot()
+        assert sandbox.desktop_helper is not None and sandbox.desktop_helper.state == "ready"
+        a, b = Image.open(io.BytesIO(ours)), Image.open(io.BytesIO(theirs))
+        assert a.size == b.size == (333, 211) and a.mode == b.mode == "RGB"
+        assert a.tobytes() == b.tobytes()  # pixel for pixel, the form's window included
+        assert len(a.getcolors(maxcolors=1 << 24) or []) > 2  # not a blank screen
+    finally:
+        await sandbox.close()
+
+
+async def test_a_helper_killed_in_the_sandbox_leaves_actions_working_by_exec() -> None:
     sandbox = await BubblewrapBackend().create(form_spec())
     try:
         desktop = Desktop(sandbox)
         form = await wait_for_form(sandbox)
-        await desktop.click(*form["entry"])
-        await desktop.type_text("hello desk")
-        await desktop.click(*form["button"])
-        state = json.loads(await sandbox.read_file("state.json"))
-        assert state["clicks"] == 1 and state["saved"] == "hello desk"
+        await desktop.cursor()  # the helper is up and answering
+        assert sandbox.desktop_helper is not None and sandbox.desktop_helper.state == "ready"
+        assert sandbox._desktop is not None
+        helpers = [pid for pid in descendants(sandbox._desktop.pid) if "desktop-helper" in cmdline(pid)]
+        assert len(helpers) == 1
+        os.kill(helpers[0], signal.SIGKILL)  # what any process of the sandbox may do
+        reader, _ = sandbox.desktop_helper._connection.result()
+        async with within(30, "the host seeing the helper's end"):
+            assert await reader.read() == b""
+        await desktop.click(*form["button"])  # known gone: nothing is sent, it runs as one exec
+        async with within(30, "the app saving"):
+            await saved_state(sandbox, clicks=1)
+        assert sandbox.desktop_helper.state == "broken"
         assert await desktop.cursor() == tuple(form["button"])
-        await desktop.key("ctrl+a")
-        await desktop.click(5, 5)  # nowhere near the button: no click counted
-        assert json.loads(await sandbox.read_file("state.json"))["clicks"] == 1
+    finally:
+        await sandbox.close()
+
+
+def cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+@pytest.mark.parametrize("helper", [True, False], ids=["helper", "exec-per-action"])
+async def test_every_pointer_action_ends_where_it_was_sent(helper: bool) -> None:
+    sandbox = await BubblewrapBackend().create(SandboxSpec(desktop=DesktopSpec(width=200, height=100)))
+    try:
+        desktop = Desktop(sandbox, helper=helper)
+        await desktop.double_click(20, 30)
+        assert await desktop.cursor() == (20, 30)
+        await desktop.drag(20, 30, 150, 80, button="right")
+        assert await desktop.cursor() == (150, 80)
+        await desktop.scroll(40, 50, dy=-3, dx=2)
+        assert await desktop.cursor() == (40, 50)
+        await desktop.key("shift+Tab")
+        assert sandbox.desktop_helper is not None
+        assert sandbox.desktop_helper.state == ("ready" if helper else "new")
     finally:
         await sandbox.close()
 
@@ -136,8 +244,9 @@ async def test_the_display_is_private_to_the_sandbox(monkeypatch: pytest.MonkeyP
         sandbox = await backend.create(SandboxSpec(desktop=DesktopSpec(width=200, height=100)))
         other = await backend.create(SandboxSpec(desktop=DesktopSpec(width=200, height=100)))
         try:
-            result = await sandbox.exec('echo "$DISPLAY"; ls -A /tmp/.X11-unix')
-            assert result.stdout.split() == [":0", "X0"]
+            result = await sandbox.exec('echo "$DISPLAY"; ls -A /tmp/.X11-unix; ls -A /tmp')
+            # the helper's socket folder is the desktop session's alone, never an exec's
+            assert result.stdout.split() == [":0", "X0", ".X11-unix"]
             assert set(os.listdir(host_dir)) == before  # the sandbox's X0 is not on the host
             # its socket sits under a folder other host users cannot enter
             assert (sandbox.root / "display").stat().st_mode & 0o777 == 0o700

@@ -1,5 +1,7 @@
 """The bubblewrap sandbox under attack: each test mounts one attack and proves it was contained,
-with a positive control where the attack's failure could otherwise have another cause."""
+with a positive control where the attack's failure could otherwise have another cause. Each
+attack runs twice: on a plain sandbox and on one with a desktop running (``SandboxSpec.desktop``:
+its session, X server and helper beside the attacker), where the desktop tools are installed."""
 
 from __future__ import annotations
 
@@ -21,10 +23,13 @@ import pytest
 from sandbox_helpers import host_processes_with, needs_bwrap
 
 from rllm.engine.sandbox import BubblewrapBackend
-from rllm.sdk.sandbox import SandboxLimits, SandboxSpec, SandboxUnavailable
+from rllm.sdk.sandbox import DesktopSpec, SandboxLimits, SandboxSpec, SandboxUnavailable
 from rllm.testing import wait_until
 
 pytestmark = [needs_bwrap, pytest.mark.timeout(120)]
+
+
+DESKTOP_TOOLS = ("Xvfb", "evilwm", "xdotool", "xwd", "xwdtopnm")
 
 
 @pytest.fixture
@@ -32,12 +37,31 @@ async def backend() -> BubblewrapBackend:
     return BubblewrapBackend()  # its default base_dir, which sandbox uids can enter (not pytest's 0700 tmp)
 
 
+@pytest.fixture(params=["plain", "desktop"])
+def desktop(request: pytest.FixtureRequest) -> DesktopSpec | None:
+    """None, or a small desktop of a size no other run uses (its X server is findable by it)."""
+    if request.param == "plain":
+        return None
+    if any(shutil.which(tool) is None for tool in DESKTOP_TOOLS):
+        pytest.skip("desktop tools missing: apt-get install xvfb evilwm xdotool x11-apps netpbm")
+    return DesktopSpec(width=random.randrange(100, 4000), height=64)
+
+
+async def desktop_intact(sandbox, desktop: DesktopSpec | None) -> None:
+    """With a desktop: its X server still answers and is still this sandbox's own (not killed, not
+    replaced by the attack)."""
+    if desktop is not None:
+        assert await sandbox.is_alive()
+        geometry = await sandbox.exec("xdotool getdisplaygeometry")
+        assert geometry.stdout.split() == [str(desktop.width), str(desktop.height)], geometry
+
+
 async def test_1_cannot_read_a_host_file_outside_the_workdir(
-    backend: BubblewrapBackend, tmp_path: Path
+    backend: BubblewrapBackend, desktop: DesktopSpec | None, tmp_path: Path
 ) -> None:
     secret = tmp_path / "secret.txt"
     secret.write_text("TOP-SECRET-4711")
-    sandbox = await backend.create(SandboxSpec())
+    sandbox = await backend.create(SandboxSpec(desktop=desktop))
     try:
         result = await sandbox.exec(f"cat {secret}; cat /proc/1/root{secret}; ls {tmp_path}")
         assert "TOP-SECRET-4711" not in result.stdout + result.stderr
@@ -49,10 +73,12 @@ async def test_1_cannot_read_a_host_file_outside_the_workdir(
         await sandbox.close()
 
 
-async def test_2_cannot_write_outside_the_workdir(backend: BubblewrapBackend, tmp_path: Path) -> None:
+async def test_2_cannot_write_outside_the_workdir(
+    backend: BubblewrapBackend, desktop: DesktopSpec | None, tmp_path: Path
+) -> None:
     target = tmp_path / "planted.txt"
     probe = f"rllm-probe-{uuid.uuid4().hex}"
-    sandbox = await backend.create(SandboxSpec())
+    sandbox = await backend.create(SandboxSpec(desktop=desktop))
     try:
         result = await sandbox.exec(
             f"echo x > {target}; echo x > /usr/{probe}; echo x > /etc/{probe}; echo x > /tmp/{probe}; "
@@ -76,7 +102,9 @@ def _host_address() -> str | None:
     return None
 
 
-async def test_3_cannot_connect_to_a_loopback_server(backend: BubblewrapBackend) -> None:
+async def test_3_cannot_connect_to_a_loopback_server(
+    backend: BubblewrapBackend, desktop: DesktopSpec | None
+) -> None:
     connections: list[bytes] = []
 
     async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -91,7 +119,7 @@ async def test_3_cannot_connect_to_a_loopback_server(backend: BubblewrapBackend)
     def attack(host: str) -> str:
         return f"bash -c 'echo leaked > /dev/tcp/{host}/{port}' && echo CONNECTED"
 
-    closed = await backend.create(SandboxSpec())
+    closed = await backend.create(SandboxSpec(desktop=desktop))
     try:
         blocked = await closed.exec(attack("127.0.0.1"), timeout=20)
         assert "CONNECTED" not in blocked.stdout and blocked.exit_code != 0
@@ -124,8 +152,8 @@ async def test_3_cannot_connect_to_a_loopback_server(backend: BubblewrapBackend)
         await server.wait_closed()
 
 
-async def test_4_fork_bomb_is_capped(backend: BubblewrapBackend) -> None:
-    sandbox = await backend.create(SandboxSpec(limits=SandboxLimits(max_procs=20)))
+async def test_4_fork_bomb_is_capped(backend: BubblewrapBackend, desktop: DesktopSpec | None) -> None:
+    sandbox = await backend.create(SandboxSpec(limits=SandboxLimits(max_procs=20), desktop=desktop))
     try:
         spawn = (
             "import subprocess\nps = []\ntry:\n    while len(ps) < 60: ps.append(subprocess.Popen(['sleep', '30']))\n"
@@ -138,6 +166,7 @@ async def test_4_fork_bomb_is_capped(backend: BubblewrapBackend) -> None:
         assert "survived" in bomb.stdout
         assert (await sandbox.exec("echo still-usable")).stdout == "still-usable\n"
         assert subprocess.run(["true"], check=False).returncode == 0  # the host can still fork
+        await desktop_intact(sandbox, desktop)
     finally:
         await sandbox.close()
 
@@ -167,37 +196,44 @@ async def test_4_the_process_cap_ignores_the_harness_users_other_processes(
         await sandbox.close()
 
 
-async def test_5_memory_bomb_fails_inside(backend: BubblewrapBackend) -> None:
-    sandbox = await backend.create(SandboxSpec(limits=SandboxLimits(memory_mb=256)))
+async def test_5_memory_bomb_fails_inside(backend: BubblewrapBackend, desktop: DesktopSpec | None) -> None:
+    sandbox = await backend.create(SandboxSpec(limits=SandboxLimits(memory_mb=256), desktop=desktop))
     try:
         bomb = await sandbox.exec("python3 -c 'b = bytearray(2 * 1024**3); print(\"allocated\")'", timeout=60)
         assert bomb.exit_code != 0 and "allocated" not in bomb.stdout
         assert "MemoryError" in bomb.stderr
         control = await sandbox.exec("python3 -c 'b = bytearray(32 * 1024**2); print(\"allocated\")'")
         assert control.stdout == "allocated\n"
+        await desktop_intact(sandbox, desktop)
     finally:
         await sandbox.close()
 
 
-async def test_6_infinite_loop_is_stopped_by_cpu_limit_and_wall_clock(backend: BubblewrapBackend) -> None:
-    sandbox = await backend.create(SandboxSpec(limits=SandboxLimits(cpu_s=1)))
+async def test_6_infinite_loop_is_stopped_by_cpu_limit_and_wall_clock(
+    backend: BubblewrapBackend, desktop: DesktopSpec | None
+) -> None:
+    sandbox = await backend.create(SandboxSpec(limits=SandboxLimits(cpu_s=1), desktop=desktop))
     try:
         spin = await sandbox.exec("while :; do :; done", timeout=120)
         assert not spin.timed_out and spin.exit_code in (128 + signal.SIGXCPU, 128 + signal.SIGKILL)
         idle = await sandbox.exec("sleep 600", timeout=0.5)  # uses no CPU: only the wall clock stops it
         assert idle.timed_out and idle.exit_code == 128 + signal.SIGKILL
+        await desktop_intact(sandbox, desktop)
     finally:
         await sandbox.close()
 
 
-async def test_7_cannot_kill_the_parent_and_dies_with_it(backend: BubblewrapBackend, tmp_path: Path) -> None:
+async def test_7_cannot_kill_the_parent_and_dies_with_it(
+    backend: BubblewrapBackend, desktop: DesktopSpec | None, tmp_path: Path
+) -> None:
     mark = random.randrange(10**6, 10**7)  # unique sleep durations: other runs may be alive
     canary = subprocess.Popen(["sleep", str(mark)])
-    sandbox = await backend.create(SandboxSpec())
+    sandbox = await backend.create(SandboxSpec(desktop=desktop))
     try:
         attack = await sandbox.exec(f"kill -9 {os.getpid()} {canary.pid} $PPID; kill -9 -1; echo done")
         assert "done" in attack.stdout or attack.exit_code != 0
         assert canary.poll() is None  # host processes are out of its reach
+        await desktop_intact(sandbox, desktop)  # and so is the desktop session (another namespace)
     finally:
         await sandbox.close()
         canary.kill()
@@ -205,22 +241,30 @@ async def test_7_cannot_kill_the_parent_and_dies_with_it(backend: BubblewrapBack
     # The other way round: when the process holding a sandbox dies, the sandbox dies with it.
     held = Path(tempfile.mkdtemp(prefix="rllm-held-"))
     held.chmod(0o711)  # sandbox uids must be able to enter it
+    screen = None if desktop is None else (desktop.width, desktop.height)
     holder = textwrap.dedent(f"""
         import asyncio
         from rllm.engine.sandbox import BubblewrapBackend
+        from rllm.sdk.sandbox import DesktopSpec, SandboxSpec
         async def main():
-            sb = await BubblewrapBackend(base_dir={str(held)!r}).create(__import__("rllm.sdk.sandbox", fromlist=["x"]).SandboxSpec())
+            screen = {screen!r}
+            spec = SandboxSpec(desktop=None if screen is None else DesktopSpec(width=screen[0], height=screen[1]))
+            sb = await BubblewrapBackend(base_dir={str(held)!r}).create(spec)
             await sb.exec("touch started; sleep {mark + 1}")
         asyncio.run(main())
     """)
+    # What must die with the holder: the sandbox's command and, with a desktop, its X server.
+    doomed = [f"sleep {mark + 1}", *([] if screen is None else [f"-screen 0 {screen[0]}x{screen[1]}x"])]
     proc = subprocess.Popen([sys.executable, "-c", holder])
     try:
         await wait_until(lambda: any(held.glob("*/work/started")), 60, "the held sandbox")
-        assert host_processes_with(f"sleep {mark + 1}")
+        assert all(host_processes_with(marker) for marker in doomed)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         await wait_until(
-            lambda: not host_processes_with(f"sleep {mark + 1}"), 30, "the orphaned sandbox to die"
+            lambda: not any(host_processes_with(marker) for marker in doomed),
+            30,
+            "the orphaned sandbox to die",
         )
     finally:
         if proc.poll() is None:
@@ -233,23 +277,28 @@ async def test_7_cannot_kill_the_parent_and_dies_with_it(backend: BubblewrapBack
 
 
 async def test_8_cannot_read_host_environment(
-    backend: BubblewrapBackend, monkeypatch: pytest.MonkeyPatch
+    backend: BubblewrapBackend, desktop: DesktopSpec | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-host-secret-0815")
-    sandbox = await backend.create(SandboxSpec())
+    sandbox = await backend.create(SandboxSpec(desktop=desktop))
     try:
         result = await sandbox.exec("env; cat /proc/*/environ 2>/dev/null; cat /proc/1/environ")
         assert "sk-host-secret-0815" not in result.stdout + result.stderr
         # Control: what the spec or the call passes explicitly does arrive.
         given = await sandbox.exec("echo $TOKEN", env={"TOKEN": "given"})
         assert given.stdout == "given\n"
+        if desktop is not None:  # the desktop's processes were started without it too
+            logs = await sandbox.exec("cat .rllm-desktop/*.log")
+            assert "sk-host-secret-0815" not in logs.stdout + logs.stderr
     finally:
         await sandbox.close()
 
 
-async def test_9_huge_output_is_truncated_and_stopped(backend: BubblewrapBackend) -> None:
+async def test_9_huge_output_is_truncated_and_stopped(
+    backend: BubblewrapBackend, desktop: DesktopSpec | None
+) -> None:
     limit = 4096
-    sandbox = await backend.create(SandboxSpec(limits=SandboxLimits(output_bytes=limit)))
+    sandbox = await backend.create(SandboxSpec(limits=SandboxLimits(output_bytes=limit), desktop=desktop))
     try:
         flood = await sandbox.exec("yes flood", timeout=120)  # never ends on its own
         assert flood.truncated and not flood.timed_out
@@ -257,22 +306,30 @@ async def test_9_huge_output_is_truncated_and_stopped(backend: BubblewrapBackend
         assert len(flood.stdout) < limit + 200
         small = await sandbox.exec("echo fine")
         assert small.stdout == "fine\n" and not small.truncated
+        await desktop_intact(sandbox, desktop)
     finally:
         await sandbox.close()
 
 
-async def test_10_no_background_process_outlives_close(backend: BubblewrapBackend) -> None:
+async def test_10_no_background_process_outlives_close(
+    backend: BubblewrapBackend, desktop: DesktopSpec | None
+) -> None:
     mark = random.randrange(10**6, 10**7)
-    sandbox = await backend.create(SandboxSpec())
+    sandbox = await backend.create(SandboxSpec(desktop=desktop))
     try:
         started = await sandbox.exec(
             f"setsid sleep {mark} & nohup sleep {mark + 1} >/dev/null 2>&1 & (sleep {mark + 2} &) ; "
             "ls -d /proc/[0-9]* | wc -l; echo started"
         )
         assert "started" in started.stdout
+        if desktop is not None:  # control: its X server runs until close
+            assert host_processes_with(f"-screen 0 {desktop.width}x{desktop.height}x")
     finally:
         await sandbox.close()
-    for marker in (f"sleep {mark}", f"sleep {mark + 1}", f"sleep {mark + 2}"):
+    markers = [f"sleep {mark}", f"sleep {mark + 1}", f"sleep {mark + 2}"]
+    if desktop is not None:  # nor does its desktop: X server, window manager, helper
+        markers.append(f"-screen 0 {desktop.width}x{desktop.height}x")
+    for marker in markers:
         assert host_processes_with(marker) == [], marker
     assert not sandbox.root.exists()
 

@@ -64,12 +64,14 @@ TOOLS: list[dict[str, Any]] = [
 
 def load_tasks(split: str) -> list[Task]:
     """``train`` and ``test``: the ten shipped tasks; ``dir:/path``: task directories there
-    (e.g. written by ``python -m rllm_cookbook_desktop.forms``)."""
+    (e.g. written by ``python -m rllm_cookbook_desktop.forms``). Each task gets the form app."""
+    from rllm_cookbook_desktop.forms import with_app  # here: ``python -m ...forms`` runs it fresh
+
     if split.startswith("dir:"):
-        return load_task_dirs(split[4:], allow_network=True)
+        return [with_app(task) for task in load_task_dirs(split[4:], allow_network=True)]
     if split not in ("train", "test"):
         raise InputError(f"the desktop cookbook has splits 'train', 'test' and 'dir:<folder>', not {split!r}")
-    return load_task_dirs(TASKS_DIR)
+    return [with_app(task) for task in load_task_dirs(TASKS_DIR)]
 
 
 async def act(desktop: Desktop, name: str, arguments: str, scale: float) -> str:
@@ -180,7 +182,14 @@ def desktop_evaluator(task: Task, episode: Episode) -> EvalOutput:
     )
 
 
-TRAIN_DEFAULTS = train_defaults(tasks_per_step=4, max_tokens=256, rollout={"sandbox_warm": 4})
+TRAIN_DEFAULTS = train_defaults(
+    tasks_per_step=4,
+    max_tokens=256,
+    rollout={"sandbox_warm": 4},
+    # Per-turn credit, as FrozenLake's: the verifier's outcome arrives after the last turn and
+    # each earlier turn (screenshot -> tool calls) is credited with it discounted by gamma.
+    algorithm={"step_credit": "turn", "gamma": 0.9},
+)
 
 cookbook = Cookbook(
     name="desktop",

@@ -1,4 +1,4 @@
-"""The tasks' GUI app (copied into each task's environment/files as app.py; run by the system
+"""The tasks' GUI app (put into each loaded task's files as app.py by forms.with_app; run by the system
 python3 on the sandbox's display): a Tk form described by form.json — checkboxes, a choice
 list (radio buttons), a text field and a Save button, each placed at its rectangle. Save writes
 the form's state to state.json (what the verifier reads); .form-ready appears once it is shown."""

@@ -38,6 +38,7 @@ from typing import Any, TypedDict, TypeVar, cast
 
 from rllm.engine.sandbox import desktop, host_files, network, parked, session_bridge, stale
 from rllm.engine.sandbox.cgroups import CgroupHost, SandboxCgroup, detect
+from rllm.sdk.desktop_channel import HelperChannel
 from rllm.sdk.sandbox import (
     ExecResult,
     HarnessHookup,
@@ -207,11 +208,6 @@ class BubblewrapSandbox:
         self.root.chmod(0o711)  # the sandbox's uid mounts its own folders, so it must reach them
         (self.root / "work").mkdir(mode=0o700)
         (self.root / "ctl").mkdir(mode=0o755)
-        if spec.desktop is not None:
-            # Xvfb makes its socket folder world-writable (1777); the 0700 folder above it keeps
-            # other host users from reaching the socket.
-            (self.root / "display").mkdir(mode=0o700)
-            (self.root / "display" / "x11").mkdir(mode=0o700)
         # The first bwrap starts from a shell already in a fresh cgroup when one is parked (not
         # for networked specs: their bwrap needs descriptors passed at its start).
         self._parked = backend.lot.take() if backend.lot is not None and not spec.network else None
@@ -225,9 +221,8 @@ class BubblewrapSandbox:
                 _mount_tmpfs(self.root / "work", spec.limits.disk_mb, self.uid)
                 self._mounted = True
             host_files.give_to(self.root / "work", self.uid)
-            if spec.desktop is not None and self.uid is not None:
-                for folder in (self.root / "display", self.root / "display" / "x11"):
-                    os.chown(folder, self.uid, self.uid)
+            if spec.desktop is not None:
+                desktop.make_folders(self.root, self.uid)
             if self.cgroup is not None:
                 self.cgroup.apply(spec.limits)
             else:
@@ -280,6 +275,7 @@ class BubblewrapSandbox:
         self._nets: dict[asyncio.subprocess.Process, network.Wiring] = {}  # networked bwraps' wiring
         self._desktop: asyncio.subprocess.Process | None = None  # the desktop session's bwrap
         self._bridge: session_bridge.SessionBridge | None = None  # a command harness's gateway bridge
+        self.desktop_helper: HelperChannel | None = None  # the session's input/screenshot helper
         self.closed = False
 
     async def prepare(self) -> None:
@@ -305,16 +301,20 @@ class BubblewrapSandbox:
     async def _start_desktop(self) -> None:
         """Start the desktop session (a bwrap of this sandbox that lives until close) and return
         once its X server accepts clients and its apps are started."""
-        number, proc, wake = await self._spawn()
+        self.desktop_helper = channel = await desktop.listen(self.root, self.uid, self.spec)
+        number, proc, wake = await self._spawn(extra=desktop.helper_bind(self.root))
         self._running.add(proc)  # killed with the sandbox, never discarded before
         self._desktop = proc
-        (self.root / "ctl" / f"{number}.sh").write_text(desktop.session_script(self.spec))
+        script = desktop.session_script(self.spec, helper=channel.state == "new")
+        (self.root / "ctl" / f"{number}.sh").write_text(script)
         _wake(wake)
         assert proc.stdout is not None
         try:
-            await desktop.wait_ready(proc.stdout)
+            helper = await desktop.wait_ready(proc.stdout)
         except SandboxError as exc:
             raise SandboxError(f"{exc}; X server log: {self._desktop_log()}") from None
+        if not helper:
+            channel.unavailable("the sandbox has no python3 to run it")
 
     def _desktop_log(self) -> str:
         path = self.root / "work" / desktop.LOG_DIR / "xvfb.log"
@@ -367,15 +367,17 @@ class BubblewrapSandbox:
             return None
         return spawned
 
-    async def _spawn(self) -> tuple[int, asyncio.subprocess.Process, int]:
-        """Start a bwrap that waits (on its stdin pipe) for its exec script, then runs it."""
+    async def _spawn(self, extra: list[str] | None = None) -> tuple[int, asyncio.subprocess.Process, int]:
+        """Start a bwrap that waits (on its stdin pipe) for its exec script, then runs it
+        (``extra``: bwrap arguments for this one, e.g. the desktop session's own mounts)."""
         number = next(self._ids)
         if self._inner_nproc is not None:
             run = f"exec prlimit --nproc={self._inner_nproc} -- /bin/sh {CTL}/{number}.sh </dev/null"
         else:  # the script is read by this shell itself: one exec fewer on the warm path
             run = f"exec </dev/null; . {CTL}/{number}.sh"
         inner = f"read _ || exit 111; {run}"
-        argv, fds, net = [*self._argv], (), None
+        extra = extra or []
+        argv, fds, net = [*self._argv, *extra], (), None
         if self._parked is not None:
             shell, self._parked = self._parked, None
             try:
@@ -383,7 +385,7 @@ class BubblewrapSandbox:
             except BaseException:
                 self._drop_parked(shell)
                 raise
-            if shell.launch([*self._launch, "/bin/sh", "-c", inner]):
+            if shell.launch([*self._launch, *extra, "/bin/sh", "-c", inner]):
                 self.started_parked = True
                 # Typed as asyncio's Process: AdoptedProcess has the part of it used here.
                 return number, cast(asyncio.subprocess.Process, adopted), shell.wake
@@ -517,6 +519,8 @@ class BubblewrapSandbox:
         self.closed = True
         procs = set(self._running)
         self._drop_parked()
+        if self.desktop_helper is not None:
+            self.desktop_helper.close()
         if self._warm is not None:
             os.close(self._warm[2])
             procs.add(self._warm[1])

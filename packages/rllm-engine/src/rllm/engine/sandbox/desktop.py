@@ -6,20 +6,34 @@ sandbox (``<root>/display/x11``, under a folder owned by the sandbox's uid, mode
 mounts at /tmp/.X11-unix, never the host's; no TCP, and the abstract socket sits in the session's
 own network namespace. The session joins the sandbox's cgroup like any exec (its memory counts
 against the sandbox's cap) and is killed with the sandbox at close.
+
+The session also runs the desktop helper (``rllm.sdk.desktop_helper``): one process that takes
+input and screenshot requests, so an action is a round trip, not an exec per action. It connects
+to a unix socket the host listens on, in a host folder (``<root>/helper``, 0700, the sandbox's
+uid) that only the session mounts (at ``/tmp/.rllm-helper``), never the agent's execs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import os
 import shlex
 import shutil
+from pathlib import Path
 
+from rllm.sdk import desktop_helper
+from rllm.sdk.desktop_channel import HelperChannel
 from rllm.sdk.sandbox import DesktopSpec, SandboxError, SandboxSpec, SandboxUnavailable
 
 DISPLAY = ":0"
 SOCKET_DIR = "/tmp/.X11-unix"
 LOG_DIR = ".rllm-desktop"  # in the workdir: the X server's and the apps' logs, for diagnosis
 READY = "rllm-desktop-ready"
+NO_HELPER = "rllm-desktop-no-helper"  # the session found no python3 to run the helper with
+CTL = "/.rllm"  # the sandbox's read-only control folder (bubblewrap.CTL): the helper's program
+HELPER = "desktop-helper.py"
+HELPER_DIR = "/tmp/.rllm-helper"  # where the session (only) sees the host's socket folder
 TOOLS = ("Xvfb", "evilwm", "xdotool", "xwd", "xwdtopnm")
 START_TIMEOUT_S = 30.0
 
@@ -33,9 +47,10 @@ def check_tools() -> None:
         )
 
 
-def session_script(spec: SandboxSpec) -> str:
-    """The desktop session's shell script: X server, window manager, the spec's apps, then a
-    ready line on stdout; it waits on its children so the session lives until it is killed."""
+def session_script(spec: SandboxSpec, helper: bool = True) -> str:
+    """The desktop session's shell script: X server, window manager, the helper (``helper``: the
+    host listens for it), the spec's apps, then a ready line on stdout; it waits on its children
+    so the session lives until it is killed."""
     desktop = spec.desktop
     assert desktop is not None
     logs = f"{spec.workdir}/{LOG_DIR}"
@@ -54,23 +69,79 @@ def session_script(spec: SandboxSpec) -> str:
         f"evilwm -fn fixed </dev/null >{shlex.quote(logs)}/wm.log 2>&1 &",
         f"cd {shlex.quote(spec.workdir)}",
     ]
+    if helper:
+        run = f"python3 -I -S {CTL}/{HELPER} {HELPER_DIR}/s </dev/null >/dev/null 2>{shlex.quote(logs)}/helper.log"
+        lines.append(f"if command -v python3 >/dev/null; then {run} & else echo {NO_HELPER}; fi")
     for number, app in enumerate(desktop.apps):
         lines.append(f"/bin/sh -c {shlex.quote(app)} </dev/null >{shlex.quote(logs)}/app{number}.log 2>&1 &")
     lines += [f"echo {READY}", "exec >/dev/null 2>&1", "wait"]
     return "\n".join(lines) + "\n"
 
 
-async def wait_ready(stdout: asyncio.StreamReader) -> None:
-    """Return once the session printed its ready line; SandboxError saying why if it ended or
-    took longer than START_TIMEOUT_S."""
+async def wait_ready(stdout: asyncio.StreamReader) -> bool:
+    """Return once the session printed its ready line (True unless it could not start the
+    helper); SandboxError saying why if it ended or took longer than START_TIMEOUT_S."""
+    helper = True
     try:
         async with asyncio.timeout(START_TIMEOUT_S):
             while line := await stdout.readline():
+                if line.strip() == NO_HELPER.encode():
+                    helper = False
                 if line.strip() == READY.encode():
-                    return
+                    return helper
     except TimeoutError:
         raise SandboxError(f"the sandbox desktop did not start within {START_TIMEOUT_S:g} s") from None
     raise SandboxError("the sandbox desktop's session ended before its display was ready")
 
 
-__all__ = ["DISPLAY", "SOCKET_DIR", "DesktopSpec", "check_tools", "session_script", "wait_ready"]
+async def listen(root: Path, uid: int | None, spec: SandboxSpec) -> HelperChannel:
+    """The host's end of the session's helper: a unix socket in ``root``'s helper folder (bound
+    into the session by :func:`helper_bind`) and the helper's program in its control folder. A
+    socket that cannot be made (a base folder too long for a socket path) leaves the channel
+    unavailable: actions then run one exec each."""
+    assert spec.desktop is not None
+    channel = HelperChannel(spec.desktop)
+    (root / "ctl" / HELPER).write_text(_helper_source())
+    path = root / "helper" / "s"
+    try:
+        server = await asyncio.start_unix_server(channel.connected, path=str(path))
+        if uid is not None:
+            os.chown(path, uid, uid)
+    except OSError as exc:
+        channel.unavailable(f"no socket for it at {path}: {exc}")
+        return channel
+    channel.on_close(server.close)
+    return channel
+
+
+def helper_bind(root: Path) -> list[str]:
+    """bwrap arguments giving the desktop session (only) the helper's socket folder."""
+    return ["--bind", str(root / "helper"), HELPER_DIR]
+
+
+def make_folders(root: Path, uid: int | None) -> None:
+    """The sandbox's display and helper folders: 0700 and, as root, owned by the sandbox's uid
+    (Xvfb makes its socket folder world-writable, 1777; the folder above it keeps other host
+    users from reaching the socket)."""
+    for folder in (root / "display", root / "display" / "x11", root / "helper"):
+        folder.mkdir(mode=0o700)
+        if uid is not None:
+            os.chown(folder, uid, uid)
+
+
+@functools.cache
+def _helper_source() -> str:
+    return Path(desktop_helper.__file__).read_text()
+
+
+__all__ = [
+    "DISPLAY",
+    "SOCKET_DIR",
+    "DesktopSpec",
+    "check_tools",
+    "helper_bind",
+    "listen",
+    "make_folders",
+    "session_script",
+    "wait_ready",
+]
