@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from rllm.algos.config import AlgorithmConfig
-from rllm.backends.verl.config import VerlBackendConfig, parse_config
+from rllm.backends.verl.config import NO_ROLLOUT, VerlBackendConfig, parse_config
+from rllm.backends.verl.sft import check_no_rollout
 from rllm.engine.backend_base import BackendBase
 from rllm.types import TrainSequence
 from rllm.types.errors import InputError, NotFoundError, StateError
@@ -53,10 +54,14 @@ class VerlBackend(BackendBase[VerlBackendConfig]):
         must be named (before Ray starts)."""
         if not self.config.model:
             raise InputError("backend.options.model: name the policy model (a local path or hub name)")
-        if self.config.cluster.device == "cpu" and self.config.rollout.engine != "external":
+        engine = self.config.rollout.engine
+        if engine == NO_ROLLOUT:
+            check_no_rollout(algo)
+        elif self.config.cluster.device == "cpu" and engine != "external":
             raise InputError(
                 "backend.options.cluster.device: 'cpu' needs rollout.engine = 'external' (running "
-                "vLLM servers): verl's own vLLM and SGLang rollout servers need GPUs"
+                "vLLM servers), or 'none' for `rllm sft`: verl's own vLLM and SGLang rollout "
+                "servers need GPUs"
             )
         # algorithm.max_mismatch is honoured: train_step records the trainer's logprobs.
         self._algo = algo
