@@ -1,9 +1,9 @@
-"""`rllm sft DATA --backend verl` on the CPU: no sampler (``rollout.engine = "none"``), Ray with
-one CPU worker in verl's ``actor`` role, rllm.algos' ``cross_entropy`` over the assistant tokens
-inside verl's FSDP2 engine, a verl checkpoint at the last step that ``rllm export`` turns into a
-model whose answers are likelier than the untrained model's.
+"""`rllm sft DATA --backend verl` on the CPU: no sampler (``rollout.engine = "none"``), one rank,
+so verl's FSDP2 ``TrainingWorker`` runs in the CLI's process without Ray; rllm.algos'
+``cross_entropy`` over the assistant tokens inside verl's engine, a verl checkpoint at the last
+step that ``rllm export`` turns into a model whose answers are likelier than the untrained model's.
 
-The CLI runs in a subprocess: Ray's process-wide state stays out of this pytest process.
+The CLI runs in a subprocess: its process group and environment stay out of this pytest process.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from rllm.engine.metrics_log import read_metrics
 pytestmark = [pytest.mark.verl, pytest.mark.slow]
 
 FRUITS = ["apple", "banana", "cherry", "grape"]
-RUN_TIMEOUT_S = 900  # Ray's start on 2 loaded cores dominates
+RUN_TIMEOUT_S = 900  # generous: the machine may be loaded; the run takes about a minute
 
 
 def _write_chats(path: Path) -> Path:
@@ -56,8 +56,10 @@ def _answer_nll(model: Path) -> float:
             {"role": "system", "content": "repeat the word"},
             {"role": "user", "content": f"say {fruit}"},
         ]
-        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        prompt = list(prompt["input_ids"] if isinstance(prompt, dict) else prompt)
+        encoded = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=True
+        )
+        prompt = list(encoded["input_ids"])
         answer = tokenizer.encode(fruit, add_special_tokens=False)
         ids = torch.tensor([prompt + answer])
         with torch.no_grad():

@@ -16,7 +16,7 @@ from typing import Any
 
 from rllm.algos.config import AlgorithmConfig
 from rllm.backends.verl.config import NO_ROLLOUT, VerlBackendConfig, parse_config
-from rllm.backends.verl.sft import check_no_rollout
+from rllm.backends.verl.sft import LocalTrainer, check_no_rollout, runs_in_process
 from rllm.engine.backend_base import BackendBase
 from rllm.types import TrainSequence
 from rllm.types.errors import InputError, NotFoundError, StateError
@@ -73,6 +73,10 @@ class VerlBackend(BackendBase[VerlBackendConfig]):
             raise StateError(
                 "VerlBackend.start: call validate(algo) first (it decides whether a reference policy runs)"
             )
+        if runs_in_process(self.config):  # rllm sft on one CPU rank: no Ray (sft.py)
+            # Built on this thread: verl's engine set-up expects the main thread, as in the CLI.
+            self._cluster = LocalTrainer(self.config, self._algo)
+            return
         cluster = RayCluster(self.config, self._algo)
         try:
             await cluster.start()
