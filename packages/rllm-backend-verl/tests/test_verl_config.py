@@ -115,6 +115,34 @@ def test_the_cpu_needs_an_external_rollout() -> None:
     assert backend.config.rollout.server_urls == external["server_urls"]
 
 
+def test_without_a_sampler_only_supervised_training_is_accepted() -> None:
+    """rollout.engine = 'none' (`rllm sft`, on the CPU too): RL losses and KL are refused before
+    Ray starts, naming the key to change."""
+    from rllm.engine.sft import SFT_ALGORITHM
+
+    backend = VerlBackend({"model": "/m", "cluster": {"device": "cpu"}, "rollout": {"engine": "none"}})
+    backend.validate(SFT_ALGORITHM)
+    for algo in (AlgorithmConfig(loss="ppo_clip"), AlgorithmConfig(loss="cross_entropy", kl_coef=0.1)):
+        with pytest.raises(
+            ConfigError, match=r"backend\.options\.rollout\.engine = 'none' starts no sampler"
+        ) as err:
+            backend.validate(algo)
+        assert err.value.key == "backend.options.rollout.engine"
+    # A sampler-less run has no servers to name.
+    with pytest.raises(ConfigError, match="only for engine 'external'"):
+        VerlBackend({"model": "/m", "rollout": {"engine": "none", "server_urls": ["http://h/v1"]}})
+
+
+def test_rllm_train_without_a_sampler_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    pytest.importorskip("rllm_cookbook_say", reason="the say cookbook is not installed in this environment")
+    from rllm.engine.launch import build_trainer
+
+    options = ["backend.options.cluster.device=cpu", "backend.options.rollout.engine=none"]
+    with pytest.raises(ConfigError, match=r"loss 'ppo_clip': backend\.options\.rollout\.engine = 'none'"):
+        build_trainer("say", backend="verl", out_dir=str(tmp_path / "run"), overrides=options)
+    assert not (tmp_path / "run").exists()  # refused before the tiny model or the run folder
+
+
 def test_rllm_train_with_a_bad_option_fails_before_anything_starts(tmp_path: Path) -> None:
     pytest.importorskip("rllm_cookbook_say", reason="the say cookbook is not installed in this environment")
     from rllm.engine.launch import build_trainer

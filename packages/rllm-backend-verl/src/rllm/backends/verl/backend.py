@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from rllm.algos.config import AlgorithmConfig
-from rllm.backends.verl.config import VerlBackendConfig, parse_config
+from rllm.backends.verl.config import NO_ROLLOUT, VerlBackendConfig, parse_config
+from rllm.backends.verl.sft import LocalTrainer, check_no_rollout, runs_in_process
 from rllm.engine.backend_base import BackendBase
 from rllm.types import TrainSequence
 from rllm.types.errors import InputError, NotFoundError, StateError
@@ -53,10 +54,14 @@ class VerlBackend(BackendBase[VerlBackendConfig]):
         must be named (before Ray starts)."""
         if not self.config.model:
             raise InputError("backend.options.model: name the policy model (a local path or hub name)")
-        if self.config.cluster.device == "cpu" and self.config.rollout.engine != "external":
+        engine = self.config.rollout.engine
+        if engine == NO_ROLLOUT:
+            check_no_rollout(algo)
+        elif self.config.cluster.device == "cpu" and engine != "external":
             raise InputError(
                 "backend.options.cluster.device: 'cpu' needs rollout.engine = 'external' (running "
-                "vLLM servers): verl's own vLLM and SGLang rollout servers need GPUs"
+                "vLLM servers), or 'none' for `rllm sft`: verl's own vLLM and SGLang rollout "
+                "servers need GPUs"
             )
         # algorithm.max_mismatch is honoured: train_step records the trainer's logprobs.
         self._algo = algo
@@ -68,6 +73,10 @@ class VerlBackend(BackendBase[VerlBackendConfig]):
             raise StateError(
                 "VerlBackend.start: call validate(algo) first (it decides whether a reference policy runs)"
             )
+        if runs_in_process(self.config):  # rllm sft on one CPU rank: no Ray (sft.py)
+            # Built on this thread: verl's engine set-up expects the main thread, as in the CLI.
+            self._cluster = LocalTrainer(self.config, self._algo)
+            return
         cluster = RayCluster(self.config, self._algo)
         try:
             await cluster.start()

@@ -17,6 +17,7 @@ from rllm.types.config_file import parse_options
 from rllm.types.errors import ConfigError
 
 PREFIX = "backend.options"
+NO_ROLLOUT = "none"  # rollout.engine: the trainer's workers only, no sampler (supervised training)
 
 
 class ClusterOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -71,9 +72,12 @@ class RolloutOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     instead of ones verl starts; after every optimizer step the trainer writes the weights into
     ``weights_dir`` and each server reloads them (external_rollout.py). The GPU settings below
     then do not apply: the servers were started with their own.
+
+    ``engine = "none"``: no sampler at all, only the trainer's workers (``rllm sft``, which samples
+    nothing; on the CPU too). RL needs a sampler, so ``validate`` refuses RL losses with it.
     """
 
-    engine: Literal["vllm", "sglang", "external"] = "vllm"
+    engine: Literal["vllm", "sglang", "external", "none"] = "vllm"
     server_urls: list[str] = msgspec.field(default_factory=list)  # engine "external": base URLs ending in /v1
     weights_dir: str = ""  # engine "external": "" = a fresh temporary directory on this machine
     tensor_model_parallel_size: int = 1

@@ -9,7 +9,8 @@ for weight sync. rLLM adds the loss (``RllmPolicyLoss`` through ``set_loss_fn``)
 replica's OpenAI-compatible address as a gateway upstream.
 
 On the CPU (``cluster.device = "cpu"``) Ray gets CPU bundles only and the workers run verl's
-engine on the CPU platform (cpu_platform.py); the rollout must then be external.
+engine on the CPU platform (cpu_platform.py); the rollout must then be external, or none at all
+(``rollout.engine = "none"``: the workers in verl's ``actor`` role only, for ``rllm sft``; sft.py).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import shutil
 from typing import Any
 
 from rllm.algos.config import AlgorithmConfig
-from rllm.backends.verl.config import VerlBackendConfig
+from rllm.backends.verl.config import NO_ROLLOUT, VerlBackendConfig
 from rllm.backends.verl.loss import RllmPolicyLoss
+from rllm.backends.verl.sft import no_sampler
 from rllm.backends.verl.trainer_config import compose_verl_config
 
 # Ray waits a fixed, unconfigurable 30 s for a new node's raylet to register; on a loaded
@@ -89,6 +91,10 @@ class RayCluster:
     def cpu(self) -> bool:
         return self.config.cluster.device == "cpu"
 
+    @property
+    def no_rollout(self) -> bool:
+        return self.config.rollout.engine == NO_ROLLOUT
+
     async def start(self) -> None:
         import ray
 
@@ -113,6 +119,8 @@ class RayCluster:
             start_local_ray(ray, address=c.ray_address or None, **self._local_resources())
             self._started_ray = True
         role = "actor_rollout_ref" if self.algo.kl_coef > 0 else "actor_rollout"
+        if self.no_rollout:
+            role = "actor"  # the trainer alone: verl builds no rollout in these workers (sft.py)
         pool = RayResourcePool(
             process_on_nodes=[c.gpus_per_node] * c.nnodes,
             use_gpu=not self.cpu,
@@ -129,6 +137,8 @@ class RayCluster:
         )
         await asyncio.to_thread(self.group.init_model)
         self.set_loss(self.algo)
+        if self.no_rollout:
+            return
         rollout = self.verl_config.actor_rollout_ref.rollout
         replica_cls = get_rollout_replica_class(self.config.rollout.engine)
         if external:
@@ -181,6 +191,8 @@ class RayCluster:
 
     def inference_urls(self) -> list[str]:
         """One OpenAI-compatible base URL per rollout replica (each one gateway upstream worker)."""
+        if self.no_rollout:
+            raise no_sampler()
         return [
             getattr(replica, "base_url", None) or f"http://{replica.server_address}/v1"
             for replica in self.replicas
@@ -202,6 +214,8 @@ class RayCluster:
         from verl.checkpoint_engine import CheckpointEngineManager
         from verl.utils.config import omega_conf_to_dataclass
 
+        if self.no_rollout:
+            raise no_sampler()
         if self._checkpoints is None:
             self._checkpoints = CheckpointEngineManager(
                 config=omega_conf_to_dataclass(self.verl_config.actor_rollout_ref.rollout.checkpoint_engine),
