@@ -10,7 +10,9 @@ trailing 25-step mean reward reaches 0.9 (or --max-steps / --max-seconds):
   (3) system  the Trainer as `rllm train` builds it (rllm.engine.launch.build_trainer): engine,
               embedded gateway sessions, sampler server, traces, episodes, evaluator, files
 
-Printed: each side's per-step median and wall time to 0.9, the ratios the issue sets targets on
+Printed: each side's per-step median and wall time to 0.9, its process CPU time per step and its
+sampler's forward passes, batches and joined rows per step (on a shared machine CPU time is the
+steadier figure: wall time there is mostly other people's load), the ratios the issue sets targets on
 (system/direct per step <= 1.3x, system/TRL wall to 0.9 <= 1.0x), and for (3) a per-component
 breakdown of a step: median milliseconds per step of each part, measured by wrapping the parts
 in this process (the run itself is unchanged). Rollout-internal parts run concurrently for the
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import itertools
 import statistics
 import sys
 import tempfile
@@ -61,6 +64,46 @@ ROLLOUT_PARTS = [
     ("episode build", "rollout"),
     ("evaluator (score)", "rollout"),
 ]
+
+
+class SamplerWatch:
+    """Per-step process CPU time and the local sampler's counters (every side is one process)."""
+
+    def __init__(self) -> None:
+        from rllm.backends.tinker.local.generation import SamplerEngine
+
+        self.engines: list[Any] = []
+        self.marks: list[tuple[float, int, int, int]] = []
+        inner = SamplerEngine.__init__
+        engines = self.engines
+
+        def init(engine: Any, *a: Any, **k: Any) -> None:
+            inner(engine, *a, **k)
+            engines.append(engine)
+
+        SamplerEngine.__init__ = init  # type: ignore[method-assign]
+
+    def mark(self) -> None:
+        e = self.engines[-1]
+        self.marks.append(
+            (
+                time.process_time(),
+                getattr(e, "forward_passes", 0),
+                e.batches_run,
+                getattr(e, "rows_joined", 0),
+            )
+        )
+
+    def summary(self, side: str, skip: int = 3) -> str:
+        marks = self.marks[skip:] if len(self.marks) > skip + 1 else self.marks
+        d = [[b - a for a, b in zip(m0, m1, strict=True)] for m0, m1 in itertools.pairwise(marks)]
+        if not d:
+            return f"{side}: no steps"
+        med = [statistics.median(x[i] for x in d) for i in range(4)]
+        return (
+            f"{side:7s} CPU {med[0] * 1000:6.1f} ms/step   sampler per step: {med[1]:.0f} forward passes,"
+            f" {med[2]:.0f} batches, {med[3]:.0f} joined rows"
+        )
 
 
 class Timers:
@@ -163,7 +206,9 @@ def wrap_backend(timers: Timers, backend: Any) -> None:
     backend.sync_weights = sync
 
 
-def run_system(args: argparse.Namespace, breakdown: bool) -> tuple[ct.RunResult, Timers | None]:
+def run_system(
+    args: argparse.Namespace, breakdown: bool, watch: SamplerWatch | None = None
+) -> tuple[ct.RunResult, Timers | None]:
     import msgspec
 
     from rllm.engine.launch import build_trainer
@@ -201,6 +246,13 @@ def run_system(args: argparse.Namespace, breakdown: bool) -> tuple[ct.RunResult,
             # End the loop after this step, as total_steps would (the final checkpoint follows).
             msgspec.structs.force_setattr(trainer.config, "total_steps", step)
 
+    if watch is not None:
+        inner_on_step = on_step
+
+        def on_step(step: int, metrics: dict[str, Any]) -> None:
+            watch.mark()
+            inner_on_step(step, metrics)
+
     if timers is not None:
         instrument(timers, on_step)
         wrap_backend(timers, trainer.backend)
@@ -229,6 +281,26 @@ def run_system(args: argparse.Namespace, breakdown: bool) -> tuple[ct.RunResult,
     Trainer._train_one_step = first_step  # type: ignore[method-assign]
     asyncio.run(trainer.fit(resume=False, overwrite=False))
     return ct.summarise("system", args.lr, rewards, ends, start[0]), timers
+
+
+def run_direct(model: Path, args: argparse.Namespace, watch: SamplerWatch) -> ct.RunResult:
+    from rllm.backends.tinker import TinkerBackend
+
+    inner_train = TinkerBackend.train_step
+
+    async def train_step(backend: Any, *a: Any, **k: Any) -> Any:
+        try:
+            return await inner_train(backend, *a, **k)
+        finally:
+            watch.mark()  # the direct side trains every step
+
+    TinkerBackend.train_step = train_step  # type: ignore[method-assign]
+    try:
+        r = asyncio.run(ct.run_ours(model, args.lr, args))
+    finally:
+        TinkerBackend.train_step = inner_train  # type: ignore[method-assign]
+    r.side = "direct"
+    return r
 
 
 def median_step_ms(r: ct.RunResult, ends: list[float] | None = None) -> float:
@@ -279,16 +351,21 @@ def main() -> None:
     )
     results: dict[str, ct.RunResult] = {}
     timers: Timers | None = None
+    cpu_lines: list[str] = []
     for side in sides:
+        watch = SamplerWatch()
         if side == "trl":
             r = ct.run_trl(ct.ensure_trl_env(args.trl_venv), model, args.lr, args)
         elif side == "direct":
-            r = asyncio.run(ct.run_ours(model, args.lr, args))
-            r.side = "direct"
+            r = run_direct(model, args, watch)
         else:
-            r, timers = run_system(args, breakdown=not args.no_breakdown)
+            r, timers = run_system(args, breakdown=not args.no_breakdown, watch=watch)
+        if side != "trl":
+            cpu_lines.append(watch.summary(side))
         results[side] = r
         print(ct.fmt(r).replace("rllm ", "direct") if side == "direct" else ct.fmt(r), flush=True)
+    for line in cpu_lines:
+        print(line)
     if "system" in results and "direct" in results:
         ratio = results["system"].seconds_per_step / results["direct"].seconds_per_step
         print(f"system/direct per step: {ratio:.2f}x (target <= 1.3)")

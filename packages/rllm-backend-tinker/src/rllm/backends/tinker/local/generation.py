@@ -2,9 +2,11 @@
 with a KV cache. (Token choice from the logits is `sampling.py`; the HTTP front is `server.py`.)
 
 A worker thread takes every queued request (up to ``max_batch`` sequences), left-pads the
-prompts into one batch and decodes them together with ``past_key_values``; requests arriving
-meanwhile form the next batch. Each batch runs under ``weights_lock`` so a weight swap
-(``update_weights``) waits for the running batch and no sequence mixes two weight versions.
+prompts into one batch and decodes them together with ``past_key_values``. Text requests arriving
+meanwhile join the running batch at its next decode step (``joining.py``); each request is
+answered as soon as its own sequences end. Each batch runs under ``weights_lock`` so a weight swap
+(``update_weights``) waits for the running batch and no sequence mixes two weight versions; a
+waiting swap stops new requests from joining, so it waits for the rows already running only.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 
+from rllm.backends.tinker.local.joining import can_extend, extend_cache, joined_step
 from rllm.backends.tinker.local.sampling import GREEDY_TEMPERATURE, RowSampling, sample_next
 
 if TYPE_CHECKING:
@@ -111,6 +114,13 @@ class SamplerEngine:
         self.batches_run = 0  # observability: how many decode batches ran (tests check batching)
         self.max_batch_seen = 0
         self.busy_s = 0.0  # time spent decoding (observability: HTTP overhead = latency - busy)
+        self.rows_joined = 0  # rows that joined a running batch (observability)
+        self.forward_passes = 0  # model calls, prefill and decode steps (observability)
+        self._open: dict[_Pending, int] = {}  # the running batch's requests: rows still decoding
+        self._answers: dict[_Pending, list[tuple[int, GeneratedSequence]]] = {}
+        self._batch_version = 0
+        self._swaps_waiting = 0  # weight swaps / pauses waiting for the lock: no joins meanwhile
+        self._swaps_done = threading.Condition()
         self._queue: queue.Queue[_Pending | None] = queue.Queue()
         self._carry: list[_Pending] = []
         self._thread: threading.Thread | None = None
@@ -152,14 +162,27 @@ class SamplerEngine:
         return future
 
     @contextlib.contextmanager
+    def _weights_held(self) -> Iterator[None]:
+        """The weights lock, taken with priority over new joiners of the running batch."""
+        with self._swaps_done:
+            self._swaps_waiting += 1
+        try:
+            with self.weights_lock:
+                yield
+        finally:
+            with self._swaps_done:
+                self._swaps_waiting -= 1
+                self._swaps_done.notify_all()
+
+    @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         """Hold sampling between batches (a running batch finishes first)."""
-        with self.weights_lock:
+        with self._weights_held():
             yield
 
     def update_weights(self, apply: Callable[[], None]) -> int:
         """Run ``apply`` (which changes the sampler's weights) with sampling paused; bump version."""
-        with self.weights_lock:
+        with self._weights_held():
             apply()
             self.weight_version += 1
             return self.weight_version
@@ -183,19 +206,21 @@ class SamplerEngine:
             batch = self._next_batch()
             if batch is None:
                 return
+            with self._swaps_done:  # a lock is not fair: let a waiting swap go first
+                self._swaps_done.wait_for(lambda: not self._swaps_waiting)
             try:
                 with self.weights_lock:
                     started = time.perf_counter()
-                    results = self._generate(batch)
+                    self._generate(batch)
                     self.busy_s += time.perf_counter() - started
             except Exception as exc:  # one bad batch must not kill the server
                 logger.exception("sampler batch failed")
-                for p in batch:
+                for p in [*batch, *self._open]:  # the joiners too
                     if not p.future.done():
                         p.future.set_exception(exc)
-                continue
-            for p, seqs in results.items():
-                p.future.set_result(seqs)
+            finally:
+                self._open.clear()
+                self._answers.clear()
 
     def _next_batch(self) -> list[_Pending] | None:
         """Everything queued now, up to max_batch sequences; blocks only while nothing waits.
@@ -232,36 +257,66 @@ class SamplerEngine:
             self._carry.append(item)
 
     @torch.inference_mode()
-    def _generate(self, batch: list[_Pending]) -> dict[_Pending, list[GeneratedSequence]]:
-        rows: list[_Row] = []
-        for p in batch:
-            r = p.request
-            stop_ids = set(r.stop_token_ids) | (set() if r.ignore_eos else self._eos_ids)
-            for choice in range(r.n):
-                generator = None
-                if r.seed is not None and r.temperature >= GREEDY_TEMPERATURE:
-                    generator = torch.Generator(device=self.device).manual_seed(r.seed + choice)
-                rows.append(_Row(p, choice, RowSampling(r.temperature, r.top_p, generator), stop_ids))
+    def _generate(self, batch: list[_Pending]) -> None:
+        """Decode ``batch`` (and whoever joins it); each request's future is set when it ends."""
         self.batches_run += 1
-        self.max_batch_seen = max(self.max_batch_seen, len(rows))
-        version = self.weight_version
-        self._decode(rows)
-        out: dict[_Pending, list[GeneratedSequence]] = {p: [] for p in batch}
-        for row in rows:
-            text = self.decode(row.completion_ids, skip_special_tokens=True)
-            if row.text_cut is not None:
-                text = text[: row.text_cut]
-            out[row.pending].append(
-                GeneratedSequence(
-                    completion_ids=row.completion_ids,
-                    completion_logprobs=row.completion_logprobs,
-                    top_logprobs=row.top,
-                    text=text,
-                    finish_reason=row.finish_reason or "length",
-                    weight_version=version,
-                )
-            )
-        return out
+        self._batch_version = self.weight_version
+        self._decode([row for p in batch for row in self._open_rows(p)])
+
+    def _open_rows(self, p: _Pending) -> list[_Row]:
+        r = p.request
+        stop_ids = set(r.stop_token_ids) | (set() if r.ignore_eos else self._eos_ids)
+        rows: list[_Row] = []
+        for choice in range(r.n):
+            generator = None
+            if r.seed is not None and r.temperature >= GREEDY_TEMPERATURE:
+                generator = torch.Generator(device=self.device).manual_seed(r.seed + choice)
+            rows.append(_Row(p, choice, RowSampling(r.temperature, r.top_p, generator), stop_ids))
+        self._open[p] = len(rows)
+        self._answers[p] = []
+        return rows
+
+    def _finish_row(self, row: _Row) -> None:
+        """Record an ended row; answer its request once all of its rows have ended."""
+        text = self.decode(row.completion_ids, skip_special_tokens=True)
+        if row.text_cut is not None:
+            text = text[: row.text_cut]
+        p = row.pending
+        seq = GeneratedSequence(
+            completion_ids=row.completion_ids,
+            completion_logprobs=row.completion_logprobs,
+            top_logprobs=row.top,
+            text=text,
+            finish_reason=row.finish_reason or "length",
+            weight_version=self._batch_version,
+        )
+        self._answers[p].append((row.choice, seq))
+        self._open[p] -= 1
+        if self._open[p] == 0:
+            del self._open[p]
+            answers = sorted(self._answers.pop(p), key=lambda a: a[0])  # rows end in any order
+            p.future.set_result([seq for _, seq in answers])
+
+    def _joiners(self, room: int) -> list[_Pending]:
+        """Queued text requests that fit in ``room`` more rows, in arrival order; none while a
+        weight swap waits (it would otherwise wait for the joiners too)."""
+        joiners: list[_Pending] = []
+        while not self._swaps_waiting:
+            if not self._carry:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    self._queue.put(None)  # stop after this batch
+                    break
+                self._carry.append(item)
+            p = self._carry[0]
+            if p.request.n > room or _has_pixels(p.request.vision):
+                break  # it starts the next batch (order is kept)
+            joiners.append(self._carry.pop(0))
+            room -= p.request.n
+        return joiners
 
     def _decode(self, rows: list[_Row]) -> None:
         device = self.device
@@ -278,8 +333,11 @@ class SamplerEngine:
             positions, vision = self._vision_inputs(rows, input_ids, attention)
         else:
             positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        top_k = max(row.pending.request.top_logprobs for row in rows)
         active = list(range(len(rows)))  # row index of each batch position still decoding
+        self.max_batch_seen = max(self.max_batch_seen, len(rows))
+        # Holes of joined steps widen the cache: joins stop once it is 4x the first prompts'.
+        width_cap = 4 * width + 64
+        self.forward_passes += 1
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention,
@@ -291,6 +349,7 @@ class SamplerEngine:
         cache = out.past_key_values
         logits = out.logits[:, -1, :]
         while True:
+            top_k = max(rows[i].pending.request.top_logprobs for i in active)
             sampled = sample_next(logits, [rows[i].sampling for i in active], top_k)
             tokens = sampled.tokens.tolist()
             logprobs = sampled.logprobs.tolist()
@@ -314,8 +373,13 @@ class SamplerEngine:
                     row.finish_reason = "length"
                 else:
                     keep.append(pos)
+                    continue
+                self._finish_row(row)
             if not keep:
-                return
+                return  # requests queued now start the next batch, without this one's columns
+            joiners: list[_Pending] = []
+            if positions.dim() == 2 and attention.shape[1] < width_cap and can_extend(cache):
+                joiners = self._joiners(self.max_batch - len(keep))
             next_tokens = sampled.tokens[:, None]
             if len(keep) < len(active):  # drop finished rows from the batch and the KV cache
                 index = torch.tensor(keep, device=device)
@@ -323,9 +387,15 @@ class SamplerEngine:
                 attention, next_tokens = attention[index], next_tokens[index]
                 positions = positions.index_select(-2, index)  # [B, L] or M-RoPE's [3, B, L]
                 active = [active[pos] for pos in keep]
+            if joiners:
+                logits, cache, attention, positions = self._join(
+                    rows, active, joiners, next_tokens, attention, positions[..., -1:], cache
+                )
+                continue
             attention = torch.cat([attention, attention.new_ones((len(active), 1))], dim=-1)
             # After a prompt that ends in text, every M-RoPE axis advances by one per token too.
             positions = positions[..., -1:] + 1
+            self.forward_passes += 1
             out = self.model(
                 input_ids=next_tokens,
                 attention_mask=attention,
@@ -335,6 +405,42 @@ class SamplerEngine:
             )
             cache = out.past_key_values
             logits = out.logits[:, -1, :]
+
+    def _join(
+        self,
+        rows: list[_Row],
+        active: list[int],
+        joiners: list[_Pending],
+        next_tokens: torch.Tensor,
+        attention: torch.Tensor,
+        last_positions: torch.Tensor,
+        cache: Any,
+    ) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
+        """The next decode step of the running rows fused with the joiners' prefill (joining.py);
+        ``rows`` and ``active`` grow by the joiners' rows."""
+        new_rows = [row for p in joiners for row in self._open_rows(p)]
+        self.rows_joined += len(new_rows)
+        step = joined_step(
+            next_tokens,
+            attention,
+            last_positions,
+            [row.pending.request.prompt_ids for row in new_rows],
+            self._pad_id,
+        )
+        extend_cache(cache, len(new_rows))
+        active.extend(range(len(rows), len(rows) + len(new_rows)))
+        rows.extend(new_rows)
+        self.max_batch_seen = max(self.max_batch_seen, len(active))
+        self.forward_passes += 1
+        out = self.model(
+            input_ids=step.input_ids,
+            attention_mask=step.attention,
+            position_ids=step.positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1, :], out.past_key_values, step.attention, step.positions[:, -1:]
 
     def _vision_inputs(
         self, rows: list[_Row], input_ids: torch.Tensor, attention: torch.Tensor

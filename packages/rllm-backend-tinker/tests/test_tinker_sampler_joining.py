@@ -1,0 +1,133 @@
+"""Continuous batching in the local sampler: requests that arrive while a batch decodes join it
+at its next decode step, and each still gets the tokens and logprobs it would get alone."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import torch
+from tinker_helpers import teacher_forced_logprobs
+
+from rllm.backends.tinker.local.generation import GenerationRequest, SamplerEngine
+from rllm.backends.tinker.local.model import load_pretrained, load_tokenizer
+
+
+class _GatedModel:
+    """The model, whose first forward pass (the first batch's prefill) waits for the test: the
+    requests the test sends meanwhile can only join the running batch, never start with it."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.config = model.config
+        self.prefill_started = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, **kwargs: Any) -> Any:
+        if not self.prefill_started.is_set():
+            self.prefill_started.set()
+            assert self.release.wait(30), "the test never released the first prefill"
+        return self.model(**kwargs)
+
+
+@pytest.fixture
+def engine(tiny_model_path: Path) -> Iterator[SamplerEngine]:
+    model = load_pretrained(str(tiny_model_path), torch.float32, torch.device("cpu")).eval()
+    engine = SamplerEngine(model, load_tokenizer(str(tiny_model_path)), torch.device("cpu"), max_batch=64)
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+def _request(
+    prompt: list[int], temperature: float, max_tokens: int, seed: int | None = None
+) -> GenerationRequest:
+    return GenerationRequest(
+        prompt_ids=prompt, max_tokens=max_tokens, temperature=temperature, seed=seed, ignore_eos=True
+    )
+
+
+def _prompts(engine: SamplerEngine) -> list[list[int]]:
+    encode = engine.tokenizer
+    texts = ["say: apple", "say: river stone cloud tiger", "say: lemon piano", "say: rocket"]
+    return [list(encode(t, add_special_tokens=False)["input_ids"]) for t in texts]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_joined_requests_get_what_they_get_alone(engine: SamplerEngine, temperature: float) -> None:
+    prompts = _prompts(engine)
+    # Different lengths, so the joiners' prompts are padded to each other and to the running rows.
+    lengths = [8, 3, 6, 5]
+    alone = [
+        engine.submit(_request(p, temperature, n, seed=7)).result(timeout=60)[0]
+        for p, n in zip(prompts, lengths, strict=True)
+    ]
+
+    gate = _GatedModel(engine.model)
+    engine.model = cast(torch.nn.Module, gate)
+    first = engine.submit(_request(prompts[0], temperature, lengths[0], seed=7))
+    assert gate.prefill_started.wait(30)
+    rest = [
+        engine.submit(_request(p, temperature, n, seed=7))
+        for p, n in zip(prompts[1:], lengths[1:], strict=True)
+    ]
+    joined_before, batches_before = engine.rows_joined, engine.batches_run
+    gate.release.set()
+    together = [f.result(timeout=60)[0] for f in [first, *rest]]
+
+    assert engine.rows_joined - joined_before == 3  # all three joined the running batch
+    assert engine.batches_run == batches_before  # and none started a batch of its own
+    for prompt, a, b in zip(prompts, alone, together, strict=True):
+        assert b.completion_ids == a.completion_ids
+        assert torch.allclose(
+            torch.tensor(b.completion_logprobs), torch.tensor(a.completion_logprobs), atol=1e-5
+        )
+        # The logprobs of the ids it got are the model's own, by a teacher-forced pass.
+        forced = teacher_forced_logprobs(gate.model, prompt + b.completion_ids)[len(prompt) - 1 :]
+        if temperature == 1.0:
+            assert torch.allclose(torch.tensor(b.completion_logprobs), forced, atol=1e-4)
+
+
+def test_a_request_is_answered_when_its_own_rows_end(engine: SamplerEngine) -> None:
+    """A short joiner does not wait for the long running request it joined."""
+    prompts = _prompts(engine)
+    gate = _GatedModel(engine.model)
+    engine.model = cast(torch.nn.Module, gate)
+    long = engine.submit(_request(prompts[0], 0.0, 40))
+    assert gate.prefill_started.wait(30)
+    short = engine.submit(_request(prompts[1], 0.0, 1))
+    seen_long_done: list[bool] = []
+    short.add_done_callback(lambda _: seen_long_done.append(long.done()))
+    gate.release.set()
+    assert len(short.result(timeout=60)[0].completion_ids) == 1
+    assert len(long.result(timeout=60)[0].completion_ids) == 40
+    assert seen_long_done == [False]
+
+
+def test_a_waiting_weight_swap_stops_joins(engine: SamplerEngine) -> None:
+    """Requests queued while a swap waits start after it, under the new weights."""
+    prompts = _prompts(engine)
+    gate = _GatedModel(engine.model)
+    engine.model = cast(torch.nn.Module, gate)
+    running = engine.submit(_request(prompts[0], 0.0, 4))
+    assert gate.prefill_started.wait(30)
+    swap_waiting = threading.Event()
+    versions: list[int] = []
+
+    def swap() -> None:
+        swap_waiting.set()
+        versions.append(engine.update_weights(lambda: None))
+
+    swapper = threading.Thread(target=swap)
+    swapper.start()
+    assert swap_waiting.wait(30)
+    while not engine._swaps_waiting:  # until the swap is counted (then it waits on the lock)
+        swapper.join(0.001)
+    later = engine.submit(_request(prompts[1], 0.0, 2))
+    gate.release.set()
+    swapper.join(60)
+    assert running.result(timeout=60)[0].weight_version == 0
+    assert later.result(timeout=60)[0].weight_version == versions[0] == 1
