@@ -259,7 +259,9 @@ async def test_checkpoint_round_trip(tiny_model_path: Path, tmp_path: Path) -> N
     )
 
 
-async def test_a_loaded_checkpoint_trains_at_the_loading_runs_lr(tiny_model_path: Path, tmp_path: Path) -> None:
+async def test_a_loaded_checkpoint_trains_at_the_loading_runs_lr(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
     """An SFT run whose schedule ended at LR 0, loaded by an RL run (init_from): the RL run trains
     at its own LR (the optimizer state used to bring the saved LR 0 along, and nothing moved)."""
     algo = AlgorithmConfig()
