@@ -217,6 +217,7 @@ PUBLIC_API: dict[str, list[str]] = {
         "starts_with_word",
     ],
     "rllm_cookbook_math": [
+        "arith_cookbook",
         "cookbook",
         "generate",
         "load_tasks",

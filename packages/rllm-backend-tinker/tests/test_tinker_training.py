@@ -259,6 +259,31 @@ async def test_checkpoint_round_trip(tiny_model_path: Path, tmp_path: Path) -> N
     )
 
 
+async def test_a_loaded_checkpoint_trains_at_the_loading_runs_lr(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    """An SFT run whose schedule ended at LR 0, loaded by an RL run (init_from): the RL run trains
+    at its own LR (the optimizer state used to bring the saved LR 0 along, and nothing moved)."""
+    algo = AlgorithmConfig()
+    source = await start_backend(tiny_model_path, learning_rate=1e-2)
+    try:
+        source.set_learning_rate_scale(0.0)  # the end of a cosine schedule
+        await source.train_step(contrast_batch(source), AlgorithmConfig(loss="cross_entropy", tis="none"))
+        await source.save_checkpoint(tmp_path / "sft")
+    finally:
+        await source.close()
+    restored = await start_backend(tiny_model_path, learning_rate=3e-3)
+    try:
+        await restored.load_checkpoint(tmp_path / "sft")
+        before = cpu_params(restored.service.trainer.model)
+        metrics = await restored.train_step(contrast_batch(restored), algo)
+        assert metrics["lr"] == pytest.approx(3e-3)
+        after = cpu_params(restored.service.trainer.model)
+        assert any(not torch.equal(after[name], param) for name, param in before.items())
+    finally:
+        await restored.close()
+
+
 async def test_lora_checkpoint_round_trip_and_kind_mismatch(tiny_model_path: Path, tmp_path: Path) -> None:
     lora = {"rank": 4, "alpha": 8}
     source = await start_backend(tiny_model_path, learning_rate=5e-2, lora=lora)

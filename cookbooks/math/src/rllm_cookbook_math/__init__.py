@@ -8,6 +8,7 @@ from rllm.sdk.cookbook import Cookbook, train_defaults
 from rllm.sdk.evaluator import evaluator
 from rllm.sdk.rewards import math_reward
 from rllm.types import AgentConfig, Episode, EvalOutput, Task
+from rllm_cookbook_math import arith
 from rllm_cookbook_math.data import generate, load_tasks
 
 INSTRUCTIONS = "Solve the problem. Put the final answer in \\boxed{}."
@@ -39,4 +40,16 @@ cookbook = Cookbook(
     train_defaults=TRAIN_DEFAULTS,
 )
 
-__all__ = ["cookbook", "generate", "load_tasks", "math_evaluator", "math_flow"]
+# The worked solutions are ~30 tokens; 64 leaves room without letting an untrained model ramble.
+ARITH_TRAIN_DEFAULTS = train_defaults(estimator="grpo", max_tokens=64)
+
+arith_cookbook = Cookbook(
+    name="math-arith",
+    flow=math_flow,
+    evaluator=math_evaluator,
+    load_tasks=arith.load_tasks,
+    description="Two-digit addition/subtraction, generated; \\boxed{} answers (math-verify); SFT set from rllm_cookbook_math.arith.",
+    train_defaults=ARITH_TRAIN_DEFAULTS,
+)
+
+__all__ = ["arith_cookbook", "cookbook", "generate", "load_tasks", "math_evaluator", "math_flow"]

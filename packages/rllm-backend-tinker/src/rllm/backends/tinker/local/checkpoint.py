@@ -78,5 +78,11 @@ def load(path: Path, model: PolicyModel, optimizer: torch.optim.Optimizer) -> di
             raise InputError(f"checkpoint {path} adapter has keys this model lacks: {unexpected[:5]}")
     else:
         load_model(model, str(path / FULL_WEIGHTS), strict=True, device=str(device))
+    # load_state_dict also restores each group's LR as the saving run left it: an SFT run's cosine
+    # schedule ends at 0, so an RL run started from it (init_from) trained with LR 0 and never moved.
+    # The loading run's own LR (its config, and the schedule it applies each step) is what counts.
+    lrs = [group["lr"] for group in optimizer.param_groups]
     optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, map_location=device, weights_only=True))
+    for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
     return state

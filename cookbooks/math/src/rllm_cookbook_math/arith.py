@@ -1,0 +1,118 @@
+"""Two-digit addition and subtraction, generated, with worked solutions for SFT (``math-arith``).
+
+A fresh tiny model gets no reward on ``math`` at all, so RL alone never updates it. This task is
+the path a user takes instead: fine-tune on worked solutions (``write_sft_set``), then RL from that
+checkpoint. The tiny model's tokenizer is word-level (a whole number is one token), so operands
+are written digit by digit, as digit-splitting tokenizers (Llama 3, Qwen) see them anyway; the
+worked solution adds column by column and the answer is ``\\boxed{N}``, graded by math-verify.
+
+Splits: ``train`` (2000 problems) and ``test`` (200, held out: no (a, op, b) of ``test`` appears in
+``train`` or in the SFT set), deterministic.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from rllm.types import Task
+from rllm.types.errors import InputError
+
+SPLIT_SIZES = {"train": 2000, "test": 200}
+OPS = ("+", "-")
+INSTRUCTIONS = "Solve the problem. Put the final answer in \\boxed{}."
+
+
+def problem_text(a: int, op: str, b: int) -> str:
+    """``What is 4 7 + 2 5 ?`` (digits spaced: one token each for the word-level tokenizer)."""
+    return f"What is {' '.join(str(a))} {op} {' '.join(str(b))} ?"
+
+
+def answer(a: int, op: str, b: int) -> int:
+    return a + b if op == "+" else a - b
+
+
+def worked_solution(a: int, op: str, b: int) -> str:
+    """Column arithmetic with a fixed shape, then the boxed answer.
+
+    ``47 + 25``: ``7 + 5 = 1 2 , 4 + 2 + 1 = 0 7 , so \\boxed{72}`` (units with its carry, then tens
+    plus carry as two digits). ``42 - 17``: ``1 2 - 7 = 5 , 4 - 1 - 1 = 2 , so \\boxed{25}`` (the units
+    column is written with its borrow digit in front, then tens minus borrow minus tens).
+    """
+    a1, a0, b1, b0 = a // 10, a % 10, b // 10, b % 10
+    if op == "+":
+        units = a0 + b0
+        carry, u = divmod(units, 10)
+        tens = a1 + b1 + carry
+        steps = f"{a0} + {b0} = {carry} {u} , {a1} + {b1} + {carry} = {tens // 10} {tens % 10}"
+    else:
+        borrow = int(a0 < b0)
+        u = 10 * borrow + a0 - b0
+        tens = a1 - borrow - b1
+        steps = f"{borrow} {a0} - {b0} = {u} , {a1} - {borrow} - {b1} = {tens}"
+    return f"{steps} , so \\boxed{{{answer(a, op, b)}}}"
+
+
+def _all_problems() -> list[tuple[int, str, int]]:
+    """Every two-digit problem; subtraction keeps a >= b (no negative answers)."""
+    return [(a, op, b) for op in OPS for a in range(10, 100) for b in range(10, 100) if op == "+" or a >= b]
+
+
+def _split_problems() -> dict[str, list[tuple[int, str, int]]]:
+    problems = _all_problems()
+    random.Random("math-arith").shuffle(problems)
+    test = problems[: SPLIT_SIZES["test"]]
+    rest = problems[SPLIT_SIZES["test"] :]
+    return {"test": test, "train": rest[: SPLIT_SIZES["train"]], "pool": rest}
+
+
+def generate(split: str) -> list[dict[str, Any]]:
+    """The rows of ``split`` (``train`` or ``test``): id, question, answer."""
+    splits = _split_problems()
+    if split not in SPLIT_SIZES:
+        raise InputError(f"the math-arith cookbook has splits 'train', 'test', not {split!r}")
+    return [
+        {"id": f"{split}-{i:04d}", "question": problem_text(a, op, b), "answer": str(answer(a, op, b))}
+        for i, (a, op, b) in enumerate(splits[split])
+    ]
+
+
+def load_tasks(split: str) -> list[Task]:
+    return [Task(id=r["id"], instruction=r["question"], ground_truth=r["answer"]) for r in generate(split)]
+
+
+def sft_examples(count: int, seed: int = 0) -> list[dict[str, Any]]:
+    """``count`` chat examples (the flow's exact prompt, the worked solution), drawn from every
+    problem outside ``test``; every possible answer appears at least once, so the tiny model's
+    tokenizer (built from the set's words) has a token for each held-out answer too."""
+    pool = _split_problems()["pool"]
+    rng = random.Random(f"math-arith-sft-{seed}")
+    by_answer: dict[int, tuple[int, str, int]] = {}
+    for problem in pool:
+        by_answer.setdefault(answer(*problem), problem)
+    chosen = list(by_answer.values())
+    if count < len(chosen):
+        raise InputError(
+            f"an arith SFT set needs at least {len(chosen)} examples (one per answer), got {count}"
+        )
+    chosen += [rng.choice(pool) for _ in range(count - len(chosen))]
+    rng.shuffle(chosen)
+    return [
+        {
+            "messages": [
+                {"role": "user", "content": f"{problem_text(*p)}\n{INSTRUCTIONS}"},
+                {"role": "assistant", "content": worked_solution(*p)},
+            ]
+        }
+        for p in chosen
+    ]
+
+
+def write_sft_set(path: str | Path, count: int = 4000, seed: int = 0) -> Path:
+    """Write :func:`sft_examples` as OpenAI chat JSONL (what ``rllm sft`` reads)."""
+    out = Path(path)
+    lines = [json.dumps(example) for example in sft_examples(count, seed)]
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return out

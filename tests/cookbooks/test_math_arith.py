@@ -1,0 +1,109 @@
+"""math-arith: the generator and the math-verify grader agree, the held-out split stays held out,
+and the SFT set trains on the assistant's worked solution only."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rllm_cookbook_math import arith, math_evaluator
+
+from rllm.engine.chat_data import ChatExample, tokenize_chat
+from rllm.engine.sft import chat_vocabulary
+from rllm.sdk.rewards import math_reward
+from rllm.tiny.tokenizer import build_tokenizer
+
+TWO_DIGITS = st.integers(10, 99)
+
+
+def _problem(a: int, op: str, b: int) -> tuple[int, str, int]:
+    return (max(a, b), op, min(a, b)) if op == "-" else (a, op, b)
+
+
+def _decoded(tokenizer, text: str) -> str:
+    """What the sampler hands the flow: the tiny tokenizer's decoding of ``text``'s tokens."""
+    return tokenizer.decode(tokenizer.encode(text, add_special_tokens=False))
+
+
+@pytest.fixture(scope="module")
+def sft_set() -> list[ChatExample]:
+    return [ChatExample(messages=row["messages"]) for row in arith.sft_examples(300, seed=3)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(sft_set):
+    return build_tokenizer(chat_vocabulary(sft_set))
+
+
+@settings(max_examples=60, deadline=None)
+@given(TWO_DIGITS, st.sampled_from(arith.OPS), TWO_DIGITS, st.integers(-150, 150))
+def test_generator_and_grader_agree(tokenizer, a, op, b, delta):
+    a, op, b = _problem(a, op, b)
+    truth = str(arith.answer(a, op, b))
+    assert int(truth) == eval(f"{a} {op} {b}")  # the reference answer is the arithmetic itself
+    solution = arith.worked_solution(a, op, b)
+    # the worked solution's columns are right: its digits re-derive the answer
+    if op == "+":
+        assert re.fullmatch(r"\d \+ \d = \d \d , \d \+ \d \+ \d = \d \d , so \\boxed\{\d+\}", solution)
+    else:
+        assert re.fullmatch(r"\d \d - \d = \d , \d - \d - \d = -?\d , so \\boxed\{\d+\}", solution)
+    # graded as written and as the tiny model's tokens decode it ("\ boxed { 72 }")
+    assert math_reward(solution, truth).reward == 1.0
+    assert math_reward(_decoded(tokenizer, solution), truth).reward == 1.0
+    wrong = solution.replace(f"{{{truth}}}", f"{{{int(truth) + delta}}}")
+    assert math_reward(wrong, truth).reward == (1.0 if delta == 0 else 0.0)
+
+
+def test_the_cookbook_evaluator_grades_the_split(tokenizer):
+    from rllm.types import Episode
+
+    for task in arith.load_tasks("test")[:20]:
+        a1, a0, op, b1, b0 = re.fullmatch(r"What is (\d) (\d) ([+-]) (\d) (\d) \?", task.instruction).groups()
+        a, b = int(a1 + a0), int(b1 + b0)
+        reply = _decoded(tokenizer, arith.worked_solution(a, op, b))
+        episode = Episode(task_id=task.id, artifacts={"answer": reply})
+        assert math_evaluator(task, episode).reward == 1.0
+
+
+def test_held_out_split_stays_out_of_train_and_the_sft_set():
+    test = {r["question"] for r in arith.generate("test")}
+    assert len(test) == arith.SPLIT_SIZES["test"]
+    assert not test & {r["question"] for r in arith.generate("train")}
+    prompts = {row["messages"][0]["content"].split("\n")[0] for row in arith.sft_examples(2000)}
+    assert not test & prompts
+
+
+def test_sft_tokenizer_covers_every_held_out_answer(tokenizer):
+    for row in arith.generate("test"):
+        assert tokenizer.unk_token_id not in tokenizer.encode(row["answer"], add_special_tokens=False)
+
+
+def test_sft_prompt_is_the_flows_prompt(sft_set):
+    from rllm_cookbook_math import INSTRUCTIONS
+
+    user = sft_set[0].messages[0]["content"]
+    assert user.endswith(f"\n{INSTRUCTIONS}") and user.startswith("What is ")
+
+
+def test_sft_loss_mask_covers_only_the_assistant_answer(sft_set, tokenizer):
+    for example in sft_set[:50]:
+        seq = tokenize_chat(tokenizer, example)
+        ids, mask = list(seq.input_ids), list(seq.loss_mask)
+        trained = [t for t, m in zip(ids, mask, strict=True) if m]
+        answer = example.messages[1]["content"]
+        # exactly the reply's tokens and the end-of-turn token that stops sampling
+        assert tokenizer.decode(trained) == f"{_decoded(tokenizer, answer)} <|end|>"
+        first = mask.index(1.0)
+        assert all(mask[first:])  # one contiguous tail: nothing after the reply
+        prompt = tokenizer.decode(ids[:first])
+        assert (
+            prompt.endswith("<|assistant|>") and example.messages[0]["content"].split("\n")[0][:7] in prompt
+        )
+        assert tokenizer.unk_token_id not in ids
+
+
+def test_too_small_an_sft_set_is_refused():
+    with pytest.raises(ValueError, match="one per answer"):
+        arith.sft_examples(10)
