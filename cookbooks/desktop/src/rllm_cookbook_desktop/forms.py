@@ -1,9 +1,10 @@
 """The generator of desktop tasks: Harbor-style task directories, each a Tk form (its form.json,
 shown by form_app.py) on a small virtual screen and a verifier that reads the form's saved state.
 
-The app itself ships once, as this package's ``form_app.py``: task directories do not hold a
-copy; :func:`with_app` puts it into a loaded task's files (as ``app.py``, where its task.toml
-runs it), so a loaded task is self-contained.
+The app itself ships once, as this package's ``form_app.py``, and so does the verifier's checker
+(``check_form.py``; each task's ``tests/test.sh`` is one line naming what it expects): task
+directories do not hold copies; :func:`with_app` puts them into a loaded task (as ``app.py``,
+where its task.toml runs it, and among its tests), so a loaded task is self-contained.
 
 Three kinds: ``check`` ("tick the box labelled ... and press Save"), ``type`` ("type ... into
 the ... field and press Save") and ``choose`` ("choose ... from the list and press Save"). The
@@ -32,6 +33,7 @@ CHOICES = ("red", "green", "blue", "orange", "purple", "yellow")
 FIELDS = ("Name", "City", "Email", "Team")
 WORDS = ("alice", "berlin", "tokyo", "delta", "kiwi", "lumen", "orbit", "pixel", "quartz", "sierra")
 APP = Path(__file__).with_name("form_app.py")
+CHECKER = Path(__file__).with_name("check_form.py")
 SETTLE_S = 2.0  # how long a verifier waits for a right state to land (wrong ones take this long)
 
 
@@ -95,41 +97,29 @@ def task_files(kind: str, rng: random.Random) -> dict[str, str]:
         'apps = ["exec python3 app.py"]\n\n'
         f'[metadata]\nkind = "{kind}"\nmax_turns = 8\n'
     )
-    check = (
-        "import json, sys, time\n"
-        f"expect = {expect!r}\n"
-        "# The app handles the agent's last click in its own time (the X server has only sent it):\n"
-        f"# a right state may land a moment after the episode ends, so it gets {SETTLE_S:g} s to.\n"
-        f"deadline = time.monotonic() + {SETTLE_S!r}\n"
-        "while True:\n"
-        "    try:\n        state = json.load(open('state.json'))\n"
-        "    except (OSError, ValueError):\n        state = None\n"
-        "    wrong = {k: state.get(k) for k, v in expect.items() if state.get(k) != v} if state else None\n"
-        "    if state is not None and not wrong:\n        sys.exit(0)\n"
-        "    if time.monotonic() > deadline:\n        break\n"
-        "    time.sleep(0.02)\n"
-        "sys.exit('the form was never saved' if state is None else f'saved state differs: {wrong}, expected {expect}')\n"
-    )
     return {
         "instruction.md": instruction + "\n",
         "task.toml": toml,
         "environment/files/form.json": json.dumps(form, indent=1) + "\n",
-        "tests/test.sh": f"python3 - <<'EOF'\n{check}EOF\n",
+        # the checker ships once (check_form.py); with_app adds it to a loaded task's tests
+        "tests/test.sh": f'exec python3 "$(dirname "$0")/check_form.py" {shlex.quote(json.dumps(expect))} {SETTLE_S!r}\n',
         "solution/solve.sh": "".join(f"xdotool {step}\n" for step in steps),
     }
 
 
 def with_app(task: Task) -> Task:
-    """``task`` with the form app among its sandbox files as ``app.py`` (a task directory that
-    brings its own ``app.py`` keeps it)."""
+    """``task`` with the form app among its sandbox files as ``app.py`` and the verifier's
+    checker among its tests as ``check_form.py`` (a task directory that brings its own keeps it)."""
     sandbox = task.metadata.get("sandbox")
     if not isinstance(sandbox, dict):
         raise InputError(f"task {task.id!r} is not from a task directory (no sandbox in its metadata)")
     files = sandbox.get("files") or {}
-    if "app.py" in files:
-        return task
-    sandbox = {**sandbox, "files": {**files, "app.py": APP.read_text()}}
-    task.metadata = {**task.metadata, "sandbox": sandbox}  # new dicts: nothing shared is changed
+    if "app.py" not in files:
+        sandbox = {**sandbox, "files": {**files, "app.py": APP.read_text()}}
+    tests = task.metadata.get("tests") or {}
+    if "check_form.py" not in tests:
+        tests = {**tests, "check_form.py": CHECKER.read_text()}
+    task.metadata = {**task.metadata, "sandbox": sandbox, "tests": tests}  # new dicts: nothing shared changes
     return task
 
 
