@@ -216,7 +216,7 @@ def test_harmony_checks_calls_and_reports_gpt_oss_known_breaks(capsys, tmp_path)
     assert "writes a tool call's recipient in the role header" in result["detail"]
     assert result["first_diff"]["expected"]["text"] == "<|channel|>"
     streaming = checks["streaming = non-streaming"]
-    assert streaming["status"] == "warn" and "the same ids on turn 1" in streaming["detail"]
+    assert streaming["status"] == "pass", streaming  # a streamed reply is split into channels too
 
 
 def test_images_round_trip_for_a_model_with_a_processor(capsys, tmp_path):

@@ -379,3 +379,137 @@ def test_harmony_malformed_replies_are_reported():
     assert "no function name" in parse_harmony_text(head.replace("get_weather", "") + "{}<|call|>").error
     assert "does not open a message" in parse_harmony_text("<|channel|>final<|message|>a<|end|>b").error
     assert parse_harmony_text("plain text").content == "plain text"
+
+
+# ---------------------------------------------------------------- streamed harmony (gpt-oss)
+HARMONY_SPECIALS = [
+    "<|start|>",
+    "<|end|>",
+    "<|message|>",
+    "<|channel|>",
+    "<|constrain|>",
+    "<|return|>",
+    "<|call|>",
+]
+
+
+@pytest.fixture(scope="module")
+def harmony_dir(tmp_path_factory):
+    """A tiny byte-level BPE with gpt-oss's harmony special tokens and its template. No eos: the
+    scripted replies end themselves with <|return|> or <|call|>, as gpt-oss samples them."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=HARMONY_SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(['{"city": "Paris"} the answer is sunny, analysis final'] * 50, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok)
+    fast.chat_template = (TEMPLATES / "gpt_oss.jinja").read_text()
+    path = tmp_path_factory.mktemp("gpt_oss")
+    fast.save_pretrained(path)
+    return str(path)
+
+
+def _streamed_message(deltas: list[dict]) -> dict:
+    """The message an OpenAI client assembles from chat deltas."""
+    msg: dict = {"content": "", "reasoning_content": "", "tool_calls": {}}
+    for d in deltas:
+        msg["content"] += d.get("content") or ""
+        msg["reasoning_content"] += d.get("reasoning_content") or ""
+        for tc in d.get("tool_calls") or ():
+            cur = msg["tool_calls"].setdefault(tc["index"], {"name": "", "arguments": ""})
+            cur["name"] += tc["function"].get("name") or ""
+            cur["arguments"] += tc["function"].get("arguments") or ""
+    return {**msg, "tool_calls": [msg["tool_calls"][i] for i in sorted(msg["tool_calls"])]}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    text=harmony_completions(), cuts=st.lists(st.integers(1, 7), min_size=1, max_size=40), chars=st.booleans()
+)
+def test_streamed_harmony_deltas_add_up_to_the_parsed_reply(harmony_dir, text, cuts, chars):
+    """Fed in any chunking, as real token ids or spelled out character by character (as a mock
+    sampler does), the deltas are exactly the non-streamed parse: no header or marker leaks."""
+    from rllm.gateway.harmony import HarmonyStream, parse_harmony_text
+    from rllm.testing.mock_tokens import MockTokens
+
+    tok = _harmony_tokenizer(harmony_dir)
+    ids = MockTokens(tok).encode_text(text) if chars else tok.encode(text, add_special_tokens=False)
+    stream, deltas, i = HarmonyStream(tok), [], 0
+    for n in cuts * (len(ids) // len(cuts) + 1):
+        if i >= len(ids):
+            break
+        deltas.append(stream.feed(ids[i : i + n]))
+        i += n
+    parsed = parse_harmony_text(tok.decode(ids, skip_special_tokens=False))
+    assert parsed.error is None
+    got = _streamed_message(deltas)
+    assert got["content"] == parsed.content and got["reasoning_content"] == parsed.reasoning
+    want = [
+        {"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in parsed.tool_calls
+    ]
+    assert got["tool_calls"] == want and stream.calls == len(want)
+    assert not any("<|" in (d.get("content") or "") + (d.get("reasoning_content") or "") for d in deltas)
+
+
+_HARMONY_TOKENIZERS: dict = {}
+
+
+def _harmony_tokenizer(path: str):
+    if path not in _HARMONY_TOKENIZERS:
+        _HARMONY_TOKENIZERS[path] = AutoTokenizer.from_pretrained(path)
+    return _HARMONY_TOKENIZERS[path]
+
+
+HARMONY_REPLIES = {
+    "final": "<|channel|>analysis<|message|>think it over<|end|>"
+    "<|start|>assistant<|channel|>final<|message|>the answer is sunny<|return|>",
+    "call": "<|channel|>analysis<|message|>look it up<|end|>"
+    '<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>',
+}
+
+
+@pytest.mark.parametrize("kind", list(HARMONY_REPLIES))
+async def test_streamed_harmony_reply_is_the_non_streamed_message(harmony_dir, kind):
+    """Through a real openai client: a streamed gpt-oss reply reaches the agent split into
+    content, reasoning and tool calls exactly as the non-streamed one, while the trace keeps the
+    sampler's ids and logprobs untouched."""
+    tok = _harmony_tokenizer(harmony_dir)
+    reply = HARMONY_REPLIES[kind]
+    async with MockUpstream(tokenizer=tok, responder=lambda body: reply) as mock:
+        cfg = GatewayConfig(
+            upstreams=[mock.url], tokenizer_path=harmony_dir, tokenizer_mode="cumulative", health_interval_s=0
+        )
+        async with GatewayServer(cfg) as gw, GatewayClient(gw.url) as c:
+            oc = openai.AsyncOpenAI(base_url=c.session_url("h"), api_key="x")
+            kw = {"model": "m", "messages": [{"role": "user", "content": "weather?"}], "tools": PROBE_TOOLS}
+            whole = (await oc.chat.completions.create(**kw, logprobs=True)).choices[0]
+            deltas, finish = [], None
+            async for ch in await oc.chat.completions.create(**kw, logprobs=True, stream=True):
+                for choice in ch.choices:
+                    deltas.append(choice.delta.model_dump(exclude_none=True))
+                    finish = choice.finish_reason or finish
+            traces = await c.get_traces("h")
+    streamed = _streamed_message(deltas)
+    msg = whole.message
+    assert streamed["content"] == (msg.content or "")
+    assert (
+        streamed["reasoning_content"]
+        == msg.model_extra["reasoning_content"]
+        == reply.split("<|message|>")[1].split("<|end|>")[0]
+    )
+    calls = [{"name": t.function.name, "arguments": t.function.arguments} for t in msg.tool_calls or ()]
+    assert streamed["tool_calls"] == calls
+    assert finish == whole.finish_reason == ("tool_calls" if kind == "call" else "stop")
+    if kind == "call":
+        assert calls == [{"name": "get_weather", "arguments": '{"city": "Paris"}'}]
+    else:
+        assert msg.content == "the answer is sunny"
+    sampled = mock.encode_text(reply)
+    assert [list(t.completion_ids) for t in traces] == [sampled, sampled]
+    assert list(traces[0].completion_logprobs) == list(traces[1].completion_logprobs)
+    assert traces[1].response.content == (msg.content or None)

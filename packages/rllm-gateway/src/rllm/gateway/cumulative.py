@@ -42,7 +42,7 @@ from typing import Any
 
 from rllm.gateway.capture import Captured, UpstreamShapeError
 from rllm.gateway.errors import GatewayError
-from rllm.gateway.harmony import HarmonyParser
+from rllm.gateway.harmony import HarmonyParser, HarmonyStream
 from rllm.gateway.image_tokens import ImageTokens, PromptImage, prompt_images
 from rllm.gateway.toolcalls import (
     HARMONY,
@@ -114,6 +114,7 @@ class BridgePlan:
     images: list[str] = field(default_factory=list)  # data URIs sent upstream, placeholder order
     session: Any = None  # to forget this turn when the upstream did not take its images
     images_used: Any = None  # a stream's confirmation, from the chunk that carried it
+    harmony: HarmonyStream | None = None  # a streamed gpt-oss reply's channel splitter
 
 
 class TokenBridge:
@@ -199,6 +200,8 @@ class TokenBridge:
         body.update(out)
         plan = BridgePlan(role, messages, text, ids, tools, segment, wants_ids, wants_lp, stream, urls)
         plan.session = session
+        if stream and self.tool_format == HARMONY:
+            plan.harmony = HarmonyStream(self.tokenizer)
         return plan
 
     def _images_of(self, messages: list[Message]) -> list[PromptImage]:
@@ -245,10 +248,12 @@ class TokenBridge:
             trace.metadata["capture_warning"] = "upstream reported prompt ids that differ from those sent"
         trace.prompt_ids = None  # fill_trace sets it from cap; make sure it is what we sent
         cap.prompt_ids = plan.prompt_ids
-        # A harmony reply is channels even without tools: the agent gets the final channel.
-        if (plan.tools or self.tool_format == HARMONY) and not plan.stream:
+        # A harmony reply is channels even without tools, streamed or not (HarmonyStream sent
+        # the agent the same split): the agent gets the final channel.
+        if (plan.tools and not plan.stream) or self.tool_format == HARMONY:
             parsed = self.parse_tools(cap)
             cap.text, cap.tool_calls = parsed.content, parsed.tool_calls
+            cap.reasoning = parsed.reasoning or cap.reasoning
             if parsed.tool_calls:
                 cap.finish_reason = "tool_calls" if cap.finish_reason == "stop" else cap.finish_reason
             if parsed.error:
@@ -299,6 +304,8 @@ class TokenBridge:
         }
         if cap.tool_calls:
             choice["message"]["tool_calls"] = cap.tool_calls
+        if cap.reasoning:
+            choice["message"]["reasoning_content"] = cap.reasoning
         if plan.wants_logprobs and cap.completion_ids and cap.completion_logprobs:
             choice["logprobs"] = {
                 "content": [
@@ -340,13 +347,19 @@ class TokenBridge:
         choices = []
         for c in chunk.get("choices") or ():
             delta: dict[str, Any] = {}
-            if c.get("text"):
+            finish = c.get("finish_reason")
+            ids = c.get("token_ids")
+            if plan.harmony is not None and isinstance(ids, list) and c.get("index", 0) == 0:
+                delta = plan.harmony.feed(ids)
+            elif c.get("text"):
                 delta["content"] = c["text"]
+            if finish == "stop" and plan.harmony is not None and plan.harmony.calls:
+                finish = "tool_calls"  # as the non-streamed reply says
             out_c: dict[str, Any] = {
                 "index": c.get("index", 0),
                 "delta": delta,
                 "logprobs": None,
-                "finish_reason": c.get("finish_reason"),
+                "finish_reason": finish,
             }
             lp = c.get("logprobs")
             if plan.wants_logprobs and isinstance(lp, dict) and c.get("token_ids"):

@@ -91,6 +91,7 @@ def parse_harmony_text(text: str) -> ParsedReply:
     except HarmonyFormatError as exc:
         return ParsedReply(text, error=f"unparsable harmony reply: {exc}")
     content: list[str] = []
+    reasoning: list[str] = []
     calls: list[dict[str, Any]] = []
     for msg in messages:
         if msg.recipient and msg.recipient.startswith("functions."):
@@ -109,7 +110,9 @@ def parse_harmony_text(text: str) -> ParsedReply:
             calls.append(openai_tool_call(name, msg.body))
         elif msg.channel in (None, "final"):
             content.append(msg.body)
-    return ParsedReply("".join(content), calls)
+        elif msg.channel == "analysis":
+            reasoning.append(msg.body)
+    return ParsedReply("".join(content), calls, reasoning="".join(reasoning))
 
 
 class HarmonyParser:
@@ -122,3 +125,86 @@ class HarmonyParser:
         if not completion_ids:
             return parse_harmony_text(text)
         return parse_harmony_text(self.tokenizer.decode(completion_ids, skip_special_tokens=False))
+
+
+class HarmonyStream:
+    """A streamed gpt-oss completion split into chat deltas as its token ids arrive: the final
+    channel as ``content``, analysis as ``reasoning_content``, each ``to=functions.NAME`` message
+    as one ``tool_calls`` entry once its ``<|call|>`` came; headers and special tokens never as
+    text. Only what the client sees changes: the ids themselves are captured untouched.
+
+    The ids since the last terminator id are decoded and split as text (a sampler that spelled a
+    marker out in ordinary tokens parses too); text that may still become a marker, or ends in a
+    partly decoded character, is held back. Messages are classified as ``parse_harmony_text``
+    does, so the streamed message equals the non-streamed one; a malformed call (arguments not
+    JSON) is sent as it is, and the trace's ``tool_call_error`` says what the non-streamed parse
+    made of it."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        ends = [tokenizer.convert_tokens_to_ids(t) for t in _TERMINATORS]
+        self._ends = {i for i in ends if isinstance(i, int) and i >= 0 and i != tokenizer.unk_token_id}
+        self._seg: list[int] = []  # the ids since the last terminator id
+        self._done = 0  # messages of the segment already finished
+        self._sent = 0  # body characters of the open message already sent
+        self._messages = 0  # messages finished before the segment
+        self._calls = 0
+
+    @property
+    def calls(self) -> int:
+        """How many tool calls were sent so far."""
+        return self._calls
+
+    def feed(self, ids: list[int]) -> dict[str, Any]:
+        """The chat delta for the next ids (empty while nothing new is visible)."""
+        delta: dict[str, Any] = {}
+        for t in ids:
+            self._seg.append(t)
+            if t in self._ends:
+                self._scan(delta)
+                self._messages += self._done
+                self._seg, self._done = [], 0
+        if self._seg:
+            self._scan(delta)
+        return delta
+
+    def _scan(self, delta: dict[str, Any]) -> None:
+        parts = _SPLIT.split(self.tokenizer.decode(self._seg, skip_special_tokens=False))
+        for i in range(2 * self._done, len(parts), 2):
+            terminator = parts[i + 1] if i + 1 < len(parts) else None
+            self._message_delta(delta, parts[i], terminator)
+            if terminator is None:
+                return
+            self._done, self._sent = self._done + 1, 0
+
+    def _message_delta(self, delta: dict[str, Any], text: str, terminator: str | None) -> None:
+        first = self._messages + self._done == 0  # the generation prompt wrote its role
+        text = text.removeprefix(START)
+        if MESSAGE not in text:
+            return  # the header is still being written (or a broken message: nothing to show)
+        header, body = text.split(MESSAGE, 1)
+        msg = _message(("assistant" if first else "") + header, body, terminator)
+        if msg.recipient and msg.recipient.startswith("functions."):
+            if terminator is not None:
+                call = openai_tool_call(msg.recipient.removeprefix("functions."), body)
+                delta.setdefault("tool_calls", []).append({"index": self._calls, **call})
+                self._calls += 1
+            return
+        key = {None: "content", "final": "content", "analysis": "reasoning_content"}.get(msg.channel)
+        if key is None:
+            return  # commentary preambles and other recipients: not part of the message
+        if terminator is None:
+            body = _held_back(body)
+        if len(body) > self._sent:
+            delta[key] = delta.get(key, "") + body[self._sent :]
+            self._sent = len(body)
+
+
+def _held_back(body: str) -> str:
+    """An open message's body less what may still change: a character whose bytes have not all
+    come (decoded as U+FFFD) and a tail that may grow into a terminator."""
+    body = body.rstrip("\ufffd")
+    for k in range(min(len(body), max(map(len, _TERMINATORS)) - 1), 0, -1):
+        if any(end.startswith(body[-k:]) for end in _TERMINATORS):
+            return body[:-k]
+    return body

@@ -60,6 +60,7 @@ class ParsedReply:
     content: str
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None  # why text that looked like a tool call was left as content
+    reasoning: str = ""  # a harmony reply's analysis channel
 
 
 def detect_format(tokenizer: Any) -> str | None:
