@@ -133,21 +133,22 @@ class HarmonyStream:
     as one ``tool_calls`` entry once its ``<|call|>`` came; headers and special tokens never as
     text. Only what the client sees changes: the ids themselves are captured untouched.
 
-    The ids since the last terminator id are decoded and split as text (a sampler that spelled a
-    marker out in ordinary tokens parses too); text that may still become a marker, or ends in a
-    partly decoded character, is held back. Messages are classified as ``parse_harmony_text``
-    does, so the streamed message equals the non-streamed one; a malformed call (arguments not
-    JSON) is sent as it is, and the trace's ``tool_call_error`` says what the non-streamed parse
-    made of it."""
+    The ids are decoded incrementally (each new run of ids decoded after the run before it,
+    as vLLM's detokenizer does, so a long message costs linear time) and the text is split as
+    text (a sampler that spelled a marker out in ordinary tokens parses too); text that may
+    still become a marker, or ends in a partly decoded character, is held back. Messages are
+    classified as ``parse_harmony_text`` does, so the streamed message equals the non-streamed
+    one; a malformed call (arguments not JSON) is sent as it is, and the trace's
+    ``tool_call_error`` says what the non-streamed parse made of it."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        ends = [tokenizer.convert_tokens_to_ids(t) for t in _TERMINATORS]
-        self._ends = {i for i in ends if isinstance(i, int) and i >= 0 and i != tokenizer.unk_token_id}
-        self._seg: list[int] = []  # the ids since the last terminator id
-        self._done = 0  # messages of the segment already finished
+        self._ids: list[int] = []
+        self._prefix = self._read = 0  # ids decoded as context / ids whose text is in _text
+        self._text = ""  # the completion's text so far, special tokens written out
+        self._start = 0  # where the open message starts in _text
+        self._messages = 0  # messages finished
         self._sent = 0  # body characters of the open message already sent
-        self._messages = 0  # messages finished before the segment
         self._calls = 0
 
     @property
@@ -158,27 +159,26 @@ class HarmonyStream:
     def feed(self, ids: list[int]) -> dict[str, Any]:
         """The chat delta for the next ids (empty while nothing new is visible)."""
         delta: dict[str, Any] = {}
-        for t in ids:
-            self._seg.append(t)
-            if t in self._ends:
-                self._scan(delta)
-                self._messages += self._done
-                self._seg, self._done = [], 0
-        if self._seg:
-            self._scan(delta)
-        return delta
-
-    def _scan(self, delta: dict[str, Any]) -> None:
-        parts = _SPLIT.split(self.tokenizer.decode(self._seg, skip_special_tokens=False))
-        for i in range(2 * self._done, len(parts), 2):
+        self._ids.extend(ids)
+        decode = self.tokenizer.decode
+        # The run before gives the new ids their context (a leading space, a split character).
+        before = decode(self._ids[self._prefix : self._read], skip_special_tokens=False)
+        upto = decode(self._ids[self._prefix :], skip_special_tokens=False)
+        if len(upto) > len(before) and not upto.endswith("\ufffd"):
+            self._text += upto[len(before) :]
+            self._prefix, self._read = self._read, len(self._ids)
+        parts = _SPLIT.split(self._text[self._start :])
+        for i in range(0, len(parts), 2):
             terminator = parts[i + 1] if i + 1 < len(parts) else None
             self._message_delta(delta, parts[i], terminator)
             if terminator is None:
-                return
-            self._done, self._sent = self._done + 1, 0
+                break
+            self._start += len(parts[i]) + len(terminator)
+            self._messages, self._sent = self._messages + 1, 0
+        return delta
 
     def _message_delta(self, delta: dict[str, Any], text: str, terminator: str | None) -> None:
-        first = self._messages + self._done == 0  # the generation prompt wrote its role
+        first = self._messages == 0  # the generation prompt wrote its role
         text = text.removeprefix(START)
         if MESSAGE not in text:
             return  # the header is still being written (or a broken message: nothing to show)
