@@ -343,3 +343,27 @@ def test_a_program_that_leases_one_sandbox_exits() -> None:
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(f"the program did not exit: {exc.stdout!r}") from None
     assert done.returncode == 0 and done.stdout == "one\nreturned\n", done
+
+
+async def test_a_read_only_bind_under_tmp_is_visible_and_read_only() -> None:
+    # A checkout (and its venv) under /tmp, bound in read-only for a harness: the sandbox's own
+    # /tmp tmpfs must not hide it (it did: the bind was mounted first; CI clones under /tmp).
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="rllm-ro-bind-", dir="/tmp"))
+    try:
+        folder.chmod(0o755)
+        (folder / "marker.txt").write_text("visible\n")
+        (folder / "marker.txt").chmod(0o644)
+        sb = await BubblewrapBackend(ro_binds=(str(folder),)).create(SandboxSpec())
+        try:
+            seen = await sb.exec(f"cat {folder}/marker.txt && touch /tmp/own-file && test -e /tmp/own-file")
+            assert seen.ok and seen.stdout == "visible\n", seen
+            written = await sb.exec(f"echo x > {folder}/marker.txt")
+            assert not written.ok  # read-only inside
+        finally:
+            await sb.close()
+        assert (folder / "marker.txt").read_text() == "visible\n"
+    finally:
+        shutil.rmtree(folder)

@@ -177,8 +177,6 @@ class BubblewrapBackend:
                 args += ["--symlink", os.readlink(path), path]
             elif os.path.isdir(path):
                 args += ["--ro-bind", path, path]
-        for path in self.ro_binds:
-            args += ["--ro-bind", path, path]
         args += ["--proc", "/proc", "--dev", "/dev"]
         # Every writable mount is sized: /tmp and /dev/shm here, the workdir on the host; the
         # root and /dev (tmpfs of half the host's RAM each) are made read-only below.
@@ -186,6 +184,9 @@ class BubblewrapBackend:
         if spec.desktop is not None:  # the sandbox's own X socket folder, never the host's
             args += ["--bind", str(root / "display" / "x11"), desktop.SOCKET_DIR]
         args += ["--size", str(lim.shm_mb * 1024 * 1024), "--tmpfs", "/dev/shm"]
+        # After the tmpfs mounts: a folder under /tmp (a venv in a checkout there) stays visible.
+        for path in self.ro_binds:
+            args += ["--ro-bind", path, path]
         args += ["--bind", str(root / "work"), spec.workdir, "--ro-bind", str(root / "ctl"), CTL]
         args += ["--remount-ro", "/dev", "--remount-ro", "/"]
         args += ["--chdir", spec.workdir, "--clearenv"]
