@@ -119,6 +119,8 @@ def fireworks(session: nox.Session) -> None:
     say cookbook for its 2-step training run."""
     _sync(session, "--package", "rllm-backend-fireworks")
     _sync(session, "--inexact", "--package", "rllm-cookbook-say")  # added to it, also from the lock
+    # SFT tokenizes chats with the model's chat template (transformers), as a user's install would
+    _sync(session, "--inexact", "--package", "rllm-gateway", "--extra", "tokenizer")
     session.run(*PYTEST, "packages/rllm-backend-fireworks/tests", *session.posargs)
 
 

@@ -112,7 +112,9 @@ def local_training_worker(config: VerlBackendConfig, *, forward_only: bool = Fal
     use_cpu_platform()
     for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
         os.environ.setdefault(key, value)
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    # Always a fresh port: an inherited MASTER_PORT may be a parent process's live store (a test
+    # run that trained in-process, then started `rllm sft` as a subprocess: EADDRINUSE).
+    os.environ["MASTER_PORT"] = str(_free_port())
     init_cpu_process_group()
     from verl.workers.engine_workers import TrainingWorker
 
