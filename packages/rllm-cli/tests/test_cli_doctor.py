@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from rllm.cli.main import main
+from rllm.gateway.harmony import SPECIAL_TOKENS
 
 TEMPLATES = Path(__file__).parents[2] / "rllm-gateway" / "tests" / "templates"
 FAMILIES: dict[str, dict[str, Any]] = {
@@ -36,16 +37,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
     },
     # gpt-oss's harmony special tokens; its template (templates/gpt_oss.jinja) renders harmony
     "gpt_oss": {
-        "specials": [
-            "<|start|>",
-            "<|end|>",
-            "<|message|>",
-            "<|channel|>",
-            "<|constrain|>",
-            "<|return|>",
-            "<|call|>",
-            "<|endoftext|>",
-        ],
+        "specials": [*SPECIAL_TOKENS, "<|endoftext|>"],
         "eos": "<|return|>",
         "bos": None,
     },

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from rllm.gateway import GatewayClient, GatewayConfig, GatewayServer
+from rllm.gateway.harmony import SPECIAL_TOKENS
 from rllm.gateway.toolcalls import (
     HERMES,
     LLAMA3_JSON,
@@ -382,15 +383,7 @@ def test_harmony_malformed_replies_are_reported():
 
 
 # ---------------------------------------------------------------- streamed harmony (gpt-oss)
-HARMONY_SPECIALS = [
-    "<|start|>",
-    "<|end|>",
-    "<|message|>",
-    "<|channel|>",
-    "<|constrain|>",
-    "<|return|>",
-    "<|call|>",
-]
+HARMONY_SPECIALS = list(SPECIAL_TOKENS)
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,8 @@ from rllm.types.errors import InputError
 
 START, MESSAGE, CHANNEL, CONSTRAIN = "<|start|>", "<|message|>", "<|channel|>", "<|constrain|>"
 END, CALL, RETURN = "<|end|>", "<|call|>", "<|return|>"
+# gpt-oss's harmony special tokens, in its vocabulary's order (tests build tiny tokenizers with them)
+SPECIAL_TOKENS = (START, END, MESSAGE, CHANNEL, CONSTRAIN, RETURN, CALL)
 _TERMINATORS = (END, CALL, RETURN)
 _RECIPIENT = re.compile(r"\bto=([^\s<]+)")  # a name ends at a space or the next marker
 _SPLIT = re.compile(r"(<\|end\|>|<\|call\|>|<\|return\|>)")
