@@ -152,6 +152,11 @@ async def test_python_openai_harness_in_a_sandbox_talks_through_the_bridge(gatew
     # The test's own Python (its venv and the interpreter it links to) bound in read-only, so the
     # sandboxed process has the openai client (httpx, keep-alive by default, through the bridge).
     binds = tuple(sorted({sys.prefix, sys.base_prefix, str(Path(sys.executable).resolve().parents[1])}))
+    # The sandbox runs as an unprivileged uid: it can use the bound Python only through folders
+    # others may enter (a Python under a 0700 /root is refused, rightly, as SandboxUnavailable).
+    closed = [str(d) for b in binds for d in (Path(b), *Path(b).parents) if not d.stat().st_mode & 0o001]
+    if closed:
+        pytest.skip(f"the test's Python is not reachable by a sandbox uid: {closed[0]} is not o+x")
     # (This checkout lives under /work, the default workdir, which would hide the venv's bind.)
     spec = SandboxSpec(
         files={"harness.py": PY_HARNESS}, workdir="/home/agent", limits=SandboxLimits(cpu_s=240)
