@@ -19,7 +19,7 @@ import nox
 nox.options.default_venv_backend = "uv"
 nox.options.sessions = ["lint", "layers", "typecheck", "tests", "wheels", "packages"]
 
-PYTEST = ["pytest", "-q", "-p", "no:cacheprovider"]
+PYTEST = ["pytest", "-q", "-p", "no:cacheprovider", "--durations=15"]
 COLLECT = ["python", "scripts/collect_tests.py"]
 
 

@@ -5,7 +5,9 @@ C concurrent rollouts of a 5-turn agent against a mock LLM answering after 50 ms
 process). Little's law gives the ideal: C / (5 x 50 ms) rollouts per second. For each executor it
 prints rollouts/s, the ratio to the ideal, and the CPU seconds per rollout of every process the
 run started (engine, workers, gateways, Ray's daemons; the mock excluded) -- the difference to
-``processes`` is what Ray adds. On a machine with fewer cores than workers x nodes the 2-node
+``processes`` is what Ray adds -- three ways: the process tree's CPU during the run; the same net
+of what the tree burns idle (measured for a few seconds before the run, scaled by the run's wall
+time); and the whole machine's busy time less the mock's (honest only on an idle machine). On a machine with fewer cores than workers x nodes the 2-node
 figure cannot show scaling; the script says so. Usage:
 
     uv run --no-sync python benchmarks/rollout_scaling.py [--rollouts 1000] [--concurrency 1000]
@@ -33,6 +35,7 @@ from typing import Any
 from rllm.sdk import rollout
 
 TURNS = 5
+IDLE_S = 3.0
 
 
 @rollout
@@ -74,10 +77,15 @@ def _serve_upstream(latency: float, out: Any) -> None:
 
 
 def _children(pid: int) -> list[int]:
-    try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
+    """Children started by ANY thread of ``pid``: a multi-threaded parent (Ray's raylet spawns
+    its workers off the main thread) lists them under that thread's task only."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return out
 
 
 def _tree(roots: list[int]) -> list[int]:
@@ -139,6 +147,12 @@ async def _run(
 
     async with RolloutEngine(rollout_scaling.five_turns, None, config, upstreams=[upstream]) as engine:
         await engine.run(tasks[: min(50, len(tasks))])  # warm-up: connections, imports
+        # What the executor burns while idle (Ray's daemons poll and heartbeat): its rate times
+        # the run's wall time is background, not a per-rollout cost.
+        idle0 = _cpu_s(_tree(roots))
+        await asyncio.sleep(IDLE_S)
+        idle1 = _cpu_s(_tree(roots))
+        idle_rate = sum(idle1[p] - idle0.get(p, 0.0) for p in idle1) / IDLE_S
         before, machine0, mock0 = _cpu_s(_tree(roots)), _machine_busy_s(), _cpu_s([mock_pid])
         t0 = time.perf_counter()
         episodes = await engine.run(tasks)
@@ -153,6 +167,8 @@ async def _run(
         "ok": ok,
         "rollouts_s": ok / wall,
         "cpu_ms_per_rollout": 1000 * cpu / max(ok, 1),
+        "net_ms_per_rollout": 1000 * (cpu - idle_rate * wall) / max(ok, 1),
+        "idle_cpu_per_s": idle_rate,
         "machine_ms_per_rollout": 1000 * machine / max(ok, 1),
     }
 
@@ -205,6 +221,8 @@ def main() -> None:
     mock = ctx.Process(target=_serve_upstream, args=(args.latency, queue), daemon=True)
     mock.start()
     upstream = queue.get(timeout=60)
+    mock_pid = mock.pid
+    assert mock_pid is not None  # started above
     ideal = args.concurrency / (TURNS * args.latency)
     results: dict[str, dict[str, float]] = {}
 
@@ -213,7 +231,9 @@ def main() -> None:
         print(
             f"{name:14s} {r['rollouts_s']:8.1f} rollouts/s  {r['rollouts_s'] / ideal:5.2f} of ideal  "
             f"{r['cpu_ms_per_rollout']:6.1f} ms CPU/rollout ({r['cpu_ms_per_rollout'] - base['cpu_ms_per_rollout']:+.1f} "
-            f"vs processes)  machine {r['machine_ms_per_rollout']:6.1f} ms CPU/rollout "
+            f"vs processes)  net of idle {r['net_ms_per_rollout']:6.1f} ms "
+            f"({r['net_ms_per_rollout'] - base['net_ms_per_rollout']:+.1f}; idle {r['idle_cpu_per_s']:.2f} CPU)  "
+            f"machine {r['machine_ms_per_rollout']:6.1f} ms CPU/rollout "
             f"({r['machine_ms_per_rollout'] - base['machine_ms_per_rollout']:+.1f})  ok {int(r['ok'])}",
             flush=True,
         )
@@ -227,11 +247,11 @@ def main() -> None:
         f"mock latency {args.latency * 1000:.0f} ms; ideal {ideal:.0f} rollouts/s",
         flush=True,
     )
-    results["processes"] = asyncio.run(_run("processes", args, upstream, [os.getpid()], None, mock.pid))
+    results["processes"] = asyncio.run(_run("processes", args, upstream, [os.getpid()], None, mock_pid))
     show("processes")
     # No address: the engine starts a local Ray (its daemons are this process's children) and
     # stops it at the end.
-    results["ray, 1 node"] = asyncio.run(_run("ray", args, upstream, [os.getpid()], None, mock.pid))
+    results["ray, 1 node"] = asyncio.run(_run("ray", args, upstream, [os.getpid()], None, mock_pid))
     show("ray, 1 node")
     if not args.skip_two_nodes:
         temps = [tempfile.mkdtemp(prefix="rh", dir="/tmp"), tempfile.mkdtemp(prefix="rw", dir="/tmp")]
@@ -271,7 +291,7 @@ def main() -> None:
                     upstream,
                     [os.getpid(), *(n.pid for n in nodes)],
                     f"127.0.0.1:{port}",
-                    mock.pid,
+                    mock_pid,
                 )
             )
             show("ray, 2 nodes")
