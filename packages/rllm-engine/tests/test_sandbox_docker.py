@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import shutil
@@ -254,3 +255,36 @@ def x_servers(screen: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="apt-get install bubblewrap")
+async def test_files_reach_the_tmpfs_workdir_through_exec(tmp_path: Path) -> None:
+    # The fake's archive API, as Docker's, does not reach tmpfs mounts: transfers must use execs.
+    from fake_docker import FakeDockerClient
+
+    from rllm.engine.sandbox.docker import ARG_CHUNK
+    from rllm.sdk.sandbox import SandboxError
+
+    big = os.urandom(ARG_CHUNK)  # more than one argument's worth once base64'd
+    sandbox = await DockerBackend(client=FakeDockerClient(tmp_path)).create(
+        SandboxSpec(files={"a/b.txt": "hi\n"}, setup="cat a/b.txt > seen.txt")
+    )
+    try:
+        assert await sandbox.read_file("seen.txt") == b"hi\n"
+        await sandbox.write_file("deep/big.bin", big)
+        digest = (await sandbox.exec("sha256sum deep/big.bin")).stdout.split()[0]
+        assert digest == hashlib.sha256(big).hexdigest()
+        local = tmp_path / "up"
+        (local / "sub").mkdir(parents=True)
+        (local / "sub" / "c.txt").write_text("up\n")
+        await sandbox.upload(str(local), "in")
+        assert (await sandbox.exec("cat in/sub/c.txt")).stdout == "up\n"
+        await sandbox.download("deep", str(tmp_path / "down"))
+        assert (tmp_path / "down" / "big.bin").read_bytes() == big
+        with pytest.raises(SandboxError, match="no file or folder 'nowhere'"):
+            await sandbox.read_file("nowhere")
+        assert (await sandbox.exec("ln -s /etc/passwd link")).ok
+        with pytest.raises(SandboxError, match="regular file"):
+            await sandbox.read_file("link")
+    finally:
+        await sandbox.close()

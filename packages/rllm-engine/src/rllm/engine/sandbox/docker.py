@@ -8,8 +8,10 @@ seconds, file size, open files). Transfers follow the local sandbox's rules: onl
 are read, downloads never create links on the host (``host_files.extract_tar``). Each exec gets a
 wall clock twice over: ``timeout -s KILL`` inside the container and the caller's deadline
 outside. Unlike the local backend, processes an exec leaves in the background keep running
-until the sandbox is closed (the container is removed with everything in it). The blocking
-Docker SDK runs in worker threads.
+until the sandbox is closed (the container is removed with everything in it). Files go in and
+out through execs (``tar`` and ``base64`` in the container): Docker's archive API does not reach
+tmpfs mounts. A spec with a desktop gets one (``docker_desktop``). The blocking Docker SDK runs
+in worker threads.
 """
 
 from __future__ import annotations
