@@ -31,7 +31,7 @@ DISPLAY = ":0"  # each sandbox has a display of its own, so every sandbox uses t
 SCREEN_FILE = ".rllm-desktop/screen.ppm"  # in the workdir, where read_file reaches it
 MAX_TEXT = 2000  # characters one type_text may type
 # Different non-ASCII characters one type_text may type: the helper binds each to a spare keycode
-# of its own for good (Xvfb's map has 108 to spare), so none of one text's is reused while typing it.
+# of its own for good (Xvfb's map has about 100 to spare), so none of one text's is reused while typing it.
 MAX_OFF_MAP = 48
 T = TypeVar("T")
 Button = Literal["left", "middle", "right"]

@@ -266,7 +266,9 @@ class DockerSandbox:
             )
         except TimeoutError:
             raise SandboxError(f"reading {path!r} from the sandbox timed out") from None
-        if code != 0 or b"rllm-tar-failed" in err or totals[0] > len(out):
+        if totals[0] > len(out):
+            raise SandboxError(f"{path!r} is larger than the sandbox's disk ({self.spec.limits.disk_mb} MiB)")
+        if code != 0 or b"rllm-tar-failed" in err:
             why = err.decode(errors="replace").replace("rllm-tar-failed", "").strip()[-300:]
             raise SandboxError(f"no file or folder {path!r} in the sandbox: {why or f'exit {code}'}")
         return tarfile.open(fileobj=io.BytesIO(base64.b64decode(out)))
