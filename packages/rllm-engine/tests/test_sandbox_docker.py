@@ -6,6 +6,7 @@ import hashlib
 import io
 import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -235,6 +236,12 @@ async def test_a_warm_docker_desktop_takes_clicks_and_text_through_its_helper(tm
         root = sandbox.desktop_root
         assert root is not None and root.stat().st_mode & 0o777 == 0o700
         assert len(x_servers("360x260x24")) == 1
+        # a desktop whose session ended is not alive (the warm pool replaces it)
+        assert sandbox.desktop_session is not None
+        session = client.api.procs[sandbox.desktop_session]
+        os.killpg(session.pid, signal.SIGKILL)
+        session.wait()
+        assert not await sandbox.is_alive()
     finally:
         await sandbox.close()
         await pool.close()
