@@ -248,7 +248,7 @@ class Helper:
 
 class _OffMapKeys:
     """Characters missing from the keyboard map, typed through spare keycodes (those bound to no
-    keysym) that stay bound to them.
+    keysym, or only to XF86 media keys no action can press) that stay bound to them.
 
     xdotool binds a scratch keycode, sends the key and unbinds it 12 ms later; but an app reads
     the new map only when it looks the key up (Xlib refetches it lazily after a MappingNotify), so
