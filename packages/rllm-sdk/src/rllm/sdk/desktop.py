@@ -30,6 +30,9 @@ from rllm.types.errors import InputError, MissingExtraError, UsageError
 DISPLAY = ":0"  # each sandbox has a display of its own, so every sandbox uses the same number
 SCREEN_FILE = ".rllm-desktop/screen.ppm"  # in the workdir, where read_file reaches it
 MAX_TEXT = 2000  # characters one type_text may type
+# Different non-ASCII characters one type_text may type: the helper binds each to a spare keycode
+# of its own for good (Xvfb's map has about 100 to spare), so none of one text's is reused while typing it.
+MAX_OFF_MAP = 48
 T = TypeVar("T")
 Button = Literal["left", "middle", "right"]
 _BUTTONS = {"left": 1, "middle": 2, "right": 3}
@@ -172,8 +175,17 @@ class Desktop:
             raise DesktopInputError(f"type_text: at most {MAX_TEXT} characters at once, got {len(text)}")
         if "\0" in text:
             raise DesktopInputError("type_text: the text holds a NUL character")
+        off_map = {char for char in text if not char.isascii()}
+        if len(off_map) > MAX_OFF_MAP:
+            raise DesktopInputError(
+                f"type_text: at most {MAX_OFF_MAP} different non-ASCII characters at once, got "
+                f"{len(off_map)}; type the rest in another call"
+            )
         if text and await self._call("type", text=text) is None:
-            await self._run(["xdotool", "type", "--delay", "0", "--", text])
+            # (xdotool binds a character off the keyboard map for its 12 ms delay only: without
+            # the helper such characters arrive only if the app reads its keys in time.)
+            delay = "0" if text.isascii() else "12"
+            await self._run(["xdotool", "type", "--delay", delay, "--", text])
 
     async def key(self, combo: str) -> None:
         """Press a key or combination, e.g. ``Return``, ``ctrl+a``, ``shift+Tab``."""
@@ -289,4 +301,4 @@ def key_combo(combo: str) -> str:
     return "+".join(names)
 
 
-__all__ = ["DISPLAY", "MAX_TEXT", "Desktop", "DesktopInputError", "DesktopSpec", "key_combo"]
+__all__ = ["DISPLAY", "MAX_OFF_MAP", "MAX_TEXT", "Desktop", "DesktopInputError", "DesktopSpec", "key_combo"]

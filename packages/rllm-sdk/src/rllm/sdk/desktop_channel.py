@@ -74,6 +74,15 @@ class HelperChannel:
             self.state, self.why = "unavailable", why
             self.close()
 
+    async def ready(self) -> bool:
+        """Wait for the helper's hello if none came yet; True when the helper is usable. (A
+        backend whose every process can reach the socket waits for it before handing the sandbox
+        out, so the first connection is the helper's.)"""
+        async with self._lock:
+            if self.state == "new":
+                await self._hello()
+            return self.state == "ready"
+
     async def call(self, op: str, **args: Any) -> bytes | None:
         """The reply's payload; None when the helper is not usable (use one exec instead).
         SandboxError when the helper said it failed, or the channel broke on this call."""

@@ -5,7 +5,8 @@ This file is a standalone program (standard library only, no rllm import): the s
 copies it into the sandbox and runs it there with the system's ``python3 -I -S`` on the
 sandbox's display, with the path of a unix socket the host listens on as its argument (the
 helper connects; requests and replies go over that one connection). Input goes through libxdo
-(xdotool's own library: its key names, its typing of any character), screenshots through the X
+(xdotool's own library: its key names, its typing of ASCII) and XTest (characters off the keyboard
+map, each through a spare keycode bound to it for good: ``_OffMapKeys``), screenshots through the X
 server (``XShmGetImage`` into a shared memory segment where MIT-SHM is there, else
 ``XGetImage`` of the root window); all are loaded with ctypes from the system, which has them
 wherever xdotool is installed.
@@ -92,6 +93,13 @@ def _load() -> tuple[ctypes.CDLL, ctypes.CDLL]:
     for name in ("xdo_enter_text_window", "xdo_send_keysequence_window"):
         getattr(xdo, name).restype = i
         getattr(xdo, name).argtypes = [vp, ul, ctypes.c_char_p, ctypes.c_uint]
+    x11.XDisplayKeycodes.restype = i
+    x11.XDisplayKeycodes.argtypes = [vp, ctypes.POINTER(i), ctypes.POINTER(i)]
+    x11.XGetKeyboardMapping.restype = ctypes.POINTER(ul)
+    x11.XGetKeyboardMapping.argtypes = [vp, ctypes.c_ubyte, i, ctypes.POINTER(i)]
+    x11.XChangeKeyboardMapping.restype = i
+    x11.XChangeKeyboardMapping.argtypes = [vp, i, i, ctypes.POINTER(ul), i]
+    x11.XFree.restype, x11.XFree.argtypes = i, [vp]
     return x11, xdo
 
 
@@ -116,6 +124,7 @@ class Helper:
         self.root = self.x11.XDefaultRootWindow(self.dpy)
         self.width = self.x11.XDisplayWidth(self.dpy, 0)
         self.height = self.x11.XDisplayHeight(self.dpy, 0)
+        self.keys = _OffMapKeys(self.x11, self.dpy)
 
     def _x_error(self, _display: int, event: int) -> int:
         # XErrorEvent: int type; Display*; XID; unsigned long serial; unsigned char error_code
@@ -170,12 +179,11 @@ class Helper:
         if not isinstance(text, str) or "\0" in text:
             raise _Failed("type: text must be a string without NUL")
         for run in RUNS.findall(text):
-            # A character off the keyboard map is typed through a keycode bound to it for the
-            # moment and unbound after; the app must have read the key before then, so those go
-            # at xdotool's default pace (12 ms), the rest at once.
-            delay = 0 if run.isascii() else 12_000
-            code = self.xdo.xdo_enter_text_window(self.handle_xdo, CURRENTWINDOW, run.encode(), delay)
-            self._check(code, "type")
+            if run.isascii():  # on the keyboard map: libxdo finds each key (and its shift)
+                code = self.xdo.xdo_enter_text_window(self.handle_xdo, CURRENTWINDOW, run.encode(), 0)
+                self._check(code, "type")
+            else:
+                self.keys.type(run)
         return []
 
     def op_key(self, request: dict[str, object]) -> list[bytes | memoryview]:
@@ -236,6 +244,88 @@ class Helper:
     def _check(code: int, what: str) -> None:
         if code != 0:
             raise _Failed(f"libxdo {what} failed (code {code})")
+
+
+class _OffMapKeys:
+    """Characters missing from the keyboard map, typed through spare keycodes (those bound to no
+    keysym, or only to XF86 media keys no action can press) that stay bound to them.
+
+    xdotool binds a scratch keycode, sends the key and unbinds it 12 ms later; but an app reads
+    the new map only when it looks the key up (Xlib refetches it lazily after a MappingNotify), so
+    an app that gets to the key after the unbind reads nothing: text was lost under load. Here a
+    binding is made before its key is sent (the server handles the requests of one connection in
+    order, so every client gets the MappingNotify before the key) and is not undone, so whenever
+    the app looks the key up, the map has it. A binding is reused only when every spare keycode
+    is taken, least recently used first and never one the text being typed needs; a text with more
+    different such characters than there are spare keycodes is refused. (Only an app that had not
+    read a key by the time its keycode was reused, at least ``len(spare)`` minus one text's
+    characters later, could still misread it; ``rllm.sdk.desktop`` allows MAX_OFF_MAP per text.)"""
+
+    def __init__(self, x11: ctypes.CDLL, dpy: int) -> None:
+        self.x11, self.dpy = x11, dpy
+        self.xtst = ctypes.CDLL("libXtst.so.6")
+        self.xtst.XTestFakeKeyEvent.restype = ctypes.c_int
+        self.xtst.XTestFakeKeyEvent.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_int, ctypes.c_ulong]
+        low, high = ctypes.c_int(), ctypes.c_int()
+        x11.XDisplayKeycodes(dpy, low, high)
+        per = ctypes.c_int()
+        count = high.value - low.value + 1
+        syms = x11.XGetKeyboardMapping(dpy, low.value, count, per)
+        if not syms:
+            raise _Failed("could not read the keyboard map")
+        try:
+            rows = [[syms[n * per.value + level] for level in range(per.value)] for n in range(count)]
+        finally:
+            x11.XFree(syms)
+        empty = [low.value + n for n, row in enumerate(rows) if not any(row)]
+        # Keys bound only to vendor keysyms (XF86's media and launch keys, which no action can
+        # press) are spare too: Xvfb's map has 18 empty keycodes but 91 such.
+        vendor = [low.value + n for n, row in enumerate(rows) if any(row) and all(_vendor(s) for s in row)]
+        # libxdo takes the lowest empty keycode as its scratch (for keys it cannot find): not ours.
+        self.spare = empty[1:] + vendor
+        self.bound: dict[int, int] = {}  # keysym -> keycode, least recently used first
+
+    def type(self, text: str) -> None:
+        needed = {_keysym(char) for char in text}
+        if len(needed) > len(self.spare):
+            raise _Failed(
+                f"type: {len(needed)} different characters off the keyboard map in one text, "
+                f"at most {len(self.spare)}"
+            )
+        for char in text:
+            keysym = _keysym(char)
+            code = self.bound.pop(keysym, None)
+            if code is None:
+                code = self._bind(keysym, needed)
+            self.bound[keysym] = code  # now the most recently used
+            for press in (1, 0):
+                if not self.xtst.XTestFakeKeyEvent(self.dpy, code, press, 0):
+                    raise _Failed("XTest could not send a key")
+
+    def _bind(self, keysym: int, needed: set[int]) -> int:
+        taken = set(self.bound.values())
+        free = [code for code in self.spare if code not in taken]
+        if free:
+            code = free[0]
+        else:  # reuse the least recently used binding this text does not need
+            old = next(sym for sym in self.bound if sym not in needed)
+            code = self.bound.pop(old)
+        # The keysym on both shift levels: the character whatever the modifiers' state.
+        syms = (ctypes.c_ulong * 2)(keysym, keysym)
+        self.x11.XChangeKeyboardMapping(self.dpy, code, 2, syms, 1)
+        return code
+
+
+def _vendor(keysym: int) -> bool:
+    return keysym == 0 or 0x1008FF00 <= keysym <= 0x1008FFFF
+
+
+def _keysym(char: str) -> int:
+    """The X keysym of a character: Latin-1 ones are their own code, others Unicode keysyms."""
+    point = ord(char)
+    if 0x20 <= point < 0x7F or 0xA0 <= point < 0x100:
+        return point
+    return 0x01000000 | point
 
 
 class _ShmSegmentInfo(ctypes.Structure):

@@ -77,13 +77,17 @@ class DesktopSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     ``depth`` bits and a minimal window manager, private to the sandbox (its own socket folder,
     never the host's), counted in its limits and torn down at close. ``apps`` are shell commands
     started on the display (in ``workdir``, after setup) that live as long as the sandbox;
-    ``screenshot_max`` is the longest side of the screenshots sent to a model (downscaled)."""
+    ``screenshot_max`` is the longest side of the screenshots sent to a model (downscaled).
+    ``image``: the container image a container backend (Docker) runs the desktop in, when the
+    sandbox spec names none (it needs Xvfb, evilwm, xdotool, xwd, netpbm, python3 and the apps'
+    own needs; ``cookbooks/desktop/Dockerfile`` builds one); the local backend ignores it."""
 
     width: int = 1024
     height: int = 768
     depth: int = 24
     apps: tuple[str, ...] = ()
     screenshot_max: int = 1024
+    image: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("width", "height"):

@@ -12,7 +12,7 @@
 
 ``task.toml`` keys (all optional): ``[agent] timeout_sec``, ``[verifier] timeout_sec``,
 ``[environment] network, setup_timeout_sec, cpu_s, memory_mb, max_procs, output_bytes``,
-``[environment.desktop] width, height, depth, apps, screenshot_max`` (a virtual screen whose
+``[environment.desktop] width, height, depth, apps, screenshot_max, image`` (a virtual screen whose
 ``apps`` start the task's GUI program; see ``rllm.sdk.sandbox.DesktopSpec``),
 ``[metadata]`` (free-form, kept in ``Task.metadata``). The tests are not in the sandbox while
 the agent works: ``run_verifier`` copies them in afterwards, so the agent cannot read or edit them.

@@ -47,10 +47,10 @@ def check_tools() -> None:
         )
 
 
-def session_script(spec: SandboxSpec, helper: bool = True) -> str:
+def session_script(spec: SandboxSpec, helper: bool = True, program: str = f"{CTL}/{HELPER}") -> str:
     """The desktop session's shell script: X server, window manager, the helper (``helper``: the
-    host listens for it), the spec's apps, then a ready line on stdout; it waits on its children
-    so the session lives until it is killed."""
+    host listens for it; ``program``: where the sandbox sees its file), the spec's apps, then a
+    ready line on stdout; it waits on its children so the session lives until it is killed."""
     desktop = spec.desktop
     assert desktop is not None
     logs = f"{spec.workdir}/{LOG_DIR}"
@@ -70,7 +70,7 @@ def session_script(spec: SandboxSpec, helper: bool = True) -> str:
         f"cd {shlex.quote(spec.workdir)}",
     ]
     if helper:
-        run = f"python3 -I -S {CTL}/{HELPER} {HELPER_DIR}/s </dev/null >/dev/null 2>{shlex.quote(logs)}/helper.log"
+        run = f"python3 -I -S {program} {HELPER_DIR}/s </dev/null >/dev/null 2>{shlex.quote(logs)}/helper.log"
         lines.append(f"if command -v python3 >/dev/null; then {run} & else echo {NO_HELPER}; fi")
     for number, app in enumerate(desktop.apps):
         lines.append(f"/bin/sh -c {shlex.quote(app)} </dev/null >{shlex.quote(logs)}/app{number}.log 2>&1 &")
@@ -94,19 +94,28 @@ async def wait_ready(stdout: asyncio.StreamReader) -> bool:
     raise SandboxError("the sandbox desktop's session ended before its display was ready")
 
 
-async def listen(root: Path, uid: int | None, spec: SandboxSpec) -> HelperChannel:
+async def listen(
+    root: Path,
+    uid: int | None,
+    spec: SandboxSpec,
+    *,
+    program_dir: str = "ctl",
+    socket_mode: int | None = None,
+) -> HelperChannel:
     """The host's end of the session's helper: a unix socket in ``root``'s helper folder (bound
-    into the session by :func:`helper_bind`) and the helper's program in its control folder. A
-    socket that cannot be made (a base folder too long for a socket path) leaves the channel
-    unavailable: actions then run one exec each."""
+    into the session by :func:`helper_bind`) and the helper's program in ``root / program_dir``
+    (its control folder). A socket that cannot be made (a base folder too long for a socket
+    path) leaves the channel unavailable: actions then run one exec each."""
     assert spec.desktop is not None
     channel = HelperChannel(spec.desktop)
-    (root / "ctl" / HELPER).write_text(_helper_source())
+    (root / program_dir / HELPER).write_text(_helper_source())
     path = root / "helper" / "s"
     try:
         server = await asyncio.start_unix_server(channel.connected, path=str(path))
         if uid is not None:
             os.chown(path, uid, uid)
+        if socket_mode is not None:
+            os.chmod(path, socket_mode)
     except OSError as exc:
         channel.unavailable(f"no socket for it at {path}: {exc}")
         return channel

@@ -8,33 +8,49 @@ seconds, file size, open files). Transfers follow the local sandbox's rules: onl
 are read, downloads never create links on the host (``host_files.extract_tar``). Each exec gets a
 wall clock twice over: ``timeout -s KILL`` inside the container and the caller's deadline
 outside. Unlike the local backend, processes an exec leaves in the background keep running
-until the sandbox is closed (the container is removed with everything in it). The blocking
-Docker SDK runs in worker threads.
+until the sandbox is closed (the container is removed with everything in it). Files go in and
+out through execs (``tar`` and ``base64`` in the container): Docker's archive API does not reach
+tmpfs mounts. A spec with a desktop gets one (``docker_desktop``). The blocking Docker SDK runs
+in worker threads.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import posixpath
+import shutil
 import tarfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
-from rllm.engine.sandbox import host_files
+from rllm.engine.sandbox import docker_desktop, host_files
 from rllm.engine.sandbox.pool import prepare
+from rllm.sdk.desktop_channel import HelperChannel
 from rllm.sdk.sandbox import ExecResult, SandboxError, SandboxSpec, SandboxUnavailable, truncate_output
 
 DEFAULT_IMAGE = "python:3.11-slim"
+ARG_CHUNK = 96 * 1024  # base64 characters per exec argument (Linux takes 128 KiB in one)
 
 
-def container_options(spec: SandboxSpec, image: str) -> dict[str, Any]:
-    """The ``containers.run`` keyword arguments that enforce ``spec``."""
+def container_options(
+    spec: SandboxSpec,
+    image: str,
+    *,
+    desktop_image: str = docker_desktop.IMAGE,
+    desktop_root: Path | None = None,
+) -> dict[str, Any]:
+    """The ``containers.run`` keyword arguments that enforce ``spec`` (a desktop spec's also its
+    display and the helper's folder in ``desktop_root``: ``docker_desktop``)."""
     from docker.types import Ulimit
 
     lim = spec.limits
-    return {
+    if spec.desktop is not None:
+        image = spec.image or spec.desktop.image or desktop_image
+    options = {
         "image": spec.image or image,
         "command": ["sleep", "infinity"],
         "detach": True,
@@ -58,6 +74,13 @@ def container_options(spec: SandboxSpec, image: str) -> dict[str, Any]:
         "security_opt": ["no-new-privileges"],
         "labels": {"rllm.sandbox": "1"},
     }
+    if spec.desktop is not None:
+        if desktop_root is None:
+            raise SandboxError("a desktop container needs its host folder (docker_desktop.make_root)")
+        extra = docker_desktop.options(desktop_root)
+        for key, value in extra.items():
+            options[key] = {**options[key], **value} if isinstance(value, dict) and key in options else value
+    return options
 
 
 class DockerBackend:
@@ -65,8 +88,10 @@ class DockerBackend:
 
     name = "docker"
 
-    def __init__(self, *, image: str = DEFAULT_IMAGE, client: Any = None) -> None:
-        self.image = image
+    def __init__(
+        self, *, image: str = DEFAULT_IMAGE, desktop_image: str = docker_desktop.IMAGE, client: Any = None
+    ) -> None:
+        self.image, self.desktop_image = image, desktop_image
         self._client = client
 
     def client(self) -> Any:
@@ -86,23 +111,35 @@ class DockerBackend:
         return self._client
 
     async def create(self, spec: SandboxSpec) -> DockerSandbox:
-        if spec.desktop is not None:
-            raise SandboxUnavailable(
-                f"the {self.name} sandbox has no desktop support yet (SandboxSpec.desktop); use the bubblewrap backend"
-            )
         client = await asyncio.to_thread(self.client)
-        options = container_options(spec, self.image)
+        root = docker_desktop.make_root() if spec.desktop is not None else None
+        options = container_options(spec, self.image, desktop_image=self.desktop_image, desktop_root=root)
         try:
             container = await asyncio.to_thread(client.containers.run, **options)
         except Exception as exc:
-            raise SandboxError(f"docker could not start a {options['image']} container: {exc}") from exc
-        return await prepare(DockerSandbox(client, container, spec), spec)
+            if root is not None:
+                shutil.rmtree(root, ignore_errors=True)
+            hint = f" ({docker_desktop.BUILD_HINT})" if options["image"] == docker_desktop.IMAGE else ""
+            raise SandboxError(f"docker could not start a {options['image']} container: {exc}{hint}") from exc
+        sandbox = await prepare(DockerSandbox(client, container, spec, desktop_root=root), spec)
+        if root is not None:
+            try:
+                sandbox.desktop_session = await docker_desktop.start(sandbox, root)
+            except BaseException:
+                await sandbox.close()
+                raise
+        return sandbox
 
 
 class DockerSandbox:
-    def __init__(self, client: Any, container: Any, spec: SandboxSpec) -> None:
+    def __init__(
+        self, client: Any, container: Any, spec: SandboxSpec, *, desktop_root: Path | None = None
+    ) -> None:
         self.client, self.container, self.spec = client, container, spec
         self.closed = False
+        self.desktop_root = desktop_root  # the host folder of a desktop's helper socket
+        self.desktop_session: str | None = None  # the desktop session's exec id
+        self.desktop_helper: HelperChannel | None = None  # the session's input/screenshot helper
 
     def _path(self, path: str) -> str:
         return posixpath.normpath(posixpath.join(self.spec.workdir, path))
@@ -139,8 +176,10 @@ class DockerSandbox:
             duration_s=time.monotonic() - started,
         )
 
-    def _run(self, argv: list[str], env: dict[str, str]) -> tuple[int, bytes, bytes, tuple[int, int]]:
-        api, limit = self.client.api, self.spec.limits.output_bytes
+    def _run(
+        self, argv: list[str], env: dict[str, str], limit: int | None = None
+    ) -> tuple[int, bytes, bytes, tuple[int, int]]:
+        api, limit = self.client.api, limit or self.spec.limits.output_bytes
         exec_id = api.exec_create(self.container.id, argv, environment=env, workdir=self.spec.workdir)["Id"]
         kept, totals = [bytearray(), bytearray()], [0, 0]
         for chunks in api.exec_start(exec_id, stream=True, demux=True):
@@ -157,15 +196,32 @@ class DockerSandbox:
     async def write_file(self, path: str, data: bytes | str) -> None:
         raw = data.encode() if isinstance(data, str) else data
         target = self._path(path)
-        parent = posixpath.dirname(target)
-        await self.exec(["mkdir", "-p", parent])
         archive = io.BytesIO()
         with tarfile.open(fileobj=archive, mode="w") as tar:
             info = tarfile.TarInfo(posixpath.basename(target))
             info.size, info.mode = len(raw), 0o644
             tar.addfile(info, io.BytesIO(raw))
-        if not await asyncio.to_thread(self.container.put_archive, parent, archive.getvalue()):
-            raise SandboxError(f"could not write {path!r} into the container")
+        await self._put_tar(posixpath.dirname(target), archive.getvalue(), path)
+
+    async def _put_tar(self, parent: str, archive: bytes, what: str) -> None:
+        """Unpack ``archive`` in ``parent`` through execs (base64 in arguments): Docker's archive
+        API works on the image's layer under a tmpfs mount, not the tmpfs (moby#22020), and the
+        workdir and /tmp are tmpfs mounts."""
+        staged = f"/tmp/.rllm-put-{uuid.uuid4().hex}"
+        encoded = base64.b64encode(archive).decode()
+        try:
+            for start in range(0, len(encoded), ARG_CHUNK):
+                piece = encoded[start : start + ARG_CHUNK]
+                await self._checked(["/bin/sh", "-c", 'printf %s "$1" >> "$2"', "sh", piece, staged], what)
+            unpack = 'mkdir -p "$2" && base64 -d "$1" | tar -x --no-same-owner -C "$2"'
+            await self._checked(["/bin/sh", "-c", unpack, "sh", staged, parent], what)
+        finally:
+            await self.exec(["rm", "-f", staged])
+
+    async def _checked(self, argv: list[str], what: str) -> None:
+        result = await self.exec(argv)
+        if not result.ok:
+            raise SandboxError(f"could not write {what!r} into the container: {result.stderr.strip()[-300:]}")
 
     async def read_file(self, path: str) -> bytes:
         with await self._archive(path) as tar:
@@ -182,11 +238,10 @@ class DockerSandbox:
         source, target = Path(local_path), self._path(path)
         if not source.exists():
             raise SandboxError(f"upload: no local file or folder {local_path!r}")
-        await self.exec(["mkdir", "-p", posixpath.dirname(target)])
         archive = io.BytesIO()
         with tarfile.open(fileobj=archive, mode="w") as tar:
             tar.add(source, arcname=posixpath.basename(target))
-        await asyncio.to_thread(self.container.put_archive, posixpath.dirname(target), archive.getvalue())
+        await self._put_tar(posixpath.dirname(target), archive.getvalue(), path)
 
     async def download(self, path: str, local_path: str) -> None:
         with await self._archive(path) as tar:
@@ -195,12 +250,28 @@ class DockerSandbox:
             )
 
     async def _archive(self, path: str) -> tarfile.TarFile:
+        """``path`` as a tar made in the container (through an exec, as ``_put_tar``); links are
+        archived as links, never followed."""
+        if self.closed:
+            raise SandboxError("the sandbox is closed")
+        target = self._path(path)
+        pack = 'cd "$1" && { tar -c -- "$2" || echo rllm-tar-failed >&2; } | base64'
+        timeout = self.spec.limits.exec_timeout_s
+        argv = ["timeout", "-s", "KILL", f"{timeout:g}", "/bin/sh", "-c", pack, "sh"]
+        argv += [posixpath.dirname(target), posixpath.basename(target)]
+        cap = self.spec.limits.disk_mb * 1024 * 1024 * 4 // 3 + 4096  # the workdir's size, base64'd
         try:
-            stream, _ = await asyncio.to_thread(self.container.get_archive, self._path(path))
-            data = await asyncio.to_thread(lambda: b"".join(stream))
-        except Exception as exc:
-            raise SandboxError(f"no file or folder {path!r} in the sandbox: {exc}") from None
-        return tarfile.open(fileobj=io.BytesIO(data))
+            code, out, err, totals = await asyncio.wait_for(
+                asyncio.to_thread(self._run, argv, {}, cap), timeout + 10
+            )
+        except TimeoutError:
+            raise SandboxError(f"reading {path!r} from the sandbox timed out") from None
+        if totals[0] > len(out):
+            raise SandboxError(f"{path!r} is larger than the sandbox's disk ({self.spec.limits.disk_mb} MiB)")
+        if code != 0 or b"rllm-tar-failed" in err:
+            why = err.decode(errors="replace").replace("rllm-tar-failed", "").strip()[-300:]
+            raise SandboxError(f"no file or folder {path!r} in the sandbox: {why or f'exit {code}'}")
+        return tarfile.open(fileobj=io.BytesIO(base64.b64decode(out)))
 
     async def is_alive(self) -> bool:
         if self.closed:
@@ -209,13 +280,19 @@ class DockerSandbox:
             await asyncio.to_thread(self.container.reload)
         except Exception:
             return False
-        return self.container.status == "running"
+        if self.container.status != "running":
+            return False
+        return self.desktop_session is None or await docker_desktop.alive(self, self.desktop_session)
 
     async def close(self) -> None:
         if self.closed:
             return
         self.closed = True
+        if self.desktop_helper is not None:
+            self.desktop_helper.close()
         try:
             await asyncio.shield(asyncio.to_thread(self.container.remove, force=True))
         except Exception:  # already gone: nothing left to release
             pass
+        if self.desktop_root is not None:
+            shutil.rmtree(self.desktop_root, ignore_errors=True)
