@@ -69,14 +69,18 @@ def test_abort_ends_calls_in_flight_with_their_tokens_and_spares_later_ones(
     assert cut.finish_reason == "abort"
     assert 1 <= len(cut.completion_ids) < MAX_TOKENS
     assert cut.completion_ids == alone.completion_ids[: len(cut.completion_ids)]  # greedy: a prefix
-    assert cut.completion_logprobs == pytest.approx(alone.completion_logprobs[: len(cut.completion_ids)], abs=1e-4)
+    assert cut.completion_logprobs == pytest.approx(
+        alone.completion_logprobs[: len(cut.completion_ids)], abs=1e-4
+    )
     assert whole.finish_reason == "length" and whole.completion_ids == alone.completion_ids
 
 
 async def test_a_sync_aborts_calls_in_flight_and_continues_them_token_true(backend: TinkerBackend) -> None:
     engine = _engine(backend)
     old_model = copy.deepcopy(engine.model)  # the weights of version 0, to check each token against
-    await backend.train_step(contrast_batch(backend), AlgorithmConfig())  # the sampler keeps v0 until the sync
+    await backend.train_step(
+        contrast_batch(backend), AlgorithmConfig()
+    )  # the sampler keeps v0 until the sync
     cfg = GatewayConfig(
         upstreams=backend.inference_urls(),
         tokenizer_path=backend.tokenizer_path(),
@@ -84,15 +88,22 @@ async def test_a_sync_aborts_calls_in_flight_and_continues_them_token_true(backe
         partial_rollouts=True,
         health_interval_s=0,
     )
-    words = ["apple", "lemon", "plum"]
-    aborted = threading.Event()
-    abort_all = engine.abort_all
+    # Three calls decode together when the sync comes; a fourth is still queued at the sampler.
+    words, queued = ["apple", "lemon", "plum"], "peach"
+    aborted, submitted = threading.Event(), threading.Event()
+    abort_all, submit = engine.abort_all, engine.submit
 
     def abort_and_tell() -> None:
         abort_all()
         aborted.set()
 
-    engine.abort_all = abort_and_tell  # type: ignore[method-assign] - the test learns when it landed
+    def submit_and_tell(request: GenerationRequest) -> Any:
+        future = submit(request)
+        submitted.set()
+        return future
+
+    # The test learns when the abort and the queued call reached the engine.
+    engine.abort_all = abort_and_tell  # type: ignore[method-assign]
     hold = _HoldAt(engine.model, at=3)
     async with GatewayServer(cfg) as gw, GatewayClient(gw.url) as admin:
 
@@ -111,11 +122,14 @@ async def test_a_sync_aborts_calls_in_flight_and_continues_them_token_true(backe
         try:
             calls = [asyncio.create_task(call(w)) for w in words]
             assert await asyncio.to_thread(hold.reached.wait, 60)  # the batch is mid-decode
+            engine.submit = submit_and_tell  # type: ignore[method-assign]
+            calls.append(asyncio.create_task(call(queued)))
+            assert await asyncio.to_thread(submitted.wait, 60)
             pause = asyncio.create_task(gw.pause(60))
             assert await asyncio.to_thread(aborted.wait, 60)
             hold.release.set()
             await pause  # every call is parked with its tokens so far: none running, none lost
-            assert (gw.ledger.inflight, gw.ledger.parked) == (3, 3)
+            assert (gw.ledger.inflight, gw.ledger.parked) == (4, 4)
             version = await backend.sync_weights()
             gw.set_weight_version(version)
             gw.resume()
@@ -123,22 +137,26 @@ async def test_a_sync_aborts_calls_in_flight_and_continues_them_token_true(backe
         finally:
             hold.release.set()
             hold.handle.remove()
-            engine.abort_all = abort_all  # type: ignore[method-assign]
-        traces = {w: await admin.get_traces(w) for w in words}
+            engine.abort_all, engine.submit = abort_all, submit  # type: ignore[method-assign]
+        traces = {w: await admin.get_traces(w) for w in [*words, queued]}
         assert gw.ledger.inflight == 0
     new_model = engine.model
     moved = 0
-    for word, reply in zip(words, replies, strict=True):
+    for word, reply in zip([*words, queued], replies, strict=True):
         (trace,) = traces[word]
         choice = reply["choices"][0]
         ids = list(trace.completion_ids or [])
         # One reply: exactly the ids sampled, first on v0, then continued on v1.
         assert trace.status == "ok" and choice["token_ids"] == ids and len(ids) == MAX_TOKENS
         assert choice["finish_reason"] == "length"
-        spans = trace.metadata["version_spans"]
-        assert [v for v, _ in spans] == [0, version] and sum(n for _, n in spans) == MAX_TOKENS
-        assert trace.weight_version == 0  # the oldest: what the staleness bound checks
         assert choice["message"]["content"] == backend.service.tokenizer.decode(ids, skip_special_tokens=True)
+        spans = trace.metadata["version_spans"]
+        assert sum(n for _, n in spans) == MAX_TOKENS
+        if word == queued:  # aborted before its first token: re-sent whole on the new weights
+            assert spans == [[version, MAX_TOKENS]] and trace.weight_version == version
+            continue
+        assert [v for v, _ in spans] == [0, version]
+        assert trace.weight_version == 0  # the oldest: what the staleness bound checks
         # Each token's logprob is the one the version that sampled it gives it.
         prompt = list(trace.prompt_ids or [])
         tokens, cut = prompt + ids, spans[0][1]

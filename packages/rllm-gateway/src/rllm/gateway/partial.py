@@ -138,7 +138,10 @@ def _aborted_part(raw: bytes, version: int) -> _Part | None:
         choice = data["choices"][0]
         if not isinstance(choice, dict) or choice.get("finish_reason") != "abort":
             return None
-        return _Part(version, choice, read_answer(data, chat=False))
+        cap = read_answer(data, chat=False)
+        if cap.completion_ids is None and choice.get("token_ids") == []:
+            cap.completion_ids = []  # aborted before its first token (still queued): nothing to keep
+        return _Part(version, choice, cap)
     except (msgspec.DecodeError, KeyError, IndexError, TypeError, UpstreamShapeError):
         return None
 
