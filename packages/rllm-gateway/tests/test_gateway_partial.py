@@ -66,25 +66,26 @@ class _Held:
 
 async def test_an_upstream_that_cannot_abort_fails_the_pause_and_loses_no_call() -> None:
     held = _Held()
-    async with MockUpstream(responder=held) as upstream, GatewayServer(_config(upstream)) as gw:
-        async with (
-            GatewayClient(gw.url) as admin,
-            openai.AsyncOpenAI(base_url=admin.session_url("s"), api_key="x", max_retries=0) as client,
-        ):
-            call = asyncio.create_task(
-                client.chat.completions.create(
-                    model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4
-                )
+    async with (
+        MockUpstream(responder=held) as upstream,
+        GatewayServer(_config(upstream)) as gw,
+        GatewayClient(gw.url) as admin,
+        openai.AsyncOpenAI(base_url=admin.session_url("s"), api_key="x", max_retries=0) as client,
+    ):
+        call = asyncio.create_task(
+            client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4
             )
-            await held.arrived.wait()
-            with pytest.raises(
-                GatewayError, match=r"cannot abort its calls in flight \(POST .*/abort answered 404"
-            ):
-                await gw.pause(30)
-            assert gw.ledger.admitting  # a failed pause does not leave the gateway paused
-            held.go.set()
-            reply = await call
-            (trace,) = await admin.get_traces("s")
+        )
+        await held.arrived.wait()
+        with pytest.raises(
+            GatewayError, match=r"cannot abort its calls in flight \(POST .*/abort answered 404"
+        ):
+            await gw.pause(30)
+        assert gw.ledger.admitting  # a failed pause does not leave the gateway paused
+        held.go.set()
+        reply = await call
+        (trace,) = await admin.get_traces("s")
     assert reply.choices[0].message.content == "done"
     assert trace.status == "ok" and "version_spans" not in trace.metadata
     assert gw.ledger.inflight == 0

@@ -154,7 +154,10 @@ def episode_versions(episode: Episode) -> tuple[int, int] | None:
 def continued_calls(episodes: Iterable[Episode]) -> int:
     """Calls sampled by more than one weight version (partial rollouts continued them)."""
     return sum(
-        len(s.metadata.get("version_spans") or ()) > 1 for e in episodes for t in e.trajectories for s in t.steps
+        len(s.metadata.get("version_spans") or ()) > 1
+        for e in episodes
+        for t in e.trajectories
+        for s in t.steps
     )
 
 
