@@ -130,10 +130,10 @@ class CallLedger:
         if self.inflight - self.parked:
             self._drained = asyncio.Event()
             try:
-                async with asyncio.timeout(timeout_s):
-                    if abort is not None:
-                        await abort()
-                    await self._drained.wait()
+                deadline = time.monotonic() + timeout_s
+                if abort is not None:
+                    await asyncio.wait_for(abort(), timeout_s)
+                await asyncio.wait_for(self._drained.wait(), max(0.0, deadline - time.monotonic()))
             except TimeoutError:
                 self._admit.set()  # a failed pause must not leave the gateway paused
                 raise GatewayError(
