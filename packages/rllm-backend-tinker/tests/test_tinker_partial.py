@@ -42,6 +42,10 @@ class _HoldAt:
             assert self.release.wait(60), "the test never released the held forward pass"
 
 
+def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
 def _engine(backend: TinkerBackend) -> SamplerEngine:
     engine = backend.service.engine
     assert engine is not None
@@ -77,10 +81,7 @@ def test_abort_ends_calls_in_flight_with_their_tokens_and_spares_later_ones(
 
 async def test_a_sync_aborts_calls_in_flight_and_continues_them_token_true(backend: TinkerBackend) -> None:
     engine = _engine(backend)
-    old_model = copy.deepcopy(engine.model)  # the weights of version 0, to check each token against
-    await backend.train_step(
-        contrast_batch(backend), AlgorithmConfig()
-    )  # the sampler keeps v0 until the sync
+    scratch = copy.deepcopy(engine.model)  # scores tokens with each version's weights
     cfg = GatewayConfig(
         upstreams=backend.inference_urls(),
         tokenizer_path=backend.tokenizer_path(),
@@ -104,7 +105,6 @@ async def test_a_sync_aborts_calls_in_flight_and_continues_them_token_true(backe
 
     # The test learns when the abort and the queued call reached the engine.
     engine.abort_all = abort_and_tell  # type: ignore[method-assign]
-    hold = _HoldAt(engine.model, at=3)
     async with GatewayServer(cfg) as gw, GatewayClient(gw.url) as admin:
 
         async def call(word: str) -> dict[str, Any]:
@@ -119,51 +119,79 @@ async def test_a_sync_aborts_calls_in_flight_and_continues_them_token_true(backe
                 )
             return reply.model_dump()
 
+        async def sync_while_held(hold: _HoldAt) -> int:
+            """Pause while ``hold`` holds the batch mid-decode (the abort lands first), then
+            train and sync; once the caller resumes, the parked calls continue on the new version."""
+            pause = asyncio.create_task(gw.pause(60))
+            assert await asyncio.to_thread(aborted.wait, 60)
+            aborted.clear()
+            hold.release.set()
+            await pause  # every call is parked with its tokens so far: none running, none lost
+            assert gw.ledger.inflight == gw.ledger.parked
+            weights[engine.weight_version] = _weights(engine.model)
+            await backend.train_step(contrast_batch(backend), AlgorithmConfig())
+            version = await backend.sync_weights()
+            gw.set_weight_version(version)
+            return version
+
+        weights: dict[int, dict[str, torch.Tensor]] = {}
+        holds = [_HoldAt(engine.model, at=3)]
         try:
             calls = [asyncio.create_task(call(w)) for w in words]
-            assert await asyncio.to_thread(hold.reached.wait, 60)  # the batch is mid-decode
+            assert await asyncio.to_thread(holds[0].reached.wait, 60)  # the batch is mid-decode
             engine.submit = submit_and_tell  # type: ignore[method-assign]
             calls.append(asyncio.create_task(call(queued)))
             assert await asyncio.to_thread(submitted.wait, 60)
-            pause = asyncio.create_task(gw.pause(60))
-            assert await asyncio.to_thread(aborted.wait, 60)
-            hold.release.set()
-            await pause  # every call is parked with its tokens so far: none running, none lost
-            assert (gw.ledger.inflight, gw.ledger.parked) == (4, 4)
-            version = await backend.sync_weights()
-            gw.set_weight_version(version)
+            await sync_while_held(holds[0])
+            assert gw.ledger.parked == 4
+            holds.append(_HoldAt(engine.model, at=3))  # the continuations' batch, held in turn
+            gw.resume()
+            assert await asyncio.to_thread(holds[1].reached.wait, 60)
+            # Calls continued by then are aborted again; any not yet at the sampler finish on v1.
+            await sync_while_held(holds[1])
             gw.resume()
             replies = await asyncio.gather(*calls)
         finally:
-            hold.release.set()
-            hold.handle.remove()
+            for hold in holds:
+                hold.release.set()
+                hold.handle.remove()
             engine.abort_all, engine.submit = abort_all, submit  # type: ignore[method-assign]
         traces = {w: await admin.get_traces(w) for w in [*words, queued]}
         assert gw.ledger.inflight == 0
-    new_model = engine.model
-    moved = 0
+    weights[engine.weight_version] = _weights(engine.model)
+
+    def logprobs(version: int, tokens: list[int], prompt: list[int]) -> list[float]:
+        scratch.load_state_dict(weights[version])
+        return teacher_forced_logprobs(scratch, tokens)[len(prompt) - 1 :].tolist()
+
+    moved = aborted_twice = 0
     for word, reply in zip([*words, queued], replies, strict=True):
         (trace,) = traces[word]
         choice = reply["choices"][0]
         ids = list(trace.completion_ids or [])
-        # One reply: exactly the ids sampled, first on v0, then continued on v1.
+        # One reply: exactly the ids sampled, across the versions that sampled them.
         assert trace.status == "ok" and choice["token_ids"] == ids and len(ids) == MAX_TOKENS
         assert choice["finish_reason"] == "length"
         assert choice["message"]["content"] == backend.service.tokenizer.decode(ids, skip_special_tokens=True)
         spans = trace.metadata["version_spans"]
-        assert sum(n for _, n in spans) == MAX_TOKENS
-        if word == queued:  # aborted before its first token: re-sent whole on the new weights
-            assert spans == [[version, MAX_TOKENS]] and trace.weight_version == version
-            continue
-        assert [v for v, _ in spans] == [0, version]
-        assert trace.weight_version == 0  # the oldest: what the staleness bound checks
+        versions = [v for v, _ in spans]
+        assert sum(n for _, n in spans) == MAX_TOKENS and all(n > 0 for _, n in spans)
+        assert versions == sorted(set(versions)) and set(versions) <= set(weights)
+        assert trace.weight_version == versions[0]  # the oldest: what the staleness bound checks
+        # The queued call was aborted before its first token: nothing of it is from v0.
+        assert (versions[0] == 0) == (word != queued)
+        aborted_twice += len(spans) == 3
         # Each token's logprob is the one the version that sampled it gives it.
         prompt = list(trace.prompt_ids or [])
-        tokens, cut = prompt + ids, spans[0][1]
-        lp = list(trace.completion_logprobs or [])
-        old = teacher_forced_logprobs(old_model, tokens)[len(prompt) - 1 :].tolist()
-        new = teacher_forced_logprobs(new_model, tokens)[len(prompt) - 1 :].tolist()
-        assert lp[:cut] == pytest.approx(old[:cut], abs=1e-4)
-        assert lp[cut:] == pytest.approx(new[cut:], abs=1e-4)
-        moved += sum(abs(a - b) > 1e-3 for a, b in zip(old[cut:], new[cut:], strict=True))
-    assert moved > 0  # the sync really changed the weights the continuations ran on
+        lp, at = list(trace.completion_logprobs or []), 0
+        for version, n in spans:
+            want = logprobs(version, prompt + ids, prompt)
+            assert lp[at : at + n] == pytest.approx(want[at : at + n], abs=1e-4)
+            if version != 0:
+                v0 = logprobs(0, prompt + ids, prompt)
+                moved += sum(
+                    abs(a - b) > 1e-3 for a, b in zip(v0[at : at + n], want[at : at + n], strict=True)
+                )
+            at += n
+    assert aborted_twice >= 1  # the batch held at the second sync was continued again
+    assert moved > 0  # the syncs really changed the weights the continuations ran on
