@@ -104,7 +104,8 @@ async def run(args: argparse.Namespace) -> None:
         {"model": str(model), "torch_threads": args.threads, "seed": 0, "dtype": "float32"}
     )
     await backend.start()
-    engine: Any = backend.service.engine  # type: ignore[union-attr]
+    service: Any = backend.service
+    engine: Any = service.engine  # the local service's SamplerEngine
     counter = _Counter()
     engine.model.register_forward_pre_hook(counter)
     figures: dict[str, list[dict[str, float]]] = {"drain": [], "abort": []}
@@ -130,7 +131,9 @@ async def run(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description="A weight sync under long calls: drain vs abort-and-continue."
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=128)
