@@ -36,7 +36,7 @@ def test_backends_that_cannot_keep_the_bound_are_refused_by_name(
 
 
 class _Aborting:
-    """A stand-in backend that declares it can abort and continue calls (no real one can yet)."""
+    """A stand-in backend that declares it can abort and continue calls, or says why it cannot."""
 
     name = "aborting"
 
@@ -58,7 +58,12 @@ def test_partial_rollouts_need_k_above_0_and_a_backend_that_can_abort() -> None:
     assert err.value.key == "rollout.partial"
     with pytest.raises(ConfigError, match="max_staleness=0 every rollout has finished"):
         check_backend(_Aborting(), 0, partial=True)
-    for backend in (TinkerBackend({"model": "unused"}), backend_class("verl")):
-        with pytest.raises(ConfigError, match="cannot abort a call in flight") as err:
+    check_backend(TinkerBackend({"model": "unused"}), 1, partial=True)  # the local sampler aborts
+    for backend, message in (
+        (backend_class("verl"), "backend 'verl' cannot abort a call in flight"),
+        (backend_class("fireworks"), "backend 'fireworks' cannot abort a call in flight"),
+        (TinkerBackend({"model": "unused", "service": "remote"}), "remote Tinker service"),
+    ):
+        with pytest.raises(ConfigError, match=message) as err:
             check_backend(backend, 1, partial=True)
         assert err.value.key == "rollout.partial"

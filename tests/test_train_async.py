@@ -127,7 +127,15 @@ def test_staleness_one_trains_within_its_bound_and_resumes_every_task_once(tmp_p
             "remote Tinker service is not supported with max_staleness > 0",
         ),
         (["rollout.partial=true"], "with rollout.max_staleness=0 every rollout has finished"),
-        (["rollout.max_staleness=1", "rollout.partial=true"], "backend 'tinker' cannot abort a call"),
+        (
+            [
+                "rollout.max_staleness=1",
+                "rollout.partial=true",
+                "backend.options.service=remote",
+                "backend.options.lora.rank=8",
+            ],
+            "remote Tinker service cannot abort a call",
+        ),
     ],
 )
 def test_async_configs_that_cannot_keep_the_bound_are_refused(
@@ -135,6 +143,27 @@ def test_async_configs_that_cannot_keep_the_bound_are_refused(
 ) -> None:
     with pytest.raises(ConfigError, match=message):
         build_trainer("say-single", out_dir=str(tmp_path), overrides=overrides)
+
+
+def test_partial_rollouts_train_on_the_local_backend_within_the_bound(tmp_path: Path) -> None:
+    # say: multi-turn episodes through the cumulative gateway; one request per sampler forward,
+    # so at each sync some calls are mid-decode (continued on the new weights) and others queued
+    # (re-sent whole). Token truth of a continued call is checked in test_tinker_partial.py.
+    overrides = [*DETERMINISTIC, "rollout.max_staleness=1", "rollout.partial=true", "total_steps=2"]
+    trainer = build_trainer("say", out_dir=str(tmp_path), overrides=[*overrides, "ckpt_every=0"])
+    asyncio.run(trainer.fit())
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert [row["step"] for row in rows] == [1, 2]
+    assert all(row["async/staleness_max"] <= 1 and row["episodes"] == 16 for row in rows)
+    for step in (1, 2):
+        sample = read_episode_sample(sample_path(tmp_path, step))
+        # No call was lost or failed by an abort: every call of a sampled episode is a step.
+        assert not any(t.metadata.get("dropped_traces") for e in sample.episodes for t in e.trajectories)
+        for s in (s for e in sample.episodes for t in e.trajectories for s in t.steps):
+            spans = s.metadata.get("version_spans")
+            if spans:  # a continued call: its spans cover its tokens, oldest first
+                assert sum(n for _, n in spans) == len(s.completion_ids or ())
+                assert s.weight_version == spans[0][0] <= spans[-1][0]
 
 
 def test_uncorrected_staleness_is_an_explicit_opt_out(tmp_path: Path) -> None:

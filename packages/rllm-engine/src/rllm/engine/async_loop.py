@@ -7,6 +7,9 @@ group whose oldest model call is older than ``v - K`` (``v``: the weights this u
 from) is never trained on: it is re-queued or dropped (``rollout.stale_policy``) and counted.
 Weight syncs pause the gateway, which lets calls in flight finish (drain) and holds new ones, so
 every call is answered, and stamped, by exactly one weight version; a watchdog bounds the sync.
+With ``rollout.partial`` the gateway aborts the calls in flight instead and continues them on the
+new weights (``rllm.gateway.partial``); a call's trace then records the version of each of its
+token spans, and its oldest version is the one the staleness bound checks.
 
 The Trainer delegates its step here when K > 0; K = 0 keeps the Trainer's synchronous step.
 """
@@ -26,7 +29,7 @@ from rllm.engine.checkpoint import TrainerState
 from rllm.engine.data_order import next_batch
 from rllm.engine.metrics_log import write_episode_sample
 from rllm.engine.sequences import sequences_from_groups
-from rllm.engine.staleness import episode_versions, is_stale
+from rllm.engine.staleness import continued_calls, episode_versions, is_stale
 from rllm.types import Episode, Task
 from rllm.types.errors import StateError
 
@@ -152,8 +155,9 @@ class AsyncStepper:
         }
 
     async def _sync(self) -> None:
-        """Pause the gateway (calls in flight finish, new ones wait), sync, stamp, resume; all of
-        it within ``rollout.sync_timeout_s``, or the run stops naming the stuck part."""
+        """Pause the gateway (calls in flight finish, or with ``rollout.partial`` are aborted and
+        parked; new ones wait), sync, stamp, resume (parked calls continue on the new weights);
+        all of it within ``rollout.sync_timeout_s``, or the run stops naming the stuck part."""
         client, timeout = self.engine.client, self.trainer.config.rollout.sync_timeout_s
         try:
             await client.pause(timeout_s=timeout)
@@ -187,6 +191,7 @@ class AsyncStepper:
             "async/staleness_max": max(lags),
             "async/versions_spanned_mean": statistics.fmean(spanned),
             "async/versions_spanned_max": max(spanned),
+            "async/continued_calls": continued_calls(episodes),
         }
 
     def _utilisation(self, started: float, ended: float, trainer_busy: float) -> dict[str, float]:

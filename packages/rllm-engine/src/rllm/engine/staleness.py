@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import Any, Literal
 
 from rllm.engine.rollout_config import RolloutSettings
-from rllm.types import Episode
+from rllm.types import Episode, Step
 from rllm.types.errors import ConfigError, InvariantError
 
 
@@ -28,7 +28,8 @@ class TrainRolloutSettings(RolloutSettings, kw_only=True, forbid_unknown_fields=
     that takes longer stops the run with an error instead of hanging it. ``partial``: at a weight
     sync, abort the calls in flight and re-send them from their token history on the new weights
     instead of draining them (the default); only a backend that says it can abort a call and
-    continue it token for token (``validate_partial``) takes it, any other refuses it by name.
+    continue it token for token (``validate_partial``) takes it, any other refuses it by name
+    (the gateway then aborts at each pause: ``rllm.gateway.partial``).
     """
 
     max_staleness: int = 0
@@ -134,12 +135,30 @@ def check_partial(backend: Any, name: str, max_staleness: int) -> None:
         raise ConfigError.for_key("rollout.partial", f"backend {name!r}: {exc}") from None
 
 
+def step_versions(step: Step) -> list[int]:
+    """The weight versions that sampled the step's tokens: its call's version, and with partial
+    rollouts (a call aborted at a sync and continued) each of its ``version_spans``."""
+    versions = [] if step.weight_version is None else [step.weight_version]
+    spans = step.metadata.get("version_spans")
+    if isinstance(spans, list):
+        versions += [int(v) for v, _ in spans]
+    return versions
+
+
 def episode_versions(episode: Episode) -> tuple[int, int] | None:
-    """(oldest, newest) weight version of the episode's model calls; None if it made none."""
-    versions = [
-        s.weight_version for t in episode.trajectories for s in t.steps if s.weight_version is not None
-    ]
+    """(oldest, newest) weight version of the episode's model calls' tokens; None if it made none."""
+    versions = [v for t in episode.trajectories for s in t.steps for v in step_versions(s)]
     return (min(versions), max(versions)) if versions else None
+
+
+def continued_calls(episodes: Iterable[Episode]) -> int:
+    """Calls sampled by more than one weight version (partial rollouts continued them)."""
+    return sum(
+        len(s.metadata.get("version_spans") or ()) > 1
+        for e in episodes
+        for t in e.trajectories
+        for s in t.steps
+    )
 
 
 def oldest_version(episodes: Iterable[Episode]) -> int | None:

@@ -285,6 +285,7 @@ class Trainer:
             tokenizer_path=tokenizer,
             auto_create_sessions=False,
             health_interval_s=1.0,
+            partial_rollouts=self.config.rollout.partial,  # a sync aborts and continues calls
         )
 
 

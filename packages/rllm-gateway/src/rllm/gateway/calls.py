@@ -5,13 +5,16 @@ call that got past routing, auth and validation is opened here (its trace takes 
 next ``seq`` and the current weight version, and the call counts as in flight) and finished
 here exactly once, as ``ok``, ``error`` or ``abort``. A finished trace is stored only while its
 session is still open: a session finished or deleted while the call was in flight has nobody
-left to read it. Pausing stops admitting calls and waits until the ones in flight have ended.
+left to read it. Pausing stops admitting calls and waits until the ones in flight have ended,
+or, for partial rollouts (``GatewayConfig.partial_rollouts``), aborts them: an aborted call keeps
+its tokens, parks (``park``) until the gateway resumes and is then continued (``partial``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -60,6 +63,7 @@ class CallLedger:
         "default_sampling",
         "inflight",
         "metrics",
+        "parked",
         "sessions",
         "store",
         "store_raw",
@@ -84,6 +88,7 @@ class CallLedger:
         self.weight_version = 0  # stamped on every trace opened from now on
         self.inflight = 0
         self.waiting = 0  # calls held at the door while paused
+        self.parked = 0  # aborted calls in flight, holding their tokens until the gateway resumes
         self._admit = asyncio.Event()  # set by admit_all() when the gateway starts
         self._drained: asyncio.Event | None = None
 
@@ -115,20 +120,45 @@ class CallLedger:
                 code="session_ended",
             )
 
-    async def pause(self, timeout_s: float = 600.0) -> None:
-        """Stop admitting calls (they wait) and return once in-flight ones have finished."""
+    async def pause(
+        self, timeout_s: float = 600.0, abort: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
+        """Stop admitting calls (they wait) and return once none is running: each in-flight call
+        has finished, or, with ``abort`` (which tells the upstreams to end their calls now), has
+        parked with its tokens so far. A pause that fails re-admits calls and raises."""
         self._admit.clear()
-        if self.inflight:
+        if self.inflight - self.parked:
             self._drained = asyncio.Event()
             try:
-                await asyncio.wait_for(self._drained.wait(), timeout_s)
+                deadline = time.monotonic() + timeout_s
+                if abort is not None:
+                    await asyncio.wait_for(abort(), timeout_s)
+                await asyncio.wait_for(self._drained.wait(), max(0.0, deadline - time.monotonic()))
             except TimeoutError:
                 self._admit.set()  # a failed pause must not leave the gateway paused
                 raise GatewayError(
-                    504, f"{self.inflight} requests still in flight after {timeout_s}s; not paused"
+                    504,
+                    f"{self.inflight - self.parked} requests still in flight after {timeout_s}s; not paused",
                 ) from None
+            except BaseException:
+                self._admit.set()
+                raise
             finally:
                 self._drained = None
+
+    async def park(self) -> None:
+        """An aborted call waits here, holding its tokens, until the gateway admits calls again;
+        it no longer counts as running, so the pause that aborted it can end."""
+        self.parked += 1
+        self._check_drained()
+        try:
+            await self._admit.wait()
+        finally:
+            self.parked -= 1
+
+    def _check_drained(self) -> None:
+        if self.inflight == self.parked and self._drained is not None:
+            self._drained.set()
 
     def resume(self) -> None:
         self._admit.set()
@@ -153,8 +183,7 @@ class CallLedger:
 
     def call_ended(self) -> None:
         self.inflight -= 1
-        if self.inflight == 0 and self._drained is not None:
-            self._drained.set()
+        self._check_drained()
 
     def finish_trace(self, trace: TraceRecord, cap: Captured | None, status: str, t0: float) -> None:
         """Finish the trace (latency, status, what was captured) and keep it if its session is open."""

@@ -56,6 +56,10 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # With fast_http: answer non-streaming calls from I/O callbacks, with no task per call
     # (rllm.gateway.proxy_lane); False runs every call in a task (for comparison or debugging).
     proxy_lane: bool = True
+    # Partial rollouts (rllm.gateway.partial): a pause aborts the calls in flight (POST /abort on
+    # each upstream) instead of draining them, and each is continued from its token history once
+    # the gateway resumes. Streaming and n > 1 calls are refused (400) meanwhile.
+    partial_rollouts: bool = False
     gc_gen0_threshold: int | None = 50_000
     # A finished or deleted session's id is remembered (at most this many, for this long) so a
     # late call for it is refused with 410 instead of re-creating the session.
@@ -111,6 +115,12 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             )
         if self.tokenizer_mode == "cumulative" and not self.tokenizer_path:
             raise InvariantError("tokenizer_mode='cumulative' needs tokenizer_path", "tokenizer_path")
+        if self.partial_rollouts and self.hosted_model:
+            raise InvariantError(
+                "partial_rollouts aborts and continues calls on the upstreams' sampler; a hosted "
+                "model cannot be aborted and continued token for token",
+                "partial_rollouts",
+            )
         if self.gc_gen0_threshold is not None and self.gc_gen0_threshold < 1:
             raise InvariantError(
                 f"gc_gen0_threshold must be >= 1 or None, got {self.gc_gen0_threshold}",

@@ -26,6 +26,7 @@ from rllm.gateway.config import GatewayConfig
 from rllm.gateway.errors import GatewayError
 from rllm.gateway.hosted import HostedProvider, hosted_call
 from rllm.gateway.jsonguard import JsonLimitError, check_json
+from rllm.gateway.partial import check_partial_call, forward_partial
 from rllm.gateway.sessions import Session
 from rllm.gateway.streaming import forward_stream
 from rllm.gateway.upstreams import NoHealthyUpstream, Upstream, UpstreamPool
@@ -107,6 +108,8 @@ class Proxy:
         """A call in a task: wait while paused, open its trace, forward it (stream, hosted or
         whole) and answer."""
         ledger = self.ledger
+        if self.config.partial_rollouts:
+            check_partial_call(parsed, ledger.default_sampling)
         if not ledger.admitting:
             await ledger.wait_admitted(parsed)
         trace = ledger.open_trace(parsed, chat)
@@ -115,6 +118,8 @@ class Proxy:
             if self.hosted is not None:
                 return await hosted_call(self.hosted, ledger, request, parsed.body, trace, chat, stream, t0)
             call = self.upstream_call(request, parsed, trace, chat, t0)
+            if self.config.partial_rollouts:
+                return await forward_partial(self, call, parsed)
             return await (forward_stream(self, call) if stream else self.forward(call))
         finally:
             ledger.call_ended()
@@ -146,6 +151,12 @@ class Proxy:
 
     async def forward(self, call: ProxyCall) -> Response:
         """Send a non-streaming call with failover and answer it; the trace is finished either way."""
+        status, raw = await self.send_whole(call)
+        return self.answer_whole(call, status, raw)
+
+    async def send_whole(self, call: ProxyCall) -> tuple[int, bytes]:
+        """Send a non-streaming call with failover: the upstream's status and whole answer. On
+        failure the trace is finished (error, or abort when cancelled) and the error raised."""
         ledger = self.ledger
         try:
             if self.config.fast_http and self.plain_http():
@@ -180,7 +191,31 @@ class Proxy:
         except Exception as exc:  # a bug: the call still leaves its one honest trace
             ledger.fail_unfinished(call.trace, call.t0, exc)
             raise
-        return self.answer_whole(call, status, raw)
+        return status, raw
+
+    async def abort_upstreams(self) -> None:
+        """Partial rollouts: tell every upstream to end its calls in flight now (``POST /abort``;
+        each answers them with ``finish_reason = "abort"`` and the tokens so far). An upstream
+        that cannot is a 502 naming it, so the pause fails loud instead of hanging."""
+        assert self.http is not None
+        http = self.http
+
+        async def one(url: str) -> None:
+            try:
+                async with http.post(url + "/abort", data=b"{}", headers={"Content-Type": _JSON}) as resp:
+                    if resp.status == 200:
+                        return
+                    why = f"POST {url}/abort answered {resp.status}"
+            except (aiohttp.ClientError, OSError) as exc:
+                why = f"POST {url}/abort failed: {type(exc).__name__}: {exc}"
+            raise GatewayError(
+                502,
+                f"upstream cannot abort its calls in flight ({why}); partial rollouts need an "
+                "upstream that can (the local tinker sampler's /v1/abort)",
+                code="upstream_error",
+            )
+
+        await asyncio.gather(*(one(url) for url in self.pool.upstreams))
 
     def answer_whole(self, call: ProxyCall, status: int, raw: bytes) -> Response:
         """The agent's answer from the upstream's whole one; finishes the trace."""

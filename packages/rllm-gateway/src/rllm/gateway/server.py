@@ -78,7 +78,8 @@ class GatewayServer:
             default_sampling=cfg.default_sampling,
         )
         self.proxy = Proxy(cfg, self.pool, self.ledger)
-        self._lane = cfg.fast_http and cfg.proxy_lane
+        # Partial rollouts continue aborted calls in a task (rllm.gateway.partial), never on the lane.
+        self._lane = cfg.fast_http and cfg.proxy_lane and not cfg.partial_rollouts
         self._router = self._build_router()
         self._server: HttpServer | None = None
         self._health_task: asyncio.Task[None] | None = None
@@ -318,8 +319,10 @@ class GatewayServer:
         self.metrics.weight_version.set(version)
 
     async def pause(self, timeout_s: float = 600.0) -> None:
-        """Stop admitting requests (they wait) and return once in-flight ones have finished."""
-        await self.ledger.pause(timeout_s)
+        """Stop admitting requests (they wait) and return once in-flight ones have finished (or,
+        with ``partial_rollouts``, were aborted and parked with their tokens so far)."""
+        abort = self.proxy.abort_upstreams if self.config.partial_rollouts else None
+        await self.ledger.pause(timeout_s, abort)
 
     def resume(self) -> None:
         self.ledger.resume()
@@ -332,6 +335,7 @@ class GatewayServer:
             "paused": not self.ledger.admitting,
             "inflight": self.ledger.inflight,
             "waiting": self.ledger.waiting,
+            "parked": self.ledger.parked,
             "weight_version": self.ledger.weight_version,
         }
 

@@ -80,6 +80,15 @@ class TinkerBackend(BackendBase[TinkerBackendConfig]):
                 "so no call has one weight version; use sampler_weights='copy'"
             )
 
+    def validate_partial(self) -> None:
+        """``rollout.partial``: the local sampler aborts its calls at a sync with their tokens so
+        far (``POST /v1/abort``) and continues them from token ids; the remote service cannot."""
+        if self.config.service == "remote":
+            raise ConfigError(
+                "the remote Tinker service cannot abort a call in flight and continue it token for "
+                "token; set rollout.partial=false"
+            )
+
     def _get_service(self) -> _Service:
         if self._service is None:
             if self.config.service == "local":

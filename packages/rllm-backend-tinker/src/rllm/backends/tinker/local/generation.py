@@ -7,6 +7,9 @@ meanwhile join the running batch at its next decode step (``joining.py``); each 
 answered as soon as its own sequences end. Each batch runs under ``weights_lock`` so a weight swap
 (``update_weights``) waits for the running batch and no sequence mixes two weight versions; a
 waiting swap stops new requests from joining, so it waits for the rows already running only.
+``abort_all`` (partial rollouts, ``rollout.partial``) ends every request submitted before it at
+its next decode step with ``finish_reason = "abort"`` and the tokens sampled so far, each stamped
+with the version that sampled it, so a weight swap need not wait for long completions.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ class GeneratedSequence:
     completion_logprobs: list[float]
     top_logprobs: list[list[tuple[int, float]]]  # per generated token; empty lists unless requested
     text: str
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "abort" (abort_all ended it; the tokens so far)
     weight_version: int
 
 
@@ -65,6 +68,7 @@ class GeneratedSequence:
 class _Pending:
     request: GenerationRequest
     future: Future[list[GeneratedSequence]]
+    epoch: int = 0  # abort_all calls before its submission: a later call aborts it
 
 
 @dataclass
@@ -123,6 +127,8 @@ class SamplerEngine:
         self._swaps_done = threading.Condition()
         self._queue: queue.Queue[_Pending | None] = queue.Queue()
         self._carry: list[_Pending] = []
+        self._aborts = 0  # abort_all calls so far; the worker reads it at each decode step
+        self._abort_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stopping = False
         eos = getattr(tokenizer, "eos_token_id", None)
@@ -158,8 +164,31 @@ class SamplerEngine:
         if self._stopping:
             future.set_exception(RuntimeError("sampler engine is stopped"))
             return future
-        self._queue.put(_Pending(request, future))
+        self._queue.put(_Pending(request, future, self._aborts))
         return future
+
+    def abort_all(self) -> None:
+        """End every request submitted before now at its next decode step (or at once, if it
+        has not started) with ``finish_reason = "abort"`` and the tokens sampled so far; requests
+        submitted later are not touched. A partial rollout's gateway calls this at a weight sync
+        and re-sends each call's token history as a continuation on the new weights."""
+        with self._abort_lock:
+            self._aborts += 1
+
+    def _aborted(self, p: _Pending) -> bool:
+        return p.epoch < self._aborts
+
+    def _answer_unstarted(self, pending: list[_Pending]) -> list[_Pending]:
+        """``pending`` less the requests aborted before they started, answered with no tokens."""
+        keep: list[_Pending] = []
+        for p in pending:
+            if not self._aborted(p):
+                keep.append(p)
+                continue
+            p.future.set_result(
+                [GeneratedSequence([], [], [], "", "abort", self.weight_version) for _ in range(p.request.n)]
+            )
+        return keep
 
     @contextlib.contextmanager
     def _weights_held(self) -> Iterator[None]:
@@ -259,6 +288,9 @@ class SamplerEngine:
     @torch.inference_mode()
     def _generate(self, batch: list[_Pending]) -> None:
         """Decode ``batch`` (and whoever joins it); each request's future is set when it ends."""
+        batch = self._answer_unstarted(batch)
+        if not batch:
+            return
         self.batches_run += 1
         self._batch_version = self.weight_version
         self._decode([row for p in batch for row in self._open_rows(p)])
@@ -375,11 +407,13 @@ class SamplerEngine:
                     keep.append(pos)
                     continue
                 self._finish_row(row)
+            if self._aborts:
+                keep = self._abort_rows(rows, active, keep)
             if not keep:
                 return  # requests queued now start the next batch, without this one's columns
             joiners: list[_Pending] = []
             if positions.dim() == 2 and attention.shape[1] < width_cap and can_extend(cache):
-                joiners = self._joiners(self.max_batch - len(keep))
+                joiners = self._answer_unstarted(self._joiners(self.max_batch - len(keep)))
             next_tokens = sampled.tokens[:, None]
             if len(keep) < len(active):  # drop finished rows from the batch and the KV cache
                 index = torch.tensor(keep, device=device)
@@ -405,6 +439,18 @@ class SamplerEngine:
             )
             cache = out.past_key_values
             logits = out.logits[:, -1, :]
+
+    def _abort_rows(self, rows: list[_Row], active: list[int], keep: list[int]) -> list[int]:
+        """``keep`` less the rows of aborted requests, each ended now with its tokens so far."""
+        still: list[int] = []
+        for pos in keep:
+            row = rows[active[pos]]
+            if self._aborted(row.pending):
+                row.finish_reason = "abort"
+                self._finish_row(row)
+            else:
+                still.append(pos)
+        return still
 
     def _join(
         self,

@@ -29,7 +29,9 @@ from rllm.types.errors import StateError
 
 
 class SamplerServer:
-    """Serves ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models`` and ``/health``."""
+    """Serves ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, ``/health`` and
+    ``POST /v1/abort`` (every request in flight ends now with ``finish_reason = "abort"`` and its
+    tokens so far: the gateway's partial rollouts abort at a weight sync and continue later)."""
 
     def __init__(
         self,
@@ -70,6 +72,7 @@ class SamplerServer:
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/abort", self._abort)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
@@ -87,6 +90,10 @@ class SamplerServer:
     # handlers --------------------------------------------------------------------------------
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "weight_version": self.engine.weight_version})
+
+    async def _abort(self, request: web.Request) -> web.Response:
+        self.engine.abort_all()
+        return web.json_response({"aborted": True, "weight_version": self.engine.weight_version})
 
     async def _models(self, request: web.Request) -> web.Response:
         card = {
