@@ -52,6 +52,7 @@ pytestmark = pytest.mark.verl
         ({"lora": {"rank": -8}}, "backend.options.lora.rank: must be >= 0"),
         ({"learning_rate": 0.0}, "backend.options.learning_rate: must be a finite number > 0"),
         ({"bogus": 1}, "backend.options.bogus: unknown key"),
+        ({"pack_tokens": 512}, "backend.options.pack_tokens: verl packs by itself"),
         ({"strategy": "deepspeed"}, "backend.options.strategy: Invalid enum value 'deepspeed'"),
         ({"rollout": {"engine": "external"}}, "backend.options.rollout.server_urls: engine 'external' needs"),
         (

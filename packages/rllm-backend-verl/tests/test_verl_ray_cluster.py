@@ -87,6 +87,7 @@ async def test_ray_workers_train_sync_and_resume_on_cpu(tiny_model_path: Path, t
 
             metrics = await backend.train_step(BATCH, algo)
             assert {"actor/loss", "actor/kl", "actor/entropy", "grad_norm"} <= set(metrics)
+            assert metrics["lr"] == 1e-2  # read back from the ranks' optimizers
             # Token truth: the workers' pre-update log-probs came back onto the sequences' sampled
             # tokens (two ranks and a padding row), equal to the served initial weights' own.
             recorded = torch.tensor(
@@ -108,7 +109,9 @@ async def test_ray_workers_train_sync_and_resume_on_cpu(tiny_model_path: Path, t
             assert not torch.allclose(_masked(before), _masked(trained), atol=1e-3)
 
             await backend.save_checkpoint(tmp_path / "ckpt")
-            await backend.train_step(BATCH, algo)
+            # rllm sft's LR schedule sets each rank's optimizer LR before an update.
+            assert backend.set_learning_rate_scale(0.5) == 5e-3
+            assert (await backend.train_step(BATCH, algo))["lr"] == 5e-3
             assert await backend.sync_weights() == 2
             assert not torch.allclose(_masked(_trainer_log_probs(backend)), _masked(trained), atol=1e-3)
 

@@ -86,6 +86,11 @@ class LocalCluster:
     async def release_rollout_memory(self) -> None:
         return None
 
+    def learning_rate(self) -> float:
+        from rllm.backends.verl.sft import engine_lr
+
+        return engine_lr(self.worker.engine)
+
     def save_checkpoint(self, path: str, version: int) -> None:
         self.worker.save_checkpoint(local_path=path, global_step=version)
 

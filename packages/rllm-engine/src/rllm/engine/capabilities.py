@@ -86,6 +86,18 @@ def _sft_ok(backend: Any) -> bool:
     return True
 
 
+def _sft_extras_ok(backend: Any) -> bool:
+    """`rllm sft` with a held-out loss, warmup and an LR schedule passes its check (rllm.engine.sft)."""
+    from rllm.engine.sft import SFTConfig, check_backend
+
+    wanted = SFTConfig(dataset="-", val_dataset="-", val_every=1, warmup_steps=1, lr_schedule="cosine")
+    try:
+        check_backend(wanted, backend)
+    except ValueError:
+        return False
+    return True
+
+
 def _flow(name: str) -> Probe:
     honoured = name in ENGINE_FLOWS or name in EXECUTORS
     return lambda backend: honoured
@@ -119,6 +131,11 @@ def probes() -> list[tuple[str, str, Probe]]:
         ("training mode", "RL, asynchronous (max_staleness > 0)", _async_ok),
         ("training mode", "RL, asynchronous, partial rollouts (rollout.partial)", _partial_ok),
         ("training mode", "SFT", _sft_ok),
+        (
+            "training mode",
+            "SFT, held-out loss and LR schedule (val_every, warmup_steps, lr_schedule)",
+            _sft_extras_ok,
+        ),
     ]
     return rows
 

@@ -89,6 +89,18 @@ def compute_log_probs(
     return out
 
 
+def held_out_loss(worker: Any, data: DataProto, *, batching: Batching | None = None) -> dict[str, float]:
+    """Mean negative log-likelihood of the response-mask tokens under the worker's current weights
+    (a forward-only pass, no update): ``rllm sft``'s held-out loss, as the local backend's
+    ``eval_loss`` computes it."""
+    mask = data.batch["response_mask"].float()
+    count = float(mask.sum())
+    if count == 0:
+        raise InputError("eval_loss got a batch without a trained token (every loss_mask is 0)")
+    log_probs = compute_log_probs(worker, data, batching=batching)["log_probs"]
+    return {"loss": float(-(log_probs * mask).sum()) / count, "num_tokens": count}
+
+
 def update_policy(
     actor: Any,
     data: DataProto,

@@ -119,6 +119,8 @@ class VerlBackend(BackendBase[VerlBackendConfig]):
         data = to_data_proto(
             batch, pad_token_id=self._pad_token_id(), vision=vision_rows_for(self.config.model)
         )
+        # Read back from the optimizer: verl's own "lr" is its scheduler's after the step.
+        lr = await asyncio.to_thread(cluster.learning_rate)
         metrics = await asyncio.to_thread(
             update_policy,
             cluster.actor(),
@@ -135,7 +137,28 @@ class VerlBackend(BackendBase[VerlBackendConfig]):
         # compares them with the sampler's: rllm.engine.mismatch).
         record_trainer_logprobs(batch, data.batch[OLD_LOG_PROBS])
         self._step += 1
-        return metrics
+        return {**metrics, "lr": lr}
+
+    # Supervised fine-tuning (rllm.engine.sft): held-out loss and the LR schedule, on the
+    # in-process trainer and on Ray workers alike (sft.py).
+    def supports_sft_extras(self) -> str | None:
+        """None: ``eval_loss`` and ``set_learning_rate_scale`` work on every cluster layout."""
+        return None
+
+    async def eval_loss(self, batch: list[TrainSequence]) -> dict[str, float]:
+        """Held-out NLL of the loss-mask tokens (mean per token): a forward-only pass, no update."""
+        from rllm.backends.verl.actor import held_out_loss
+        from rllm.backends.verl.convert import to_data_proto
+        from rllm.backends.verl.vision import vision_rows_for
+
+        data = to_data_proto(
+            batch, pad_token_id=self._pad_token_id(), vision=vision_rows_for(self.config.model)
+        )
+        return await asyncio.to_thread(held_out_loss, self._started().actor(), data, batching=self.batching())
+
+    def set_learning_rate_scale(self, scale: float) -> float:
+        """The next update's LR: ``optim.lr * scale`` on every rank's optimizer (a schedule's factor)."""
+        return self._started().set_learning_rate(self.config.lr * scale)
 
     def batching(self) -> Any:
         """How verl's workers cut this backend's batches (actor.Batching)."""

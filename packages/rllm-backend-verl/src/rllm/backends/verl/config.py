@@ -147,12 +147,24 @@ class VerlBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
         return "sdpa" if self.cluster.device == "cpu" else "flash_attention_2"
 
 
+# The local backend's ``pack_tokens`` has no verl counterpart to set: verl decides by itself.
+PACKING = (
+    "verl packs by itself where it can: on GPUs its remove-padding path lays each micro-batch's "
+    "sequences end to end in one row (flash-attn's varlen kernels keep attention inside each "
+    "sequence; positions restart per sequence); `use_dynamic_bsz` with `max_token_len_per_gpu` "
+    "sets a row's token budget. On the CPU (no flash-attn) each sequence is its own padded row. "
+    "Remove pack_tokens"
+)
+
+
 def parse_config(
     options: VerlBackendConfig | Mapping[str, Any] | None, **overrides: Any
 ) -> VerlBackendConfig:
     """A checked config from a mapping (TOML/YAML/CLI overrides); errors read
     ``backend.options.KEY: MESSAGE`` (rllm.types.config_file.parse_options), the cross-field
     checks all at once."""
+    if "pack_tokens" in overrides or (isinstance(options, Mapping) and "pack_tokens" in options):
+        raise ConfigError(f"{PREFIX}.pack_tokens: {PACKING}", f"{PREFIX}.pack_tokens")
     config = parse_options(options, VerlBackendConfig, prefix=PREFIX, overrides=overrides)
     check(config)
     return config

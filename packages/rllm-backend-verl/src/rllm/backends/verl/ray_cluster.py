@@ -201,6 +201,12 @@ class RayCluster:
     def actor(self) -> ActorGroup:
         return ActorGroup(self.group)
 
+    def set_learning_rate(self, lr: float) -> float:
+        return self.group.set_learning_rate(lr)[0]  # one value a rank, all the same
+
+    def learning_rate(self) -> float:
+        return self.group.learning_rate()[0]
+
     def reference(self) -> ReferenceGroup | None:
         return ReferenceGroup(self.group) if self.algo.kl_coef > 0 else None
 

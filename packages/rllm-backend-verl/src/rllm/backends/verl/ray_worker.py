@@ -14,6 +14,8 @@ from typing import Any
 
 from rllm.backends.verl.cpu_platform import CPU_PLATFORM, init_cpu_process_group, use_cpu_platform
 from rllm.backends.verl.external_rollout import register_external_rollout
+from rllm.backends.verl.sft import engine_lr, set_engine_lr
+from rllm.types.errors import StateError
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
@@ -37,3 +39,17 @@ class HybridWorker(ActorRolloutRefWorker):
         if on_cpu():
             init_cpu_process_group()
         super().init_model()
+
+    # `rllm sft`'s LR schedule (sft.py): each rank's actor optimizer, set before an update.
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # pyright: ignore[reportAttributeAccessIssue]
+    def set_learning_rate(self, lr: float) -> float:
+        return set_engine_lr(self._actor_engine(), lr)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # pyright: ignore[reportAttributeAccessIssue]
+    def learning_rate(self) -> float:
+        return engine_lr(self._actor_engine())
+
+    def _actor_engine(self) -> Any:
+        if self.actor is None:  # a reference-only worker has no optimizer
+            raise StateError("this verl worker has no actor role, so no optimizer to set an LR on")
+        return self.actor.engine

@@ -8,6 +8,12 @@ worker group in the ``actor`` role alone (ray_cluster.py); on one CPU rank, verl
 most of a small run. The loss is rllm.algos' ``cross_entropy`` inside verl's engine, over the
 assistant tokens' loss mask, and the checkpoints are the usual verl ones (``rllm export``,
 ``rllm train --init-from``). Anything that needs a sampler is refused with the key to change.
+
+The SFT extras (``rllm.engine.sft``): the held-out loss is a forward-only pass of the same
+workers (``actor.held_out_loss``); the LR schedule with warmup sets each step's LR on the
+engine's optimizer before the update (:func:`set_engine_lr`), the same ``lr_scale`` as the local
+backend. verl's own scheduler is not used for it: it has no linear schedule, and it steps after
+the update, where its LR is overwritten before the next step.
 """
 
 from __future__ import annotations
@@ -51,6 +57,18 @@ def runs_in_process(config: VerlBackendConfig) -> bool:
     )
 
 
+def engine_lr(engine: Any) -> float:
+    """The LR the engine's optimizer steps with next (its first parameter group's)."""
+    return float(engine.optimizer.param_groups[0]["lr"])
+
+
+def set_engine_lr(engine: Any, lr: float) -> float:
+    """Every parameter group of the engine's optimizer at ``lr``, for the next update."""
+    for group in engine.optimizer.param_groups:
+        group["lr"] = lr
+    return lr
+
+
 class LocalTrainer:
     """What ``VerlBackend`` asks of its cluster, over one in-process ``TrainingWorker`` (verl's
     FSDP2 engine, rank 0 of 1 on the CPU); there is nothing to sample from."""
@@ -76,6 +94,12 @@ class LocalTrainer:
     async def release_rollout_memory(self) -> None:
         return None
 
+    def set_learning_rate(self, lr: float) -> float:
+        return set_engine_lr(self.worker.engine, lr)
+
+    def learning_rate(self) -> float:
+        return engine_lr(self.worker.engine)
+
     def inference_urls(self) -> list[str]:
         raise no_sampler()
 
@@ -98,6 +122,8 @@ __all__ = [
     "NEEDS_A_SAMPLER",
     "LocalTrainer",
     "check_no_rollout",
+    "engine_lr",
     "no_sampler",
     "runs_in_process",
+    "set_engine_lr",
 ]
