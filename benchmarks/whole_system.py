@@ -291,7 +291,7 @@ def no_in_process_path() -> None:
 
 
 def per_rollout_clients() -> None:
-    """The flows' clients as before #35 round 5: a pool (new TCP connection) and a platform
+    """The flows' clients as before #35 round 5: a pool (new TCP connection) and openai's platform
     lookup per rollout, sharing only the SSL context. The peer that --clients per-rollout runs."""
     import rllm_cookbook_say
     from openai import AsyncOpenAI, DefaultAsyncHttpxClient
@@ -363,10 +363,10 @@ def main() -> None:
     parser.add_argument("--trl-venv", type=Path, default=Path("/tmp/trlenv"))
     parser.add_argument(
         "--clients",
-        choices=["in-process", "pooled", "per-rollout"],
+        choices=["in-process", "tcp", "per-rollout"],
         default="in-process",
         help="the flows' openai clients: rllm.sdk.clients' (in memory to the embedded gateway), the"
-        " same over TCP with one keep-alive pool per loop, or the old per-rollout ones (TCP)",
+        " same over loopback TCP, or those from before #35 round 5 (TCP, a platform lookup each)",
     )
     args = parser.parse_args()
     if args.clients != "in-process":

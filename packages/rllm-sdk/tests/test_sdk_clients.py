@@ -1,4 +1,5 @@
-"""Flows' OpenAI clients: one pool per event loop, one SSL context, session/role base URLs, no retries."""
+"""Flows' OpenAI clients: one SSL context, session/role base URLs, no retries; one shared client
+per loop for an origin served in process (the engine's gateway), a pool per client otherwise."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ pytest.importorskip("openai")
 from rllm.sdk import clients
 from rllm.sdk.clients import async_openai, sync_openai
 from rllm.types import AgentConfig
+from rllm.types.errors import StateError
 
 
 def _ssl_context(client):  # httpx's transport -> httpcore's pool keeps the context it was given
-    transport = client._client._transport
-    return getattr(transport, "network", transport)._pool._ssl_context  # (under the in-process router)
+    return client._client._transport._pool._ssl_context
 
 
 async def test_clients_share_one_ssl_context_and_target_the_session():
@@ -84,41 +85,76 @@ async def _ask(client) -> None:
     await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
 
 
-async def test_rollouts_on_one_loop_share_one_keep_alive_pool_and_keep_their_own_session():
+async def test_clients_for_an_origin_served_in_process_share_one_client_and_keep_their_session():
     server = _Server()
     root = await server.start()
+    handled: list[tuple[str, str]] = []
+
+    async def handler(method, path, raw_query, headers, body):
+        handled.append((path, headers["authorization"]))
+        if "/s3/" in path or "/s5/" in path:
+            return None  # not taken (as a stream is not): the call goes over TCP after all
+        return 200, {"content-type": "application/json"}, _REPLY
+
+    stop = clients.serve_in_process(root, handler)
     try:
+        shared = []
         for sid in ("s1", "s2", "s3"):  # three rollouts, one after the other, each closing its client
-            async with async_openai(
-                AgentConfig(base_url=f"{root}/sessions/{sid}/v1", api_key=f"tok-{sid}")
-            ) as c:
+            config = AgentConfig(base_url=f"{root}/sessions/{sid}/v1", api_key=f"tok-{sid}")
+            async with async_openai(config) as c:
                 await _ask(c)
+                shared.append(c._client)
         judge = async_openai(AgentConfig(base_url=f"{root}/sessions/s4/v1", api_key="tok-s4"), role="judge")
         await _ask(judge)
-        assert judge._client is async_openai(AgentConfig(base_url=root))._client  # the loop's pool
+        await _ask(async_openai(AgentConfig(base_url=f"{root}/sessions/s5/v1", api_key="tok-s5")))
+        other = async_openai(AgentConfig(base_url="http://127.0.0.1:9/v1"))  # an origin not served
+        assert shared[0] is shared[1] is shared[2] is judge._client is not other._client
     finally:
+        stop()
         await server.stop()
-    # One TCP connection served every rollout (closing a rollout's client left the pool open) ...
-    assert server.connections == 1 and len(server.requests) == 4
-    # ... and each request still went to its own session URL with its own token, and no cookie
-    # one answer set travelled with a later session's request.
-    assert [(r["path"], r["authorization"]) for r in server.requests] == [
+    assert async_openai(AgentConfig(base_url=root))._client is not shared[0]  # served no more
+    # Each call went to its own session URL with its own token ...
+    assert handled == [
         ("/sessions/s1/v1/chat/completions", "Bearer tok-s1"),
         ("/sessions/s2/v1/chat/completions", "Bearer tok-s2"),
         ("/sessions/s3/v1/chat/completions", "Bearer tok-s3"),
         ("/sessions/s4/roles/judge/v1/chat/completions", "Bearer tok-s4"),
+        ("/sessions/s5/v1/chat/completions", "Bearer tok-s5"),
+    ]
+    # ... the two the handler did not take went over TCP, and the cookie the server set on the
+    # first of them did not travel with the other session's call.
+    assert [(r["path"], r["authorization"]) for r in server.requests] == [
+        ("/sessions/s3/v1/chat/completions", "Bearer tok-s3"),
+        ("/sessions/s5/v1/chat/completions", "Bearer tok-s5"),
     ]
     assert not any("cookie" in r for r in server.requests)
 
 
-def test_a_closed_loops_pool_is_not_reused():
+async def test_an_origin_is_served_in_process_once_per_loop():
+    stop = clients.serve_in_process("http://127.0.0.1:9", _never)
+    try:
+        with pytest.raises(StateError, match="already served"):
+            clients.serve_in_process("http://127.0.0.1:9/sessions/x/v1", _never)
+    finally:
+        stop()
+
+
+async def _never(*args):
+    raise AssertionError("not called")
+
+
+def test_a_closed_loops_shared_client_is_not_reused():
     config = AgentConfig(base_url="http://127.0.0.1:9/v1")
 
-    async def pool():
-        return asyncio.get_running_loop(), async_openai(config)._client
+    async def shared():
+        stop = clients.serve_in_process(config.base_url, _never)
+        try:
+            return asyncio.get_running_loop(), async_openai(config)._client
+        finally:
+            stop()
 
-    first_loop, first = asyncio.run(pool())
-    _, second = asyncio.run(pool())  # a new loop: the first one is closed
+    first_loop, first = asyncio.run(shared())
+    _, second = asyncio.run(shared())  # a new loop: the first one is closed
     assert first is not second
     assert first_loop not in clients._POOLS  # its entry (which holds the loop alive) is gone
 

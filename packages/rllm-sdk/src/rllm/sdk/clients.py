@@ -1,20 +1,22 @@
 """Cheap OpenAI clients for flows.
 
 A flow asks for a client per rollout (``async with async_openai(config) as client``) and closes it
-when the rollout ends. What makes that expensive is not the ``AsyncOpenAI`` object but what hangs
-off it: an httpx client with its own SSL context and connection pool (so a NEW TCP connection per
-rollout), and openai's per-client platform lookup, run on a worker thread at its first request.
-On the toy config of benchmarks/whole_system.py that was about half of the trainer's main thread.
+when the rollout ends. Building an httpx client from scratch creates a fresh SSL context, so every
+client shares one. Over TCP each rollout keeps its own small pool: one pool shared by the
+concurrent rollouts of a loop was measured no better (benchmarks/flow_calls.py, RESULTS.md #35
+round 5: 1.08x the CPU per rollout; httpx scans its connections on every request).
 
-So every async client made on one event loop borrows that loop's shared httpx client (one
-keep-alive pool to the gateway, one SSL context, shared by every session): closing a rollout's
-``AsyncOpenAI`` leaves the pool open for the next one. What isolates sessions stays per client:
-the base URL (the session's, or a role's) and the token, which openai sends with each request;
-the pool only carries bytes, and keeps no cookies. A pool is bound to its loop: a loop that is
-closed (``asyncio.run`` returned) never hands its pool on. An earlier measurement found one shared pool no better than a client
-per rollout (httpx scanned its connections on every request); re-measured with keep-alive in
-``benchmarks/RESULTS.md`` (#35 round 5). Sync clients (``sync_openai``) are made per rollout
-as before, sharing only the SSL context: they run on worker threads.
+What does pay is not going over TCP at all when the server is in this process on the same loop:
+the engine's embedded gateway registers itself with :func:`serve_in_process`, and a client made
+on that loop for that gateway's URL borrows the loop's shared in-process client, whose calls the
+gateway answers in memory (``rllm.gateway.inprocess``: same routes, token checks and traces;
+0.68x the CPU per rollout). Closing a rollout's ``AsyncOpenAI`` leaves that shared client open
+for the next rollout. What isolates sessions stays per ``AsyncOpenAI``: the base URL (the
+session's, or a role's) and the token, sent with each request; the shared client keeps no
+cookies. It is bound to its loop: a closed loop's is never handed on. A call the handler does
+not take (a stream) goes over a keep-alive pool of that shared client. Every client skips
+openai's per-client platform lookup (a worker-thread hop at its first request): it is looked up
+once per process. Sync clients (``sync_openai``) run on worker threads: always over TCP.
 
 ``openai`` is an optional dependency (``pip install 'rllm-sdk[openai]'``), imported on first use.
 """
@@ -39,28 +41,37 @@ InProcessHandler = Callable[
     [str, str, str, dict[str, str], bytes], Awaitable[tuple[int, dict[str, str], bytes] | None]
 ]
 
-# loop -> its shared async httpx client (a closed loop's entry is dropped when a new pool is made).
+# loop -> its shared in-process httpx client (a closed loop's entry is dropped when a new one is made).
 _POOLS: dict[asyncio.AbstractEventLoop, Any] = {}
 
 
 def async_openai(config: AgentConfig, role: str | None = None, **kwargs: Any) -> Any:
     """An ``openai.AsyncOpenAI`` for this rollout's session (or one of its roles).
 
-    Made inside a running event loop, it shares that loop's connection pool (see the module
-    docstring); outside one (a loop not started yet), it gets a pool of its own, as before.
+    Made on an event loop where its URL is served in process, it borrows that loop's shared
+    in-process client (see the module docstring); otherwise it has a pool of its own.
     """
     from openai import AsyncOpenAI
 
     if "http_client" in kwargs:  # the caller's own transport: leave it to them
         return AsyncOpenAI(**_client_args(config, role, kwargs))
+    args = _client_args(config, role, kwargs)
+    loop = _served_loop(args["base_url"])
+    http = _loop_pool(loop) if loop is not None else _own_async_http()
+    client = AsyncOpenAI(**args, http_client=http)
+    _skip_platform_lookup(client)
+    return client
+
+
+def _served_loop(base_url: Any) -> asyncio.AbstractEventLoop | None:
+    """The running loop, if ``base_url``'s origin is served in process on it."""
+    if not _IN_PROCESS or not isinstance(base_url, str):
+        return None
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
-        loop = None
-    http = _loop_pool(loop) if loop is not None else _own_async_http()
-    client = AsyncOpenAI(**_client_args(config, role, kwargs), http_client=http)
-    _skip_platform_lookup(client)
-    return client
+        return None
+    return loop if (loop, _origin(base_url)) in _IN_PROCESS else None
 
 
 def sync_openai(config: AgentConfig, role: str | None = None, **kwargs: Any) -> Any:
@@ -87,9 +98,9 @@ def _loop_pool(loop: asyncio.AbstractEventLoop) -> Any:
         http = _POOLS[loop] = _shared_client_class()(
             verify=_shared_ssl_context(),
             timeout=_TIMEOUT_S,
-            # No cap on open connections, as when each rollout had its own pool: a cap would
-            # queue rollouts' requests in the client instead of at the model. Idle ones are kept
-            # for the next rollouts (the gateway keeps them 75 s, longer than this 5 s).
+            # (For the calls that still go over TCP: streams.) No cap on open connections, as
+            # with a pool per rollout: a cap would queue requests in the client, not at the
+            # model. Idle ones are kept 5 s (the gateway keeps them 75 s).
             limits=type(DEFAULT_CONNECTION_LIMITS)(
                 max_connections=None, max_keepalive_connections=512, keepalive_expiry=5.0
             ),
