@@ -283,6 +283,29 @@ def run_system(
     return ct.summarise("system", args.lr, rewards, ends, start[0]), timers
 
 
+def no_in_process_path() -> None:
+    """Flows' calls to the embedded gateway over loopback TCP, as before #35 round 5."""
+    from rllm.sdk import clients
+
+    clients.serve_in_process = lambda url, handler: lambda: None  # type: ignore[assignment]
+
+
+def per_rollout_clients() -> None:
+    """The flows' clients as before #35 round 5: a pool (new TCP connection) and openai's platform
+    lookup per rollout, sharing only the SSL context. The peer that --clients per-rollout runs."""
+    import rllm_cookbook_say
+    from openai import AsyncOpenAI, DefaultAsyncHttpxClient
+
+    from rllm.sdk import clients
+
+    def async_openai(config: Any, role: str | None = None, **kwargs: Any) -> Any:
+        http = DefaultAsyncHttpxClient(verify=clients._shared_ssl_context(), timeout=clients._TIMEOUT_S)
+        return AsyncOpenAI(**clients._client_args(config, role, kwargs), http_client=http)
+
+    clients.async_openai = async_openai  # type: ignore[assignment]
+    rllm_cookbook_say.async_openai = async_openai  # type: ignore[assignment]
+
+
 def run_direct(model: Path, args: argparse.Namespace, watch: SamplerWatch) -> ct.RunResult:
     from rllm.backends.tinker import TinkerBackend
 
@@ -338,7 +361,18 @@ def main() -> None:
     parser.add_argument("--only", choices=["trl", "direct", "system"], action="append", default=None)
     parser.add_argument("--no-breakdown", action="store_true", help="run (3) without the wrappers")
     parser.add_argument("--trl-venv", type=Path, default=Path("/tmp/trlenv"))
+    parser.add_argument(
+        "--clients",
+        choices=["in-process", "tcp", "per-rollout"],
+        default="in-process",
+        help="the flows' openai clients: rllm.sdk.clients' (in memory to the embedded gateway), the"
+        " same over loopback TCP, or those from before #35 round 5 (TCP, a platform lookup each)",
+    )
     args = parser.parse_args()
+    if args.clients != "in-process":
+        no_in_process_path()
+    if args.clients == "per-rollout":
+        per_rollout_clients()
     sides = args.only or ["trl", "direct", "system"]
 
     from rllm.tiny import init_tiny_model

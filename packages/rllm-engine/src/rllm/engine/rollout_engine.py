@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -111,6 +112,7 @@ class RolloutEngine:
         self._gateway_config = gateway_config
         self._server: GatewayServer | None = None
         self._client: GatewayAdmin | None = None
+        self._unserve: Callable[[], None] | None = None  # ends the in-process path to our gateway
         self._executor: ThreadPoolExecutor | None = None
         self._deletions: set[asyncio.Task[None]] = set()
         self._gc_restore: tuple[int, int, int] | None = None
@@ -157,15 +159,20 @@ class RolloutEngine:
 
         await start_executor(self.flow)  # first: a run whose agents are unreachable stops here
         if self._gateway_url is None:
-            from rllm.gateway import GatewayServer
+            from rllm.gateway import GatewayServer, inprocess
+            from rllm.sdk.clients import serve_in_process
 
             cfg = self._gateway_config or default_gateway_config(self._upstreams, self._admin_key)
             self._admin_key = cfg.admin_key
             self._server = GatewayServer(cfg)
             await self._server.start()
             self._gateway_url = self._server.url
-            # Same process, same event loop: admin calls need no HTTP round trip to ourselves.
+            # Same process, same event loop: admin calls need no HTTP round trip to ourselves,
+            # and neither do the flows' LLM calls (same routes, checks and traces, no socket).
             self._client = self._server.local_client()
+            self._unserve = serve_in_process(
+                self._server.url, functools.partial(inprocess.answer, self._server)
+            )
         else:
             self._client = GatewayClient(self._gateway_url, admin_key=self._admin_key)
         if not self.flow.is_async:
@@ -212,6 +219,9 @@ class RolloutEngine:
         if self._client is not None:
             await self._client.close()
             self._client = None
+        if self._unserve is not None:
+            self._unserve()
+            self._unserve = None
         if self._server is not None:
             await self._server.stop()
             self._server = None

@@ -195,6 +195,10 @@ class GatewayServer:
         """Route one request; every failure becomes an OpenAI-style error."""
         return await answer_or_error(request, self._router.dispatch(request, _route_error))
 
+    async def answer(self, request: Request) -> Response | StreamResponse:
+        """Answer a request that did not come over TCP (``rllm.gateway.inprocess``): the task path."""
+        return await self._dispatch(request)
+
     def _early(self, request: Request) -> Response | Awaitable[Response | StreamResponse] | Pending | None:
         """Proxy calls start here, in the I/O callback that completed the request (HttpServer's
         ``early``): decoded, validated and traced at once, and sent from here when the call can

@@ -1,42 +1,207 @@
 """Cheap OpenAI clients for flows.
 
-Building an ``openai.AsyncOpenAI`` from scratch creates an httpx client and a fresh SSL context,
-so a flow that does that per rollout spends more time building clients than talking to the
-model (figures in benchmarks/RESULTS.md). One pool shared by hundreds of concurrent rollouts is
-no better: httpx scans its connections on every request. So each rollout gets its own small
-client, all of them sharing one SSL context, which is most of a client's cost: httpx builds a
-new one per client otherwise, even with ``verify=False`` for plain-HTTP URLs. Close it when the
-rollout ends (``async with async_openai(config) as client``).
+A flow asks for a client per rollout (``async with async_openai(config) as client``) and closes it
+when the rollout ends. Building an httpx client from scratch creates a fresh SSL context, so every
+client shares one. Over TCP each rollout keeps its own small pool: one pool shared by the
+concurrent rollouts of a loop was measured no better (benchmarks/flow_calls.py, RESULTS.md #35
+round 5: 1.08x the CPU per rollout; httpx scans its connections on every request).
+
+What does pay is not going over TCP at all when the server is in this process on the same loop:
+the engine's embedded gateway registers itself with :func:`serve_in_process`, and a client made
+on that loop for that gateway's URL borrows the loop's shared in-process client, whose calls the
+gateway answers in memory (``rllm.gateway.inprocess``: same routes, token checks and traces;
+0.68x the CPU per rollout). Closing a rollout's ``AsyncOpenAI`` leaves that shared client open
+for the next rollout. What isolates sessions stays per ``AsyncOpenAI``: the base URL (the
+session's, or a role's) and the token, sent with each request; the shared client keeps no
+cookies. It is bound to its loop: a closed loop's is never handed on. A call the handler does
+not take (a stream) goes over a keep-alive pool of that shared client. Every client skips
+openai's per-client platform lookup (a worker-thread hop at its first request): it is looked up
+once per process. Sync clients (``sync_openai``) run on worker threads: always over TCP.
 
 ``openai`` is an optional dependency (``pip install 'rllm-sdk[openai]'``), imported on first use.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import sys
+from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from rllm.sdk.session import role_url
 from rllm.types import AgentConfig
+from rllm.types.errors import StateError
 
 _TIMEOUT_S = 600.0
 
+# (method, path, raw query, lower-cased headers, body) -> (status, headers, body), or None: use TCP.
+InProcessHandler = Callable[
+    [str, str, str, dict[str, str], bytes], Awaitable[tuple[int, dict[str, str], bytes] | None]
+]
+
+# loop -> its shared in-process httpx client (a closed loop's entry is dropped when a new one is made).
+_POOLS: dict[asyncio.AbstractEventLoop, Any] = {}
+
 
 def async_openai(config: AgentConfig, role: str | None = None, **kwargs: Any) -> Any:
-    """An ``openai.AsyncOpenAI`` for this rollout's session (or one of its roles)."""
-    from openai import AsyncOpenAI, DefaultAsyncHttpxClient
+    """An ``openai.AsyncOpenAI`` for this rollout's session (or one of its roles).
 
-    # openai's own client class: httpx's before openai 3, httpx2's since.
-    http = DefaultAsyncHttpxClient(verify=_shared_ssl_context(), timeout=_TIMEOUT_S)
-    return AsyncOpenAI(**_client_args(config, role, kwargs), http_client=http)
+    Made on an event loop where its URL is served in process, it borrows that loop's shared
+    in-process client (see the module docstring); otherwise it has a pool of its own.
+    """
+    from openai import AsyncOpenAI
+
+    if "http_client" in kwargs:  # the caller's own transport: leave it to them
+        return AsyncOpenAI(**_client_args(config, role, kwargs))
+    args = _client_args(config, role, kwargs)
+    loop = _served_loop(args["base_url"])
+    http = _loop_pool(loop) if loop is not None else _own_async_http()
+    client = AsyncOpenAI(**args, http_client=http)
+    _skip_platform_lookup(client)
+    return client
+
+
+def _served_loop(base_url: Any) -> asyncio.AbstractEventLoop | None:
+    """The running loop, if ``base_url``'s origin is served in process on it."""
+    if not _IN_PROCESS or not isinstance(base_url, str):
+        return None
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+    return loop if (loop, _origin(base_url)) in _IN_PROCESS else None
 
 
 def sync_openai(config: AgentConfig, role: str | None = None, **kwargs: Any) -> Any:
     """An ``openai.OpenAI`` for sync flows; close it (``with``) when the rollout ends."""
     from openai import DefaultHttpxClient, OpenAI
 
+    if "http_client" in kwargs:
+        return OpenAI(**_client_args(config, role, kwargs))
     http = DefaultHttpxClient(verify=_shared_ssl_context(), timeout=_TIMEOUT_S)
-    return OpenAI(**_client_args(config, role, kwargs), http_client=http)
+    client = OpenAI(**_client_args(config, role, kwargs), http_client=http)
+    _skip_platform_lookup(client)
+    return client
+
+
+def _loop_pool(loop: asyncio.AbstractEventLoop) -> Any:
+    http = _POOLS.get(loop)
+    if http is None:
+        # A closed loop's pool can never serve again (its connections belong to that loop); its
+        # entry keeps the loop alive (the connections refer to it), so drop it here.
+        for old in [old for old in _POOLS if old.is_closed()]:
+            del _POOLS[old]
+        from openai import DEFAULT_CONNECTION_LIMITS
+
+        http = _POOLS[loop] = _shared_client_class()(
+            verify=_shared_ssl_context(),
+            timeout=_TIMEOUT_S,
+            # (For the calls that still go over TCP: streams.) No cap on open connections, as
+            # with a pool per rollout: a cap would queue requests in the client, not at the
+            # model. Idle ones are kept 5 s (the gateway keeps them 75 s).
+            limits=type(DEFAULT_CONNECTION_LIMITS)(
+                max_connections=None, max_keepalive_connections=512, keepalive_expiry=5.0
+            ),
+            # Sessions share the pool, never state: a cookie one server sets must not travel
+            # with another session's requests.
+            cookies=_no_cookies(),
+        )
+        # httpx keeps its transport in ``_transport`` (the one it built from verify and limits).
+        http._transport = _InProcessRouter(http._transport)
+    return http
+
+
+# (loop, origin) -> an in-process handler for calls to that origin (serve_in_process).
+_IN_PROCESS: dict[tuple[asyncio.AbstractEventLoop, str], InProcessHandler] = {}
+
+
+def serve_in_process(url: str, handler: InProcessHandler) -> Callable[[], None]:
+    """Answer this loop's async clients' calls to ``url``'s origin with ``handler``, not TCP.
+
+    For a server that runs on the same event loop as the flows (the engine's embedded gateway,
+    see ``rllm.gateway.inprocess``). ``handler(method, path, raw_query, headers, body)`` returns
+    ``(status, headers, body)``, or None to send that call over the network after all. Returns
+    the function that ends it (call it before the server stops).
+    """
+    key = (asyncio.get_running_loop(), _origin(url))
+    if key in _IN_PROCESS:
+        raise StateError(f"{key[1]} is already served in process on this event loop")
+    _IN_PROCESS[key] = handler
+
+    def stop() -> None:
+        if _IN_PROCESS.get(key) is handler:
+            del _IN_PROCESS[key]
+
+    return stop
+
+
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme, 0)
+    return f"{parts.scheme}://{(parts.hostname or '').lower()}:{port}"
+
+
+class _InProcessRouter:
+    """The shared pool's transport: a call to an origin served in process goes to its handler,
+    every other call to the network transport (httpx's, kept as it was built)."""
+
+    def __init__(self, network: Any) -> None:
+        self.network = network
+
+    async def handle_async_request(self, request: Any) -> Any:
+        if _IN_PROCESS:
+            url = request.url
+            port = url.port or {"http": 80, "https": 443}.get(url.scheme, 0)
+            handler = _IN_PROCESS.get((asyncio.get_running_loop(), f"{url.scheme}://{url.host}:{port}"))
+            if handler is not None:
+                body = await request.aread()
+                headers = {k.lower(): v for k, v in request.headers.items()}
+                answer = await handler(request.method, url.path, url.query.decode("ascii"), headers, body)
+                if answer is not None:
+                    status, out, content = answer
+                    # httpx's Response or httpx2's: whichever library made the request.
+                    response_class = sys.modules[type(request).__module__].Response
+                    return response_class(status, headers=out, content=content, request=request)
+        return await self.network.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.network.aclose()
+
+    async def __aenter__(self) -> _InProcessRouter:
+        await self.network.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.network.__aexit__(*exc)
+
+
+def _no_cookies() -> Any:
+    from http.cookiejar import CookieJar, DefaultCookiePolicy
+
+    return CookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
+
+
+def _own_async_http() -> Any:
+    from openai import DefaultAsyncHttpxClient
+
+    # openai's own client class: httpx's before openai 3, httpx2's since.
+    return DefaultAsyncHttpxClient(verify=_shared_ssl_context(), timeout=_TIMEOUT_S)
+
+
+@functools.cache
+def _shared_client_class() -> type:
+    from openai import DefaultAsyncHttpxClient
+
+    class SharedAsyncHttpClient(DefaultAsyncHttpxClient):
+        """An httpx client that a rollout's ``close()`` leaves open: the pool outlives rollouts."""
+
+        async def aclose(self) -> None:
+            # AsyncOpenAI.close() (the flow's ``async with``) lands here: not the pool's end.
+            return None
+
+    return SharedAsyncHttpClient
 
 
 @functools.cache
@@ -44,6 +209,25 @@ def _shared_ssl_context() -> Any:
     import ssl
 
     return ssl.create_default_context()
+
+
+@functools.cache
+def _platform() -> Any:
+    """openai's platform description, looked up once per process instead of once per client.
+
+    openai runs ``get_platform`` (which reads /etc/os-release) on a worker thread at each client's
+    first request; the answer is the same for every client of the process.
+    """
+    from openai import _base_client
+
+    return _base_client.get_platform()
+
+
+def _skip_platform_lookup(client: Any) -> None:
+    # A private attribute of openai's client: set only where it exists and is still unset, so an
+    # openai that drops it just does its own lookup again.
+    if getattr(client, "_platform", "absent") is None:
+        client._platform = _platform()
 
 
 def _client_args(config: AgentConfig, role: str | None, kwargs: dict[str, Any]) -> dict[str, Any]:
