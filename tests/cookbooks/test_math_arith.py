@@ -71,7 +71,7 @@ def test_generator_and_grader_agree(tokenizer, a, op, b, delta):
     assert arith.arith_reward(_decoded(tokenizer, wrong), truth).reward == (1.0 if delta == 0 else 0.0)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(
     st.integers(0, 10**6),
     st.sampled_from(["\\boxed{", "\\ boxed { ", "\\boxed {  "]),
@@ -82,8 +82,10 @@ def test_boxed_digits_join_into_one_number(n, opening, gap, prose):
     spaced = gap.join(str(n))
     assert arith.join_boxed_digits(f"{prose}{opening}{spaced} }}") == f"{prose}\\boxed{{{n}}}"
     assert arith.arith_reward(f"{prose}{opening}{spaced} }}", str(n)).reward == 1.0
-    # a box that is not only digits is left for math-verify as it is
-    assert arith.join_boxed_digits(f"{opening}{spaced} + 1 }}") == f"{opening}{spaced} + 1 }}"
+    # digits stay one number next to other symbols and after a minus sign, never a product
+    assert arith.join_boxed_digits(f"{opening}{spaced} + 1 }}") == f"\\boxed{{{n} + 1}}"
+    assert arith.arith_reward(f"{opening}-{gap}{spaced} }}", str(-n)).reward == 1.0
+    assert arith.arith_reward(f"{opening}- 1 5 {spaced} }}", "0").reward == 0.0
 
 
 def test_the_cookbook_evaluator_grades_the_split(tokenizer):

@@ -67,13 +67,19 @@ def worked_solution(a: int, op: str, b: int) -> str:
 
 
 # "\boxed{7 2}" as written, or "\ boxed { 7 2 }" as the word-level tokenizer decodes it.
-_SPACED_BOX = re.compile(r"\\\s*boxed\s*\{\s*(\d(?:\s+\d)*)\s*\}")
+_BOX = re.compile(r"\\\s*boxed\s*\{([^{}]*)\}")
 
 
 def join_boxed_digits(text: str) -> str:
-    """``\\boxed{7 2}`` -> ``\\boxed{72}``: a box holding only spaced digits is one number, written
-    in the canonical form (math-verify reads ``\\ boxed { 72 }`` but not ``\\ boxed {72}``)."""
-    return _SPACED_BOX.sub(lambda m: "\\boxed{" + re.sub(r"\s+", "", m.group(1)) + "}", text)
+    """``\\boxed{7 2}`` -> ``\\boxed{72}``: spaced digits in a box are one number (``- 1 5`` is -15),
+    never a product (math-verify reads ``\\boxed{- 1 5 0}`` as -1*5*0 = 0). Boxes are rewritten in
+    the canonical form (math-verify reads ``\\ boxed { 72 }`` but not ``\\ boxed {72}``)."""
+
+    def joined(match: re.Match[str]) -> str:
+        inner = re.sub(r"(?<=\d)\s+(?=\d)", "", match.group(1).strip())
+        return "\\boxed{" + re.sub(r"^-\s+(?=\d)", "-", inner) + "}"
+
+    return _BOX.sub(joined, text)
 
 
 def arith_reward(response: str, ground_truth: str) -> EvalOutput:
