@@ -8,11 +8,10 @@ import re
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rllm_cookbook_math import arith, math_evaluator
+from rllm_cookbook_math import arith, arith_cookbook
 
 from rllm.engine.chat_data import ChatExample, tokenize_chat
 from rllm.engine.sft import chat_vocabulary
-from rllm.sdk.rewards import math_reward
 from rllm.tiny.tokenizer import build_tokenizer
 
 TWO_DIGITS = st.integers(10, 99)
@@ -37,6 +36,14 @@ def tokenizer(sft_set):
     return build_tokenizer(chat_vocabulary(sft_set))
 
 
+def _columns(solution: str) -> tuple[list[str], list[str], list[str]]:
+    """The worked solution's (units result, tens result, boxed) digits."""
+    units, tens, boxed = re.fullmatch(
+        r"[\d ]+[+-][\d ]+= ([\d ]+?)(?: ,) [\d +-]+= (-?[\d ]+?) , so \\boxed\{([\d ]+)\}", solution
+    ).groups()
+    return units.split(), tens.split(), boxed.split()
+
+
 @settings(max_examples=60, deadline=None)
 @given(TWO_DIGITS, st.sampled_from(arith.OPS), TWO_DIGITS, st.integers(-150, 150))
 def test_generator_and_grader_agree(tokenizer, a, op, b, delta):
@@ -46,14 +53,39 @@ def test_generator_and_grader_agree(tokenizer, a, op, b, delta):
     solution = arith.worked_solution(a, op, b)
     # the worked solution's columns are right: its digits re-derive the answer
     if op == "+":
-        assert re.fullmatch(r"\d \+ \d = \d \d , \d \+ \d \+ \d = \d \d , so \\boxed\{\d+\}", solution)
+        assert re.fullmatch(r"\d \+ \d = \d \d , \d \+ \d \+ \d = \d \d , so \\boxed\{\d( \d)*\}", solution)
     else:
-        assert re.fullmatch(r"\d \d - \d = \d , \d - \d - \d = -?\d , so \\boxed\{\d+\}", solution)
-    # graded as written and as the tiny model's tokens decode it ("\ boxed { 72 }")
-    assert math_reward(solution, truth).reward == 1.0
-    assert math_reward(_decoded(tokenizer, solution), truth).reward == 1.0
-    wrong = solution.replace(f"{{{truth}}}", f"{{{int(truth) + delta}}}")
-    assert math_reward(wrong, truth).reward == (1.0 if delta == 0 else 0.0)
+        assert re.fullmatch(r"\d \d - \d = \d , \d - \d - \d = -?\d , so \\boxed\{\d( \d)*\}", solution)
+    # the box holds the answer digit by digit, each a digit the columns already wrote (tens result
+    # less its leading 0, then the units digit): the last tokens are a copy of the column work
+    units, tens, boxed = _columns(solution)
+    assert "".join(boxed) == truth
+    assert boxed == [*(tens if tens[0] != "0" or len(tens) == 1 else tens[1:]), units[-1]][-len(boxed) :]
+    # graded as written and as the tiny model's tokens decode it ("\ boxed { 7 2 }")
+    assert arith.arith_reward(solution, truth).reward == 1.0
+    assert arith.arith_reward(_decoded(tokenizer, solution), truth).reward == 1.0
+    wrong = solution.replace(
+        f"{{{arith.boxed_digits(int(truth))}}}", f"{{{arith.boxed_digits(int(truth) + delta)}}}"
+    )
+    assert arith.arith_reward(wrong, truth).reward == (1.0 if delta == 0 else 0.0)
+    assert arith.arith_reward(_decoded(tokenizer, wrong), truth).reward == (1.0 if delta == 0 else 0.0)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.integers(0, 10**6),
+    st.sampled_from(["\\boxed{", "\\ boxed { ", "\\boxed {  "]),
+    st.sampled_from([" ", "  ", "\n"]),
+    st.text(alphabet="abc+=, ", max_size=12),
+)
+def test_boxed_digits_join_into_one_number(n, opening, gap, prose):
+    spaced = gap.join(str(n))
+    assert arith.join_boxed_digits(f"{prose}{opening}{spaced} }}") == f"{prose}\\boxed{{{n}}}"
+    assert arith.arith_reward(f"{prose}{opening}{spaced} }}", str(n)).reward == 1.0
+    # digits stay one number next to other symbols and after a minus sign, never a product
+    assert arith.join_boxed_digits(f"{opening}{spaced} + 1 }}") == f"\\boxed{{{n} + 1}}"
+    assert arith.arith_reward(f"{opening}-{gap}{spaced} }}", str(-n)).reward == 1.0
+    assert arith.arith_reward(f"{opening}- 1 5 {spaced} }}", "0").reward == 0.0
 
 
 def test_the_cookbook_evaluator_grades_the_split(tokenizer):
@@ -64,7 +96,9 @@ def test_the_cookbook_evaluator_grades_the_split(tokenizer):
         a, b = int(a1 + a0), int(b1 + b0)
         reply = _decoded(tokenizer, arith.worked_solution(a, op, b))
         episode = Episode(task_id=task.id, artifacts={"answer": reply})
-        assert math_evaluator(task, episode).reward == 1.0
+        assert arith_cookbook.evaluator(task, episode).reward == 1.0
+        wrong = Episode(task_id=task.id, artifacts={"answer": reply.replace("{", "{ 1")})
+        assert arith_cookbook.evaluator(task, wrong).reward == 0.0
 
 
 def test_held_out_split_stays_out_of_train_and_the_sft_set():
@@ -77,7 +111,8 @@ def test_held_out_split_stays_out_of_train_and_the_sft_set():
 
 def test_sft_tokenizer_covers_every_held_out_answer(tokenizer):
     for row in arith.generate("test"):
-        assert tokenizer.unk_token_id not in tokenizer.encode(row["answer"], add_special_tokens=False)
+        boxed = arith.boxed_digits(int(row["answer"]))
+        assert tokenizer.unk_token_id not in tokenizer.encode(boxed, add_special_tokens=False)
 
 
 def test_sft_prompt_is_the_flows_prompt(sft_set):

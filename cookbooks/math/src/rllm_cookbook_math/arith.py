@@ -3,8 +3,10 @@
 A fresh tiny model gets no reward on ``math`` at all, so RL alone never updates it. This task is
 the path a user takes instead: fine-tune on worked solutions (``write_sft_set``), then RL from that
 checkpoint. The tiny model's tokenizer is word-level (a whole number is one token), so operands
-are written digit by digit, as digit-splitting tokenizers (Llama 3, Qwen) see them anyway; the
-worked solution adds column by column and the answer is ``\\boxed{N}``, graded by math-verify.
+and answers are written digit by digit, as digit-splitting tokenizers (Llama 3, Qwen) see them
+anyway; the worked solution adds column by column and ends with the answer's digits in the box,
+``\\boxed{7 2}``, each copied from the column work. :func:`arith_reward` joins the boxed digits
+back into one number and grades it with math-verify.
 
 Splits: ``train`` (2000 problems) and ``test`` (200, held out: no (a, op, b) of ``test`` appears in
 ``train`` or in the SFT set), deterministic.
@@ -14,10 +16,12 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 from typing import Any
 
-from rllm.types import Task
+from rllm.sdk.rewards import math_reward
+from rllm.types import EvalOutput, Task
 from rllm.types.errors import InputError
 
 SPLIT_SIZES = {"train": 2000, "test": 200}
@@ -34,12 +38,19 @@ def answer(a: int, op: str, b: int) -> int:
     return a + b if op == "+" else a - b
 
 
-def worked_solution(a: int, op: str, b: int) -> str:
-    """Column arithmetic with a fixed shape, then the boxed answer.
+def boxed_digits(n: int) -> str:
+    """``72`` -> ``7 2``: the answer as the worked solution boxes it, one token per digit."""
+    return " ".join(str(n))
 
-    ``47 + 25``: ``7 + 5 = 1 2 , 4 + 2 + 1 = 0 7 , so \\boxed{72}`` (units with its carry, then tens
-    plus carry as two digits). ``42 - 17``: ``1 2 - 7 = 5 , 4 - 1 - 1 = 2 , so \\boxed{25}`` (the units
-    column is written with its borrow digit in front, then tens minus borrow minus tens).
+
+def worked_solution(a: int, op: str, b: int) -> str:
+    """Column arithmetic with a fixed shape, then the answer's digits in the box.
+
+    ``47 + 25``: ``7 + 5 = 1 2 , 4 + 2 + 1 = 0 7 , so \\boxed{7 2}`` (units with its carry, then tens
+    plus carry as two digits). ``42 - 17``: ``1 2 - 7 = 5 , 4 - 1 - 1 = 2 , so \\boxed{2 5}`` (the units
+    column is written with its borrow digit in front, then tens minus borrow minus tens). Every
+    boxed digit is a digit the columns already wrote (the tens result, less a leading 0, then the
+    units digit), so the answer is a copy, not a new fact: the reward on it rewards the columns.
     """
     a1, a0, b1, b0 = a // 10, a % 10, b // 10, b % 10
     if op == "+":
@@ -52,7 +63,28 @@ def worked_solution(a: int, op: str, b: int) -> str:
         u = 10 * borrow + a0 - b0
         tens = a1 - borrow - b1
         steps = f"{borrow} {a0} - {b0} = {u} , {a1} - {borrow} - {b1} = {tens}"
-    return f"{steps} , so \\boxed{{{answer(a, op, b)}}}"
+    return f"{steps} , so \\boxed{{{boxed_digits(answer(a, op, b))}}}"
+
+
+# "\boxed{7 2}" as written, or "\ boxed { 7 2 }" as the word-level tokenizer decodes it.
+_BOX = re.compile(r"\\\s*boxed\s*\{([^{}]*)\}")
+
+
+def join_boxed_digits(text: str) -> str:
+    """``\\boxed{7 2}`` -> ``\\boxed{72}``: spaced digits in a box are one number (``- 1 5`` is -15),
+    never a product (math-verify reads ``\\boxed{- 1 5 0}`` as -1*5*0 = 0). Boxes are rewritten in
+    the canonical form (math-verify reads ``\\ boxed { 72 }`` but not ``\\ boxed {72}``)."""
+
+    def joined(match: re.Match[str]) -> str:
+        inner = re.sub(r"(?<=\d)\s+(?=\d)", "", match.group(1).strip())
+        return "\\boxed{" + re.sub(r"^-\s+(?=\d)", "-", inner) + "}"
+
+    return _BOX.sub(joined, text)
+
+
+def arith_reward(response: str, ground_truth: str) -> EvalOutput:
+    """math-verify's grade of the reply with its boxed digits joined (:func:`join_boxed_digits`)."""
+    return math_reward(join_boxed_digits(response), ground_truth)
 
 
 def _all_problems() -> list[tuple[int, str, int]]:
@@ -85,8 +117,8 @@ def load_tasks(split: str) -> list[Task]:
 
 def sft_examples(count: int, seed: int = 0) -> list[dict[str, Any]]:
     """``count`` chat examples (the flow's exact prompt, the worked solution), drawn from every
-    problem outside ``test``; every possible answer appears at least once, so the tiny model's
-    tokenizer (built from the set's words) has a token for each held-out answer too."""
+    problem outside ``test``; every possible answer appears at least once, so every boxed digit
+    string of the held-out split is one the set has shown."""
     pool = _split_problems()["pool"]
     rng = random.Random(f"math-arith-sft-{seed}")
     by_answer: dict[int, tuple[int, str, int]] = {}
