@@ -84,8 +84,9 @@ def anywhere_evaluator(task: Task, episode: Episode) -> EvalOutput:
 
 
 # Why each: 8 distinct tasks x 8 rollouts give most groups a hit to learn from at the start (the
-# cookbook's 32 x 4 leaves most groups all-zero and filtered); at lr 1e-3 the copy is learnt in
-# ~70 steps without collapsing (5e-4 is ~2x slower; 2e-3 collapsed onto wrong words).
+# cookbook's 32 x 4 leaves most groups all-zero and filtered); at lr 1e-3 one probe reached 0.9 in
+# ~70 steps without collapsing. Not probed with this reward: other rates (benchmarks/RESULTS.md,
+# "#30 round 5", lists the probes that were run).
 CONFIG = [
     "group_size=8",
     "tasks_per_step=8",
