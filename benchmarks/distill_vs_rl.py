@@ -237,7 +237,8 @@ def run_seed(
         b["wall_to_target_without_teacher_eval_s"] = b["wall_to_target_s"] - data_wall
     results["b_sft_rl"] = b
     results["c_distill"] = run_to_target(
-        ["distill", "say-single", "--teacher", url, "--out", "c_distill", *rl_args(opts, model, seed)],
+        ["distill", "say-single", "--teacher", url, "--reward-coef", str(opts.distill_reward_coef),
+         "--out", "c_distill", *rl_args(opts, model, seed)],
         out / "c_distill", out, env, opts,
     )  # fmt: skip
     (out / "results.json").write_text(json.dumps(results, indent=2))
@@ -265,6 +266,9 @@ def main() -> None:
     parser.add_argument("--sft-lr", type=float, default=1e-3)
     parser.add_argument("--teacher-sft-epochs", type=int, default=30)
     parser.add_argument("--sft-epochs", type=int, default=30, help="(b)'s SFT epochs over the teacher's set")
+    parser.add_argument(
+        "--distill-reward-coef", type=float, default=0.0, help="(c): weight of the task reward's advantage"
+    )
     parser.add_argument("--workdir", default="/tmp/rllm-distill-vs-rl")
     opts = parser.parse_args()
     work = Path(opts.workdir)
