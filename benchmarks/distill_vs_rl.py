@@ -257,7 +257,7 @@ def ratio(table: dict[int, dict[str, Any]], arm: str, key: str, base: str = "wal
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--max-steps", type=int, default=150, help="most RL / distillation steps per arm")
+    parser.add_argument("--max-steps", type=int, default=200, help="most RL / distillation steps per arm")
     parser.add_argument("--window", type=int, default=5)
     parser.add_argument("--target", type=float, default=0.9)
     parser.add_argument("--teacher-steps", type=int, default=10)
