@@ -4,8 +4,8 @@ teacher's good traces then RL, and on-policy distillation from the teacher.
 Everything runs through the `rllm` commands a user types (subprocesses). Once per run, shared by
 every seed (the teacher is not what is compared, so it is trained once and reused):
   0. chats: generated `say: WORD` -> `WORD` examples; `rllm sft` builds the tiny model from their
-     words (its initial weights, OUT/teacher-sft/tiny-model, are the fresh student every arm of
-     every seed starts from) and fine-tunes it.
+     words (its initial weights, WORKDIR/teacher-sft/tiny-model, are the fresh student every arm
+     of every seed starts from: a seed changes the sampling and the SFT order) and fine-tunes it.
   1. teacher: `rllm train say-single --init-from` that SFT run, ``--teacher-steps`` steps; refused
      unless its last ``--window`` steps average >= ``--teacher-target`` (0.95); served by
      `rllm serve` for (b)'s eval and (c).
@@ -20,7 +20,7 @@ Each arm's command is watched while it runs and stopped once its trailing ``--wi
 reward reaches ``--target``; its wall time to the target is measured from the command's start (so
 it includes the command's own start-up), and the start-up (the time to the first step, less that
 step's own rollout and training time) is reported beside it, since on a loaded machine it is a
-large part of a short run. Target (issue #31): (b) and (c) each reach 0.9 in at most half of
+large part of a short run. Each seed's figures: WORKDIR/seedN/results.json. Target (issue #31): (b) and (c) each reach 0.9 in at most half of
 (a)'s wall time.
 
     uv run --no-sync python benchmarks/distill_vs_rl.py --seeds 0 1 2
