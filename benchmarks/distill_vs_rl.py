@@ -271,6 +271,9 @@ def main() -> None:
     )
     parser.add_argument("--workdir", default="/tmp/rllm-distill-vs-rl")
     opts = parser.parse_args()
+    # A SIGTERM unwinds like Ctrl-C, so the running arm and the teacher's server are stopped too
+    # (a background job started without job control ignores SIGINT).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = Path(opts.workdir)
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "RLLM_HOME": str(work / "home")}
