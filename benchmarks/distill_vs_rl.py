@@ -1,23 +1,30 @@
 """Three ways to train a fresh tiny student on `say-single`, in one run: RL alone, SFT on a
 teacher's good traces then RL, and on-policy distillation from the teacher.
 
-Per seed, everything through the `rllm` commands a user types (subprocesses, 2 torch threads):
+Everything runs through the `rllm` commands a user types (subprocesses). Once per run, shared by
+every seed (the teacher is not what is compared, so it is trained once and reused):
   0. chats: generated `say: WORD` -> `WORD` examples; `rllm sft` builds the tiny model from their
-     words (its initial weights are the student every arm starts from) and fine-tunes it.
-  1. teacher: `rllm train say-single --init-from` that SFT run, ``--teacher-steps`` steps; served
-     by the local sampler (`rllm serve CHECKPOINT/backend`).
-  (a) RL: `rllm train say-single` from the fresh model, ``--steps`` steps.
-  (b) SFT then RL: `rllm eval` with the teacher (train split, 4 attempts) -> `rllm dataset
-      from-eval --min-reward 1.0` -> `rllm sft` on it from the fresh model -> `rllm train
-      --init-from`; its clock includes the eval and the SFT.
-  (c) distillation: `rllm distill say-single --teacher URL` from the fresh model.
-For each arm: the first step whose trailing ``--window``-step mean reward reaches ``--target``,
-the arm's wall seconds to it (each step's share of the run's wall time, plus (b)'s preparation),
-and mean reward per wall second. Target (issue #31): (b) and (c) each reach 0.9 in at most half
-of (a)'s wall time.
+     words (its initial weights, WORKDIR/teacher-sft/tiny-model, are the fresh student every arm
+     of every seed starts from: a seed changes the sampling and the SFT order) and fine-tunes it.
+  1. teacher: `rllm train say-single --init-from` that SFT run, ``--teacher-steps`` steps; refused
+     unless its last ``--window`` steps average >= ``--teacher-target`` (0.95); served by
+     `rllm serve` for (b)'s eval and (c).
+  2. (b)'s data: `rllm eval` with the teacher (train split, 4 attempts) -> `rllm dataset from-eval
+     --min-reward 1.0`; done once, but its wall seconds are charged to (b) in every seed.
+Per seed, from the fresh student:
+  (a) RL: `rllm train say-single`.
+  (b) SFT then RL: `rllm sft` on the teacher's set, then `rllm train --init-from` it; (b)'s clock
+      is the data step above + the SFT + the RL.
+  (c) distillation: `rllm distill say-single --teacher URL`.
+Each arm's command is watched while it runs and stopped once its trailing ``--window``-step mean
+reward reaches ``--target``; its wall time to the target is measured from the command's start (so
+it includes the command's own start-up), and the start-up (the time to the first step, less that
+step's own rollout and training time) is reported beside it, since on a loaded machine it is a
+large part of a short run. Each seed's figures: WORKDIR/seedN/results.json. Target (issue #31): (b) and (c) each reach 0.9 in at most half of
+(a)'s wall time.
 
     uv run --no-sync python benchmarks/distill_vs_rl.py --seeds 0 1 2
-    uv run --no-sync python benchmarks/distill_vs_rl.py --seeds 0 --steps 2 --teacher-steps 2   # smoke
+    uv run --no-sync python benchmarks/distill_vs_rl.py --seeds 0 --max-steps 3 --teacher-steps 2 --teacher-target 0   # smoke
 """
 
 from __future__ import annotations
@@ -26,32 +33,55 @@ import argparse
 import json
 import os
 import re
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-
-from rllm.engine.metrics_log import read_metrics
+from typing import Any
 
 WORDS = ["apple", "river", "stone", "cloud", "tiger", "lemon", "piano", "rocket"]
-QUIET = ["progress=false", "plot=false", "tensorboard=false", "rollout.workers=1"]
+# No validation (the train reward is the measure) and no per-step extras: the arms time only
+# what a user needs to get the policy there.
+QUIET = ["progress=false", "plot=false", "tensorboard=false", "val_every=0", "rollout.workers=1"]
+# A step's own seconds (a distillation step's teacher scoring is inside time/train_s).
+STEP_TIMES = ("time/rollout_s", "time/train_s")
 
 
-def rllm(args: list[str], cwd: Path, env: dict[str, str]) -> float:
-    """Run one `rllm` command; its wall seconds (a failure stops the benchmark with its output)."""
+def command(args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "rllm.cli.main", *args]
+
+
+def rllm(args: list[str], cwd: Path, env: dict[str, str], out: str | None = None) -> float:
+    """Run one `rllm` command to its end, writing a fresh ``cwd/out``; its wall seconds (a failure
+    stops the benchmark)."""
+    if out:
+        shutil.rmtree(cwd / out, ignore_errors=True)
     started = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-m", "rllm.cli.main", *args], cwd=cwd, env=env, capture_output=True, text=True
-    )
+    done = subprocess.run(command(args), cwd=cwd, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"`rllm {' '.join(args)}` failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
     return time.perf_counter() - started
 
 
-def rewards(run: Path) -> list[float]:
-    return [float(r["reward/mean"]) for r in read_metrics(run / "metrics.jsonl") if "reward/mean" in r]
+def step_records(run: Path) -> list[dict[str, Any]]:
+    """The run's training steps so far (a line still being written is skipped)."""
+    records = []
+    try:
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if "reward/mean" in record:
+            records.append(record)
+    return records
 
 
 def first_hit(values: list[float], window: int, target: float) -> int | None:
@@ -61,10 +91,65 @@ def first_hit(values: list[float], window: int, target: float) -> int | None:
     return None
 
 
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """End the command and its flow workers (it runs in its own process group)."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def run_to_target(
+    args: list[str], run: Path, cwd: Path, env: dict[str, str], opts: argparse.Namespace
+) -> dict[str, Any]:
+    """Run a training command until the trailing mean reward reaches the target (then stop it) or
+    it ends; the wall seconds to the target from the command's start, and where they went."""
+    if run.exists():
+        shutil.rmtree(run)
+    load_before = os.getloadavg()[0]
+    started = time.perf_counter()
+    with open(cwd / f"{run.name}.log", "wb") as log:
+        proc = subprocess.Popen(command(args), cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+        first_seen: float | None = None
+        hit: int | None = None
+        try:
+            while True:
+                done = proc.poll() is not None
+                records = step_records(run)
+                if records and first_seen is None:
+                    first_seen = time.perf_counter() - started
+                hit = first_hit([r["reward/mean"] for r in records], opts.window, opts.target)
+                if hit is not None or done:
+                    break
+                time.sleep(0.5)  # a benchmark's poll of the run's metrics file, not a test's wait
+        finally:
+            wall = time.perf_counter() - started
+            stop(proc)
+    if hit is None and proc.returncode not in (0, -signal.SIGTERM):
+        raise SystemExit(f"`rllm {' '.join(args)}` failed (exit {proc.returncode}); see {cwd / run.name}.log")
+    values = [float(r["reward/mean"]) for r in records]
+    first_step = sum(float(records[0].get(k, 0.0)) for k in STEP_TIMES) if records else 0.0
+    startup = (first_seen or wall) - first_step
+    return {
+        "steps_to_target": hit,
+        "wall_to_target_s": wall if hit is not None else None,
+        "startup_s": startup,
+        "loop_to_target_s": wall - startup if hit is not None else None,
+        "steps_run": len(values),
+        "wall_s": wall,
+        "rewards": [round(v, 3) for v in values],
+        "load_avg_1m": [round(load_before, 1), round(os.getloadavg()[0], 1)],
+    }
+
+
 def serve(checkpoint: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
     """`rllm serve` on the teacher's weights; returns the process and its /v1 URL once it listens."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rllm.cli.main", "serve", str(checkpoint)],
+        command(["serve", str(checkpoint), "--port", "0"]),
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -80,111 +165,158 @@ def serve(checkpoint: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str],
     raise SystemExit(f"`rllm serve {checkpoint}` exited before it served (code {proc.wait()})")
 
 
-def run_seed(seed: int, args: argparse.Namespace) -> dict[str, dict[str, float | int | None]]:
-    work = Path(args.workdir) / f"seed{seed}"
-    work.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "RLLM_HOME": str(work / "home")}
+def sft_args(opts: argparse.Namespace, epochs: int, seed: int) -> list[str]:
+    return [
+        f"epochs={epochs}",
+        "batch_tokens=128",
+        f"backend.options.learning_rate={opts.sft_lr}",
+        f"seed={seed}",
+        "progress=false",
+    ]
+
+
+def rl_args(opts: argparse.Namespace, model: Path, seed: int) -> list[str]:
+    return [
+        f"backend.options.model={model}",
+        f"backend.options.learning_rate={opts.lr}",
+        f"total_steps={opts.max_steps}",
+        f"seed={seed}",
+        *QUIET,
+    ]
+
+
+def prepare_teacher(opts: argparse.Namespace, work: Path, env: dict[str, str]) -> dict[str, Any]:
+    """The fresh model and the teacher (SFT, then ``--teacher-steps`` of RL; refused below
+    ``--teacher-target``)."""
     chats = work / "chats.jsonl"
     rows = [
         {"messages": [{"role": "user", "content": f"say: {w}"}, {"role": "assistant", "content": w}]}
         for w in WORDS
     ]
     chats.write_text("".join(json.dumps(r) + "\n" for r in rows * 4))
-    sft_args = [
-        "epochs=8",
-        "batch_tokens=128",
-        "backend.options.learning_rate=0.001",
-        f"seed={seed}",
-        "progress=false",
-    ]
-    rllm(["sft", str(chats), "--out", "teacher-sft", *sft_args], work, env)
-    model = work / "teacher-sft" / "tiny-model"  # fresh weights: every arm's student starts here
-    student = [f"backend.options.model={model}", f"seed={seed}", *QUIET]
-    rllm(
-        [
-            "train",
-            "say-single",
-            "--out",
-            "teacher",
-            "--init-from",
-            "teacher-sft",
-            f"total_steps={args.teacher_steps}",
-            *student,
-        ],
-        work,
-        env,
-    )
-    teacher_reward = statistics.fmean(rewards(work / "teacher")[-args.window :])
-    proc, url = serve(sorted((work / "teacher" / "checkpoints").glob("step_*"))[-1] / "backend", env)
-    results: dict[str, dict[str, float | int | None]] = {}
-    try:
-        steps = [f"total_steps={args.steps}"]
-        walls = {"a_rl": rllm(["train", "say-single", "--out", "a_rl", *steps, *student], work, env)}
-        prep = rllm(
-            [
-                "eval",
-                "say-single",
-                "--base-url",
-                url,
-                "--split",
-                "train",
-                "--attempts",
-                "4",
-                "--out",
-                "b_eval",
-                "--no-progress",
-            ],
-            work,
-            env,
+    sft_wall = rllm(
+        ["sft", str(chats), "--out", "teacher-sft", *sft_args(opts, opts.teacher_sft_epochs, 0)],
+        work, env, "teacher-sft",
+    )  # fmt: skip
+    model = work / "teacher-sft" / "tiny-model"
+    teacher_opts = argparse.Namespace(**{**vars(opts), "max_steps": opts.teacher_steps})
+    rl_wall = rllm(
+        ["train", "say-single", "--out", "teacher", "--init-from", "teacher-sft", *rl_args(teacher_opts, model, 0)],
+        work, env, "teacher",
+    )  # fmt: skip
+    values = [float(r["reward/mean"]) for r in step_records(work / "teacher")]
+    reward = statistics.fmean(values[-opts.window :])
+    if reward < opts.teacher_target:
+        raise SystemExit(
+            f"the teacher's last {opts.window} steps average {reward:.3f} < {opts.teacher_target}"
         )
-        prep += rllm(
-            ["dataset", "from-eval", "b_eval", "--name", "teacher-good", "--min-reward", "1.0"], work, env
-        )
-        prep += rllm(["sft", "teacher-good", "--model", str(model), "--out", "b_sft", *sft_args], work, env)
-        walls["b_sft_rl"] = prep + rllm(
-            ["train", "say-single", "--out", "b_sft_rl", "--init-from", "b_sft", *steps, *student], work, env
-        )
-        walls["c_distill"] = rllm(
-            ["distill", "say-single", "--teacher", url, "--out", "c_distill", *steps, *student], work, env
-        )
-    finally:
-        proc.terminate()
-        proc.wait()
-    for arm, wall in walls.items():
-        values = rewards(work / arm)
-        pre = prep if arm == "b_sft_rl" else 0.0
-        hit = first_hit(values, args.window, args.target)
-        per_step = (wall - pre) / max(len(values), 1)
-        results[arm] = {
-            "steps_to_target": hit,
-            "wall_to_target_s": None if hit is None else pre + hit * per_step,
-            "wall_s": wall,
-            "final_reward": statistics.fmean(values[-args.window :]),
-            "reward_per_wall_s": sum(values) / wall,
-        }
-    results["teacher"] = {"final_reward": teacher_reward}
+    return {"sft_wall_s": sft_wall, "rl_wall_s": rl_wall, "rewards": [round(v, 3) for v in values]}
+
+
+def run_seed(
+    seed: int, opts: argparse.Namespace, work: Path, env: dict[str, str], url: str, data_wall: float
+) -> dict[str, Any]:
+    out = work / f"seed{seed}"
+    out.mkdir(exist_ok=True)
+    model = work / "teacher-sft" / "tiny-model"  # the fresh student
+    results = {"a_rl": run_to_target(
+        ["train", "say-single", "--out", "a_rl", *rl_args(opts, model, seed)], out / "a_rl", out, env, opts
+    )}  # fmt: skip
+    sft_wall = rllm(
+        ["sft", "teacher-good", "--model", str(model), "--out", "b_sft",
+         *sft_args(opts, opts.sft_epochs, seed)],
+        out, env, "b_sft",
+    )  # fmt: skip
+    b = run_to_target(
+        ["train", "say-single", "--out", "b_sft_rl", "--init-from", "b_sft", *rl_args(opts, model, seed)],
+        out / "b_sft_rl", out, env, opts,
+    )  # fmt: skip
+    b["prep_s"] = {"teacher_eval_and_from_eval": data_wall, "sft": sft_wall}
+    if b["wall_to_target_s"] is not None:
+        b["wall_to_target_s"] += data_wall + sft_wall
+        b["wall_to_target_without_teacher_eval_s"] = b["wall_to_target_s"] - data_wall
+    results["b_sft_rl"] = b
+    results["c_distill"] = run_to_target(
+        ["distill", "say-single", "--teacher", url, "--reward-coef", str(opts.distill_reward_coef),
+         "--out", "c_distill", *rl_args(opts, model, seed)],
+        out / "c_distill", out, env, opts,
+    )  # fmt: skip
+    (out / "results.json").write_text(json.dumps(results, indent=2))
     return results
+
+
+def ratio(table: dict[int, dict[str, Any]], arm: str, key: str, base: str = "wall_to_target_s") -> str:
+    values = [
+        r[arm][key] / r["a_rl"][base]
+        for r in table.values()
+        if r[arm].get(key) is not None and r["a_rl"][base] is not None
+    ]
+    return ", ".join(f"{x:.2f}" for x in values) or "n/a (an arm missed the target)"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=60, help="RL / distillation steps per arm")
-    parser.add_argument("--teacher-steps", type=int, default=60)
+    parser.add_argument("--max-steps", type=int, default=200, help="most RL / distillation steps per arm")
     parser.add_argument("--window", type=int, default=5)
     parser.add_argument("--target", type=float, default=0.9)
+    parser.add_argument("--teacher-steps", type=int, default=10)
+    parser.add_argument("--teacher-target", type=float, default=0.95)
+    parser.add_argument("--lr", type=float, default=1e-3, help="RL and distillation learning rate")
+    parser.add_argument("--sft-lr", type=float, default=1e-3)
+    parser.add_argument("--teacher-sft-epochs", type=int, default=30)
+    parser.add_argument("--sft-epochs", type=int, default=30, help="(b)'s SFT epochs over the teacher's set")
+    parser.add_argument(
+        "--distill-reward-coef", type=float, default=0.0, help="(c): weight of the task reward's advantage"
+    )
     parser.add_argument("--workdir", default="/tmp/rllm-distill-vs-rl")
-    args = parser.parse_args()
-    table = {seed: run_seed(seed, args) for seed in args.seeds}
-    print(json.dumps(table, indent=2))
-    for arm in ("b_sft_rl", "c_distill"):
-        ratios = [
-            float(r[arm]["wall_to_target_s"]) / float(r["a_rl"]["wall_to_target_s"])  # pyright: ignore[reportArgumentType]
-            for r in table.values()
-            if r[arm]["wall_to_target_s"] is not None and r["a_rl"]["wall_to_target_s"] is not None
+    opts = parser.parse_args()
+    # A SIGTERM unwinds like Ctrl-C, so the running arm and the teacher's server are stopped too
+    # (a background job started without job control ignores SIGINT).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    work = Path(opts.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "RLLM_HOME": str(work / "home")}
+    teacher = prepare_teacher(opts, work, env)
+    print(json.dumps({"teacher": teacher}), flush=True)
+    checkpoint = sorted((work / "teacher" / "checkpoints").glob("step_*"))[-1]
+    proc, url = serve(checkpoint / "backend", env)
+    try:
+        data_wall = rllm(
+            ["eval", "say-single", "--base-url", url, "--split", "train", "--attempts", "4",
+             "--out", "b_eval", "--no-progress"],
+            work, env, "b_eval",
+        )  # fmt: skip
+        data_wall += rllm(
+            ["dataset", "from-eval", "b_eval", "--name", "teacher-good", "--min-reward", "1.0"],
+            work,
+            env,
+        )
+        table = {}
+        for seed in opts.seeds:
+            table[seed] = run_seed(seed, opts, work, env, url, data_wall)
+            print(json.dumps({seed: table[seed]}), flush=True)
+    finally:
+        proc.terminate()
+        proc.wait()
+    for seed, r in table.items():
+        cells = [
+            f"{arm}: {r[arm]['steps_to_target']} steps, "
+            + (f"{r[arm]['wall_to_target_s']:.0f} s" if r[arm]["wall_to_target_s"] is not None else "missed")
+            + f" (start-up {r[arm]['startup_s']:.0f} s)"
+            for arm in ("a_rl", "b_sft_rl", "c_distill")
         ]
-        shown = ", ".join(f"{x:.2f}" for x in ratios) or "n/a (an arm missed the target)"
-        print(f"{arm} / a_rl wall time to {args.target}: {shown} (target <= 0.5)")
+        print(f"seed {seed}: " + "; ".join(cells))
+    for arm in ("b_sft_rl", "c_distill"):
+        print(
+            f"{arm} / a_rl wall time to {opts.target}: {ratio(table, arm, 'wall_to_target_s')} (target <= 0.5)"
+        )
+        print(
+            f"  in the training loop only (start-ups left out): {ratio(table, arm, 'loop_to_target_s', 'loop_to_target_s')}"
+        )
+    print(
+        f"b_sft_rl without the teacher's eval / a_rl: {ratio(table, 'b_sft_rl', 'wall_to_target_without_teacher_eval_s')}"
+    )
 
 
 if __name__ == "__main__":

@@ -56,10 +56,16 @@ def test_teacher_equal_to_student_gives_zero_advantages(sampler_backend: TinkerB
 def test_a_different_teacher_gives_the_reverse_kl(sampler_backend: TinkerBackend) -> None:
     sequence = sampled_sequence(sampler_backend, "plum")
     teacher = [0.0] + [-1.0] * (len(sequence.input_ids) - 1)  # a teacher giving every token logprob -1
-    distill_advantages([sequence], [teacher])
+    metrics = distill_advantages([sequence], [teacher])
+    expected = [-1.0 - lp for lp, m in zip(sequence.sampler_logprobs, sequence.loss_mask, strict=True) if m]
     for a, m, lp in zip(sequence.advantages, sequence.loss_mask, sequence.sampler_logprobs, strict=True):
         if m:
             assert a == pytest.approx(-1.0 - lp, abs=1e-6)
+    # The step's metrics show the advantages that were trained, not the task reward's (0.5) that
+    # the step's advantage/* metrics report.
+    assert metrics["distill/advantage_mean"] == pytest.approx(sum(expected) / len(expected), abs=1e-6)
+    assert metrics["distill/advantage_min"] == pytest.approx(min(expected), abs=1e-6)
+    assert metrics["distill/advantage_max"] == pytest.approx(max(expected), abs=1e-6)
 
 
 async def test_a_teacher_without_prompt_logprobs_is_a_clear_error() -> None:

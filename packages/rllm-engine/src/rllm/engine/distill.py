@@ -140,8 +140,13 @@ def distill_advantages(
     sequences: Sequence[TrainSequence], teacher_logprobs: Sequence[Sequence[float]], reward_coef: float = 0.0
 ) -> dict[str, float]:
     """Write each trained token's advantage: teacher - student (sampler) logprob, plus
-    ``reward_coef`` times the advantage already there (the task reward's); returns metrics."""
+    ``reward_coef`` times the advantage already there (the task reward's); returns metrics.
+
+    The metrics describe the advantages written here, the ones trained: the step's
+    ``advantage/*`` metrics are the task reward's, computed before this rewrite (with
+    ``reward_coef = 0`` none of them reaches the loss)."""
     total, count = 0.0, 0
+    written: list[float] = []
     for sequence, teacher in zip(sequences, teacher_logprobs, strict=True):
         if len(teacher) != len(sequence.input_ids):
             raise InputError("teacher logprobs and the sequence differ in length")
@@ -154,8 +159,15 @@ def distill_advantages(
             total += reverse_kl
             count += 1
             values.append(-reverse_kl + reward_coef * sequence.advantages[i])
+            written.append(values[-1])
         sequence.advantages = FloatArray(values)
-    return {"distill/reverse_kl": total / count if count else 0.0, "distill/tokens": float(count)}
+    return {
+        "distill/reverse_kl": total / count if count else 0.0,
+        "distill/tokens": float(count),
+        "distill/advantage_mean": sum(written) / count if count else 0.0,
+        "distill/advantage_min": min(written, default=0.0),
+        "distill/advantage_max": max(written, default=0.0),
+    }
 
 
 def check_same_tokenizer(student: Any, teacher: Any) -> None:
