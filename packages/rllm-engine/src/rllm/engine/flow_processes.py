@@ -255,7 +255,8 @@ class FlowProcessPool:
     that a finished rollout's slot is refilled at once instead of after a round trip through
     this process, and stays busy while this process pauses (a full garbage collection of a
     parent holding thousands of Episodes takes tens of milliseconds). ``capacity`` is how many
-    jobs the pool takes at a time.
+    jobs the pool takes at a time. ``start_timeout_s`` is 300 s, as for Ray workers: a spawned
+    interpreter importing torch took over 120 s on a loaded 2-core machine.
     """
 
     def __init__(
@@ -265,7 +266,7 @@ class FlowProcessPool:
         *,
         concurrency: int,
         prefetch: int | None = None,
-        start_timeout_s: float = 120.0,
+        start_timeout_s: float = 300.0,
     ) -> None:
         self.n = n
         self.engine_kwargs = engine_kwargs
