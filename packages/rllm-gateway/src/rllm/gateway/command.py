@@ -126,13 +126,15 @@ def prepare_process(config: GatewayConfig) -> None:
 
 
 async def _serve(server: GatewayServer) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    # Handlers before the line below: whoever reads it may signal at once, and a SIGINT that
+    # reached the default handler while the loop slept in epoll (no timers) was never acted on.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     await server.start()
     # One parseable line, so scripts and tests can find the port when --port 0 was given.
     print(f"rllm-gateway listening on {server.url}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await server.stop()
 

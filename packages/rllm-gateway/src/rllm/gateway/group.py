@@ -152,6 +152,7 @@ class GatewayGroup:
             "paused": any(h.get("paused") for h in each),
             "inflight": sum(h.get("inflight", 0) for h in each),
             "waiting": sum(h.get("waiting", 0) for h in each),
+            "parked": sum(h.get("parked", 0) for h in each),
             "weight_version": min(h.get("weight_version", 0) for h in each),
             "gateways": each,
         }
