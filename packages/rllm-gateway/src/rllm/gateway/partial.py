@@ -104,15 +104,7 @@ async def forward_partial(proxy: Proxy, call: ProxyCall, parsed: ParsedCall) -> 
         except BaseException:  # cancelled while parked: the call still leaves its one trace
             ledger.finish_trace(call.trace, None, "abort", call.t0)
             raise
-        sid = call.session.session_id
-        if proxy.sessions.get(sid) is not call.session:
-            ledger.discard(call.trace, call.t0)
-            raise GatewayError(
-                410,
-                f"session {sid!r} ended while this call waited to be continued; it was discarded",
-                param="session_id",
-                code="session_ended",
-            )
+        proxy.refuse_if_session_ended(call, "waited to be continued; it was discarded")
         version = ledger.weight_version
         call.body = _continuation(first, parts) if continues else first
     trace = call.trace

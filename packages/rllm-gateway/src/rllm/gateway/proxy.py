@@ -217,21 +217,21 @@ class Proxy:
 
         await asyncio.gather(*(one(url) for url in self.pool.upstreams))
 
+    def refuse_if_session_ended(self, call: ProxyCall, what: str) -> None:
+        """A 410 when the call's session was finished or deleted meanwhile (a flow past its
+        deadline): nobody can read a trace any more, so none is kept, and the agent is told so
+        rather than handed an answer that counts for nothing."""
+        sid = call.session.session_id
+        if self.sessions.get(sid) is not call.session:
+            self.ledger.discard(call.trace, call.t0)
+            raise GatewayError(
+                410, f"session {sid!r} ended while this call {what}", param="session_id", code="session_ended"
+            )
+
     def answer_whole(self, call: ProxyCall, status: int, raw: bytes) -> Response:
         """The agent's answer from the upstream's whole one; finishes the trace."""
         ledger = self.ledger
-        sid = call.session.session_id
-        if self.sessions.get(sid) is not call.session:
-            # Its session was finished or deleted while the call was in flight (a flow past its
-            # deadline): nobody can read a trace any more, so none is kept, and the agent is told
-            # so rather than handed an answer that counts for nothing.
-            ledger.discard(call.trace, call.t0)
-            raise GatewayError(
-                410,
-                f"session {sid!r} ended while this call was in flight; its answer was discarded",
-                param="session_id",
-                code="session_ended",
-            )
+        self.refuse_if_session_ended(call, "was in flight; its answer was discarded")
         if status != 200:
             call.trace.metadata["error"] = raw[:2000].decode(errors="replace")
             call.trace.metadata["upstream_status"] = status
