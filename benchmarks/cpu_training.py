@@ -222,7 +222,7 @@ def ensure_trl_env(venv: Path) -> Path:
         and subprocess.run([python, "-c", "import trl, datasets"], capture_output=True).returncode == 0
     ):
         return python
-    subprocess.run(["uv", "venv", str(venv), "--python", "3.11", "-q"], check=True)
+    subprocess.run(["uv", "venv", "--clear", str(venv), "--python", "3.11", "-q"], check=True)
     site = venv / "lib" / "python3.11" / "site-packages"
     workspace_site = next(Path(p) for p in sys.path if p.endswith("site-packages") and ".venv" in p)
     (site / "zz_workspace.pth").write_text(str(workspace_site) + "\n")
