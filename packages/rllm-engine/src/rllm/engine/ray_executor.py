@@ -26,7 +26,6 @@ import contextlib
 import logging
 import os
 import socket
-import threading
 import time
 from typing import Any
 
@@ -136,20 +135,12 @@ class FlowWorker:
     long poll the driver always keeps one of in flight): an actor call costs the driver, the
     worker and Ray's core worker a task submission and a result object each, so one call per
     loop pass's jobs and one per batch of results, instead of one per rollout, is most of what
-    Ray added per rollout over the process executor's socket pair.
-
-    The engine (flows, gateway, HTTP clients) runs on an event loop of its own, in a thread, on
-    uvloop as in a worker process (:mod:`rllm.runtime.event_loop`, ``RLLM_UVLOOP``): Ray runs an
-    async actor's methods on asyncio's own loop, which costs each rollout's HTTP exchanges more
-    CPU. The actor methods only hand batches across (thread-safe calls, one per batch)."""
+    Ray added per rollout over the process executor's socket pair."""
 
     def __init__(self, engine_kwargs: dict[str, Any], slots: int) -> None:
         self._kwargs = engine_kwargs
         self._slots = slots
         self._engine: Any = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        # Everything below lives on self._loop only.
         self._free: asyncio.Semaphore | None = None
         self._running: dict[int, asyncio.Task[None]] = {}
         self._cancelled: set[int] = set()  # cancels that arrived before their job
@@ -158,26 +149,13 @@ class FlowWorker:
         self._out: list[bytes | tuple[int, Exception]] = []
         self._has_out: asyncio.Event | None = None
 
-    async def _on_loop(self, coro: Any) -> Any:
-        assert self._loop is not None, "start() first"
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
-
     async def start(self) -> tuple[str, str]:
         """Start the engine and its gateway; its URL and this node's id."""
-        from rllm.runtime.event_loop import new_event_loop, use_uvloop
-
-        quiet_loggers_from_env()
-        host = ray.util.get_node_ip_address()
-        node_id = ray.get_runtime_context().get_node_id()
-        self._loop = new_event_loop(use_uvloop())
-        self._thread = threading.Thread(target=self._loop.run_forever, name="rllm-ray-engine", daemon=True)
-        self._thread.start()
-        return await self._on_loop(self._start(host)), node_id
-
-    async def _start(self, host: str) -> str:
         from rllm.engine.rollout_engine import RolloutEngine, default_gateway_config
 
+        quiet_loggers_from_env()
         kwargs = dict(self._kwargs)
+        host = ray.util.get_node_ip_address()
         if kwargs.get("gateway_url") is None:
             # The gateway listens on the node's address: the driver's admin reaches it from afar.
             cfg = kwargs.pop("gateway_config", None) or default_gateway_config(
@@ -188,13 +166,10 @@ class FlowWorker:
         self._engine = await RolloutEngine(**kwargs).start()
         self._free = asyncio.Semaphore(self._slots)
         self._has_out = asyncio.Event()
-        return self._engine.gateway_url
+        return self._engine.gateway_url, ray.get_runtime_context().get_node_id()
 
     async def submit(self, jobs_bytes: bytes) -> None:
         """Start a batch of rollouts (a msgpack list of ``_Job``); their results go to ``collect``."""
-        await self._on_loop(self._submit(jobs_bytes))
-
-    async def _submit(self, jobs_bytes: bytes) -> None:
         assert self._engine is not None, "start() first"
         jobs = [j for j in from_msgpack(jobs_bytes, list[_Job]) if not self._was_cancelled(j.id)]
         # Their sandboxes (if the flow has them) are prepared while the jobs wait for a slot.
@@ -229,9 +204,6 @@ class FlowWorker:
 
     async def collect(self) -> list[bytes | tuple[int, Exception]]:
         """The rollouts finished since the last call (msgpack ``_Done`` each); waits for one."""
-        return await self._on_loop(self._collect())
-
-    async def _collect(self) -> list[bytes | tuple[int, Exception]]:
         assert self._has_out is not None, "start() first"
         await self._has_out.wait()
         self._has_out.clear()
@@ -242,9 +214,6 @@ class FlowWorker:
         """End these rollouts here (their flow task gets CancelledError: its sandbox and gateway
         session are released), not only the driver's wait for them. A cancel that overtook its
         job's ``submit`` (Ray does not order an async actor's calls) stops the job on arrival."""
-        await self._on_loop(self._cancel(job_ids))
-
-    async def _cancel(self, job_ids: list[int]) -> None:
         for job_id in job_ids:
             task = self._running.get(job_id)
             if task is not None:
@@ -253,14 +222,6 @@ class FlowWorker:
                 self._cancelled.add(job_id)
 
     async def stop(self) -> None:
-        if self._loop is None:
-            return
-        await self._on_loop(self._stop())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join, 10)
-
-    async def _stop(self) -> None:
         for task in list(self._running.values()):
             task.cancel()
         await asyncio.gather(*self._running.values(), return_exceptions=True)
