@@ -138,7 +138,15 @@ async def _run(
             address=address,
             num_workers=args.workers,
             resources_per_worker={"CPU": 0.0},
-            runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).parent)}},
+            # This file's folder first, then the caller's PYTHONPATH (an A/B run points it at
+            # another checkout's engine: the workers must import the same one as the driver).
+            runtime_env={
+                "env_vars": {
+                    "PYTHONPATH": os.pathsep.join(
+                        filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")])
+                    )
+                }
+            },
         ),
     )
     tasks = [{"id": f"t{i}", "instruction": "play"} for i in range(args.rollouts)]

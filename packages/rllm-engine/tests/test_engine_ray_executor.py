@@ -262,7 +262,11 @@ async def test_rollouts_spread_over_both_nodes_and_equal_the_local_executors(clu
         episodes = await engine.run(_tasks(12))
         by_node = dict(pool.completed_by_node)  # type: ignore[union-attr]
         nodes = {w.node_id for w in pool.workers}  # type: ignore[union-attr]
+        submits = pool.submit_calls  # type: ignore[union-attr]
     assert len(nodes) == 2, "the two workers were not placed on two nodes"
+    # Jobs travel in batches (one actor call per worker per loop pass), not one call per rollout:
+    # the batch's first jobs (the pool's capacity) start together, in one call per worker.
+    assert submits < 24, f"{submits} submit calls for 24 rollouts"
     assert set(by_node) == nodes and all(count > 0 for count in by_node.values()), by_node
     assert sum(by_node.values()) == 24
     assert all(ep.termination_reason == TerminationReason.DONE for ep in episodes), [

@@ -4,13 +4,16 @@ Each worker is an async Ray actor running what a flow process runs
 (:mod:`rllm.engine.flow_processes`): its own RolloutEngine with an embedded gateway routing to
 the backend's inference URLs, bound to its node's IP so the engine's ``GatewayGroup`` admin
 (pause/resume, weight version, upstreams, traces) and the worker's flows reach it. The driver
-sends a job (msgpack) to the worker with the most room and gets the Episode back msgpack-encoded;
-each worker runs at most its share of ``rollout.concurrency`` and queues up to ``prefetch`` more.
+sends each job (msgpack) to the worker with the most room and gets the Episode back msgpack-encoded,
+in batches: the jobs of one event-loop pass go to a worker in one ``submit`` call, and finished
+rollouts come back in one ``collect`` call (a long poll the driver keeps in flight per worker),
+not one actor call per rollout. Each worker runs at most its share of ``rollout.concurrency`` and
+queues up to ``prefetch`` more.
 A worker whose process or node dies fails its in-flight rollouts with :class:`RayWorkerDied`
 (a ``FlowProcessDied``: the engine retries them on another worker, as ``infra_error`` when none
 is left) and takes no more work. A rollout cancelled in the driver (its step cancelled, a
-Ctrl-C, a dropped group) is cancelled in its actor too (``ray.cancel``): its flow, sandbox and
-gateway session end there, not only the driver's wait for it.
+Ctrl-C, a dropped group) is cancelled in its actor too (a batched ``cancel`` call): its flow,
+sandbox and gateway session end there, not only the driver's wait for it.
 
 Ray is the ``rllm-engine[ray]`` extra; this is the one engine module that imports it.
 """
@@ -126,13 +129,25 @@ def same_ray_address(wanted: str, current: str) -> bool:
 
 class FlowWorker:
     """A Ray actor (wrapped with ``ray.remote`` by the pool): one RolloutEngine, ``slots``
-    rollouts at a time; calls beyond that wait in the actor (the prefetch)."""
+    rollouts at a time; jobs beyond that wait in the actor (the prefetch).
+
+    Jobs arrive in batches (``submit``) and finished rollouts leave in batches (``collect``, a
+    long poll the driver always keeps one of in flight): an actor call costs the driver, the
+    worker and Ray's core worker a task submission and a result object each, so one call per
+    loop pass's jobs and one per batch of results, instead of one per rollout, is most of what
+    Ray added per rollout over the process executor's socket pair."""
 
     def __init__(self, engine_kwargs: dict[str, Any], slots: int) -> None:
         self._kwargs = engine_kwargs
         self._slots = slots
         self._engine: Any = None
         self._free: asyncio.Semaphore | None = None
+        self._running: dict[int, asyncio.Task[None]] = {}
+        self._cancelled: set[int] = set()  # cancels that arrived before their job
+        # Finished rollouts not yet collected: an encoded _Done each, or (job id, the exception
+        # the engine raised) for one that failed outside its episode (a bug: the driver raises it).
+        self._out: list[bytes | tuple[int, Exception]] = []
+        self._has_out: asyncio.Event | None = None
 
     async def start(self) -> tuple[str, str]:
         """Start the engine and its gateway; its URL and this node's id."""
@@ -150,48 +165,101 @@ class FlowWorker:
             kwargs["gateway_config"] = msgspec.structs.replace(cfg, host=host, port=0)
         self._engine = await RolloutEngine(**kwargs).start()
         self._free = asyncio.Semaphore(self._slots)
+        self._has_out = asyncio.Event()
         return self._engine.gateway_url, ray.get_runtime_context().get_node_id()
 
-    async def run(self, job_bytes: bytes) -> bytes:
-        """One rollout: a msgpack ``_Job`` in, a msgpack ``_Done`` out."""
-        assert self._engine is not None and self._free is not None, "start() first"
-        job = from_msgpack(job_bytes, _Job)
-        # Its sandbox (if the flow has one) is prepared while the job waits for a slot.
-        self._engine.prepare_sandboxes([job.task])
-        t0 = time.monotonic()
-        async with self._free:
-            waited = time.monotonic() - t0
-            episode = await self._engine.run_one(
-                job.task, job.rollout_index, job.is_validation, model=job.model
-            )
-        episode.metrics["slot_wait_s"] = waited
-        return _encode_done(job, episode)
+    async def submit(self, jobs_bytes: bytes) -> None:
+        """Start a batch of rollouts (a msgpack list of ``_Job``); their results go to ``collect``."""
+        assert self._engine is not None, "start() first"
+        jobs = [j for j in from_msgpack(jobs_bytes, list[_Job]) if not self._was_cancelled(j.id)]
+        # Their sandboxes (if the flow has them) are prepared while the jobs wait for a slot.
+        self._engine.prepare_sandboxes([j.task for j in jobs])
+        loop = asyncio.get_running_loop()
+        for job in jobs:
+            self._running[job.id] = loop.create_task(self._one(job))
+
+    def _was_cancelled(self, job_id: int) -> bool:
+        if job_id in self._cancelled:
+            self._cancelled.discard(job_id)
+            return True
+        return False
+
+    async def _one(self, job: _Job) -> None:
+        assert self._engine is not None and self._free is not None and self._has_out is not None
+        try:
+            t0 = time.monotonic()
+            async with self._free:
+                waited = time.monotonic() - t0
+                episode = await self._engine.run_one(
+                    job.task, job.rollout_index, job.is_validation, model=job.model
+                )
+            episode.metrics["slot_wait_s"] = waited
+            self._out.append(_encode_done(job, episode))
+            self._has_out.set()
+        except Exception as exc:
+            self._out.append((job.id, exc))
+            self._has_out.set()
+        finally:
+            self._running.pop(job.id, None)
+
+    async def collect(self) -> list[bytes | tuple[int, Exception]]:
+        """The rollouts finished since the last call (msgpack ``_Done`` each); waits for one."""
+        assert self._has_out is not None, "start() first"
+        await self._has_out.wait()
+        self._has_out.clear()
+        out, self._out = self._out, []
+        return out
+
+    async def cancel(self, job_ids: list[int]) -> None:
+        """End these rollouts here (their flow task gets CancelledError: its sandbox and gateway
+        session are released), not only the driver's wait for them. A cancel that overtook its
+        job's ``submit`` (Ray does not order an async actor's calls) stops the job on arrival."""
+        for job_id in job_ids:
+            task = self._running.get(job_id)
+            if task is not None:
+                task.cancel()
+            else:
+                self._cancelled.add(job_id)
 
     async def stop(self) -> None:
+        for task in list(self._running.values()):
+            task.cancel()
+        await asyncio.gather(*self._running.values(), return_exceptions=True)
         if self._engine is not None:
             await self._engine.close()
             self._engine = None
 
 
 class _Handle:
+    """The driver's side of one FlowWorker: its rollouts in flight (by job id), the jobs and
+    cancels of this loop pass not yet sent, and the task keeping a ``collect`` call in flight."""
+
     def __init__(self, index: int, actor: Any, slots: int, capacity: int) -> None:
         self.index = index
         self.actor = actor
         self.slots = slots
         self.capacity = capacity
-        self.in_flight = 0
+        self.pending: dict[int, asyncio.Future[_Done]] = {}
+        self.unsent: dict[int, _Job] = {}  # by job id, in the order they came
+        self.cancels: list[int] = []
+        self.collector: asyncio.Task[None] | None = None
         self.alive = True
         self.gateway_url = ""
         self.node_id = ""
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.pending)
 
 
 class RayFlowPool:
     """``n`` FlowWorker actors on the Ray cluster of ``settings``; the interface of
     :class:`~rllm.engine.flow_processes.FlowProcessPool` (see :mod:`rllm.engine.executors`).
 
-    ``completed_by_node`` counts the rollouts each node's workers finished; ``workers_lost`` the
-    workers that died; ``sandbox_acquire_s`` each worker's sandbox acquire latencies (by worker
-    index). Each episode names its worker in ``metadata["rollout_worker"]``."""
+    ``completed_by_node`` counts the rollouts each node's workers finished; ``submit_calls`` the
+    actor calls that carried jobs; ``workers_lost`` the workers that died; ``sandbox_acquire_s``
+    each worker's sandbox acquire latencies (by worker index). Each episode names its worker in
+    ``metadata["rollout_worker"]``."""
 
     def __init__(
         self,
@@ -213,6 +281,8 @@ class RayFlowPool:
         self.sandbox_acquire_s: dict[int, list[float]] = {}
         self._ids = 0
         self._connected = False
+        self._calls: set[asyncio.Task[None]] = set()  # submit calls not yet answered
+        self.submit_calls = 0  # actor calls that carried jobs (fewer than the jobs: batched)
 
     def _capacity(self, index: int) -> int:
         return self.slots[index] + self.prefetch if self.slots[index] else 0
@@ -270,6 +340,7 @@ class RayFlowPool:
                 ) from None
             for w, (url, node) in zip(self.workers, ready, strict=True):
                 w.gateway_url, w.node_id = url, node
+                w.collector = asyncio.get_running_loop().create_task(self._collect(w))
         except BaseException:
             await self.close()
             raise
@@ -281,34 +352,102 @@ class RayFlowPool:
             raise RayWorkerDied("every Ray rollout worker has died")
         w = max(live, key=lambda w: w.capacity - w.in_flight)
         self._ids += 1
-        job = to_msgpack(_Job(self._ids, task, rollout_index, is_validation, model))
-        w.in_flight += 1
+        job_id = self._ids
+        fut: asyncio.Future[_Done] = asyncio.get_running_loop().create_future()
+        w.pending[job_id] = fut
+        if not w.unsent and not w.cancels:
+            self._flush_soon(w)
+        w.unsent[job_id] = _Job(job_id, task, rollout_index, is_validation, model)
         try:
-            ref = w.actor.run.remote(job)
-            try:
-                answer = await ref
-            except asyncio.CancelledError:
-                # The rollout ends in its actor too (its flow task gets CancelledError there, so
-                # its sandbox and session are released), not only this wait for it.
-                with contextlib.suppress(Exception):
-                    ray.cancel(ref)
-                raise
-        except (RayActorError, ActorUnavailableError) as exc:
-            if w.alive:
-                w.alive = False
-                self.workers_lost += 1
-                log.warning("Ray rollout worker %d on node %s died: %s", w.index, w.node_id[:12], exc)
-            raise RayWorkerDied(f"Ray rollout worker {w.index} (node {w.node_id[:12]}) died") from None
-        finally:
-            w.in_flight -= 1
+            done = await fut
+        except asyncio.CancelledError:
+            # A job not sent yet is never sent; one sent ends in its actor too (its flow task gets
+            # CancelledError there, so its sandbox and session are released), not only this wait.
+            if w.pending.pop(job_id, None) is not None and w.unsent.pop(job_id, None) is None and w.alive:
+                if not w.unsent and not w.cancels:
+                    self._flush_soon(w)
+                w.cancels.append(job_id)
+            raise
         self.completed_by_node[w.node_id] += 1
-        episode = from_msgpack(answer, _Done).episode
+        episode = done.episode
         episode.metadata[WORKER_KEY] = f"ray-{w.index}@{w.node_id[:12]}"
         if "sandbox_acquire_s" in episode.metrics:
             self.sandbox_acquire_s.setdefault(w.index, []).append(episode.metrics["sandbox_acquire_s"])
         return episode
 
+    def _flush_soon(self, w: _Handle) -> None:
+        # Everything queued for a worker during one loop pass goes in one actor call each for
+        # jobs and cancels: the engine starts a burst of rollouts whenever a batch of them ends.
+        asyncio.get_running_loop().call_soon(self._flush, w)
+
+    def _flush(self, w: _Handle) -> None:
+        jobs, cancels = list(w.unsent.values()), w.cancels
+        w.unsent, w.cancels = {}, []
+        if not w.alive:
+            return  # its pending rollouts have been failed already
+        if jobs:
+            self.submit_calls += 1
+            ref = w.actor.submit.remote(to_msgpack(jobs))
+            self._calls.add(asyncio.get_running_loop().create_task(self._sent(w, ref, [j.id for j in jobs])))
+        if cancels:
+            with contextlib.suppress(Exception):
+                w.actor.cancel.remote(cancels)  # runs although its result is never read
+
+    async def _sent(self, w: _Handle, ref: Any, job_ids: list[int]) -> None:
+        """Wait for a ``submit`` call: a worker that refused it fails its jobs (one that died
+        fails all its rollouts, in ``_collect``)."""
+        try:
+            await ref
+        except (RayActorError, ActorUnavailableError):
+            self._lost(w, "its submit call failed")
+        except Exception as exc:
+            for job_id in job_ids:
+                fut = w.pending.pop(job_id, None)
+                if fut is not None and not fut.done():
+                    fut.set_exception(exc)
+        finally:
+            self._calls.discard(asyncio.current_task())  # type: ignore[arg-type]
+
+    async def _collect(self, w: _Handle) -> None:
+        """Keep one ``collect`` call in flight to ``w`` and hand each finished rollout to its
+        waiter; when the worker or its node dies, fail every rollout it holds."""
+        try:
+            while True:
+                for item in await w.actor.collect.remote():
+                    if isinstance(item, tuple):
+                        job_id, exc = item
+                        fut = w.pending.pop(job_id, None)
+                        if fut is not None and not fut.done():
+                            fut.set_exception(exc)
+                        continue
+                    done = from_msgpack(item, _Done)
+                    fut = w.pending.pop(done.id, None)
+                    if fut is not None and not fut.done():
+                        fut.set_result(done)
+        except asyncio.CancelledError:
+            raise
+        except (RayActorError, ActorUnavailableError) as exc:
+            self._lost(w, str(exc))
+        except Exception as exc:  # an answer this driver cannot read: the worker is unusable
+            log.exception("Ray rollout worker %d answered what the driver cannot read", w.index)
+            self._lost(w, f"{type(exc).__name__}: {exc}")
+
+    def _lost(self, w: _Handle, why: str) -> None:
+        if w.alive:
+            w.alive = False
+            self.workers_lost += 1
+            log.warning("Ray rollout worker %d on node %s died: %s", w.index, w.node_id[:12], why)
+        pending, w.pending = w.pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(RayWorkerDied(f"Ray rollout worker {w.index} (node {w.node_id[:12]}) died"))
+
     async def close(self) -> None:
+        for w in self.workers:
+            if w.collector is not None:
+                w.collector.cancel()
+        for call in list(self._calls):
+            call.cancel()
         live = [w for w in self.workers if w.alive]
         if live:
             stops = [w.actor.stop.remote() for w in live]
