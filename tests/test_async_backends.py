@@ -73,7 +73,7 @@ def test_partial_rollouts_without_a_max_tokens_are_refused_at_config_time_naming
     from rllm.engine.trainer_config import config_from_dict
 
     base = {"cookbook": "say", "rollout": {"max_staleness": 1, "partial": True}}
-    with pytest.raises(ConfigError, match="set sampling.max_tokens") as err:
+    with pytest.raises(ConfigError, match=r"set sampling\.max_tokens") as err:
         config_from_dict(base)
     assert err.value.key == "rollout.sampling.max_tokens"
     with_budget = {**base, "rollout": {**base["rollout"], "sampling": {"max_tokens": 8}}}
