@@ -11,9 +11,12 @@ each token's own sampler logprob, and the call's one trace says which version sa
 tokens: ``weight_version`` is the oldest (the staleness bound holds for the whole call) and
 ``metadata["version_spans"]`` is ``[[version, token count], ...]`` in completion order.
 
-A chat call the upstream renders itself (plain mode) has no token history the gateway could
-extend and keep the upstream's reply parsing; it is re-sent whole on the new weights and its
-trace has one version (``metadata["partial_restarts"]`` counts the re-sends). Streamed calls
+A chat call the upstream renders itself (plain mode) is re-sent whole on the new weights: the
+upstream renders its chat template and parses its reply (tool calls, reasoning), so continuing
+it through ``/completions`` would need the gateway to render and parse exactly as the upstream
+does, which is cumulative mode (there chat calls are continued). The re-sent call is sampled
+wholly by the new version, so its trace stays token-true with one version; what the aborted send
+had sampled is dropped (``metadata["partial_restarts"]`` counts the re-sends). Streamed calls
 to ``/completions`` are continued on the client's one stream (``rllm.gateway.partial_stream``);
 a chat stream the upstream renders itself is refused (400): its text already reached the agent,
 so it can be neither restarted whole nor continued. ``n > 1`` calls are refused (400): each of
