@@ -67,3 +67,19 @@ def test_partial_rollouts_need_k_above_0_and_a_backend_that_can_abort() -> None:
         with pytest.raises(ConfigError, match=message) as err:
             check_backend(backend, 1, partial=True)
         assert err.value.key == "rollout.partial"
+
+
+def test_partial_rollouts_without_a_max_tokens_are_refused_at_config_time_naming_the_key() -> None:
+    from rllm.engine.trainer_config import config_from_dict
+
+    base = {"cookbook": "say", "rollout": {"max_staleness": 1, "partial": True}}
+    with pytest.raises(ConfigError, match=r"set sampling\.max_tokens") as err:
+        config_from_dict(base)
+    assert err.value.key == "rollout.sampling.max_tokens"
+    with_budget = {**base, "rollout": {**base["rollout"], "sampling": {"max_tokens": 8}}}
+    assert config_from_dict(with_budget).rollout.sampling.max_tokens == 8
+    # Without partial rollouts a call may leave its budget to the sampler, as before.
+    assert (
+        config_from_dict({"cookbook": "say", "rollout": {"max_staleness": 1}}).rollout.sampling.max_tokens
+        is None
+    )

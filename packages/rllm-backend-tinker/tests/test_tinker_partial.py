@@ -195,3 +195,137 @@ async def test_a_sync_aborts_calls_in_flight_and_continues_them_token_true(backe
             at += n
     assert aborted_twice >= 1  # the batch held at the second sync was continued again
     assert moved > 0  # the syncs really changed the weights the continuations ran on
+
+
+async def test_a_stream_aborted_at_a_sync_continues_on_the_same_client_stream_token_true(
+    backend: TinkerBackend,
+) -> None:
+    """A chat stream (cumulative mode) and then a completions stream, each aborted mid-decode by
+    a sync and continued on the new weights: each client reads one token-true stream."""
+    engine = _engine(backend)
+    tokenizer = backend.service.tokenizer
+    scratch = copy.deepcopy(engine.model)
+    cfg = GatewayConfig(
+        upstreams=backend.inference_urls(),
+        tokenizer_path=backend.tokenizer_path(),
+        tokenizer_mode="cumulative",
+        partial_rollouts=True,
+        health_interval_s=0,
+    )
+    aborted, abort_all = threading.Event(), engine.abort_all
+
+    def abort_and_tell() -> None:
+        abort_all()
+        aborted.set()
+
+    engine.abort_all = abort_and_tell  # type: ignore[method-assign]
+    weights: dict[int, dict[str, torch.Tensor]] = {}
+    async with GatewayServer(cfg) as gw, GatewayClient(gw.url) as admin:
+
+        async def synced_while_streaming(session: str, chat: bool) -> tuple[list[Any], Any]:
+            """The stream's chunks and the call's trace, a sync landing after its second token."""
+            chunks: list[Any] = []
+            first_tokens = asyncio.Event()  # the client has the tokens sampled before the sync
+            common: dict[str, Any] = {
+                "model": backend.served_model_name(),
+                "max_tokens": MAX_TOKENS,
+                "temperature": 1.0,
+                "seed": 3,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+
+            async def consume() -> None:
+                async with openai.AsyncOpenAI(
+                    base_url=admin.session_url(session), api_key="x", max_retries=0
+                ) as c:
+                    if chat:
+                        stream: Any = await c.chat.completions.create(
+                            messages=[{"role": "user", "content": "say: apple"}],
+                            logprobs=True,
+                            extra_body={"ignore_eos": True},
+                            **common,
+                        )
+                    else:
+                        stream = await c.completions.create(
+                            prompt="say: lemon",
+                            logprobs=1,
+                            extra_body={"ignore_eos": True, "return_token_ids": True},
+                            **common,
+                        )
+                    async for chunk in stream:
+                        chunks.append(chunk)
+                        if chunk.choices and chunk.choices[0].logprobs:
+                            first_tokens.set()
+
+            hold = _HoldAt(engine.model, at=3)  # prefill, two decode steps
+            try:
+                reader = asyncio.create_task(consume())
+                assert await asyncio.to_thread(hold.reached.wait, 60)
+                pause = asyncio.create_task(gw.pause(60))
+                assert await asyncio.to_thread(aborted.wait, 60)
+                aborted.clear()
+                hold.release.set()
+                await pause
+                assert gw.ledger.parked == 1
+                # Streamed already: what the old version sampled reached the client before the sync.
+                await asyncio.wait_for(first_tokens.wait(), 60)
+                weights[engine.weight_version] = _weights(engine.model)
+                await backend.train_step(contrast_batch(backend), AlgorithmConfig())
+                gw.set_weight_version(await backend.sync_weights())
+                gw.resume()
+                await reader
+            finally:
+                hold.release.set()
+                hold.handle.remove()
+            (trace,) = await admin.get_traces(session)
+            return chunks, trace
+
+        try:
+            streamed = [
+                await synced_while_streaming("chat", True),
+                await synced_while_streaming("text", False),
+            ]
+        finally:
+            engine.abort_all = abort_all  # type: ignore[method-assign]
+    weights[engine.weight_version] = _weights(engine.model)
+    for (chunks, trace), chat, versions in zip(streamed, (True, False), ([0, 1], [1, 2]), strict=True):
+        ids, prompt = list(trace.completion_ids or []), list(trace.prompt_ids or [])
+        assert trace.status == "ok" and len(ids) == MAX_TOKENS
+        spans = trace.metadata["version_spans"]
+        assert [v for v, _ in spans] == versions and all(n > 0 for _, n in spans)
+        assert sum(n for _, n in spans) == MAX_TOKENS and trace.weight_version == versions[0]
+        # One stream: one id, one finish (the real one, never the abort).
+        assert len({c.id for c in chunks}) == 1
+        finishes = [ch.finish_reason for c in chunks for ch in c.choices if ch.finish_reason]
+        assert finishes == ["length"]
+        # Token-true: the client saw exactly the sampled tokens, their logprobs and their text.
+        if chat:
+            entries = [
+                e for c in chunks for ch in c.choices if ch.logprobs for e in ch.logprobs.content or ()
+            ]
+            tokens, lps = [e.token for e in entries], [e.logprob for e in entries]
+            text = "".join(ch.delta.content or "" for c in chunks for ch in c.choices)
+        else:
+            lp = [ch.logprobs for c in chunks for ch in c.choices if ch.logprobs]
+            tokens = [t for x in lp for t in x.tokens or ()]
+            lps = [v for x in lp for v in x.token_logprobs or ()]
+            text = "".join(ch.text for c in chunks for ch in c.choices)
+            seen = [
+                t for c in chunks for ch in c.choices for t in (ch.model_extra or {}).get("token_ids") or ()
+            ]
+            assert seen == ids
+            # The final usage counts the first prompt and every token of the call.
+            usage = chunks[-1].usage
+            assert usage is not None
+            assert (usage.prompt_tokens, usage.completion_tokens) == (len(prompt), MAX_TOKENS)
+        assert tokens == [tokenizer.decode([t]) for t in ids]
+        assert lps == pytest.approx(list(trace.completion_logprobs or []), abs=1e-6)
+        assert text == tokenizer.decode(ids, skip_special_tokens=True)
+        # Each token's logprob is the one the version that sampled it gives it.
+        at = 0
+        for version, n in spans:
+            scratch.load_state_dict(weights[version])
+            want = teacher_forced_logprobs(scratch, prompt + ids)[len(prompt) - 1 :].tolist()
+            assert lps[at : at + n] == pytest.approx(want[at : at + n], abs=1e-4)
+            at += n

@@ -24,7 +24,7 @@ def _config(upstream: MockUpstream) -> GatewayConfig:
 @pytest.mark.parametrize(
     ("kwargs", "param", "reason"),
     [
-        ({"max_tokens": 4, "stream": True}, "stream", "streaming calls are refused"),
+        ({"max_tokens": 4, "stream": True}, "stream", "a chat stream the upstream renders itself"),
         ({"max_tokens": 4, "n": 2}, "n", "one choice per call"),
         ({}, "max_tokens", "need max_tokens on every call"),
     ],
@@ -88,4 +88,44 @@ async def test_an_upstream_that_cannot_abort_fails_the_pause_and_loses_no_call()
         (trace,) = await admin.get_traces("s")
     assert reply.choices[0].message.content == "done"
     assert trace.status == "ok" and "version_spans" not in trace.metadata
+    assert gw.ledger.inflight == 0
+
+
+async def test_a_completions_stream_is_relayed_whole_when_no_sync_aborts_it() -> None:
+    # Partial rollouts take streams that go to /completions; with no sync meanwhile the client
+    # reads what it would without them, the trace records it with its one version, and an
+    # upstream that dies mid-stream ends the stream with an error event and an error trace.
+    async with (
+        MockUpstream() as upstream,
+        GatewayServer(_config(upstream)) as gw,
+        GatewayClient(gw.url) as admin,
+        openai.AsyncOpenAI(base_url=admin.session_url("s"), api_key="x", max_retries=0) as client,
+    ):
+        stream = await client.completions.create(
+            model="m",
+            prompt="hi",
+            max_tokens=6,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"return_token_ids": True},
+        )
+        chunks = [c async for c in stream]
+        (trace,) = await admin.get_traces("s")
+        upstream.fail("die_mid_stream", count=1)
+        broken = await client.completions.create(model="m", prompt="hi", max_tokens=6, stream=True)
+        with pytest.raises(openai.APIError, match="upstream"):
+            async for _ in broken:
+                pass
+        traces = await admin.get_traces("s")
+    assert trace.status == "ok" and "version_spans" not in trace.metadata
+    assert trace.weight_version == 0
+    ids = [t for c in chunks for ch in c.choices for t in (ch.model_extra or {}).get("token_ids") or ()]
+    assert ids == list(trace.completion_ids or []) and ids
+    assert trace.response is not None
+    assert "".join(ch.text for c in chunks for ch in c.choices) == trace.response.content
+    assert [ch.finish_reason for c in chunks for ch in c.choices if ch.finish_reason] == ["length"]
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens == len(ids)
+    assert usage.prompt_tokens == len(trace.prompt_ids or [])
+    assert [t.status for t in traces] == ["ok", "error"]
     assert gw.ledger.inflight == 0

@@ -46,6 +46,14 @@ class TrainRolloutSettings(RolloutSettings, kw_only=True, forbid_unknown_fields=
             )
         if not self.sync_timeout_s > 0:
             raise InvariantError(f"sync_timeout_s must be > 0, got {self.sync_timeout_s}", "sync_timeout_s")
+        # A call continued after a sync gets what is left of its budget: without one the
+        # gateway would refuse every call that omits max_tokens (400) mid-run.
+        if self.partial and self.sampling.max_tokens is None:
+            raise InvariantError(
+                "partial=true continues a call aborted at a weight sync with what is left of "
+                "its max_tokens: set sampling.max_tokens",
+                "sampling.max_tokens",
+            )
 
 
 # Keys of TrainRolloutSettings that the RolloutEngine does not take (the trainer's own).

@@ -11,12 +11,17 @@ each token's own sampler logprob, and the call's one trace says which version sa
 tokens: ``weight_version`` is the oldest (the staleness bound holds for the whole call) and
 ``metadata["version_spans"]`` is ``[[version, token count], ...]`` in completion order.
 
-A chat call the upstream renders itself (plain mode) has no token history the gateway could
-extend and keep the upstream's reply parsing; it is re-sent whole on the new weights and its
-trace has one version (``metadata["partial_restarts"]`` counts the re-sends). Streaming and
-``n > 1`` calls are refused (400) while partial rollouts are on: an aborted stream would already
-have reached the agent, and each of ``n`` choices would need its own continuation. A ``stop``
-string split across the boundary of two parts is not seen by the sampler.
+A chat call the upstream renders itself (plain mode) is re-sent whole on the new weights: the
+upstream renders its chat template and parses its reply (tool calls, reasoning), so continuing
+it through ``/completions`` would need the gateway to render and parse exactly as the upstream
+does, which is cumulative mode (there chat calls are continued). The re-sent call is sampled
+wholly by the new version, so its trace stays token-true with one version; what the aborted send
+had sampled is dropped (``metadata["partial_restarts"]`` counts the re-sends). Streamed calls
+to ``/completions`` are continued on the client's one stream (``rllm.gateway.partial_stream``);
+a chat stream the upstream renders itself is refused (400): its text already reached the agent,
+so it can be neither restarted whole nor continued. ``n > 1`` calls are refused (400): each of
+``n`` choices would need its own continuation. A ``stop`` string split across the boundary of
+two parts is not seen by the sampler.
 """
 
 from __future__ import annotations
@@ -41,14 +46,19 @@ _json_decode = msgspec.json.Decoder().decode
 _json_encode = msgspec.json.Encoder().encode
 
 
-def check_partial_call(parsed: ParsedCall, default_sampling: SamplingParams | None) -> None:
-    """Refuse (400, before any trace) a call that partial rollouts could not continue."""
+def check_partial_call(
+    parsed: ParsedCall, default_sampling: SamplingParams | None, *, continues: bool = True
+) -> None:
+    """Refuse (400, before any trace) a call that partial rollouts could not continue.
+    ``continues``: the call goes to ``/completions`` (a completions call, or a chat call the
+    gateway renders in cumulative mode), so it can be continued from its token ids."""
     body = parsed.body
-    if body.get("stream"):
+    if body.get("stream") and not continues:
         raise GatewayError(
             400,
-            "streaming calls are refused while the gateway runs partial rollouts (a call aborted "
-            "at a weight sync is continued and answered whole); send stream=false",
+            "a chat stream the upstream renders itself (tokenizer_mode='plain') cannot be continued "
+            "after a weight sync aborts it (its text already reached the client); send stream=false, "
+            "or use tokenizer_mode='cumulative'",
             param="stream",
         )
     if body.get("n") not in (None, 1):

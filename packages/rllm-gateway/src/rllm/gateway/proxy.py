@@ -27,6 +27,7 @@ from rllm.gateway.errors import GatewayError
 from rllm.gateway.hosted import HostedProvider, hosted_call
 from rllm.gateway.jsonguard import JsonLimitError, check_json
 from rllm.gateway.partial import check_partial_call, forward_partial
+from rllm.gateway.partial_stream import forward_partial_stream
 from rllm.gateway.sessions import Session
 from rllm.gateway.streaming import forward_stream
 from rllm.gateway.upstreams import NoHealthyUpstream, Upstream, UpstreamPool
@@ -109,7 +110,7 @@ class Proxy:
         whole) and answer."""
         ledger = self.ledger
         if self.config.partial_rollouts:
-            check_partial_call(parsed, ledger.default_sampling)
+            check_partial_call(parsed, ledger.default_sampling, continues=not chat or self.bridge is not None)
         if not ledger.admitting:
             await ledger.wait_admitted(parsed)
         trace = ledger.open_trace(parsed, chat)
@@ -119,6 +120,8 @@ class Proxy:
                 return await hosted_call(self.hosted, ledger, request, parsed.body, trace, chat, stream, t0)
             call = self.upstream_call(request, parsed, trace, chat, t0)
             if self.config.partial_rollouts:
+                if stream:
+                    return await forward_partial_stream(self, call)
                 return await forward_partial(self, call, parsed)
             return await (forward_stream(self, call) if stream else self.forward(call))
         finally:
