@@ -16,7 +16,6 @@ from rllm.sdk import evaluator
 from rllm.sdk.evaluator import as_evaluator
 from rllm.types import Episode, EvalOutput, Step, Task, Trajectory
 
-
 TASK = Task(id="t", instruction="say: apple")
 
 
