@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from rllm.engine.episode_builder import build_episode, failed_episode
+from rllm.engine.eval_dispatch import EvalDispatch
 from rllm.engine.executors import (
     IN_PROCESS_EXECUTORS,
     WorkerPool,
@@ -106,6 +107,8 @@ class RolloutEngine:
         # rollout.executor: the flow object that runs a rollout (the cookbook's, or a remote one).
         self.flow: RolloutFlow = as_flow(executor_flow(self.config, flow))
         self.evaluator: EvaluatorFn | None = None if evaluator is None else as_evaluator(evaluator)
+        # Sync evaluators: in a thread pool until proven cheap, then inline (eval_dispatch.py).
+        self._eval_dispatch = None if self.evaluator is None else EvalDispatch(self.evaluator)
         self._gateway_url = gateway_url
         self._admin_key = admin_key
         self._upstreams = list(upstreams or [])
@@ -516,7 +519,7 @@ class RolloutEngine:
             pass
 
     async def _score(self, task: Task, episode: Episode) -> None:
-        await score_episode(task, episode, self.evaluator, self.config.eval_timeout_s)
+        await score_episode(task, episode, self.evaluator, self.config.eval_timeout_s, self._eval_dispatch)
 
 
 def default_gateway_config(upstreams: list[str], admin_key: str | None) -> Any:

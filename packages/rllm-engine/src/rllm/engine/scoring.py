@@ -6,6 +6,7 @@ processes (an episode that cannot be sent back is scored 0 before it is reported
 
 from __future__ import annotations
 
+from rllm.engine.eval_dispatch import EvalDispatch
 from rllm.engine.failures import FAILED
 from rllm.engine.flow_runner import call_with_deadline
 from rllm.sdk.evaluator import EvaluatorFn, to_eval_output
@@ -13,12 +14,17 @@ from rllm.types import Episode, ErrorInfo, EvalOutput, Task, to_builtins
 
 
 async def score_episode(
-    task: Task, episode: Episode, evaluator: EvaluatorFn | None, deadline_s: float | None
+    task: Task,
+    episode: Episode,
+    evaluator: EvaluatorFn | None,
+    deadline_s: float | None,
+    dispatch: EvalDispatch | None = None,
 ) -> None:
     """Apply ``evaluator``. Failed rollouts get reward 0 without evaluation (nothing to grade);
     an evaluator exception (or one past ``deadline_s``) gives reward 0 and is recorded in
     ``metadata["eval_error"]``; without an evaluator a flow that rewarded its trajectories itself
-    keeps its rewards, any other gets 0."""
+    keeps its rewards, any other gets 0. ``dispatch`` (the engine's): where a sync evaluator runs
+    (eval_dispatch.py); without it every sync call goes to the thread pool."""
     if episode.termination_reason in FAILED:
         apply_eval_output(episode, EvalOutput(reward=0.0, is_correct=False))
         return
@@ -28,13 +34,16 @@ async def score_episode(
         apply_eval_output(episode, EvalOutput(reward=0.0))
         return
     try:
-        value = await call_with_deadline(
-            evaluator.evaluate,
-            (task, episode),
-            is_async=evaluator.is_async,
-            deadline_s=deadline_s,
-            executor=None,  # the default pool: hung sync flows must not starve evaluation
-        )
+        if dispatch is not None and not evaluator.is_async:
+            value = await dispatch.call(evaluator.evaluate, (task, episode), deadline_s=deadline_s)
+        else:
+            value = await call_with_deadline(
+                evaluator.evaluate,
+                (task, episode),
+                is_async=evaluator.is_async,
+                deadline_s=deadline_s,
+                executor=None,  # the default pool: hung sync flows must not starve evaluation
+            )
         output = to_eval_output(value, source=f"evaluator {evaluator.name!r}")
     except Exception as exc:
         episode.metadata["eval_error"] = to_builtins(ErrorInfo.from_exception(exc))

@@ -35,6 +35,7 @@ the images, then relayed (a missing confirmation is then still a 502 before any 
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -63,6 +64,10 @@ from rllm.types.errors import InputError
 
 IMAGES_FIELD = "multi_modal_data"  # request: {"image": [data URIs in placeholder order]}
 IMAGES_USED = "images_used"  # response: how many of them the upstream gave the model
+# Encoded prompts kept per bridge (TokenBridge.encode): enough for every group of a step; texts
+# longer than this many characters are not kept (a few MB at most).
+_ENCODE_CACHE_SIZE = 256
+_ENCODE_CACHE_MAX_CHARS = 16_384
 
 # Chat-only request fields that /v1/completions does not take.
 _CHAT_ONLY = frozenset(
@@ -125,6 +130,7 @@ class TokenBridge:
         self.images = images  # None: a text-only model, whose image blocks are refused
         self.tool_format = detect_format(tokenizer)
         self._harmony: HarmonyParser | None = None
+        self._encode_cached = functools.lru_cache(maxsize=_ENCODE_CACHE_SIZE)(self._encode_uncached)
 
     @classmethod
     def load(cls, path: str) -> TokenBridge:
@@ -141,7 +147,15 @@ class TokenBridge:
         )
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        # A group's rollouts send the same first prompt (GRPO: group_size times per task), and
+        # transformers' encode is ~0.1-1 ms of Python per call: identical texts are encoded once.
+        # A fresh list each time: callers keep and extend what they get.
+        if len(text) > _ENCODE_CACHE_MAX_CHARS:
+            return self.tokenizer.encode(text, add_special_tokens=False)
+        return list(self._encode_cached(text))
+
+    def _encode_uncached(self, text: str) -> tuple[int, ...]:
+        return tuple(self.tokenizer.encode(text, add_special_tokens=False))
 
     def prepare(
         self, session: Any, role: str, body: dict[str, Any], messages: list[Message], trace: TraceRecord

@@ -1,0 +1,153 @@
+"""CPU per call of three per-rollout pieces of `rllm train`'s path, each against its peer (the way
+it was done before #35 round 6), in one run, alternating rounds:
+
+  evaluator   a cheap sync evaluator (say's) through score_episode: the thread-pool hop per call
+              (peer) vs rllm.engine.eval_dispatch (inline once proven cheap)
+  encode      cumulative mode's prompt tokenization for a group of 8 identical prompts:
+              tokenizer.encode each time (peer) vs TokenBridge.encode (a repeated text once)
+  sample      one decode step's token draw for 32 unseeded rows: torch.multinomial (peer) vs the
+              sampler's Gumbel-max (rllm.backends.tinker.local.sampling.sample_next)
+
+Process CPU time per call (median over rounds), so a loaded machine moves both sides alike.
+
+    uv run --no-sync python benchmarks/per_rollout_cpu.py --rounds 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import cpu_training as ct  # the toy task's words (its tiny model's vocabulary)
+
+
+def cpu_per_call(fn: Callable[[], Any], calls: int) -> float:
+    started = time.process_time()
+    for _ in range(calls):
+        fn()
+    return (time.process_time() - started) / calls
+
+
+def evaluator_sides(calls: int) -> dict[str, Callable[[], float]]:
+    from rllm_cookbook_say import say_evaluator
+
+    from rllm.engine.eval_dispatch import EvalDispatch
+    from rllm.engine.scoring import score_episode
+    from rllm.types import Episode, Step, Task, Trajectory
+
+    task = Task(id="apple", instruction="say: apple", metadata={"words": ["apple"]})
+
+    def episode() -> Episode:
+        ep = Episode(task_id="apple", trajectories=[Trajectory(role="default", steps=[Step()])])
+        ep.artifacts = {"replies": ["apple"]}
+        return ep
+
+    async def run(dispatch: EvalDispatch | None) -> float:
+        started = time.process_time()
+        for _ in range(calls):
+            await score_episode(task, episode(), say_evaluator, 300.0, dispatch)
+        return (time.process_time() - started) / calls
+
+    warm = EvalDispatch(say_evaluator)
+    asyncio.run(run(warm))  # past its probation: inline from here on
+    assert warm.inline, "the say evaluator should be running inline after its probation"
+    return {"pool hop": lambda: asyncio.run(run(None)), "dispatch": lambda: asyncio.run(run(warm))}
+
+
+def encode_sides(calls: int, tokenizer: Any) -> dict[str, Callable[[], float]]:
+    from rllm.gateway.cumulative import TokenBridge
+
+    words = ct.WORDS
+    texts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"say: {w}"}], add_generation_prompt=True, tokenize=False
+        )
+        for w in words
+    ]
+    group = [t for t in texts for _ in range(8)]  # each task's prompt, group_size times
+    bridge = TokenBridge(tokenizer)
+
+    def peer() -> float:
+        return cpu_per_call(
+            lambda: [tokenizer.encode(t, add_special_tokens=False) for t in group], calls
+        ) / len(group)
+
+    def ours() -> float:
+        return cpu_per_call(lambda: [bridge.encode(t) for t in group], calls) / len(group)
+
+    return {"tokenizer.encode": peer, "TokenBridge.encode": ours}
+
+
+def sample_sides(calls: int, vocab: int) -> dict[str, Callable[[], float]]:
+    from rllm.backends.tinker.local.sampling import (
+        GREEDY_TEMPERATURE,
+        RowSampling,
+        sample_next,
+        sampling_logprobs,
+    )
+
+    rows = [RowSampling(1.0, 1.0, None) for _ in range(32)]
+    logits = torch.randn(32, vocab)
+
+    def multinomial_step() -> None:  # sample_next as it was: multinomial over the unseeded rows
+        temperatures = torch.tensor([r.temperature for r in rows])
+        top_ps = torch.tensor([r.top_p for r in rows])
+        logp = sampling_logprobs(logits, temperatures, top_ps)
+        tokens = logp.argmax(dim=-1)
+        unseeded = [
+            i for i, r in enumerate(rows) if r.temperature >= GREEDY_TEMPERATURE and r.generator is None
+        ]
+        index = torch.tensor(unseeded)
+        tokens[index] = torch.multinomial(logp[index].exp(), 1).squeeze(-1)
+        logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+    return {
+        "multinomial": lambda: cpu_per_call(multinomial_step, calls),
+        "gumbel-max": lambda: cpu_per_call(lambda: sample_next(logits, rows), calls),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--calls", type=int, default=400)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    from transformers import AutoTokenizer
+
+    from rllm.tiny import init_tiny_model
+
+    model_dir = init_tiny_model(Path(tempfile.mkdtemp(prefix="rllm-prc-")) / "model", vocab_words=ct.WORDS)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    vocab = len(tokenizer)
+    parts = {
+        "evaluator (per rollout)": evaluator_sides(args.calls),
+        "prompt encode (per call)": encode_sides(max(1, args.calls // 40), tokenizer),
+        f"token draw (per decode step, 32 rows, vocab {vocab})": sample_sides(args.calls, vocab),
+    }
+    for part, sides in parts.items():
+        times: dict[str, list[float]] = {name: [] for name in sides}
+        for _ in range(args.rounds):
+            for name, side in sides.items():  # alternating, so load drifts hit both sides
+                times[name].append(side())
+        (peer, peer_t), (ours, ours_t) = ((n, statistics.median(t)) for n, t in times.items())
+        print(
+            f"{part:52s} {peer} {peer_t * 1e6:8.1f} us   {ours} {ours_t * 1e6:8.1f} us   "
+            f"ours/peer {ours_t / peer_t:.2f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()
