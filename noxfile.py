@@ -21,6 +21,19 @@ nox.options.sessions = ["lint", "layers", "typecheck", "tests", "wheels", "packa
 
 PYTEST = ["pytest", "-q", "-p", "no:cacheprovider", "--durations=15"]
 COLLECT = ["python", "scripts/collect_tests.py"]
+# Bytecode for the libraries each `rllm train` process and rollout worker imports (the tiny model,
+# the cumulative gateway's tokenizer), written once before the tests. Under PYTHONDONTWRITEBYTECODE
+# (set in this machine's environment, which CI inherits) every such process otherwise compiles
+# them from source again: about 13 s of CPU a process for torch + transformers, against 21 s to
+# compile both once (benchmarks/RESULTS.md, "CLI start-up and the slowest tests"). A file that
+# fails to compile is only compiled again at import, so the result is not checked.
+PRECOMPILE = (
+    "import compileall, importlib.util, os\n"
+    "for name in ('torch', 'transformers'):\n"
+    "    spec = importlib.util.find_spec(name)\n"
+    "    if spec is not None and spec.origin:\n"
+    "        compileall.compile_dir(os.path.dirname(spec.origin), quiet=2, workers=0)\n"
+)
 
 
 def _sync(session: nox.Session, *args: str) -> None:
@@ -86,6 +99,7 @@ def packages(session: nox.Session) -> None:
 @nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
     """All CPU tests of every package and the cross-package end-to-end runs."""
+    session.run("python", "-c", PRECOMPILE)
     session.run(*PYTEST, "-m", "not browser and not ray", *session.posargs, env={"PYTHONHASHSEED": "0"})
 
 

@@ -9,7 +9,7 @@ import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -17,12 +17,14 @@ from rich.table import Table
 
 from rllm.cli.errors import FAILED, CliError
 from rllm.cli.registry import DatasetRegistry
-from rllm.engine.evaluation import EvalSummary, evaluate
 from rllm.engine.plugins import COOKBOOKS_GROUP, PluginNotFoundError, available, load_cookbook
 from rllm.runtime.event_loop import run
 from rllm.sdk.cookbook import Cookbook
 from rllm.types import ConfigError, SamplingParams, Task
 from rllm.types.config_file import apply_overrides
+
+if TYPE_CHECKING:
+    from rllm.engine.evaluation import EvalSummary
 
 
 @click.command("eval")
@@ -117,6 +119,10 @@ def eval_command(
             hint="e.g. `rllm serve MODEL_PATH` prints a base URL to use",
         )
     out_dir = out or Path("runs") / f"eval-{name}"
+
+    # Loaded here, not at the top: it pulls in the rollout engine and the gateway, which every
+    # other `rllm` command would pay for at start-up.
+    from rllm.engine.evaluation import evaluate
 
     async def go() -> EvalSummary:
         async with _endpoint(base_url, model, api_base) as (endpoint, gateway_url):
