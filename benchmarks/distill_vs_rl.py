@@ -9,8 +9,12 @@ every seed (the teacher is not what is compared, so it is trained once and reuse
   1. teacher: `rllm train say-single --init-from` that SFT run, ``--teacher-steps`` steps; refused
      unless its last ``--window`` steps average >= ``--teacher-target`` (0.95); served by
      `rllm serve` for (b)'s eval and (c).
-  2. (b)'s data: `rllm eval` with the teacher (train split, 4 attempts) -> `rllm dataset from-eval
-     --min-reward 1.0`; done once, but its wall seconds are charged to (b) in every seed.
+  2. (b)'s data, done once, but its wall seconds are charged to (b) in every seed. By default
+     (``--traces train``) the teacher's own training run is the source: it keeps every group's
+     samples (``sample_groups``) and `rllm dataset from-eval teacher --from-step S --min-reward 1.0`
+     takes the good episodes of its last ``--window`` steps, the traces a user who trained the
+     teacher already holds. ``--traces eval`` runs `rllm eval` with the served teacher (train
+     split, 4 attempts) first, one command more (round 5's path).
 Per seed, from the fresh student:
   (a) RL: `rllm train say-single`.
   (b) SFT then RL: `rllm sft` on the teacher's set, then `rllm train --init-from` it; (b)'s clock
@@ -200,8 +204,10 @@ def prepare_teacher(opts: argparse.Namespace, work: Path, env: dict[str, str]) -
     )  # fmt: skip
     model = work / "teacher-sft" / "tiny-model"
     teacher_opts = argparse.Namespace(**{**vars(opts), "max_steps": opts.teacher_steps})
+    # Every group's samples are kept (not the default 2 a step): (b)'s traces with --traces train.
     rl_wall = rllm(
-        ["train", "say-single", "--out", "teacher", "--init-from", "teacher-sft", *rl_args(teacher_opts, model, 0)],
+        ["train", "say-single", "--out", "teacher", "--init-from", "teacher-sft", *rl_args(teacher_opts, model, 0),
+         "sample_groups=64"],
         work, env, "teacher",
     )  # fmt: skip
     values = [float(r["reward/mean"]) for r in step_records(work / "teacher")]
@@ -269,6 +275,12 @@ def main() -> None:
     parser.add_argument(
         "--distill-reward-coef", type=float, default=0.0, help="(c): weight of the task reward's advantage"
     )
+    parser.add_argument(
+        "--traces",
+        choices=["train", "eval"],
+        default="train",
+        help="(b)'s SFT set: the teacher's training samples, or an `rllm eval` of the teacher",
+    )
     parser.add_argument("--workdir", default="/tmp/rllm-distill-vs-rl")
     opts = parser.parse_args()
     # A SIGTERM unwinds like Ctrl-C, so the running arm and the teacher's server are stopped too
@@ -277,20 +289,29 @@ def main() -> None:
     work = Path(opts.workdir)
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "RLLM_HOME": str(work / "home")}
+    # A user's install holds compiled bytecode (pip and `uv sync --compile-bytecode` write it; a
+    # plain interpreter writes it on first import). With PYTHONDONTWRITEBYTECODE set, as on the
+    # shared dev machine, every command compiled torch's and transformers' sources again at
+    # start-up: 21 s of CPU against 9 s with bytecode to import the CLI, paid by every command of
+    # every arm. The first command (the teacher's SFT, not timed) writes it for all the others.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     teacher = prepare_teacher(opts, work, env)
     print(json.dumps({"teacher": teacher}), flush=True)
     checkpoint = sorted((work / "teacher" / "checkpoints").glob("step_*"))[-1]
     proc, url = serve(checkpoint / "backend", env)
     try:
-        data_wall = rllm(
-            ["eval", "say-single", "--base-url", url, "--split", "train", "--attempts", "4",
-             "--out", "b_eval", "--no-progress"],
-            work, env, "b_eval",
-        )  # fmt: skip
+        if opts.traces == "eval":
+            data_wall = rllm(
+                ["eval", "say-single", "--base-url", url, "--split", "train", "--attempts", "4",
+                 "--out", "b_eval", "--no-progress"],
+                work, env, "b_eval",
+            )  # fmt: skip
+            source = ["b_eval"]
+        else:
+            data_wall = 0.0
+            source = ["teacher", "--from-step", str(max(1, opts.teacher_steps - opts.window + 1))]
         data_wall += rllm(
-            ["dataset", "from-eval", "b_eval", "--name", "teacher-good", "--min-reward", "1.0"],
-            work,
-            env,
+            ["dataset", "from-eval", *source, "--name", "teacher-good", "--min-reward", "1.0"], work, env
         )
         table = {}
         for seed in opts.seeds:
@@ -315,7 +336,7 @@ def main() -> None:
             f"  in the training loop only (start-ups left out): {ratio(table, arm, 'loop_to_target_s', 'loop_to_target_s')}"
         )
     print(
-        f"b_sft_rl without the teacher's eval / a_rl: {ratio(table, 'b_sft_rl', 'wall_to_target_without_teacher_eval_s')}"
+        f"b_sft_rl without its data step (teacher eval / from-eval) / a_rl: {ratio(table, 'b_sft_rl', 'wall_to_target_without_teacher_eval_s')}"
     )
 
 
