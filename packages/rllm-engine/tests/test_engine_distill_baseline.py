@@ -61,13 +61,14 @@ def test_a_constant_offset_per_group_is_removed(data: list, offsets: list[float]
     plain = advantages(data, [0.0] * 4, baseline=True)
     shifted = advantages(data, offsets, baseline=True)
     for a, b in zip(plain, shifted, strict=True):
-        assert all(abs(x - y) < 1e-9 for x, y in zip(a, b, strict=True))
+        # advantages are stored as float32: equal to its rounding
+        assert all(abs(x - y) < 1e-4 for x, y in zip(a, b, strict=True))
     # Without the baseline the offset reaches every trained token (so the property above is the
     # baseline's doing).
     raw, raw0 = advantages(data, offsets, baseline=False), advantages(data, [0.0] * 4, baseline=False)
     owners = [g for g, rows in enumerate(data) for _ in rows]
     for g, a, b in zip(owners, raw, raw0, strict=True):
-        assert all(abs((x - y) - offsets[g]) < 1e-6 for x, y in zip(a[PROMPT:], b[PROMPT:], strict=True))
+        assert all(abs((x - y) - offsets[g]) < 1e-4 for x, y in zip(a[PROMPT:], b[PROMPT:], strict=True))
 
 
 @settings(max_examples=60, deadline=None)
