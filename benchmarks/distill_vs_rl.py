@@ -9,8 +9,12 @@ every seed (the teacher is not what is compared, so it is trained once and reuse
   1. teacher: `rllm train say-single --init-from` that SFT run, ``--teacher-steps`` steps; refused
      unless its last ``--window`` steps average >= ``--teacher-target`` (0.95); served by
      `rllm serve` for (b)'s eval and (c).
-  2. (b)'s data: `rllm eval` with the teacher (train split, 4 attempts) -> `rllm dataset from-eval
-     --min-reward 1.0`; done once, but its wall seconds are charged to (b) in every seed.
+  2. (b)'s data, done once, but its wall seconds are charged to (b) in every seed. By default
+     (``--traces train``) the teacher's own training run is the source: it keeps every group's
+     samples (``sample_groups``) and `rllm dataset from-eval teacher --from-step S --min-reward 1.0`
+     takes the good episodes of its last ``--window`` steps, the traces a user who trained the
+     teacher already holds. ``--traces eval`` runs `rllm eval` with the served teacher (train
+     split, 4 attempts) first, one command more (round 5's path).
 Per seed, from the fresh student:
   (a) RL: `rllm train say-single`.
   (b) SFT then RL: `rllm sft` on the teacher's set, then `rllm train --init-from` it; (b)'s clock
@@ -33,6 +37,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import statistics
@@ -49,21 +54,28 @@ WORDS = ["apple", "river", "stone", "cloud", "tiger", "lemon", "piano", "rocket"
 QUIET = ["progress=false", "plot=false", "tensorboard=false", "val_every=0", "rollout.workers=1"]
 # A step's own seconds (a distillation step's teacher scoring is inside time/train_s).
 STEP_TIMES = ("time/rollout_s", "time/train_s")
+DATA_CPU: list[float] = []  # CPU seconds of (b)'s data step's commands, done once per run
 
 
 def command(args: list[str]) -> list[str]:
     return [sys.executable, "-m", "rllm.cli.main", *args]
 
 
-def rllm(args: list[str], cwd: Path, env: dict[str, str], out: str | None = None) -> float:
+def rllm(
+    args: list[str], cwd: Path, env: dict[str, str], out: str | None = None, cpu: list[float] | None = None
+) -> float:
     """Run one `rllm` command to its end, writing a fresh ``cwd/out``; its wall seconds (a failure
-    stops the benchmark)."""
+    stops the benchmark). Its CPU seconds (its own and its reaped children's) go onto ``cpu``."""
     if out:
         shutil.rmtree(cwd / out, ignore_errors=True)
     started = time.perf_counter()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(command(args), cwd=cwd, env=env, capture_output=True, text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise SystemExit(f"`rllm {' '.join(args)}` failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    if cpu is not None:
+        cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
     return time.perf_counter() - started
 
 
@@ -102,14 +114,40 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
+def cpu_s(session: int | None = None, pid: int | None = None) -> float:
+    """CPU seconds (user + system, reaped children included) of every live process in
+    ``session`` (an arm's command runs in its own session: the command and its flow workers), or
+    of the one process ``pid``. On a loaded machine an arm's CPU time is the figure the load
+    does not inflate (wall time there is mostly waiting for a core)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or (pid is not None and int(entry.name) != pid):
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # it exited meanwhile
+        if session is None or int(fields[3]) == session:
+            total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    return total / tick
+
+
 def run_to_target(
-    args: list[str], run: Path, cwd: Path, env: dict[str, str], opts: argparse.Namespace
+    args: list[str],
+    run: Path,
+    cwd: Path,
+    env: dict[str, str],
+    opts: argparse.Namespace,
+    teacher_pid: int | None = None,
 ) -> dict[str, Any]:
     """Run a training command until the trailing mean reward reaches the target (then stop it) or
     it ends; the wall seconds to the target from the command's start, and where they went."""
     if run.exists():
         shutil.rmtree(run)
     load_before = os.getloadavg()[0]
+    teacher_before = cpu_s(pid=teacher_pid) if teacher_pid else 0.0
+    cpu = 0.0
     started = time.perf_counter()
     with open(cwd / f"{run.name}.log", "wb") as log:
         proc = subprocess.Popen(command(args), cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -123,6 +161,7 @@ def run_to_target(
                 if records and first_seen is None:
                     first_seen = time.perf_counter() - started
                 hit = first_hit([r["reward/mean"] for r in records], opts.window, opts.target)
+                cpu = max(cpu, cpu_s(session=proc.pid))  # the last reading before it is stopped
                 if hit is not None or done:
                     break
                 time.sleep(0.5)  # a benchmark's poll of the run's metrics file, not a test's wait
@@ -143,6 +182,11 @@ def run_to_target(
         "wall_s": wall,
         "rewards": [round(v, 3) for v in values],
         "load_avg_1m": [round(load_before, 1), round(os.getloadavg()[0], 1)],
+        # CPU seconds of the command's processes (to the target, or to its end) and, for (c), of
+        # the teacher's server over the arm.
+        "cpu_s": round(cpu, 1),
+        "teacher_cpu_s": round(cpu_s(pid=teacher_pid) - teacher_before, 1) if teacher_pid else None,
+        "wall_per_step_s": round(wall / len(values), 2) if values else None,
     }
 
 
@@ -200,8 +244,10 @@ def prepare_teacher(opts: argparse.Namespace, work: Path, env: dict[str, str]) -
     )  # fmt: skip
     model = work / "teacher-sft" / "tiny-model"
     teacher_opts = argparse.Namespace(**{**vars(opts), "max_steps": opts.teacher_steps})
+    # Every group's samples are kept (not the default 2 a step): (b)'s traces with --traces train.
     rl_wall = rllm(
-        ["train", "say-single", "--out", "teacher", "--init-from", "teacher-sft", *rl_args(teacher_opts, model, 0)],
+        ["train", "say-single", "--out", "teacher", "--init-from", "teacher-sft", *rl_args(teacher_opts, model, 0),
+         "sample_groups=64"],
         work, env, "teacher",
     )  # fmt: skip
     values = [float(r["reward/mean"]) for r in step_records(work / "teacher")]
@@ -214,7 +260,13 @@ def prepare_teacher(opts: argparse.Namespace, work: Path, env: dict[str, str]) -
 
 
 def run_seed(
-    seed: int, opts: argparse.Namespace, work: Path, env: dict[str, str], url: str, data_wall: float
+    seed: int,
+    opts: argparse.Namespace,
+    work: Path,
+    env: dict[str, str],
+    url: str,
+    data_wall: float,
+    teacher_pid: int | None = None,
 ) -> dict[str, Any]:
     out = work / f"seed{seed}"
     out.mkdir(exist_ok=True)
@@ -222,16 +274,18 @@ def run_seed(
     results = {"a_rl": run_to_target(
         ["train", "say-single", "--out", "a_rl", *rl_args(opts, model, seed)], out / "a_rl", out, env, opts
     )}  # fmt: skip
+    sft_cpu: list[float] = []
     sft_wall = rllm(
         ["sft", "teacher-good", "--model", str(model), "--out", "b_sft",
          *sft_args(opts, opts.sft_epochs, seed)],
-        out, env, "b_sft",
+        out, env, "b_sft", sft_cpu,
     )  # fmt: skip
     b = run_to_target(
         ["train", "say-single", "--out", "b_sft_rl", "--init-from", "b_sft", *rl_args(opts, model, seed)],
         out / "b_sft_rl", out, env, opts,
     )  # fmt: skip
     b["prep_s"] = {"teacher_eval_and_from_eval": data_wall, "sft": sft_wall}
+    b["prep_cpu_s"] = {"teacher_eval_and_from_eval": round(sum(DATA_CPU), 1), "sft": round(sft_cpu[0], 1)}
     if b["wall_to_target_s"] is not None:
         b["wall_to_target_s"] += data_wall + sft_wall
         b["wall_to_target_without_teacher_eval_s"] = b["wall_to_target_s"] - data_wall
@@ -239,7 +293,7 @@ def run_seed(
     results["c_distill"] = run_to_target(
         ["distill", "say-single", "--teacher", url, "--reward-coef", str(opts.distill_reward_coef),
          "--out", "c_distill", *rl_args(opts, model, seed)],
-        out / "c_distill", out, env, opts,
+        out / "c_distill", out, env, opts, teacher_pid,
     )  # fmt: skip
     (out / "results.json").write_text(json.dumps(results, indent=2))
     return results
@@ -269,6 +323,12 @@ def main() -> None:
     parser.add_argument(
         "--distill-reward-coef", type=float, default=0.0, help="(c): weight of the task reward's advantage"
     )
+    parser.add_argument(
+        "--traces",
+        choices=["train", "eval"],
+        default="train",
+        help="(b)'s SFT set: the teacher's training samples, or an `rllm eval` of the teacher",
+    )
     parser.add_argument("--workdir", default="/tmp/rllm-distill-vs-rl")
     opts = parser.parse_args()
     # A SIGTERM unwinds like Ctrl-C, so the running arm and the teacher's server are stopped too
@@ -277,24 +337,36 @@ def main() -> None:
     work = Path(opts.workdir)
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "RLLM_HOME": str(work / "home")}
+    # A user's install holds compiled bytecode (pip and `uv sync --compile-bytecode` write it; a
+    # plain interpreter writes it on first import). With PYTHONDONTWRITEBYTECODE set, as on the
+    # shared dev machine, every command compiled torch's and transformers' sources again at
+    # start-up: 21 s of CPU against 9 s with bytecode to import the CLI, paid by every command of
+    # every arm. The first command (the teacher's SFT, not timed) writes it for all the others.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     teacher = prepare_teacher(opts, work, env)
     print(json.dumps({"teacher": teacher}), flush=True)
     checkpoint = sorted((work / "teacher" / "checkpoints").glob("step_*"))[-1]
     proc, url = serve(checkpoint / "backend", env)
     try:
-        data_wall = rllm(
-            ["eval", "say-single", "--base-url", url, "--split", "train", "--attempts", "4",
-             "--out", "b_eval", "--no-progress"],
-            work, env, "b_eval",
-        )  # fmt: skip
+        if opts.traces == "eval":
+            data_wall = rllm(
+                ["eval", "say-single", "--base-url", url, "--split", "train", "--attempts", "4",
+                 "--out", "b_eval", "--no-progress"],
+                work, env, "b_eval", DATA_CPU,
+            )  # fmt: skip
+            source = ["b_eval"]
+        else:
+            data_wall = 0.0
+            source = ["teacher", "--from-step", str(max(1, opts.teacher_steps - opts.window + 1))]
         data_wall += rllm(
-            ["dataset", "from-eval", "b_eval", "--name", "teacher-good", "--min-reward", "1.0"],
+            ["dataset", "from-eval", *source, "--name", "teacher-good", "--min-reward", "1.0"],
             work,
             env,
+            cpu=DATA_CPU,
         )
         table = {}
         for seed in opts.seeds:
-            table[seed] = run_seed(seed, opts, work, env, url, data_wall)
+            table[seed] = run_seed(seed, opts, work, env, url, data_wall, proc.pid)
             print(json.dumps({seed: table[seed]}), flush=True)
     finally:
         proc.terminate()
@@ -303,7 +375,7 @@ def main() -> None:
         cells = [
             f"{arm}: {r[arm]['steps_to_target']} steps, "
             + (f"{r[arm]['wall_to_target_s']:.0f} s" if r[arm]["wall_to_target_s"] is not None else "missed")
-            + f" (start-up {r[arm]['startup_s']:.0f} s)"
+            + f" (start-up {r[arm]['startup_s']:.0f} s, {r[arm]['cpu_s']:.0f} CPU s)"
             for arm in ("a_rl", "b_sft_rl", "c_distill")
         ]
         print(f"seed {seed}: " + "; ".join(cells))
@@ -315,7 +387,7 @@ def main() -> None:
             f"  in the training loop only (start-ups left out): {ratio(table, arm, 'loop_to_target_s', 'loop_to_target_s')}"
         )
     print(
-        f"b_sft_rl without the teacher's eval / a_rl: {ratio(table, 'b_sft_rl', 'wall_to_target_without_teacher_eval_s')}"
+        f"b_sft_rl without its data step (teacher eval / from-eval) / a_rl: {ratio(table, 'b_sft_rl', 'wall_to_target_without_teacher_eval_s')}"
     )
 
 

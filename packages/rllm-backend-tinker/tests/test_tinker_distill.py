@@ -53,6 +53,29 @@ def test_teacher_equal_to_student_gives_zero_advantages(sampler_backend: TinkerB
     assert all(abs(a - 1.0) < 1e-4 for a, m in zip(again[0].advantages, again[0].loss_mask, strict=True) if m)
 
 
+def test_a_steps_sequences_are_scored_in_one_request_as_each_alone(sampler_backend: TinkerBackend) -> None:
+    """Batched scoring: one request for the whole step, one padded forward pass on the local
+    sampler, and each sequence's logprobs as if it were scored alone (sequences of different
+    lengths, so the shorter ones are padded)."""
+    sequences = [sampled_sequence(sampler_backend, w) for w in ("plum", "apple")]
+    sequences.append(sampled_sequence(sampler_backend, "plum"))
+    sequences[2].input_ids = TokenArray(list(sequences[2].input_ids)[:-3])  # a shorter one
+    posts: list[dict] = []
+
+    class Counting(TeacherClient):
+        def _post(self, body: dict) -> dict:
+            posts.append(body)
+            return super()._post(body)
+
+    teacher = Counting(sampler_backend.inference_urls()[0])
+    batched = asyncio.run(teacher.score(sequences))
+    assert len(posts) == 1 and len(posts[0]["prompt"]) == 3
+    for sequence, scores in zip(sequences, batched, strict=True):
+        alone = teacher.score_sync(list(sequence.input_ids))
+        assert len(scores) == len(sequence.input_ids)
+        assert max(abs(a - b) for a, b in zip(scores, alone, strict=True)) < 1e-5
+
+
 def test_a_different_teacher_gives_the_reverse_kl(sampler_backend: TinkerBackend) -> None:
     sequence = sampled_sequence(sampler_backend, "plum")
     teacher = [0.0] + [-1.0] * (len(sequence.input_ids) - 1)  # a teacher giving every token logprob -1

@@ -77,13 +77,19 @@ class Teacher:
             return {
                 "choices": [{"prompt_token_ids": self.tokenizer.encode(prompt, add_special_tokens=False)}]
             }
-        with self.lock, torch.no_grad():
-            logits = self.model(input_ids=torch.tensor([prompt])).logits[0, :-1].float()
-        table = torch.log_softmax(logits, -1)
-        rows: list[Any] = [None]
-        for position, token in enumerate(prompt[1:]):
-            rows.append({str(token): {"logprob": float(table[position, token])}})
-        return {"choices": [{"text": "", "prompt_logprobs": rows}]}
+        # A list of token-id prompts (one distillation step's sequences, as vLLM takes them): one
+        # choice per prompt, by index.
+        prompts = prompt if prompt and isinstance(prompt[0], list) else [prompt]
+        choices = []
+        for index, ids in enumerate(prompts):
+            with self.lock, torch.no_grad():
+                logits = self.model(input_ids=torch.tensor([ids])).logits[0, :-1].float()
+            table = torch.log_softmax(logits, -1)
+            rows: list[Any] = [None]
+            for position, token in enumerate(ids[1:]):
+                rows.append({str(token): {"logprob": float(table[position, token])}})
+            choices.append({"index": index, "text": "", "prompt_logprobs": rows})
+        return {"choices": choices}
 
     def close(self) -> None:
         self.server.shutdown()

@@ -1,6 +1,16 @@
 """On-policy distillation: a teacher scores the student's own tokens; the advantage is the
-negative reverse KL per token, ``teacher logprob - student logprob``, optionally plus the task's
-(scaled) advantage.
+negative reverse KL per token, ``teacher logprob - student logprob``, less a per-group baseline
+(``baseline``), optionally plus the task's (scaled) advantage.
+
+Peers (checked 2026-12, facts only): tinker-cookbook's ``distillation/train_on_policy.py``
+(``incorporate_kl_penalty``) adds ``-kl_penalty_coef * (student - teacher logprob)`` per token to
+the task reward's advantage, with an optional discounted future sum (default off) and no
+baseline; TRL's GKD trainer takes no advantage at all, it backpropagates a generalized
+Jensen-Shannon divergence over the full teacher and student distributions. rLLM's default adds a
+leave-one-out baseline per group and completion position (see ``group_baseline``): the sampled
+estimate of the per-token reverse KL is unchanged in expectation (the baseline never depends on
+the token it is subtracted from) and far less noisy from a student far from the teacher, where
+nearly every sampled token carries a large negative raw advantage.
 
 The teacher is any OpenAI-compatible ``/v1/completions`` endpoint that returns vLLM's
 ``prompt_logprobs`` for a prompt of token ids (vLLM, the tinker backend's local sampler server,
@@ -19,7 +29,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -29,6 +39,9 @@ from rllm.types.errors import InputError, RLLMError
 
 # Texts whose tokenization must agree between teacher and student (specials included).
 TOKENIZER_PROBES = ("Hello, world! 12 + 30 = 42.", "<|im_start|>user\nhi<|im_end|>", "  tabs\tand\nnewlines ")
+# Most prompt tokens sent to the teacher in one request: a step's sequences go in as few requests
+# as this allows (one, for most steps), each a batch the server scores in one pass.
+REQUEST_TOKENS = 32768
 
 
 class DistillSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -37,6 +50,9 @@ class DistillSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     teacher: str
     teacher_model: str = "teacher"
     reward_coef: float = 0.0  # how much of the task reward's advantage is added to the teacher's
+    # "group": subtract a leave-one-out mean of the group's other rollouts at the same completion
+    # position (see group_baseline); "none": the raw per-token negative reverse KL (tinker-cookbook's).
+    baseline: Literal["group", "none"] = "group"
     timeout_s: float = 120.0
 
 
@@ -67,10 +83,20 @@ class TeacherClient:
 
     def score_sync(self, input_ids: Sequence[int]) -> list[float]:
         """The teacher's logprob of each token of ``input_ids`` given the ones before (0.0 first)."""
-        body = {"model": self.model, "prompt": list(input_ids), "max_tokens": 1, "prompt_logprobs": 0}
-        answer = self._post(body)
-        choices = answer.get("choices") or [{}]
-        scores = choices[0].get("prompt_logprobs")
+        return self.score_batch_sync([input_ids])[0]
+
+    def score_batch_sync(self, batch: Sequence[Sequence[int]]) -> list[list[float]]:
+        """``score_sync`` for many sequences in one request (a list of token-id prompts, which
+        vLLM and the local sampler score together)."""
+        prompts = [list(ids) for ids in batch]
+        body = {"model": self.model, "prompt": prompts, "max_tokens": 1, "prompt_logprobs": 0}
+        choices = self._post(body).get("choices") or []
+        by_index = {c.get("index"): c for c in choices if isinstance(c, dict)}
+        return [
+            self._logprobs(ids, by_index.get(k, {}).get("prompt_logprobs")) for k, ids in enumerate(prompts)
+        ]
+
+    def _logprobs(self, input_ids: list[int], scores: Any) -> list[float]:
         if not isinstance(scores, list) or len(scores) != len(input_ids):
             raise InputError(
                 f"teacher {self.url} returned no prompt_logprobs for the student's tokens "
@@ -88,9 +114,20 @@ class TeacherClient:
         return out
 
     async def score(self, sequences: Sequence[TrainSequence]) -> list[list[float]]:
-        return await asyncio.gather(
-            *(asyncio.to_thread(self.score_sync, list(s.input_ids)) for s in sequences)
-        )
+        """Every sequence's teacher logprobs, in as few requests as ``REQUEST_TOKENS`` allows (they
+        run concurrently): one HTTP round trip and one batched forward pass per request, where one
+        request per sequence cost a step 3.2 s on the benchmark's 128 short sequences."""
+        chunks: list[list[list[int]]] = [[]]
+        tokens = 0
+        for s in sequences:
+            ids = [int(t) for t in s.input_ids]
+            if chunks[-1] and tokens + len(ids) > REQUEST_TOKENS:
+                chunks.append([])
+                tokens = 0
+            chunks[-1].append(ids)
+            tokens += len(ids)
+        scored = await asyncio.gather(*(asyncio.to_thread(self.score_batch_sync, c) for c in chunks if c))
+        return [row for chunk in scored for row in chunk]
 
     def check_tokenizer(self, student: Any) -> None:
         """Refuse a teacher whose server tokenizes the probe texts differently from ``student``
@@ -132,34 +169,52 @@ class Distiller:
 
     async def apply(self, sequences: Sequence[TrainSequence]) -> dict[str, float]:
         started = time.perf_counter()
-        metrics = distill_advantages(sequences, await self.teacher.score(sequences), self.section.reward_coef)
+        metrics = distill_advantages(
+            sequences,
+            await self.teacher.score(sequences),
+            self.section.reward_coef,
+            baseline=self.section.baseline == "group",
+        )
         return {**metrics, "time/teacher_s": time.perf_counter() - started}
 
 
 def distill_advantages(
-    sequences: Sequence[TrainSequence], teacher_logprobs: Sequence[Sequence[float]], reward_coef: float = 0.0
+    sequences: Sequence[TrainSequence],
+    teacher_logprobs: Sequence[Sequence[float]],
+    reward_coef: float = 0.0,
+    *,
+    baseline: bool = False,
 ) -> dict[str, float]:
-    """Write each trained token's advantage: teacher - student (sampler) logprob, plus
-    ``reward_coef`` times the advantage already there (the task reward's); returns metrics.
+    """Write each trained token's advantage: teacher - student (sampler) logprob, less the
+    group's baseline when ``baseline`` (``group_baseline``), plus ``reward_coef`` times the
+    advantage already there (the task reward's); returns metrics.
 
     The metrics describe the advantages written here, the ones trained: the step's
     ``advantage/*`` metrics are the task reward's, computed before this rewrite (with
-    ``reward_coef = 0`` none of them reaches the loss)."""
+    ``reward_coef = 0`` none of them reaches the loss). ``distill/reverse_kl`` is the raw
+    estimate, before any baseline."""
     total, count = 0.0, 0
-    written: list[float] = []
+    raw: list[list[float]] = []
     for sequence, teacher in zip(sequences, teacher_logprobs, strict=True):
         if len(teacher) != len(sequence.input_ids):
             raise InputError("teacher logprobs and the sequence differ in length")
-        values = []
+        row = []
         for i, trained in enumerate(sequence.loss_mask):
-            if not trained:
-                values.append(0.0)
-                continue
-            reverse_kl = sequence.sampler_logprobs[i] - teacher[i]
-            total += reverse_kl
-            count += 1
-            values.append(-reverse_kl + reward_coef * sequence.advantages[i])
-            written.append(values[-1])
+            if trained:
+                row.append(teacher[i] - sequence.sampler_logprobs[i])
+                total -= row[-1]
+                count += 1
+        raw.append(row)
+    shifts = group_baseline(sequences, raw) if baseline else [[0.0] * len(r) for r in raw]
+    written: list[float] = []
+    for sequence, row, shift in zip(sequences, raw, shifts, strict=True):
+        values = [0.0] * len(sequence.loss_mask)
+        k = 0
+        for i, trained in enumerate(sequence.loss_mask):
+            if trained:
+                values[i] = row[k] - shift[k] + reward_coef * sequence.advantages[i]
+                written.append(values[i])
+                k += 1
         sequence.advantages = FloatArray(values)
     return {
         "distill/reverse_kl": total / count if count else 0.0,
@@ -168,6 +223,32 @@ def distill_advantages(
         "distill/advantage_min": min(written, default=0.0),
         "distill/advantage_max": max(written, default=0.0),
     }
+
+
+def group_baseline(sequences: Sequence[TrainSequence], raw: Sequence[Sequence[float]]) -> list[list[float]]:
+    """Per sequence and trained token k (its k-th completion token): the mean raw advantage at
+    position k of the OTHER sequences of its group (same ``group_id``: the rollouts of one task),
+    0 where no other sequence reaches position k.
+
+    Leave-one-out, so a token's baseline never depends on the token itself and the estimate
+    stays unbiased; position-wise, because the rollouts share the prompt, so position 0 is the
+    same state for all of them (later positions are only approximately so) and the expected
+    reverse KL differs a lot by position (an end-of-answer token costs little, a content word
+    a lot). A constant added to the teacher's logprobs across a group cancels; a teacher equal
+    to the student still gives exactly 0."""
+    sums: dict[tuple[str, int], tuple[float, int]] = {}
+    for sequence, row in zip(sequences, raw, strict=True):
+        for k, value in enumerate(row):
+            total, n = sums.get((sequence.group_id, k), (0.0, 0))
+            sums[(sequence.group_id, k)] = (total + value, n + 1)
+    out = []
+    for sequence, row in zip(sequences, raw, strict=True):
+        shift = []
+        for k, value in enumerate(row):
+            total, n = sums[(sequence.group_id, k)]
+            shift.append((total - value) / (n - 1) if n > 1 else 0.0)
+        out.append(shift)
+    return out
 
 
 def check_same_tokenizer(student: Any, teacher: Any) -> None:
@@ -191,4 +272,5 @@ __all__ = [
     "TeacherError",
     "check_same_tokenizer",
     "distill_advantages",
+    "group_baseline",
 ]

@@ -219,11 +219,38 @@ class SamplerEngine:
     def prompt_logprobs(self, token_ids: list[int]) -> list[float | None]:
         """The model's logprob of each token given the ones before it (None for the first): what
         vLLM returns as ``prompt_logprobs``; a distillation teacher scores a student's tokens so."""
+        return self.prompt_logprobs_batch([token_ids])[0]
+
+    def prompt_logprobs_batch(
+        self, prompts: list[list[int]], max_tokens: int = 8192
+    ) -> list[list[float | None]]:
+        """``prompt_logprobs`` of many prompts, right-padded into forward passes of at most
+        ``max_tokens`` padded tokens (one pass for a distillation step's short sequences). Right
+        padding under a causal mask leaves every real position's logits as they are alone."""
+        out: list[list[float | None]] = []
+        start = 0
+        while start < len(prompts):
+            end, width = start, 0
+            while end < len(prompts) and (
+                end == start or max(width, len(prompts[end])) * (end - start + 1) <= max_tokens
+            ):
+                width = max(width, len(prompts[end]))
+                end += 1
+            out.extend(self._score_padded(prompts[start:end], width))
+            start = end
+        return out
+
+    def _score_padded(self, prompts: list[list[int]], width: int) -> list[list[float | None]]:
         with self.weights_lock, torch.no_grad():
-            ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
-            logits = self.model(input_ids=ids, use_cache=False).logits[0, :-1].float()
-            picked = logits.gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
-        return [None, *(float(x) for x in picked.tolist())]
+            ids = torch.zeros((len(prompts), width), dtype=torch.long, device=self.device)
+            mask = torch.zeros((len(prompts), width), dtype=torch.long, device=self.device)
+            for row, p in enumerate(prompts):
+                ids[row, : len(p)] = torch.tensor(p, dtype=torch.long)
+                mask[row, : len(p)] = 1
+            logits = self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, :-1].float()
+            picked = logits.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+            rows = picked.tolist()
+        return [[None, *(float(x) for x in rows[r][: len(p) - 1])] for r, p in enumerate(prompts)]
 
     def decode(self, token_ids: list[int], *, skip_special_tokens: bool = False) -> str:
         # One sequence decodes to one str (transformers' annotation also covers batches).

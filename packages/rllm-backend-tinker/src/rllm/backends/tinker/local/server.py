@@ -219,8 +219,9 @@ class SamplerServer:
         except RequestError as exc:
             return web.json_response(exc.body(), status=400)
         results = await asyncio.gather(*(asyncio.wrap_future(self.engine.submit(g)) for g in gens))
+        # All prompts in one batched pass (a distillation step sends its sequences together).
         prompt_scores = (
-            [await asyncio.to_thread(self.engine.prompt_logprobs, p) for p in prompts]
+            await asyncio.to_thread(self.engine.prompt_logprobs_batch, prompts)
             if scored is not None
             else None
         )
