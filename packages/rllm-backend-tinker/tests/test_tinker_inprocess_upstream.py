@@ -35,7 +35,10 @@ def _sampler(backend: TinkerBackend) -> SamplerServer:
 
 
 def _count_in_process(monkeypatch: pytest.MonkeyPatch, server: SamplerServer) -> list[str]:
-    """Records each call the sampler answers in process (the path of each)."""
+    """Serves the sampler in process (``sampler_in_process``) for this test, and records each
+    call it answers so (the path of each)."""
+    monkeypatch.setattr(inprocess_upstreams, "_SERVED", {})
+    inprocess_upstreams.serve_upstream(server.url, server)
     seen: list[str] = []
     inner = server.post_whole
 
@@ -213,3 +216,21 @@ async def test_a_stream_still_goes_over_http(
         (trace,) = await admin.get_traces("t")
     assert seen == [] and trace.status == "ok" and len(trace.completion_ids or []) == 3
     assert text == _sampler(sampler_backend).engine.tokenizer.decode(list(trace.completion_ids or []))
+
+
+def test_sampler_in_process_registers_the_server_until_it_stops(sampler_backend: TinkerBackend) -> None:
+    engine = sampler_backend.service.engine
+    assert engine is not None
+    plain = SamplerServer(engine, "m")
+    plain.start()
+    try:
+        assert inprocess_upstreams.upstream_in_process(plain.url) is None  # the default: HTTP only
+    finally:
+        plain.stop()
+    server = SamplerServer(engine, "m", in_process=True)
+    url = server.start()
+    try:
+        assert inprocess_upstreams.upstream_in_process(url + "/") is server
+    finally:
+        server.stop()
+    assert inprocess_upstreams.upstream_in_process(url) is None

@@ -3,7 +3,7 @@
 It runs on its own thread and event loop, so a busy caller loop (the Trainer's) never stalls
 inference, and blocking torch work stays on the engine's worker thread.
 
-It also registers itself as an in-process upstream (``rllm.runtime.inprocess_upstreams``): a
+With ``in_process`` (``sampler_in_process``) it also registers itself as an in-process upstream (``rllm.runtime.inprocess_upstreams``): a
 gateway in the same process (the engine's embedded one, next to the embedded local backend)
 hands it whole calls directly (``post_whole``), on the gateway's own loop, instead of POSTing
 them through an HTTP client, loopback TCP and this server's thread. The same checks build the
@@ -70,8 +70,10 @@ class SamplerServer:
         port: int = 0,
         default_max_tokens: int = 256,
         image_processor: Any = None,
+        in_process: bool = False,
     ) -> None:
         self.engine = engine
+        self.in_process = in_process
         # With an image processor (a vision-language model) chat messages may hold data-URI
         # image blocks (vlm_prompt.render_vlm_prompt), and a token-id completions prompt may come
         # with its images (``multi_modal_data``, as the gateway's cumulative mode sends it);
@@ -93,7 +95,8 @@ class SamplerServer:
             self._background.start(self._serve, self._cleanup)
         except Exception as exc:
             raise StateError(f"sampler server failed to start on {self.host}:{self.port}: {exc}") from exc
-        self._unserve = serve_upstream(self.url, self)
+        if self.in_process:
+            self._unserve = serve_upstream(self.url, self)
         return self.url
 
     async def _serve(self) -> None:
