@@ -106,9 +106,10 @@ async def start_upstream(args: argparse.Namespace) -> tuple[str, Any]:
     from rllm.tiny import init_tiny_model
 
     model = init_tiny_model(Path(tempfile.mkdtemp(prefix="rllm-fc-")) / "model", vocab_words=WORDS, seed=0)
-    backend = TinkerBackend({"model": str(model), "torch_threads": 1, "seed": 0, "sampler_in_process": True})
+    options = {"model": str(model), "torch_threads": 1, "seed": 0, "sampler_in_process": True}
+    backend = TinkerBackend({**options, "sampler_batch_window_ms": args.window_ms})
     await backend.start()
-    SAMPLERS.append(backend.service.engine)
+    SAMPLERS.append(getattr(backend.service, "engine", None))  # the local service's SamplerEngine
     return backend.inference_urls()[0], backend.close
 
 
@@ -168,4 +169,5 @@ if __name__ == "__main__":
         default="mock",
         help="the loopback MockUpstream, or the local sampler with the tiny model",
     )
+    parser.add_argument("--window-ms", type=float, default=1.0, help="local sampler's batch window")
     asyncio.run(main(parser.parse_args()))
