@@ -14,7 +14,16 @@ reach the gateway run in alternating rounds in ONE process, so load moves them a
 
 Printed: median process CPU and wall per round, and per rollout, for each.
 
+With ``--upstream local`` the upstream is the real local sampler (the tiny model, in this process
+as the embedded backend runs it) instead of the MockUpstream, and two designs alternate, the flows
+reaching the gateway in process either way:
+
+  sampler-http        the gateway POSTs each call to the sampler's HTTP server (before #35 round 6)
+  sampler-in-process  the gateway hands each whole call to the sampler directly
+                      (rllm.runtime.inprocess_upstreams)
+
     uv run --no-sync python benchmarks/flow_calls.py --rounds 30
+    uv run --no-sync python benchmarks/flow_calls.py --rounds 15 --upstream local
 """
 
 from __future__ import annotations
@@ -61,42 +70,89 @@ def variants() -> dict[str, Any]:
     }
 
 
+SAMPLERS: list[Any] = []  # the local sampler's engine, for its forward passes per round
+
+
+def sampler_variants() -> dict[str, Any]:
+    """The gateway -> local sampler hop over HTTP or in process (flows in process either way)."""
+    from rllm.runtime import inprocess_upstreams
+
+    served = inprocess_upstreams._SERVED
+
+    def use(in_process: bool) -> Any:
+        def apply() -> None:
+            variants()["in-process"]()
+            inprocess_upstreams._SERVED = served if in_process else {}
+
+        return apply
+
+    return {"sampler-http": use(False), "sampler-in-process": use(True)}
+
+
+async def start_upstream(args: argparse.Namespace) -> tuple[str, Any]:
+    """The upstream's URL and the coroutine function that stops it."""
+    if args.upstream == "mock":
+        from rllm.testing import MockUpstream
+        from rllm.testing.scripted import say_back
+
+        upstream = await MockUpstream(responder=say_back()).start()
+        return upstream.url, upstream.stop
+    import tempfile
+    from pathlib import Path
+
+    from rllm_cookbook_say import WORDS
+
+    from rllm.backends.tinker import TinkerBackend
+    from rllm.tiny import init_tiny_model
+
+    model = init_tiny_model(Path(tempfile.mkdtemp(prefix="rllm-fc-")) / "model", vocab_words=WORDS, seed=0)
+    options = {"model": str(model), "torch_threads": 1, "seed": 0, "sampler_in_process": True}
+    backend = TinkerBackend({**options, "sampler_batch_window_ms": args.window_ms})
+    await backend.start()
+    SAMPLERS.append(getattr(backend.service, "engine", None))  # the local service's SamplerEngine
+    return backend.inference_urls()[0], backend.close
+
+
 async def main(args: argparse.Namespace) -> None:
     from rllm_cookbook_say import load_tasks, say_flow
 
     from rllm.engine.rollout_config import RolloutConfig
     from rllm.engine.rollout_engine import RolloutEngine
     from rllm.gateway import GatewayConfig
-    from rllm.testing import MockUpstream
-    from rllm.testing.scripted import say_back
 
-    upstream = await MockUpstream(responder=say_back()).start()
+    url, stop = await start_upstream(args)
     tasks = load_tasks("train", turns=1)[: args.tasks]
     config = RolloutConfig(n=args.group, concurrency=args.tasks * args.group, progress=False)
-    setups = variants()
+    setups = variants() if args.upstream == "mock" else sampler_variants()
     cpu: dict[str, list[float]] = {name: [] for name in setups}
     wall: dict[str, list[float]] = {name: [] for name in setups}
+    passes: dict[str, list[int]] = {name: [] for name in setups}
     for r in range(args.rounds + 1):
         for name, apply in setups.items():
             apply()  # before the engine starts: it registers the in-process path (or not) at start
-            cfg = GatewayConfig(upstreams=[upstream.url], health_interval_s=0)
+            cfg = GatewayConfig(upstreams=[url], health_interval_s=0)
             async with RolloutEngine(say_flow, None, config, gateway_config=cfg) as engine:
+                f0 = SAMPLERS[0].forward_passes if SAMPLERS else 0
                 t, c = time.perf_counter(), time.process_time()
                 episodes = await engine.run(tasks)
                 c, t = time.process_time() - c, time.perf_counter() - t
+                f = (SAMPLERS[0].forward_passes if SAMPLERS else 0) - f0
             assert all(ep.error is None for ep in episodes), [ep.error for ep in episodes][:3]
             if r:  # round 0 warms every path up
                 cpu[name].append(c)
                 wall[name].append(t)
-    await upstream.stop()
+                passes[name].append(f)
+    await stop()
     n = args.tasks * args.group
-    base = statistics.median(cpu["per-rollout"])
+    first = next(iter(setups))
+    base = statistics.median(cpu[first])
     print(f"{args.rounds} rounds of {n} one-turn rollouts, medians:")
     for name in setups:
         mc, mw = statistics.median(cpu[name]), statistics.median(wall[name])
         print(
             f"  {name:12s} CPU {mc * 1000:7.1f} ms/round ({mc * 1e6 / n:6.0f} us/rollout)"
-            f"   wall {mw * 1000:7.1f} ms/round   CPU vs per-rollout {mc / base:.2f}x"
+            f"   wall {mw * 1000:7.1f} ms/round   CPU vs {first} {mc / base:.2f}x"
+            + (f"   {statistics.median(passes[name]):.0f} forward passes/round" if SAMPLERS else "")
         )
 
 
@@ -107,4 +163,11 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--tasks", type=int, default=4)
     parser.add_argument("--group", type=int, default=8)
+    parser.add_argument(
+        "--upstream",
+        choices=["mock", "local"],
+        default="mock",
+        help="the loopback MockUpstream, or the local sampler with the tiny model",
+    )
+    parser.add_argument("--window-ms", type=float, default=1.0, help="local sampler's batch window")
     asyncio.run(main(parser.parse_args()))

@@ -228,6 +228,7 @@ def run_system(
         f"seed={args.seed}",
         "progress=false",
         "plot=false",
+        f"backend.options.sampler_in_process={str(args.sampler_in_process).lower()}",
     ]
     trainer = build_trainer("say-single", overrides=overrides, out_dir=str(out), resume=False)
     rewards: list[float] = []
@@ -367,6 +368,11 @@ def main() -> None:
         default="in-process",
         help="the flows' openai clients: rllm.sdk.clients' (in memory to the embedded gateway), the"
         " same over loopback TCP, or those from before #35 round 5 (TCP, a platform lookup each)",
+    )
+    parser.add_argument(
+        "--sampler-in-process",
+        action="store_true",
+        help="the embedded gateway hands whole calls to the local sampler directly (not over HTTP)",
     )
     args = parser.parse_args()
     if args.clients != "in-process":

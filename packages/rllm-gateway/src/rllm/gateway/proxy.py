@@ -7,7 +7,10 @@ traces, ``upstream_call``, ``route``, ``answer_whole``, ``forward``), so neither
 other. Streams go through ``streaming``, hosted providers through ``hosted``.
 
 Non-streaming calls to plain-http upstreams go through the lean keep-alive client
-(``rllm.runtime.http_client``); streams, https upstreams and health checks use aiohttp.
+(``rllm.runtime.http_client``); streams, https upstreams and health checks use aiohttp. A
+non-streaming call (with ``fast_http``, the default) to an upstream that lives in this process (the embedded local sampler,
+``rllm.runtime.inprocess_upstreams``) is handed to it directly, with its decoded body: the same
+routing, failover counters, answer handling and trace, without HTTP. Its aborts go to it directly.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from rllm.gateway.streaming import forward_stream
 from rllm.gateway.upstreams import NoHealthyUpstream, Upstream, UpstreamPool
 from rllm.runtime.http_client import FastHttpPool, UpstreamBadResponse, UpstreamConnectError, UpstreamDropped
 from rllm.runtime.http_messages import Request, Response, StreamResponse
+from rllm.runtime.inprocess_upstreams import InProcessUpstream, upstream_in_process
 from rllm.types import TraceRecord
 
 log = logging.getLogger("rllm.gateway")
@@ -204,6 +208,10 @@ class Proxy:
         http = self.http
 
         async def one(url: str) -> None:
+            local = upstream_in_process(url)
+            if local is not None:
+                local.abort()
+                return
             try:
                 async with http.post(url + "/abort", data=b"{}", headers={"Content-Type": _JSON}) as resp:
                     if resp.status == 200:
@@ -295,12 +303,16 @@ class Proxy:
         """Non-streaming POST through the lean keep-alive client, with failover."""
         assert self.fast is not None
         fast = self.fast
+        timeout_s = self.config.upstream_timeout_s
+
+        def send(w: Upstream) -> Awaitable[tuple[int, bytes]]:
+            local = upstream_in_process(w.url)
+            if local is not None:
+                return _post_in_process(local, path, body, timeout_s)
+            return fast.post(w.url + path, _json_encode(body))
+
         _, answer = await self._failover(
-            session,
-            body,
-            lambda w: fast.post(w.url + path, _json_encode(body)),
-            (UpstreamConnectError, UpstreamDropped, OSError),
-            UpstreamConnectError,
+            session, body, send, (UpstreamConnectError, UpstreamDropped, OSError), UpstreamConnectError
         )
         return answer
 
@@ -366,6 +378,14 @@ class Proxy:
                 raise UpstreamBadResponse(f"upstream answer of {size}+ bytes exceeds the limit of {cap}")
             parts.append(piece)
         return b"".join(parts)
+
+
+async def _post_in_process(
+    local: InProcessUpstream, path: str, body: dict[str, Any], timeout_s: float
+) -> tuple[int, bytes]:
+    """A whole call to an upstream in this process, with the HTTP client's read timeout."""
+    async with asyncio.timeout(timeout_s):
+        return await local.post_whole(path, body)
 
 
 def upstream_fault(exc: BaseException) -> str:

@@ -6,8 +6,9 @@ the agent's own HTTP client does: the handler task's first step after the reques
 its wake-up after the upstream's answer. Here the request is decoded, traced and written to an
 idle kept-alive upstream connection from the I/O callback that completed it, and the answer is
 captured and written back to the agent from the I/O callback that completed the upstream's
-response. Whatever does not fit (no idle connection, a dropped connection) goes on in a task
-through the gateway's ordinary failover path, with the same trace.
+response. Whatever does not fit (no idle connection, a dropped connection, an upstream that
+lives in this process) goes on in a task through the gateway's ordinary failover path, with the
+same trace.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from rllm.gateway.errors import GatewayError, answer_or_error, gateway_error_res
 from rllm.gateway.upstreams import NoHealthyUpstream, Upstream
 from rllm.runtime.http_client import Connection, Outcome, UpstreamBadResponse
 from rllm.runtime.http_messages import Request, Response, StreamResponse
+from rllm.runtime.inprocess_upstreams import upstream_in_process
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
@@ -49,6 +51,8 @@ def start_exchange(
         w = proxy.route(parsed.session, parsed.body)
     except NoHealthyUpstream:
         return exchange.in_task()  # the failover path answers 503 and records the error
+    if upstream_in_process(w.url) is not None:
+        return exchange.in_task()  # the task path hands it to the upstream in this process
     assert proxy.fast is not None
     conn = proxy.fast.send_nowait(w.url + call.path, _json_encode(call.body), exchange.on_answer)
     if conn is None:

@@ -80,6 +80,12 @@ class TinkerBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     # A batch keeps collecting requests while they arrive less than this apart (0 = take only
     # what is already queued).
     sampler_batch_window_ms: float = 1.0
+    # A gateway in this process (the engine's embedded one) hands whole calls to the sampler
+    # directly instead of over HTTP (rllm.runtime.inprocess_upstreams): same answers and traces,
+    # less CPU per call, but calls then reach the sampler one by one and it runs more forward
+    # passes per step (benchmarks/RESULTS.md, #35 round 6), so it is off until the sampler
+    # gathers a step's calls.
+    sampler_in_process: bool = False
     # "copy": the sampler owns a second copy of the weights, refreshed by sync_weights (training
     # never disturbs serving). "shared": one module; optimizer steps pause sampling (saves memory).
     sampler_weights: Literal["copy", "shared"] = "copy"

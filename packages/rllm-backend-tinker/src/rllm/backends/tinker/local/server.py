@@ -2,6 +2,13 @@
 
 It runs on its own thread and event loop, so a busy caller loop (the Trainer's) never stalls
 inference, and blocking torch work stays on the engine's worker thread.
+
+With ``in_process`` (``sampler_in_process``) it also registers itself as an in-process upstream (``rllm.runtime.inprocess_upstreams``): a
+gateway in the same process (the engine's embedded one, next to the embedded local backend)
+hands it whole calls directly (``post_whole``), on the gateway's own loop, instead of POSTing
+them through an HTTP client, loopback TCP and this server's thread. The same checks build the
+same answer, serialised as the HTTP route serialises it, so the gateway's trace is the same;
+streams still come over HTTP.
 """
 
 from __future__ import annotations
@@ -9,11 +16,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, cast
 
 from aiohttp import web
 
-from rllm.backends.tinker.local.generation import SamplerEngine
+from rllm.backends.tinker.local.generation import GenerationRequest, SamplerEngine
 from rllm.backends.tinker.local.protocol import (
     MAX_TOP_LOGPROBS,
     RequestError,
@@ -25,7 +35,25 @@ from rllm.backends.tinker.local.protocol import (
 )
 from rllm.backends.tinker.local.streaming import include_usage, send_stream, stream_chunks
 from rllm.runtime.background import BackgroundLoop
+from rllm.runtime.inprocess_upstreams import serve_upstream
 from rllm.types.errors import StateError
+
+log = logging.getLogger(__name__)
+# What aiohttp answers for a handler's unexpected exception (its text/plain form), so a gateway
+# calling in process records the same upstream failure as over HTTP.
+_INTERNAL_ERROR = b"500 Internal Server Error\n\nServer got itself in trouble"
+
+
+@dataclass(slots=True)
+class _Call:
+    """A checked request, ready to generate: one prompt (chat) or several (completions)."""
+
+    prompts: list[list[int]]
+    gens: list[GenerationRequest]
+    usage: bool
+    logprobs: Any  # chat: whether to return them; completions: how many top ones (or None)
+    return_token_ids: bool
+    prompt_logprobs: bool = False
 
 
 class SamplerServer:
@@ -42,8 +70,10 @@ class SamplerServer:
         port: int = 0,
         default_max_tokens: int = 256,
         image_processor: Any = None,
+        in_process: bool = False,
     ) -> None:
         self.engine = engine
+        self.in_process = in_process
         # With an image processor (a vision-language model) chat messages may hold data-URI
         # image blocks (vlm_prompt.render_vlm_prompt), and a token-id completions prompt may come
         # with its images (``multi_modal_data``, as the gateway's cumulative mode sends it);
@@ -55,6 +85,7 @@ class SamplerServer:
         self.default_max_tokens = default_max_tokens
         self._background = BackgroundLoop("rllm-sampler-http")
         self._runner: web.AppRunner | None = None
+        self._unserve: Callable[[], None] | None = None
         self.url = ""
 
     # lifecycle -------------------------------------------------------------------------------
@@ -64,6 +95,8 @@ class SamplerServer:
             self._background.start(self._serve, self._cleanup)
         except Exception as exc:
             raise StateError(f"sampler server failed to start on {self.host}:{self.port}: {exc}") from exc
+        if self.in_process:
+            self._unserve = serve_upstream(self.url, self)
         return self.url
 
     async def _serve(self) -> None:
@@ -85,7 +118,40 @@ class SamplerServer:
             await self._runner.cleanup()
 
     def stop(self) -> None:
+        if self._unserve is not None:
+            self._unserve()
+            self._unserve = None
         self._background.stop()
+
+    # in process (rllm.runtime.inprocess_upstreams) --------------------------------------------
+    async def post_whole(self, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
+        """A whole call from a proxy in this process, on its event loop: the status and body the
+        HTTP route would send (``path`` below ``/v1``). Streams go over HTTP."""
+        if body.get("stream"):
+            raise StateError("post_whole answers whole calls; a stream goes over HTTP")
+        try:
+            if path == "/chat/completions":
+                try:
+                    call = await self._chat_call(body)
+                except RequestError as exc:
+                    return 400, _dumps(exc.body())
+                answer = await self._chat_answer(call)
+            elif path == "/completions":
+                try:
+                    call = await self._completions_call(body)
+                except RequestError as exc:
+                    return 400, _dumps(exc.body())
+                answer = await self._completions_answer(body, call)
+            else:
+                return 404, b"404: Not Found"
+        except Exception:
+            log.exception("internal error on %s (in process)", path)
+            return 500, _INTERNAL_ERROR
+        return 200, _dumps(answer)
+
+    def abort(self) -> None:
+        """``POST /v1/abort`` in process."""
+        self.engine.abort_all()
 
     # handlers --------------------------------------------------------------------------------
     async def _health(self, request: web.Request) -> web.Response:
@@ -108,57 +174,63 @@ class SamplerServer:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         try:
             body = await _json_body(request)
-            # Decoding and resizing images is CPU work: off the server's event loop.
-            vision = await asyncio.to_thread(self._vision, body) if self.image_processor else None
-            messages = parse_messages(body) if vision is None else body["messages"]
-            add_generation_prompt = bool(body.get("add_generation_prompt", True))
-            template_kwargs = body.get("chat_template_kwargs") or {}
-            if not isinstance(template_kwargs, dict):
-                raise RequestError("'chat_template_kwargs' must be an object", "chat_template_kwargs")
-            try:
-                # tokenize=False renders one str (transformers' annotation covers every mode).
-                text = (
-                    ""
-                    if vision is not None
-                    else cast(
-                        str,
-                        self.engine.tokenizer.apply_chat_template(
-                            messages,
-                            tokenize=False,
-                            add_generation_prompt=add_generation_prompt,
-                            **template_kwargs,
-                        ),
-                    )
-                )
-            except Exception as exc:
-                raise RequestError(
-                    f"the chat template could not render 'messages': {exc}", "messages"
-                ) from exc
-            prompt_ids = self._encode(text) if vision is None else vision.input_ids
-            gen = parse_sampling(body, prompt_ids, self.default_max_tokens, self.engine.max_positions)
-            gen.vision = vision
-            want_logprobs = bool(body.get("logprobs", False))
-            top = body.get("top_logprobs") or 0
-            if not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
-                raise RequestError(
-                    f"'top_logprobs' must be an integer in [0, {MAX_TOP_LOGPROBS}]", "top_logprobs"
-                )
-            gen.top_logprobs = top if want_logprobs else 0
-            usage = include_usage(body)
+            call = await self._chat_call(body)
         except RequestError as exc:
             return web.json_response(exc.body(), status=400)
-        seqs = await asyncio.wrap_future(self.engine.submit(gen))
-        answer = chat_response(
+        answer = await self._chat_answer(call)
+        if body.get("stream"):
+            return await send_stream(request, stream_chunks(answer, chat=True, usage=call.usage))
+        return web.json_response(answer)
+
+    async def _chat_call(self, body: dict[str, Any]) -> _Call:
+        """A chat request checked and turned into its generation (RequestError: a 400)."""
+        # Decoding and resizing images is CPU work: off the server's event loop.
+        vision = await asyncio.to_thread(self._vision, body) if self.image_processor else None
+        messages = parse_messages(body) if vision is None else body["messages"]
+        add_generation_prompt = bool(body.get("add_generation_prompt", True))
+        template_kwargs = body.get("chat_template_kwargs") or {}
+        if not isinstance(template_kwargs, dict):
+            raise RequestError("'chat_template_kwargs' must be an object", "chat_template_kwargs")
+        try:
+            # tokenize=False renders one str (transformers' annotation covers every mode).
+            text = (
+                ""
+                if vision is not None
+                else cast(
+                    str,
+                    self.engine.tokenizer.apply_chat_template(
+                        messages,
+                        tokenize=False,
+                        add_generation_prompt=add_generation_prompt,
+                        **template_kwargs,
+                    ),
+                )
+            )
+        except Exception as exc:
+            raise RequestError(f"the chat template could not render 'messages': {exc}", "messages") from exc
+        prompt_ids = self._encode(text) if vision is None else vision.input_ids
+        gen = parse_sampling(body, prompt_ids, self.default_max_tokens, self.engine.max_positions)
+        gen.vision = vision
+        want_logprobs = bool(body.get("logprobs", False))
+        top = body.get("top_logprobs") or 0
+        if not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise RequestError(
+                f"'top_logprobs' must be an integer in [0, {MAX_TOP_LOGPROBS}]", "top_logprobs"
+            )
+        gen.top_logprobs = top if want_logprobs else 0
+        usage = include_usage(body)
+        return _Call([prompt_ids], [gen], usage, want_logprobs, bool(body.get("return_token_ids", False)))
+
+    async def _chat_answer(self, call: _Call) -> dict[str, Any]:
+        seqs = await asyncio.wrap_future(self.engine.submit(call.gens[0]))
+        return chat_response(
             self.model_name,
-            prompt_ids,
+            call.prompts[0],
             seqs,
             self._decode_token,
-            logprobs=want_logprobs,
-            return_token_ids=bool(body.get("return_token_ids", False)),
+            logprobs=call.logprobs,
+            return_token_ids=call.return_token_ids,
         )
-        if body.get("stream"):
-            return await send_stream(request, stream_chunks(answer, chat=True, usage=usage))
-        return web.json_response(answer)
 
     def _vision(self, body: dict[str, Any]) -> Any:
         """The prompt's vision inputs when the messages hold image blocks and this server has an
@@ -187,42 +259,59 @@ class SamplerServer:
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         try:
             body = await _json_body(request)
-            if body.get("echo"):
-                raise RequestError("'echo' is not supported by the local sampler", "echo")
-            prompts = parse_prompts(body, self._encode)
-            vision = None
-            if body.get("multi_modal_data") is not None:
-                vision = await asyncio.to_thread(self._prompt_vision, body, prompts)
-            logprobs = body.get("logprobs")
-            if logprobs is not None and (
-                not isinstance(logprobs, int)
-                or isinstance(logprobs, bool)
-                or not 0 <= logprobs <= MAX_TOP_LOGPROBS
-            ):
-                raise RequestError(f"'logprobs' must be an integer in [0, {MAX_TOP_LOGPROBS}]", "logprobs")
-            gens = [
-                parse_sampling(body, p, self.default_max_tokens, self.engine.max_positions) for p in prompts
-            ]
-            for g in gens:
-                g.top_logprobs = logprobs or 0
-                g.vision = vision
-            usage = include_usage(body)
-            scored = body.get("prompt_logprobs")
-            if scored is not None and (
-                not isinstance(scored, int) or isinstance(scored, bool) or scored != 0
-            ):
-                raise RequestError(
-                    "'prompt_logprobs' must be 0 (the prompt tokens' own logprobs)", "prompt_logprobs"
-                )
-            if scored is not None and vision is not None:
-                raise RequestError("'prompt_logprobs' is not supported with images", "prompt_logprobs")
+            call = await self._completions_call(body)
         except RequestError as exc:
             return web.json_response(exc.body(), status=400)
+<<<<<<< HEAD
         results = await asyncio.gather(*(asyncio.wrap_future(self.engine.submit(g)) for g in gens))
         # All prompts in one batched pass (a distillation step sends its sequences together).
         prompt_scores = (
             await asyncio.to_thread(self.engine.prompt_logprobs_batch, prompts)
             if scored is not None
+=======
+        answer = await self._completions_answer(body, call)
+        if body.get("stream"):
+            return await send_stream(request, stream_chunks(answer, chat=False, usage=call.usage))
+        return web.json_response(answer)
+
+    async def _completions_call(self, body: dict[str, Any]) -> _Call:
+        """A completions request checked and turned into its generations (RequestError: a 400)."""
+        if body.get("echo"):
+            raise RequestError("'echo' is not supported by the local sampler", "echo")
+        prompts = parse_prompts(body, self._encode)
+        vision = None
+        if body.get("multi_modal_data") is not None:
+            vision = await asyncio.to_thread(self._prompt_vision, body, prompts)
+        logprobs = body.get("logprobs")
+        if logprobs is not None and (
+            not isinstance(logprobs, int)
+            or isinstance(logprobs, bool)
+            or not 0 <= logprobs <= MAX_TOP_LOGPROBS
+        ):
+            raise RequestError(f"'logprobs' must be an integer in [0, {MAX_TOP_LOGPROBS}]", "logprobs")
+        gens = [parse_sampling(body, p, self.default_max_tokens, self.engine.max_positions) for p in prompts]
+        for g in gens:
+            g.top_logprobs = logprobs or 0
+            g.vision = vision
+        usage = include_usage(body)
+        scored = body.get("prompt_logprobs")
+        if scored is not None and (not isinstance(scored, int) or isinstance(scored, bool) or scored != 0):
+            raise RequestError(
+                "'prompt_logprobs' must be 0 (the prompt tokens' own logprobs)", "prompt_logprobs"
+            )
+        if scored is not None and vision is not None:
+            raise RequestError("'prompt_logprobs' is not supported with images", "prompt_logprobs")
+        return _Call(
+            prompts, gens, usage, logprobs, bool(body.get("return_token_ids", False)), scored is not None
+        )
+
+    async def _completions_answer(self, body: dict[str, Any], call: _Call) -> dict[str, Any]:
+        prompts, logprobs = call.prompts, call.logprobs
+        results = await asyncio.gather(*(asyncio.wrap_future(self.engine.submit(g)) for g in call.gens))
+        prompt_scores = (
+            [await asyncio.to_thread(self.engine.prompt_logprobs, p) for p in prompts]
+            if call.prompt_logprobs
+>>>>>>> r6q
             else None
         )
         answer = completion_response(
@@ -231,7 +320,7 @@ class SamplerServer:
             list(results),
             self._decode_token,
             logprobs=logprobs,
-            return_token_ids=bool(body.get("return_token_ids", False)),
+            return_token_ids=call.return_token_ids,
         )
         if prompt_scores is not None:
             # vLLM's shape: per prompt token, None for the first, else {token_id: {logprob, rank, decoded_token}}.
@@ -249,9 +338,7 @@ class SamplerServer:
             # Says the model saw the images: a caller sending them (the gateway's cumulative
             # mode) refuses an answer without this, from a server that ignored them.
             answer["images_used"] = len(body["multi_modal_data"]["image"])
-        if body.get("stream"):
-            return await send_stream(request, stream_chunks(answer, chat=False, usage=usage))
-        return web.json_response(answer)
+        return answer
 
     def _prompt_vision(self, body: dict[str, Any], prompts: list[list[int]]) -> Any:
         """The vision inputs of a token-id prompt sent with ``multi_modal_data: {"image": [data
@@ -297,6 +384,11 @@ class SamplerServer:
     @functools.lru_cache(maxsize=65536)  # noqa: B019 - the server lives as long as its tokenizer
     def _decode_token(self, token_id: int) -> str:
         return self.engine.decode([token_id])
+
+
+def _dumps(data: Any) -> bytes:
+    """JSON as ``web.json_response`` writes it (json.dumps), so both paths send the same bytes."""
+    return json.dumps(data).encode()
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:

@@ -99,6 +99,7 @@ class LocalService:
             port=cfg.sampler_port,
             default_max_tokens=cfg.sampler_max_tokens,
             image_processor=vision.image_processor if vision is not None else None,
+            in_process=cfg.sampler_in_process,
         )
         self._url = self.server.start()
         logger.info(
