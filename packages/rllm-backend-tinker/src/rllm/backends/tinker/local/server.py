@@ -262,13 +262,6 @@ class SamplerServer:
             call = await self._completions_call(body)
         except RequestError as exc:
             return web.json_response(exc.body(), status=400)
-<<<<<<< HEAD
-        results = await asyncio.gather(*(asyncio.wrap_future(self.engine.submit(g)) for g in gens))
-        # All prompts in one batched pass (a distillation step sends its sequences together).
-        prompt_scores = (
-            await asyncio.to_thread(self.engine.prompt_logprobs_batch, prompts)
-            if scored is not None
-=======
         answer = await self._completions_answer(body, call)
         if body.get("stream"):
             return await send_stream(request, stream_chunks(answer, chat=False, usage=call.usage))
@@ -308,10 +301,10 @@ class SamplerServer:
     async def _completions_answer(self, body: dict[str, Any], call: _Call) -> dict[str, Any]:
         prompts, logprobs = call.prompts, call.logprobs
         results = await asyncio.gather(*(asyncio.wrap_future(self.engine.submit(g)) for g in call.gens))
+        # All prompts in one batched pass (a distillation step sends its sequences together).
         prompt_scores = (
-            [await asyncio.to_thread(self.engine.prompt_logprobs, p) for p in prompts]
+            await asyncio.to_thread(self.engine.prompt_logprobs_batch, prompts)
             if call.prompt_logprobs
->>>>>>> r6q
             else None
         )
         answer = completion_response(
