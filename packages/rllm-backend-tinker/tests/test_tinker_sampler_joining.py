@@ -107,6 +107,23 @@ def test_a_request_is_answered_when_its_own_rows_end(engine: SamplerEngine) -> N
     assert seen_long_done == [False]
 
 
+def test_a_caller_that_gave_up_costs_the_others_nothing(engine: SamplerEngine) -> None:
+    """A request whose caller went away (its future cancelled, as ``asyncio.wrap_future`` does
+    when an HTTP client disconnects) ends quietly: the rest of its batch is answered."""
+    prompts = _prompts(engine)
+    gate = _GatedModel(engine.model)
+    engine.model = cast(torch.nn.Module, gate)
+    given_up = engine.submit(_request(prompts[0], 0.0, 2))
+    assert gate.prefill_started.wait(30)
+    other = engine.submit(_request(prompts[1], 0.0, 6))  # joins, and outlives the given-up one
+    assert given_up.cancel()
+    gate.release.set()
+    assert len(other.result(timeout=60)[0].completion_ids) == 6
+    assert given_up.cancelled()
+    after = engine.submit(_request(prompts[2], 0.0, 3))  # and the engine keeps serving
+    assert len(after.result(timeout=60)[0].completion_ids) == 3
+
+
 def test_a_waiting_weight_swap_stops_joins(engine: SamplerEngine) -> None:
     """Requests queued while a swap waits start after it, under the new weights."""
     prompts = _prompts(engine)

@@ -20,7 +20,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -185,8 +185,9 @@ class SamplerEngine:
             if not self._aborted(p):
                 keep.append(p)
                 continue
-            p.future.set_result(
-                [GeneratedSequence([], [], [], "", "abort", self.weight_version) for _ in range(p.request.n)]
+            _deliver(
+                p.future,
+                [GeneratedSequence([], [], [], "", "abort", self.weight_version) for _ in range(p.request.n)],
             )
         return keep
 
@@ -354,7 +355,7 @@ class SamplerEngine:
         if self._open[p] == 0:
             del self._open[p]
             answers = sorted(self._answers.pop(p), key=lambda a: a[0])  # rows end in any order
-            p.future.set_result([seq for _, seq in answers])
+            _deliver(p.future, [seq for _, seq in answers])
 
     def _joiners(self, room: int) -> list[_Pending]:
         """Queued text requests that fit in ``room`` more rows, in arrival order; none while a
@@ -553,6 +554,14 @@ class SamplerEngine:
             return False
         row.text_cut = min(cuts)  # the returned text ends before the stop string (like vLLM)
         return True
+
+
+def _deliver(future: Future[list[GeneratedSequence]], value: list[GeneratedSequence]) -> None:
+    """Answer a request unless its caller gave up on it meanwhile (an HTTP client that went away:
+    ``asyncio.wrap_future`` cancels the future). Raising there would fail the whole batch, every
+    other caller's request with it."""
+    with contextlib.suppress(InvalidStateError):
+        future.set_result(value)
 
 
 def _has_pixels(vision: Any) -> bool:
