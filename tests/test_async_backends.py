@@ -83,3 +83,18 @@ def test_partial_rollouts_without_a_max_tokens_are_refused_at_config_time_naming
         config_from_dict({"cookbook": "say", "rollout": {"max_staleness": 1}}).rollout.sampling.max_tokens
         is None
     )
+
+
+def test_partial_validation_calls_get_the_training_budget_unless_they_set_their_own() -> None:
+    from rllm.engine.trainer_config import config_from_dict
+
+    rollout = {"max_staleness": 1, "partial": True, "sampling": {"max_tokens": 8}}
+    # The default val_sampling (greedy) sets no budget: validation calls would get a 400 each.
+    config = config_from_dict({"cookbook": "say", "rollout": rollout})
+    assert config.rollout.sampling_for(True).max_tokens == 8
+    assert config.rollout.sampling_for(True).temperature == 0.0
+    own = {**rollout, "val_sampling": {"temperature": 0.0, "max_tokens": 3}}
+    assert config_from_dict({"cookbook": "say", "rollout": own}).rollout.sampling_for(True).max_tokens == 3
+    # Without partial rollouts validation keeps leaving its budget to the sampler.
+    plain = config_from_dict({"cookbook": "say", "rollout": {"sampling": {"max_tokens": 8}}})
+    assert plain.rollout.sampling_for(True).max_tokens is None

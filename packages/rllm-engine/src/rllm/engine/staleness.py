@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Literal
 
+import msgspec
+
 from rllm.engine.rollout_config import RolloutSettings
 from rllm.types import Episode, Step
 from rllm.types.errors import ConfigError, InvariantError
@@ -53,6 +55,13 @@ class TrainRolloutSettings(RolloutSettings, kw_only=True, forbid_unknown_fields=
                 "partial=true continues a call aborted at a weight sync with what is left of "
                 "its max_tokens: set sampling.max_tokens",
                 "sampling.max_tokens",
+            )
+        # Validation calls are continued too: one whose val_sampling has no budget of its own
+        # gets the training budget, rather than a 400 per call mid-run (the default val_sampling
+        # only sets the temperature).
+        if self.partial and self.val_sampling is not None and self.val_sampling.max_tokens is None:
+            self.val_sampling = msgspec.structs.replace(
+                self.val_sampling, max_tokens=self.sampling.max_tokens
             )
 
 
