@@ -3,13 +3,14 @@ with a checkpoint, a re-run is refused, and --resume continues from the final ch
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rllm.cli.main import main
-from rllm.engine.learning_watch import NoLearningWatch
+from rllm.engine.learning_watch import NoLearningWatch, UnrewardedTaskWatch
 from rllm.engine.metrics_log import read_metrics
 
 pytestmark = pytest.mark.slow
@@ -29,12 +30,20 @@ QUICK = [
 
 
 def test_a_run_that_cannot_learn_warns_checkpoints_and_resumes(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "run"
+    # Tasks count as unrewarded after one appearance here (5 by default), so 3 steps show it.
+    monkeypatch.setattr(
+        "rllm.engine.trainer.UnrewardedTaskWatch", partial(UnrewardedTaskWatch, appearances=1)
+    )
     assert main(["train", "say-single", "--out", str(out), "total_steps=3", *QUICK]) == 0
     err = capsys.readouterr().err
     assert err.count("no trainable sequence in 3 steps in a row") == 2  # as it happens, and in the summary
+    # The fresh tiny model rarely says the word: the tasks of the last step that got no reward
+    # are counted in its metrics and named in the end-of-run warning, and only those.
+    unrewarded = int(read_metrics(out / "metrics.jsonl")[-1]["filter/tasks_unrewarded"])
+    assert (f"{unrewarded} task(s) got no reward" in err) == (unrewarded > 0), err
     assert (out / "checkpoints" / "step_000003" / "trainer_state.json").is_file()  # ckpt_every is 0
     assert "checkpoint " in err and "step_000003" in err, err
     rows = read_metrics(out / "metrics.jsonl")

@@ -24,6 +24,7 @@ import pytest
 from rllm.algos.config import AlgorithmConfig
 from rllm.engine.async_loop import AsyncStepper
 from rllm.engine.checkpoint import TrainerState
+from rllm.engine.learning_watch import UnrewardedTaskWatch
 from rllm.engine.rollout_config import RolloutConfig
 from rllm.engine.rollout_engine import RolloutEngine
 from rllm.engine.trainer_config import TrainerConfig, training_rollout
@@ -149,6 +150,7 @@ class FakeTrainer:
     def __init__(self, config: TrainerConfig, backend: VersionedBackend, tasks: list[Task]) -> None:
         self.config, self.backend, self.train_tasks = config, backend, tasks
         self.out_dir = Path("unused")  # sample_groups = 0: nothing is written
+        self.unrewarded = UnrewardedTaskWatch()
 
 
 def _calls(server: GatewayServer, status: str) -> int:

@@ -116,6 +116,7 @@ class AsyncStepper:
         episodes = [e for g in batch for e in g.episodes]
         t1 = time.perf_counter()
         groups = group_trajectories(episodes, algo)
+        unrewarded_metrics = self.trainer.unrewarded.observe(groups)
         kept, filter_metrics = filter_groups(groups, algo)
         advantage_metrics = compute_advantages(kept, algo)
         sequences = sequences_from_groups(kept)
@@ -139,6 +140,7 @@ class AsyncStepper:
         return {
             **episode_metrics(episodes),
             **{f"filter/{k}": v for k, v in filter_metrics.items()},
+            **unrewarded_metrics,
             **{f"advantage/{k}": v for k, v in advantage_metrics.items()},
             **{f"train/{k}": v for k, v in train_metrics.items()},
             **staleness,

@@ -28,7 +28,7 @@ from rllm.engine.checkpoint import TrainerState, load_trainer_state, save_checkp
 from rllm.engine.data_order import next_batch
 from rllm.engine.distill_launch import build_distiller
 from rllm.engine.init_from import init_weights, resolve_init_checkpoint
-from rllm.engine.learning_watch import NoLearningWatch
+from rllm.engine.learning_watch import NoLearningWatch, UnrewardedTaskWatch
 from rllm.engine.metrics_log import (
     MetricsLogger,
     plot_reward_curve,
@@ -94,6 +94,7 @@ class Trainer:
         ckpt = prepare_run_folder(self.out_dir, resume=resume, overwrite=overwrite)
         state = TrainerState()
         self.warnings: list[str] = []
+        self.unrewarded = UnrewardedTaskWatch()
         self.interrupt_reported = False  # Ctrl-C: its one line is printed (the CLI adds none)
         self.last_checkpoint: Path | None = None
         await self.backend.start()
@@ -122,6 +123,8 @@ class Trainer:
             if engine is not None:
                 await engine.close()
             await self.backend.close()
+        if (summary := self.unrewarded.summary()) is not None:
+            self.warnings.append(summary)
         plot = (
             plot_reward_curve(self.out_dir / "metrics.jsonl", self.out_dir / "reward.png")
             if cfg.plot
@@ -229,6 +232,7 @@ class Trainer:
         self._between_steps = False  # from here the weights may move ahead of ``state``
         t1 = time.perf_counter()
         groups = group_trajectories(episodes, algo)
+        unrewarded_metrics = self.unrewarded.observe(groups)
         kept, filter_metrics = filter_groups(groups, algo)
         advantage_metrics = compute_advantages(kept, algo)
         sequences = sequences_from_groups(kept)
@@ -258,6 +262,7 @@ class Trainer:
         return {
             **episode_metrics(episodes),
             **{f"filter/{k}": v for k, v in filter_metrics.items()},
+            **unrewarded_metrics,
             **{f"advantage/{k}": v for k, v in advantage_metrics.items()},
             **distill_metrics,
             **{f"train/{k}": v for k, v in train_metrics.items()},
