@@ -13,7 +13,7 @@ stream, ``rllm.gateway.streaming``, and one continued across weight syncs,
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterable
 from typing import Any
 
 import msgspec
@@ -78,7 +78,7 @@ class StreamFault(RLLMError):
     """What the gateway cannot take from an upstream's stream (the message says what)."""
 
 
-async def upstream_chunks(pieces: AsyncIterable[bytes], max_event_bytes: int) -> AsyncIterator[bytes]:
+async def upstream_chunks(pieces: AsyncIterable[bytes], max_event_bytes: int) -> AsyncGenerator[bytes]:
     """The data of each event of an upstream's stream (``pieces``: its body as it arrives), up
     to ``[DONE]``. Raises StreamFault for an event larger than ``max_event_bytes`` and for a
     stream that ends before ``[DONE]``. Iterate it under ``contextlib.aclosing``: a relay that
