@@ -315,10 +315,11 @@ async def test_a_stream_aborted_at_a_sync_continues_on_the_same_client_stream_to
                 t for c in chunks for ch in c.choices for t in (ch.model_extra or {}).get("token_ids") or ()
             ]
             assert seen == ids
-            # The final usage counts the first prompt and every token of the call.
-            usage = chunks[-1].usage
-            assert usage is not None
-            assert (usage.prompt_tokens, usage.completion_tokens) == (len(prompt), MAX_TOKENS)
+        # The final usage (chat too) counts the first prompt and every token of the call.
+        usage = chunks[-1].usage
+        assert usage is not None and chunks[-1].choices == []
+        assert (usage.prompt_tokens, usage.completion_tokens) == (len(prompt), MAX_TOKENS)
+        assert [c.usage for c in chunks[:-1]] == [None] * (len(chunks) - 1)
         assert tokens == [tokenizer.decode([t]) for t in ids]
         assert lps == pytest.approx(list(trace.completion_logprobs or []), abs=1e-6)
         assert text == tokenizer.decode(ids, skip_special_tokens=True)

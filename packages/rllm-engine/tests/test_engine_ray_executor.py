@@ -17,6 +17,7 @@ import textwrap
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -401,6 +402,23 @@ async def test_a_cancelled_rollout_is_cancelled_in_its_actor(cluster, upstream, 
         with pytest.raises(asyncio.CancelledError):
             await run
         await _until(lambda: len(_cancelled(tmp_path)) == 4, "every remote flow cancelled")
+
+
+async def test_cancels_of_rollouts_that_ended_leave_nothing_in_the_workers(cluster, upstream):
+    """Many cancels that each reach its worker after the rollout ended there (its result already
+    on the way back: a dropped group, a cancelled step): the worker keeps none of them. It used
+    to keep each one in case its job was still to come, growing without bound over a long run."""
+    import rllm_ray_flows as flows  # type: ignore[import-not-found]
+
+    async with RolloutEngine(flows.two_turns, None, _ray_config(cluster), upstreams=[upstream.url]) as engine:
+        episodes = await engine.run(_tasks(2))
+        assert all(ep.termination_reason == TerminationReason.DONE for ep in episodes)
+        pool: Any = engine._pool  # a RayFlowPool
+        for w in pool.workers:
+            # Every job this pool numbered has ended: sent through the worker's last batch.
+            await w.actor.cancel.remote(list(range(1, 2001)), w.batches)
+        held = [await w.actor.held.remote() for w in pool.workers]
+    assert held == [{"running": 0, "cancels": 0}] * 2
 
 
 async def test_a_rollout_past_its_deadline_is_cancelled_in_its_actor(cluster, upstream, tmp_path):

@@ -106,6 +106,38 @@ async def test_history_that_does_not_extend_starts_a_new_segment(tokenizer_dir):
     )
 
 
+async def test_a_cumulative_stream_carries_the_usage_chunk_the_client_asked_for(tokenizer_dir):
+    """OpenAI semantics: with ``stream_options.include_usage`` the last chunk before [DONE] has
+    empty choices and the whole call's usage (exact counts); without it, no chunk has a usage."""
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    async with MockUpstream(tokenizer=tok) as mock:
+        cfg = GatewayConfig(
+            upstreams=[mock.url],
+            tokenizer_path=tokenizer_dir,
+            tokenizer_mode="cumulative",
+            health_interval_s=0,
+        )
+        async with GatewayServer(cfg) as gw, GatewayClient(gw.url) as c:
+            oc = openai.AsyncOpenAI(base_url=c.session_url("usage"), api_key="x", max_retries=0)
+            msgs = [{"role": "user", "content": "hello world"}]
+            streamed = []
+            for opts in ({"include_usage": True}, None):
+                extra = {} if opts is None else {"stream_options": opts}
+                stream = await oc.chat.completions.create(model="m", messages=msgs, stream=True, **extra)
+                streamed.append([chunk async for chunk in stream])
+            asked, unasked = streamed
+            traces = await c.get_traces("usage")
+    assert len(traces) == 2 and all(t.status == "ok" for t in traces)
+    last = asked[-1]
+    assert last.choices == [] and last.usage is not None
+    prompt, completion = len(traces[0].prompt_ids), len(traces[0].completion_ids)
+    assert completion > 0
+    assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (prompt, completion)
+    assert last.usage.total_tokens == prompt + completion
+    assert [c.usage for c in asked[:-1]] == [None] * (len(asked) - 1)
+    assert [c.usage for c in unasked] == [None] * len(unasked)
+
+
 VLLM_URL = os.environ.get("RLLM_TEST_VLLM_URL")
 VLLM_MODEL_DIR = os.environ.get("RLLM_TEST_VLLM_MODEL_DIR")
 

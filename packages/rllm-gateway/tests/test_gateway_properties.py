@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from rllm.gateway import GatewayConfig, GatewayServer
 from rllm.gateway.capture import StreamCapture, UpstreamShapeError, read_answer
-from rllm.gateway.sse import EventTooLarge, SseEvents
+from rllm.gateway.sse import EventTooLarge, SseEvents, StreamFault, decode_chunk, upstream_chunks
 from rllm.gateway.traces import fill_trace
 from rllm.types import TraceRecord, from_msgpack, to_msgpack
 
@@ -228,6 +228,49 @@ def test_sse_events_come_out_whole_and_in_order_however_the_bytes_are_cut(payloa
         pos += cut
     got += events.feed(wire[pos:])
     assert got == payloads
+
+
+async def _pieces(wire: bytes, cuts: list[int]):
+    pos = 0
+    for cut in cuts:
+        yield wire[pos : pos + cut]
+        pos += cut
+    yield wire[pos:]
+
+
+async def _drain(chunks) -> list[bytes]:
+    return [p async for p in chunks]
+
+
+@_PURE
+@given(
+    payloads=st.lists(_EVENT_DATA.filter(lambda b: bool(b) and b != b"[DONE]"), max_size=8),
+    cuts=st.lists(st.integers(min_value=1, max_value=64), max_size=40),
+    done=st.booleans(),
+)
+def test_the_relays_one_loop_yields_each_event_up_to_done_and_faults_a_stream_cut_short(payloads, cuts, done):
+    """``upstream_chunks`` (what both the stream relay and the partial-stream relay iterate):
+    every event before ``[DONE]``, nothing after it; a stream without it is a StreamFault."""
+    wire = b"".join(b"data: " + p + b"\n\n" for p in payloads)
+    if done:
+        wire += b"data: [DONE]\n\ndata: after\n\n"
+    chunks = upstream_chunks(_pieces(wire, cuts), 1 << 20)
+    if done:
+        assert asyncio.run(_drain(chunks)) == payloads
+    else:
+        with pytest.raises(StreamFault, match=r"closed the stream before \[DONE\]"):
+            asyncio.run(_drain(chunks))
+
+
+def test_the_relays_one_loop_names_what_it_cannot_take():
+    too_big = upstream_chunks(_pieces(b"data: " + b"x" * 2000, [100] * 5), 1000)
+    with pytest.raises(StreamFault, match="max_stream_event_bytes"):
+        asyncio.run(_drain(too_big))
+    with pytest.raises(StreamFault, match="not JSON"):
+        decode_chunk(b"{nope")
+    with pytest.raises(StreamFault, match="a JSON list"):
+        decode_chunk(b"[1]")
+    assert decode_chunk(b'{"choices": []}') == {"choices": []}
 
 
 def test_an_sse_event_over_the_limit_is_an_error_not_memory():

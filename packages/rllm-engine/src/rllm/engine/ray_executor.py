@@ -41,6 +41,7 @@ from rllm.engine.flow_processes import (
     _per_worker,
     quiet_loggers_from_env,
 )
+from rllm.engine.ray_cancels import EarlyCancels
 from rllm.engine.worker_metrics import WORKER_KEY
 from rllm.types import Episode, Task, from_msgpack, to_msgpack
 from rllm.types.errors import ConfigError, MissingExtraError, StateError
@@ -143,7 +144,7 @@ class FlowWorker:
         self._engine: Any = None
         self._free: asyncio.Semaphore | None = None
         self._running: dict[int, asyncio.Task[None]] = {}
-        self._cancelled: set[int] = set()  # cancels that arrived before their job
+        self._cancels = EarlyCancels()  # cancels that arrived before their job (bounded)
         # Finished rollouts not yet collected: an encoded _Done each, or (job id, the exception
         # the engine raised) for one that failed outside its episode (a bug: the driver raises it).
         self._out: list[bytes | tuple[int, Exception]] = []
@@ -168,21 +169,21 @@ class FlowWorker:
         self._has_out = asyncio.Event()
         return self._engine.gateway_url, ray.get_runtime_context().get_node_id()
 
-    async def submit(self, jobs_bytes: bytes) -> None:
-        """Start a batch of rollouts (a msgpack list of ``_Job``); their results go to ``collect``."""
+    async def submit(self, jobs_bytes: bytes, batch: int) -> None:
+        """Start a batch of rollouts (a msgpack list of ``_Job``; ``batch`` numbers the driver's
+        submit calls to this worker, 1, 2, 3, ...); their results go to ``collect``."""
         assert self._engine is not None, "start() first"
-        jobs = [j for j in from_msgpack(jobs_bytes, list[_Job]) if not self._was_cancelled(j.id)]
+        jobs: list[_Job] = []
+        try:
+            jobs = from_msgpack(jobs_bytes, list[_Job])
+        finally:  # arrived, even unreadable: later cancels must not wait for it
+            skipped = self._cancels.batch_arrived(batch, [j.id for j in jobs])
+        jobs = [j for j in jobs if j.id not in skipped]
         # Their sandboxes (if the flow has them) are prepared while the jobs wait for a slot.
         self._engine.prepare_sandboxes([j.task for j in jobs])
         loop = asyncio.get_running_loop()
         for job in jobs:
             self._running[job.id] = loop.create_task(self._one(job))
-
-    def _was_cancelled(self, job_id: int) -> bool:
-        if job_id in self._cancelled:
-            self._cancelled.discard(job_id)
-            return True
-        return False
 
     async def _one(self, job: _Job) -> None:
         assert self._engine is not None and self._free is not None and self._has_out is not None
@@ -210,16 +211,23 @@ class FlowWorker:
         out, self._out = self._out, []
         return out
 
-    async def cancel(self, job_ids: list[int]) -> None:
+    async def cancel(self, job_ids: list[int], sent_through: int) -> None:
         """End these rollouts here (their flow task gets CancelledError: its sandbox and gateway
-        session are released), not only the driver's wait for them. A cancel that overtook its
-        job's ``submit`` (Ray does not order an async actor's calls) stops the job on arrival."""
+        session are released), not only the driver's wait for them. ``sent_through``: the last
+        batch the driver had sent. A cancel that overtook its job's ``submit`` (Ray does not
+        order an async actor's calls) stops the job on arrival; one that came after its job
+        ended is dropped (:mod:`rllm.engine.ray_cancels`)."""
         for job_id in job_ids:
             task = self._running.get(job_id)
             if task is not None:
                 task.cancel()
             else:
-                self._cancelled.add(job_id)
+                self._cancels.cancel_not_running(job_id, sent_through)
+
+    async def held(self) -> dict[str, int]:
+        """What this worker holds: rollouts running or queued, and cancel bookkeeping (for tests
+        and debugging: both stay bounded however long the run)."""
+        return {"running": len(self._running), "cancels": len(self._cancels)}
 
     async def stop(self) -> None:
         for task in list(self._running.values()):
@@ -242,6 +250,7 @@ class _Handle:
         self.pending: dict[int, asyncio.Future[_Done]] = {}
         self.unsent: dict[int, _Job] = {}  # by job id, in the order they came
         self.cancels: list[int] = []
+        self.batches = 0  # submit calls sent to this worker (each numbered, see FlowWorker.submit)
         self.collector: asyncio.Task[None] | None = None
         self.alive = True
         self.gateway_url = ""
@@ -387,11 +396,12 @@ class RayFlowPool:
             return  # its pending rollouts have been failed already
         if jobs:
             self.submit_calls += 1
-            ref = w.actor.submit.remote(to_msgpack(jobs))
+            w.batches += 1
+            ref = w.actor.submit.remote(to_msgpack(jobs), w.batches)
             self._calls.add(asyncio.get_running_loop().create_task(self._sent(w, ref, [j.id for j in jobs])))
         if cancels:
             with contextlib.suppress(Exception):
-                w.actor.cancel.remote(cancels)  # runs although its result is never read
+                w.actor.cancel.remote(cancels, w.batches)  # runs although its result is never read
 
     async def _sent(self, w: _Handle, ref: Any, job_ids: list[int]) -> None:
         """Wait for a ``submit`` call: a worker that refused it fails its jobs (one that died

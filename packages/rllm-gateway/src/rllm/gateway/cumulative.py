@@ -18,7 +18,9 @@ Tool calls: ``tools`` are rendered through the chat template and the completion 
 into OpenAI ``tool_calls`` (:mod:`rllm.gateway.toolcalls`); an assistant message that echoes
 the returned content and tool calls extends the token history like a text reply, and the tool
 results after it are the new part. A streamed reply comes back as text deltas only (tool calls
-are not parsed out of a stream).
+are not parsed out of a stream); with ``stream_options.include_usage`` its last chunk before
+``[DONE]`` has empty choices and the usage of the whole call (as OpenAI sends it), without it no
+chunk has a usage.
 
 Images (a vision-language model whose ``tokenizer_path`` holds its image processor): each
 image's placeholder is expanded to the tokens the model's processor gives it
@@ -80,7 +82,7 @@ _CHAT_ONLY = frozenset(
         "logprobs",
         "top_logprobs",
         "return_token_ids",
-        "stream_options",
+        "stream_options",  # forwarded by prepare when the call streams (the usage chunk)
         "functions",
         "function_call",
         "max_completion_tokens",
@@ -120,6 +122,7 @@ class BridgePlan:
     session: Any = None  # to forget this turn when the upstream did not take its images
     images_used: Any = None  # a stream's confirmation, from the chunk that carried it
     harmony: HarmonyStream | None = None  # a streamed gpt-oss reply's channel splitter
+    wants_usage: bool = False  # a stream whose client asked for usage (stream_options.include_usage)
 
 
 class TokenBridge:
@@ -207,6 +210,11 @@ class TokenBridge:
             out["max_tokens"] = body["max_completion_tokens"]
         out["prompt"] = ids
         out["stream"] = stream
+        options = body.get("stream_options")
+        if stream and options is not None:
+            # /completions takes stream_options too: its usage chunk (the whole call's counts,
+            # empty choices, last before [DONE]) is relayed as the chat stream's, as OpenAI does.
+            out["stream_options"] = options
         urls = [image.url for image in images]
         if urls:
             out[IMAGES_FIELD] = {"image": urls}
@@ -214,6 +222,7 @@ class TokenBridge:
         body.update(out)
         plan = BridgePlan(role, messages, text, ids, tools, segment, wants_ids, wants_lp, stream, urls)
         plan.session = session
+        plan.wants_usage = stream and isinstance(options, dict) and bool(options.get("include_usage"))
         if stream and self.tool_format == HARMONY:
             plan.harmony = HarmonyStream(self.tokenizer)
         return plan
@@ -391,7 +400,7 @@ class TokenBridge:
             "model": chunk.get("model", ""),
             "choices": choices,
         }
-        if chunk.get("usage"):
+        if chunk.get("usage") and plan.wants_usage:  # none for a client that did not ask
             out["usage"] = chunk["usage"]
         return out
 

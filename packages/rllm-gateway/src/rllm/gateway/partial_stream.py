@@ -1,7 +1,7 @@
 """Partial rollouts of streamed calls: one client stream across the weight syncs that abort it.
 
-The upstream's events are relayed as they come (``rllm.gateway.streaming`` does the same for
-an ordinary stream). When the upstream ends the call with ``finish_reason = "abort"`` (a pause
+The upstream's events are relayed as they come, read by the same loop as an ordinary stream's
+(``rllm.gateway.sse.upstream_chunks``; ``rllm.gateway.streaming`` relays those). When the upstream ends the call with ``finish_reason = "abort"`` (a pause
 aborted it, see ``rllm.gateway.partial``), the client has already been sent the tokens so far;
 the abort itself, and what follows it upstream (a usage chunk, ``[DONE]``), is not relayed. The
 call parks until the gateway resumes, is re-sent as a ``/completions`` continuation (the prompt
@@ -28,26 +28,20 @@ import copy
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
-import msgspec
 
-from rllm.gateway.capture import Captured, StreamCapture, UpstreamShapeError, check_captured, strip_injected
+from rllm.gateway.capture import Captured, StreamCapture, UpstreamShapeError, check_captured
 from rllm.gateway.errors import GatewayError, error_body
-from rllm.gateway.sse import EventTooLarge, SseEvents
+from rllm.gateway.sse import StreamFault, decode_chunk, upstream_chunks
+from rllm.gateway.streaming import client_event
 from rllm.runtime.http_messages import Response, StreamResponse
 
 if TYPE_CHECKING:
     from rllm.gateway.calls import ProxyCall
     from rllm.gateway.proxy import Proxy
 
-_json_decode = msgspec.json.Decoder().decode
-_json_encode = msgspec.json.Encoder().encode
 _JSON = "application/json"
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 VERSION_SPANS = "version_spans"
-
-
-class _Fault(Exception):
-    """What ends the stream with an error event (the message says what); internal."""
 
 
 class _Stream:
@@ -81,31 +75,20 @@ class _Stream:
 
     async def relay(self, resp: aiohttp.ClientResponse) -> str:
         """Relay one send's events; ``"abort"`` when the upstream aborted it, ``"done"`` at its
-        ``[DONE]``. Raises _Fault (or UpstreamShapeError) for what cannot be relayed."""
-        events = SseEvents(self.proxy.config.max_stream_event_bytes)
+        ``[DONE]``. Raises StreamFault (or UpstreamShapeError) for what cannot be relayed."""
         aborted = False
         self.sends += 1
-        async for piece in resp.content.iter_any():
-            try:
-                payloads = events.feed(piece)
-            except EventTooLarge as exc:
-                raise _Fault(str(exc)) from None
-            for payload in payloads:
-                if payload == b"[DONE]":
-                    return "abort" if aborted else "done"
+        payloads = upstream_chunks(resp.content.iter_any(), self.proxy.config.max_stream_event_bytes)
+        async with contextlib.aclosing(payloads):
+            async for payload in payloads:
                 if aborted:
                     continue  # the aborted send's usage chunk: the client's usage comes at the end
-                try:
-                    chunk = _json_decode(payload)
-                except (msgspec.DecodeError, RecursionError):
-                    raise _Fault("upstream sent a stream event that is not JSON") from None
-                if not isinstance(chunk, dict):
-                    raise _Fault(f"upstream sent a stream event that is a JSON {type(chunk).__name__}")
+                chunk = decode_chunk(payload)
                 aborted = self._rewrite(chunk)
                 if chunk.get("choices") == [] and not chunk.get("usage") and aborted:
                     continue  # nothing left of the abort chunk to relay
                 await self._send(chunk)
-        raise _Fault("upstream closed the stream before [DONE]")
+        return "abort" if aborted else "done"
 
     def _rewrite(self, chunk: dict[str, Any]) -> bool:
         """Make a send's chunk part of the one client stream (see the module docstring); True
@@ -166,17 +149,10 @@ class _Stream:
         return whole[len(head) :] if whole.startswith(head) else text
 
     async def _send(self, chunk: dict[str, Any]) -> None:
-        call, proxy = self.call, self.proxy
-        if call.bridge is not None:
-            StreamCapture.feed(self.sc, chunk)
-            out = proxy.bridge.chunk_to_chat(chunk, call.bridge)
-        else:
-            self.sc.feed(chunk)
-            strip_injected(chunk, call.wants)
-            out = chunk
+        event = client_event(self.proxy, self.call, self.sc, chunk)  # rewritten: encoded anew
         if self.sends == 1 and self.prompt_len == 0 and self.sc.cap.prompt_ids is not None:
             self.prompt_len = len(self.sc.cap.prompt_ids)
-        await self.emit(b"data: " + _json_encode(out) + b"\n\n")
+        await self.emit(event)
 
 
 def _ids_in(chunk: dict[str, Any]) -> int:
@@ -226,7 +202,7 @@ async def forward_partial_stream(proxy: Proxy, call: ProxyCall) -> Response | St
                     ledger.fail(call.trace, call.t0, exc.message)
                     keep_trace = False  # fail finished it
                     raise
-                raise _Fault(exc.message) from None
+                raise StreamFault(exc.message) from None
             w.inflight += 1
             try:
                 if resp.status != 200:
@@ -236,7 +212,7 @@ async def forward_partial_stream(proxy: Proxy, call: ProxyCall) -> Response | St
                         call.trace.metadata["error"] = raw[:2000].decode(errors="replace")
                         status = "error"
                         return Response(status=resp.status, body=raw, content_type=_JSON)
-                    raise _Fault(
+                    raise StreamFault(
                         f"upstream answered {resp.status} to the call's continuation: "
                         + raw[:500].decode(errors="replace")
                     )
@@ -249,7 +225,9 @@ async def forward_partial_stream(proxy: Proxy, call: ProxyCall) -> Response | St
                 break
             sampled_text = len(s.sc.cap.text) > text_before
             if s.sc.cap.prompt_ids is None or (sampled_text and spans[-1][1] == 0):
-                raise _Fault("the upstream aborted the call without its token ids; it cannot be continued")
+                raise StreamFault(
+                    "the upstream aborted the call without its token ids; it cannot be continued"
+                )
             await ledger.park()  # cancelled while parked: the trace ends as an abort (below)
             try:
                 proxy.refuse_if_session_ended(call, "waited to be continued; it was discarded")
@@ -271,7 +249,7 @@ async def forward_partial_stream(proxy: Proxy, call: ProxyCall) -> Response | St
         s.sc.saw_done = True
         assert s.out is not None
         return s.out
-    except (_Fault, UpstreamShapeError, TimeoutError, aiohttp.ClientPayloadError) as exc:
+    except (StreamFault, UpstreamShapeError, TimeoutError, aiohttp.ClientPayloadError) as exc:
         status = "error"
         if isinstance(exc, TimeoutError):
             why = f"upstream stalled mid-stream (no data for {proxy.config.upstream_timeout_s}s)"

@@ -5,11 +5,22 @@ searching it from the start each time costs quadratic time in the size of an eve
 many pieces; here each byte is searched once and consumed events are cut off the front, so an
 event costs time linear in its size, and one event larger than ``max_event_bytes`` is an error
 rather than unbounded memory.
+
+``upstream_chunks`` is the one loop over an upstream's stream that both relays use (an ordinary
+stream, ``rllm.gateway.streaming``, and one continued across weight syncs,
+``rllm.gateway.partial_stream``): each event's data up to ``[DONE]``, decoded by ``decode_chunk``.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator, AsyncIterable
+from typing import Any
+
+import msgspec
+
 from rllm.types.errors import RLLMError
+
+_json_decode = msgspec.json.Decoder().decode
 
 
 class EventTooLarge(RLLMError, ValueError):
@@ -63,4 +74,37 @@ class SseEvents:
         return out
 
 
-__all__ = ["EventTooLarge", "SseEvents", "sse_data"]
+class StreamFault(RLLMError):
+    """What the gateway cannot take from an upstream's stream (the message says what)."""
+
+
+async def upstream_chunks(pieces: AsyncIterable[bytes], max_event_bytes: int) -> AsyncGenerator[bytes]:
+    """The data of each event of an upstream's stream (``pieces``: its body as it arrives), up
+    to ``[DONE]``. Raises StreamFault for an event larger than ``max_event_bytes`` and for a
+    stream that ends before ``[DONE]``. Iterate it under ``contextlib.aclosing``: a relay that
+    stops early (the client went away) then closes it at once."""
+    events = SseEvents(max_event_bytes)
+    async for piece in pieces:
+        try:
+            payloads = events.feed(piece)
+        except EventTooLarge as exc:
+            raise StreamFault(str(exc)) from None
+        for payload in payloads:
+            if payload == b"[DONE]":
+                return
+            yield payload
+    raise StreamFault("upstream closed the stream before [DONE]")
+
+
+def decode_chunk(payload: bytes) -> dict[str, Any]:
+    """One event's data as the JSON object a chunk is; StreamFault for anything else."""
+    try:
+        chunk = _json_decode(payload)
+    except (msgspec.DecodeError, RecursionError):
+        raise StreamFault("upstream sent a stream event that is not JSON") from None
+    if not isinstance(chunk, dict):
+        raise StreamFault(f"upstream sent a stream event that is a JSON {type(chunk).__name__}")
+    return chunk
+
+
+__all__ = ["EventTooLarge", "SseEvents", "StreamFault", "decode_chunk", "sse_data", "upstream_chunks"]

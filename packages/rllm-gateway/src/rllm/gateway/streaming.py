@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import msgspec
@@ -19,21 +19,15 @@ import msgspec
 from rllm.gateway.calls import ProxyCall
 from rllm.gateway.capture import Captured, StreamCapture, UpstreamShapeError, check_captured, strip_injected
 from rllm.gateway.errors import GatewayError, error_body
-from rllm.gateway.sse import EventTooLarge, SseEvents
+from rllm.gateway.sse import StreamFault, decode_chunk, upstream_chunks
 from rllm.runtime.http_messages import Response, StreamResponse
-from rllm.types.errors import RLLMError
 
 if TYPE_CHECKING:
     from rllm.gateway.proxy import Proxy
 
-_json_decode = msgspec.json.Decoder().decode
 _json_encode = msgspec.json.Encoder().encode
 _JSON = "application/json"
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-
-
-class StreamFault(RLLMError):
-    """What the capture cannot take from an upstream's stream (the message says what)."""
 
 
 async def forward_stream(proxy: Proxy, call: ProxyCall) -> Response | StreamResponse:
@@ -66,12 +60,10 @@ async def forward_stream(proxy: Proxy, call: ProxyCall) -> Response | StreamResp
             await out.prepare(call.request)
         fault = None
         try:
-            if await _relay_events(proxy, call, resp, out if held is None else held.append, sc):
-                sc.checked_result()
-                if call.bridge is not None:
-                    proxy.bridge.confirm_images(call.bridge, call.bridge.images_used)
-            else:
-                fault = "upstream closed the stream before [DONE]"
+            await _relay_events(proxy, call, resp, out if held is None else held.append, sc)
+            sc.checked_result()
+            if call.bridge is not None:
+                proxy.bridge.confirm_images(call.bridge, call.bridge.images_used)
         except UpstreamShapeError as exc:
             fault = f"upstream stream has the wrong shape: {exc}"
         except StreamFault as exc:
@@ -133,41 +125,35 @@ async def _relay_events(
     resp: aiohttp.ClientResponse,
     out: StreamResponse | Callable[[bytes], None],
     sc: StreamCapture,
-) -> bool:
-    """Forward the upstream's SSE events to the client (or to ``out``, a callable holding them),
-    feeding the capture; True once ``[DONE]`` came. Raises StreamFault (or UpstreamShapeError)
-    for what the capture cannot take: an event that is not JSON or is larger than
-    ``max_stream_event_bytes``."""
-    events = SseEvents(proxy.config.max_stream_event_bytes)
-    bridge = proxy.bridge
-    async for piece in resp.content.iter_any():
-        try:
-            payloads = events.feed(piece)
-        except EventTooLarge as exc:
-            raise StreamFault(str(exc)) from None
-        for payload in payloads:
-            if payload == b"[DONE]":
-                return True
-            try:
-                chunk = _json_decode(payload)
-            except (msgspec.DecodeError, RecursionError):
-                raise StreamFault("upstream sent a stream event that is not JSON") from None
-            if not isinstance(chunk, dict):
-                raise StreamFault(f"upstream sent a stream event that is a JSON {type(chunk).__name__}")
-            if call.bridge is not None:
-                StreamCapture.feed(sc, chunk)
-                chunk = bridge.chunk_to_chat(chunk, call.bridge)
-                payload = _json_encode(chunk)
-            else:
-                sc.feed(chunk)
-                if strip_injected(chunk, call.wants):
-                    payload = _json_encode(chunk)
-            event = b"data: " + payload + b"\n\n"
+) -> None:
+    """Forward the upstream's SSE events up to ``[DONE]`` to the client (or to ``out``, a
+    callable holding them), feeding the capture. Raises StreamFault (or UpstreamShapeError) for
+    what the capture cannot take: an event that is not JSON or is larger than
+    ``max_stream_event_bytes``, a stream that ends before ``[DONE]``."""
+    payloads = upstream_chunks(resp.content.iter_any(), proxy.config.max_stream_event_bytes)
+    async with contextlib.aclosing(payloads):
+        async for payload in payloads:
+            event = client_event(proxy, call, sc, decode_chunk(payload), payload)
             if isinstance(out, StreamResponse):
                 await out.write(event)
             else:
                 out(event)
-    return False
 
 
-__all__ = ["StreamFault", "forward_stream"]
+def client_event(
+    proxy: Proxy, call: ProxyCall, sc: StreamCapture, chunk: dict[str, Any], payload: bytes | None = None
+) -> bytes:
+    """Feed the capture with one upstream chunk and return the SSE event the client gets for
+    it: chat-shaped for a cumulative call, else with what the gateway injected stripped.
+    ``payload``: the chunk's bytes as they came, sent as they are when nothing changed."""
+    if call.bridge is not None:
+        StreamCapture.feed(sc, chunk)
+        payload = _json_encode(proxy.bridge.chunk_to_chat(chunk, call.bridge))
+    else:
+        sc.feed(chunk)
+        if strip_injected(chunk, call.wants) or payload is None:
+            payload = _json_encode(chunk)
+    return b"data: " + payload + b"\n\n"
+
+
+__all__ = ["StreamFault", "client_event", "forward_stream"]

@@ -9,7 +9,8 @@ base URL (:func:`serve_upstream`); a proxy that finds its upstream's URL here
 
 This module sits below both: the gateway never imports a backend, a backend never imports the
 gateway. The registry is per process and keyed by URL only, so a gateway in another process
-(a flow worker, a Ray actor) finds nothing here and keeps using HTTP.
+(a flow worker, a Ray actor) finds nothing here and keeps using HTTP. Registering follows
+``rllm.types.in_process``, the rule the sdk's table of in-process servers shares.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from rllm.types.errors import StateError
+from rllm.types.in_process import serve_in
 
 
 class InProcessUpstream(Protocol):
@@ -42,15 +43,7 @@ def serve_upstream(url: str, server: InProcessUpstream) -> Callable[[], None]:
     """Answer proxies' calls to ``url`` with ``server`` in process; returns the function that
     ends it (call it before the server stops)."""
     key = url.rstrip("/")
-    if key in _SERVED:
-        raise StateError(f"{key} is already served in process")
-    _SERVED[key] = server
-
-    def stop() -> None:
-        if _SERVED.get(key) is server:
-            del _SERVED[key]
-
-    return stop
+    return serve_in(_SERVED, key, server, key)
 
 
 def upstream_in_process(url: str) -> InProcessUpstream | None:

@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 from rllm.sdk.session import role_url
 from rllm.types import AgentConfig
-from rllm.types.errors import StateError
+from rllm.types.in_process import serve_in
 
 _TIMEOUT_S = 600.0
 
@@ -125,16 +125,10 @@ def serve_in_process(url: str, handler: InProcessHandler) -> Callable[[], None]:
     ``(status, headers, body)``, or None to send that call over the network after all. Returns
     the function that ends it (call it before the server stops).
     """
-    key = (asyncio.get_running_loop(), _origin(url))
-    if key in _IN_PROCESS:
-        raise StateError(f"{key[1]} is already served in process on this event loop")
-    _IN_PROCESS[key] = handler
-
-    def stop() -> None:
-        if _IN_PROCESS.get(key) is handler:
-            del _IN_PROCESS[key]
-
-    return stop
+    origin = _origin(url)
+    return serve_in(
+        _IN_PROCESS, (asyncio.get_running_loop(), origin), handler, f"{origin} (on this event loop)"
+    )
 
 
 def _origin(url: str) -> str:
