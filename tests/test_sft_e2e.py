@@ -91,6 +91,18 @@ def test_refusals_before_start(tmp_path: Path) -> None:
     assert main(["sft", str(bad), "--out", str(tmp_path / "c")]) != 0
 
 
+def test_sft_starts_no_sampler_unless_the_config_asks(tmp_path: Path) -> None:
+    train = write_chats(tmp_path / "train.jsonl", 4)
+    # Supervised training samples nothing: the local service gets sampler_weights="none" (no
+    # sampler engine, server or second copy of the weights; packages/rllm-backend-tinker/tests/
+    # test_tinker_no_sampler.py), and a value the user set stays.
+    runner = build_sft(str(train), out_dir=str(tmp_path / "a"), overrides=FAST)
+    assert runner.backend.config.sampler_weights == "none"  # pyright: ignore[reportAttributeAccessIssue]
+    asked = [*FAST, "backend.options.sampler_weights=shared"]
+    runner = build_sft(str(train), out_dir=str(tmp_path / "a"), overrides=asked)
+    assert runner.backend.config.sampler_weights == "shared"  # pyright: ignore[reportAttributeAccessIssue]
+
+
 def test_batch_plan_and_schedule() -> None:
     plan = plan_batches([10, 10, 30, 5, 5], batch_tokens=20, epochs=2, seed=1)
     for epoch in (0, 1):

@@ -39,3 +39,28 @@ def test_a_failing_sink_is_raised_not_swallowed(tmp_path: Path) -> None:
         logger.close()
     # metrics.jsonl (what resume reads) was written regardless.
     assert json.loads((tmp_path / "metrics.jsonl").read_text())["step"] == 1
+
+
+def test_tensorboard_opens_on_the_sink_thread_not_before_the_first_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from rllm.engine import metrics_log
+
+    opened_on: list[str] = []
+    real = metrics_log._tensorboard_writer  # pyright: ignore[reportPrivateUsage]
+
+    def recording(path: Path) -> object:
+        opened_on.append(threading.current_thread().name)
+        return real(path)
+
+    monkeypatch.setattr(metrics_log, "_tensorboard_writer", recording)
+    logger = MetricsLogger(tmp_path, tensorboard=True)
+    logger.log(1, {"reward/mean": 0.25})
+    logger.close()
+    # Importing tensorboard (~0.9 s of CPU) ran beside the run's start, not in front of it.
+    assert len(opened_on) == 1 and opened_on[0].startswith("rllm-metrics"), opened_on
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Tensors("reward/mean")] == [1]

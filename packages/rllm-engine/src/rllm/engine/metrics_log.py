@@ -45,17 +45,24 @@ class MetricsLogger:
         out_dir.mkdir(parents=True, exist_ok=True)
         self.path = out_dir / "metrics.jsonl"
         self._file = self.path.open("a", buffering=1)
-        self._tb = _tensorboard_writer(out_dir / "tensorboard") if tensorboard else None
+        self._tb: Any = None
         self._wandb = _wandb_run(out_dir, config) if wandb else None
         # The sinks (TensorBoard's protobufs, wandb) cost ~5 ms a step, a tenth of a toy step
         # (benchmarks/whole_system.py): they run on one thread, in order, off the step's path.
         # metrics.jsonl (what resume and `rllm view` read) stays written here, synchronously.
         self._sinks = (
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="rllm-metrics")
-            if self._tb is not None or self._wandb is not None
+            if tensorboard or self._wandb is not None
             else None
         )
         self._pending: list[Future[None]] = []
+        if tensorboard and self._sinks is not None:
+            # Importing tensorboard takes ~0.9 s of CPU: on the sink thread, the first job, it
+            # overlaps the first step instead of delaying it (benchmarks/cli_startup.py).
+            self._pending.append(self._sinks.submit(self._open_tensorboard, out_dir / "tensorboard"))
+
+    def _open_tensorboard(self, path: Path) -> None:
+        self._tb = _tensorboard_writer(path)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         self._file.write(json.dumps({"step": step, **metrics}) + "\n")

@@ -44,6 +44,10 @@ def build_sft(
             cls.init_tiny_model(target, vocab_words=chat_vocabulary(examples), seed=config.seed)
         options["model"] = str(target)
     options.setdefault("seed", config.seed)
+    # A backend's own defaults for supervised training (the local Tinker service: no sampler),
+    # below what the user set.
+    for key, value in getattr(cls, "sft_option_defaults", {}).items():
+        options.setdefault(key, value)
     instance = cls(options)
     check_backend(config, instance)  # before loading anything
     return SFTRunner(config, instance, load_chat_tokenizer(instance.tokenizer_path() or options["model"]))

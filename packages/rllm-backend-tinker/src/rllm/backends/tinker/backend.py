@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from rllm.algos.config import AlgorithmConfig
 from rllm.backends.tinker.config import TinkerBackendConfig
@@ -35,6 +35,9 @@ class TinkerBackend(BackendBase[TinkerBackendConfig]):
 
     name = "tinker"
     options_type = TinkerBackendConfig
+    # What `rllm sft` sets unless the user did (rllm.engine.sft_launch): supervised training
+    # samples nothing, so the local service starts without a sampler.
+    sft_option_defaults: ClassVar[dict[str, Any]] = {"sampler_weights": "none"}
 
     def __init__(
         self, options: TinkerBackendConfig | Mapping[str, Any] | None = None, **overrides: Any
@@ -55,6 +58,11 @@ class TinkerBackend(BackendBase[TinkerBackendConfig]):
             from rllm.backends.tinker.remote.refusals import check_supported
 
             check_supported(algo, self.config)
+        elif self.config.sampler_weights == "none" and algo.loss != "cross_entropy":
+            raise ConfigError.for_key(
+                "backend.options.sampler_weights",
+                "'none' starts no sampler, and RL samples from one: use 'copy' (or 'shared')",
+            )
         # The local service honours every option: it runs rllm.algos' own loss on its own logprobs.
 
     def validate_images(self) -> None:

@@ -88,7 +88,9 @@ class TinkerBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     sampler_in_process: bool = False
     # "copy": the sampler owns a second copy of the weights, refreshed by sync_weights (training
     # never disturbs serving). "shared": one module; optimizer steps pause sampling (saves memory).
-    sampler_weights: Literal["copy", "shared"] = "copy"
+    # "none": no sampler at all, only training, checkpoints and held-out loss (`rllm sft`'s
+    # default: no second copy of the weights, no sampler thread or HTTP server to start).
+    sampler_weights: Literal["copy", "shared", "none"] = "copy"
     gradient_checkpointing: bool = False
     # remote service
     remote: RemoteConfig = msgspec.field(default_factory=RemoteConfig)

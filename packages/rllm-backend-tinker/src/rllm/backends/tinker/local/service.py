@@ -49,6 +49,8 @@ class LocalService:
         self.engine: SamplerEngine | None = None
         self.server: SamplerServer | None = None
         self._url = ""
+        # sampler_weights = "none" (`rllm sft`): no sampler, so the version is counted here.
+        self._weight_version = 0
         # Serialises train_step / sync / checkpoint work (they run on worker threads).
         self._work_lock = threading.Lock()
 
@@ -78,6 +80,12 @@ class LocalService:
             self._load_reference,
             vision=vision,
         )
+        if cfg.sampler_weights == "none":
+            # Supervised training samples nothing: no second copy of the weights, no sampler
+            # thread, no HTTP server (what `rllm sft` asks for; it used to start all three).
+            logger.info("local tinker service: %s on %s (%s, %d threads), no sampler", cfg.model,
+                        self.device, self.dtype, threads)  # fmt: skip
+            return
         if cfg.sampler_weights == "copy":
             sampler_model = copy.deepcopy(model).eval()
             for p in sampler_model.parameters():
@@ -129,6 +137,10 @@ class LocalService:
 
     # endpoints -------------------------------------------------------------------------------
     def inference_urls(self) -> list[str]:
+        if self.config.sampler_weights == "none":
+            raise StateError(
+                "the local service runs without a sampler (sampler_weights='none'): nothing to sample from"
+            )
         if not self._url:
             raise StateError("the local service is not started: await backend.start() first")
         return [self._url]
@@ -145,10 +157,16 @@ class LocalService:
             raise StateError("the local service is not started: await backend.start() first")
         return self.trainer, self.engine
 
+    def _require_trainer(self) -> tuple[LocalTrainer, SamplerEngine | None]:
+        """The trainer, and the sampler unless the service runs without one (sampler_weights='none')."""
+        if self.trainer is None or (self.engine is None and self.config.sampler_weights != "none"):
+            raise StateError("the local service is not started: await backend.start() first")
+        return self.trainer, self.engine
+
     async def train_step(self, batch: list[TrainSequence], algo: AlgorithmConfig) -> dict[str, float]:
-        trainer, engine = self._require_started()
+        trainer, engine = self._require_trainer()
         # With shared weights, optimizer steps must not run while a batch is being sampled.
-        guard = engine.paused if self.config.sampler_weights == "shared" else None
+        guard = engine.paused if engine is not None and self.config.sampler_weights == "shared" else None
 
         def work() -> dict[str, float]:
             with self._work_lock:
@@ -157,7 +175,7 @@ class LocalService:
         return await asyncio.to_thread(work)
 
     async def eval_loss(self, batch: list[TrainSequence]) -> dict[str, float]:
-        trainer, _ = self._require_started()
+        trainer, _ = self._require_trainer()
 
         def work() -> dict[str, float]:
             with self._work_lock:
@@ -166,12 +184,15 @@ class LocalService:
         return await asyncio.to_thread(work)
 
     def set_learning_rate_scale(self, scale: float) -> float:
-        trainer, _ = self._require_started()
+        trainer, _ = self._require_trainer()
         with self._work_lock:
             return trainer.set_learning_rate_scale(scale)
 
     async def sync_weights(self) -> int:
-        _, engine = self._require_started()
+        _, engine = self._require_trainer()
+        if engine is None:  # no sampler to copy to: the version still counts the syncs
+            self._weight_version += 1
+            return self._weight_version
 
         def work() -> int:
             with self._work_lock:
@@ -191,12 +212,12 @@ class LocalService:
                     target[name].copy_(param)
 
     async def save_checkpoint(self, path: Path) -> None:
-        trainer, engine = self._require_started()
+        trainer, engine = self._require_trainer()
 
         def work() -> None:
             with self._work_lock:
                 state = {
-                    "weight_version": engine.weight_version,
+                    "weight_version": engine.weight_version if engine is not None else self._weight_version,
                     "optimizer_steps": trainer.optimizer_steps,
                     "model": self.config.model,
                 }
@@ -208,18 +229,22 @@ class LocalService:
         await asyncio.to_thread(work)
 
     async def load_checkpoint(self, path: Path) -> None:
-        trainer, engine = self._require_started()
+        trainer, engine = self._require_trainer()
 
         def work() -> None:
             with self._work_lock:
                 state = checkpoint.load(Path(path), trainer.model, trainer.optimizer)
                 trainer.optimizer_steps = int(state.get("optimizer_steps", 0))
                 version = int(state.get("weight_version", 0))
+                if engine is None:
+                    self._weight_version = version
+                    return
+                sampler = engine
 
                 def apply() -> None:
                     self._copy_weights_to_sampler()
-                    engine.weight_version = version - 1  # update_weights adds one
+                    sampler.weight_version = version - 1  # update_weights adds one
 
-                engine.update_weights(apply)
+                sampler.update_weights(apply)
 
         await asyncio.to_thread(work)
