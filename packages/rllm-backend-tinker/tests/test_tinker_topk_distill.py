@@ -20,11 +20,11 @@ from rllm.algos.config import AlgorithmConfig
 from rllm.backends.tinker import TinkerBackend
 from rllm.backends.tinker.config import TinkerBackendConfig
 from rllm.backends.tinker.local.trainer import LocalTrainer
-from rllm.engine.distill import TeacherClient
+from rllm.engine.distill import Distiller, DistillSection, TeacherClient
 from rllm.tinker_api.losses import unsupported_algo_options
 from rllm.types import FloatArray, TokenArray, TrainSequence
 from rllm.types.errors import InputError
-from rllm.types.sequence import TeacherTopK
+from rllm.types.sequence import TeacherTopK, check_teacher_topk
 
 
 def sampled_sequence(backend: TinkerBackend, word: str, seed: int) -> TrainSequence:
@@ -107,6 +107,37 @@ def test_a_teacher_equal_to_the_student_gives_zero_topk_loss_and_gradient(
             < metrics["distill/topk_mass_teacher"]
             == pytest.approx(metrics["distill/topk_mass_student"], abs=1e-5)
         )
+
+
+def test_the_distiller_puts_the_teachers_topk_on_each_sequence(sampler_backend: TinkerBackend) -> None:
+    section = DistillSection(teacher=sampler_backend.inference_urls()[0], loss="topk", topk=3)
+    distiller = Distiller(section, sampler_backend.service.tokenizer)
+    batch = [sampled_sequence(sampler_backend, w, s) for s, w in enumerate(("plum", "apple"))]
+    metrics = asyncio.run(distiller.apply(batch))
+    assert metrics["distill/tokens"] == 10
+    for sequence in batch:
+        assert check_teacher_topk(sequence).k == 3 and len(sequence.teacher_topk.ids) == 3 * len(
+            sequence.input_ids
+        )  # pyright: ignore[reportOptionalMemberAccess]
+
+
+def test_a_teacher_that_ignores_k_is_a_clear_error(sampler_backend: TinkerBackend) -> None:
+    """A server that answers ``prompt_logprobs: 3`` with the prompt's token alone at each position
+    (as one honouring only 0 would): an error naming the position, not a top-1 of that token."""
+
+    class IgnoresK(TeacherClient):
+        def _post(self, body: dict) -> dict:
+            answer = super()._post(body)
+            for choice, ids in zip(answer["choices"], body["prompt"], strict=True):
+                scores = choice["prompt_logprobs"]
+                choice["prompt_logprobs"] = [None] + [
+                    {str(t): e[str(t)]} for t, e in zip(ids[1:], scores[1:], strict=True)
+                ]
+            return answer
+
+    sequence = sampled_sequence(sampler_backend, "plum", 0)
+    with pytest.raises(InputError, match=r"prompt_logprobs\[1\] has 1 tokens, expected the top 3"):
+        IgnoresK(sampler_backend.inference_urls()[0]).score_topk_sync([sequence.input_ids], 3)
 
 
 def with_random_teacher(batch: list[TrainSequence], k: int, vocab: int, seed: int) -> list[TrainSequence]:
