@@ -84,6 +84,7 @@ class SamplerServer:
         self.port = port
         self.default_max_tokens = default_max_tokens
         self._background = BackgroundLoop("rllm-sampler-http")
+        self._token_texts: dict[int, str] = {}  # decoded tokens of prompt_logprobs answers
         self._runner: web.AppRunner | None = None
         self._unserve: Callable[[], None] | None = None
         self.url = ""
@@ -340,11 +341,19 @@ class SamplerServer:
         if scored is None:
             return None
         if not isinstance(scored, dict):
-            return {str(token): {"logprob": scored, "rank": None, "decoded_token": self._decode_token(token)}}
+            return {str(token): {"logprob": scored, "rank": None, "decoded_token": self._token_text(token)}}
         return {
-            str(t): {"logprob": lp, "rank": rank, "decoded_token": self._decode_token(t)}
+            str(t): {"logprob": lp, "rank": rank, "decoded_token": self._token_text(t)}
             for t, (lp, rank) in scored.items()
         }
+
+    def _token_text(self, token: int) -> str:
+        """``_decode_token``, remembered: a top-k answer decodes tens of thousands of entries a
+        distillation step (k + 1 per position of 128 sequences), mostly the same few tokens."""
+        text = self._token_texts.get(token)
+        if text is None:
+            text = self._token_texts[token] = self._decode_token(token)
+        return text
 
     def _prompt_vision(self, body: dict[str, Any], prompts: list[list[int]]) -> Any:
         """The vision inputs of a token-id prompt sent with ``multi_modal_data: {"image": [data
