@@ -19,7 +19,9 @@ Per seed, from the fresh student:
   (a) RL: `rllm train say-single`.
   (b) SFT then RL: `rllm sft` on the teacher's set, then `rllm train --init-from` it; (b)'s clock
       is the data step above + the SFT + the RL.
-  (c) distillation: `rllm distill say-single --teacher URL`.
+  (c) distillation: `rllm distill say-single --teacher URL`, by default with the dense KL over the
+      teacher's top-k per position (``--distill-loss topk``, ``--distill-topk``, ``--distill-kl``);
+      ``--distill-loss sampled`` is the one-sample estimate of rounds 5-6.
 Each arm's command is watched while it runs and stopped once its trailing ``--window``-step mean
 reward reaches ``--target``; its wall time to the target is measured from the command's start (so
 it includes the command's own start-up), and the start-up (the time to the first step, less that
@@ -29,6 +31,7 @@ large part of a short run. Each seed's figures: WORKDIR/seedN/results.json. Targ
 
     uv run --no-sync python benchmarks/distill_vs_rl.py --seeds 0 1 2
     uv run --no-sync python benchmarks/distill_vs_rl.py --seeds 0 --max-steps 3 --teacher-steps 2 --teacher-target 0   # smoke
+    uv run --no-sync python benchmarks/distill_vs_rl.py --seeds 0 --arms c --distill-kl reverse   # one arm
 """
 
 from __future__ import annotations
@@ -271,9 +274,33 @@ def run_seed(
     out = work / f"seed{seed}"
     out.mkdir(exist_ok=True)
     model = work / "teacher-sft" / "tiny-model"  # the fresh student
-    results = {"a_rl": run_to_target(
-        ["train", "say-single", "--out", "a_rl", *rl_args(opts, model, seed)], out / "a_rl", out, env, opts
-    )}  # fmt: skip
+    results: dict[str, Any] = {}
+    if "a" in opts.arms:
+        results["a_rl"] = run_to_target(
+            ["train", "say-single", "--out", "a_rl", *rl_args(opts, model, seed)], out / "a_rl", out, env, opts
+        )  # fmt: skip
+    if "b" in opts.arms:
+        results["b_sft_rl"] = run_b(opts, out, env, model, seed, data_wall)
+    if "c" in opts.arms:
+        results["c_distill"] = run_to_target(
+            ["distill", "say-single", "--teacher", url, "--reward-coef", str(opts.distill_reward_coef),
+             "--out", "c_distill", *rl_args(opts, model, seed), *distill_args(opts)],
+            out / "c_distill", out, env, opts, teacher_pid,
+        )  # fmt: skip
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    return results
+
+
+def distill_args(opts: argparse.Namespace) -> list[str]:
+    """(c)'s loss: the dense KL over the teacher's top-k (default), or the one-sample estimate."""
+    if opts.distill_loss == "sampled":
+        return ["distill.loss=sampled"]
+    return ["distill.loss=topk", f"distill.topk={opts.distill_topk}", f"distill.kl={opts.distill_kl}"]
+
+
+def run_b(
+    opts: argparse.Namespace, out: Path, env: dict[str, str], model: Path, seed: int, data_wall: float
+) -> dict[str, Any]:
     sft_cpu: list[float] = []
     sft_wall = rllm(
         ["sft", "teacher-good", "--model", str(model), "--out", "b_sft",
@@ -289,21 +316,14 @@ def run_seed(
     if b["wall_to_target_s"] is not None:
         b["wall_to_target_s"] += data_wall + sft_wall
         b["wall_to_target_without_teacher_eval_s"] = b["wall_to_target_s"] - data_wall
-    results["b_sft_rl"] = b
-    results["c_distill"] = run_to_target(
-        ["distill", "say-single", "--teacher", url, "--reward-coef", str(opts.distill_reward_coef),
-         "--out", "c_distill", *rl_args(opts, model, seed)],
-        out / "c_distill", out, env, opts, teacher_pid,
-    )  # fmt: skip
-    (out / "results.json").write_text(json.dumps(results, indent=2))
-    return results
+    return b
 
 
 def ratio(table: dict[int, dict[str, Any]], arm: str, key: str, base: str = "wall_to_target_s") -> str:
     values = [
         r[arm][key] / r["a_rl"][base]
         for r in table.values()
-        if r[arm].get(key) is not None and r["a_rl"][base] is not None
+        if arm in r and "a_rl" in r and r[arm].get(key) is not None and r["a_rl"][base] is not None
     ]
     return ", ".join(f"{x:.2f}" for x in values) or "n/a (an arm missed the target)"
 
@@ -324,6 +344,18 @@ def main() -> None:
         "--distill-reward-coef", type=float, default=0.0, help="(c): weight of the task reward's advantage"
     )
     parser.add_argument(
+        "--distill-loss",
+        choices=["topk", "sampled"],
+        default="topk",
+        help="(c)'s loss: a dense KL over the teacher's top-k per position, or the one-sample estimate",
+    )
+    parser.add_argument("--distill-topk", type=int, default=8, help="(c) with topk: the teacher's k")
+    parser.add_argument("--distill-kl", choices=["forward", "reverse"], default="forward")
+    parser.add_argument(
+        "--reuse-teacher", action="store_true", help="keep WORKDIR's teacher from an earlier run (not timed)"
+    )
+    parser.add_argument("--arms", nargs="+", choices=["a", "b", "c"], default=["a", "b", "c"])
+    parser.add_argument(
         "--traces",
         choices=["train", "eval"],
         default="train",
@@ -343,12 +375,17 @@ def main() -> None:
     # start-up: 21 s of CPU against 9 s with bytecode to import the CLI, paid by every command of
     # every arm. The first command (the teacher's SFT, not timed) writes it for all the others.
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    teacher = prepare_teacher(opts, work, env)
-    print(json.dumps({"teacher": teacher}), flush=True)
+    if opts.reuse_teacher and (work / "teacher" / "checkpoints").is_dir():
+        print(json.dumps({"teacher": f"reused {work / 'teacher'}"}), flush=True)  # (c)-only reruns
+    else:
+        print(json.dumps({"teacher": prepare_teacher(opts, work, env)}), flush=True)
     checkpoint = sorted((work / "teacher" / "checkpoints").glob("step_*"))[-1]
     proc, url = serve(checkpoint / "backend", env)
     try:
-        if opts.traces == "eval":
+        source: list[str] = []
+        if "b" not in opts.arms:
+            data_wall = 0.0  # only (b) trains on the teacher's traces
+        elif opts.traces == "eval":
             data_wall = rllm(
                 ["eval", "say-single", "--base-url", url, "--split", "train", "--attempts", "4",
                  "--out", "b_eval", "--no-progress"],
@@ -358,12 +395,13 @@ def main() -> None:
         else:
             data_wall = 0.0
             source = ["teacher", "--from-step", str(max(1, opts.teacher_steps - opts.window + 1))]
-        data_wall += rllm(
-            ["dataset", "from-eval", *source, "--name", "teacher-good", "--min-reward", "1.0"],
-            work,
-            env,
-            cpu=DATA_CPU,
-        )
+        if "b" in opts.arms:
+            data_wall += rllm(
+                ["dataset", "from-eval", *source, "--name", "teacher-good", "--min-reward", "1.0"],
+                work,
+                env,
+                cpu=DATA_CPU,
+            )
         table = {}
         for seed in opts.seeds:
             table[seed] = run_seed(seed, opts, work, env, url, data_wall, proc.pid)
@@ -377,6 +415,7 @@ def main() -> None:
             + (f"{r[arm]['wall_to_target_s']:.0f} s" if r[arm]["wall_to_target_s"] is not None else "missed")
             + f" (start-up {r[arm]['startup_s']:.0f} s, {r[arm]['cpu_s']:.0f} CPU s)"
             for arm in ("a_rl", "b_sft_rl", "c_distill")
+            if arm in r
         ]
         print(f"seed {seed}: " + "; ".join(cells))
     for arm in ("b_sft_rl", "c_distill"):

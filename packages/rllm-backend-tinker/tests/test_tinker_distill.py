@@ -107,7 +107,9 @@ async def test_a_teacher_without_prompt_logprobs_is_a_clear_error() -> None:
 def test_sampler_refuses_unsupported_prompt_logprobs(sampler_backend: TinkerBackend) -> None:
     client = openai.OpenAI(base_url=sampler_backend.inference_urls()[0], api_key="x", max_retries=0)
     with pytest.raises(openai.BadRequestError, match="prompt_logprobs"):
-        client.completions.create(model="any", prompt=[3, 4], max_tokens=1, extra_body={"prompt_logprobs": 5})
+        client.completions.create(
+            model="any", prompt=[3, 4], max_tokens=1, extra_body={"prompt_logprobs": 21}
+        )
 
 
 def test_tokenizer_mismatch_is_refused() -> None:

@@ -107,6 +107,14 @@ def test_the_entry_point_is_the_backend_and_validation_precedes_ray() -> None:
     backend.validate(AlgorithmConfig(max_mismatch=0.05))
 
 
+@pytest.mark.parametrize("loss", ["topk_forward_kl", "topk_reverse_kl"])
+def test_the_topk_distillation_losses_are_refused_by_name(loss: str) -> None:
+    """verl's actor computes the sampled tokens' logprobs only (no top-k of the teacher's): `rllm
+    distill` with distill.loss=topk stops before anything starts (distill.loss=sampled runs)."""
+    with pytest.raises(ValueError, match=f"`loss` = '{loss}'.*distill.loss=sampled"):
+        VerlBackend({"model": "/models/x"}).validate(AlgorithmConfig(loss=loss))
+
+
 def test_the_cpu_needs_an_external_rollout() -> None:
     with pytest.raises(ValueError, match=r"backend\.options\.cluster\.device: 'cpu' needs rollout\.engine"):
         VerlBackend({"model": "/m", "cluster": {"device": "cpu"}}).validate(AlgorithmConfig())

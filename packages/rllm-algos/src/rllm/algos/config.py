@@ -134,6 +134,13 @@ class AlgorithmConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ConfigError(f"`tis_cap` must be a finite number >= 1, got {self.tis_cap}")
         if self.max_mismatch is not None:
             _positive_finite("max_mismatch", self.max_mismatch)
+        if get_loss(self.loss).teacher_topk:
+            for name in ("kl_coef", "entropy_coef"):
+                if getattr(self, name) != 0:
+                    raise ConfigError(
+                        f"`{name}` is not applied with loss={self.loss!r} (it trains toward the teacher's "
+                        f"top-k alone); set {name}=0"
+                    )
         if self.tis != "none" and get_loss(self.loss).supervised:
             raise ConfigError(
                 "`tis` corrects policy-gradient losses for sampler drift; set tis='none' with loss='cross_entropy'"

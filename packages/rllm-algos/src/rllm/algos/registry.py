@@ -55,12 +55,16 @@ class EstimatorSpec:
 class LossSpec:
     """A registered policy loss. ``supervised`` losses train on the log-probs alone: they take no
     old log-probs and no advantages (both arrive as None). ``target`` ("module:function") stands
-    in for ``fn`` until first use, so naming a loss never imports torch."""
+    in for ``fn`` until first use, so naming a loss never imports torch. ``teacher_topk`` losses
+    train the student's distribution toward a distillation teacher's top-k per position
+    (``rllm.algos.losses.distill``): a backend runs them with the student's logprobs of the
+    teacher's tokens, not through ``compute_policy_loss``, or refuses them in ``validate``."""
 
     name: str
     fn: LossFn | None = None
     target: str = ""
     supervised: bool = False
+    teacher_topk: bool = False
 
     def load(self) -> LossFn:
         """The loss function (imported from ``target`` the first time)."""
@@ -84,6 +88,13 @@ _LOSSES: dict[str, LossSpec] = {
     name: LossSpec(name, target=f"rllm.algos.losses.policy:{name}", supervised=name == "cross_entropy")
     for name in BUILTIN_LOSSES
 }
+# Dense distillation over the teacher's top-k (rllm.algos.losses.distill): KL(teacher || student)
+# and KL(student || teacher), each over the top-k tokens plus one bucket for the rest.
+TOPK_LOSSES: tuple[str, ...] = ("topk_forward_kl", "topk_reverse_kl")
+for _name in TOPK_LOSSES:
+    _LOSSES[_name] = LossSpec(
+        _name, target="rllm.algos.losses.distill:policy_call_refused", supervised=True, teacher_topk=True
+    )
 _PLUGINS: dict[str, dict[str, EntryPoint]] = {}
 
 

@@ -238,6 +238,8 @@ def distill(
 ) -> int:
     """On-policy distillation: the student samples cookbook NAME's tasks, the teacher scores its
     tokens; per-token advantage = teacher - student logprob (optionally + the task reward's).
+    With distill.loss=topk the student trains instead on the exact KL over the teacher's top
+    distill.topk tokens at each position (the local tinker backend; faster to learn).
 
     \b
     Example:

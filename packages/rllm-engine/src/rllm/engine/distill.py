@@ -19,6 +19,12 @@ very tokens the student sampled, never a re-tokenization. An endpoint that answe
 ``prompt_logprobs`` is an error naming it, never a zero advantage. The teacher must share the
 student's tokenizer (token ids mean nothing across vocabularies): ``check_same_tokenizer`` compares
 the two before anything starts.
+
+``loss = "topk"`` asks the teacher for its ``topk`` most likely tokens at every position as well
+(vLLM's ``prompt_logprobs: k``, parsed strictly by ``rllm.engine.distill_topk``) and puts them on
+each sequence's ``teacher_topk``: the backend then trains the exact KL over them (plus a tail
+bucket) at every trained position (``rllm.algos.losses.distill``), where the sampled estimate
+carries one token's worth of the teacher per position.
 """
 
 from __future__ import annotations
@@ -33,9 +39,11 @@ from typing import Any, Literal
 
 import msgspec
 
+from rllm.engine.distill_topk import parse_prompt_logprobs
 from rllm.types import ConfigError, TrainSequence
 from rllm.types.arrays import FloatArray
 from rllm.types.errors import InputError, RLLMError
+from rllm.types.sequence import TeacherTopK
 
 # Texts whose tokenization must agree between teacher and student (specials included).
 TOKENIZER_PROBES = ("Hello, world! 12 + 30 = 42.", "<|im_start|>user\nhi<|im_end|>", "  tabs\tand\nnewlines ")
@@ -54,6 +62,17 @@ class DistillSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # position (see group_baseline); "none": the raw per-token negative reverse KL (tinker-cookbook's).
     baseline: Literal["group", "none"] = "group"
     timeout_s: float = 120.0
+    # "sampled": the policy loss on the per-token advantages above (a one-sample reverse-KL
+    # estimate; every backend). "topk": a dense KL over the teacher's ``topk`` most likely tokens
+    # at each position (vLLM's ``prompt_logprobs: topk``), ``kl`` = forward KL(teacher || student)
+    # or reverse; trained with loss ``topk_{kl}_kl`` (rllm.algos.losses.distill; the local backend).
+    loss: Literal["sampled", "topk"] = "sampled"
+    topk: int = 8
+    kl: Literal["forward", "reverse"] = "forward"
+
+    def __post_init__(self) -> None:
+        if self.topk < 1:
+            raise ConfigError.for_key("distill.topk", f"distill.topk must be >= 1, got {self.topk}")
 
 
 class TeacherError(RLLMError, ConnectionError):
@@ -88,35 +107,42 @@ class TeacherClient:
     def score_batch_sync(self, batch: Sequence[Sequence[int]]) -> list[list[float]]:
         """``score_sync`` for many sequences in one request (a list of token-id prompts, which
         vLLM and the local sampler score together)."""
+        return [own for own, _ in self.score_topk_sync(batch, 0)]
+
+    def score_topk_sync(
+        self, batch: Sequence[Sequence[int]], k: int
+    ) -> list[tuple[list[float], TeacherTopK | None]]:
+        """Each sequence's teacher logprobs and, with ``k`` > 0, the teacher's top-k per position
+        (vLLM's ``prompt_logprobs: k``), in one request; parsed strictly (distill_topk)."""
         prompts = [list(ids) for ids in batch]
-        body = {"model": self.model, "prompt": prompts, "max_tokens": 1, "prompt_logprobs": 0}
+        body = {"model": self.model, "prompt": prompts, "max_tokens": 1, "prompt_logprobs": k}
         choices = self._post(body).get("choices") or []
         by_index = {c.get("index"): c for c in choices if isinstance(c, dict)}
-        return [
-            self._logprobs(ids, by_index.get(k, {}).get("prompt_logprobs")) for k, ids in enumerate(prompts)
-        ]
-
-    def _logprobs(self, input_ids: list[int], scores: Any) -> list[float]:
-        if not isinstance(scores, list) or len(scores) != len(input_ids):
-            raise InputError(
-                f"teacher {self.url} returned no prompt_logprobs for the student's tokens "
-                "(it must be an OpenAI-compatible server that supports vLLM's `prompt_logprobs`: "
-                "vLLM, rllm serve, the tinker local sampler)"
-            )
-        out: list[float] = [0.0]
-        for position, (token, entry) in enumerate(zip(input_ids[1:], scores[1:], strict=True), start=1):
-            value = entry.get(str(token)) if isinstance(entry, dict) else None
-            if not isinstance(value, dict) or not isinstance(value.get("logprob"), int | float):
+        out = []
+        for i, ids in enumerate(prompts):
+            scores = by_index.get(i, {}).get("prompt_logprobs")
+            if not isinstance(scores, list):
                 raise InputError(
-                    f"teacher {self.url}: prompt_logprobs[{position}] has no logprob for token {token}"
+                    f"teacher {self.url} returned no prompt_logprobs for the student's tokens "
+                    "(it must be an OpenAI-compatible server that supports vLLM's `prompt_logprobs`: "
+                    "vLLM, rllm serve, the tinker local sampler)"
                 )
-            out.append(float(value["logprob"]))
+            out.append(
+                parse_prompt_logprobs(scores, ids, k, f"teacher {self.url}: choices[{i}].prompt_logprobs")
+            )
         return out
 
     async def score(self, sequences: Sequence[TrainSequence]) -> list[list[float]]:
-        """Every sequence's teacher logprobs, in as few requests as ``REQUEST_TOKENS`` allows (they
-        run concurrently): one HTTP round trip and one batched forward pass per request, where one
-        request per sequence cost a step 3.2 s on the benchmark's 128 short sequences."""
+        """Every sequence's teacher logprobs (``score_topk`` without the top-k)."""
+        return [own for own, _ in await self.score_topk(sequences, 0)]
+
+    async def score_topk(
+        self, sequences: Sequence[TrainSequence], k: int
+    ) -> list[tuple[list[float], TeacherTopK | None]]:
+        """Every sequence's teacher logprobs (and top-k, ``k`` > 0), in as few requests as
+        ``REQUEST_TOKENS`` allows (they run concurrently): one HTTP round trip and one batched
+        forward pass per request, where one request per sequence cost a step 3.2 s on the
+        benchmark's 128 short sequences."""
         chunks: list[list[list[int]]] = [[]]
         tokens = 0
         for s in sequences:
@@ -126,7 +152,7 @@ class TeacherClient:
                 tokens = 0
             chunks[-1].append(ids)
             tokens += len(ids)
-        scored = await asyncio.gather(*(asyncio.to_thread(self.score_batch_sync, c) for c in chunks if c))
+        scored = await asyncio.gather(*(asyncio.to_thread(self.score_topk_sync, c, k) for c in chunks if c))
         return [row for chunk in scored for row in chunk]
 
     def check_tokenizer(self, student: Any) -> None:
@@ -168,10 +194,17 @@ class Distiller:
         self.teacher.check_tokenizer(student_tokenizer)
 
     async def apply(self, sequences: Sequence[TrainSequence]) -> dict[str, float]:
+        """Score the step's sequences with the teacher and write what the loss trains on: the
+        advantages (always: with ``loss = "topk"`` they are only reported) and, for ``"topk"``,
+        each sequence's ``teacher_topk``."""
         started = time.perf_counter()
+        k = self.section.topk if self.section.loss == "topk" else 0
+        scored = await self.teacher.score_topk(sequences, k)
+        for sequence, (_, topk) in zip(sequences, scored, strict=True):
+            sequence.teacher_topk = topk
         metrics = distill_advantages(
             sequences,
-            await self.teacher.score(sequences),
+            [own for own, _ in scored],
             self.section.reward_coef,
             baseline=self.section.baseline == "group",
         )

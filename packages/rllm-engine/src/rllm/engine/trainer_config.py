@@ -15,6 +15,7 @@ import msgspec
 
 from rllm.algos.config import AlgorithmConfig
 from rllm.engine.distill import DistillSection
+from rllm.engine.distill_topk import check_distill_loss
 from rllm.engine.rollout_config import RolloutConfig
 from rllm.engine.staleness import TrainRolloutSettings, check_correction, default_correction, engine_settings
 from rllm.types import ConfigError
@@ -119,6 +120,8 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 )
         from rllm.algos.registry import get_loss
 
+        # distill.loss = "topk" trains with its own loss (set on the algorithm here).
+        check_distill_loss(self.distill, self.algorithm)
         check_correction(self.rollout, self.algorithm.tis, get_loss(self.algorithm.loss).supervised)
         if self.val_every and not self.val_split:
             raise ConfigError.for_key(

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rllm.algos.config import AlgorithmConfig
+from rllm.algos.registry import get_loss
 
 # our loss name -> Tinker's built-in loss_fn (the rest go through forward_backward_custom)
 BUILTIN_LOSSES = {
@@ -42,6 +43,11 @@ class LossPlan:
 def unsupported_algo_options(algo: AlgorithmConfig, service: str) -> list[str]:
     """One line per AlgorithmConfig option a Tinker-API ``service`` cannot honour, naming it."""
     problems = []
+    if get_loss(algo.loss).teacher_topk:
+        problems.append(
+            f"`loss` = {algo.loss!r} (distill.loss=topk): {service} computes logprobs of the sampled "
+            "tokens only, not the student's logprobs of the teacher's top-k; set distill.loss=sampled"
+        )
     if algo.kl_coef > 0:
         problems.append(f"`kl_coef` > 0: {service} has no reference-model logprobs; set kl_coef=0")
     if algo.entropy_coef != 0:

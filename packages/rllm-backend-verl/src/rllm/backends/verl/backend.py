@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rllm.algos.config import AlgorithmConfig
+from rllm.algos.registry import get_loss
 from rllm.backends.verl.config import NO_ROLLOUT, VerlBackendConfig, parse_config
 from rllm.backends.verl.sft import LocalTrainer, check_no_rollout, runs_in_process
 from rllm.engine.backend_base import BackendBase
@@ -49,11 +50,17 @@ class VerlBackend(BackendBase[VerlBackendConfig]):
 
     # Backend protocol ------------------------------------------------------------------------
     def validate(self, algo: AlgorithmConfig) -> None:
-        """Every rLLM algorithm option is honoured: the loss is rllm.algos' own code running inside
-        verl's engine, and the trainer's logprobs come back for ``max_mismatch``. Only the model
-        must be named (before Ray starts)."""
+        """Every rLLM algorithm option is honoured but the top-k distillation losses: the loss is
+        rllm.algos' own code running inside verl's engine, and the trainer's logprobs come back
+        for ``max_mismatch``. Only the model must be named (before Ray starts)."""
         if not self.config.model:
             raise InputError("backend.options.model: name the policy model (a local path or hub name)")
+        if get_loss(algo.loss).teacher_topk:
+            raise InputError(
+                f"`loss` = {algo.loss!r} (distill.loss=topk): the verl backend's actor computes logprobs "
+                "of the sampled tokens only, not the student's logprobs of the teacher's top-k; set "
+                "distill.loss=sampled"
+            )
         engine = self.config.rollout.engine
         if engine == NO_ROLLOUT:
             check_no_rollout(algo)

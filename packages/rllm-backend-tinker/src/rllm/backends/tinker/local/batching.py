@@ -10,6 +10,7 @@ import torch
 from rllm.backends.tinker.local.packing import PackLayout
 from rllm.types import TrainSequence
 from rllm.types.errors import InputError
+from rllm.types.sequence import check_teacher_topk
 
 
 @dataclass
@@ -29,6 +30,10 @@ class PaddedBatch:
     # Set when the forward pass runs on packed rows (``pack_tokens``); the tensors above stay
     # one sequence a row, so the loss sees the same layout either way.
     packed: PackLayout | None = None
+    # A distillation teacher's top-k per position (``TrainSequence.teacher_topk``), shifted like
+    # the rest: [B, L-1, k] token ids and their teacher logprobs; None when no sequence has one.
+    teacher_ids: torch.Tensor | None = None
+    teacher_logprobs: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> float:
@@ -50,6 +55,13 @@ def check_sequences(batch: list[TrainSequence], vocab_size: int) -> None:
         tokens = np.frombuffer(seq.input_ids, dtype=np.int32)
         if tokens.min() < 0 or tokens.max() >= vocab_size:
             raise InputError(f"batch[{i}].input_ids has ids outside the vocabulary [0, {vocab_size})")
+        if seq.teacher_topk is not None:
+            topk = check_teacher_topk(seq, f"batch[{i}]")
+            ids = np.frombuffer(topk.ids, dtype=np.int32)
+            if ids.min() < 0 or ids.max() >= vocab_size:
+                raise InputError(
+                    f"batch[{i}].teacher_topk.ids has ids outside the vocabulary [0, {vocab_size})"
+                )
 
 
 def split_micro_batches(batch: list[TrainSequence], indices: list[int], max_tokens: int) -> list[list[int]]:
@@ -87,6 +99,7 @@ def pad(batch: list[TrainSequence], indices: list[int], pad_id: int, device: tor
         adv[row, :n] = np.frombuffer(s.advantages, dtype=np.float32)
         slp[row, :n] = np.frombuffer(s.sampler_logprobs, dtype=np.float32)
     input_ids = torch.from_numpy(ids).to(device)
+    teacher = teacher_topk_tensors(batch, indices, width, device)
     return PaddedBatch(
         input_ids=input_ids,
         attention_mask=torch.from_numpy(attention).to(device),
@@ -95,4 +108,32 @@ def pad(batch: list[TrainSequence], indices: list[int], pad_id: int, device: tor
         advantages=torch.from_numpy(adv[:, 1:]).to(device),
         sampler_logprobs=torch.from_numpy(slp[:, 1:]).to(device),
         indices=list(indices),
+        teacher_ids=None if teacher is None else teacher[0],
+        teacher_logprobs=None if teacher is None else teacher[1],
+    )
+
+
+def teacher_topk_tensors(
+    batch: list[TrainSequence], indices: list[int], width: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The sequences' teacher top-k as shifted [B, width-1, k] ids and logprobs (zeros past each
+    end); None when none has one. All or none must, with one ``k``: InputError naming the first
+    that differs (a batch half scored by the teacher cannot train on one loss)."""
+    seqs = [batch[i] for i in indices]
+    if all(s.teacher_topk is None for s in seqs):
+        return None
+    k = next(s.teacher_topk.k for s in seqs if s.teacher_topk is not None)
+    ids = np.zeros((len(seqs), width, k), dtype=np.int64)
+    logprobs = np.zeros((len(seqs), width, k), dtype=np.float32)
+    for row, (i, s) in enumerate(zip(indices, seqs, strict=True)):
+        topk = s.teacher_topk
+        if topk is None or topk.k != k:
+            got = "none" if topk is None else f"k={topk.k}"
+            raise InputError(f"batch[{i}].teacher_topk: {got}, where other sequences of the batch have k={k}")
+        n = len(s.input_ids)
+        ids[row, :n] = np.frombuffer(topk.ids, dtype=np.int32).reshape(n, k)
+        logprobs[row, :n] = np.frombuffer(topk.logprobs, dtype=np.float32).reshape(n, k)
+    return (
+        torch.from_numpy(ids[:, 1:]).to(device),
+        torch.from_numpy(logprobs[:, 1:]).to(device),
     )

@@ -53,7 +53,7 @@ class _Call:
     usage: bool
     logprobs: Any  # chat: whether to return them; completions: how many top ones (or None)
     return_token_ids: bool
-    prompt_logprobs: bool = False
+    prompt_logprobs: int | None = None  # vLLM's: None (off), 0 (the tokens' own), k (and the top k)
 
 
 class SamplerServer:
@@ -84,6 +84,7 @@ class SamplerServer:
         self.port = port
         self.default_max_tokens = default_max_tokens
         self._background = BackgroundLoop("rllm-sampler-http")
+        self._token_texts: dict[int, str] = {}  # decoded tokens of prompt_logprobs answers
         self._runner: web.AppRunner | None = None
         self._unserve: Callable[[], None] | None = None
         self.url = ""
@@ -288,25 +289,29 @@ class SamplerServer:
             g.vision = vision
         usage = include_usage(body)
         scored = body.get("prompt_logprobs")
-        if scored is not None and (not isinstance(scored, int) or isinstance(scored, bool) or scored != 0):
+        if scored is not None and (
+            not isinstance(scored, int) or isinstance(scored, bool) or not 0 <= scored <= MAX_TOP_LOGPROBS
+        ):
             raise RequestError(
-                "'prompt_logprobs' must be 0 (the prompt tokens' own logprobs)", "prompt_logprobs"
+                f"'prompt_logprobs' must be an integer in [0, {MAX_TOP_LOGPROBS}] (the prompt tokens' own "
+                "logprobs and that many most likely tokens at each position)",
+                "prompt_logprobs",
             )
         if scored is not None and vision is not None:
             raise RequestError("'prompt_logprobs' is not supported with images", "prompt_logprobs")
-        return _Call(
-            prompts, gens, usage, logprobs, bool(body.get("return_token_ids", False)), scored is not None
-        )
+        return _Call(prompts, gens, usage, logprobs, bool(body.get("return_token_ids", False)), scored)
 
     async def _completions_answer(self, body: dict[str, Any], call: _Call) -> dict[str, Any]:
         prompts, logprobs = call.prompts, call.logprobs
         results = await asyncio.gather(*(asyncio.wrap_future(self.engine.submit(g)) for g in call.gens))
         # All prompts in one batched pass (a distillation step sends its sequences together).
-        prompt_scores = (
-            await asyncio.to_thread(self.engine.prompt_logprobs_batch, prompts)
-            if call.prompt_logprobs
-            else None
-        )
+        prompt_scores: list[list[Any]] | None = None
+        if call.prompt_logprobs == 0:
+            prompt_scores = await asyncio.to_thread(self.engine.prompt_logprobs_batch, prompts)
+        elif call.prompt_logprobs is not None:  # top k: a distillation teacher's dense loss
+            prompt_scores = await asyncio.to_thread(
+                self.engine.prompt_topk_batch, prompts, call.prompt_logprobs
+            )
         answer = completion_response(
             self.model_name,
             prompts,
@@ -322,16 +327,33 @@ class SamplerServer:
                 ids = prompts[choice["index"] // per_prompt]
                 scores = prompt_scores[choice["index"] // per_prompt]
                 choice["prompt_logprobs"] = [
-                    None
-                    if lp is None
-                    else {str(t): {"logprob": lp, "rank": None, "decoded_token": self._decode_token(t)}}
-                    for t, lp in zip(ids, scores, strict=True)
+                    self._prompt_entry(t, lp) for t, lp in zip(ids, scores, strict=True)
                 ]
         if body.get("multi_modal_data") is not None:
             # Says the model saw the images: a caller sending them (the gateway's cumulative
             # mode) refuses an answer without this, from a server that ignored them.
             answer["images_used"] = len(body["multi_modal_data"]["image"])
         return answer
+
+    def _prompt_entry(self, token: int, scored: float | dict[int, tuple[float, int]] | None) -> Any:
+        """One position of vLLM's ``prompt_logprobs``: None (the first), or ``{token_id: {logprob,
+        rank, decoded_token}}`` for the token alone (k = 0, rank unknown) or the top k and it."""
+        if scored is None:
+            return None
+        if not isinstance(scored, dict):
+            return {str(token): {"logprob": scored, "rank": None, "decoded_token": self._token_text(token)}}
+        return {
+            str(t): {"logprob": lp, "rank": rank, "decoded_token": self._token_text(t)}
+            for t, (lp, rank) in scored.items()
+        }
+
+    def _token_text(self, token: int) -> str:
+        """``_decode_token``, remembered: a top-k answer decodes tens of thousands of entries a
+        distillation step (k + 1 per position of 128 sequences), mostly the same few tokens."""
+        text = self._token_texts.get(token)
+        if text is None:
+            text = self._token_texts[token] = self._decode_token(token)
+        return text
 
     def _prompt_vision(self, body: dict[str, Any], prompts: list[list[int]]) -> Any:
         """The vision inputs of a token-id prompt sent with ``multi_modal_data: {"image": [data

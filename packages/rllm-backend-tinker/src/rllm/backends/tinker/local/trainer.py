@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from rllm.algos.config import AlgorithmConfig
+from rllm.algos.registry import get_loss
 from rllm.backends.tinker.config import TinkerBackendConfig
 from rllm.backends.tinker.local.batching import (
     PaddedBatch,
@@ -28,6 +29,7 @@ from rllm.backends.tinker.local.batching import (
 )
 from rllm.backends.tinker.local.loss import policy_loss
 from rllm.backends.tinker.local.packing import pack_layout, plan_packed_micro_batches
+from rllm.backends.tinker.local.topk import topk_distill_loss
 from rllm.backends.tinker.local.vision import VisionInputs
 from rllm.tinker_api.batching import split_mini_batches
 from rllm.types import FloatArray, TrainSequence
@@ -157,26 +159,35 @@ class LocalTrainer:
         num_sequences = float(sum(int((p.mask.sum(-1) > 0).sum()) for p in padded))
         sums: dict[str, float] = defaultdict(float)
         entropy_grad = algo.entropy_coef != 0
+        # Distillation toward the teacher's top-k (local/topk.py) instead of a policy loss.
+        topk = get_loss(algo.loss).teacher_topk
         for piece in padded:
             share = piece.num_tokens / num_tokens  # for averaging per-token metrics
-            logprobs, entropy = token_logprobs_and_entropy(self.model, piece, entropy_grad=entropy_grad)
-            if old_logprobs is None:
-                old = logprobs.detach()
+            if topk:
+                logprobs, loss, metrics = topk_distill_loss(
+                    self.model, piece, algo, num_tokens, num_sequences
+                )
             else:
-                old = _stack_rows([old_logprobs[i] for i in piece.indices], logprobs.shape[1], self.device)
-            ref = self.reference_logprobs(piece) if algo.kl_coef > 0 else None
-            loss, metrics = policy_loss(
-                logprobs,
-                old,
-                piece.advantages,
-                piece.mask,
-                algo,
-                sampler_logprobs=piece.sampler_logprobs,
-                ref_logprobs=ref,
-                entropy=entropy,
-                num_tokens=num_tokens,
-                num_sequences=num_sequences,
-            )
+                logprobs, entropy = token_logprobs_and_entropy(self.model, piece, entropy_grad=entropy_grad)
+                if old_logprobs is None:
+                    old = logprobs.detach()
+                else:
+                    old = _stack_rows(
+                        [old_logprobs[i] for i in piece.indices], logprobs.shape[1], self.device
+                    )
+                ref = self.reference_logprobs(piece) if algo.kl_coef > 0 else None
+                loss, metrics = policy_loss(
+                    logprobs,
+                    old,
+                    piece.advantages,
+                    piece.mask,
+                    algo,
+                    sampler_logprobs=piece.sampler_logprobs,
+                    ref_logprobs=ref,
+                    entropy=entropy,
+                    num_tokens=num_tokens,
+                    num_sequences=num_sequences,
+                )
             loss.backward()
             if record_logprobs:
                 record_trainer_logprobs(batch, piece.indices, logprobs.detach())
