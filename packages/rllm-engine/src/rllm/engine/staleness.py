@@ -90,9 +90,11 @@ def default_correction(doc: dict[str, Any]) -> dict[str, Any]:
     A clipped loss (the default PPO-clip) gets ``tis = "trust_region"``: its clip is taken around
     the policy that sampled the tokens, as Tinker's and prime-rl's one-step-off losses take it.
     Token TIS alone leaves a one-update step unclipped (the ratio to the current policy is 1),
-    and its weight pi_now / pi_sampler, up to the cap, pushes hardest on the good tokens the
-    last update already raised (benchmarks/RESULTS.md, "#30 round 7"). Any other loss gets
-    token TIS.
+    and its weight pi_now / pi_sampler, up to the cap, pushes again on the tokens the last
+    update already moved: on the two-turn benchmark (seed 2, K = 1) a task's second turn
+    collapsed onto a wrong word, its groups turned all-equal and were filtered, and the run
+    ended at 0.86 against sync's 1.0; with the trust region it ended at 1.0 (benchmarks/
+    RESULTS.md, "#30 round 7"). Any other loss gets token TIS.
     """
     rollout, algorithm = doc.get("rollout"), doc.get("algorithm", {})
     if not isinstance(rollout, dict) or not isinstance(algorithm, dict):
