@@ -3,7 +3,8 @@
 Agent rollouts are dominated by tool latency, so each turn of the say game first waits for a
 simulated tool call: lognormal, median 50 ms, p99 about 1 s (``asyncio.sleep``: the CPU is free
 meanwhile). The tiny model trains on the local tinker backend; sync (K = 0), K = 1 and K = 4
-(with the default correction, algorithm.tis = "token") run the same number of steps, one after
+(with the default correction for K > 0, algorithm.tis = "trust_region"; ``--set
+algorithm.tis=token`` gives round 6's) run the same number of steps, one after
 another, for each seed. Printed per run: wall time, wall time to a mean reward of ``--target``
 (summed step times until the mean of the last 5 steps reaches it; "-" if never), final reward
 (mean of the last 5 steps), trainer and rollout utilisation (async rows), max staleness, and

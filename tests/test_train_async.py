@@ -86,7 +86,7 @@ def test_staleness_zero_async_step_reproduces_the_synchronous_loop(tmp_path: Pat
 def test_staleness_one_trains_within_its_bound_and_resumes_every_task_once(tmp_path: Path) -> None:
     overrides = [*DETERMINISTIC, "rollout.max_staleness=1", "ckpt_every=2"]
     trainer = build_trainer("say-single", out_dir=str(tmp_path), overrides=[*overrides, "total_steps=2"])
-    assert trainer.config.algorithm.tis == "token"  # correction is on by default when K > 0
+    assert trainer.config.algorithm.tis == "trust_region"  # correction is on by default when K > 0
     asyncio.run(trainer.fit())
     ckpt = latest_checkpoint(tmp_path)
     assert ckpt is not None

@@ -43,6 +43,12 @@ def test_names_every_refused_option_at_once() -> None:
     assert all(f"`{name}`" in str(err.value) for name in ("kl_coef", "entropy_coef", "tis"))
 
 
+@pytest.mark.parametrize("loss", ["ppo_clip", "dual_clip", "gspo", "cispo"])
+def test_the_trust_region_correction_is_the_services_own_convention(loss: str) -> None:
+    """tis = trust_region takes the ratio against the sampler's logprobs: what this service does."""
+    FireworksBackend({"model": MODEL}).validate(AlgorithmConfig(loss=loss, tis="trust_region"))
+
+
 @pytest.mark.parametrize("loss", ["ppo_clip", "dual_clip", "gspo", "cispo", "importance_sampling"])
 @pytest.mark.parametrize(
     "aggregation",

@@ -26,7 +26,10 @@ AGGREGATIONS: tuple[str, ...] = (
 # The built-in losses (rllm.algos.registry holds them, and any a user registers).
 LOSSES: tuple[str, ...] = BUILTIN_LOSSES
 KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
-TIS_MODES: tuple[str, ...] = ("none", "token", "sequence")
+TIS_MODES: tuple[str, ...] = ("none", "token", "sequence", "trust_region")
+# The losses whose ratio is clipped (their own trust region): ``tis = "trust_region"`` takes that
+# region around the sampler's policy, so it needs one of them.
+TRUST_REGION_LOSSES: tuple[str, ...] = ("ppo_clip", "dual_clip", "gspo", "cispo")
 STEP_CREDITS: tuple[str, ...] = ("broadcast", "turn")
 # Names accepted in ``mask_terminations``: every TerminationReason value, plus "errors" for both
 # error kinds (agent and infrastructure), which users nearly always want to mask together.
@@ -63,7 +66,12 @@ class AlgorithmConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     kl_coef: float = 0.0
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     entropy_coef: float = 0.0
-    tis: Literal["none", "token", "sequence"] = "none"
+    # Off-policy correction, for sampler/trainer drift and for stale samples (rollout.max_staleness):
+    # "token" / "sequence" weight each token's loss by pi_old / pi_sampler (per token, or the
+    # sequence's product), capped at ``tis_cap``; "trust_region" takes the loss's own ratio
+    # against the sampler's policy, pi_theta / pi_sampler, so its clip bounds the step from the
+    # policy that sampled the tokens (as Tinker's and prime-rl's losses do), not from pi_old.
+    tis: Literal["none", "token", "sequence", "trust_region"] = "none"
     tis_cap: float = 2.0
     # Token truth: stop the run when a step's mean |trainer - sampler| logprob over sampled tokens
     # exceeds this (nats; e.g. 0.05). None: measured and logged, never enforced. Needs a backend
@@ -144,6 +152,11 @@ class AlgorithmConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if self.tis != "none" and get_loss(self.loss).supervised:
             raise ConfigError(
                 "`tis` corrects policy-gradient losses for sampler drift; set tis='none' with loss='cross_entropy'"
+            )
+        if self.tis == "trust_region" and self.loss not in TRUST_REGION_LOSSES:
+            raise ConfigError(
+                f"`tis`='trust_region' clips the loss's ratio around the sampler's policy, but loss "
+                f"{self.loss!r} clips no ratio; use one of {list(TRUST_REGION_LOSSES)} or tis='token'"
             )
         return self
 

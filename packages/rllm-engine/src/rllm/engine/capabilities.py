@@ -122,6 +122,7 @@ def probes() -> list[tuple[str, str, Probe]]:
         ("algorithm", "entropy_coef > 0", _validates(entropy_coef=0.01)),
         ("algorithm", "tis = token", _validates(tis="token")),
         ("algorithm", "tis = sequence", _validates(tis="sequence")),
+        ("algorithm", "tis = trust_region", _validates(tis="trust_region")),
         ("algorithm", "max_mismatch", _validates(max_mismatch=0.05)),
     ]
     rows += [("execution flow", name, _flow(name)) for name in ALL_FLOWS]

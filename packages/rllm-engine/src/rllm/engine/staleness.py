@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from rllm.algos.config import TRUST_REGION_LOSSES
 from rllm.engine.rollout_config import RolloutSettings
 from rllm.types import Episode, Step
 from rllm.types.errors import ConfigError, InvariantError
@@ -83,8 +84,18 @@ def engine_settings(settings: RolloutSettings) -> dict[str, Any]:
 
 
 def default_correction(doc: dict[str, Any]) -> dict[str, Any]:
-    """``doc`` with off-policy correction turned on (``algorithm.tis = "token"``) when it asks for
-    K > 0 and does not name ``algorithm.tis`` itself: correction is the default, not an option."""
+    """``doc`` with off-policy correction turned on when it asks for K > 0 and does not name
+    ``algorithm.tis`` itself: correction is the default, not an option.
+
+    A clipped loss (the default PPO-clip) gets ``tis = "trust_region"``: its clip is taken around
+    the policy that sampled the tokens, as Tinker's and prime-rl's one-step-off losses take it.
+    Token TIS alone leaves a one-update step unclipped (the ratio to the current policy is 1),
+    and its weight pi_now / pi_sampler, up to the cap, pushes again on the tokens the last
+    update already moved: on the two-turn benchmark (seed 2, K = 1) a task's second turn
+    collapsed onto a wrong word, its groups turned all-equal and were filtered, and the run
+    ended at 0.86 against sync's 1.0; with the trust region it ended at 1.0 (benchmarks/
+    RESULTS.md, "#30 round 7"). Any other loss gets token TIS.
+    """
     rollout, algorithm = doc.get("rollout"), doc.get("algorithm", {})
     if not isinstance(rollout, dict) or not isinstance(algorithm, dict):
         return doc
@@ -92,8 +103,10 @@ def default_correction(doc: dict[str, Any]) -> dict[str, Any]:
         k = int(rollout.get("max_staleness", 0))
     except (TypeError, ValueError):
         return doc  # the typed decode names the bad value
-    if k > 0 and "tis" not in algorithm and algorithm.get("loss") != "cross_entropy":
-        return {**doc, "algorithm": {**algorithm, "tis": "token"}}
+    loss = algorithm.get("loss", "ppo_clip")
+    if k > 0 and "tis" not in algorithm and loss != "cross_entropy":
+        tis = "trust_region" if loss in TRUST_REGION_LOSSES else "token"
+        return {**doc, "algorithm": {**algorithm, "tis": tis}}
     return doc
 
 
@@ -103,7 +116,7 @@ def check_correction(rollout: TrainRolloutSettings, tis: str, supervised: bool) 
         raise ConfigError.for_key(
             "algorithm.tis",
             f"rollout.max_staleness={rollout.max_staleness} trains on samples from older weights; "
-            "correct for it (algorithm.tis='token' or 'sequence', with algorithm.tis_cap) or opt out "
+            "correct for it (algorithm.tis='trust_region', 'token' or 'sequence') or opt out "
             "explicitly with rollout.uncorrected_staleness=true",
         )
 

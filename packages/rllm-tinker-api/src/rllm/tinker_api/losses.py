@@ -7,7 +7,8 @@ Losses without a built-in twin (dual_clip) run our own rllm.algos loss client-si
 ``forward_backward_custom``.
 
 The remote service's "old" policy is the sampler (Tinker's convention: the datum's ``logprobs``
-are the sampling logprobs), so it cannot also correct trainer/sampler drift (``tis``), has no
+are the sampling logprobs), so it cannot also correct trainer/sampler drift (``tis`` token or
+sequence; ``tis = "trust_region"`` is that convention itself, so it is honoured), has no
 reference model for ``kl_coef`` and no per-token entropy for ``entropy_coef``: those are refused.
 Each backend adds the refusals of its own config (LoRA shape, batching) to these.
 """
@@ -54,7 +55,8 @@ def unsupported_algo_options(algo: AlgorithmConfig, service: str) -> list[str]:
         problems.append(
             f"`entropy_coef` != 0: {service} returns logprobs only, not the entropy; set entropy_coef=0"
         )
-    if algo.tis != "none":
+    # "trust_region" is this service's own convention (the ratio against the sampler's policy).
+    if algo.tis not in ("none", "trust_region"):
         problems.append(
             f"`tis`: {service} uses the sampler's logprobs as the old policy, so there is no "
             "trainer/sampler mismatch to correct; set tis='none'"

@@ -46,6 +46,7 @@ def compute_policy_loss(
     - ``old_logprobs``: the trainer's log-probs before this update (the PPO ratio's denominator);
       not needed for ``cross_entropy``.
     - ``sampler_logprobs``: the sampler's log-probs; required when ``config.tis`` is not "none".
+      With ``tis = "trust_region"`` they replace ``old_logprobs`` as the ratio's denominator.
     - ``ref_logprobs``: the reference model's; required when ``config.kl_coef > 0``.
     - ``entropy``: per-token entropy, if the backend computed it; reported, and subtracted with
       ``entropy_coef`` as a bonus.
@@ -69,11 +70,19 @@ def compute_policy_loss(
         "num_sequences": num_sequences,
     }
 
+    # The ratio's denominator: the policy before this update, or with "trust_region" the one that
+    # sampled the tokens, so a stale sample's step is clipped around where it came from (with one
+    # update per batch pi_old is the current policy, the ratio is 1 and PPO's clip never acts).
+    base = sampler if config.tis == "trust_region" else old
     # the checks above required old log-probs and advantages unless the loss is supervised
-    token_loss, token_metrics = spec.load()(lp, old, adv, mask, config)
+    token_loss, token_metrics = spec.load()(lp, base, adv, mask, config)
 
     metrics: dict[str, float] = {}
-    if config.tis != "none":
+    if config.tis == "trust_region":
+        assert sampler is not None  # required above when TIS is on
+        drift = torch.exp(torch.clamp((lp - sampler).detach(), min=-20.0, max=20.0))
+        metrics["tis/ratio_mean"] = masked_mean(drift, mask).item()
+    elif config.tis != "none":
         assert old is not None and sampler is not None  # required above when TIS is on
         weights, capped = tis_weights(old, sampler, mask, config.tis, config.tis_cap)
         token_loss = token_loss * weights
