@@ -21,8 +21,9 @@ flows reaching the gateway in process either way:
   sampler-http        the gateway POSTs each call to the sampler's HTTP server
   sampler-in-process  the gateway hands each whole call to the sampler directly
                       (rllm.runtime.inprocess_upstreams)
-  in-process-fixed    the same, with the sampler's arrival gap fixed at --window-ms, as before
-                      #35 round 7 (the peer of the adaptive gap, local/arrivals.py)
+  in-process-before   the same, with the sampler taking each call as round 6 did: straight to
+                      its queue (a batch starts with the first calls, later ones join it a
+                      forward pass each) and answered through its own wrap_future
 
 The load average is printed before and after (the figures depend on it).
 
@@ -85,27 +86,21 @@ def sampler_variants() -> dict[str, Any]:
 
     served = inprocess_upstreams._SERVED
 
-    from rllm.backends.tinker.local.arrivals import ArrivalGap
-
-    def use(in_process: bool, adaptive: bool = True) -> Any:
-        arrivals: list[Any] = []  # this variant's own gap history, as if it ran alone
-
+    def use(in_process: bool, before: bool = False) -> Any:
         def apply() -> None:
             variants()["in-process"]()
             inprocess_upstreams._SERVED = served if in_process else {}
             engine = SAMPLERS[0]
-            if not arrivals:
-                arrivals.append(ArrivalGap(engine.batch_window_s))
-                if not adaptive:
-                    arrivals[0].gap_s = lambda: engine.batch_window_s
-            engine._arrivals = arrivals[0]
+            engine.__dict__.pop("submit_async", None)
+            if before:
+                engine.submit_async = lambda request: asyncio.wrap_future(engine.submit(request))
 
         return apply
 
     return {
         "sampler-http": use(False),
         "sampler-in-process": use(True),
-        "in-process-fixed": use(True, adaptive=False),
+        "in-process-before": use(True, before=True),
     }
 
 

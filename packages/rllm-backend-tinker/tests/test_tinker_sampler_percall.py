@@ -1,6 +1,6 @@
 """The local sampler's per-call work (#35): a repeated chat prompt is rendered and tokenized once,
-keyed exactly; a decode step's answers reach a caller's event loop in one wake-up; a new batch
-waits for concurrent requests by the gap they actually arrive at.
+keyed exactly; a decode step's answers reach a caller's event loop in one wake-up; the calls a
+loop submits in one iteration start one batch together.
 
 Real parts: the tiny model (with its tool-calling chat template), its SamplerEngine and
 SamplerServer (called in process, as an embedded gateway does), real event loops and threads.
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -21,7 +22,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tinker_helpers import WORDS
 
-from rllm.backends.tinker.local.arrivals import MAX_GAP_S, ArrivalGap
 from rllm.backends.tinker.local.generation import GenerationRequest, SamplerEngine
 from rllm.backends.tinker.local.model import load_pretrained, load_tokenizer
 from rllm.backends.tinker.local.prompt_cache import PromptCache, prompt_key
@@ -249,8 +249,8 @@ def test_a_decode_steps_answers_wake_the_callers_loop_once(server: SamplerServer
             "temperature": 1.0,
         }
         calls = [asyncio.create_task(server.post_whole("/chat/completions", body)) for _ in range(8)]
-        await asyncio.sleep(0)  # each task runs up to its wait for the engine (no other await first)
-        assert engine._queue.qsize() == 8
+        while engine._queue.qsize() < 8:  # each task runs up to its wait for the engine, and the
+            await asyncio.sleep(0)  # loop hands the eight over together when its iteration ends
         gate.release.set()  # the blocker ends after its prefill; the eight form the next batch
         answers = await asyncio.gather(*calls)
         assert wakeups.count("rllm-sampler-engine") == 1
@@ -294,32 +294,26 @@ def test_a_stopped_engine_fails_a_waiting_caller_on_its_loop(tool_model_path: Pa
     asyncio.run(main())
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
+def test_a_loops_calls_of_one_iteration_start_one_batch(engine: SamplerEngine) -> None:
+    """Calls submitted in one iteration of a loop reach the engine together, however long the
+    loop takes between them (an in-process gateway doing each flow's work in turn): one batch,
+    one prefill, not a batch with the first and a join per later call."""
 
-    def __call__(self) -> float:
-        return self.now
+    async def main() -> None:
+        batches, passes = engine.batches_run, engine.forward_passes
+        waiters = []
+        for word in range(8):
+            waiters.append(
+                engine.submit_async(
+                    GenerationRequest(prompt_ids=[5, 6 + word], max_tokens=3, ignore_eos=True)
+                )
+            )
+            # The next flow's own work before its call, on the loop (no await): long enough for
+            # the engine to start a batch with the calls so far, were they handed over one by one
+            # (it waits 1 ms for more).
+            time.sleep(0.02)
+        await asyncio.gather(*waiters)
+        assert engine.batches_run - batches == 1
+        assert engine.forward_passes - passes == 3  # the prefill and two decode steps
 
-
-def test_the_arrival_gap_follows_concurrent_arrivals_within_bounds() -> None:
-    clock = _Clock()
-    gap = ArrivalGap(0.001, clock)
-    assert gap.gap_s() == 0.001  # nothing seen yet: the base
-    for _ in range(8):  # a lone client: each request after the previous answer
-        gap.arrived()
-        clock.now += 0.5
-        gap.answered()
-    assert gap.gap_s() == 0.001  # its gaps are not concurrency: it keeps the base gap
-    for _ in range(8):  # a group arriving 3 ms apart while the others wait
-        gap.arrived()
-        clock.now += 0.003
-    assert gap.gap_s() == pytest.approx(0.006)  # twice the median concurrent gap
-    for _ in range(8):
-        gap.answered()
-    for _ in range(64):  # far apart yet concurrent: capped
-        gap.arrived()
-        clock.now += 1.0
-    assert gap.gap_s() == MAX_GAP_S
-    assert ArrivalGap(0.0, clock).gap_s() == 0.0  # window 0: take only what is queued
-    assert gap.collect_until(5.0) > 5.0
+    asyncio.run(main())

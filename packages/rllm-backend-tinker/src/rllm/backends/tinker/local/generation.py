@@ -6,8 +6,8 @@ prompts into one batch and decodes them together with ``past_key_values``. Text 
 meanwhile join the running batch at its next decode step (``joining.py``); each request is
 answered as soon as its own sequences end; a caller on an event loop (``submit_async``) gets its
 answer in one wake-up of that loop per decode step, with every other request that ended in the
-step (``outbox.py``). A new batch keeps collecting requests while they arrive within a gap that
-adapts to how fast concurrent requests come (``arrivals.py``). Each batch runs under
+step (``outbox.py``), and the requests it submits in one iteration of its loop reach the engine
+together, so they start one batch. Each batch runs under
 ``weights_lock`` so a weight swap (``update_weights``) waits for the running batch and no
 sequence mixes two weight versions; a waiting swap stops new requests from joining, so it waits
 for the rows already running only.
@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 
-from rllm.backends.tinker.local.arrivals import ArrivalGap
 from rllm.backends.tinker.local.joining import can_extend, extend_cache, joined_step
 from rllm.backends.tinker.local.outbox import Outbox
 from rllm.backends.tinker.local.sampling import GREEDY_TEMPERATURE, RowSampling, sample_next
@@ -77,7 +76,6 @@ class _Pending:
     request: GenerationRequest
     future: Future[list[GeneratedSequence]] | None  # submit(): answered from the engine thread
     epoch: int = 0  # abort_all calls before its submission: a later call aborts it
-    arrived: float = 0.0  # time.perf_counter() at submission
     # submit_async(): answered on its caller's loop, batched per decode step (outbox.py)
     waiter: asyncio.Future[list[GeneratedSequence]] | None = None
     loop: asyncio.AbstractEventLoop | None = None
@@ -122,9 +120,11 @@ class SamplerEngine:
         batch_window_s: float = 0.001,
     ) -> None:
         self.model = model
-        self.batch_window_s = batch_window_s  # the least arrival gap a new batch waits for
-        self._arrivals = ArrivalGap(batch_window_s)
+        self.batch_window_s = batch_window_s
         self._outbox = Outbox()
+        # submit_async's requests of each caller loop's current iteration, handed to the queue
+        # together when that iteration ends (each list is touched only by its loop's thread).
+        self._loop_buffers: dict[asyncio.AbstractEventLoop, list[_Pending]] = {}
         self.tokenizer = tokenizer
         self.device = device
         self.max_batch = max_batch
@@ -180,21 +180,41 @@ class SamplerEngine:
         if self._stopping:
             future.set_exception(StateError("sampler engine is stopped"))
             return future
-        self._queue.put(_Pending(request, future, self._aborts, self._arrivals.arrived()))
+        self._queue.put(_Pending(request, future, self._aborts))
         return future
 
     def submit_async(self, request: GenerationRequest) -> asyncio.Future[list[GeneratedSequence]]:
         """``submit`` for a caller on a running event loop: the returned future is settled on
         that loop, together with every other request of the loop that ended in the same decode
         step (one wake-up of the loop per step, not one per request). Cancelling it only drops
-        the answer."""
+        the answer.
+
+        The requests a loop submits in one iteration reach the engine together when that
+        iteration ends: a gateway in this process runs a step's flows side by side on one loop
+        and submits their calls one by one as it gets to each (milliseconds apart on a busy
+        CPU); handed over together they start one batch, instead of a batch with the first
+        and a forward pass more for each later one joining it."""
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[list[GeneratedSequence]] = loop.create_future()
         if self._stopping:
             waiter.set_exception(StateError("sampler engine is stopped"))
             return waiter
-        self._queue.put(_Pending(request, None, self._aborts, self._arrivals.arrived(), waiter, loop))
+        pending = _Pending(request, None, self._aborts, waiter, loop)
+        buffer = self._loop_buffers.get(loop)
+        if buffer is None:
+            buffer = self._loop_buffers[loop] = []
+            loop.call_soon(self._hand_over, loop)  # runs after this iteration's callbacks
+        buffer.append(pending)
         return waiter
+
+    def _hand_over(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On ``loop``: its buffered requests go to the engine's queue."""
+        for p in self._loop_buffers.pop(loop, []):
+            if not self._stopping:
+                self._queue.put(p)
+            elif p.waiter is not None and not p.waiter.done():  # nobody else would answer it
+                p.settled = True
+                p.waiter.set_exception(StateError("sampler engine stopped before this request ran"))
 
     def _settle(
         self,
@@ -207,7 +227,6 @@ class SamplerEngine:
         if p.settled:
             return
         p.settled = True
-        self._arrivals.answered()
         if p.waiter is not None and p.loop is not None:
             self._outbox.put(p.loop, p.waiter, value, error)
         elif p.future is not None:
@@ -331,9 +350,8 @@ class SamplerEngine:
         """Everything queued now, up to max_batch sequences; blocks only while nothing waits.
 
         Once a request is in hand, requests keep being collected while they arrive less than
-        the arrival gap apart (at least ``batch_window_s``; ``arrivals.py``), for a bounded
-        time: concurrent clients (a group of rollouts) rarely hit the queue at the same instant,
-        and one batch of 32 rows costs about what a batch of 8 does.
+        ``batch_window_s`` apart: concurrent clients (a group of rollouts) rarely hit the queue
+        at the same instant, and one batch of 32 rows costs about what a batch of 8 does.
         """
         batch: list[_Pending] = []
         rows = 0
@@ -342,8 +360,6 @@ class SamplerEngine:
             if first is None:
                 return None
             self._carry.append(first)
-        gap = self._arrivals.gap_s()
-        until = self._arrivals.collect_until(self._carry[0].arrived)
         while True:
             while self._carry:
                 p = self._carry[0]
@@ -351,9 +367,12 @@ class SamplerEngine:
                     return batch
                 batch.append(self._carry.pop(0))
                 rows += p.request.n
-            wait = min(gap, until - time.perf_counter())
             try:
-                item = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
+                item = (
+                    self._queue.get(timeout=self.batch_window_s)
+                    if self.batch_window_s > 0
+                    else self._queue.get_nowait()
+                )
             except queue.Empty:
                 return batch
             if item is None:
