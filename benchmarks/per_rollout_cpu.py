@@ -30,7 +30,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -138,7 +138,10 @@ def chat_prompt_sides(calls: int, model_dir: Path) -> dict[str, Callable[[], flo
     group = [b for b in bodies for _ in range(8)]  # 4 tasks x 8 samples, as a step sends them
 
     def peer_call(body: dict[str, Any]) -> list[int]:  # _chat_call's render before the cache
-        text = tokenizer.apply_chat_template(parse_messages(body), tokenize=False, add_generation_prompt=True)
+        text = cast(
+            str,
+            tokenizer.apply_chat_template(parse_messages(body), tokenize=False, add_generation_prompt=True),
+        )
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def peer() -> float:
@@ -167,7 +170,12 @@ def hand_back_sides(calls: int) -> dict[str, Callable[[], float]]:
     async def peer_step() -> None:
         futures: list[Future[int]] = [Future() for _ in range(32)]
         waiters = [asyncio.wrap_future(f) for f in futures]
-        jobs.put(lambda: [f.set_result(1) for f in futures])  # as _deliver did, one by one
+
+        def settle() -> None:  # as _deliver did, one by one
+            for f in futures:
+                f.set_result(1)
+
+        jobs.put(settle)
         await asyncio.gather(*waiters)
 
     async def ours_step() -> None:
