@@ -15,12 +15,17 @@ reach the gateway run in alternating rounds in ONE process, so load moves them a
 Printed: median process CPU and wall per round, and per rollout, for each.
 
 With ``--upstream local`` the upstream is the real local sampler (the tiny model, in this process
-as the embedded backend runs it) instead of the MockUpstream, and two designs alternate, the flows
-reaching the gateway in process either way:
+as the embedded backend runs it) instead of the MockUpstream, and three designs alternate, the
+flows reaching the gateway in process either way:
 
-  sampler-http        the gateway POSTs each call to the sampler's HTTP server (before #35 round 6)
+  sampler-http        the gateway POSTs each call to the sampler's HTTP server
   sampler-in-process  the gateway hands each whole call to the sampler directly
                       (rllm.runtime.inprocess_upstreams)
+  in-process-before   the same, with the sampler taking each call as round 6 did: straight to
+                      its queue (a batch starts with the first calls, later ones join it a
+                      forward pass each) and answered through its own wrap_future
+
+The load average is printed before and after (the figures depend on it).
 
     uv run --no-sync python benchmarks/flow_calls.py --rounds 30
     uv run --no-sync python benchmarks/flow_calls.py --rounds 15 --upstream local
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import time
 from typing import Any
@@ -74,19 +80,28 @@ SAMPLERS: list[Any] = []  # the local sampler's engine, for its forward passes p
 
 
 def sampler_variants() -> dict[str, Any]:
-    """The gateway -> local sampler hop over HTTP or in process (flows in process either way)."""
+    """The gateway -> local sampler hop over HTTP or in process (flows in process either way),
+    with the sampler's adaptive arrival gap or a fixed one."""
     from rllm.runtime import inprocess_upstreams
 
     served = inprocess_upstreams._SERVED
 
-    def use(in_process: bool) -> Any:
+    def use(in_process: bool, before: bool = False) -> Any:
         def apply() -> None:
             variants()["in-process"]()
             inprocess_upstreams._SERVED = served if in_process else {}
+            engine = SAMPLERS[0]
+            engine.__dict__.pop("submit_async", None)
+            if before:
+                engine.submit_async = lambda request: asyncio.wrap_future(engine.submit(request))
 
         return apply
 
-    return {"sampler-http": use(False), "sampler-in-process": use(True)}
+    return {
+        "sampler-http": use(False),
+        "sampler-in-process": use(True),
+        "in-process-before": use(True, before=True),
+    }
 
 
 async def start_upstream(args: argparse.Namespace) -> tuple[str, Any]:
@@ -120,6 +135,7 @@ async def main(args: argparse.Namespace) -> None:
     from rllm.engine.rollout_engine import RolloutEngine
     from rllm.gateway import GatewayConfig
 
+    print(f"load average before: {os.getloadavg()[0]:.1f}", flush=True)
     url, stop = await start_upstream(args)
     tasks = load_tasks("train", turns=1)[: args.tasks]
     config = RolloutConfig(n=args.group, concurrency=args.tasks * args.group, progress=False)
@@ -143,6 +159,7 @@ async def main(args: argparse.Namespace) -> None:
                 wall[name].append(t)
                 passes[name].append(f)
     await stop()
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
     n = args.tasks * args.group
     first = next(iter(setups))
     base = statistics.median(cpu[first])
@@ -150,7 +167,7 @@ async def main(args: argparse.Namespace) -> None:
     for name in setups:
         mc, mw = statistics.median(cpu[name]), statistics.median(wall[name])
         print(
-            f"  {name:12s} CPU {mc * 1000:7.1f} ms/round ({mc * 1e6 / n:6.0f} us/rollout)"
+            f"  {name:18s} CPU {mc * 1000:7.1f} ms/round ({mc * 1e6 / n:6.0f} us/rollout)"
             f"   wall {mw * 1000:7.1f} ms/round   CPU vs {first} {mc / base:.2f}x"
             + (f"   {statistics.median(passes[name]):.0f} forward passes/round" if SAMPLERS else "")
         )

@@ -7,6 +7,12 @@ it was done before #35 round 6), in one run, alternating rounds:
               tokenizer.encode each time (peer) vs TokenBridge.encode (a repeated text once)
   sample      one decode step's token draw for 32 unseeded rows: torch.multinomial (peer) vs the
               sampler's Gumbel-max (rllm.backends.tinker.local.sampling.sample_next)
+  chat prompt the local sampler's chat render + tokenize per call, groups of 8 identical prompts:
+              apply_chat_template + tokenizer each call (peer, before #35 round 7) vs
+              SamplerServer._chat_prompt (local/prompt_cache.py)
+  hand-back   32 requests that end in one decode step handed from the engine's thread to the
+              caller's event loop: a concurrent Future each, awaited through asyncio.wrap_future
+              (peer, before #35 round 7) vs the sampler's Outbox (one wake-up per step)
 
 Process CPU time per call (median over rounds), so a loaded machine moves both sides alike.
 
@@ -17,13 +23,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -117,14 +124,95 @@ def sample_sides(calls: int, vocab: int) -> dict[str, Callable[[], float]]:
     }
 
 
+def chat_prompt_sides(calls: int, model_dir: Path) -> dict[str, Callable[[], float]]:
+    from rllm.backends.tinker.local.generation import SamplerEngine
+    from rllm.backends.tinker.local.model import load_pretrained, load_tokenizer
+    from rllm.backends.tinker.local.prompt_cache import PromptCache
+    from rllm.backends.tinker.local.protocol import parse_messages
+    from rllm.backends.tinker.local.server import SamplerServer
+
+    model = load_pretrained(str(model_dir), torch.float32, torch.device("cpu"))
+    server = SamplerServer(SamplerEngine(model, load_tokenizer(str(model_dir)), torch.device("cpu"), 64), "m")
+    tokenizer = server.engine.tokenizer
+    bodies = [{"messages": [{"role": "user", "content": f"say: {w}"}]} for w in ct.WORDS[:4]]
+    group = [b for b in bodies for _ in range(8)]  # 4 tasks x 8 samples, as a step sends them
+
+    def peer_call(body: dict[str, Any]) -> list[int]:  # _chat_call's render before the cache
+        text = cast(
+            str,
+            tokenizer.apply_chat_template(parse_messages(body), tokenize=False, add_generation_prompt=True),
+        )
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def peer() -> float:
+        return cpu_per_call(lambda: [peer_call(b) for b in group], calls) / len(group)
+
+    def ours_group() -> list[list[int]]:
+        server.prompts = PromptCache()  # a step's prompts are new: a cold cache for each group
+        return [server._chat_prompt(b, parse_messages(b)) for b in group]
+
+    def ours() -> float:
+        return cpu_per_call(ours_group, calls) / len(group)
+
+    return {"render+tokenize": peer, "prompt cache": ours}
+
+
+def hand_back_sides(calls: int) -> dict[str, Callable[[], float]]:
+    import queue
+    import threading
+    from concurrent.futures import Future
+
+    from rllm.backends.tinker.local.outbox import Outbox
+
+    jobs: queue.Queue[Callable[[], None]] = queue.Queue()
+    threading.Thread(target=lambda: [job() for job in iter(jobs.get, None)], daemon=True).start()
+
+    async def peer_step() -> None:
+        futures: list[Future[int]] = [Future() for _ in range(32)]
+        waiters = [asyncio.wrap_future(f) for f in futures]
+
+        def settle() -> None:  # as _deliver did, one by one
+            for f in futures:
+                f.set_result(1)
+
+        jobs.put(settle)
+        await asyncio.gather(*waiters)
+
+    async def ours_step() -> None:
+        loop = asyncio.get_running_loop()
+        waiters = [loop.create_future() for _ in range(32)]
+        outbox = Outbox()
+
+        def settle() -> None:
+            for w in waiters:
+                outbox.put(loop, w, 1, None)
+            outbox.flush()
+
+        jobs.put(settle)
+        await asyncio.gather(*waiters)
+
+    def side(step: Callable[[], Any]) -> Callable[[], float]:
+        async def run() -> float:
+            started = time.process_time()
+            for _ in range(calls):
+                await step()
+            return (time.process_time() - started) / calls
+
+        return lambda: asyncio.run(run())
+
+    return {"wrap_future each": side(peer_step), "outbox": side(ours_step)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--calls", type=int, default=400)
+    parser.add_argument("--only", action="append", default=None, help="parts whose name starts so")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    print(f"load average before: {os.getloadavg()[0]:.1f}", flush=True)
     from transformers import AutoTokenizer
 
     from rllm.tiny import init_tiny_model
@@ -136,7 +224,11 @@ def main() -> None:
         "evaluator (per rollout)": evaluator_sides(args.calls),
         "prompt encode (per call)": encode_sides(max(1, args.calls // 40), tokenizer),
         f"token draw (per decode step, 32 rows, vocab {vocab})": sample_sides(args.calls, vocab),
+        "sampler chat prompt (per call)": chat_prompt_sides(max(1, args.calls // 40), model_dir),
+        "answer hand-back (per decode step, 32 requests)": hand_back_sides(max(1, args.calls // 4)),
     }
+    if args.only:
+        parts = {k: v for k, v in parts.items() if any(k.startswith(o) for o in args.only)}
     for part, sides in parts.items():
         times: dict[str, list[float]] = {name: [] for name in sides}
         for _ in range(args.rounds):

@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import functools
 import itertools
+import os
 import statistics
 import sys
 import tempfile
@@ -228,8 +229,11 @@ def run_system(
         f"seed={args.seed}",
         "progress=false",
         "plot=false",
-        f"backend.options.sampler_in_process={str(args.sampler_in_process).lower()}",
     ]
+    if args.sampler_hop != "config":
+        overrides.append(
+            f"backend.options.sampler_in_process={str(args.sampler_hop == 'in-process').lower()}"
+        )
     trainer = build_trainer("say-single", overrides=overrides, out_dir=str(out), resume=False)
     rewards: list[float] = []
     ends: list[float] = []
@@ -370,9 +374,18 @@ def main() -> None:
         " same over loopback TCP, or those from before #35 round 5 (TCP, a platform lookup each)",
     )
     parser.add_argument(
+        "--sampler-hop",
+        choices=["config", "http", "in-process"],
+        default="config",
+        help="the embedded gateway -> local sampler hop: as the backend's config says (default), over"
+        " HTTP, or whole calls handed over directly (backend.options.sampler_in_process)",
+    )
+    parser.add_argument(
         "--sampler-in-process",
-        action="store_true",
-        help="the embedded gateway hands whole calls to the local sampler directly (not over HTTP)",
+        action="store_const",
+        dest="sampler_hop",
+        const="in-process",
+        help="= --sampler-hop in-process",
     )
     args = parser.parse_args()
     if args.clients != "in-process":
@@ -393,6 +406,7 @@ def main() -> None:
     timers: Timers | None = None
     cpu_lines: list[str] = []
     for side in sides:
+        print(f"[{side}] load average before: {os.getloadavg()[0]:.1f}", flush=True)
         watch = SamplerWatch()
         if side == "trl":
             r = ct.run_trl(ct.ensure_trl_env(args.trl_venv), model, args.lr, args)
@@ -403,6 +417,7 @@ def main() -> None:
         if side != "trl":
             cpu_lines.append(watch.summary(side))
         results[side] = r
+        print(f"[{side}] load average after: {os.getloadavg()[0]:.1f}", flush=True)
         print(ct.fmt(r).replace("rllm ", "direct") if side == "direct" else ct.fmt(r), flush=True)
     for line in cpu_lines:
         print(line)

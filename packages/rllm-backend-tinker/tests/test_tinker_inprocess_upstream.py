@@ -221,12 +221,15 @@ async def test_a_stream_still_goes_over_http(
 
 
 def test_sampler_in_process_registers_the_server_until_it_stops(sampler_backend: TinkerBackend) -> None:
+    # The backend's default (sampler_in_process = true): its gateway in this process calls in memory.
+    served = inprocess_upstreams.upstream_in_process(sampler_backend.inference_urls()[0])
+    assert served is _sampler(sampler_backend)
     engine = sampler_backend.service.engine
     assert engine is not None
     plain = SamplerServer(engine, "m")
     plain.start()
     try:
-        assert inprocess_upstreams.upstream_in_process(plain.url) is None  # the default: HTTP only
+        assert inprocess_upstreams.upstream_in_process(plain.url) is None  # the class's default: HTTP only
     finally:
         plain.stop()
     server = SamplerServer(engine, "m", in_process=True)

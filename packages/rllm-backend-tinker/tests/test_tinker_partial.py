@@ -92,7 +92,7 @@ async def test_a_sync_aborts_calls_in_flight_and_continues_them_token_true(backe
     # Three calls decode together when the sync comes; a fourth is still queued at the sampler.
     words, queued = ["apple", "lemon", "plum"], "peach"
     aborted, submitted = threading.Event(), threading.Event()
-    abort_all, submit = engine.abort_all, engine.submit
+    abort_all, submit = engine.abort_all, engine.submit_async  # (the server's way in)
 
     def abort_and_tell() -> None:
         abort_all()
@@ -139,7 +139,7 @@ async def test_a_sync_aborts_calls_in_flight_and_continues_them_token_true(backe
         try:
             calls = [asyncio.create_task(call(w)) for w in words]
             assert await asyncio.to_thread(holds[0].reached.wait, 60)  # the batch is mid-decode
-            engine.submit = submit_and_tell  # type: ignore[method-assign]
+            engine.submit_async = submit_and_tell  # type: ignore[method-assign]
             calls.append(asyncio.create_task(call(queued)))
             assert await asyncio.to_thread(submitted.wait, 60)
             await sync_while_held(holds[0])
@@ -155,7 +155,7 @@ async def test_a_sync_aborts_calls_in_flight_and_continues_them_token_true(backe
             for hold in holds:
                 hold.release.set()
                 hold.handle.remove()
-            engine.abort_all, engine.submit = abort_all, submit  # type: ignore[method-assign]
+            engine.abort_all, engine.submit_async = abort_all, submit  # type: ignore[method-assign]
         traces = {w: await admin.get_traces(w) for w in [*words, queued]}
         assert gw.ledger.inflight == 0
     weights[engine.weight_version] = _weights(engine.model)

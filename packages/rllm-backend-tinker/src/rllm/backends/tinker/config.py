@@ -82,10 +82,10 @@ class TinkerBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     sampler_batch_window_ms: float = 1.0
     # A gateway in this process (the engine's embedded one) hands whole calls to the sampler
     # directly instead of over HTTP (rllm.runtime.inprocess_upstreams): same answers and traces,
-    # less CPU per call, but calls then reach the sampler one by one and it runs more forward
-    # passes per step (benchmarks/RESULTS.md, #35 round 6), so it is off until the sampler
-    # gathers a step's calls.
-    sampler_in_process: bool = False
+    # less CPU per call; the calls its loop submits in one iteration start one batch, so a step
+    # runs no more forward passes than over HTTP (benchmarks/RESULTS.md, #35 round 7). False:
+    # every call over HTTP, as a gateway in another process reaches it anyway.
+    sampler_in_process: bool = True
     # "copy": the sampler owns a second copy of the weights, refreshed by sync_weights (training
     # never disturbs serving). "shared": one module; optimizer steps pause sampling (saves memory).
     # "none": no sampler at all, only training, checkpoints and held-out loss (`rllm sft`'s

@@ -4,9 +4,13 @@ with a KV cache. (Token choice from the logits is `sampling.py`; the HTTP front 
 A worker thread takes every queued request (up to ``max_batch`` sequences), left-pads the
 prompts into one batch and decodes them together with ``past_key_values``. Text requests arriving
 meanwhile join the running batch at its next decode step (``joining.py``); each request is
-answered as soon as its own sequences end. Each batch runs under ``weights_lock`` so a weight swap
-(``update_weights``) waits for the running batch and no sequence mixes two weight versions; a
-waiting swap stops new requests from joining, so it waits for the rows already running only.
+answered as soon as its own sequences end; a caller on an event loop (``submit_async``) gets its
+answer in one wake-up of that loop per decode step, with every other request that ended in the
+step (``outbox.py``), and the requests it submits in one iteration of its loop reach the engine
+together, so they start one batch. Each batch runs under
+``weights_lock`` so a weight swap (``update_weights``) waits for the running batch and no
+sequence mixes two weight versions; a waiting swap stops new requests from joining, so it waits
+for the rows already running only.
 ``abort_all`` (partial rollouts, ``rollout.partial``) ends every request submitted before it at
 its next decode step with ``finish_reason = "abort"`` and the tokens sampled so far, each stamped
 with the version that sampled it, so a weight swap need not wait for long completions.
@@ -14,6 +18,7 @@ with the version that sampled it, so a weight swap need not wait for long comple
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import queue
@@ -27,7 +32,9 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import torch
 
 from rllm.backends.tinker.local.joining import can_extend, extend_cache, joined_step
+from rllm.backends.tinker.local.outbox import Outbox
 from rllm.backends.tinker.local.sampling import GREEDY_TEMPERATURE, RowSampling, sample_next
+from rllm.types.errors import StateError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -67,8 +74,12 @@ class GeneratedSequence:
 @dataclass(eq=False)  # identity-hashed: used as a dict key
 class _Pending:
     request: GenerationRequest
-    future: Future[list[GeneratedSequence]]
+    future: Future[list[GeneratedSequence]] | None  # submit(): answered from the engine thread
     epoch: int = 0  # abort_all calls before its submission: a later call aborts it
+    # submit_async(): answered on its caller's loop, batched per decode step (outbox.py)
+    waiter: asyncio.Future[list[GeneratedSequence]] | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+    settled: bool = False  # answered or failed (only ever once)
 
 
 @dataclass
@@ -110,6 +121,10 @@ class SamplerEngine:
     ) -> None:
         self.model = model
         self.batch_window_s = batch_window_s
+        self._outbox = Outbox()
+        # submit_async's requests of each caller loop's current iteration, handed to the queue
+        # together when that iteration ends (each list is touched only by its loop's thread).
+        self._loop_buffers: dict[asyncio.AbstractEventLoop, list[_Pending]] = {}
         self.tokenizer = tokenizer
         self.device = device
         self.max_batch = max_batch
@@ -156,16 +171,66 @@ class SamplerEngine:
             if item is not None:
                 leftovers.append(item)
         for p in leftovers:
-            if not p.future.done():
-                p.future.set_exception(RuntimeError("sampler engine stopped before this request ran"))
+            self._settle(p, error=StateError("sampler engine stopped before this request ran"))
+        self._outbox.flush()
 
     def submit(self, request: GenerationRequest) -> Future[list[GeneratedSequence]]:
+        """Queue ``request``; the future (settled from the engine's thread) gets its sequences."""
         future: Future[list[GeneratedSequence]] = Future()
         if self._stopping:
-            future.set_exception(RuntimeError("sampler engine is stopped"))
+            future.set_exception(StateError("sampler engine is stopped"))
             return future
         self._queue.put(_Pending(request, future, self._aborts))
         return future
+
+    def submit_async(self, request: GenerationRequest) -> asyncio.Future[list[GeneratedSequence]]:
+        """``submit`` for a caller on a running event loop: the returned future is settled on
+        that loop, together with every other request of the loop that ended in the same decode
+        step (one wake-up of the loop per step, not one per request). Cancelling it only drops
+        the answer.
+
+        The requests a loop submits in one iteration reach the engine together when that
+        iteration ends: a gateway in this process runs a step's flows side by side on one loop
+        and submits their calls one by one as it gets to each (milliseconds apart on a busy
+        CPU); handed over together they start one batch, instead of a batch with the first
+        and a forward pass more for each later one joining it."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[list[GeneratedSequence]] = loop.create_future()
+        if self._stopping:
+            waiter.set_exception(StateError("sampler engine is stopped"))
+            return waiter
+        pending = _Pending(request, None, self._aborts, waiter, loop)
+        buffer = self._loop_buffers.get(loop)
+        if buffer is None:
+            buffer = self._loop_buffers[loop] = []
+            loop.call_soon(self._hand_over, loop)  # runs after this iteration's callbacks
+        buffer.append(pending)
+        return waiter
+
+    def _hand_over(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On ``loop``: its buffered requests go to the engine's queue."""
+        for p in self._loop_buffers.pop(loop, []):
+            if not self._stopping:
+                self._queue.put(p)
+            elif p.waiter is not None and not p.waiter.done():  # nobody else would answer it
+                p.settled = True
+                p.waiter.set_exception(StateError("sampler engine stopped before this request ran"))
+
+    def _settle(
+        self,
+        p: _Pending,
+        value: list[GeneratedSequence] | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        """Answer ``p`` (or fail it with ``error``) once. A loop's waiter is answered at the next
+        ``self._outbox.flush()``: the end of the decode step (or of the batch)."""
+        if p.settled:
+            return
+        p.settled = True
+        if p.waiter is not None and p.loop is not None:
+            self._outbox.put(p.loop, p.waiter, value, error)
+        elif p.future is not None:
+            _deliver(p.future, value, error)
 
     def abort_all(self) -> None:
         """End every request submitted before now at its next decode step (or at once, if it
@@ -185,10 +250,12 @@ class SamplerEngine:
             if not self._aborted(p):
                 keep.append(p)
                 continue
-            _deliver(
-                p.future,
+            self._settle(
+                p,
                 [GeneratedSequence([], [], [], "", "abort", self.weight_version) for _ in range(p.request.n)],
             )
+        if len(keep) < len(pending):
+            self._outbox.flush()
         return keep
 
     @contextlib.contextmanager
@@ -294,9 +361,9 @@ class SamplerEngine:
             except Exception as exc:  # one bad batch must not kill the server
                 logger.exception("sampler batch failed")
                 for p in [*batch, *self._open]:  # the joiners too
-                    if not p.future.done():
-                        p.future.set_exception(exc)
+                    self._settle(p, error=exc)
             finally:
+                self._outbox.flush()
                 self._open.clear()
                 self._answers.clear()
 
@@ -376,7 +443,7 @@ class SamplerEngine:
         if self._open[p] == 0:
             del self._open[p]
             answers = sorted(self._answers.pop(p), key=lambda a: a[0])  # rows end in any order
-            _deliver(p.future, [seq for _, seq in answers])
+            self._settle(p, [seq for _, seq in answers])
 
     def _joiners(self, room: int) -> list[_Pending]:
         """Queued text requests that fit in ``room`` more rows, in arrival order; none while a
@@ -458,6 +525,7 @@ class SamplerEngine:
                 self._finish_row(row)
             if self._aborts:
                 keep = self._abort_rows(rows, active, keep)
+            self._outbox.flush()  # every request that ended in this step: one wake-up per loop
             if not keep:
                 return  # requests queued now start the next batch, without this one's columns
             joiners: list[_Pending] = []
@@ -577,12 +645,19 @@ class SamplerEngine:
         return True
 
 
-def _deliver(future: Future[list[GeneratedSequence]], value: list[GeneratedSequence]) -> None:
+def _deliver(
+    future: Future[list[GeneratedSequence]],
+    value: list[GeneratedSequence] | None,
+    error: BaseException | None,
+) -> None:
     """Answer a request unless its caller gave up on it meanwhile (an HTTP client that went away:
     ``asyncio.wrap_future`` cancels the future). Raising there would fail the whole batch, every
     other caller's request with it."""
     with contextlib.suppress(InvalidStateError):
-        future.set_result(value)
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value if value is not None else [])
 
 
 def _has_pixels(vision: Any) -> bool:

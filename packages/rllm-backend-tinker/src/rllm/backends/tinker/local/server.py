@@ -24,6 +24,7 @@ from typing import Any, cast
 from aiohttp import web
 
 from rllm.backends.tinker.local.generation import GenerationRequest, SamplerEngine
+from rllm.backends.tinker.local.prompt_cache import PromptCache, prompt_key
 from rllm.backends.tinker.local.protocol import (
     MAX_TOP_LOGPROBS,
     RequestError,
@@ -83,6 +84,7 @@ class SamplerServer:
         self.host = host
         self.port = port
         self.default_max_tokens = default_max_tokens
+        self.prompts = PromptCache()  # chat renders + token ids (a GRPO group repeats a prompt)
         self._background = BackgroundLoop("rllm-sampler-http")
         self._token_texts: dict[int, str] = {}  # decoded tokens of prompt_logprobs answers
         self._runner: web.AppRunner | None = None
@@ -188,28 +190,7 @@ class SamplerServer:
         # Decoding and resizing images is CPU work: off the server's event loop.
         vision = await asyncio.to_thread(self._vision, body) if self.image_processor else None
         messages = parse_messages(body) if vision is None else body["messages"]
-        add_generation_prompt = bool(body.get("add_generation_prompt", True))
-        template_kwargs = body.get("chat_template_kwargs") or {}
-        if not isinstance(template_kwargs, dict):
-            raise RequestError("'chat_template_kwargs' must be an object", "chat_template_kwargs")
-        try:
-            # tokenize=False renders one str (transformers' annotation covers every mode).
-            text = (
-                ""
-                if vision is not None
-                else cast(
-                    str,
-                    self.engine.tokenizer.apply_chat_template(
-                        messages,
-                        tokenize=False,
-                        add_generation_prompt=add_generation_prompt,
-                        **template_kwargs,
-                    ),
-                )
-            )
-        except Exception as exc:
-            raise RequestError(f"the chat template could not render 'messages': {exc}", "messages") from exc
-        prompt_ids = self._encode(text) if vision is None else vision.input_ids
+        prompt_ids = vision.input_ids if vision is not None else self._chat_prompt(body, messages)
         gen = parse_sampling(body, prompt_ids, self.default_max_tokens, self.engine.max_positions)
         gen.vision = vision
         want_logprobs = bool(body.get("logprobs", False))
@@ -223,7 +204,7 @@ class SamplerServer:
         return _Call([prompt_ids], [gen], usage, want_logprobs, bool(body.get("return_token_ids", False)))
 
     async def _chat_answer(self, call: _Call) -> dict[str, Any]:
-        seqs = await asyncio.wrap_future(self.engine.submit(call.gens[0]))
+        seqs = await self.engine.submit_async(call.gens[0])
         return chat_response(
             self.model_name,
             call.prompts[0],
@@ -232,6 +213,43 @@ class SamplerServer:
             logprobs=call.logprobs,
             return_token_ids=call.return_token_ids,
         )
+
+    def _chat_prompt(self, body: dict[str, Any], messages: list[dict[str, Any]]) -> list[int]:
+        """The token ids of the rendered chat template (``prompt_cache``: a repeated prompt is
+        rendered and tokenized once)."""
+        add_generation_prompt = bool(body.get("add_generation_prompt", True))
+        template_kwargs = body.get("chat_template_kwargs") or {}
+        if not isinstance(template_kwargs, dict):
+            raise RequestError("'chat_template_kwargs' must be an object", "chat_template_kwargs")
+        tools = body.get("tools")
+        if tools is not None:
+            if not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+                raise RequestError("'tools' must be a list of objects", "tools")
+            if "tools" in template_kwargs:
+                raise RequestError("'tools' is given twice (also in 'chat_template_kwargs')", "tools")
+            template_kwargs = {**template_kwargs, "tools": tools}
+        key = prompt_key(messages, add_generation_prompt, template_kwargs)
+        cached = self.prompts.get(key) if key is not None else None
+        if cached is not None:
+            return cached
+        try:
+            # tokenize=False renders one str (transformers' annotation covers every mode). The
+            # tools go to the template, as vLLM passes them (a template without tools ignores them).
+            text = cast(
+                str,
+                self.engine.tokenizer.apply_chat_template(
+                    messages,
+                    tokenize=False,
+                    add_generation_prompt=add_generation_prompt,
+                    **template_kwargs,
+                ),
+            )
+        except Exception as exc:
+            raise RequestError(f"the chat template could not render 'messages': {exc}", "messages") from exc
+        ids = self._encode(text)
+        if key is not None:
+            self.prompts.put(key, ids)
+        return ids
 
     def _vision(self, body: dict[str, Any]) -> Any:
         """The prompt's vision inputs when the messages hold image blocks and this server has an
@@ -303,7 +321,7 @@ class SamplerServer:
 
     async def _completions_answer(self, body: dict[str, Any], call: _Call) -> dict[str, Any]:
         prompts, logprobs = call.prompts, call.logprobs
-        results = await asyncio.gather(*(asyncio.wrap_future(self.engine.submit(g)) for g in call.gens))
+        results = await asyncio.gather(*(self.engine.submit_async(g) for g in call.gens))
         # All prompts in one batched pass (a distillation step sends its sequences together).
         prompt_scores: list[list[Any]] | None = None
         if call.prompt_logprobs == 0:
