@@ -175,3 +175,15 @@ def test_distill_loss_topk_picks_its_loss_and_refuses_what_cannot_work() -> None
             _config(**fields)
     with pytest.raises(ConfigError, match=r"algorithm\.loss.*rllm distill"):
         config_from_dict({"cookbook": "say", "algorithm": {"loss": "topk_forward_kl"}})
+
+
+@pytest.mark.parametrize("loss", ["sampled", "topk"])
+def test_distillation_under_a_staleness_bound_is_refused_naming_the_key(loss: str) -> None:
+    """The asynchronous step never asks the teacher: K > 0 would train on the task reward alone."""
+    doc = {
+        "cookbook": "say",
+        "rollout": {"max_staleness": 1},
+        "distill": {"teacher": "http://t/v1", "loss": loss},
+    }
+    with pytest.raises(ConfigError, match=r"rollout\.max_staleness.*distillation runs synchronously"):
+        config_from_dict(doc)

@@ -151,7 +151,7 @@ class AlgorithmConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                     )
         if self.tis != "none" and get_loss(self.loss).supervised:
             raise ConfigError(
-                "`tis` corrects policy-gradient losses for sampler drift; set tis='none' with loss='cross_entropy'"
+                f"`tis` corrects policy-gradient losses for sampler drift; set tis='none' with loss={self.loss!r}"
             )
         if self.tis == "trust_region" and self.loss not in TRUST_REGION_LOSSES:
             raise ConfigError(

@@ -120,6 +120,14 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 )
         from rllm.algos.registry import get_loss
 
+        if self.distill is not None and self.rollout.max_staleness > 0:
+            # The asynchronous step (rllm.engine.async_loop) has no teacher-scoring hook: refuse
+            # rather than train on the task reward alone under the name of distillation.
+            raise ConfigError.for_key(
+                "rollout.max_staleness",
+                f"on-policy distillation runs synchronously; rollout.max_staleness={self.rollout.max_staleness} "
+                "is not supported with distill (set it to 0)",
+            )
         # distill.loss = "topk" trains with its own loss (set on the algorithm here).
         check_distill_loss(self.distill, self.algorithm)
         check_correction(self.rollout, self.algorithm.tis, get_loss(self.algorithm.loss).supervised)
