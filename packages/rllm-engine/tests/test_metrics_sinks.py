@@ -16,6 +16,7 @@ from tensorboard.util.tensor_util import make_ndarray
 
 from rllm.engine.metrics_log import MetricsLogger, read_metrics
 from rllm.engine.tb_events import ScalarEventFile
+from rllm.testing import wait_until
 
 
 def test_every_step_reaches_tensorboard_by_close(tmp_path: Path) -> None:
@@ -74,6 +75,8 @@ def test_tensorboard_opens_on_the_sink_thread_not_before_the_first_step(
 def _tensorboard_scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
     """Every scalar as TensorBoard's server reads it (the plugin accumulator behind the scalars
     dashboard): tag -> [(step, value)], only tags the scalars plugin lists."""
+    if not logdir.is_dir():
+        return {}
     acc = plugin_event_accumulator.EventAccumulator(str(logdir), size_guidance={"tensors": 0})
     acc.Reload()
     if "scalars" not in acc.ActivePlugins():
@@ -154,9 +157,36 @@ def test_what_tensorboard_reads_back_is_what_was_written(
     assert _tensorboard_scalars(logdir) == expected
 
 
-def test_a_step_is_on_disk_once_logged_not_at_close(tmp_path: Path) -> None:
+async def test_a_logged_step_reaches_disk_within_the_flush_interval_not_only_at_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rllm.engine import tb_events
+
+    monkeypatch.setattr(tb_events, "FLUSH_SECS", 0.05)
     logger = MetricsLogger(tmp_path, tensorboard=True)
-    logger.log(1, {"reward/mean": 0.5})
-    logger._raise_sink_errors(wait=True)  # pyright: ignore[reportPrivateUsage]  # the sink ran
-    assert _tensorboard_scalars(tmp_path / "tensorboard") == {"reward/mean": [(1, 0.5)]}
+    for step in (1, 2):
+        logger.log(step, {"reward/mean": step / 4})
+    # The flush timer, not close(), puts both steps on disk (one flush for the interval).
+    await wait_until(
+        lambda: _tensorboard_scalars(tmp_path / "tensorboard") == {"reward/mean": [(1, 0.25), (2, 0.5)]},
+        what="both steps in the event file before close",
+    )
+    logger.log(3, {"reward/mean": 0.75})
     logger.close()
+    assert _tensorboard_scalars(tmp_path / "tensorboard")["reward/mean"][-1] == (3, 0.75)
+
+
+def test_a_failed_timed_flush_is_raised_at_the_next_step(tmp_path: Path) -> None:
+    events = ScalarEventFile(tmp_path, flush_secs=3600.0)
+    events.add_scalars(1, {"a": 1.0})
+
+    class FullDisk(Exception):
+        pass
+
+    def full_disk() -> None:
+        raise FullDisk("no space left on device")
+
+    events._file.flush = full_disk  # pyright: ignore[reportPrivateUsage, reportAttributeAccessIssue]
+    events._flush_on_timer()  # pyright: ignore[reportPrivateUsage]  # what the timer runs
+    with pytest.raises(FullDisk):
+        events.add_scalars(2, {"a": 2.0})
