@@ -13,6 +13,9 @@ it was done before #35 round 6), in one run, alternating rounds:
   hand-back   32 requests that end in one decode step handed from the engine's thread to the
               caller's event loop: a concurrent Future each, awaited through asyncio.wrap_future
               (peer, before #35 round 7) vs the sampler's Outbox (one wake-up per step)
+  tensorboard one training step's 47 scalars (the whole-system run's metrics row) to TensorBoard:
+              tensorboard.summary.Writer, add_scalar per key + flush (peer, before #35 round 8;
+              its writer thread's work included) vs rllm.engine.tb_events (one Event per step)
 
 Process CPU time per call (median over rounds), so a loaded machine moves both sides alike.
 
@@ -203,6 +206,86 @@ def hand_back_sides(calls: int) -> dict[str, Callable[[], float]]:
     return {"wrap_future each": side(peer_step), "outbox": side(ours_step)}
 
 
+# The numeric keys of a `rllm train` metrics row on the whole-system config (benchmarks/whole_system.py).
+STEP_KEYS = [
+    "reward/mean",
+    "reward/max",
+    "reward/min",
+    "correct/fraction",
+    "episodes",
+    "termination/done",
+    "tokens/response_mean",
+    "time/loop_lag_max_s",
+    "rollout/worker_lost",
+    "filter/groups_in",
+    "filter/trajectories_masked",
+    "filter/groups_too_small",
+    "filter/groups_kept",
+    "filter/groups_zero_variance",
+    "filter/frac_all_correct",
+    "filter/frac_all_wrong",
+    "filter/frac_effective",
+    "filter/tasks_unrewarded",
+    "advantage/default/mean",
+    "advantage/default/std",
+    "advantage/mean",
+    "advantage/std",
+    "advantage/min",
+    "advantage/max",
+    "train/policy_loss",
+    "train/clip_frac",
+    "train/approx_kl",
+    "train/entropy",
+    "train/loss",
+    "train/sampler_logprob_abs_diff",
+    "train/num_tokens",
+    "train/num_sequences",
+    "train/grad_norm",
+    "train/grad_norm_max",
+    "train/optimizer_steps",
+    "train/lr",
+    "train/train_step_s",
+    "segments/new_per_episode",
+    "mismatch/mean_abs",
+    "mismatch/max_abs",
+    "mismatch/frac_over_0.5",
+    "mismatch/kl_k3",
+    "mismatch/tokens",
+    "train/sequences",
+    "weight_version",
+    "time/rollout_s",
+    "time/train_s",
+]
+
+
+def tensorboard_sides(calls: int) -> dict[str, Callable[[], float]]:
+    from tensorboard.summary import Writer
+
+    from rllm.engine.tb_events import ScalarEventFile
+
+    rows = [{key: step * 0.001 + i for i, key in enumerate(STEP_KEYS)} for step in range(calls)]
+
+    def peer() -> float:  # what MetricsLogger._mirror did: a record per scalar, a flush per step
+        started = time.process_time()
+        writer = Writer(tempfile.mkdtemp(prefix="rllm-prc-tb-"))
+        for step, row in enumerate(rows):
+            for key, value in row.items():
+                writer.add_scalar(key, value, step)
+            writer.flush()
+        writer.close()
+        return (time.process_time() - started) / calls
+
+    def ours() -> float:  # one Event per step, flushed on its timer and at close
+        started = time.process_time()
+        events = ScalarEventFile(Path(tempfile.mkdtemp(prefix="rllm-prc-tb-")))
+        for step, row in enumerate(rows):
+            events.add_scalars(step, row)
+        events.close()
+        return (time.process_time() - started) / calls
+
+    return {"Writer per scalar": peer, "one Event a step": ours}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -226,6 +309,7 @@ def main() -> None:
         f"token draw (per decode step, 32 rows, vocab {vocab})": sample_sides(args.calls, vocab),
         "sampler chat prompt (per call)": chat_prompt_sides(max(1, args.calls // 40), model_dir),
         "answer hand-back (per decode step, 32 requests)": hand_back_sides(max(1, args.calls // 4)),
+        f"tensorboard (per step, {len(STEP_KEYS)} scalars)": tensorboard_sides(max(1, args.calls // 4)),
     }
     if args.only:
         parts = {k: v for k, v in parts.items() if any(k.startswith(o) for o in args.only)}

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -464,14 +464,11 @@ class RolloutEngine:
         error: ErrorInfo | None = None
         failure_metadata: Any = None
         try:
-            async with self.sandboxes.lease(self.flow, task, sandbox_metrics):
-                result = await call_with_deadline(
-                    self.flow.run,
-                    (task, config),
-                    is_async=self.flow.is_async,
-                    deadline_s=self.config.deadline_s,
-                    executor=self._executor,
-                )
+            if declares_sandbox(self.flow):
+                async with self.sandboxes.lease(self.flow, task, sandbox_metrics):
+                    result = await self._call_flow(task, config)
+            else:  # no sandbox: no lease (an async context manager's machinery per rollout)
+                result = await self._call_flow(task, config)
         except DeadlineExceeded as exc:
             reason, error = TerminationReason.TIMEOUT, ErrorInfo(type="Timeout", message=f"rollout {exc}")
         except Exception as exc:
@@ -499,6 +496,16 @@ class RolloutEngine:
             return failed_episode(
                 task.id, rollout_index, TerminationReason.AGENT_ERROR, ErrorInfo.from_exception(exc), traces
             )
+
+    def _call_flow(self, task: Task, config: AgentConfig) -> Coroutine[Any, Any, Any]:
+        """The flow's run under the engine's deadline (a coroutine: no frame of its own)."""
+        return call_with_deadline(
+            self.flow.run,
+            (task, config),
+            is_async=self.flow.is_async,
+            deadline_s=self.config.deadline_s,
+            executor=self._executor,
+        )
 
     def prepare_sandboxes(self, tasks: Iterable[Task]) -> None:
         """Start preparing the sandboxes of rollouts about to run here (a flow worker calls this as
