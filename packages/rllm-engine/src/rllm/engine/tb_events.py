@@ -1,11 +1,12 @@
-"""A run's scalars as a TensorBoard event file, written for a few microseconds a step.
+"""A run's scalars as a TensorBoard event file, for a seventh of the CPU tensorboard's Writer takes.
 
 ``tensorboard.summary.Writer`` (what ``MetricsLogger`` used before #35 round 8) writes one Event
 per scalar, builds each value through ``make_tensor_proto``, hands each record to a writer thread
 that opens, appends to and closes the file once per record, and its ``flush()`` waits on that
-thread: ~13 ms of CPU a step on two threads for ~50 scalars (benchmarks/RESULTS.md, #35 round 8).
+thread: ~3 ms of CPU a step for 47 scalars, and ~13 ms a step of activity on two threads in the
+quiet-host profile of a toy run (benchmarks/RESULTS.md, #35 round 8).
 Here a step is ONE Event holding every scalar, the file stays open, and records reach the disk
-within ``flush_secs`` (a timer flushes whatever the interval gathered) and at close: ~0.5 ms of
+within ``flush_secs`` (a timer flushes whatever the interval gathered) and at close: ~0.4 ms of
 CPU a step on the caller's thread, most of it tensorboard's pure-Python CRC-32C of the record.
 
 The format is tensorboard's own: the same file name pattern, the ``brain.Event:2`` header and
