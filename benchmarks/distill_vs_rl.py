@@ -20,8 +20,12 @@ Per seed, from the fresh student:
   (b) SFT then RL: `rllm sft` on the teacher's set, then `rllm train --init-from` it; (b)'s clock
       is the data step above + the SFT + the RL.
   (c) distillation: `rllm distill say-single --teacher URL`, by default with the dense KL over the
-      teacher's top-k per position (``--distill-loss topk``, ``--distill-topk``, ``--distill-kl``);
-      ``--distill-loss sampled`` is the one-sample estimate of rounds 5-6.
+      teacher's top-k per position (``--distill-loss topk``, ``--distill-topk``, ``--distill-kl``)
+      and the settings the rllm-engine README recommends for it: one sample per task
+      (``--distill-group-size 1``; the loss takes no group baseline) and 3x RL's learning rate
+      (``--distill-lr 3e-3``; RL's ``--lr`` 1e-3 is (a)'s and (b)'s); ``--distill-set KEY=VALUE``
+      adds overrides. ``--distill-loss sampled`` is the one-sample estimate of rounds 5-6, at RL's
+      settings. The run prints each arm's settings first (``{"settings": ...}``).
 Each arm's command is watched while it runs and stopped once its trailing ``--window``-step mean
 reward reaches ``--target``; its wall time to the target is measured from the command's start (so
 it includes the command's own start-up), and the start-up (the time to the first step, less that
@@ -57,6 +61,11 @@ WORDS = ["apple", "river", "stone", "cloud", "tiger", "lemon", "piano", "rocket"
 QUIET = ["progress=false", "plot=false", "tensorboard=false", "val_every=0", "rollout.workers=1"]
 # A step's own seconds (a distillation step's teacher scoring is inside time/train_s).
 STEP_TIMES = ("time/rollout_s", "time/train_s")
+# The top-k loss's recommended settings (rllm-engine README, "distill.loss"; measured in
+# benchmarks/RESULTS.md, issue #31 round 8): it takes no group baseline, so one sample per task;
+# its dense, supervised-like target takes 3x RL's learning rate (RL at 3e-3 lost words).
+TOPK_GROUP_SIZE = 1
+TOPK_LR = 3e-3
 DATA_CPU: list[float] = []  # CPU seconds of (b)'s data step's commands, done once per run
 
 
@@ -276,26 +285,46 @@ def run_seed(
     model = work / "teacher-sft" / "tiny-model"  # the fresh student
     results: dict[str, Any] = {}
     if "a" in opts.arms:
-        results["a_rl"] = run_to_target(
-            ["train", "say-single", "--out", "a_rl", *rl_args(opts, model, seed)], out / "a_rl", out, env, opts
-        )  # fmt: skip
+        args = ["train", "say-single", "--out", "a_rl", *rl_args(opts, model, seed)]
+        results["a_rl"] = run_to_target(args, out / "a_rl", out, env, opts)
+        results["a_rl"]["command"] = "rllm " + " ".join(args)
     if "b" in opts.arms:
         results["b_sft_rl"] = run_b(opts, out, env, model, seed, data_wall)
     if "c" in opts.arms:
-        results["c_distill"] = run_to_target(
-            ["distill", "say-single", "--teacher", url, "--reward-coef", str(opts.distill_reward_coef),
-             "--out", "c_distill", *rl_args(opts, model, seed), *distill_args(opts)],
-            out / "c_distill", out, env, opts, teacher_pid,
-        )  # fmt: skip
+        args = ["distill", "say-single", "--teacher", url, "--reward-coef", str(opts.distill_reward_coef),
+                "--out", "c_distill", *merged([*rl_args(opts, model, seed), *distill_args(opts)])]  # fmt: skip
+        results["c_distill"] = run_to_target(args, out / "c_distill", out, env, opts, teacher_pid)
+        results["c_distill"]["command"] = "rllm " + " ".join(args)
     (out / "results.json").write_text(json.dumps(results, indent=2))
     return results
 
 
 def distill_args(opts: argparse.Namespace) -> list[str]:
-    """(c)'s loss: the dense KL over the teacher's top-k (default), or the one-sample estimate."""
-    if opts.distill_loss == "sampled":
-        return ["distill.loss=sampled"]
-    return ["distill.loss=topk", f"distill.topk={opts.distill_topk}", f"distill.kl={opts.distill_kl}"]
+    """(c)'s loss and settings, after rl_args (later overrides win): the dense KL over the
+    teacher's top-k (default) with the settings the rllm-engine README recommends for it (one
+    sample per task, a higher learning rate than RL's), or the one-sample estimate with RL's."""
+    topk = opts.distill_loss == "topk"
+    # An explicit value is passed on as given (the config refuses a bad one, naming the key).
+    group_size = (
+        opts.distill_group_size
+        if opts.distill_group_size is not None
+        else (TOPK_GROUP_SIZE if topk else None)
+    )
+    lr = opts.distill_lr if opts.distill_lr is not None else (TOPK_LR if topk else None)
+    loss = [f"distill.topk={opts.distill_topk}", f"distill.kl={opts.distill_kl}"] if topk else []
+    return [
+        f"distill.loss={opts.distill_loss}",
+        *loss,
+        *([f"group_size={group_size}"] if group_size is not None else []),
+        *([f"backend.options.learning_rate={lr}"] if lr is not None else []),
+        *opts.distill_set,
+    ]
+
+
+def merged(overrides: list[str]) -> list[str]:
+    """``KEY=VALUE`` overrides as the config applies them: the last value of each key, in order."""
+    last = {item.split("=", 1)[0]: item for item in overrides}
+    return list(last.values())
 
 
 def run_b(
@@ -320,12 +349,23 @@ def run_b(
 
 
 def ratio(table: dict[int, dict[str, Any]], arm: str, key: str, base: str = "wall_to_target_s") -> str:
-    values = [
-        r[arm][key] / r["a_rl"][base]
-        for r in table.values()
-        if arm in r and "a_rl" in r and r[arm].get(key) is not None and r["a_rl"][base] is not None
-    ]
-    return ", ".join(f"{x:.2f}" for x in values) or "n/a (an arm missed the target)"
+    """Per seed, ``arm``'s ``key`` over (a)'s ``base``. Where (a) ran all its steps without reaching
+    the target, its time to the target is more than its whole run: the ratio is an upper bound
+    ("< x", over (a)'s ``wall_s``, or its loop with the start-up left out); "missed" where ``arm``
+    did not reach it."""
+    cells = []
+    for seed, r in table.items():
+        if arm not in r or "a_rl" not in r:
+            continue
+        a, value = r["a_rl"], r[arm].get(key)
+        if value is None:
+            cells.append(f"seed {seed}: missed")
+        elif a[base] is not None:
+            cells.append(f"{value / a[base]:.2f}")
+        else:
+            a_all = a["wall_s"] - (a["startup_s"] if base == "loop_to_target_s" else 0.0)
+            cells.append(f"< {value / a_all:.2f}")
+    return ", ".join(cells) or "n/a"
 
 
 def main() -> None:
@@ -351,6 +391,25 @@ def main() -> None:
     )
     parser.add_argument("--distill-topk", type=int, default=8, help="(c) with topk: the teacher's k")
     parser.add_argument("--distill-kl", choices=["forward", "reverse"], default="forward")
+    parser.add_argument(
+        "--distill-group-size",
+        type=int,
+        default=None,
+        help=f"(c): samples per task (default: {TOPK_GROUP_SIZE} with topk, the cookbook's with sampled)",
+    )
+    parser.add_argument(
+        "--distill-lr",
+        type=float,
+        default=None,
+        help=f"(c): learning rate (default: {TOPK_LR} with topk, --lr with sampled)",
+    )
+    parser.add_argument(
+        "--distill-set",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="(c): more config overrides, after the others (e.g. group_size=1)",
+    )
     parser.add_argument(
         "--reuse-teacher", action="store_true", help="keep WORKDIR's teacher from an earlier run (not timed)"
     )
@@ -402,6 +461,9 @@ def main() -> None:
                 env,
                 cpu=DATA_CPU,
             )
+        # Each arm's settings (seed 0's; a later override of a key replaces an earlier one).
+        base = rl_args(opts, work / "teacher-sft" / "tiny-model", 0)
+        print(json.dumps({"settings": {"a": base, "c": merged([*base, *distill_args(opts)])}}), flush=True)
         table = {}
         for seed in opts.seeds:
             table[seed] = run_seed(seed, opts, work, env, url, data_wall, proc.pid)

@@ -46,3 +46,39 @@ def test_distill_from_a_teacher_equal_to_the_student_and_a_mismatched_one(tmp_pa
     finally:
         asyncio.run(same.close())
         asyncio.run(different.close())
+
+
+def test_the_recommended_topk_command_trains_one_sample_per_task_at_its_rate(tmp_path: Path) -> None:
+    """The rllm-engine README's settings for distill.loss=topk (group_size=1, 3x RL's learning
+    rate), as a user types them, through `rllm distill`: every task's one sample trains on the
+    teacher's top-k (the teacher is the student's own initial weights, so the KL starts at 0)."""
+    model = init_tiny_model(tmp_path / "model", cookbook=load_cookbook("say-single"))
+    teacher = asyncio.run(start(model))
+    fast = ["progress=false", "plot=false", "tensorboard=false", "rollout.workers=1"]
+    recommended = ["distill.loss=topk", "group_size=1", "backend.options.learning_rate=3e-3"]
+    student = [
+        f"backend.options.model={model}",
+        "backend.options.dtype=float32",
+        "total_steps=2",
+        "tasks_per_step=4",
+    ]
+    try:
+        out = tmp_path / "run"
+        url = teacher.inference_urls()[0]
+        assert (
+            main(
+                ["distill", "say-single", "--teacher", url, "--out", str(out), *fast, *student, *recommended]
+            )
+            == 0
+        )
+        rows = {r["step"]: r for r in read_metrics(out / "metrics.jsonl") if "reward/mean" in r}  # the steps
+        assert sorted(rows) == [1, 2]
+        for row in rows.values():
+            assert (
+                row["episodes"] == 4 and row["train/num_sequences"] == 4
+            )  # one sample per task, all trained
+            assert row["train/lr"] == pytest.approx(3e-3)
+            assert row["train/distill/topk_mass_teacher"] > 0
+        assert abs(rows[1]["train/distill/topk_kl"]) < 1e-4  # the teacher's own weights: nothing to learn yet
+    finally:
+        asyncio.run(teacher.close())

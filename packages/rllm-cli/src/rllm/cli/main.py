@@ -239,12 +239,14 @@ def distill(
     """On-policy distillation: the student samples cookbook NAME's tasks, the teacher scores its
     tokens; per-token advantage = teacher - student logprob (optionally + the task reward's).
     With distill.loss=topk the student trains instead on the exact KL over the teacher's top
-    distill.topk tokens at each position (the local tinker backend; faster to learn).
+    distill.topk tokens at each position (the local tinker backend; faster to learn). It needs no
+    group: run it with group_size=1 and about 3x RL's learning rate (rllm-engine README).
 
     \b
     Example:
       rllm serve runs/teacher/model --port 8001 &
       rllm distill say-single --teacher http://127.0.0.1:8001/v1 --out runs/distill total_steps=40
+      rllm distill say-single --teacher URL distill.loss=topk group_size=1 backend.options.learning_rate=3e-3
     """
     from rllm.engine.launch import build_trainer
 
