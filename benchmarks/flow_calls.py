@@ -30,6 +30,8 @@ as `rllm train` runs its gateway) two designs alternate, flows and sampler in pr
 
   before (round 7)  openai's constructor per rollout (and its uuid4 idempotency key per call),
                     a chat template render per call
+  client only       the flow's client as this round makes it, the render as before
+  render only       the render as this round keeps it, the client as before
   this round        a copied client, a counter key, renders kept by exact inputs
 
 The load average is printed before and after (the figures depend on it).
@@ -44,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import statistics
 import time
@@ -114,18 +117,17 @@ def sampler_variants() -> dict[str, Any]:
     }
 
 
-def flow_path_variants() -> dict[str, Any]:
-    """#35 round 8: the flow's per-call path as it was, and as it is (flows and the sampler in
-    process either way, the gateway in cumulative mode as `rllm train` runs it)."""
+def flow_path(before: bool, render_before: bool | None = None) -> None:
+    """#35 round 8's changes to the flow's per-call path off (``before``: as in round 7) or on;
+    ``render_before`` sets the gateway's render apart (default: as ``before``). Also used by
+    whole_system.py --flow-path."""
+    import rllm_cookbook_say
     from openai import AsyncOpenAI
 
     from rllm.gateway.cumulative import TokenBridge
     from rllm.sdk import clients
 
-    product = {
-        "async_openai": clients.async_openai,
-        "render": TokenBridge.render,
-    }
+    product = PRODUCT.setdefault("flow-path", (clients.async_openai, TokenBridge.render))
 
     def old_client(config: Any, role: str | None = None, **kwargs: Any) -> Any:
         # round 7's async_openai: openai's constructor (and its uuid4 idempotency key) per rollout
@@ -136,19 +138,33 @@ def flow_path_variants() -> dict[str, Any]:
         clients._skip_platform_lookup(client)
         return client
 
-    def use(before: bool) -> Any:
-        def apply() -> None:
-            import rllm_cookbook_say
+    make = old_client if before else product[0]
+    clients.async_openai = make
+    rllm_cookbook_say.async_openai = make  # type: ignore[attr-defined]  # (the flow looks it up there)
+    render_before = before if render_before is None else render_before
+    TokenBridge.render = TokenBridge._render if render_before else product[1]  # type: ignore[method-assign]
 
+
+PRODUCT: dict[str, Any] = {}  # the product's functions, kept before flow_path patches them
+
+
+def flow_path_variants() -> dict[str, Any]:
+    """#35 round 8: the flow's per-call path as it was, and as it is (flows and the sampler in
+    process either way, the gateway in cumulative mode as `rllm train` runs it)."""
+
+    def use(before: bool, render_before: bool) -> Any:
+        def apply() -> None:
             sampler_variants()["sampler-in-process"]()
-            make = old_client if before else product["async_openai"]
-            clients.async_openai = make
-            rllm_cookbook_say.async_openai = make  # type: ignore[attr-defined]
-            TokenBridge.render = TokenBridge._render if before else product["render"]  # type: ignore[method-assign]
+            flow_path(before, render_before)
 
         return apply
 
-    return {"before (round 7)": use(True), "this round": use(False)}
+    return {
+        "before (round 7)": use(True, True),
+        "client only": use(False, True),
+        "render only": use(True, False),
+        "this round": use(False, False),
+    }
 
 
 async def start_upstream(args: argparse.Namespace) -> tuple[str, Any]:
@@ -202,21 +218,25 @@ async def main(args: argparse.Namespace) -> None:
     # The event loop's own thread: flows, their openai clients, the gateway and the engine (the
     # process figure adds the sampler's forward passes on its thread).
     loop_cpu: dict[str, list[float]] = {name: [] for name in setups}
+    collections: dict[str, list[int]] = {name: [] for name in setups}  # the cyclic GC's runs
     for r in range(args.rounds + 1):
         for name, apply in setups.items():
             apply()  # before the engine starts: it registers the in-process path (or not) at start
             cfg = GatewayConfig(upstreams=[url], health_interval_s=0, **mode)
             async with RolloutEngine(say_flow, None, config, gateway_config=cfg) as engine:
                 f0 = SAMPLERS[0].forward_passes if SAMPLERS else 0
+                g = sum(gen["collections"] for gen in gc.get_stats())
                 t, c, lc = time.perf_counter(), time.process_time(), time.thread_time()
                 episodes = await engine.run(tasks)
                 c, t, lc = time.process_time() - c, time.perf_counter() - t, time.thread_time() - lc
+                g = sum(gen["collections"] for gen in gc.get_stats()) - g
                 f = (SAMPLERS[0].forward_passes if SAMPLERS else 0) - f0
             assert all(ep.error is None for ep in episodes), [ep.error for ep in episodes][:3]
             if r:  # round 0 warms every path up
                 cpu[name].append(c)
                 wall[name].append(t)
                 loop_cpu[name].append(lc)
+                collections[name].append(g)
                 passes[name].append(f)
     await stop()
     print(f"load average after: {os.getloadavg()[0]:.1f}")
@@ -232,6 +252,7 @@ async def main(args: argparse.Namespace) -> None:
             f"  {name:18s} CPU {mc * 1000:7.1f} ms/round ({mc * 1e6 / n:6.0f} us/rollout)"
             f"   wall {mw * 1000:7.1f} ms/round   CPU vs {first} {mc / base:.2f}x"
             f"   loop thread {ml * 1e6 / n:6.0f} us/rollout ({ml / loop_base:.2f}x)"
+            f"   {statistics.median(collections[name]):.0f} GC runs/round"
             + (f"   {statistics.median(passes[name]):.0f} forward passes/round" if SAMPLERS else "")
         )
 
