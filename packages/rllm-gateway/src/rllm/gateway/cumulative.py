@@ -154,8 +154,9 @@ class TokenBridge:
         """The chat template's text for a request's messages and tools (JSON values, as decoded
         from its body).
 
-        A group's rollouts send the same first messages (GRPO: group_size times per task) and the
-        Jinja render is ~0.1-0.3 ms per call, so renders are kept by the JSON encoding of exactly
+        A group's rollouts send the same first messages (GRPO: group_size times per task) and a
+        Jinja render costs tens of microseconds (a tiny template) to milliseconds (a long chat with
+        tools), the JSON encoding a few: renders are kept by the JSON encoding of exactly
         what they read: the messages and the tools, dict order kept (``tojson`` writes keys in
         order; ``1``, ``1.0``, ``true`` and ``"1"`` encode apart). What is rendered on a miss is
         the key decoded again, so a kept render is always the render of its key. Like the

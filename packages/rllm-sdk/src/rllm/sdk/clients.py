@@ -52,7 +52,8 @@ def async_openai(config: AgentConfig, role: str | None = None, **kwargs: Any) ->
     Made on an event loop where its URL is served in process, it borrows that loop's shared
     in-process client (see the module docstring); otherwise it has a pool of its own. With no
     extra ``kwargs`` it is a copy of one ready-made client with the session's URL and token set
-    (openai's constructor is ~10% of an in-process rollout's CPU; see ``_copy_client``).
+    (openai's constructor per rollout was ~10% of the event loop's CPU per in-process rollout,
+    RESULTS.md #35 round 8; see ``_copy_client``).
     """
     args = _client_args(config, role, kwargs)
     if "http_client" in kwargs:  # the caller's own transport: leave it to them
@@ -78,9 +79,15 @@ def _copy_client(base_url: str, api_key: str, http: Any) -> Any:
     template = _template_client()
     client = object.__new__(type(template))
     client.__dict__.update({k: dict(v) if type(v) is dict else v for k, v in template.__dict__.items()})
-    # openai's setter (normalised, with a trailing slash): given the slash, it parses the URL once
-    # instead of twice (httpx's URL parsing is most of what a copy costs).
-    client.base_url = base_url if base_url.endswith("/") else base_url + "/"
+    # openai's setter (normalised, with a trailing slash on the path): given the slash, it parses
+    # the URL once instead of twice (httpx's URL parsing is most of what a copy costs).
+    plain_path = (
+        not base_url.endswith("/")
+        and "/" in base_url.partition("://")[2]  # (an empty path is "/" to httpx already)
+        and "?" not in base_url
+        and "#" not in base_url
+    )
+    client.base_url = base_url + "/" if plain_path else base_url
     client.api_key = api_key
     client._client = http
     return client
