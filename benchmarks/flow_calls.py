@@ -25,16 +25,28 @@ flows reaching the gateway in process either way:
                       its queue (a batch starts with the first calls, later ones join it a
                       forward pass each) and answered through its own wrap_future
 
+With ``--compare flow-path`` (#35 round 8; ``--upstream local``, best with ``--mode cumulative``
+as `rllm train` runs its gateway) two designs alternate, flows and sampler in process either way:
+
+  before (round 7)  openai's constructor per rollout (and its uuid4 idempotency key per call),
+                    a chat template render per call
+  client only       the flow's client as this round makes it, the render as before
+  render only       the render as this round keeps it, the client as before
+  this round        a copied client, a counter key, renders kept by exact inputs
+
 The load average is printed before and after (the figures depend on it).
 
     uv run --no-sync python benchmarks/flow_calls.py --rounds 30
     uv run --no-sync python benchmarks/flow_calls.py --rounds 15 --upstream local
+    uv run --no-sync python benchmarks/flow_calls.py --rounds 20 --upstream local --mode cumulative \
+        --compare flow-path
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import statistics
 import time
@@ -77,6 +89,7 @@ def variants() -> dict[str, Any]:
 
 
 SAMPLERS: list[Any] = []  # the local sampler's engine, for its forward passes per round
+TOKENIZERS: list[str] = []  # the local sampler's tokenizer directory (cumulative mode)
 
 
 def sampler_variants() -> dict[str, Any]:
@@ -104,6 +117,56 @@ def sampler_variants() -> dict[str, Any]:
     }
 
 
+def flow_path(before: bool, render_before: bool | None = None) -> None:
+    """#35 round 8's changes to the flow's per-call path off (``before``: as in round 7) or on;
+    ``render_before`` sets the gateway's render apart (default: as ``before``). Also used by
+    whole_system.py --flow-path."""
+    import rllm_cookbook_say
+    from openai import AsyncOpenAI
+
+    from rllm.gateway.cumulative import TokenBridge
+    from rllm.sdk import clients
+
+    product = PRODUCT.setdefault("flow-path", (clients.async_openai, TokenBridge.render))
+
+    def old_client(config: Any, role: str | None = None, **kwargs: Any) -> Any:
+        # round 7's async_openai: openai's constructor (and its uuid4 idempotency key) per rollout
+        args = clients._client_args(config, role, kwargs)
+        loop = clients._served_loop(args["base_url"])
+        http = clients._loop_pool(loop) if loop is not None else clients._own_async_http()
+        client = AsyncOpenAI(**args, http_client=http)
+        clients._skip_platform_lookup(client)
+        return client
+
+    make = old_client if before else product[0]
+    clients.async_openai = make
+    rllm_cookbook_say.async_openai = make  # type: ignore[attr-defined]  # (the flow looks it up there)
+    render_before = before if render_before is None else render_before
+    TokenBridge.render = TokenBridge._render if render_before else product[1]  # type: ignore[method-assign]
+
+
+PRODUCT: dict[str, Any] = {}  # the product's functions, kept before flow_path patches them
+
+
+def flow_path_variants() -> dict[str, Any]:
+    """#35 round 8: the flow's per-call path as it was, and as it is (flows and the sampler in
+    process either way, the gateway in cumulative mode as `rllm train` runs it)."""
+
+    def use(before: bool, render_before: bool) -> Any:
+        def apply() -> None:
+            sampler_variants()["sampler-in-process"]()
+            flow_path(before, render_before)
+
+        return apply
+
+    return {
+        "before (round 7)": use(True, True),
+        "client only": use(False, True),
+        "render only": use(True, False),
+        "this round": use(False, False),
+    }
+
+
 async def start_upstream(args: argparse.Namespace) -> tuple[str, Any]:
     """The upstream's URL and the coroutine function that stops it."""
     if args.upstream == "mock":
@@ -125,6 +188,7 @@ async def start_upstream(args: argparse.Namespace) -> tuple[str, Any]:
     backend = TinkerBackend({**options, "sampler_batch_window_ms": args.window_ms})
     await backend.start()
     SAMPLERS.append(getattr(backend.service, "engine", None))  # the local service's SamplerEngine
+    TOKENIZERS.append(str(model))
     return backend.inference_urls()[0], backend.close
 
 
@@ -138,37 +202,57 @@ async def main(args: argparse.Namespace) -> None:
     print(f"load average before: {os.getloadavg()[0]:.1f}", flush=True)
     url, stop = await start_upstream(args)
     tasks = load_tasks("train", turns=1)[: args.tasks]
+    mode: dict[str, Any] = {}
+    if args.mode == "cumulative":  # as `rllm train` runs its gateway: the sampler gets token ids
+        if not SAMPLERS:
+            raise SystemExit("--mode cumulative needs --upstream local (the tiny model's tokenizer)")
+        mode = {"tokenizer_mode": "cumulative", "tokenizer_path": TOKENIZERS[0]}
     config = RolloutConfig(n=args.group, concurrency=args.tasks * args.group, progress=False)
-    setups = variants() if args.upstream == "mock" else sampler_variants()
+    if args.compare == "flow-path":
+        setups = flow_path_variants()
+    else:
+        setups = variants() if args.upstream == "mock" else sampler_variants()
     cpu: dict[str, list[float]] = {name: [] for name in setups}
     wall: dict[str, list[float]] = {name: [] for name in setups}
     passes: dict[str, list[int]] = {name: [] for name in setups}
+    # The event loop's own thread: flows, their openai clients, the gateway and the engine (the
+    # process figure adds the sampler's forward passes on its thread).
+    loop_cpu: dict[str, list[float]] = {name: [] for name in setups}
+    collections: dict[str, list[int]] = {name: [] for name in setups}  # the cyclic GC's runs
     for r in range(args.rounds + 1):
         for name, apply in setups.items():
             apply()  # before the engine starts: it registers the in-process path (or not) at start
-            cfg = GatewayConfig(upstreams=[url], health_interval_s=0)
+            cfg = GatewayConfig(upstreams=[url], health_interval_s=0, **mode)
             async with RolloutEngine(say_flow, None, config, gateway_config=cfg) as engine:
                 f0 = SAMPLERS[0].forward_passes if SAMPLERS else 0
-                t, c = time.perf_counter(), time.process_time()
+                g = sum(gen["collections"] for gen in gc.get_stats())
+                t, c, lc = time.perf_counter(), time.process_time(), time.thread_time()
                 episodes = await engine.run(tasks)
-                c, t = time.process_time() - c, time.perf_counter() - t
+                c, t, lc = time.process_time() - c, time.perf_counter() - t, time.thread_time() - lc
+                g = sum(gen["collections"] for gen in gc.get_stats()) - g
                 f = (SAMPLERS[0].forward_passes if SAMPLERS else 0) - f0
             assert all(ep.error is None for ep in episodes), [ep.error for ep in episodes][:3]
             if r:  # round 0 warms every path up
                 cpu[name].append(c)
                 wall[name].append(t)
+                loop_cpu[name].append(lc)
+                collections[name].append(g)
                 passes[name].append(f)
     await stop()
     print(f"load average after: {os.getloadavg()[0]:.1f}")
     n = args.tasks * args.group
     first = next(iter(setups))
     base = statistics.median(cpu[first])
+    loop_base = statistics.median(loop_cpu[first])
     print(f"{args.rounds} rounds of {n} one-turn rollouts, medians:")
     for name in setups:
         mc, mw = statistics.median(cpu[name]), statistics.median(wall[name])
+        ml = statistics.median(loop_cpu[name])
         print(
             f"  {name:18s} CPU {mc * 1000:7.1f} ms/round ({mc * 1e6 / n:6.0f} us/rollout)"
             f"   wall {mw * 1000:7.1f} ms/round   CPU vs {first} {mc / base:.2f}x"
+            f"   loop thread {ml * 1e6 / n:6.0f} us/rollout ({ml / loop_base:.2f}x)"
+            f"   {statistics.median(collections[name]):.0f} GC runs/round"
             + (f"   {statistics.median(passes[name]):.0f} forward passes/round" if SAMPLERS else "")
         )
 
@@ -187,4 +271,15 @@ if __name__ == "__main__":
         help="the loopback MockUpstream, or the local sampler with the tiny model",
     )
     parser.add_argument("--window-ms", type=float, default=1.0, help="local sampler's batch window")
+    parser.add_argument(
+        "--compare",
+        choices=["hop", "flow-path"],
+        default="hop",
+        help="hop: the designs above; flow-path (#35 round 8, with --upstream local): the flow's "
+        "per-call path before this round (openai's constructor per rollout, uuid4 idempotency keys, "
+        "a chat render per call) against this round's",
+    )
+    parser.add_argument(
+        "--mode", choices=["plain", "cumulative"], default="plain", help="the gateway's tokenizer_mode"
+    )
     asyncio.run(main(parser.parse_args()))

@@ -16,6 +16,11 @@ it was done before #35 round 6), in one run, alternating rounds:
   tensorboard one training step's 47 scalars (the whole-system run's metrics row) to TensorBoard:
               tensorboard.summary.Writer, add_scalar per key + flush (peer, before #35 round 8;
               its writer thread's work included) vs rllm.engine.tb_events (one Event per step)
+  flow client a rollout's openai client for an in-process gateway: openai's AsyncOpenAI
+              constructor (peer, before #35 round 8) vs rllm.sdk.clients.async_openai (a copy)
+  idempotency openai's per-request key: uuid4 (peer) vs the flow client's counter
+  render      cumulative mode's chat template render, groups of 8 identical chats: a render
+              per call (peer, before #35 round 8) vs TokenBridge.render (kept by exact inputs)
 
 Process CPU time per call (median over rounds), so a loaded machine moves both sides alike.
 
@@ -286,6 +291,78 @@ def tensorboard_sides(calls: int) -> dict[str, Callable[[], float]]:
     return {"Writer per scalar": peer, "one Event a step": ours}
 
 
+def client_sides(calls: int) -> dict[str, Callable[[], float]]:
+    """A flow's client per rollout, on a loop whose gateway is served in process."""
+    from openai import AsyncOpenAI
+
+    from rllm.sdk import clients
+    from rllm.types import AgentConfig
+
+    configs = [
+        AgentConfig(base_url=f"http://127.0.0.1:9/sessions/{i:016x}/v1", api_key=f"tok{i}") for i in range(64)
+    ]
+
+    def peer(config: AgentConfig) -> Any:  # async_openai before #35 round 8: openai's constructor
+        args = clients._client_args(config, None, {})
+        client = AsyncOpenAI(**args, http_client=clients._loop_pool(asyncio.get_running_loop()))
+        clients._skip_platform_lookup(client)
+        return client
+
+    def side(make: Callable[[AgentConfig], Any]) -> Callable[[], float]:
+        async def run() -> float:
+            stop = clients.serve_in_process("http://127.0.0.1:9", _unused_handler)
+            try:
+                make(configs[0])  # this loop's shared pool (and the process's SSL context) first
+                started = time.process_time()
+                for i in range(calls):
+                    make(configs[i % len(configs)])
+                return (time.process_time() - started) / calls
+            finally:
+                stop()
+
+        return lambda: asyncio.run(run())
+
+    return {"AsyncOpenAI()": side(peer), "async_openai": side(clients.async_openai)}
+
+
+async def _unused_handler(*args: Any) -> None:
+    raise AssertionError("no call is made")
+
+
+def idempotency_sides(calls: int) -> dict[str, Callable[[], float]]:
+    from openai import AsyncOpenAI
+
+    from rllm.sdk import clients
+
+    plain = AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="k")
+    ours = clients._flow_client_class()(base_url="http://127.0.0.1:9/v1", api_key="k")
+    return {
+        "uuid4": lambda: cpu_per_call(plain._idempotency_key, calls),
+        "counter": lambda: cpu_per_call(ours._idempotency_key, calls),
+    }
+
+
+def render_sides(calls: int, tokenizer: Any) -> dict[str, Callable[[], float]]:
+    from rllm.gateway.cumulative import TokenBridge
+
+    chats = [[{"role": "user", "content": f"say: {w}"}] for w in ct.WORDS[:4]]
+    group = [c for c in chats for _ in range(8)]  # 4 tasks x 8 samples, as a step sends them
+
+    def peer() -> float:
+        bridge = TokenBridge(tokenizer)
+        return cpu_per_call(lambda: [bridge._render(m, None) for m in group], calls) / len(group)
+
+    def ours() -> float:
+        def step() -> None:
+            bridge = TokenBridge(tokenizer)  # a step's prompts are new: a cold cache for each step
+            for m in group:
+                bridge.render(m, None)
+
+        return cpu_per_call(step, calls) / len(group)
+
+    return {"render each": peer, "render cache": ours}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -310,6 +387,9 @@ def main() -> None:
         "sampler chat prompt (per call)": chat_prompt_sides(max(1, args.calls // 40), model_dir),
         "answer hand-back (per decode step, 32 requests)": hand_back_sides(max(1, args.calls // 4)),
         f"tensorboard (per step, {len(STEP_KEYS)} scalars)": tensorboard_sides(max(1, args.calls // 4)),
+        "flow client (per rollout)": client_sides(args.calls),
+        "idempotency key (per call)": idempotency_sides(args.calls * 10),
+        "gateway chat render (per call, cumulative mode)": render_sides(max(1, args.calls // 40), tokenizer),
     }
     if args.only:
         parts = {k: v for k, v in parts.items() if any(k.startswith(o) for o in args.only)}

@@ -387,7 +387,18 @@ def main() -> None:
         const="in-process",
         help="= --sampler-hop in-process",
     )
+    parser.add_argument(
+        "--flow-path",
+        choices=["this", "before"],
+        default="this",
+        help="the flow's per-call path as it is, or as before #35 round 8 (openai's constructor per"
+        " rollout, uuid4 idempotency keys, cumulative mode's chat render per call)",
+    )
     args = parser.parse_args()
+    if args.flow_path == "before":
+        import flow_calls
+
+        flow_calls.flow_path(before=True)
     if args.clients != "in-process":
         no_in_process_path()
     if args.clients == "per-rollout":

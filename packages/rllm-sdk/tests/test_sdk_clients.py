@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("openai")
 
@@ -165,3 +167,86 @@ async def test_clients_skip_openais_per_client_platform_lookup():
     assert (
         client._platform is not None and client._platform is async_openai(AgentConfig(base_url="x"))._platform
     )
+
+
+async def test_a_copied_client_equals_a_constructed_one():
+    # async_openai copies a template instead of running openai's constructor per rollout: the copy
+    # must hold exactly what the constructor would give (an openai that adds state fails here).
+    expected = {
+        "http://127.0.0.1:9/sessions/s1/v1": "http://127.0.0.1:9/sessions/s1/roles/judge/v1/",
+        "https://example.invalid/sessions/s2/v1/": "https://example.invalid/sessions/s2/roles/judge/v1/",
+    }
+    for base_url, judge_url in expected.items():
+        config = AgentConfig(base_url=base_url, api_key="tok-1")
+        copied = async_openai(config, role="judge")
+        built = clients._new_client(clients._client_args(config, "judge", {}), copied._client)
+        assert type(copied) is type(built)
+        assert vars(copied).keys() == vars(built).keys()
+        for key, value in vars(built).items():
+            assert vars(copied)[key] == value, key
+        assert str(copied.base_url) == judge_url
+        assert copied.auth_headers == {"Authorization": "Bearer tok-1"}
+        # Each copy owns its dicts: a change to one is no other client's.
+        other = async_openai(config)
+        assert copied._custom_headers is not other._custom_headers
+        assert copied._custom_query is not clients._template_client()._custom_query
+        await copied.close()
+        await other.close()
+
+
+def test_a_copy_puts_the_trailing_slash_where_openai_does():
+    http = clients._template_client()._client  # (an idle pool that is never used)
+    for url in (
+        "http://h:1/v1",
+        "http://h:1/v1/",
+        "http://h:1/v1?x=1",
+        "http://h:1/a%20b/v1#f",
+        "http://h:1",
+    ):
+        built = clients._new_client({"base_url": url, "api_key": "k", "max_retries": 0}, http)
+        assert str(clients._copy_client(url, "k", http).base_url) == str(built.base_url), url
+
+
+_segment = st.text(alphabet="abz09-._~%:@", min_size=1, max_size=5)
+_urls = st.builds(
+    lambda scheme, port, segments, slash, tail: (
+        f"{scheme}://h.example{port}" + "".join("/" + s for s in segments) + slash + tail
+    ),
+    st.sampled_from(["http", "https"]),
+    st.sampled_from(["", ":1", ":8080"]),
+    st.lists(_segment, max_size=3),
+    st.sampled_from(["", "/"]),
+    st.sampled_from(["", "?x=1", "#f", "?a=/b#c"]),
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(_urls)
+def test_a_copys_base_url_is_the_constructors_for_any_url(url):
+    http = clients._template_client()._client  # (an idle pool that is never used)
+    built = clients._new_client({"base_url": url, "api_key": "k", "max_retries": 0}, http)
+    assert str(clients._copy_client(url, "k", http).base_url) == str(built.base_url)
+
+
+async def test_extra_options_still_go_through_openais_constructor():
+    client = async_openai(
+        AgentConfig(base_url="http://127.0.0.1:9/v1"), default_headers={"X-A": "1"}, max_retries=3
+    )
+    assert client.max_retries == 3 and client._custom_headers == {"X-A": "1"}
+    assert client._platform is clients._platform()
+    await client.close()
+
+
+def test_idempotency_keys_are_unique_under_threads():
+    from concurrent.futures import ThreadPoolExecutor
+
+    client = clients._flow_client_class()(base_url="http://127.0.0.1:9/v1", api_key="k")
+
+    def keys(_: int) -> list[str]:
+        return [client._idempotency_key() for _ in range(2000)]
+
+    with ThreadPoolExecutor(8) as pool:
+        got = [k for ks in pool.map(keys, range(8)) for k in ks]
+    assert len(set(got)) == len(got) == 16000
+    # openai's AsyncOpenAI sends no idempotency header, so the key never reaches the gateway.
+    assert client._idempotency_header is None

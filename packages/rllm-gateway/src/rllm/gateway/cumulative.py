@@ -43,6 +43,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from rllm.gateway.capture import Captured, UpstreamShapeError
 from rllm.gateway.errors import GatewayError
 from rllm.gateway.harmony import HarmonyParser, HarmonyStream
@@ -66,10 +68,13 @@ from rllm.types.errors import InputError
 
 IMAGES_FIELD = "multi_modal_data"  # request: {"image": [data URIs in placeholder order]}
 IMAGES_USED = "images_used"  # response: how many of them the upstream gave the model
-# Encoded prompts kept per bridge (TokenBridge.encode): enough for every group of a step; texts
-# longer than this many characters are not kept (a few MB at most).
+# Encoded prompts and rendered chats kept per bridge (TokenBridge.encode, .render): enough for
+# every group of a step; texts (render keys) longer than this many characters (bytes) are not
+# kept (a few MB at most).
 _ENCODE_CACHE_SIZE = 256
 _ENCODE_CACHE_MAX_CHARS = 16_384
+_json_encode = msgspec.json.Encoder().encode
+_json_decode = msgspec.json.Decoder().decode
 
 # Chat-only request fields that /v1/completions does not take.
 _CHAT_ONLY = frozenset(
@@ -134,6 +139,7 @@ class TokenBridge:
         self.tool_format = detect_format(tokenizer)
         self._harmony: HarmonyParser | None = None
         self._encode_cached = functools.lru_cache(maxsize=_ENCODE_CACHE_SIZE)(self._encode_uncached)
+        self._render_cached = functools.lru_cache(maxsize=_ENCODE_CACHE_SIZE)(self._render_key)
 
     @classmethod
     def load(cls, path: str) -> TokenBridge:
@@ -145,9 +151,34 @@ class TokenBridge:
         return cls(tokenizer, ImageTokens.load(path, tokenizer))
 
     def render(self, messages: list[dict[str, Any]], tools: Any) -> str:
+        """The chat template's text for a request's messages and tools (JSON values, as decoded
+        from its body).
+
+        A group's rollouts send the same first messages (GRPO: group_size times per task) and a
+        Jinja render costs tens of microseconds (a tiny template) to milliseconds (a long chat with
+        tools), the JSON encoding a few: renders are kept by the JSON encoding of exactly
+        what they read: the messages and the tools, dict order kept (``tojson`` writes keys in
+        order; ``1``, ``1.0``, ``true`` and ``"1"`` encode apart). What is rendered on a miss is
+        the key decoded again, so a kept render is always the render of its key. Like the
+        encode cache, it assumes the template gives the same text for the same inputs (one that
+        prints today's date keeps the day it first rendered, consistently in ids and trace).
+        """
+        try:
+            key = _json_encode((messages, tools))
+        except (TypeError, ValueError, OverflowError):  # not JSON values: render them as they are
+            return self._render(messages, tools)
+        if len(key) > _ENCODE_CACHE_MAX_CHARS:
+            return self._render(messages, tools)
+        return self._render_cached(key)
+
+    def _render(self, messages: list[dict[str, Any]], tools: Any) -> str:
         return self.tokenizer.apply_chat_template(
             to_template_messages(messages), tools=tools, add_generation_prompt=True, tokenize=False
         )
+
+    def _render_key(self, key: bytes) -> str:
+        messages, tools = _json_decode(key)
+        return self._render(messages, tools)
 
     def encode(self, text: str) -> list[int]:
         # A group's rollouts send the same first prompt (GRPO: group_size times per task), and
@@ -336,8 +367,10 @@ class TokenBridge:
                     for t, lp in zip(cap.completion_ids, cap.completion_logprobs, strict=False)
                 ]
             }
+        upstream_id = data.get("id")  # (a fresh one only when missing: uuid4 is an os.urandom call)
         out = {
-            "id": "chatcmpl-" + str(data.get("id", uuid.uuid4().hex)).removeprefix("cmpl-"),
+            "id": "chatcmpl-"
+            + (str(upstream_id).removeprefix("cmpl-") if upstream_id is not None else uuid.uuid4().hex),
             "object": "chat.completion",
             "created": data.get("created", int(time.time())),
             "model": data.get("model", ""),

@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 from rllm.sdk.session import role_url
 from rllm.types import AgentConfig
 from rllm.types.in_process import serve_in
+from rllm.types.openai import response_id
 
 _TIMEOUT_S = 600.0
 
@@ -49,18 +50,72 @@ def async_openai(config: AgentConfig, role: str | None = None, **kwargs: Any) ->
     """An ``openai.AsyncOpenAI`` for this rollout's session (or one of its roles).
 
     Made on an event loop where its URL is served in process, it borrows that loop's shared
-    in-process client (see the module docstring); otherwise it has a pool of its own.
+    in-process client (see the module docstring); otherwise it has a pool of its own. With no
+    extra ``kwargs`` it is a copy of one ready-made client with the session's URL and token set
+    (openai's constructor per rollout was ~10% of the event loop's CPU per in-process rollout,
+    RESULTS.md #35 round 8; see ``_copy_client``).
     """
-    from openai import AsyncOpenAI
-
-    if "http_client" in kwargs:  # the caller's own transport: leave it to them
-        return AsyncOpenAI(**_client_args(config, role, kwargs))
     args = _client_args(config, role, kwargs)
+    if "http_client" in kwargs:  # the caller's own transport: leave it to them
+        return _flow_client_class()(**args)
     loop = _served_loop(args["base_url"])
     http = _loop_pool(loop) if loop is not None else _own_async_http()
-    client = AsyncOpenAI(**args, http_client=http)
+    if kwargs:  # the caller's own options: openai's constructor reads them
+        return _new_client(args, http)
+    return _copy_client(args["base_url"], args["api_key"], http)
+
+
+def _new_client(args: dict[str, Any], http: Any) -> Any:
+    client = _flow_client_class()(**args, http_client=http)
     _skip_platform_lookup(client)
     return client
+
+
+def _copy_client(base_url: str, api_key: str, http: Any) -> Any:
+    """A client equal to ``_new_client`` with these arguments (and ``max_retries=0``), made by
+    copying a template's attributes instead of running openai's constructor (its environment
+    reads and checks are the same for every rollout). Each copy gets its own dicts; the test
+    ``test_a_copied_client_equals_a_constructed_one`` holds it to a constructed client's state."""
+    template = _template_client()
+    client = object.__new__(type(template))
+    client.__dict__.update({k: dict(v) if type(v) is dict else v for k, v in template.__dict__.items()})
+    # openai's setter (normalised, with a trailing slash on the path): given the slash, it parses
+    # the URL once instead of twice (httpx's URL parsing is most of what a copy costs).
+    plain_path = (
+        not base_url.endswith("/")
+        and "/" in base_url.partition("://")[2]  # (an empty path is "/" to httpx already)
+        and "?" not in base_url
+        and "#" not in base_url
+    )
+    client.base_url = base_url + "/" if plain_path else base_url
+    client.api_key = api_key
+    client._client = http
+    return client
+
+
+@functools.cache
+def _template_client() -> Any:
+    # Its own http client is never used (every copy gets the rollout's); one idle pool per process.
+    return _new_client(
+        {"base_url": "http://template.invalid/v1", "api_key": "EMPTY", "max_retries": 0},
+        _own_async_http(),
+    )
+
+
+@functools.cache
+def _flow_client_class() -> type:
+    from openai import AsyncOpenAI
+
+    class FlowAsyncOpenAI(AsyncOpenAI):
+        """openai's AsyncOpenAI with a cheap idempotency key."""
+
+        def _idempotency_key(self) -> str:
+            # openai draws a uuid4 (os.urandom) per request for it; AsyncOpenAI never sends it
+            # (no idempotency header) and the gateway would not read it: a counter step is
+            # enough, still unique within the process.
+            return response_id("rllm-idempotency")
+
+    return FlowAsyncOpenAI
 
 
 def _served_loop(base_url: Any) -> asyncio.AbstractEventLoop | None:
