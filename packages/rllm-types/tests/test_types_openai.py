@@ -196,3 +196,20 @@ def test_response_ids_are_unique_and_shaped_like_uuid_hex() -> None:
     for rid in ids:
         kind, _, digits = rid.partition("-")
         assert kind == "chatcmpl" and len(digits) == 32 and int(digits, 16) >= 0
+
+
+def test_a_forked_child_draws_ids_apart_from_its_parent() -> None:
+    """A forked flow worker would otherwise repeat its parent's next ids, prefix and counter."""
+    import os
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next ids, then exit without running pytest's teardown
+        os.write(write, " ".join(oa.response_id("cmpl") for _ in range(3)).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        child = set(pipe.read().split())
+    os.waitpid(pid, 0)
+    parent = {oa.response_id("cmpl") for _ in range(3)}
+    assert len(child) == 3 and not child & parent

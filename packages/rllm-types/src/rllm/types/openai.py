@@ -80,6 +80,17 @@ _ID_PREFIX = os.urandom(10).hex()
 _id_counter = itertools.count()
 
 
+def _new_id_prefix() -> None:
+    """A forked child draws its own prefix: it would otherwise repeat its parent's ids."""
+    global _ID_PREFIX, _id_counter
+    _ID_PREFIX = os.urandom(10).hex()
+    _id_counter = itertools.count()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_id_prefix)
+
+
 def response_id(kind: str) -> str:
     """A new, process-unique response id such as ``chatcmpl-<32 hex digits>``."""
     return f"{kind}-{_ID_PREFIX}{next(_id_counter) & 0xFFFFFFFFFFFF:012x}"
