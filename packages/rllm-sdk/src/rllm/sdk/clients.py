@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import re
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -71,6 +72,11 @@ def _new_client(args: dict[str, Any], http: Any) -> Any:
     return client
 
 
+# A URL whose path httpx leaves as it is (no query, fragment, escapes or dot segments, which it
+# normalises) and that has no trailing slash: appending one is then what openai's setter does.
+_PLAIN_PATH = re.compile(r"[a-z]+://[^/?#%]+(?:/[A-Za-z0-9_~:@-][A-Za-z0-9_~:@.-]*)+")
+
+
 def _copy_client(base_url: str, api_key: str, http: Any) -> Any:
     """A client equal to ``_new_client`` with these arguments (and ``max_retries=0``), made by
     copying a template's attributes instead of running openai's constructor (its environment
@@ -81,13 +87,7 @@ def _copy_client(base_url: str, api_key: str, http: Any) -> Any:
     client.__dict__.update({k: dict(v) if type(v) is dict else v for k, v in template.__dict__.items()})
     # openai's setter (normalised, with a trailing slash on the path): given the slash, it parses
     # the URL once instead of twice (httpx's URL parsing is most of what a copy costs).
-    plain_path = (
-        not base_url.endswith("/")
-        and "/" in base_url.partition("://")[2]  # (an empty path is "/" to httpx already)
-        and "?" not in base_url
-        and "#" not in base_url
-    )
-    client.base_url = base_url + "/" if plain_path else base_url
+    client.base_url = base_url + "/" if _PLAIN_PATH.fullmatch(base_url) else base_url
     client.api_key = api_key
     client._client = http
     return client
