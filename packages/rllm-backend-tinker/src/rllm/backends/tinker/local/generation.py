@@ -135,6 +135,7 @@ class SamplerEngine:
         self.busy_s = 0.0  # time spent decoding (observability: HTTP overhead = latency - busy)
         self.rows_joined = 0  # rows that joined a running batch (observability)
         self.forward_passes = 0  # model calls, prefill and decode steps (observability)
+        self.rows_shared = 0  # rows whose prompt another row of the batch prefilled (observability)
         self._open: dict[_Pending, int] = {}  # the running batch's requests: rows still decoding
         self._answers: dict[_Pending, list[tuple[int, GeneratedSequence]]] = {}
         self._batch_version = 0
@@ -468,16 +469,21 @@ class SamplerEngine:
 
     def _decode(self, rows: list[_Row]) -> None:
         device = self.device
-        prompts = [row.pending.request.prompt_ids for row in rows]
+        has_pixels = any(_has_pixels(row.pending.request.vision) for row in rows)
+        # Rows with the same text prompt (a request's n choices, a group's n=1 calls) are prefilled
+        # once and the prompt's cache row, mask, positions and logits copied to each: the same
+        # tokens and logprobs up to float rounding (a matmul over fewer rows may round otherwise,
+        # as for a joined row), for 1/n of the prefill.
+        prompts, source = _unique_prompts(rows) if not has_pixels else _all_prompts(rows)
         width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
-        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        input_ids = torch.full((len(prompts), width), self._pad_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
         for i, prompt in enumerate(prompts):
             input_ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             attention[i, width - len(prompt) :] = 1
         input_ids, attention = input_ids.to(device), attention.to(device)
         vision: dict[str, torch.Tensor] = {}
-        if any(_has_pixels(row.pending.request.vision) for row in rows):
+        if has_pixels:
             positions, vision = self._vision_inputs(rows, input_ids, attention)
         else:
             positions = (attention.cumsum(-1) - 1).clamp(min=0)
@@ -496,6 +502,11 @@ class SamplerEngine:
         )
         cache = out.past_key_values
         logits = out.logits[:, -1, :]
+        if source is not None:  # one cache row, mask, position and logits row per sampled row
+            self.rows_shared += len(rows) - len(prompts)
+            index = torch.tensor(source, device=device)
+            cache.batch_select_indices(index)
+            attention, positions, logits = attention[index], positions[index], logits[index]
         while True:
             top_k = max(rows[i].pending.request.top_logprobs for i in active)
             sampled = sample_next(logits, [rows[i].sampling for i in active], top_k)
@@ -658,6 +669,26 @@ def _deliver(
             future.set_exception(error)
         else:
             future.set_result(value if value is not None else [])
+
+
+def _unique_prompts(rows: list[_Row]) -> tuple[list[list[int]], list[int] | None]:
+    """The distinct prompts of ``rows`` in first-seen order, and each row's index into them
+    (None when every prompt is distinct: nothing to share)."""
+    index: dict[tuple[int, ...], int] = {}
+    prompts: list[list[int]] = []
+    source: list[int] = []
+    for row in rows:
+        prompt = row.pending.request.prompt_ids
+        at = index.setdefault(tuple(prompt), len(prompts))
+        if at == len(prompts):
+            prompts.append(prompt)
+        source.append(at)
+    return prompts, (source if len(prompts) < len(rows) else None)
+
+
+def _all_prompts(rows: list[_Row]) -> tuple[list[list[int]], None]:
+    """Every row's prompt, unshared (image rows: their pixels go in by row)."""
+    return [row.pending.request.prompt_ids for row in rows], None
 
 
 def _has_pixels(vision: Any) -> bool:
