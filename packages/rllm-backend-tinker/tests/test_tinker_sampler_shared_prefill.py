@@ -83,3 +83,18 @@ def test_distinct_prompts_share_nothing(engine: SamplerEngine) -> None:
     before = engine.rows_shared
     asyncio.run(main())
     assert engine.rows_shared == before
+
+
+def test_completion_texts_are_the_tokenizers_and_short_ones_are_remembered(engine: SamplerEngine) -> None:
+    async def main() -> list[list[GeneratedSequence]]:
+        requests = [
+            GenerationRequest(prompt_ids=[5, 6, 7], max_tokens=3, n=4, seed=1, ignore_eos=True),
+            GenerationRequest(prompt_ids=[5, 6, 7], max_tokens=70, seed=2, ignore_eos=True),
+        ]
+        return list(await asyncio.gather(*(engine.submit_async(r) for r in requests)))
+
+    short, long = asyncio.run(main())
+    for seq in [*short, *long]:
+        assert seq.text == engine.tokenizer.decode(seq.completion_ids, skip_special_tokens=True)
+    assert {tuple(s.completion_ids) for s in short} <= set(engine._texts)
+    assert tuple(long[0].completion_ids) not in engine._texts  # longer than the remembered ones

@@ -41,6 +41,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# Decoded completions remembered by the engine: those of at most this many tokens, this many at
+# most (the dict is emptied when full).
+_TEXT_CACHE_MAX_TOKENS = 64
+_TEXT_CACHE_ENTRIES = 4096
+
 
 @dataclass
 class GenerationRequest:
@@ -136,6 +141,7 @@ class SamplerEngine:
         self.rows_joined = 0  # rows that joined a running batch (observability)
         self.forward_passes = 0  # model calls, prefill and decode steps (observability)
         self.rows_shared = 0  # rows whose prompt another row of the batch prefilled (observability)
+        self._texts: dict[tuple[int, ...], str] = {}  # decoded short completions (engine thread only)
         self._open: dict[_Pending, int] = {}  # the running batch's requests: rows still decoding
         self._answers: dict[_Pending, list[tuple[int, GeneratedSequence]]] = {}
         self._batch_version = 0
@@ -425,9 +431,22 @@ class SamplerEngine:
         self._answers[p] = []
         return rows
 
+    def _completion_text(self, ids: list[int]) -> str:
+        """A completion's text, remembered for short ones: an RL group samples the same few
+        short completions again and again (decoding is a pure function of the ids)."""
+        if len(ids) > _TEXT_CACHE_MAX_TOKENS:
+            return self.decode(ids, skip_special_tokens=True)
+        key = tuple(ids)
+        text = self._texts.get(key)
+        if text is None:
+            if len(self._texts) >= _TEXT_CACHE_ENTRIES:
+                self._texts.clear()
+            text = self._texts[key] = self.decode(ids, skip_special_tokens=True)
+        return text
+
     def _finish_row(self, row: _Row) -> None:
         """Record an ended row; answer its request once all of its rows have ended."""
-        text = self.decode(row.completion_ids, skip_special_tokens=True)
+        text = self._completion_text(row.completion_ids)
         if row.text_cut is not None:
             text = text[: row.text_cut]
         p = row.pending
