@@ -74,7 +74,7 @@ class SamplerWatch:
         from rllm.backends.tinker.local.generation import SamplerEngine
 
         self.engines: list[Any] = []
-        self.marks: list[tuple[float, int, int, int]] = []
+        self.marks: list[tuple[float, int, int, int, int]] = []
         inner = SamplerEngine.__init__
         engines = self.engines
 
@@ -92,6 +92,7 @@ class SamplerWatch:
                 getattr(e, "forward_passes", 0),
                 e.batches_run,
                 getattr(e, "rows_joined", 0),
+                getattr(e, "rows_shared", 0),  # rows whose prompt another row prefilled (round 8)
             )
         )
 
@@ -100,10 +101,10 @@ class SamplerWatch:
         d = [[b - a for a, b in zip(m0, m1, strict=True)] for m0, m1 in itertools.pairwise(marks)]
         if not d:
             return f"{side}: no steps"
-        med = [statistics.median(x[i] for x in d) for i in range(4)]
+        med = [statistics.median(x[i] for x in d) for i in range(5)]
         return (
             f"{side:7s} CPU {med[0] * 1000:6.1f} ms/step   sampler per step: {med[1]:.0f} forward passes,"
-            f" {med[2]:.0f} batches, {med[3]:.0f} joined rows"
+            f" {med[2]:.0f} batches, {med[3]:.0f} joined rows, {med[4]:.0f} rows sharing a prefill"
         )
 
 

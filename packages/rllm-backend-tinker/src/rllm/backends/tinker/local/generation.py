@@ -41,6 +41,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# Decoded completions remembered by the engine: those of at most this many tokens, this many at
+# most (the dict is emptied when full).
+_TEXT_CACHE_MAX_TOKENS = 64
+_TEXT_CACHE_ENTRIES = 4096
+
 
 @dataclass
 class GenerationRequest:
@@ -135,6 +140,8 @@ class SamplerEngine:
         self.busy_s = 0.0  # time spent decoding (observability: HTTP overhead = latency - busy)
         self.rows_joined = 0  # rows that joined a running batch (observability)
         self.forward_passes = 0  # model calls, prefill and decode steps (observability)
+        self.rows_shared = 0  # rows whose prompt another row of the batch prefilled (observability)
+        self._texts: dict[tuple[int, ...], str] = {}  # decoded short completions (engine thread only)
         self._open: dict[_Pending, int] = {}  # the running batch's requests: rows still decoding
         self._answers: dict[_Pending, list[tuple[int, GeneratedSequence]]] = {}
         self._batch_version = 0
@@ -424,9 +431,22 @@ class SamplerEngine:
         self._answers[p] = []
         return rows
 
+    def _completion_text(self, ids: list[int]) -> str:
+        """A completion's text, remembered for short ones: an RL group samples the same few
+        short completions again and again (decoding is a pure function of the ids)."""
+        if len(ids) > _TEXT_CACHE_MAX_TOKENS:
+            return self.decode(ids, skip_special_tokens=True)
+        key = tuple(ids)
+        text = self._texts.get(key)
+        if text is None:
+            if len(self._texts) >= _TEXT_CACHE_ENTRIES:
+                self._texts.clear()
+            text = self._texts[key] = self.decode(ids, skip_special_tokens=True)
+        return text
+
     def _finish_row(self, row: _Row) -> None:
         """Record an ended row; answer its request once all of its rows have ended."""
-        text = self.decode(row.completion_ids, skip_special_tokens=True)
+        text = self._completion_text(row.completion_ids)
         if row.text_cut is not None:
             text = text[: row.text_cut]
         p = row.pending
@@ -468,16 +488,21 @@ class SamplerEngine:
 
     def _decode(self, rows: list[_Row]) -> None:
         device = self.device
-        prompts = [row.pending.request.prompt_ids for row in rows]
+        has_pixels = any(_has_pixels(row.pending.request.vision) for row in rows)
+        # Rows with the same text prompt (a request's n choices, a group's n=1 calls) are prefilled
+        # once and the prompt's cache row, mask, positions and logits copied to each: the same
+        # tokens and logprobs up to float rounding (a matmul over fewer rows may round otherwise,
+        # as for a joined row), for 1/n of the prefill.
+        prompts, source = _unique_prompts(rows) if not has_pixels else _all_prompts(rows)
         width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
-        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        input_ids = torch.full((len(prompts), width), self._pad_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
         for i, prompt in enumerate(prompts):
             input_ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             attention[i, width - len(prompt) :] = 1
         input_ids, attention = input_ids.to(device), attention.to(device)
         vision: dict[str, torch.Tensor] = {}
-        if any(_has_pixels(row.pending.request.vision) for row in rows):
+        if has_pixels:
             positions, vision = self._vision_inputs(rows, input_ids, attention)
         else:
             positions = (attention.cumsum(-1) - 1).clamp(min=0)
@@ -496,6 +521,11 @@ class SamplerEngine:
         )
         cache = out.past_key_values
         logits = out.logits[:, -1, :]
+        if source is not None:  # one cache row, mask, position and logits row per sampled row
+            self.rows_shared += len(rows) - len(prompts)
+            index = torch.tensor(source, device=device)
+            cache.batch_select_indices(index)
+            attention, positions, logits = attention[index], positions[index], logits[index]
         while True:
             top_k = max(rows[i].pending.request.top_logprobs for i in active)
             sampled = sample_next(logits, [rows[i].sampling for i in active], top_k)
@@ -658,6 +688,26 @@ def _deliver(
             future.set_exception(error)
         else:
             future.set_result(value if value is not None else [])
+
+
+def _unique_prompts(rows: list[_Row]) -> tuple[list[list[int]], list[int] | None]:
+    """The distinct prompts of ``rows`` in first-seen order, and each row's index into them
+    (None when every prompt is distinct: nothing to share)."""
+    index: dict[tuple[int, ...], int] = {}
+    prompts: list[list[int]] = []
+    source: list[int] = []
+    for row in rows:
+        prompt = row.pending.request.prompt_ids
+        at = index.setdefault(tuple(prompt), len(prompts))
+        if at == len(prompts):
+            prompts.append(prompt)
+        source.append(at)
+    return prompts, (source if len(prompts) < len(rows) else None)
+
+
+def _all_prompts(rows: list[_Row]) -> tuple[list[list[int]], None]:
+    """Every row's prompt, unshared (image rows: their pixels go in by row)."""
+    return [row.pending.request.prompt_ids for row in rows], None
 
 
 def _has_pixels(vision: Any) -> bool:

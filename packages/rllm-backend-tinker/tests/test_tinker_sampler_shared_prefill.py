@@ -1,0 +1,100 @@
+"""The local sampler prefills a batch's repeated prompts once (#35 round 8): a request's n choices
+and a group's n=1 calls with the same prompt share one prefill row, whose keys, values and logits
+are copied to each of them. Checked against the same batch prefilled row by row (the code before):
+the same tokens, and the same logprobs up to float rounding (a matmul over 2 rows and one over 9
+may round differently, as for a row that joins a running batch), seeded and unseeded.
+
+Real parts: the tiny model, its SamplerEngine on its own thread, a real event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from rllm.backends.tinker.local import generation
+from rllm.backends.tinker.local.generation import GeneratedSequence, GenerationRequest, SamplerEngine
+from rllm.backends.tinker.local.model import load_pretrained, load_tokenizer
+
+
+@pytest.fixture
+def engine(tiny_model_path: Path) -> Iterator[SamplerEngine]:
+    model = load_pretrained(str(tiny_model_path), torch.float32, torch.device("cpu")).eval()
+    engine = SamplerEngine(model, load_tokenizer(str(tiny_model_path)), torch.device("cpu"), max_batch=64)
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+# Two prompts of one length (no padding), each asked several times: seeded n > 1, seeded n = 1
+# calls of a group, and unseeded calls (drawn from the global generator, seeded per run below).
+REQUESTS = [
+    GenerationRequest(prompt_ids=[5, 6, 7], max_tokens=4, n=3, seed=5, ignore_eos=True),
+    GenerationRequest(prompt_ids=[5, 6, 7], max_tokens=4, n=1, seed=11, ignore_eos=True),
+    GenerationRequest(prompt_ids=[5, 6, 8], max_tokens=4, n=2, seed=3, ignore_eos=True),
+    GenerationRequest(prompt_ids=[5, 6, 7], max_tokens=4, n=2, ignore_eos=True),
+    GenerationRequest(prompt_ids=[5, 6, 8], max_tokens=4, n=1, ignore_eos=True),
+]
+
+
+def _one_batch(engine: SamplerEngine) -> list[list[GeneratedSequence]]:
+    """REQUESTS submitted in one loop iteration: one batch."""
+
+    async def main() -> list[list[GeneratedSequence]]:
+        torch.manual_seed(0)
+        return list(await asyncio.gather(*(engine.submit_async(r) for r in REQUESTS)))
+
+    batches = engine.batches_run
+    answers = asyncio.run(main())
+    assert engine.batches_run - batches == 1
+    return answers
+
+
+def test_repeated_prompts_share_one_prefill_with_the_same_tokens_and_logprobs(
+    engine: SamplerEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shared_before, passes_before = engine.rows_shared, engine.forward_passes
+    shared = _one_batch(engine)
+    assert engine.rows_shared - shared_before == 9 - 2  # nine rows, two distinct prompts
+    assert engine.forward_passes - passes_before == 4  # one prefill, three decode steps
+
+    # The reference: the same batch, every row prefilled on its own (as before sharing).
+    monkeypatch.setattr(generation, "_unique_prompts", generation._all_prompts)
+    shared_before = engine.rows_shared
+    alone = _one_batch(engine)
+    assert engine.rows_shared == shared_before
+
+    for got, want in zip(shared, alone, strict=True):
+        assert [s.completion_ids for s in got] == [s.completion_ids for s in want]
+        for g, w in zip(got, want, strict=True):
+            assert g.completion_logprobs == pytest.approx(w.completion_logprobs, abs=1e-5)
+        assert [s.text for s in got] == [s.text for s in want]
+
+
+def test_distinct_prompts_share_nothing(engine: SamplerEngine) -> None:
+    async def main() -> None:
+        requests = [GenerationRequest(prompt_ids=[5, 6 + i], max_tokens=2) for i in range(4)]
+        await asyncio.gather(*(engine.submit_async(r) for r in requests))
+
+    before = engine.rows_shared
+    asyncio.run(main())
+    assert engine.rows_shared == before
+
+
+def test_completion_texts_are_the_tokenizers_and_short_ones_are_remembered(engine: SamplerEngine) -> None:
+    async def main() -> list[list[GeneratedSequence]]:
+        requests = [
+            GenerationRequest(prompt_ids=[5, 6, 7], max_tokens=3, n=4, seed=1, ignore_eos=True),
+            GenerationRequest(prompt_ids=[5, 6, 7], max_tokens=70, seed=2, ignore_eos=True),
+        ]
+        return list(await asyncio.gather(*(engine.submit_async(r) for r in requests)))
+
+    short, long = asyncio.run(main())
+    for seq in [*short, *long]:
+        assert seq.text == engine.tokenizer.decode(seq.completion_ids, skip_special_tokens=True)
+    assert {tuple(s.completion_ids) for s in short} <= set(engine._texts)
+    assert tuple(long[0].completion_ids) not in engine._texts  # longer than the remembered ones
