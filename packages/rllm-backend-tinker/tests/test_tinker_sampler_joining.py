@@ -10,10 +10,9 @@ from typing import Any, cast
 
 import pytest
 import torch
-from tinker_helpers import teacher_forced_logprobs
+from tinker_helpers import running_sampler_engine, teacher_forced_logprobs
 
 from rllm.backends.tinker.local.generation import GenerationRequest, SamplerEngine
-from rllm.backends.tinker.local.model import load_pretrained, load_tokenizer
 
 
 class _GatedModel:
@@ -35,11 +34,8 @@ class _GatedModel:
 
 @pytest.fixture
 def engine(tiny_model_path: Path) -> Iterator[SamplerEngine]:
-    model = load_pretrained(str(tiny_model_path), torch.float32, torch.device("cpu")).eval()
-    engine = SamplerEngine(model, load_tokenizer(str(tiny_model_path)), torch.device("cpu"), max_batch=64)
-    engine.start()
-    yield engine
-    engine.stop()
+    with running_sampler_engine(tiny_model_path) as started:
+        yield started
 
 
 def _request(

@@ -20,7 +20,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tinker_helpers import WORDS
+from tinker_helpers import WORDS, running_sampler_engine
 
 from rllm.backends.tinker.local.generation import GenerationRequest, SamplerEngine
 from rllm.backends.tinker.local.model import load_pretrained, load_tokenizer
@@ -40,11 +40,8 @@ def tool_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def engine(tool_model_path: Path) -> Iterator[SamplerEngine]:
-    model = load_pretrained(str(tool_model_path), torch.float32, torch.device("cpu")).eval()
-    engine = SamplerEngine(model, load_tokenizer(str(tool_model_path)), torch.device("cpu"), max_batch=64)
-    engine.start()
-    yield engine
-    engine.stop()
+    with running_sampler_engine(tool_model_path) as started:
+        yield started
 
 
 @pytest.fixture

@@ -15,19 +15,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from tinker_helpers import running_sampler_engine
 
 from rllm.backends.tinker.local import generation
 from rllm.backends.tinker.local.generation import GeneratedSequence, GenerationRequest, SamplerEngine
-from rllm.backends.tinker.local.model import load_pretrained, load_tokenizer
 
 
 @pytest.fixture
 def engine(tiny_model_path: Path) -> Iterator[SamplerEngine]:
-    model = load_pretrained(str(tiny_model_path), torch.float32, torch.device("cpu")).eval()
-    engine = SamplerEngine(model, load_tokenizer(str(tiny_model_path)), torch.device("cpu"), max_batch=64)
-    engine.start()
-    yield engine
-    engine.stop()
+    with running_sampler_engine(tiny_model_path) as started:
+        yield started
 
 
 # Two prompts of one length (no padding), each asked several times: seeded n > 1, seeded n = 1

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from rllm.backends.tinker import TinkerBackend
+from rllm.backends.tinker.local.generation import SamplerEngine
+from rllm.backends.tinker.local.model import load_pretrained, load_tokenizer
 from rllm.types import FloatArray, TokenArray, TrainSequence
 
 WORDS = ["apple", "banana", "cherry", "grape", "lemon", "mango", "peach", "plum"]
@@ -26,6 +30,19 @@ async def start_backend(model: Path, **options: object) -> TinkerBackend:
     backend = TinkerBackend({"model": str(model), "torch_threads": 2, "dtype": "float32", **options})
     await backend.start()
     return backend
+
+
+@contextmanager
+def running_sampler_engine(model: Path) -> Iterator[SamplerEngine]:
+    """The local sampler's engine alone (no backend, no HTTP) on ``model``, in float32 on CPU,
+    started for the block and stopped after it."""
+    loaded = load_pretrained(str(model), torch.float32, torch.device("cpu")).eval()
+    engine = SamplerEngine(loaded, load_tokenizer(str(model)), torch.device("cpu"), max_batch=64)
+    engine.start()
+    try:
+        yield engine
+    finally:
+        engine.stop()
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
