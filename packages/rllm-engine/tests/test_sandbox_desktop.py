@@ -258,6 +258,10 @@ async def test_the_display_is_private_to_the_sandbox(monkeypatch: pytest.MonkeyP
     # A host X socket the sandbox must not see, and a host DISPLAY it must not inherit.
     host_dir = Path("/tmp/.X11-unix")
     host_dir.mkdir(mode=0o1777, exist_ok=True)
+    if host_dir.stat().st_uid == os.getuid():  # mkdir's mode is cut by the umask: make it X's
+        host_dir.chmod(0o1777)  # (else a later non-root run cannot bind in the folder a root run made)
+    if not os.access(host_dir, os.W_OK):
+        pytest.skip(f"{host_dir} belongs to another user without X's mode 1777: no host socket to hide")
     name = f"X{9000 + os.getpid() % 900}"
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(str(host_dir / name))
