@@ -2,6 +2,7 @@
 
 rllm train NAME [key.sub=value ...]     rllm eval NAME --base-url URL | --model openai/...
 rllm sft CHATS.jsonl --model M          (supervised fine-tuning, assistant tokens only)
+rllm train NAME --sft CHATS.jsonl       (SFT into OUT/sft, then RL from it, in one process)
 rllm distill NAME --teacher URL         (on-policy distillation)
 rllm dataset list|pull|register|inspect|remove
 rllm cookbook list|info NAME            rllm cookbooks | rllm backends
@@ -35,6 +36,7 @@ from rllm.engine.plugins import BACKENDS_GROUP, COOKBOOKS_GROUP, available, load
 from rllm.runtime.event_loop import run
 
 if TYPE_CHECKING:
+    from rllm.engine.sft import SFTResult
     from rllm.engine.trainer import Trainer, TrainResult
 
 console = Console(stderr=True)
@@ -95,6 +97,13 @@ def cli(debug: bool) -> None:
 @click.option(
     "--init-from", default=None, help="start from this checkpoint's weights (RUN/checkpoints/step_N or RUN)"
 )
+@click.option(
+    "--sft",
+    "sft_dataset",
+    default=None,
+    metavar="DATASET",
+    help="first fine-tune on DATASET (as `rllm sft` takes it) into OUT/sft, then RL from it; sft.KEY=VALUE sets its SFTConfig keys",
+)
 @click.option("-v", "--verbose", is_flag=True, help="log at INFO level")
 def train(
     name: str,
@@ -107,6 +116,7 @@ def train(
     agent: str | None,
     evaluator: str | None,
     init_from: str | None,
+    sft_dataset: str | None,
     verbose: bool,
 ) -> int:
     """Train cookbook NAME's agent (or registered dataset NAME with --agent, as in `rllm eval`);
@@ -118,8 +128,15 @@ def train(
       rllm train say-single --out runs/demo --resume
       rllm train say-single --out runs/demo --overwrite
       rllm train mymath --agent math
+      rllm train say-single --sft chats.jsonl --out runs/warm sft.epochs=30 sft.backend.options.learning_rate=3e-3
 
     A run directory that holds an earlier run is refused unless --resume or --overwrite.
+
+    --sft DATASET fine-tunes first, in the same process (one start-up): a normal SFT run in
+    OUT/sft, on this run's backend, model, backend options and seed, then RL from its final
+    checkpoint exactly as --init-from would. sft.KEY=VALUE sets an SFTConfig key for that phase
+    (sft.epochs, sft.batch_tokens, sft.lr_schedule, ...), sft.backend.options.KEY=VALUE a backend
+    option for it alone; --resume does not redo a finished SFT phase.
     """
     from rllm.engine.launch import build_trainer
 
@@ -127,17 +144,43 @@ def train(
         logging.getLogger().setLevel(logging.INFO)
         for quieted in QUIET_LOGGERS:
             logging.getLogger(quieted).setLevel(logging.NOTSET)
-    flags = [f"init_from={init_from}"] if init_from else []
-    trainer = build_trainer(
-        name,
-        cookbook=train_cookbook(name, agent, evaluator),
-        config_path=config,
-        overrides=[*flags, *overrides],
-        backend=backend,
-        out_dir=out,
-        resume=resume,
-        overwrite=overwrite,
-    )
+    if sft_dataset is not None and init_from:
+        raise CliError("--sft and --init-from both set the starting weights: pass one")
+    cookbook = train_cookbook(name, agent, evaluator)
+    if sft_dataset is not None:
+        from rllm.engine.warm_start import build_warm_start
+
+        job = build_warm_start(
+            name,
+            resolve_sft_dataset(sft_dataset),
+            cookbook=cookbook,
+            config_path=config,
+            overrides=overrides,
+            backend=backend,
+            out_dir=out,
+            resume=resume,
+            overwrite=overwrite,
+        )
+        sft_result = run(job.run_sft(), uvloop_default=False)
+        if sft_result is None:
+            console.print(
+                f"sft: finished earlier in {job.sft_dir}; not redone", highlight=False, soft_wrap=True
+            )
+        else:
+            console.print(f"[bold green]sft done[/bold green]: {_sft_summary(sft_result)}", soft_wrap=True)
+        trainer, resume, overwrite = job.rl_trainer(), job.rl_resume, job.rl_overwrite
+    else:
+        flags = [f"init_from={init_from}"] if init_from else []
+        trainer = build_trainer(
+            name,
+            cookbook=cookbook,
+            config_path=config,
+            overrides=[*flags, *overrides],
+            backend=backend,
+            out_dir=out,
+            resume=resume,
+            overwrite=overwrite,
+        )
     result = _fit(trainer, resume=resume, overwrite=overwrite)
     reward = (
         f"reward {result.first_reward:.3f} -> {result.final_reward:.3f}; "
@@ -188,27 +231,42 @@ def sft(
       rllm train math --init-from runs/sft/checkpoints/step_000040
       rllm sft hf:openai/gsm8k --model Qwen/Qwen3-0.6B columns.subset=main columns.prompt=question columns.response=answer
     """
-    from rllm.cli.registry import sft_dataset_path
     from rllm.engine.sft_launch import build_sft
 
-    if not Path(dataset).exists() and "/" not in dataset and sft_dataset_path(dataset).is_file():
-        dataset = str(sft_dataset_path(dataset))  # a set `rllm dataset from-eval --name` wrote
     runner = build_sft(
-        dataset, model=model_name, backend=backend, config_path=config, overrides=list(overrides), out_dir=out
+        resolve_sft_dataset(dataset),
+        model=model_name,
+        backend=backend,
+        config_path=config,
+        overrides=list(overrides),
+        out_dir=out,
     )
     result = run(runner.fit(resume=resume), uvloop_default=False)
+    console.print(f"[bold green]done[/bold green]: {_sft_summary(result)}")
+    return 0
+
+
+def resolve_sft_dataset(dataset: str) -> str:
+    """DATASET as given, or the file of the set `rllm dataset from-eval --name DATASET` wrote."""
+    from rllm.cli.registry import sft_dataset_path
+
+    if not Path(dataset).exists() and "/" not in dataset and sft_dataset_path(dataset).is_file():
+        return str(sft_dataset_path(dataset))
+    return dataset
+
+
+def _sft_summary(result: SFTResult) -> str:
     loss = (
         f"loss {result.first_loss:.3f} -> {result.final_loss:.3f}; "
         if result.first_loss is not None and result.final_loss is not None
         else ""
     )
     val = f"best held-out loss {result.best_val_loss:.3f}; " if result.best_val_loss is not None else ""
-    console.print(
-        f"[bold green]done[/bold green]: {result.steps} steps in {result.wall_s:.0f} s"
+    return (
+        f"{result.steps} steps in {result.wall_s:.0f} s"
         + (" (stopped early)" if result.stopped_early else "")
         + f"; {loss}{val}checkpoint {result.checkpoint}"
     )
-    return 0
 
 
 @cli.command(context_settings=PASS_THROUGH)

@@ -39,6 +39,27 @@ def build_trainer(
     registered dataset with another cookbook's agent); pass the same ``resume``/``overwrite``
     to its ``fit``. Given ``resume`` (True or False), the run folder is checked here, before
     anything is built; left None, only ``fit`` checks it."""
+    config, cookbook = load_train_config(
+        name,
+        cookbook=cookbook,
+        config_path=config_path,
+        overrides=overrides,
+        backend=backend,
+        out_dir=out_dir,
+    )
+    return assemble_trainer(config, cookbook, resume=resume, overwrite=overwrite)
+
+
+def load_train_config(
+    name: str,
+    *,
+    cookbook: Cookbook | None = None,
+    config_path: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    backend: str | None = None,
+    out_dir: str | None = None,
+) -> tuple[TrainerConfig, Cookbook]:
+    """The layered, checked TrainerConfig and the cookbook with its options; nothing built."""
     cookbook = cookbook or load_cookbook(name)
     base: dict[str, Any] = {"out_dir": f"runs/{name}", **cookbook.train_defaults, "cookbook": name}
     flags = [f"backend.name={backend}"] if backend else []
@@ -49,6 +70,14 @@ def build_trainer(
     except ValueError as exc:
         raise ConfigError(f"config key `cookbook_options`: {exc}", key="cookbook_options") from None
     check_splits(config, cookbook)
+    return config, cookbook
+
+
+def assemble_trainer(
+    config: TrainerConfig, cookbook: Cookbook, *, resume: bool | None = None, overwrite: bool = False
+) -> Trainer:
+    """:func:`build_trainer` after its config: the run folder (given ``resume``), the backend's
+    options and the algorithm checked, then the tiny model built (``model = "tiny"``)."""
     if resume is not None:
         check_run_folder(Path(config.out_dir), resume=resume, overwrite=overwrite)
     cls = backend_class(config.backend.name)
@@ -63,9 +92,16 @@ def build_trainer(
     # algorithm option it refuses stops the run in milliseconds, not after the tiny model is built.
     validate_algorithm(config, make_backend(cls, config.backend.name, options))
     if tiny:
-        target = Path(config.out_dir) / "tiny-model"
+        target = Path(model_path(config))
         options["model"] = str(init_tiny_model(target, cookbook=cookbook, backend_cls=cls, seed=config.seed))
     return Trainer(config, cookbook, make_backend(cls, config.backend.name, options))
+
+
+def model_path(config: TrainerConfig) -> str:
+    """The model the run trains: ``backend.options.model`` (a path or a hub name), or for
+    ``"tiny"`` (the default) the tiny model :func:`assemble_trainer` builds in the run folder."""
+    model = config.backend.options.get("model", TINY_MODEL)
+    return str(Path(config.out_dir) / "tiny-model") if model == TINY_MODEL else str(model)
 
 
 def check_splits(config: TrainerConfig, cookbook: Cookbook) -> None:
@@ -119,4 +155,13 @@ def task_vocabulary(cookbook: Cookbook) -> list[str]:
     return list(words)
 
 
-__all__ = ["build_trainer", "init_tiny_model", "load_cookbook", "make_backend", "task_vocabulary"]
+__all__ = [
+    "assemble_trainer",
+    "build_trainer",
+    "init_tiny_model",
+    "load_cookbook",
+    "load_train_config",
+    "make_backend",
+    "model_path",
+    "task_vocabulary",
+]

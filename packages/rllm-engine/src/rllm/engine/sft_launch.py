@@ -10,10 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rllm.engine.backend import Backend
 from rllm.engine.chat_sources import read_chat_source, source_stem
-from rllm.engine.launch import TINY_MODEL
+from rllm.engine.launch import TINY_MODEL, make_backend
 from rllm.engine.plugins import backend_class
-from rllm.engine.sft import SFTRunner, chat_vocabulary, check_backend, load_sft_config
+from rllm.engine.sft import SFTConfig, SFTRunner, chat_vocabulary, check_backend, load_sft_config
 from rllm.types import ConfigError
 
 
@@ -30,27 +31,48 @@ def build_sft(
     flags = [f"backend.name={backend}"] if backend else []
     flags += [f"backend.options.model={model}"] if model else []
     flags += [f"out_dir={out_dir}"] if out_dir else []
-    config = load_sft_config(config_path, [*flags, *overrides], base=base)
+    return sft_runner(load_sft_config(config_path, [*flags, *overrides], base=base))
+
+
+def sft_runner(config: SFTConfig) -> SFTRunner:
+    """The runner for a loaded SFTConfig: the tiny model built (``model = "tiny"``), the backend
+    made with its SFT defaults and checked, the data read and tokenized; nothing started."""
+    model = sft_model(config)
+    instance = sft_backend(config, model)
+    return SFTRunner(config, instance, load_chat_tokenizer(instance.tokenizer_path() or model))
+
+
+def sft_model(config: SFTConfig) -> str:
+    """``backend.options.model``; for ``"tiny"`` a tiny model covering the data's words, built
+    (once) in the run folder."""
+    model = str(config.backend.options.get("model", TINY_MODEL))
+    if model != TINY_MODEL:
+        return model
     cls = backend_class(config.backend.name)
-    options = dict(config.backend.options)
-    if options.get("model", TINY_MODEL) == TINY_MODEL:
-        if not hasattr(cls, "init_tiny_model"):
-            raise ConfigError(f"backend {config.backend.name!r} cannot build a tiny model: pass --model")
-        target = Path(config.out_dir) / "tiny-model"
-        if not (target / "config.json").is_file():
-            examples = read_chat_source(config.dataset, config.columns)
-            if config.val_dataset:
-                examples += read_chat_source(config.val_dataset, config.columns)
-            cls.init_tiny_model(target, vocab_words=chat_vocabulary(examples), seed=config.seed)
-        options["model"] = str(target)
+    if not hasattr(cls, "init_tiny_model"):
+        raise ConfigError(f"backend {config.backend.name!r} cannot build a tiny model: pass --model")
+    target = Path(config.out_dir) / "tiny-model"
+    if not (target / "config.json").is_file():
+        examples = read_chat_source(config.dataset, config.columns)
+        if config.val_dataset:
+            examples += read_chat_source(config.val_dataset, config.columns)
+        cls.init_tiny_model(target, vocab_words=chat_vocabulary(examples), seed=config.seed)
+    return str(target)
+
+
+def sft_backend(config: SFTConfig, model: str) -> Backend:
+    """The backend SFT runs on, for ``model``: constructed (its options parsed) and checked for
+    SFT; nothing loaded, so a mistake here costs milliseconds."""
+    cls = backend_class(config.backend.name)
+    options = {**config.backend.options, "model": model}
     options.setdefault("seed", config.seed)
     # A backend's own defaults for supervised training (the local Tinker service: no sampler),
     # below what the user set.
     for key, value in getattr(cls, "sft_option_defaults", {}).items():
         options.setdefault(key, value)
-    instance = cls(options)
+    instance = make_backend(cls, config.backend.name, options)
     check_backend(config, instance)  # before loading anything
-    return SFTRunner(config, instance, load_chat_tokenizer(instance.tokenizer_path() or options["model"]))
+    return instance
 
 
 def load_chat_tokenizer(path: str) -> Any:
@@ -60,4 +82,4 @@ def load_chat_tokenizer(path: str) -> Any:
     return TokenBridge.load(path).tokenizer
 
 
-__all__ = ["build_sft", "load_chat_tokenizer"]
+__all__ = ["build_sft", "load_chat_tokenizer", "sft_backend", "sft_model", "sft_runner"]
