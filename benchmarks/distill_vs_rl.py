@@ -17,8 +17,12 @@ every seed (the teacher is not what is compared, so it is trained once and reuse
      split, 4 attempts) first, one command more (round 5's path).
 Per seed, from the fresh student:
   (a) RL: `rllm train say-single`.
-  (b) SFT then RL: `rllm sft` on the teacher's set, then `rllm train --init-from` it; (b)'s clock
-      is the data step above + the SFT + the RL.
+  (b) SFT then RL on the teacher's set: by default one command, `rllm train say-single --sft SET
+      sft.KEY=VALUE ...` (SFT into b_sft_rl/sft, then RL from its final checkpoint in the same
+      process: one start-up); ``--b-path two-commands`` runs `rllm sft`, then `rllm train
+      --init-from` it (two start-ups, rounds 5-8's path; arm b2_sft_rl_two_commands); ``--b-path
+      both`` runs both in every seed, alternating which goes first. (b)'s clock is the data step
+      above + the SFT + the RL. SFT: ``--sft-epochs`` epochs at ``--sft-lr``, 128-token batches.
   (c) distillation: `rllm distill say-single --teacher URL`, by default with the dense KL over the
       teacher's top-k per position (``--distill-loss topk``, ``--distill-topk``, ``--distill-kl``)
       and the settings the rllm-engine README recommends for it: one sample per task
@@ -66,7 +70,13 @@ STEP_TIMES = ("time/rollout_s", "time/train_s")
 # its dense, supervised-like target takes 3x RL's learning rate (RL at 3e-3 lost words).
 TOPK_GROUP_SIZE = 1
 TOPK_LR = 3e-3
-DATA_CPU: list[float] = []  # CPU seconds of (b)'s data step's commands, done once per run
+DATA_CPU: list[float] = []
+# (b)'s two paths, each its own arm: `rllm train --sft` (one process), and `rllm sft` then
+# `rllm train --init-from` (two commands, two start-ups; rounds 5-8's path).
+B_ARMS = {
+    "one-command": "b_sft_rl",
+    "two-commands": "b2_sft_rl_two_commands",
+}  # CPU seconds of (b)'s data step's commands, done once per run
 
 
 def command(args: list[str]) -> list[str]:
@@ -289,7 +299,9 @@ def run_seed(
         results["a_rl"] = run_to_target(args, out / "a_rl", out, env, opts)
         results["a_rl"]["command"] = "rllm " + " ".join(args)
     if "b" in opts.arms:
-        results["b_sft_rl"] = run_b(opts, out, env, model, seed, data_wall)
+        paths = list(B_ARMS) if opts.b_path == "both" else [opts.b_path]
+        for path in paths if seed % 2 == 0 else paths[::-1]:  # alternate the order of the two
+            results[B_ARMS[path]] = run_b(opts, out, env, model, seed, data_wall, path)
     if "c" in opts.arms:
         args = ["distill", "say-single", "--teacher", url, "--reward-coef", str(opts.distill_reward_coef),
                 "--out", "c_distill", *merged([*rl_args(opts, model, seed), *distill_args(opts)])]  # fmt: skip
@@ -328,20 +340,63 @@ def merged(overrides: list[str]) -> list[str]:
 
 
 def run_b(
-    opts: argparse.Namespace, out: Path, env: dict[str, str], model: Path, seed: int, data_wall: float
+    opts: argparse.Namespace,
+    out: Path,
+    env: dict[str, str],
+    model: Path,
+    seed: int,
+    data_wall: float,
+    path: str,
 ) -> dict[str, Any]:
-    sft_cpu: list[float] = []
-    sft_wall = rllm(
-        ["sft", "teacher-good", "--model", str(model), "--out", "b_sft",
-         *sft_args(opts, opts.sft_epochs, seed)],
-        out, env, "b_sft", sft_cpu,
-    )  # fmt: skip
-    b = run_to_target(
-        ["train", "say-single", "--out", "b_sft_rl", "--init-from", "b_sft", *rl_args(opts, model, seed)],
-        out / "b_sft_rl", out, env, opts,
-    )  # fmt: skip
-    b["prep_s"] = {"teacher_eval_and_from_eval": data_wall, "sft": sft_wall}
-    b["prep_cpu_s"] = {"teacher_eval_and_from_eval": round(sum(DATA_CPU), 1), "sft": round(sft_cpu[0], 1)}
+    """(b) from the fresh student: by default one command, `rllm train --sft` (SFT into
+    b_sft_rl/sft, then RL in the same process: one start-up); with ``--b-path two-commands``,
+    `rllm sft` then `rllm train --init-from` (two start-ups)."""
+    if path == "one-command":
+        sft = [f"sft.{item}" for item in sft_args(opts, opts.sft_epochs, seed)]
+        args = [
+            "train",
+            "say-single",
+            "--out",
+            "b_sft_rl",
+            "--sft",
+            "teacher-good",
+            *rl_args(opts, model, seed),
+            *sft,
+        ]
+        b = run_to_target(args, out / "b_sft_rl", out, env, opts)
+        b["command"] = "rllm " + " ".join(args)
+        sft_rows = [
+            json.loads(line) for line in (out / "b_sft_rl" / "sft" / "metrics.jsonl").read_text().splitlines()
+        ]
+        # Inside the command's clock (and its start-up figure, which runs to RL's first step).
+        b["sft_train_s"] = round(sum(float(r.get("time/train_s", 0.0)) for r in sft_rows), 2)
+        b["sft_steps"] = len(sft_rows)
+        b["prep_s"] = {"teacher_eval_and_from_eval": data_wall}
+        b["prep_cpu_s"] = {"teacher_eval_and_from_eval": round(sum(DATA_CPU), 1)}
+        sft_wall = 0.0
+    else:
+        sft_cpu: list[float] = []
+        sft_wall = rllm(
+            ["sft", "teacher-good", "--model", str(model), "--out", "b2_sft",
+             *sft_args(opts, opts.sft_epochs, seed)],
+            out, env, "b2_sft", sft_cpu,
+        )  # fmt: skip
+        args = [
+            "train",
+            "say-single",
+            "--out",
+            "b2_sft_rl",
+            "--init-from",
+            "b2_sft",
+            *rl_args(opts, model, seed),
+        ]
+        b = run_to_target(args, out / "b2_sft_rl", out, env, opts)
+        b["command"] = "rllm sft ... && rllm " + " ".join(args)
+        b["prep_s"] = {"teacher_eval_and_from_eval": data_wall, "sft": sft_wall}
+        b["prep_cpu_s"] = {"teacher_eval_and_from_eval": round(sum(DATA_CPU), 1), "sft": round(sft_cpu[0], 1)}
+        b["cpu_s"] = round(b["cpu_s"] + sft_cpu[0], 1)  # both commands' CPU, as one-command's holds both
+    b["b_path"] = path
+    b["first_rewards"] = b["rewards"][:5]
     if b["wall_to_target_s"] is not None:
         b["wall_to_target_s"] += data_wall + sft_wall
         b["wall_to_target_without_teacher_eval_s"] = b["wall_to_target_s"] - data_wall
@@ -358,12 +413,13 @@ def ratio(table: dict[int, dict[str, Any]], arm: str, key: str, base: str = "wal
         if arm not in r or "a_rl" not in r:
             continue
         a, value = r["a_rl"], r[arm].get(key)
-        if value is None:
+        if value is None or r[arm]["steps_to_target"] is None:
             cells.append(f"seed {seed}: missed")
-        elif a[base] is not None:
+        elif a["steps_to_target"] is not None:
             cells.append(f"{value / a[base]:.2f}")
-        else:
-            a_all = a["wall_s"] - (a["startup_s"] if base == "loop_to_target_s" else 0.0)
+        else:  # (a)'s whole run (its CPU figure is already to its end)
+            a_all = a["cpu_s"] if base == "cpu_s" else a["wall_s"]
+            a_all -= a["startup_s"] if base == "loop_to_target_s" else 0.0
             cells.append(f"< {value / a_all:.2f}")
     return ", ".join(cells) or "n/a"
 
@@ -420,6 +476,13 @@ def main() -> None:
         default="train",
         help="(b)'s SFT set: the teacher's training samples, or an `rllm eval` of the teacher",
     )
+    parser.add_argument(
+        "--b-path",
+        choices=["one-command", "two-commands", "both"],
+        default="one-command",
+        help="(b): `rllm train --sft` (one process), `rllm sft` then `rllm train --init-from`, or both "
+        "(each its own arm, b_sft_rl and b2_sft_rl, alternating in every seed)",
+    )
     parser.add_argument("--workdir", default="/tmp/rllm-distill-vs-rl")
     opts = parser.parse_args()
     # A SIGTERM unwinds like Ctrl-C, so the running arm and the teacher's server are stopped too
@@ -463,7 +526,14 @@ def main() -> None:
             )
         # Each arm's settings (seed 0's; a later override of a key replaces an earlier one).
         base = rl_args(opts, work / "teacher-sft" / "tiny-model", 0)
-        print(json.dumps({"settings": {"a": base, "c": merged([*base, *distill_args(opts)])}}), flush=True)
+        b_sft = sft_args(opts, opts.sft_epochs, 0)
+        settings = {
+            "a": base,
+            "b_sft": b_sft,
+            "b_path": opts.b_path,
+            "c": merged([*base, *distill_args(opts)]),
+        }
+        print(json.dumps({"settings": settings}), flush=True)
         table = {}
         for seed in opts.seeds:
             table[seed] = run_seed(seed, opts, work, env, url, data_wall, proc.pid)
@@ -476,20 +546,26 @@ def main() -> None:
             f"{arm}: {r[arm]['steps_to_target']} steps, "
             + (f"{r[arm]['wall_to_target_s']:.0f} s" if r[arm]["wall_to_target_s"] is not None else "missed")
             + f" (start-up {r[arm]['startup_s']:.0f} s, {r[arm]['cpu_s']:.0f} CPU s)"
-            for arm in ("a_rl", "b_sft_rl", "c_distill")
+            for arm in ("a_rl", *B_ARMS.values(), "c_distill")
             if arm in r
         ]
         print(f"seed {seed}: " + "; ".join(cells))
-    for arm in ("b_sft_rl", "c_distill"):
+    for arm in (*B_ARMS.values(), "c_distill"):
+        if not any(arm in r for r in table.values()):
+            continue
         print(
             f"{arm} / a_rl wall time to {opts.target}: {ratio(table, arm, 'wall_to_target_s')} (target <= 0.5)"
         )
         print(
             f"  in the training loop only (start-ups left out): {ratio(table, arm, 'loop_to_target_s', 'loop_to_target_s')}"
         )
-    print(
-        f"b_sft_rl without its data step (teacher eval / from-eval) / a_rl: {ratio(table, 'b_sft_rl', 'wall_to_target_without_teacher_eval_s')}"
-    )
+        print(f"  CPU seconds to {opts.target} over (a)'s: {ratio(table, arm, 'cpu_s', 'cpu_s')}")
+    for path, arm in B_ARMS.items():
+        if any(arm in r for r in table.values()):
+            print(
+                f"{arm} ({path}) without its data step (teacher eval / from-eval) / a_rl: "
+                + ratio(table, arm, "wall_to_target_without_teacher_eval_s")
+            )
 
 
 if __name__ == "__main__":
