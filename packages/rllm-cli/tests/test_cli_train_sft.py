@@ -145,6 +145,11 @@ def test_resume_does_not_redo_a_finished_sft_phase_and_continues_an_unfinished_o
     assert (out / "sft" / "done.json").is_file()
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1]
 
+    # --overwrite replaces both phases: SFT from step 0 again.
+    assert main([*args, "--overwrite", "total_steps=1"]) == 0
+    assert "sft done: 3 steps" in capsys.readouterr().err
+    assert [r["step"] for r in read_metrics(out / "sft" / "metrics.jsonl")] == [1, 2, 3]
+
 
 @pytest.mark.parametrize(
     ("extra", "message"),
