@@ -22,7 +22,8 @@ Per seed, from the fresh student:
       process: one start-up); ``--b-path two-commands`` runs `rllm sft`, then `rllm train
       --init-from` it (two start-ups, rounds 5-8's path; arm b2_sft_rl_two_commands); ``--b-path
       both`` runs both in every seed, alternating which goes first. (b)'s clock is the data step
-      above + the SFT + the RL. SFT: ``--sft-epochs`` epochs at ``--sft-lr``, 128-token batches.
+      above + the SFT + the RL. SFT: ``--sft-epochs`` (30) epochs at ``--sft-lr`` (3e-3; the
+      teacher's own SFT keeps ``--teacher-sft-lr`` 1e-3), 128-token batches.
   (c) distillation: `rllm distill say-single --teacher URL`, by default with the dense KL over the
       teacher's top-k per position (``--distill-loss topk``, ``--distill-topk``, ``--distill-kl``)
       and the settings the rllm-engine README recommends for it: one sample per task
@@ -231,11 +232,11 @@ def serve(checkpoint: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str],
     raise SystemExit(f"`rllm serve {checkpoint}` exited before it served (code {proc.wait()})")
 
 
-def sft_args(opts: argparse.Namespace, epochs: int, seed: int) -> list[str]:
+def sft_args(epochs: int, lr: float, seed: int) -> list[str]:
     return [
         f"epochs={epochs}",
         "batch_tokens=128",
-        f"backend.options.learning_rate={opts.sft_lr}",
+        f"backend.options.learning_rate={lr}",
         f"seed={seed}",
         "progress=false",
     ]
@@ -261,7 +262,7 @@ def prepare_teacher(opts: argparse.Namespace, work: Path, env: dict[str, str]) -
     ]
     chats.write_text("".join(json.dumps(r) + "\n" for r in rows * 4))
     sft_wall = rllm(
-        ["sft", str(chats), "--out", "teacher-sft", *sft_args(opts, opts.teacher_sft_epochs, 0)],
+        ["sft", str(chats), "--out", "teacher-sft", *sft_args(opts.teacher_sft_epochs, opts.teacher_sft_lr, 0)],
         work, env, "teacher-sft",
     )  # fmt: skip
     model = work / "teacher-sft" / "tiny-model"
@@ -352,7 +353,7 @@ def run_b(
     b_sft_rl/sft, then RL in the same process: one start-up); with ``--b-path two-commands``,
     `rllm sft` then `rllm train --init-from` (two start-ups)."""
     if path == "one-command":
-        sft = [f"sft.{item}" for item in sft_args(opts, opts.sft_epochs, seed)]
+        sft = [f"sft.{item}" for item in sft_args(opts.sft_epochs, opts.sft_lr, seed)]
         args = [
             "train",
             "say-single",
@@ -378,7 +379,7 @@ def run_b(
         sft_cpu: list[float] = []
         sft_wall = rllm(
             ["sft", "teacher-good", "--model", str(model), "--out", "b2_sft",
-             *sft_args(opts, opts.sft_epochs, seed)],
+             *sft_args(opts.sft_epochs, opts.sft_lr, seed)],
             out, env, "b2_sft", sft_cpu,
         )  # fmt: skip
         args = [
@@ -433,7 +434,11 @@ def main() -> None:
     parser.add_argument("--teacher-steps", type=int, default=10)
     parser.add_argument("--teacher-target", type=float, default=0.95)
     parser.add_argument("--lr", type=float, default=1e-3, help="RL and distillation learning rate")
-    parser.add_argument("--sft-lr", type=float, default=1e-3)
+    # (b)'s SFT: 3e-3 for 30 epochs over the teacher's ~14 good traces starts RL at 0.97-0.98,
+    # so RL needs only the 5-step window (1e-3: 0.71, 19 steps; 1e-2: unstable, 9-23 steps;
+    # 60 epochs at 1e-3 also 5 steps, but twice the SFT steps): benchmarks/RESULTS.md, #31 (b).
+    parser.add_argument("--sft-lr", type=float, default=3e-3, help="(b)'s SFT learning rate")
+    parser.add_argument("--teacher-sft-lr", type=float, default=1e-3, help="the teacher's SFT learning rate")
     parser.add_argument("--teacher-sft-epochs", type=int, default=30)
     parser.add_argument("--sft-epochs", type=int, default=30, help="(b)'s SFT epochs over the teacher's set")
     parser.add_argument(
@@ -526,7 +531,7 @@ def main() -> None:
             )
         # Each arm's settings (seed 0's; a later override of a key replaces an earlier one).
         base = rl_args(opts, work / "teacher-sft" / "tiny-model", 0)
-        b_sft = sft_args(opts, opts.sft_epochs, 0)
+        b_sft = sft_args(opts.sft_epochs, opts.sft_lr, 0)
         settings = {
             "a": base,
             "b_sft": b_sft,
