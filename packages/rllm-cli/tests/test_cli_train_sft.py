@@ -159,6 +159,7 @@ def test_resume_does_not_redo_a_finished_sft_phase_and_continues_an_unfinished_o
         (["sft.epochs=0"], "`sft.epochs`: epochs must be >= 1"),
         (["sft.out_dir=elsewhere"], "`sft.out_dir`: not settable"),
         (["sft.backend.name=fireworks"], "`sft.backend.name`: not settable"),
+        (["sft.backend={name: fireworks}"], "`sft.backend.name`: not settable"),
         (["--init-from", "runs/x"], "--sft and --init-from both set the starting weights"),
         (["init_from=runs/x"], "config key `init_from`: --sft trains the starting weights itself"),
         (["--resume"], "--resume: run folder"),

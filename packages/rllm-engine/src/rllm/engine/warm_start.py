@@ -160,9 +160,17 @@ def phase_config(dataset: str, rl: TrainerConfig, overrides: list[str]) -> SFTCo
         "backend": {"name": rl.backend.name, "options": {**rl.backend.options, "model": model_path(rl)}},
     }
     try:
-        return load_sft_config(None, overrides, base=base)
+        config = load_sft_config(None, overrides, base=base)
     except ConfigError as exc:
         raise sft_error(exc, overrides) from None
+    # The same, set through a whole section (sft.backend={...}).
+    if config.backend.name != rl.backend.name:
+        raise ConfigError.for_key(SFT_PREFIX + "backend.name", f"not settable: {FIXED_KEYS['backend.name']}")
+    if config.backend.options.get("model") != model_path(rl):
+        raise ConfigError.for_key(
+            SFT_PREFIX + "backend.options.model", f"not settable: {FIXED_KEYS['backend.options.model']}"
+        )
+    return config
 
 
 def sft_error(exc: ConfigError, overrides: list[str]) -> ConfigError:
