@@ -27,6 +27,7 @@ from rllm.engine.backend import Backend
 from rllm.engine.checkpoint import TrainerState, load_trainer_state, save_checkpoint
 from rllm.engine.data_order import next_batch
 from rllm.engine.distill_launch import build_distiller
+from rllm.engine.early_flow_processes import start_early
 from rllm.engine.init_from import init_weights, resolve_init_checkpoint
 from rllm.engine.learning_watch import NoLearningWatch, UnrewardedTaskWatch
 from rllm.engine.metrics_log import (
@@ -97,7 +98,15 @@ class Trainer:
         self.unrewarded = UnrewardedTaskWatch()
         self.interrupt_reported = False  # Ctrl-C: its one line is printed (the CLI adds none)
         self.last_checkpoint: Path | None = None
-        await self.backend.start()
+        # Flow processes start now, importing while the backend loads the model; the engine adopts them.
+        early = start_early(cfg.rollout, self.cookbook.flow, self.cookbook.evaluator,
+                            tokenizer=cfg.gateway.mode == "cumulative")  # fmt: skip
+        try:
+            await self.backend.start()
+        except BaseException:
+            if early is not None:
+                early.close()
+            raise
         engine: RolloutEngine | None = None
         try:
             engine = RolloutEngine(
@@ -105,6 +114,7 @@ class Trainer:
                 self.cookbook.evaluator,
                 cfg.engine_rollout(self.backend.served_model_name()),
                 gateway_config=self._gateway_config(),
+                early_workers=early,
             )
             await engine.start()
             if ckpt is not None:
