@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import os
+import signal
 import textwrap
 
 import pytest
@@ -416,9 +417,13 @@ async def test_workers_started_early_are_the_ones_that_run_the_rollouts(flows, u
     """start_early's processes (spawned before the engine exists, as a trainer does while its
     backend loads the model) are adopted by the engine's pool: no fresh spawn, same episodes."""
     config = RolloutConfig(n=2, concurrency=8, workers=2, progress=False)
+    handler = signal.getsignal(signal.SIGINT)
     early = start_early(config, flows.two_turns, None, tokenizer=True)
     assert early is not None
+    assert signal.getsignal(signal.SIGINT) is handler  # this process's Ctrl-C handling is back
     early_pids = {proc.pid for proc, _ in early._waiting}
+    for pid in early_pids:  # a Ctrl-C reaching them while they start: ignored from their first instruction
+        os.kill(pid, signal.SIGINT)
     async with RolloutEngine(
         flows.two_turns, None, config, upstreams=[upstream.url], early_workers=early
     ) as engine:

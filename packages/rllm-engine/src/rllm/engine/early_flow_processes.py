@@ -23,6 +23,7 @@ import os
 import pickle
 import signal
 import socket
+import threading
 from typing import Any
 
 from rllm.engine.executors import resolve_executor
@@ -61,6 +62,14 @@ def _early_main(sock: socket.socket, modules: list[str]) -> None:
     _worker_main(sock, pickle.loads(payload))  # as multiprocessing's spawn reads its arguments
 
 
+def _ignore_sigint() -> tuple[bool, Any]:
+    """Ignore SIGINT in this process: (whether it did, the handler to restore). Not off the main
+    thread, where handlers cannot change: the processes then start as fresh spawns do."""
+    if threading.current_thread() is not threading.main_thread():
+        return False, None
+    return True, signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _module_of(obj: Any) -> str | None:
     module = getattr(obj, "__module__", None) if callable(obj) else None
     module = module or getattr(type(obj), "__module__", None)
@@ -73,20 +82,28 @@ class EarlyFlowProcesses:
     def __init__(self, n: int, modules: list[str]) -> None:
         ctx = multiprocessing.get_context("spawn")
         self._waiting: list[tuple[Any, socket.socket]] = []
-        for i in range(n):
-            parent_sock, child_sock = socket.socketpair()
-            proc = ctx.Process(
-                target=_early_main, args=(child_sock, modules), name=f"rllm-rollout-{i}", daemon=True
-            )
-            try:
-                proc.start()
-            except BaseException:
-                parent_sock.close()
-                child_sock.close()
-                self.close()
-                raise
-            child_sock.close()
-            self._waiting.append((proc, parent_sock))
+        # Ctrl-C is likeliest during start-up, when these processes are still importing: they
+        # start with SIGINT ignored (an ignored signal survives exec, and Python then installs no
+        # KeyboardInterrupt handler), so they print no traceback; the parent handles it.
+        ignored, previous = _ignore_sigint()
+        try:
+            for i in range(n):
+                parent_sock, child_sock = socket.socketpair()
+                proc = ctx.Process(
+                    target=_early_main, args=(child_sock, modules), name=f"rllm-rollout-{i}", daemon=True
+                )
+                try:
+                    proc.start()
+                except BaseException:
+                    parent_sock.close()
+                    self.close()
+                    raise
+                finally:
+                    child_sock.close()
+                self._waiting.append((proc, parent_sock))
+        finally:
+            if ignored:  # None: a handler not set from Python, which SIG_DFL stands for
+                signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
 
     def take(self, kwargs: dict[str, Any]) -> tuple[Any, socket.socket] | None:
         """A waiting process, sent ``kwargs`` (its ``_worker_main`` arguments), and the parent's
