@@ -1,5 +1,6 @@
 """A command's start-up: wall and CPU seconds from `rllm ...` to its first training step, against
-the floor of the same run, a bare `python -c 'import torch, transformers'`.
+the floor of the same run, a bare `python -c 'import torch, transformers'`, and the floor of a
+process that builds a model (``floor+model``: the import of a transformers model class).
 
 The commands are the ones `benchmarks/distill_vs_rl.py` (b) runs, on the tiny model and the CPU:
   train    `rllm train say-single` (the tiny model built on the spot, one flow process)
@@ -36,6 +37,9 @@ from typing import Any
 WORDS = ["apple", "river", "stone", "cloud", "tiger", "lemon", "piano", "rocket"]
 QUIET = ["progress=false", "plot=false", "tensorboard=false", "val_every=0", "rollout.workers=1"]
 FLOOR = [sys.executable, "-c", "import torch, transformers"]
+# What a process that builds a transformers model cannot skip: the model class pulls
+# transformers.generation -> masking_utils -> torch._dynamo + inductor, sympy, accelerate.
+MODEL_FLOOR = [sys.executable, "-c", "from transformers.models.llama.modeling_llama import LlamaForCausalLM"]
 FAST_PATHS_OFF = {"RLLM_NO_EARLY_WORKERS": "1", "RLLM_AUTO_TOKENIZER": "1"}
 
 
@@ -108,6 +112,7 @@ def main() -> None:
     sft_args = ["epochs=1", "total_steps=1", "batch_tokens=128", "progress=false"]
     commands: dict[str, tuple[list[str], Path | None]] = {
         "floor": (FLOOR, None),
+        "floor+model": (MODEL_FLOOR, None),
         "train": (rllm("train", "say-single", "--out", "train", "--overwrite", f"backend.options.model={model}",
                        "total_steps=1", *QUIET), work / "train"),
         "sft": (rllm("sft", str(chats), "--model", str(model), "--out", "sft", *sft_args), work / "sft"),
@@ -116,19 +121,19 @@ def main() -> None:
         "main": (rllm("train", "say", "--out", "main", "--overwrite", "total_steps=1", "plot=false",
                       "progress=false"), work / "main"),
     }  # fmt: skip
-    names = ["floor", *[c for c in opts.commands if c != "floor"]]
+    names = ["floor", "floor+model", *[c for c in opts.commands if not c.startswith("floor")]]
     if "init" in names and "sft" not in names:
         names.insert(names.index("init"), "sft")  # init starts from sft's checkpoint
     variants = {"": env, " (off)": {**env, **FAST_PATHS_OFF}} if opts.compare else {"": env}
     results: dict[str, list[dict[str, float]]] = {
-        name + v: [] for name in names for v in variants if name != "floor" or not v
+        name + v: [] for name in names for v in variants if not name.startswith("floor") or not v
     }
     for repeat in range(opts.repeats + 1):  # repeat 0 writes the bytecode and is not counted
         for name in names:
             cmd, run = commands[name]
             # alternate which variant goes first, so neither always follows the other
             for variant in sorted(variants, reverse=bool(repeat % 2)):
-                if name + variant not in results:
+                if name + variant not in results:  # the floors run once per repeat
                     continue
                 load = os.getloadavg()[0]
                 figures = {**timed(cmd, work, variants[variant], run), "load_1m": load}
@@ -150,7 +155,7 @@ def main() -> None:
     if opts.compare:
         print("\nfast paths on / off (medians): start-up wall, CPU")
         for name in names:
-            if name == "floor":
+            if name.startswith("floor"):
                 continue
             on, off = results[name], results[name + " (off)"]
             ratio = {k: statistics.median(r[k] for r in on) / statistics.median(r[k] for r in off)

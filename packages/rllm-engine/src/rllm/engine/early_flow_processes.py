@@ -135,10 +135,9 @@ class EarlyFlowProcesses:
             if proc.is_alive():
                 proc.terminate()
 
-    def __del__(self) -> None:
+    def __del__(self) -> None:  # dropped without close() (a Trainer built and never fitted)
         with contextlib.suppress(Exception):
-            for _, sock in self._waiting:
-                sock.close()
+            self.close()
 
 
 def start_early(settings: Any, flow: Any, evaluator: Any, *, tokenizer: bool) -> EarlyFlowProcesses | None:
@@ -154,4 +153,11 @@ def start_early(settings: Any, flow: Any, evaluator: Any, *, tokenizer: bool) ->
     return EarlyFlowProcesses(settings.workers, list(dict.fromkeys(modules)))
 
 
-__all__ = ["OFF_ENV", "EarlyFlowProcesses", "start_early"]
+def start_early_for(config: Any, cookbook: Any) -> EarlyFlowProcesses | None:
+    """:func:`start_early` for a TrainerConfig ``config`` and its ``cookbook``."""
+    return start_early(
+        config.rollout, cookbook.flow, cookbook.evaluator, tokenizer=config.gateway.mode == "cumulative"
+    )
+
+
+__all__ = ["OFF_ENV", "EarlyFlowProcesses", "start_early", "start_early_for"]
