@@ -304,7 +304,7 @@ class FlowProcessPool:
                     kwargs["config"], concurrency=max(1, self.slots[i])
                 )
                 try:
-                    proc, parent_sock = self._launch(i, kwargs)
+                    proc, parent_sock = await self._launch(i, kwargs)
                 except (pickle.PicklingError, AttributeError, TypeError) as exc:
                     raise InputError(
                         f"workers > 1 needs an importable flow and evaluator (module-level, not a "
@@ -337,10 +337,12 @@ class FlowProcessPool:
                 self.early.close()  # any not taken (a pool of fewer workers than started early)
         return self
 
-    def _launch(self, index: int, kwargs: dict[str, Any]) -> tuple[Any, socket.socket]:
+    async def _launch(self, index: int, kwargs: dict[str, Any]) -> tuple[Any, socket.socket]:
         """Worker ``index``'s process, running ``_worker_main(kwargs)``, and the parent's end of
         its socket: an early-started one when one is waiting, else a fresh spawn."""
-        if self.early is not None and (taken := self.early.take(kwargs)) is not None:
+        # In a thread: arguments larger than the socket's buffer wait for the process to finish
+        # its imports and read them.
+        if self.early is not None and (taken := await asyncio.to_thread(self.early.take, kwargs)) is not None:
             return taken
         parent_sock, child_sock = socket.socketpair()
         proc = multiprocessing.get_context("spawn").Process(
