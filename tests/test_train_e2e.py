@@ -80,10 +80,17 @@ def test_rollout_workers_train_through_their_own_gateways(tmp_path: Path) -> Non
         ],
     )
     assert trainer.config.rollout.workers == 2
+    # They started while build_trainer built the tiny model (rllm.engine.early_flow_processes),
+    # and fit's engine adopted both: none left waiting, none spawned after the model load.
+    early = trainer.early_workers
+    assert early is not None
+    early_pids = [proc.pid for proc, _ in early._waiting]
     asyncio.run(trainer.fit())
+    assert trainer.early_workers is None and early._waiting == []
     rows = read_metrics(tmp_path / "metrics.jsonl")
     versions = [row["weight_version"] for row in rows]
     assert versions == [1, 2, 3]
+    assert len(early_pids) == 2
     assert all(row["episodes"] == 128 and row["termination/done"] == 1.0 for row in rows)
 
 

@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 import importlib
 import os
+import signal
 import textwrap
 
 import pytest
 from sandbox_helpers import needs_bwrap
 
+from rllm.engine.early_flow_processes import OFF_ENV as EARLY_OFF_ENV
+from rllm.engine.early_flow_processes import start_early
 from rllm.engine.rollout_config import RolloutConfig
 from rllm.engine.rollout_engine import RolloutEngine
 from rllm.gateway import GatewayServer
@@ -407,3 +410,69 @@ async def test_each_worker_keeps_warm_sandboxes_for_the_jobs_it_holds(flows, ups
     assert all(ep.metrics["sandbox_acquire_s"] >= 0 for ep in episodes)
     warm = [ep for ep in episodes if ep.metrics["sandbox_warm"] == 1.0]
     assert {ep.artifacts["pid"] for ep in warm} == {ep.artifacts["pid"] for ep in episodes}  # in each worker
+
+
+# ----------------------------------------------------------------------------- early start
+async def test_workers_started_early_are_the_ones_that_run_the_rollouts(flows, upstream):
+    """start_early's processes (spawned before the engine exists, as a trainer does while its
+    backend loads the model) are adopted by the engine's pool: no fresh spawn, same episodes."""
+    config = RolloutConfig(n=2, concurrency=8, workers=2, progress=False)
+    handler = signal.getsignal(signal.SIGINT)
+    early = start_early(config, flows.two_turns, None, tokenizer=True)
+    assert early is not None
+    assert signal.getsignal(signal.SIGINT) is handler  # this process's Ctrl-C handling is back
+    early_pids = {proc.pid for proc, _ in early._waiting}
+    for pid in early_pids:  # a Ctrl-C reaching them while they start: ignored from their first instruction
+        os.kill(pid, signal.SIGINT)
+    async with RolloutEngine(
+        flows.two_turns, None, config, upstreams=[upstream.url], early_workers=early
+    ) as engine:
+        await engine.client.set_weight_version(3)
+        episodes = await engine.run(_tasks(6))
+    assert early._waiting == []
+    assert {ep.artifacts["pid"] for ep in episodes} == early_pids
+    for ep in episodes:
+        assert ep.termination_reason == TerminationReason.DONE, ep.error
+        (traj,) = ep.trajectories
+        assert [s.weight_version for s in traj.steps] == [3, 3]
+        assert traj.steps[1].input[-1].content == f"go on 0 #{ep.task_id}"
+    assert sorted({ep.metadata["rollout_worker"] for ep in episodes}) == ["process-0", "process-1"]
+
+
+async def test_an_early_worker_that_died_is_replaced_by_a_fresh_spawn(flows, upstream):
+    config = RolloutConfig(n=1, concurrency=4, workers=2, progress=False)
+    early = start_early(config, flows.two_turns, None, tokenizer=False)
+    assert early is not None
+    (dead, _), (alive, _) = early._waiting
+    dead.kill()
+    await asyncio.to_thread(dead.join)  # its exit, not a sleep
+    async with RolloutEngine(
+        flows.two_turns, None, config, upstreams=[upstream.url], early_workers=early
+    ) as engine:
+        episodes = await engine.run(_tasks(4))
+    assert all(ep.termination_reason == TerminationReason.DONE for ep in episodes)
+    pids = {ep.artifacts["pid"] for ep in episodes}
+    assert alive.pid in pids and dead.pid not in pids and len(pids) == 2
+
+
+async def test_early_workers_refuse_an_unimportable_flow_as_spawned_ones_do(upstream):
+    @rollout
+    async def local_flow(task, config):
+        return None
+
+    config = RolloutConfig(workers=2, progress=False)
+    early = start_early(config, local_flow, None, tokenizer=False)
+    assert early is not None
+    procs = [proc for proc, _ in early._waiting]
+    with pytest.raises(ValueError, match="importable flow"):
+        async with RolloutEngine(local_flow, None, config, upstreams=[upstream.url], early_workers=early):
+            pass
+    assert early._waiting == []
+    for proc in procs:  # ended: their sockets closed (and terminated if still importing)
+        await asyncio.to_thread(proc.join)
+
+
+def test_early_start_only_for_process_workers(flows, monkeypatch):
+    assert start_early(RolloutConfig(workers=1), flows.two_turns, None, tokenizer=False) is None
+    monkeypatch.setenv(EARLY_OFF_ENV, "1")
+    assert start_early(RolloutConfig(workers=2), flows.two_turns, None, tokenizer=False) is None

@@ -92,9 +92,10 @@ class WorkerPool(Protocol):
     async def close(self) -> None: ...
 
 
-async def start_pool(config: Any, engine_kwargs: dict[str, Any]) -> WorkerPool | None:
+async def start_pool(config: Any, engine_kwargs: dict[str, Any], early: Any = None) -> WorkerPool | None:
     """The started worker pool of a RolloutConfig ``config`` (None for ``local``); each worker
-    builds a RolloutEngine from ``engine_kwargs``."""
+    builds a RolloutEngine from ``engine_kwargs``. ``early``: flow processes already started
+    (an EarlyFlowProcesses), which a ``processes`` pool adopts."""
     kind = resolve_executor(config.executor, config.workers)
     if kind in IN_PROCESS_EXECUTORS:
         return None
@@ -106,6 +107,7 @@ async def start_pool(config: Any, engine_kwargs: dict[str, Any]) -> WorkerPool |
             engine_kwargs,
             concurrency=config.concurrency,
             prefetch=config.worker_prefetch,
+            early=early,
         ).start()
     from rllm.engine.ray_executor import RayFlowPool  # only here: ray is an optional extra
 

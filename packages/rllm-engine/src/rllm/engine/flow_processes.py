@@ -25,7 +25,7 @@ import socket
 import struct
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -33,6 +33,9 @@ from rllm.engine.worker_metrics import WORKER_KEY
 from rllm.types import Episode, ErrorInfo, EvalOutput, Task, TerminationReason, from_msgpack, to_msgpack
 from rllm.types.errors import InputError, RLLMError, StateError
 from rllm.types.images import pack_episode_images
+
+if TYPE_CHECKING:
+    from rllm.engine.early_flow_processes import EarlyFlowProcesses
 
 _HEADER = struct.Struct("<I")
 log = logging.getLogger(__name__)
@@ -256,7 +259,8 @@ class FlowProcessPool:
     this process, and stays busy while this process pauses (a full garbage collection of a
     parent holding thousands of Episodes takes tens of milliseconds). ``capacity`` is how many
     jobs the pool takes at a time. ``start_timeout_s`` is 300 s, as for Ray workers: a spawned
-    interpreter importing torch took over 120 s on a loaded 2-core machine.
+    interpreter importing torch took over 120 s on a loaded 2-core machine. ``early``: processes
+    started beforehand (:mod:`rllm.engine.early_flow_processes`), used before spawning new ones.
     """
 
     def __init__(
@@ -267,8 +271,10 @@ class FlowProcessPool:
         concurrency: int,
         prefetch: int | None = None,
         start_timeout_s: float = 300.0,
+        early: EarlyFlowProcesses | None = None,
     ) -> None:
         self.n = n
+        self.early = early  # processes started before this pool, adopted by start()
         self.engine_kwargs = engine_kwargs
         self.start_timeout_s = start_timeout_s
         self.slots = [concurrency // n + (i < concurrency % n) for i in range(n)]
@@ -289,29 +295,21 @@ class FlowProcessPool:
         return [w.gateway_url for w in self.workers]
 
     async def start(self) -> FlowProcessPool:
-        ctx = multiprocessing.get_context("spawn")
         loop = asyncio.get_running_loop()
         try:
             for i in range(self.n):
-                parent_sock, child_sock = socket.socketpair()
                 kwargs = dict(self.engine_kwargs)
                 kwargs["gateway_config"] = _per_worker(kwargs.get("gateway_config"), i)
                 kwargs["config"] = msgspec.structs.replace(
                     kwargs["config"], concurrency=max(1, self.slots[i])
                 )
-                proc = ctx.Process(
-                    target=_worker_main, args=(child_sock, kwargs), name=f"rllm-rollout-{i}", daemon=True
-                )
                 try:
-                    proc.start()
+                    proc, parent_sock = await self._launch(i, kwargs)
                 except (pickle.PicklingError, AttributeError, TypeError) as exc:
-                    parent_sock.close()
-                    child_sock.close()
                     raise InputError(
                         f"workers > 1 needs an importable flow and evaluator (module-level, not a "
                         f"lambda or a local function): {exc}"
                     ) from None
-                child_sock.close()
                 w = _Worker(i, proc, self._capacity(i))
                 self.workers.append(w)
                 _, w.pipe = await loop.create_connection(
@@ -334,7 +332,30 @@ class FlowProcessPool:
         except BaseException:
             await self.close()
             raise
+        finally:
+            if self.early is not None:
+                self.early.close()  # any not taken (a pool of fewer workers than started early)
         return self
+
+    async def _launch(self, index: int, kwargs: dict[str, Any]) -> tuple[Any, socket.socket]:
+        """Worker ``index``'s process, running ``_worker_main(kwargs)``, and the parent's end of
+        its socket: an early-started one when one is waiting, else a fresh spawn."""
+        # In a thread: arguments larger than the socket's buffer wait for the process to finish
+        # its imports and read them.
+        if self.early is not None and (taken := await asyncio.to_thread(self.early.take, kwargs)) is not None:
+            return taken
+        parent_sock, child_sock = socket.socketpair()
+        proc = multiprocessing.get_context("spawn").Process(
+            target=_worker_main, args=(child_sock, kwargs), name=f"rllm-rollout-{index}", daemon=True
+        )
+        try:
+            proc.start()
+        except BaseException:
+            parent_sock.close()
+            raise
+        finally:
+            child_sock.close()
+        return proc, parent_sock
 
     async def run_one(self, task: Task, rollout_index: int, is_validation: bool, model: str) -> Episode:
         """Run one rollout on the live worker with the most room; raises FlowProcessDied if it exits

@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from rllm.engine.early_flow_processes import start_early_for
 from rllm.engine.plugins import backend_class, load_cookbook
 from rllm.engine.run_folder import check_run_folder
 from rllm.engine.trainer import Trainer, validate_algorithm
@@ -91,10 +92,24 @@ def assemble_trainer(
     # A backend's constructor only parses its options: make one now, so that a typo in them or an
     # algorithm option it refuses stops the run in milliseconds, not after the tiny model is built.
     validate_algorithm(config, make_backend(cls, config.backend.name, options))
-    if tiny:
-        target = Path(model_path(config))
-        options["model"] = str(init_tiny_model(target, cookbook=cookbook, backend_cls=cls, seed=config.seed))
-    return Trainer(config, cookbook, make_backend(cls, config.backend.name, options))
+    early = None
+    try:
+        if tiny:
+            target = Path(model_path(config))
+            if not (target / "config.json").is_file():
+                # Building it imports torch and the model stack (seconds): the run's flow
+                # processes start first and import theirs meanwhile (Trainer.fit adopts them).
+                early = start_early_for(config, cookbook)
+            options["model"] = str(
+                init_tiny_model(target, cookbook=cookbook, backend_cls=cls, seed=config.seed)
+            )
+        trainer = Trainer(config, cookbook, make_backend(cls, config.backend.name, options))
+    except BaseException:
+        if early is not None:
+            early.close()
+        raise
+    trainer.early_workers = early
+    return trainer
 
 
 def model_path(config: TrainerConfig) -> str:

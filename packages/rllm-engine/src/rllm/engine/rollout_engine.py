@@ -57,6 +57,7 @@ from rllm.types import (
 from rllm.types.errors import ConfigError, InputError, StateError
 
 if TYPE_CHECKING:
+    from rllm.engine.early_flow_processes import EarlyFlowProcesses
     from rllm.gateway import GatewayAdmin, GatewayServer
 
 
@@ -93,6 +94,7 @@ class RolloutEngine:
         upstreams: list[str] | None = None,
         gateway_config: Any = None,
         sandboxes: SandboxProvider | None = None,
+        early_workers: EarlyFlowProcesses | None = None,
     ) -> None:
         if gateway_url is None and not upstreams and gateway_config is None:
             raise InputError(
@@ -103,6 +105,9 @@ class RolloutEngine:
                 "give either gateway_url (attach) or upstreams/gateway_config (own gateway), not both"
             )
         self._flow_arg, self._evaluator_arg = flow, evaluator  # what worker processes rebuild from
+        # Flow processes started before this engine (rllm.engine.early_flow_processes): its
+        # worker pool adopts them; close() ends any left.
+        self._early_workers = early_workers
         self.config = config or RolloutConfig()
         # rollout.executor: the flow object that runs a rollout (the cookbook's, or a remote one).
         self.flow: RolloutFlow = as_flow(executor_flow(self.config, flow))
@@ -196,7 +201,7 @@ class RolloutEngine:
             "upstreams": self._upstreams or None,
             "gateway_config": self._gateway_config,
         }
-        self._pool = await start_pool(self.config, kwargs)
+        self._pool = await start_pool(self.config, kwargs, self._early_workers)
         assert self._pool is not None  # start() comes here only for a non-local executor
         if self._gateway_url is not None:  # attached: every worker uses the same gateway
             self._client = GatewayClient(self._gateway_url, admin_key=self._admin_key)
@@ -208,6 +213,8 @@ class RolloutEngine:
 
     async def close(self) -> None:
         self._lag.stop()
+        if self._early_workers is not None:
+            self._early_workers.close()
         close_executor(self.flow)
         if self._sandboxes is not None:
             await self._sandboxes.close()

@@ -27,6 +27,7 @@ from rllm.engine.backend import Backend
 from rllm.engine.checkpoint import TrainerState, load_trainer_state, save_checkpoint
 from rllm.engine.data_order import next_batch
 from rllm.engine.distill_launch import build_distiller
+from rllm.engine.early_flow_processes import EarlyFlowProcesses, start_early_for
 from rllm.engine.init_from import init_weights, resolve_init_checkpoint
 from rllm.engine.learning_watch import NoLearningWatch, UnrewardedTaskWatch
 from rllm.engine.metrics_log import (
@@ -75,6 +76,8 @@ class Trainer:
         self.distiller = build_distiller(config, backend)
         self.train_tasks = cookbook.load_tasks(config.train_split)
         self.val_tasks = self._load_val_tasks()
+        # Flow processes started before fit (build_trainer, while it builds the tiny model); fit adopts them.
+        self.early_workers: EarlyFlowProcesses | None = None
 
     def _load_val_tasks(self) -> list[Task]:
         if not self.config.val_split:
@@ -97,7 +100,14 @@ class Trainer:
         self.unrewarded = UnrewardedTaskWatch()
         self.interrupt_reported = False  # Ctrl-C: its one line is printed (the CLI adds none)
         self.last_checkpoint: Path | None = None
-        await self.backend.start()
+        # Flow processes start now, importing while the backend loads the model; the engine adopts them.
+        early, self.early_workers = self.early_workers or start_early_for(cfg, self.cookbook), None
+        try:
+            await self.backend.start()
+        except BaseException:
+            if early is not None:
+                early.close()
+            raise
         engine: RolloutEngine | None = None
         try:
             engine = RolloutEngine(
@@ -105,6 +115,7 @@ class Trainer:
                 self.cookbook.evaluator,
                 cfg.engine_rollout(self.backend.served_model_name()),
                 gateway_config=self._gateway_config(),
+                early_workers=early,
             )
             await engine.start()
             if ckpt is not None:

@@ -105,7 +105,10 @@ class WarmStart:
                 return self.trainer
             raise RunFolderError(f"the SFT phase left no checkpoint in {self.sft_dir / 'checkpoints'}")
         config = msgspec.structs.replace(self.trainer.config, init_from=str(checkpoint))
-        return Trainer(config, self.trainer.cookbook, self.trainer.backend)
+        trainer = Trainer(config, self.trainer.cookbook, self.trainer.backend)
+        # Flow processes build_trainer started early (they imported during SFT) go to this one.
+        trainer.early_workers, self.trainer.early_workers = self.trainer.early_workers, None
+        return trainer
 
 
 def build_warm_start(

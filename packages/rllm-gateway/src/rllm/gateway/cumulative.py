@@ -145,9 +145,9 @@ class TokenBridge:
     def load(cls, path: str) -> TokenBridge:
         """Load a tokenizer (local directory or hub name) with transformers, and the model's
         image processor when it has one (a vision-language model)."""
-        from transformers import AutoTokenizer
+        from rllm.gateway.tokenizer_load import load_tokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = load_tokenizer(path)
         return cls(tokenizer, ImageTokens.load(path, tokenizer))
 
     def render(self, messages: list[dict[str, Any]], tools: Any) -> str:
