@@ -52,6 +52,10 @@ class DeadlineClock:
             elif left is not None:
                 timeout.reschedule(now + left)
 
+    def pending(self) -> list[float | None]:
+        """When each live deadline fires, in the loop's time (None: standing still)."""
+        return [timeout.when() for timeout in self._left]
+
     def track(self, timeout: asyncio.Timeout, deadline_s: float | None) -> None:
         self._left[timeout] = deadline_s
         if self.held:
