@@ -233,22 +233,29 @@ def run_system(
     watch: SamplerWatch | None = None,
     prefetch: str = "config",
     executor: str = "local",
-) -> tuple[ct.RunResult, Timers | None]:
-    """One `rllm train` run; ``prefetch`` (on/off/config) sets rollout.prefetch, ``executor``
-    rollout.executor (one flow worker either way). The patches it makes are undone after it."""
+    loop: str = "asyncio",
+) -> tuple[ct.RunResult, Timers | None, list[float]]:
+    """One `rllm train` run and its reward per step; ``prefetch`` (on/off/config) sets
+    rollout.prefetch, ``executor`` rollout.executor (one flow worker either way), ``loop`` the
+    trainer's event loop (asyncio's or uvloop). The patches it makes are undone after it."""
     from rllm.engine.metrics_log import MetricsLogger
     from rllm.engine.trainer import Trainer
 
     patched = (MetricsLogger.log, Trainer._train_one_step)
     try:
-        return _run_system(args, breakdown, watch, prefetch, executor)
+        return _run_system(args, breakdown, watch, prefetch, executor, loop)
     finally:
         MetricsLogger.log, Trainer._train_one_step = patched  # type: ignore[method-assign]
 
 
 def _run_system(
-    args: argparse.Namespace, breakdown: bool, watch: SamplerWatch | None, prefetch: str, executor: str
-) -> tuple[ct.RunResult, Timers | None]:
+    args: argparse.Namespace,
+    breakdown: bool,
+    watch: SamplerWatch | None,
+    prefetch: str,
+    executor: str,
+    loop: str,
+) -> tuple[ct.RunResult, Timers | None, list[float]]:
     import msgspec
 
     from rllm.engine.launch import build_trainer
@@ -326,8 +333,13 @@ def _run_system(
         return await inner_step(self, engine, state)
 
     Trainer._train_one_step = first_step  # type: ignore[method-assign]
-    asyncio.run(trainer.fit(resume=False, overwrite=False))
-    return ct.summarise("system", args.lr, rewards, ends, start[0]), timers
+    if loop == "uvloop":
+        import uvloop
+
+        uvloop.run(trainer.fit(resume=False, overwrite=False))
+    else:
+        asyncio.run(trainer.fit(resume=False, overwrite=False))
+    return ct.summarise("system", args.lr, rewards, ends, start[0]), timers, rewards
 
 
 def no_in_process_path() -> None:
@@ -423,6 +435,13 @@ def main() -> None:
         help="rollout.executor of (3), one flow worker; repeat to run each (with every --prefetch)",
     )
     parser.add_argument(
+        "--loop",
+        choices=["asyncio", "uvloop"],
+        action="append",
+        default=None,
+        help="the event loop `rllm train` runs (3) on; repeat to run each (with every variant above)",
+    )
+    parser.add_argument(
         "--repeat", type=int, default=1, help="run the (3) variants this many times, alternating"
     )
     parser.add_argument(
@@ -464,7 +483,10 @@ def main() -> None:
         per_rollout_clients()
     sides = args.only or ["trl", "direct", "system"]
     variants = [
-        (p, e) for e in (args.executor or ["local"]) for p in (args.prefetch or ["config"])
+        (p, e, lp)
+        for lp in (args.loop or ["asyncio"])
+        for e in (args.executor or ["local"])
+        for p in (args.prefetch or ["config"])
     ] * args.repeat
     if "system" in sides:  # (3) once per variant, in turn
         at = sides.index("system")
@@ -481,6 +503,7 @@ def main() -> None:
     results: dict[str, ct.RunResult] = {}
     timers: Timers | None = None
     cpu_lines: list[str] = []
+    system_rewards: dict[str, list[float]] = {}
     for side in sides:
         print(f"[{side}] load average before: {os.getloadavg()[0]:.1f}", flush=True)
         watch = SamplerWatch()
@@ -489,9 +512,13 @@ def main() -> None:
         elif side == "direct":
             r = run_direct(model, args, watch)
         else:
-            prefetch, executor = variants[int(side.split(":")[1])]
-            side = f"system[{executor}, prefetch {prefetch}]"
-            r, timers = run_system(args, not args.no_breakdown, watch, prefetch=prefetch, executor=executor)
+            prefetch, executor, loop = variants[int(side.split(":")[1])]
+            side = f"system[{executor}, prefetch {prefetch}, {loop}]"
+            r, timers, rewards = run_system(
+                args, not args.no_breakdown, watch, prefetch=prefetch, executor=executor, loop=loop
+            )
+            side += f"#{sum(name.startswith(side) for name in results) + 1}"  # the repeat
+            system_rewards[side] = rewards
         if side != "trl":
             cpu_lines.append(watch.summary(side))
         results[side] = r
@@ -512,6 +539,15 @@ def main() -> None:
             else:
                 ratio = ct.time_to_target(system) / ct.time_to_target(results["trl"])
                 print(f"{name}/TRL wall time to 0.9: {ratio:.2f}x (target <= 1.0)")
+    if len(system_rewards) > 1:  # same seed: the same learning, step for step?
+        (first, base), *others = system_rewards.items()
+        for name, seq in others:
+            n = min(len(seq), len(base))
+            diff = next((i for i in range(n) if seq[i] != base[i]), None)
+            same = (
+                f"identical over the {n} steps both ran" if diff is None else f"differ from step {diff + 1}"
+            )
+            print(f"reward per step, {name} vs {first}: {same}")
     if timers is not None and timers.steps:
         print_breakdown(timers, skip=min(3, len(timers.steps) - 1))
 
