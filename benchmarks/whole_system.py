@@ -286,6 +286,9 @@ def _run_system(
     trainer = build_trainer("say-single", overrides=overrides, out_dir=str(out), resume=False)
     rewards: list[float] = []
     ends: list[float] = []
+    # The trainer's own split of a step: rollouts (with prefetch: what was left of them when the
+    # step began) and the rest (train, sync, files).
+    parts: dict[str, list[float]] = {"time/rollout_s": [], "time/train_s": []}
     timers = Timers() if breakdown else None
     start = [0.0]
 
@@ -293,6 +296,8 @@ def _run_system(
         if step == 0:
             return
         rewards.append(float(metrics["reward/mean"]))
+        for key in ("time/rollout_s", "time/train_s"):
+            parts[key].append(float(metrics[key]))
         ends.append(time.perf_counter())
         if timers is not None:
             timers.close_step()
@@ -339,6 +344,15 @@ def _run_system(
         uvloop.run(trainer.fit(resume=False, overwrite=False))
     else:
         asyncio.run(trainer.fit(resume=False, overwrite=False))
+    skip = min(3, len(rewards) - 1)
+    print(
+        "  median per step: rollout (left when the step began) "
+        + " ms, rest of the step (train, sync, files) ".join(
+            f"{statistics.median(v[skip:]) * 1000:.1f}" for v in parts.values()
+        )
+        + " ms",
+        flush=True,
+    )
     return ct.summarise("system", args.lr, rewards, ends, start[0]), timers, rewards
 
 

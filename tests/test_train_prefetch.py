@@ -247,3 +247,39 @@ def test_no_prefetch_across_validation_checkpoints_or_the_last_step(tmp_path: Pa
     # Step 3 follows step 2's validation, step 4 step 3's checkpoint, step 5 step 4's validation.
     assert [row["rollout/prefetched"] for row in rows] == [0.0, 1.0, 0.0, 0.0, 0.0, 1.0]
     assert [row["weight_version"] for row in rows] == [1, 2, 3, 4, 5, 6]
+
+
+class RenamingBackend(TinkerBackend):
+    """The local backend under a new model name after every sync, as Tinker's remote service
+    names each synced sampler checkpoint (the gateway maps any name to what the sampler serves)."""
+
+    syncs = 0
+
+    def served_model_name(self) -> str:
+        return f"{super().served_model_name()}@{self.syncs}"
+
+    async def sync_weights(self) -> int:
+        version = await super().sync_weights()
+        self.syncs += 1
+        return version
+
+
+def test_a_backend_that_renames_its_model_at_each_sync_stops_prefetching(tmp_path: Path) -> None:
+    built = build_trainer(
+        "say-single", out_dir=str(tmp_path), overrides=[*FAST, "total_steps=3", "sample_groups=4"]
+    )
+    backend = RenamingBackend(built.backend.config)  # pyright: ignore[reportAttributeAccessIssue]
+    trainer = WatchedTrainer(built.config, built.cookbook, backend)
+    asyncio.run(trainer.fit())
+    # Step 2's rollouts, prefetched under the old name, were cancelled at the first sync (before
+    # any of their calls was let in) and run again under the new one; no prefetch after that.
+    assert trainer.cancelled is not None and trainer.cancelled.cancelled()
+    assert trainer.sessions_left == []
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert [row["rollout/prefetched"] for row in rows] == [0.0, 0.0, 0.0]
+    assert [row["weight_version"] for row in rows] == [1, 2, 3]
+    for step in (1, 2, 3):
+        sample = read_episode_sample(sample_path(tmp_path, step))
+        assert {s.weight_version for e in sample.episodes for t in e.trajectories for s in t.steps} == {
+            step - 1
+        }
