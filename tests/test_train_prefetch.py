@@ -38,6 +38,7 @@ FAST = [
     "tasks_per_step=4",
     "group_size=4",
     "rollout.workers=1",
+    "rollout.prefetch=true",  # off by default (benchmarks/RESULTS.md, "#35 round 9")
     # A random model rarely scores: keep every group so each step trains (and syncs).
     "algorithm.filter_zero_variance=false",
 ]
@@ -48,7 +49,7 @@ def test_prefetched_rollouts_sample_the_new_weights_token_for_token(tmp_path: Pa
     trainer = build_trainer(
         "say-single", out_dir=str(tmp_path), overrides=[*FAST, "total_steps=4", "sample_groups=4"]
     )
-    assert trainer.config.rollout.prefetch  # the default
+    assert trainer.config.rollout.prefetch
     asyncio.run(trainer.fit())
     rows = read_metrics(tmp_path / "metrics.jsonl")
     # Step 1 starts cold; steps 2-4 ran while the step before them trained.

@@ -42,7 +42,7 @@ class TrainRolloutSettings(RolloutSettings, kw_only=True, forbid_unknown_fields=
     uncorrected_staleness: bool = False
     sync_timeout_s: float = 600.0
     partial: bool = False
-    prefetch: bool = True
+    prefetch: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
