@@ -20,6 +20,10 @@ step's 32 rollouts: they are shown as the mean per rollout; trainer-side parts a
 
     uv run --no-sync python benchmarks/whole_system.py                    # all three sides
     uv run --no-sync python benchmarks/whole_system.py --only system --max-steps 60
+    # (3) with rollout.prefetch off then on, flows in this process then in one flow process,
+    # twice over, against (2):
+    uv run --no-sync python benchmarks/whole_system.py --only direct --only system --no-breakdown \
+        --prefetch off --prefetch on --executor local --executor processes --repeat 2 --max-steps 400
 """
 
 from __future__ import annotations
@@ -67,8 +71,23 @@ ROLLOUT_PARTS = [
 ]
 
 
+def cpu_with_children() -> float:
+    """This process's CPU seconds plus its live child processes' (flow worker processes with
+    ``rollout.executor=processes``; none on the other sides)."""
+    import psutil
+
+    total = time.process_time()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            times = child.cpu_times()
+        except psutil.Error:  # exited meanwhile
+            continue
+        total += times.user + times.system
+    return total
+
+
 class SamplerWatch:
-    """Per-step process CPU time and the local sampler's counters (every side is one process)."""
+    """Per-step CPU time (the process and its flow worker processes) and the local sampler's counters."""
 
     def __init__(self) -> None:
         from rllm.backends.tinker.local.generation import SamplerEngine
@@ -88,7 +107,7 @@ class SamplerWatch:
         e = self.engines[-1]
         self.marks.append(
             (
-                time.process_time(),
+                cpu_with_children(),
                 getattr(e, "forward_passes", 0),
                 e.batches_run,
                 getattr(e, "rows_joined", 0),
@@ -209,8 +228,34 @@ def wrap_backend(timers: Timers, backend: Any) -> None:
 
 
 def run_system(
-    args: argparse.Namespace, breakdown: bool, watch: SamplerWatch | None = None
-) -> tuple[ct.RunResult, Timers | None]:
+    args: argparse.Namespace,
+    breakdown: bool,
+    watch: SamplerWatch | None = None,
+    prefetch: str = "config",
+    executor: str = "local",
+    loop: str = "asyncio",
+) -> tuple[ct.RunResult, Timers | None, list[float]]:
+    """One `rllm train` run and its reward per step; ``prefetch`` (on/off/config) sets
+    rollout.prefetch, ``executor`` rollout.executor (one flow worker either way), ``loop`` the
+    trainer's event loop (asyncio's or uvloop). The patches it makes are undone after it."""
+    from rllm.engine.metrics_log import MetricsLogger
+    from rllm.engine.trainer import Trainer
+
+    patched = (MetricsLogger.log, Trainer._train_one_step)
+    try:
+        return _run_system(args, breakdown, watch, prefetch, executor, loop)
+    finally:
+        MetricsLogger.log, Trainer._train_one_step = patched  # type: ignore[method-assign]
+
+
+def _run_system(
+    args: argparse.Namespace,
+    breakdown: bool,
+    watch: SamplerWatch | None,
+    prefetch: str,
+    executor: str,
+    loop: str,
+) -> tuple[ct.RunResult, Timers | None, list[float]]:
     import msgspec
 
     from rllm.engine.launch import build_trainer
@@ -226,11 +271,14 @@ def run_system(
         "val_every=0",
         "ckpt_every=0",
         "rollout.workers=1",
+        f"rollout.executor={executor}",
         "algorithm.step_credit=broadcast",
         f"seed={args.seed}",
         "progress=false",
         "plot=false",
     ]
+    if prefetch != "config":
+        overrides.append(f"rollout.prefetch={str(prefetch == 'on').lower()}")
     if args.sampler_hop != "config":
         overrides.append(
             f"backend.options.sampler_in_process={str(args.sampler_hop == 'in-process').lower()}"
@@ -238,6 +286,9 @@ def run_system(
     trainer = build_trainer("say-single", overrides=overrides, out_dir=str(out), resume=False)
     rewards: list[float] = []
     ends: list[float] = []
+    # The trainer's own split of a step: rollouts (with prefetch: what was left of them when the
+    # step began) and the rest (train, sync, files).
+    parts: dict[str, list[float]] = {"time/rollout_s": [], "time/train_s": []}
     timers = Timers() if breakdown else None
     start = [0.0]
 
@@ -245,6 +296,8 @@ def run_system(
         if step == 0:
             return
         rewards.append(float(metrics["reward/mean"]))
+        for key in ("time/rollout_s", "time/train_s"):
+            parts[key].append(float(metrics[key]))
         ends.append(time.perf_counter())
         if timers is not None:
             timers.close_step()
@@ -285,8 +338,22 @@ def run_system(
         return await inner_step(self, engine, state)
 
     Trainer._train_one_step = first_step  # type: ignore[method-assign]
-    asyncio.run(trainer.fit(resume=False, overwrite=False))
-    return ct.summarise("system", args.lr, rewards, ends, start[0]), timers
+    if loop == "uvloop":
+        import uvloop
+
+        uvloop.run(trainer.fit(resume=False, overwrite=False))
+    else:
+        asyncio.run(trainer.fit(resume=False, overwrite=False))
+    skip = min(3, len(rewards) - 1)
+    print(
+        "  median per step: rollout (left when the step began) "
+        + " ms, rest of the step (train, sync, files) ".join(
+            f"{statistics.median(v[skip:]) * 1000:.1f}" for v in parts.values()
+        )
+        + " ms",
+        flush=True,
+    )
+    return ct.summarise("system", args.lr, rewards, ends, start[0]), timers, rewards
 
 
 def no_in_process_path() -> None:
@@ -368,6 +435,30 @@ def main() -> None:
     parser.add_argument("--no-breakdown", action="store_true", help="run (3) without the wrappers")
     parser.add_argument("--trl-venv", type=Path, default=Path("/tmp/trlenv"))
     parser.add_argument(
+        "--prefetch",
+        choices=["config", "on", "off"],
+        action="append",
+        default=None,
+        help="rollout.prefetch of (3); repeat to run (3) once per value, in turn (default: config)",
+    )
+    parser.add_argument(
+        "--executor",
+        choices=["local", "processes"],
+        action="append",
+        default=None,
+        help="rollout.executor of (3), one flow worker; repeat to run each (with every --prefetch)",
+    )
+    parser.add_argument(
+        "--loop",
+        choices=["asyncio", "uvloop"],
+        action="append",
+        default=None,
+        help="the event loop `rllm train` runs (3) on; repeat to run each (with every variant above)",
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="run the (3) variants this many times, alternating"
+    )
+    parser.add_argument(
         "--clients",
         choices=["in-process", "tcp", "per-rollout"],
         default="in-process",
@@ -405,6 +496,15 @@ def main() -> None:
     if args.clients == "per-rollout":
         per_rollout_clients()
     sides = args.only or ["trl", "direct", "system"]
+    variants = [
+        (p, e, lp)
+        for lp in (args.loop or ["asyncio"])
+        for e in (args.executor or ["local"])
+        for p in (args.prefetch or ["config"])
+    ] * args.repeat
+    if "system" in sides:  # (3) once per variant, in turn
+        at = sides.index("system")
+        sides = [*sides[:at], *[f"system:{i}" for i in range(len(variants))], *sides[at + 1 :]]
 
     from rllm.tiny import init_tiny_model
 
@@ -417,6 +517,7 @@ def main() -> None:
     results: dict[str, ct.RunResult] = {}
     timers: Timers | None = None
     cpu_lines: list[str] = []
+    system_rewards: dict[str, list[float]] = {}
     for side in sides:
         print(f"[{side}] load average before: {os.getloadavg()[0]:.1f}", flush=True)
         watch = SamplerWatch()
@@ -425,23 +526,42 @@ def main() -> None:
         elif side == "direct":
             r = run_direct(model, args, watch)
         else:
-            r, timers = run_system(args, breakdown=not args.no_breakdown, watch=watch)
+            prefetch, executor, loop = variants[int(side.split(":")[1])]
+            side = f"system[{executor}, prefetch {prefetch}, {loop}]"
+            r, timers, rewards = run_system(
+                args, not args.no_breakdown, watch, prefetch=prefetch, executor=executor, loop=loop
+            )
+            side += f"#{sum(name.startswith(side) for name in results) + 1}"  # the repeat
+            system_rewards[side] = rewards
         if side != "trl":
             cpu_lines.append(watch.summary(side))
         results[side] = r
         print(f"[{side}] load average after: {os.getloadavg()[0]:.1f}", flush=True)
-        print(ct.fmt(r).replace("rllm ", "direct") if side == "direct" else ct.fmt(r), flush=True)
+        line = ct.fmt(r).replace("rllm ", "direct") if side == "direct" else ct.fmt(r)
+        print(f"{side}: {line}" if side.startswith("system") else line, flush=True)
     for line in cpu_lines:
         print(line)
-    if "system" in results and "direct" in results:
-        ratio = results["system"].seconds_per_step / results["direct"].seconds_per_step
-        print(f"system/direct per step: {ratio:.2f}x (target <= 1.3)")
-    if "system" in results and "trl" in results:
-        if results["system"].seconds_to_target is None or results["trl"].seconds_to_target is None:
-            print("system/TRL wall time to 0.9: n/a (a side did not reach 0.9; raise --max-steps)")
-        else:
-            ratio = ct.time_to_target(results["system"]) / ct.time_to_target(results["trl"])
-            print(f"system/TRL wall time to 0.9: {ratio:.2f}x (target <= 1.0)")
+    for name, system in results.items():
+        if not name.startswith("system"):
+            continue
+        if "direct" in results:
+            ratio = system.seconds_per_step / results["direct"].seconds_per_step
+            print(f"{name}/direct per step: {ratio:.2f}x (target <= 1.3)")
+        if "trl" in results:
+            if system.seconds_to_target is None or results["trl"].seconds_to_target is None:
+                print(f"{name}/TRL wall time to 0.9: n/a (a side did not reach 0.9; raise --max-steps)")
+            else:
+                ratio = ct.time_to_target(system) / ct.time_to_target(results["trl"])
+                print(f"{name}/TRL wall time to 0.9: {ratio:.2f}x (target <= 1.0)")
+    if len(system_rewards) > 1:  # same seed: the same learning, step for step?
+        (first, base), *others = system_rewards.items()
+        for name, seq in others:
+            n = min(len(seq), len(base))
+            diff = next((i for i in range(n) if seq[i] != base[i]), None)
+            same = (
+                f"identical over the {n} steps both ran" if diff is None else f"differ from step {diff + 1}"
+            )
+            print(f"reward per step, {name} vs {first}: {same}")
     if timers is not None and timers.steps:
         print_breakdown(timers, skip=min(3, len(timers.steps) - 1))
 

@@ -47,6 +47,8 @@ def test_config_yaml(tmp_path: Path) -> None:
         (["val_every=5"], "val_split", "val_split"),
         (["algorithm.estimator_by_role.judge=3"], "algorithm.estimator_by_role.judge", "Expected `str`"),
         (["nonsense"], "", "key.sub=value"),
+        (["rollout.prefech=true"], "rollout.prefech", "unknown key"),
+        (["rollout.prefetch=sometimes"], "rollout.prefetch", "Expected `bool`"),
     ],
 )
 def test_bad_config_is_refused_naming_the_key(overrides: list[str], key: str, message: str) -> None:

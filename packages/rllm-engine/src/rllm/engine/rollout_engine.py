@@ -34,7 +34,7 @@ from rllm.engine.executors import (
 )
 from rllm.engine.failures import RETRYABLE, classify_exception
 from rllm.engine.flow_processes import FlowProcessDied
-from rllm.engine.flow_runner import DeadlineExceeded, call_with_deadline
+from rllm.engine.flow_runner import DeadlineClock, DeadlineExceeded, call_with_deadline
 from rllm.engine.loop_lag import LoopLagMonitor
 from rllm.engine.rollout_config import RolloutConfig, rollout_sampling
 from rllm.engine.rollout_progress import RolloutProgress
@@ -128,6 +128,8 @@ class RolloutEngine:
         self._running = 0  # rollouts in progress in this process
         # The loop the flows run on (each worker process has its own), while they run.
         self._lag = LoopLagMonitor(busy=lambda: self._running > 0)
+        # Rollout deadlines stand still while our own gateway holds calls at the door.
+        self._deadlines = DeadlineClock()
         self.last_stats: dict[str, float] = {}
         # Per-rollout sandboxes for flows marked @needs_sandbox (built on first need if not given).
         self._sandboxes = sandboxes
@@ -178,6 +180,9 @@ class RolloutEngine:
             # Same process, same event loop: admin calls need no HTTP round trip to ourselves,
             # and neither do the flows' LLM calls (same routes, checks and traces, no socket).
             self._client = self._server.local_client()
+            # A call held at the door (a weight sync; the train step a prefetched rollout waits
+            # for) is the trainer's time, not the flow's: its deadline waits too.
+            self._server.ledger.hold_listeners.append(self._deadlines.hold)
             self._unserve = serve_in_process(
                 self._server.url, functools.partial(inprocess.answer, self._server)
             )
@@ -512,6 +517,7 @@ class RolloutEngine:
             is_async=self.flow.is_async,
             deadline_s=self.config.deadline_s,
             executor=self._executor,
+            clock=self._deadlines,
         )
 
     def prepare_sandboxes(self, tasks: Iterable[Task]) -> None:

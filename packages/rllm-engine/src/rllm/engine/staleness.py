@@ -32,7 +32,9 @@ class TrainRolloutSettings(RolloutSettings, kw_only=True, forbid_unknown_fields=
     sync, abort the calls in flight and re-send them from their token history on the new weights
     instead of draining them (the default); only a backend that says it can abort a call and
     continue it token for token (``validate_partial``) takes it, any other refuses it by name
-    (the gateway then aborts at each pause: ``rllm.gateway.partial``).
+    (the gateway then aborts at each pause: ``rllm.gateway.partial``). ``prefetch`` (K = 0):
+    start step N+1's rollouts while step N trains; their calls wait at the gateway's door and
+    are sampled on step N's new weights (``rllm.engine.trainer``; no effect when K > 0).
     """
 
     max_staleness: int = 0
@@ -40,6 +42,7 @@ class TrainRolloutSettings(RolloutSettings, kw_only=True, forbid_unknown_fields=
     uncorrected_staleness: bool = False
     sync_timeout_s: float = 600.0
     partial: bool = False
+    prefetch: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -73,6 +76,7 @@ ASYNC_KEYS: tuple[str, ...] = (
     "uncorrected_staleness",
     "sync_timeout_s",
     "partial",
+    "prefetch",
 )
 
 

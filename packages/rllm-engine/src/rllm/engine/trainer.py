@@ -25,7 +25,7 @@ from rllm.algos import compute_advantages, filter_groups, group_trajectories
 from rllm.engine.async_loop import AsyncStepper
 from rllm.engine.backend import Backend
 from rllm.engine.checkpoint import TrainerState, load_trainer_state, save_checkpoint
-from rllm.engine.data_order import next_batch
+from rllm.engine.data_order import DataCursor, next_batch
 from rllm.engine.distill_launch import build_distiller
 from rllm.engine.early_flow_processes import EarlyFlowProcesses, start_early_for
 from rllm.engine.init_from import init_weights, resolve_init_checkpoint
@@ -37,6 +37,7 @@ from rllm.engine.metrics_log import (
     write_episode_sample,
 )
 from rllm.engine.mismatch import check_mismatch, measure_mismatch
+from rllm.engine.prefetch import Prefetched, prefetch_allowed
 from rllm.engine.rollout_engine import RolloutEngine
 from rllm.engine.run_folder import prepare_run_folder
 from rllm.engine.sequences import sequences_from_groups
@@ -100,6 +101,8 @@ class Trainer:
         self.unrewarded = UnrewardedTaskWatch()
         self.interrupt_reported = False  # Ctrl-C: its one line is printed (the CLI adds none)
         self.last_checkpoint: Path | None = None
+        self._prefetch: Prefetched | None = None  # the next step's rollouts, started early
+        self._prefetch_renames = False  # the backend renames its model at each sync: no prefetch
         # Flow processes start now, importing while the backend loads the model; the engine adopts them.
         early, self.early_workers = self.early_workers or start_early_for(cfg, self.cookbook), None
         try:
@@ -193,6 +196,7 @@ class Trainer:
                 if state.step != saved_step:
                     await self._checkpoint(self._snapshot(stepper, state))
         except (asyncio.CancelledError, KeyboardInterrupt):
+            await self._cancel_prefetch()  # nothing runs during the save below
             # Ctrl-C: keep the steps done since the last checkpoint when that is truthful (not in
             # the middle of an update; an asynchronous run trains while it rolls out, so it keeps
             # only its last checkpoint); saving takes what one checkpoint takes, and a second
@@ -207,6 +211,7 @@ class Trainer:
                 await self._checkpoint(state)
             raise
         finally:
+            await self._cancel_prefetch()  # a step that failed between steps leaves none behind
             if stepper is not None:
                 await stepper.close()
             metrics_log.close()
@@ -236,36 +241,46 @@ class Trainer:
 
     async def _train_one_step(self, engine: RolloutEngine, state: TrainerState) -> dict[str, Any]:
         cfg, algo = self.config, self.config.algorithm
-        # The cursor moves with the step count, at the end: a step cut short is redone whole.
-        tasks, next_data = next_batch(self.train_tasks, cfg.tasks_per_step, cfg.seed, state.data)
         t0 = time.perf_counter()
-        episodes = await engine.run(tasks, n=cfg.group_size)
+        # The cursor moves with the step count, at the end: a step cut short is redone whole.
+        tasks, next_data, episodes, prefetched = await self._step_rollouts(engine, state)
         self._between_steps = False  # from here the weights may move ahead of ``state``
         t1 = time.perf_counter()
-        groups = group_trajectories(episodes, algo)
-        unrewarded_metrics = self.unrewarded.observe(groups)
-        kept, filter_metrics = filter_groups(groups, algo)
-        advantage_metrics = compute_advantages(kept, algo)
-        sequences = sequences_from_groups(kept)
-        distill_metrics = await self.distiller.apply(sequences) if self.distiller and sequences else {}
-        train_metrics: dict[str, float] = {}
-        if sequences:
-            train_metrics = await self.backend.train_step(sequences, algo)
-        # Token truth: trainer vs sampler logprobs onto the steps (the samples show them), then enforced.
-        mismatch = measure_mismatch(sequences, episodes)
-        if cfg.sample_groups:
-            trained = [t.id for g in kept for t in g.trajectories]
-            write_episode_sample(self.out_dir, state.step + 1, episodes, trained, cfg.sample_groups)
-        if sequences:
-            check_mismatch(mismatch, algo.max_mismatch, state.step + 1, self.backend.name)
-            # No request may see half-synced weights: drain the gateway while the sampler swaps them.
-            await engine.client.pause()
-            try:
-                state.weight_version = await self.backend.sync_weights()
-                await engine.client.set_weight_version(state.weight_version)
-                # Remote services serve each synced checkpoint under its own model name.
-                engine.config.model = self.backend.served_model_name()
-            finally:
+        # rollout.prefetch: step N+1's rollouts start now, their calls held at the door until
+        # the new weights are in (rllm.engine.prefetch).
+        holding = await self._start_prefetch(engine, state, next_data)
+        try:
+            groups = group_trajectories(episodes, algo)
+            unrewarded_metrics = self.unrewarded.observe(groups)
+            kept, filter_metrics = filter_groups(groups, algo)
+            advantage_metrics = compute_advantages(kept, algo)
+            sequences = sequences_from_groups(kept)
+            distill_metrics = await self.distiller.apply(sequences) if self.distiller and sequences else {}
+            train_metrics: dict[str, float] = {}
+            if sequences:
+                train_metrics = await self.backend.train_step(sequences, algo)
+            # Token truth: trainer vs sampler logprobs onto the steps (the samples show them), then enforced.
+            mismatch = measure_mismatch(sequences, episodes)
+            if cfg.sample_groups:
+                trained = [t.id for g in kept for t in g.trajectories]
+                write_episode_sample(self.out_dir, state.step + 1, episodes, trained, cfg.sample_groups)
+            if sequences:
+                check_mismatch(mismatch, algo.max_mismatch, state.step + 1, self.backend.name)
+                # No request may see half-synced weights: drain the gateway while the sampler swaps them.
+                if not holding:
+                    await engine.client.pause()
+                try:
+                    state.weight_version = await self.backend.sync_weights()
+                    await engine.client.set_weight_version(state.weight_version)
+                    await self._rename_model(engine)
+                finally:
+                    if not holding:
+                        await engine.client.resume()
+        except BaseException:
+            await self._cancel_prefetch()  # before the door opens: none of its calls runs
+            raise
+        finally:
+            if holding:
                 await engine.client.resume()
         t2 = time.perf_counter()
         state.step += 1
@@ -280,10 +295,65 @@ class Trainer:
             **mismatch.metrics,
             "train/sequences": len(sequences),
             "weight_version": state.weight_version,
+            # Prefetched: the rollouts started during the previous step's training, and
+            # time/rollout_s is only what was left of them when this step began.
+            "rollout/prefetched": float(prefetched),
             "time/rollout_s": t1 - t0,
             "time/train_s": t2 - t1,
             "batch/task_ids": [t.id for t in tasks],
         }
+
+    async def _step_rollouts(
+        self, engine: RolloutEngine, state: TrainerState
+    ) -> tuple[list[Task], DataCursor, list[Episode], bool]:
+        """This step's batch, the cursor after it, its episodes, and whether they were prefetched."""
+        cfg = self.config
+        prefetch, self._prefetch = self._prefetch, None
+        if prefetch is not None and prefetch.data == state.data:
+            return prefetch.tasks, prefetch.next_data, await prefetch.rollouts, True
+        if prefetch is not None:  # started for another cursor: never trained on
+            await prefetch.cancel()
+        tasks, next_data = next_batch(self.train_tasks, cfg.tasks_per_step, cfg.seed, state.data)
+        return tasks, next_data, await engine.run(tasks, n=cfg.group_size), False
+
+    async def _start_prefetch(self, engine: RolloutEngine, state: TrainerState, data: DataCursor) -> bool:
+        """Pause the gateway and start the next step's rollouts (``data``: the cursor after this
+        step); False, and nothing started, where this step must end with nothing in flight."""
+        cfg = self.config
+        validating = bool(self.val_tasks and cfg.val_every)
+        if (
+            not cfg.rollout.prefetch
+            or self._prefetch_renames
+            or not prefetch_allowed(
+                state.step + 1, cfg.total_steps, cfg.val_every, cfg.ckpt_every, validating
+            )
+        ):
+            return False
+        # Nothing is in flight (this step's rollouts are all in): the pause holds at once.
+        await engine.client.pause()
+        tasks, next_data = next_batch(self.train_tasks, cfg.tasks_per_step, cfg.seed, data)
+        rollouts = asyncio.create_task(engine.run(tasks, n=cfg.group_size))
+        self._prefetch = Prefetched(data, tasks, next_data, rollouts)
+        return True
+
+    async def _cancel_prefetch(self) -> None:
+        prefetch, self._prefetch = self._prefetch, None
+        if prefetch is not None:
+            await prefetch.cancel()
+
+    async def _rename_model(self, engine: RolloutEngine) -> None:
+        """Remote services serve each synced checkpoint under its own model name: agents get it
+        from now on. Rollouts prefetched under the old name would call the old weights, so they
+        are cancelled while their calls still wait at the door, run again after the sync, and
+        this run prefetches no more (the name moves at every sync)."""
+        name = self.backend.served_model_name()
+        if name == engine.config.model:
+            return
+        engine.config.model = name
+        if self._prefetch is not None:
+            await self._cancel_prefetch()
+            self._prefetch_renames = True
+            log.info("rollout.prefetch: the backend renames its model at every sync; not prefetching")
 
     async def _validate(self, engine: RolloutEngine) -> dict[str, float]:
         episodes = await engine.run(self.val_tasks, n=1, is_validation=True)

@@ -60,7 +60,9 @@ class CallLedger:
     __slots__ = (
         "_admit",
         "_drained",
+        "_held",
         "default_sampling",
+        "hold_listeners",
         "inflight",
         "metrics",
         "parked",
@@ -91,12 +93,18 @@ class CallLedger:
         self.parked = 0  # aborted calls in flight, holding their tokens until the gateway resumes
         self._admit = asyncio.Event()  # set by admit_all() when the gateway starts
         self._drained: asyncio.Event | None = None
+        # Told True once a pause has taken hold (nothing running, calls wait at the door) and False
+        # when the gateway resumes: an engine in this process stops its rollouts' deadlines
+        # meanwhile, since that wait is the trainer's (rllm.engine.flow_runner.DeadlineClock).
+        self.hold_listeners: list[Callable[[bool], None]] = []
+        self._held = False
 
     # ------------------------------------------------------------------ admission
     def admit_all(self) -> None:
         """Admit every call (a fresh start: nothing paused)."""
         self._admit = asyncio.Event()
         self._admit.set()
+        self._set_held(False)
 
     @property
     def admitting(self) -> bool:
@@ -145,6 +153,7 @@ class CallLedger:
                 raise
             finally:
                 self._drained = None
+        self._set_held(True)
 
     async def park(self) -> None:
         """An aborted call waits here, holding its tokens, until the gateway admits calls again;
@@ -162,6 +171,14 @@ class CallLedger:
 
     def resume(self) -> None:
         self._admit.set()
+        self._set_held(False)
+
+    def _set_held(self, held: bool) -> None:
+        if held == self._held:
+            return
+        self._held = held
+        for listener in self.hold_listeners:
+            listener(held)
 
     # ------------------------------------------------------------------ one call's trace
     def open_trace(self, parsed: ParsedCall, chat: bool) -> TraceRecord:
