@@ -453,7 +453,7 @@ def main() -> None:
         choices=["asyncio", "uvloop"],
         action="append",
         default=None,
-        help="the event loop `rllm train` runs (3) on; repeat to run each (with every variant above)",
+        help="the event loop (3) runs on (default: as `rllm train`, uvloop unless RLLM_UVLOOP=0); repeat to run each",
     )
     parser.add_argument(
         "--repeat", type=int, default=1, help="run the (3) variants this many times, alternating"
@@ -495,10 +495,13 @@ def main() -> None:
         no_in_process_path()
     if args.clients == "per-rollout":
         per_rollout_clients()
+    from rllm.runtime import use_uvloop
+
     sides = args.only or ["trl", "direct", "system"]
     variants = [
         (p, e, lp)
-        for lp in (args.loop or ["asyncio"])
+        # Default: the loop `rllm train` itself runs on (rllm.runtime.use_uvloop: RLLM_UVLOOP, else uvloop).
+        for lp in (args.loop or ["uvloop" if use_uvloop() else "asyncio"])
         for e in (args.executor or ["local"])
         for p in (args.prefetch or ["config"])
     ] * args.repeat
