@@ -44,27 +44,32 @@ async def test_a_held_clock_stops_and_restarts_each_deadline() -> None:
 async def test_time_held_does_not_count_against_a_deadline() -> None:
     clock = DeadlineClock()
     clock.hold(True)
-    started, release = asyncio.Event(), asyncio.Event()
+    started, release, never = asyncio.Event(), asyncio.Event(), asyncio.Event()
 
     async def flow() -> str:
         started.set()
         await release.wait()
         return "ok"
 
+    async def stuck() -> None:
+        await never.wait()
+
     run = asyncio.create_task(
         call_with_deadline(flow, (), is_async=True, deadline_s=0.01, executor=None, clock=clock)
     )
     await started.wait()
     assert clock.pending() == [None]  # started while held: its deadline has not started
-    await asyncio.sleep(0.05)  # the subject: time passing, five deadlines' worth, while held
+    # A witness: an unheld deadline five times as long fires, so the held one's time has passed.
+    try:
+        await call_with_deadline(stuck, (), is_async=True, deadline_s=0.05, executor=None)
+    except DeadlineExceeded:
+        pass
+    else:
+        raise AssertionError("the witness deadline did not fire")
+    assert not run.done()  # held: still running, not timed out
     release.set()
     assert await run == "ok"
     # Released, the same deadline fires as before.
-    never = asyncio.Event()
-
-    async def stuck() -> None:
-        await never.wait()
-
     clock.hold(False)
     try:
         await call_with_deadline(stuck, (), is_async=True, deadline_s=0.01, executor=None, clock=clock)
