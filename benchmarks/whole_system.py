@@ -24,6 +24,9 @@ step's 32 rollouts: they are shown as the mean per rollout; trainer-side parts a
     # twice over, against (2):
     uv run --no-sync python benchmarks/whole_system.py --only direct --only system --no-breakdown \
         --prefetch off --prefetch on --executor local --executor processes --repeat 2 --max-steps 400
+    # (3) with the flows' create in one hop (rllm.sdk.fast_chat) and through openai's own path:
+    uv run --no-sync python benchmarks/whole_system.py --only direct --only system --no-breakdown \
+        --flow-client one-hop --flow-client openai --repeat 2 --max-steps 300
 """
 
 from __future__ import annotations
@@ -456,6 +459,14 @@ def main() -> None:
         help="the event loop (3) runs on (default: as `rllm train`, uvloop unless RLLM_UVLOOP=0); repeat to run each",
     )
     parser.add_argument(
+        "--flow-client",
+        choices=["one-hop", "openai"],
+        action="append",
+        default=None,
+        help="the flows' chat.completions.create in (3): in one hop to the in-process gateway"
+        " (rllm.sdk.fast_chat, the default) or openai's own path (RLLM_FAST_CHAT=0); repeat to run each",
+    )
+    parser.add_argument(
         "--repeat", type=int, default=1, help="run the (3) variants this many times, alternating"
     )
     parser.add_argument(
@@ -499,11 +510,12 @@ def main() -> None:
 
     sides = args.only or ["trl", "direct", "system"]
     variants = [
-        (p, e, lp)
+        (p, e, lp, fc)
         # Default: the loop `rllm train` itself runs on (rllm.runtime.use_uvloop: RLLM_UVLOOP, else uvloop).
         for lp in (args.loop or ["uvloop" if use_uvloop() else "asyncio"])
         for e in (args.executor or ["local"])
         for p in (args.prefetch or ["config"])
+        for fc in (args.flow_client or ["one-hop"])
     ] * args.repeat
     if "system" in sides:  # (3) once per variant, in turn
         at = sides.index("system")
@@ -529,8 +541,10 @@ def main() -> None:
         elif side == "direct":
             r = run_direct(model, args, watch)
         else:
-            prefetch, executor, loop = variants[int(side.split(":")[1])]
-            side = f"system[{executor}, prefetch {prefetch}, {loop}]"
+            prefetch, executor, loop, flow_client = variants[int(side.split(":")[1])]
+            side = f"system[{executor}, prefetch {prefetch}, {loop}, {flow_client}]"
+            # Read per call (flow processes inherit it): "openai" sends every call openai's way.
+            os.environ["RLLM_FAST_CHAT"] = "0" if flow_client == "openai" else "1"
             r, timers, rewards = run_system(
                 args, not args.no_breakdown, watch, prefetch=prefetch, executor=executor, loop=loop
             )

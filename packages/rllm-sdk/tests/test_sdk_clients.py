@@ -115,12 +115,15 @@ async def test_clients_for_an_origin_served_in_process_share_one_client_and_keep
         stop()
         await server.stop()
     assert async_openai(AgentConfig(base_url=root))._client is not shared[0]  # served no more
-    # Each call went to its own session URL with its own token ...
+    # Each call went to its own session URL with its own token (one the handler did not take was
+    # offered twice: by rllm.sdk.fast_chat, then by openai's own path through the shared client) ...
     assert handled == [
         ("/sessions/s1/v1/chat/completions", "Bearer tok-s1"),
         ("/sessions/s2/v1/chat/completions", "Bearer tok-s2"),
         ("/sessions/s3/v1/chat/completions", "Bearer tok-s3"),
+        ("/sessions/s3/v1/chat/completions", "Bearer tok-s3"),
         ("/sessions/s4/roles/judge/v1/chat/completions", "Bearer tok-s4"),
+        ("/sessions/s5/v1/chat/completions", "Bearer tok-s5"),
         ("/sessions/s5/v1/chat/completions", "Bearer tok-s5"),
     ]
     # ... the two the handler did not take went over TCP, and the cookie the server set on the

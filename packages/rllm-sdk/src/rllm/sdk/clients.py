@@ -106,8 +106,15 @@ def _template_client() -> Any:
 def _flow_client_class() -> type:
     from openai import AsyncOpenAI
 
+    from rllm.sdk.fast_chat import fast_chat_class
+
     class FlowAsyncOpenAI(AsyncOpenAI):
-        """openai's AsyncOpenAI with a cheap idempotency key."""
+        """openai's AsyncOpenAI with a cheap idempotency key, and ``chat.completions.create`` in
+        one hop where the gateway answers in process (``rllm.sdk.fast_chat``)."""
+
+        @functools.cached_property
+        def chat(self) -> Any:  # type: ignore[override]
+            return fast_chat_class()(self)
 
         def _idempotency_key(self) -> str:
             # openai draws a uuid4 (os.urandom) per request for it; AsyncOpenAI never sends it
@@ -116,6 +123,11 @@ def _flow_client_class() -> type:
             return response_id("rllm-idempotency")
 
     return FlowAsyncOpenAI
+
+
+def in_process_handler(loop: asyncio.AbstractEventLoop, url: str) -> InProcessHandler | None:
+    """The handler serving ``url``'s origin in process on ``loop`` (``serve_in_process``), if any."""
+    return _IN_PROCESS.get((loop, _origin(url))) if _IN_PROCESS else None
 
 
 def _served_loop(base_url: Any) -> asyncio.AbstractEventLoop | None:

@@ -1,0 +1,275 @@
+"""rllm.sdk.fast_chat: a flow client's ``chat.completions.create`` answered in process in one hop
+sends what openai's own path sends and returns what it returns (the same ChatCompletion, the same
+errors); everything it does not cover takes openai's path."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("openai")
+
+from typing import Annotated
+
+import openai
+from openai._utils._transform import PropertyInfo
+from openai.resources.chat.completions import AsyncCompletions
+from typing_extensions import TypedDict
+
+from rllm.sdk import fast_chat
+from rllm.sdk.clients import async_openai, serve_in_process
+from rllm.types import AgentConfig
+
+ROOT = "http://127.0.0.1:7"
+# openai's path sends this header, the one-hop path does not: it tells the two apart.
+OPENAI_PATH = "x-stainless-retry-count"
+# Headers the gateway reads (auth, session, role) and the content type: both paths send the same.
+COMPARED = ("authorization", "content-type", "accept", "user-agent", "x-rllm-session", "x-rllm-role")
+
+
+class Recorder:
+    """An in-process handler that records each call and answers with a chat completion that
+    echoes the body (or with ``status`` and an OpenAI-style error)."""
+
+    def __init__(self, status: int = 200, decline: bool = False) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.status = status
+        self.decline = decline
+
+    async def __call__(self, method: str, path: str, query: str, headers: dict[str, str], body: bytes):
+        self.calls.append({"method": method, "path": path, "query": query, "headers": headers, "body": body})
+        if self.decline and OPENAI_PATH not in headers:  # not taken by the one-hop path's offer
+            return None
+        out = {"content-type": "application/json", "x-request-id": f"req-{len(self.calls)}"}
+        if self.status != 200:
+            error = {"error": {"message": f"refused {self.status}", "type": "invalid_request_error"}}
+            return self.status, out, json.dumps(error).encode()
+        reply = {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 1,
+            "model": "m",
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "length",
+                    "message": {"role": "assistant", "content": _canonical(body)},
+                    "logprobs": {
+                        "content": [{"token": "a", "logprob": -0.5, "bytes": [97], "top_logprobs": []}]
+                    },
+                }
+            ],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+            "token_ids": [1, 2, 3],  # an extra field, as the gateway's answers carry
+        }
+        return 200, out, json.dumps(reply).encode()
+
+
+def _canonical(body: bytes) -> str:
+    return json.dumps(json.loads(body), sort_keys=True)
+
+
+async def _both(recorder: Recorder, call: Any, **client_kwargs: Any) -> tuple[Any, Any]:
+    """``call(create)`` with the flow client's create, then with openai's own, on one client."""
+    stop = serve_in_process(ROOT, recorder)
+    try:
+        client = async_openai(AgentConfig(base_url=f"{ROOT}/sessions/s1/v1", api_key="tok"), **client_kwargs)
+        results = []
+        for create in (
+            client.chat.completions.create,
+            lambda **kw: AsyncCompletions.create(client.chat.completions, **kw),
+        ):
+            try:
+                results.append(await call(create))
+            except openai.OpenAIError as exc:
+                results.append(exc)
+        return results[0], results[1]
+    finally:
+        stop()
+
+
+def _same_call(fast: dict[str, Any], slow: dict[str, Any]) -> None:
+    assert OPENAI_PATH not in fast["headers"] and OPENAI_PATH in slow["headers"]
+    assert (fast["method"], fast["path"], fast["query"]) == (slow["method"], slow["path"], slow["query"])
+    assert json.loads(fast["body"]) == json.loads(slow["body"])
+    assert {k: fast["headers"].get(k) for k in COMPARED} == {k: slow["headers"].get(k) for k in COMPARED}
+
+
+text = st.text(max_size=20)
+message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["system", "user", "assistant"]), "content": text},
+    optional={"name": st.text(alphabet="abcxyz_", min_size=1, max_size=8)},
+)
+optional_params = st.fixed_dictionaries(
+    {},
+    optional={
+        "max_tokens": st.integers(1, 64),
+        "temperature": st.floats(0, 2, allow_nan=False),
+        "top_p": st.floats(0, 1, allow_nan=False),
+        "n": st.integers(1, 4),
+        "seed": st.integers(-(2**31), 2**31),
+        "stop": st.one_of(text, st.lists(text, max_size=3)),
+        "logprobs": st.booleans(),
+        "top_logprobs": st.integers(0, 5),
+        "user": text,
+        "metadata": st.dictionaries(st.text(alphabet="kv", min_size=1, max_size=4), text, max_size=3),
+        "logit_bias": st.dictionaries(st.integers(0, 999).map(str), st.integers(-100, 100), max_size=3),
+        "stream": st.just(False),
+        "frequency_penalty": st.just(openai.NOT_GIVEN),  # omitted values are left out by both
+    },
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    messages=st.lists(message, min_size=1, max_size=3),
+    model=st.text(min_size=1, max_size=12),
+    params=optional_params,
+)
+def test_the_one_hop_sends_and_returns_what_openai_does(messages, model, params):
+    recorder = Recorder()
+
+    async def call(create):
+        return await create(model=model, messages=messages, **params)
+
+    fast, slow = asyncio.run(_both(recorder, call))
+    _same_call(*recorder.calls)
+    assert fast.model_dump() == slow.model_dump()
+    assert type(fast) is type(slow) and type(fast.choices[0].message) is type(slow.choices[0].message)
+    assert (fast._request_id, slow._request_id) == ("req-1", "req-2")
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 409, 422, 429, 500, 503])
+def test_an_error_status_raises_openais_own_error(status):
+    async def call(create):
+        return await create(model="m", messages=[{"role": "user", "content": "x"}])
+
+    fast, slow = asyncio.run(_both(Recorder(status), call))
+    assert type(fast) is type(slow) and isinstance(fast, openai.APIStatusError)
+    assert (fast.status_code, str(fast), fast.body) == (slow.status_code, str(slow), slow.body)
+    assert fast.request_id == slow.request_id.replace("2", "1")
+
+
+def test_a_client_with_its_own_headers_sends_them_in_one_hop():
+    recorder = Recorder()
+
+    async def call(create):
+        return await create(model="m", messages=[{"role": "user", "content": "x"}])
+
+    asyncio.run(_both(recorder, call, default_headers={"X-RLLM-Role": "judge"}))
+    _same_call(*recorder.calls)
+    assert recorder.calls[0]["headers"]["x-rllm-role"] == "judge"
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"extra_headers": {"X-Trace": "1"}},
+        {"extra_body": {"top_k": 5}},
+        {"extra_query": {"q": "1"}},
+        {"timeout": 5.0},
+        {"messages": ({"role": "user", "content": "a tuple of messages"},)},  # openai makes it a list
+    ],
+    ids=["extra_headers", "extra_body", "extra_query", "timeout", "tuple"],
+)
+def test_what_the_one_hop_does_not_cover_takes_openais_path(extra):
+    recorder = Recorder()
+
+    async def call(create):
+        kwargs = {"model": "m", "messages": [{"role": "user", "content": "x"}], **extra}
+        return await create(**kwargs)
+
+    fast, slow = asyncio.run(_both(recorder, call))
+    assert all(OPENAI_PATH in c["headers"] for c in recorder.calls)
+    assert json.loads(recorder.calls[0]["body"]) == json.loads(recorder.calls[1]["body"])
+    assert fast.model_dump() == slow.model_dump()
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"model": "m"},  # no messages
+        {"model": "m", "messages": [], "no_such_argument": 1},
+        {"model": "m", "messages": [], "response_format": openai.BaseModel},  # openai refuses a class here
+    ],
+    ids=["missing", "unknown", "class"],
+)
+def test_openais_own_argument_errors_stand(kwargs):
+    async def call(create):
+        try:
+            await create(**kwargs)
+        except TypeError as exc:
+            return str(exc)
+        return "accepted"
+
+    recorder = Recorder()
+    fast, slow = asyncio.run(_both(recorder, call))
+    assert fast == slow != "accepted" and not recorder.calls
+
+
+def test_a_call_the_handler_declines_goes_openais_way():
+    recorder = Recorder(decline=True)
+
+    async def call(create):
+        return await create(model="m", messages=[{"role": "user", "content": "x"}])
+
+    fast, slow = asyncio.run(_both(recorder, call))
+    # The flow client's create was offered in one hop (declined), then answered on openai's path;
+    # openai's own create went its path only.
+    assert [OPENAI_PATH in c["headers"] for c in recorder.calls] == [False, True, True]
+    assert fast.model_dump() == slow.model_dump()
+
+
+def test_raw_responses_and_streams_are_openais():
+    recorder = Recorder()
+
+    async def call(create):
+        return await create(model="m", messages=[{"role": "user", "content": "x"}])
+
+    async def raw():
+        stop = serve_in_process(ROOT, recorder)
+        try:
+            client = async_openai(AgentConfig(base_url=f"{ROOT}/v1", api_key="tok"))
+            response = await client.chat.completions.with_raw_response.create(**_minimal())
+            return response.headers["x-request-id"], response.parse().choices[0].message.content
+        finally:
+            stop()
+
+    request_id, content = asyncio.run(raw())
+    assert request_id == "req-1" and content and OPENAI_PATH in recorder.calls[0]["headers"]
+    assert fast_chat._plain_body({**_minimal(), "stream": True}) is None
+
+
+def _minimal() -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+
+
+class Renamed(TypedDict, total=False):
+    card_id: Annotated[str, PropertyInfo(alias="cardID")]
+
+
+class Holder(TypedDict, total=False):  # a renamed field one level down
+    cards: list[Renamed]
+
+
+def test_the_one_hop_is_on_for_this_openai_and_off_where_a_field_is_renamed():
+    assert fast_chat._create_parameters() is not None  # openai's chat params rename nothing today
+    assert fast_chat._has_field_transform(Holder, set())
+    assert not fast_chat._has_field_transform(dict[str, list[int]], set())
+
+
+def test_rllm_fast_chat_0_sends_every_call_openais_way(monkeypatch):
+    monkeypatch.setenv("RLLM_FAST_CHAT", "0")
+    recorder = Recorder()
+
+    async def call(create):
+        return await create(**_minimal())
+
+    fast, slow = asyncio.run(_both(recorder, call))
+    assert all(OPENAI_PATH in c["headers"] for c in recorder.calls)
+    assert fast.model_dump() == slow.model_dump()
