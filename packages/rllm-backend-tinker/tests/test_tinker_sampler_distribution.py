@@ -40,6 +40,9 @@ DRAWS = 2000
 ALPHA = 1e-6  # the false-alarm probability of each check for a correct sampler
 LOGIT_SCALE = 8.0  # scales the final norm: logits x 8, so p(top token) is ~0.2-0.5, not ~0.04
 MAX_BATCH = 64
+# ~50 CPU seconds of sampling in all (most of it (b)'s 2000 one-row batches).
+pytestmark = pytest.mark.slow
+
 PROMPTS = {"A": "say: apple", "B": "say: river stone cloud tiger", "C": "say: lemon piano"}
 
 
