@@ -109,7 +109,7 @@ def _independence(run: Path) -> tuple[int, float, int]:
 
 def print_summaries(summaries: list[RunSummary]) -> None:
     print(
-        "| run | prefetch | train reward 91-100 | all-wrong groups (all / 2nd half) | first step 10-mean >= 0.8 "
+        "| run | prefetch | train reward, last 10 steps | all-wrong groups (all / 2nd half) | first step 10-mean >= 0.8 "
         "| val 60 / 80 / 100 | prefetched | same first reply in a group: seen / independent |"
     )
     print("|---|---|---|---|---|---|---|---|")
@@ -129,7 +129,7 @@ def print_summaries(summaries: list[RunSummary]) -> None:
         wrongs = [s.all_wrong for s in group]
         spread = f", sd {statistics.stdev(rewards):.3f}" if len(group) > 1 else ""
         print(
-            f"{label}: {len(group)} runs, train reward 91-100 mean {statistics.fmean(rewards):.3f}{spread} "
+            f"{label}: {len(group)} runs, train reward (last 10 steps) mean {statistics.fmean(rewards):.3f}{spread} "
             f"(min {min(rewards):.3f}, max {max(rewards):.3f}); all-wrong groups mean {statistics.fmean(wrongs):.3f}"
         )
 
