@@ -129,7 +129,6 @@ def _has_field_transform(annotation: Any, seen: set[int]) -> bool:
     from typing import Annotated, get_args, get_origin
 
     from openai._utils._transform import PropertyInfo
-    from typing_extensions import is_typeddict
 
     if id(annotation) in seen:
         return False
@@ -139,7 +138,8 @@ def _has_field_transform(annotation: Any, seen: set[int]) -> bool:
         if any(isinstance(e, PropertyInfo) and (e.alias or e.format) for e in extras):
             return True
         return _has_field_transform(inner, seen)
-    if is_typeddict(annotation):
+    # A TypedDict (typing's or typing_extensions'): a dict subclass carrying ``__total__``.
+    if isinstance(annotation, type) and issubclass(annotation, dict) and hasattr(annotation, "__total__"):
         hints = typing.get_type_hints(annotation, include_extras=True)
         return any(_has_field_transform(h, seen) for h in hints.values())
     return any(_has_field_transform(a, seen) for a in get_args(annotation))
