@@ -36,18 +36,9 @@ _REQUEST_OPTIONS = frozenset({"extra_headers", "extra_query", "extra_body", "tim
 _REQUIRED = ("messages", "model")
 
 
-def fast_completions_class() -> type:
-    """openai's ``AsyncCompletions`` with the in-process ``create`` (the class, made once)."""
-    return _classes()[1]
-
-
-def fast_chat_class() -> type:
-    """openai's ``AsyncChat`` whose ``completions`` is :func:`fast_completions_class`'s."""
-    return _classes()[0]
-
-
 @functools.cache
-def _classes() -> tuple[type, type]:
+def fast_chat_class() -> type:
+    """openai's ``AsyncChat`` whose ``completions.create`` answers in process (the class, made once)."""
     from openai.resources.chat import AsyncChat
     from openai.resources.chat.completions import AsyncCompletions
 
@@ -63,7 +54,7 @@ def _classes() -> tuple[type, type]:
         def completions(self) -> Any:  # type: ignore[override]
             return FastAsyncCompletions(self._client)
 
-    return FastAsyncChat, FastAsyncCompletions
+    return FastAsyncChat
 
 
 async def create_in_process(client: Any, kwargs: dict[str, Any]) -> Any | None:
