@@ -6,24 +6,33 @@ busy machine passes."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import selectors
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 # How often the condition is read again: short, so a test goes on as soon as the state is there.
 POLL_INTERVAL_S = 0.005
 
 
-async def wait_until(condition: Callable[[], bool], timeout_s: float = 30.0, what: str = "condition") -> None:
-    """Poll ``condition`` until it holds; AssertionError naming ``what`` after ``timeout_s``."""
+async def wait_until(
+    condition: Callable[[], bool | Awaitable[bool]], timeout_s: float = 30.0, what: str = "condition"
+) -> None:
+    """Poll ``condition`` (a function, or a coroutine function: e.g. an admin call) until it
+    holds; AssertionError naming ``what`` after ``timeout_s``."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    while not condition():
+    while not await _holds(condition):
         if loop.time() > deadline:
             raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
         await asyncio.sleep(POLL_INTERVAL_S)
+
+
+async def _holds(condition: Callable[[], bool | Awaitable[bool]]) -> bool:
+    result = condition()
+    return bool(await result) if inspect.isawaitable(result) else bool(result)
 
 
 def read_until_line(
