@@ -24,6 +24,15 @@ step's 32 rollouts: they are shown as the mean per rollout; trainer-side parts a
     # twice over, against (2):
     uv run --no-sync python benchmarks/whole_system.py --only direct --only system --no-breakdown \
         --prefetch off --prefetch on --executor local --executor processes --repeat 2 --max-steps 400
+    # steps to 0.9 per seed (deterministic for a seed, so any load will do), every side training
+    # the model and words `rllm train say-single` uses, and (3) with a config override:
+    nice -n 19 uv run --no-sync python benchmarks/whole_system.py --seeds 0 1 2 3 4 5 --same-task
+    nice -n 19 uv run --no-sync python benchmarks/whole_system.py --seeds 0 1 2 --only system \
+        --same-task --set algorithm.filter_zero_variance=false
+
+Without --same-task, (1) and (2) train a tiny model built for cpu_training's word list and (3)
+the one `rllm train` builds for the say cookbook (another vocabulary, so other initial weights,
+and other words): their steps to 0.9 then compare two tasks, not two trainers.
 """
 
 from __future__ import annotations
@@ -568,8 +577,20 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="a config override for (3), as on `rllm train`'s command line; repeatable",
     )
+    parser.add_argument(
+        "--client-timeout",
+        type=float,
+        default=None,
+        help="seconds (2)'s openai client waits for a call and (3)'s rollout.deadline_s (default: 600 s"
+        " and the config's; with --seeds 3600 s for both, so a run starved at nice 19 on a busy"
+        " machine is not cut short: a cut rollout would change what (3) learns)",
+    )
     args = parser.parse_args()
     args.model = None
+    if args.client_timeout is None:
+        args.client_timeout = 3600.0 if args.seeds is not None else 600.0
+    if args.seeds is not None or "--client-timeout" in sys.argv:
+        args.system_set = [f"rollout.deadline_s={args.client_timeout:g}", *args.system_set]
     if args.flow_path == "before":
         import flow_calls
 
