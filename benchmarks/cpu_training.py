@@ -98,7 +98,12 @@ async def run_ours(model: Path, lr: float, args: argparse.Namespace) -> RunResul
     )
     backend.validate(algo)
     await backend.start()
-    client = openai.AsyncOpenAI(base_url=backend.inference_urls()[0], api_key="local", max_retries=0)
+    client = openai.AsyncOpenAI(
+        base_url=backend.inference_urls()[0],
+        api_key="local",
+        max_retries=0,
+        timeout=getattr(args, "client_timeout", 600.0),
+    )
     rng = np.random.default_rng(args.seed)
     rewards: list[float] = []
     ends: list[float] = []
@@ -291,6 +296,12 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=3000)
     parser.add_argument("--max-seconds", type=float, default=240.0, help="per run")
     parser.add_argument("--only", choices=["rllm", "trl"], default=None, help="run one side only")
+    parser.add_argument(
+        "--client-timeout",
+        type=float,
+        default=600.0,
+        help="seconds our side's openai client waits for a sampler call (raise it at nice 19 on a busy machine)",
+    )
     parser.add_argument("--trl-venv", type=Path, default=Path("/tmp/trlenv"))
     parser.add_argument("--json", type=Path, default=None, help="write all results here")
     args = parser.parse_args()

@@ -27,6 +27,15 @@ step's 32 rollouts: they are shown as the mean per rollout; trainer-side parts a
     # (3) with the flows' create in one hop (rllm.sdk.fast_chat) and through openai's own path:
     uv run --no-sync python benchmarks/whole_system.py --only direct --only system --no-breakdown \
         --flow-client one-hop --flow-client openai --repeat 2 --max-steps 300
+    # steps to 0.9 per seed (deterministic for a seed, so any load will do), every side training
+    # the model and words `rllm train say-single` uses, and (3) with a config override:
+    nice -n 19 uv run --no-sync python benchmarks/whole_system.py --seeds 0 1 2 3 4 5 --same-task
+    nice -n 19 uv run --no-sync python benchmarks/whole_system.py --seeds 0 1 2 --only system \
+        --same-task --set algorithm.filter_zero_variance=false
+
+Without --same-task, (1) and (2) train a tiny model built for cpu_training's word list and (3)
+the one `rllm train` builds for the say cookbook (another vocabulary, so other initial weights,
+and other words): their steps to 0.9 then compare two tasks, not two trainers.
 """
 
 from __future__ import annotations
@@ -282,6 +291,9 @@ def _run_system(
     ]
     if prefetch != "config":
         overrides.append(f"rollout.prefetch={str(prefetch == 'on').lower()}")
+    if args.model is not None:  # --same-task: the model every side trains, the one (3) would build
+        overrides.append(f"backend.options.model={args.model}")
+    overrides += args.system_set  # --set: config overrides of (3) (e.g. algorithm.epsilon=1e-4)
     if args.sampler_hop != "config":
         overrides.append(
             f"backend.options.sampler_in_process={str(args.sampler_hop == 'in-process').lower()}"
@@ -423,6 +435,63 @@ def print_breakdown(timers: Timers, skip: int) -> None:
         print(f"    {label:32s} {statistics.median(per):8.2f} ms/rollout")
 
 
+def build_model(args: argparse.Namespace) -> Path:
+    """The tiny model (1) and (2) train for ``args.seed``. With ``--same-task``: the one `rllm train
+    say-single` builds (the cookbook's vocabulary, the same seed), which (3) is then pointed at
+    (``args.model``), and (1)/(2) draw the cookbook's words (``ct.WORDS`` is what both read)."""
+    from rllm.tiny import init_tiny_model
+
+    path = Path(tempfile.mkdtemp(prefix="rllm-ws-")) / "model"
+    if not args.same_task:
+        return init_tiny_model(path, vocab_words=ct.WORDS, seed=args.seed)
+    import rllm_cookbook_say
+
+    from rllm.engine.launch import load_cookbook, task_vocabulary
+
+    ct.WORDS = list(rllm_cookbook_say.WORDS)
+    args.model = init_tiny_model(
+        path, vocab_words=task_vocabulary(load_cookbook("say-single")), seed=args.seed
+    )
+    return args.model
+
+
+def run_seeds(args: argparse.Namespace) -> None:
+    """Steps to a 25-step mean of 0.9 per side and seed; seeds run one after another, the sides
+    of a seed in the order given. Steps are seeded, so the machine's load does not move them."""
+    sides = args.only or ["trl", "direct", "system"]
+    python = ct.ensure_trl_env(args.trl_venv) if "trl" in sides else None
+    steps: dict[str, list[int | None]] = {side: [] for side in sides}
+    print(f"--same-task: {args.same_task}; (3) overrides: {args.system_set or 'none'}", flush=True)
+    for seed in args.seeds:
+        args.seed = seed
+        model = build_model(args)
+        for side in sides:
+            load = os.getloadavg()[0]
+            if side == "trl":
+                assert python is not None
+                r = ct.run_trl(python, model, args.lr, args)
+            elif side == "direct":
+                r = run_direct(model, args, SamplerWatch())
+            else:
+                from rllm.runtime import use_uvloop
+
+                loop = "uvloop" if use_uvloop() else "asyncio"
+                r, _, _ = run_system(args, breakdown=False, loop=loop)
+            steps[side].append(r.steps_to_target)
+            print(f"seed {seed} {side:6s} (load {load:.1f}): {ct.fmt(r)}", flush=True)
+    print("\nsteps to a 25-step mean reward of 0.9 (—: not reached within --max-steps/--max-seconds)")
+    print("side    " + "".join(f"{'seed ' + str(s):>9s}" for s in args.seeds) + "   median     mean")
+    for side, values in steps.items():
+        reached = [v for v in values if v is not None]
+        cells = "".join(f"{v if v is not None else '—':>9}" for v in values)
+        summary = (
+            f"{statistics.median(reached):8.1f} {statistics.mean(reached):8.1f}"
+            if len(reached) == len(values)
+            else f"  ({len(reached)}/{len(values)} reached)"
+        )
+        print(f"{side:7s} {cells}  {summary}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -497,7 +566,42 @@ def main() -> None:
         help="the flow's per-call path as it is, or as before #35 round 8 (openai's constructor per"
         " rollout, uuid4 idempotency keys, cumulative mode's chat render per call)",
     )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=None,
+        help="run the chosen sides once per seed (model, sampling and data order all seeded) and"
+        " print each side's steps to 0.9 per seed with the median and mean; no breakdown",
+    )
+    parser.add_argument(
+        "--same-task",
+        action="store_true",
+        help="every side trains the tiny model `rllm train say-single` builds (its vocabulary and"
+        " seed) on the cookbook's eight words, instead of (1)/(2) on cpu_training's word list",
+    )
+    parser.add_argument(
+        "--set",
+        dest="system_set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override for (3), as on `rllm train`'s command line; repeatable",
+    )
+    parser.add_argument(
+        "--client-timeout",
+        type=float,
+        default=None,
+        help="seconds (2)'s openai client waits for a call and (3)'s rollout.deadline_s (default: 600 s"
+        " and the config's; with --seeds 3600 s for both, so a run starved at nice 19 on a busy"
+        " machine is not cut short: a cut rollout would change what (3) learns)",
+    )
     args = parser.parse_args()
+    args.model = None
+    if args.client_timeout is None:
+        args.client_timeout = 3600.0 if args.seeds is not None else 600.0
+    if args.seeds is not None or "--client-timeout" in sys.argv:
+        args.system_set = [f"rollout.deadline_s={args.client_timeout:g}", *args.system_set]
     if args.flow_path == "before":
         import flow_calls
 
@@ -508,6 +612,9 @@ def main() -> None:
         per_rollout_clients()
     from rllm.runtime import use_uvloop
 
+    if args.seeds is not None:
+        run_seeds(args)
+        return
     sides = args.only or ["trl", "direct", "system"]
     variants = [
         (p, e, lp, fc)
@@ -521,11 +628,7 @@ def main() -> None:
         at = sides.index("system")
         sides = [*sides[:at], *[f"system:{i}" for i in range(len(variants))], *sides[at + 1 :]]
 
-    from rllm.tiny import init_tiny_model
-
-    model = init_tiny_model(
-        Path(tempfile.mkdtemp(prefix="rllm-ws-")) / "model", vocab_words=ct.WORDS, seed=args.seed
-    )
+    model = build_model(args)
     print(
         f"{args.prompts} tasks x {args.group} samples per step, lr {args.lr:g}, {args.threads} torch thread(s)"
     )

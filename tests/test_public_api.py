@@ -200,6 +200,7 @@ PUBLIC_API: dict[str, list[str]] = {
         "build_tiny_chat_tokenizer",
         "last_text",
         "mock_upstream_in_thread",
+        "read_until_line",
         "say_back",
         "wait_until",
     ],

@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ from rllm.engine.launch import build_trainer
 from rllm.engine.metrics_log import read_metrics
 from rllm.engine.plugins import load_cookbook
 from rllm.engine.trainer_config import ConfigError
+from rllm.testing import read_until_line
 
 pytestmark = pytest.mark.slow
 
@@ -111,28 +111,31 @@ def test_resume_after_kill_sees_the_same_next_batch(tmp_path: Path) -> None:
         "--out",
         str(out),
         *FAST,
-        # Killed after the step-2 checkpoint, resumed to step 4: a step redone after the kill and
+        # Killed after the step-2 checkpoint, resumed to step 6: a step redone after the kill and
         # the batches after it are what is checked; more steps repeat the same check. One rollout
         # worker: the data order does not depend on them, and each worker process is a start-up
         # (torch, the tokenizer) per run (the Ctrl-C test checks the workers).
-        "total_steps=4",
+        "total_steps=6",
         "ckpt_every=2",
         "tasks_per_step=4",
         "group_size=4",
         "rollout.workers=1",
     ]
+    # The progress line of step 3 is written after the step-2 checkpoint is saved (the step after
+    # it has begun); three steps are left, so the kill lands mid-run however busy the machine.
     proc = subprocess.Popen(
-        _cli(*args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        _cli(*args, "progress=true"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
     )
-    deadline = time.monotonic() + 240
-    target = out / "checkpoints" / "step_000002" / "trainer_state.json"
-    while not target.exists():
-        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-        assert time.monotonic() < deadline, "no checkpoint at step 2 within 240 s"
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)  # kill -9, mid-run
-    proc.wait()
+    try:
+        read_until_line(proc, "step 3/6", timeout_s=240, what="step 3 (after the step-2 checkpoint)")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # kill -9, mid-run
+        proc.wait()
     assert proc.returncode == -signal.SIGKILL
+    assert (out / "checkpoints" / "step_000002" / "trainer_state.json").is_file()
     done = subprocess.run(_cli(*args, "--resume"), capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     rows = read_metrics(out / "metrics.jsonl")
@@ -140,19 +143,19 @@ def test_resume_after_kill_sees_the_same_next_batch(tmp_path: Path) -> None:
     for row in rows:
         if "batch/task_ids" in row:  # validation-only rows carry no batch
             by_step.setdefault(row["step"], []).append(row["batch/task_ids"])
-    assert sorted(by_step) == list(range(1, 5))
+    assert sorted(by_step) == list(range(1, 7))
     # One history: steps redone after the kill appear once, with one episode sample each.
-    assert [row["step"] for row in rows if "batch/task_ids" in row] == list(range(1, 5))
-    assert sorted(int(p.stem[5:]) for p in (out / "samples").glob("step_*.msgpack")) == list(range(1, 5))
+    assert [row["step"] for row in rows if "batch/task_ids" in row] == list(range(1, 7))
+    assert sorted(int(p.stem[5:]) for p in (out / "samples").glob("step_*.msgpack")) == list(range(1, 7))
     # The batches an uninterrupted run would see, from the seeded order alone.
     tasks, position, expected = load_cookbook("say").load_tasks("train"), DataCursor(), {}
-    for step in range(1, 5):
+    for step in range(1, 7):
         batch, position = next_batch(tasks, 4, 0, position)
         expected[step] = [t.id for t in batch]
     for step, seen in by_step.items():
         assert all(ids == expected[step] for ids in seen), (step, seen, expected[step])
-    state = json.loads((out / "checkpoints" / "step_000004" / "trainer_state.json").read_text())
-    assert state["step"] == 4 and state["weight_version"] == rows[-1]["weight_version"]
+    state = json.loads((out / "checkpoints" / "step_000006" / "trainer_state.json").read_text())
+    assert state["step"] == 6 and state["weight_version"] == rows[-1]["weight_version"]
 
 
 def test_cli_lists_plugins_and_rejects_bad_input(tmp_path: Path) -> None:

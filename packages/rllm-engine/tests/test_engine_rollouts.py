@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
+import threading
 import time
 
 import httpx
@@ -16,7 +17,7 @@ from rllm.engine.rollout_engine import RolloutEngine
 from rllm.engine.scoring import apply_eval_output
 from rllm.gateway import GatewayConfig
 from rllm.sdk import AgentConfig, EvalOutput, Task, evaluator, final_answer, role_url, rollout
-from rllm.testing import MockUpstream
+from rllm.testing import MockUpstream, wait_until
 from rllm.types import Episode, SamplingParams, TerminationReason, Trajectory
 
 JUDGE_MARKER = "You are the judge."  # the scripted upstream (conftest) answers it with a verdict
@@ -207,11 +208,14 @@ async def test_hung_upstream_past_deadline_is_timeout_and_cancelled():
             elapsed = time.monotonic() - t0
             (session,) = await engine.client.list_sessions()
             traces = []
-            for _ in range(50):  # the flow's aborted HTTP call reaches the gateway as a disconnect
+
+            async def traced() -> bool:
+                nonlocal traces
                 traces = await engine.client.get_traces(session["session_id"])
-                if traces:
-                    break
-                await asyncio.sleep(0.05)
+                return bool(traces)
+
+            # the flow's aborted HTTP call reaches the gateway as a disconnect
+            await wait_until(traced, what="the aborted call's trace")
     finally:
         release.set()
         await upstream.stop()
@@ -261,26 +265,30 @@ async def test_timed_out_rollout_releases_its_session(gateway, upstream):
 
 async def test_sync_flow_past_deadline_times_out_and_later_calls_fail_fast(gateway):
     done_calls: list[str] = []
+    timed_out = threading.Event()  # the flow's thread calls only after the engine gave up on it
+    called = threading.Event()
 
     @rollout
     def slow_sync(task: Task, config: AgentConfig) -> str:
-        time.sleep(0.8)
+        timed_out.wait(60)
         client = openai.OpenAI(base_url=config.base_url, api_key=config.api_key, max_retries=0)
         try:
             client.chat.completions.create(model="m", messages=[{"role": "user", "content": "late"}])
             done_calls.append("ok")
         except openai.APIStatusError as exc:
             done_calls.append(str(exc.status_code))
+        finally:
+            called.set()
         return "late"
 
     config = RolloutConfig(deadline_s=0.3, progress=False)
     async with RolloutEngine(slow_sync, contains_four, config, gateway_url=gateway.url) as engine:
-        (ep,) = await engine.run(tasks(1))
+        try:
+            (ep,) = await engine.run(tasks(1))
+        finally:
+            timed_out.set()
         assert ep.termination_reason == TerminationReason.TIMEOUT
-        for _ in range(100):
-            if done_calls:
-                break
-            await asyncio.sleep(0.05)
+        assert await asyncio.to_thread(called.wait, 60), "the abandoned thread never made its call"
     assert done_calls == ["410"]  # the ended session refuses the abandoned thread's call
 
 

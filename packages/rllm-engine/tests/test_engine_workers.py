@@ -49,12 +49,12 @@ async def two_turns(task, config):
 
 @rollout
 async def timed(task, config):
-    import asyncio, time
+    # Its one call is held by the upstream until enough calls run at once (held_upstream).
+    import time
     start = time.time()
     client = openai.AsyncOpenAI(base_url=config.base_url, api_key=config.api_key, max_retries=0)
     await client.chat.completions.create(model=config.model, messages=[{"role": "user", "content": "hi"}])
     await client.close()
-    await asyncio.sleep(0.1)
     return {"pid": os.getpid(), "start": start, "end": time.time()}
 
 
@@ -88,6 +88,35 @@ def flows(tmp_path, monkeypatch):
     (tmp_path / "rllm_worker_flows.py").write_text(textwrap.dedent(FLOWS))
     monkeypatch.syspath_prepend(str(tmp_path))
     return importlib.import_module("rllm_worker_flows")
+
+
+class HeldCalls:
+    """An upstream responder that holds each call until ``at_once`` calls have arrived, then lets
+    every call through: the first ``at_once`` flows are in flight together, whatever the machine's
+    load (a rendezvous, where a sleep in the flow only made overlap likely)."""
+
+    def __init__(self, at_once: int) -> None:
+        self.at_once = at_once
+        self.arrived = 0
+        self.all_in = asyncio.Event()
+
+    async def reply(self, body: dict) -> str:
+        self.arrived += 1
+        if self.arrived >= self.at_once:
+            self.all_in.set()
+        # Never that many at once: the call fails (HTTP 500) and so does the test, naming the flow.
+        await asyncio.wait_for(self.all_in.wait(), 30)
+        return "hello"
+
+
+@pytest.fixture
+async def held_upstream(request):
+    """A MockUpstream whose calls wait for each other (``HeldCalls``); parametrise ``at_once``."""
+    from rllm.testing import MockUpstream
+
+    held = HeldCalls(request.param)
+    async with MockUpstream(responder=held.reply) as upstream:
+        yield upstream
 
 
 def _tasks(n: int) -> list[dict[str, str]]:
@@ -137,11 +166,16 @@ def _most_at_once(episodes) -> int:
     return most
 
 
-@pytest.mark.parametrize(("concurrency", "workers"), [(3, 2), (1, 2)])
-async def test_concurrency_is_split_between_workers_and_never_exceeded(flows, upstream, concurrency, workers):
-    """Each worker runs at most its share; the jobs sent ahead (prefetch) wait in the worker."""
+@pytest.mark.parametrize(
+    ("concurrency", "workers", "held_upstream"), [(3, 2, 3), (1, 2, 1)], indirect=["held_upstream"]
+)
+async def test_concurrency_is_split_between_workers_and_never_exceeded(
+    flows, held_upstream, concurrency, workers
+):
+    """Each worker runs at most its share; the jobs sent ahead (prefetch) wait in the worker.
+    The upstream holds the first ``concurrency`` calls until all of them are in: they overlap."""
     config = RolloutConfig(n=1, concurrency=concurrency, workers=workers, progress=False)
-    async with RolloutEngine(flows.timed, None, config, upstreams=[upstream.url]) as engine:
+    async with RolloutEngine(flows.timed, None, config, upstreams=[held_upstream.url]) as engine:
         assert engine._pool.capacity > concurrency or concurrency < workers
         episodes = await engine.run(_tasks(10))
     assert all(ep.termination_reason == TerminationReason.DONE for ep in episodes)
@@ -150,11 +184,13 @@ async def test_concurrency_is_split_between_workers_and_never_exceeded(flows, up
         assert len({ep.artifacts["pid"] for ep in episodes}) == workers
 
 
-async def test_slots_report_waiting_only_for_an_empty_queue(flows, upstream):
+@pytest.mark.parametrize("held_upstream", [2], indirect=True)
+async def test_slots_report_waiting_only_for_an_empty_queue(flows, held_upstream):
     """``slot_wait_s``: with every job sent ahead, each slot waits once, for the batch to start;
-    the jobs queued behind are taken at once (0.0)."""
+    the jobs queued behind are taken at once (0.0). The first two calls are held until both are
+    in, so every job has been sent ahead before any slot frees."""
     config = RolloutConfig(n=1, concurrency=2, workers=2, worker_prefetch=10, progress=False)
-    async with RolloutEngine(flows.timed, None, config, upstreams=[upstream.url]) as engine:
+    async with RolloutEngine(flows.timed, None, config, upstreams=[held_upstream.url]) as engine:
         episodes = await engine.run(_tasks(10))
     waits = sorted(ep.metrics["slot_wait_s"] for ep in episodes)
     assert waits[:8] == [0.0] * 8 and all(w > 0.0 for w in waits[8:])
@@ -227,15 +263,19 @@ async def test_frames_survive_any_chunking_over_a_real_socket_pair():
     assert got == payloads * 7
 
     got.clear()
+    all_in = asyncio.Event()
+
+    def receive(view: memoryview) -> None:
+        got.append(bytes(view))
+        if len(got) == len(payloads):
+            all_in.set()
+
     a, b = socket.socketpair()
     loop = asyncio.get_running_loop()
-    transport, _ = await loop.create_connection(
-        lambda: _Frames(lambda v: got.append(bytes(v)), lost.set), sock=a
-    )
+    transport, _ = await loop.create_connection(lambda: _Frames(receive, lost.set), sock=a)
     b.setblocking(False)
     await loop.sock_sendall(b, wire)
-    while len(got) < len(payloads):
-        await asyncio.sleep(0.01)
+    await asyncio.wait_for(all_in.wait(), 30)
     assert got == payloads
     b.close()
     await asyncio.wait_for(lost.wait(), 5)
@@ -253,19 +293,23 @@ async def test_frames_sent_in_one_loop_pass_go_out_together_and_in_order():
     a, b = socket.socketpair()
     got: list[bytes] = []
     lost = asyncio.Event()
-    _, sender = await loop.create_connection(lambda: _Frames(lambda v: None, lost.set), sock=a)
-    _, receiver = await loop.create_connection(
-        lambda: _Frames(lambda v: got.append(bytes(v)), lost.set), sock=b
-    )
     payloads = [f"job {i}".encode() * (i + 1) for i in range(100)] + [b"z" * (1 << 20)]
+    all_in = asyncio.Event()
+
+    def receive(view: memoryview) -> None:
+        got.append(bytes(view))
+        if len(got) == len(payloads):
+            all_in.set()
+
+    _, sender = await loop.create_connection(lambda: _Frames(lambda v: None, lost.set), sock=a)
+    _, receiver = await loop.create_connection(lambda: _Frames(receive, lost.set), sock=b)
     writes: list[int] = []
     real_write = sender.transport.write
     sender.transport.write = lambda data: (writes.append(len(data)), real_write(data))  # type: ignore[method-assign]
     for p in payloads:
         sender.send(p)
     assert writes == []  # nothing written while this pass runs
-    while len(got) < len(payloads):
-        await asyncio.sleep(0.01)
+    await asyncio.wait_for(all_in.wait(), 30)
     assert got == payloads and len(writes) == 1
     receiver.transport.close()
     await asyncio.wait_for(lost.wait(), 5)

@@ -3,7 +3,6 @@ screenshots and input through rllm.sdk.desktop, torn down at close. Real bubblew
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import os
@@ -29,15 +28,19 @@ pytestmark = [needs_bwrap, needs_x, pytest.mark.timeout(120)]
 # A Tk form that records its state in state.json and, once shown, where its widgets are.
 APP = textwrap.dedent(
     """
-    import json, tkinter as tk
+    import json, os, tkinter as tk
     root = tk.Tk(); root.title("rllm-test-form"); root.geometry("300x160+20+20")
     state = {"clicks": 0, "saved": None}
+    # Each save also writes its count to saves.fifo: a test reading it waits for the next save.
+    # (Held open for reading and writing: never blocks the app, keeps unread counts in the pipe.)
+    os.mkfifo("saves.fifo"); saves = os.open("saves.fifo", os.O_RDWR | os.O_NONBLOCK)
     def write():
         with open("state.tmp", "w") as f: json.dump(state, f)
-        __import__("os").replace("state.tmp", "state.json")
+        os.replace("state.tmp", "state.json")
     entry = tk.Entry(root); entry.pack(pady=8)
     def save():
         state["clicks"] += 1; state["saved"] = entry.get(); write()
+        os.write(saves, b"%d\\n" % state["clicks"])
     button = tk.Button(root, text="Save", command=save); button.pack()
     # "~" keeps the app busy for 0.3 s before it reads its next key (as a loaded machine would)
     entry.bind("<KeyPress-asciitilde>", lambda event: __import__("time").sleep(0.3))
@@ -89,12 +92,14 @@ async def test_desktop_starts_screenshots_at_its_size_and_is_gone_after_close() 
 
 async def saved_state(sandbox, clicks: int) -> dict:
     """The app's state once it has counted ``clicks`` Save clicks: the X server has sent the
-    events when an action returns, but the app handles them in its own time."""
+    events when an action returns, but the app handles them in its own time. Each read of the
+    app's saves.fifo blocks until its next save (one count per line; the shell's ``read`` takes
+    one line and leaves the rest in the pipe)."""
     while True:
-        state = json.loads(await sandbox.read_file("state.json"))
-        if state["clicks"] >= clicks:
-            return state
-        await asyncio.sleep(0.01)
+        result = await sandbox.exec("read -r n < saves.fifo && echo $n", timeout=30)
+        assert result.ok, result.stderr
+        if int(result.stdout) >= clicks:
+            return json.loads(await sandbox.read_file("state.json"))
 
 
 @pytest.mark.parametrize("helper", [True, False], ids=["helper", "exec-per-action"])

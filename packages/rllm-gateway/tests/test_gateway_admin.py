@@ -4,6 +4,7 @@ weight version, pause/drain, upstreams, metrics. Tests taking ``admin`` run once
 from __future__ import annotations
 
 import asyncio
+import time
 
 import aiohttp
 import openai
@@ -140,14 +141,10 @@ async def test_dead_worker_is_retried_on_another_and_503_when_none():
             assert e.value.body["type"] == "service_unavailable"
 
 
-async def test_health_check_restores_a_worker(mock):
+async def test_health_check_restores_a_worker(mock, wait_until):
     async with GatewayServer(GatewayConfig(upstreams=[mock.url], health_interval_s=0.05)) as gw:
         gw.pool.upstreams[mock.url].healthy = False
-        for _ in range(100):
-            await asyncio.sleep(0.02)
-            if gw.pool.upstreams[mock.url].healthy:
-                break
-        assert gw.pool.upstreams[mock.url].healthy
+        await wait_until(lambda: gw.pool.upstreams[mock.url].healthy, what="a probe marking it healthy")
 
 
 async def test_metrics_and_health(client, gateway):
@@ -306,22 +303,25 @@ async def test_a_late_call_for_an_ended_session_is_refused_and_does_not_revive_i
     assert await _chat(again.base_url) == "echo: hi"
 
 
-async def test_probe_timeout_does_not_follow_a_short_interval():
+async def test_probe_timeout_does_not_follow_a_short_interval(wait_until):
     """A 50 ms health interval used to mean a 1 s probe timeout: a server answering /models in
     1.2 s under load was marked down and every request got 503. The timeout is its own setting."""
     async with MockUpstream() as m:
         cfg = GatewayConfig(upstreams=[m.url], health_interval_s=0.05)
         assert cfg.health_timeout_s >= 2
         async with GatewayServer(cfg) as gw:
-            m.models_latency = 1.2
             w = gw.pool.upstreams[m.url]
-            for _ in range(15):
-                await asyncio.sleep(0.1)
-                assert w.healthy, w.last_error
-            assert m.stats.by_path["/v1/models"] >= 2  # probes were sent and outlived 1 s
+            m.models_latency = 1.2
+            slow_since = time.time()
+            # Two probes sent after the latency was set have ended (answered 1.2 s later, or failed).
+            await wait_until(
+                lambda: m.stats.by_path.get("/v1/models", 0) >= 2 and w.last_check >= slow_since + 1.2,
+                what="a slow probe to end",
+            )
+            assert w.healthy and w.last_error is None, w.last_error
 
 
-async def test_only_worker_marked_unhealthy_by_a_slow_probe_still_serves():
+async def test_only_worker_marked_unhealthy_by_a_slow_probe_still_serves(wait_until):
     """When no upstream is marked healthy the gateway still tries the one that failed longest ago,
     instead of answering 503 to everything until the next probe succeeds."""
     async with MockUpstream() as m:
@@ -329,10 +329,7 @@ async def test_only_worker_marked_unhealthy_by_a_slow_probe_still_serves():
         async with GatewayServer(cfg) as gw:
             m.models_latency = 0.3  # every probe now times out; completions still answer at once
             w = gw.pool.upstreams[m.url]
-            for _ in range(100):
-                await asyncio.sleep(0.02)
-                if not w.healthy:
-                    break
+            await wait_until(lambda: not w.healthy, what="a probe timing out")
             assert not w.healthy and "Timeout" in (w.last_error or "")
             url = f"{gw.url}/sessions/busy/v1"
             answers = [await _chat(url, f"q{i}") for i in range(10)]

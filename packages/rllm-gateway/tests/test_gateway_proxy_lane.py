@@ -130,11 +130,14 @@ async def test_client_gone_mid_call_aborts_the_trace_and_the_upstream_call(lane,
         call.cancel()  # the agent hangs up
         with pytest.raises(asyncio.CancelledError):
             await call
-    for _ in range(100):
-        await asyncio.sleep(0.02)
+    traces = []
+
+    async def aborted() -> bool:
+        nonlocal traces
         traces = await client.get_traces("gone")
-        if traces and mock.stats.cancelled:
-            break
+        return bool(traces) and mock.stats.cancelled > 0
+
+    await wait_until(aborted, what="the abort trace and the upstream's cancel")
     assert [t.status for t in traces] == ["abort"]
     assert mock.stats.cancelled == 1  # the upstream saw its connection go
     assert _settled(gw)

@@ -151,7 +151,7 @@ def test_cli_rejects_bad_config(tmp_path):
     assert r.returncode == 2 and "store" in r.stderr
 
 
-async def test_client_disconnect_mid_stream_cancels_upstream_and_leaves_abort_trace(client, mock):
+async def test_client_disconnect_mid_stream_cancels_upstream_and_leaves_abort_trace(client, mock, wait_until):
     mock.chunk_delay = 0.05
     url = client.session_url("ab") + "/chat/completions"
     body = {
@@ -166,11 +166,14 @@ async def test_client_disconnect_mid_stream_cancels_upstream_and_leaves_abort_tr
         while len(first) < 600:  # a few token chunks, then hang up
             first += await resp.content.readany()
         resp.close()  # the client goes away
-    for _ in range(100):
-        await asyncio.sleep(0.02)
+    traces = []
+
+    async def aborted() -> bool:
+        nonlocal traces
         traces = await client.get_traces("ab")
-        if traces and mock.stats.cancelled:
-            break
+        return bool(traces) and mock.stats.cancelled > 0
+
+    await wait_until(aborted, what="the abort trace and the upstream's cancel")
     (t,) = traces
     assert t.status == "abort"
     assert 0 < len(t.completion_ids) < len("echo: a fairly long reply please")

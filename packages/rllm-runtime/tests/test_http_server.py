@@ -255,11 +255,9 @@ async def test_a_client_that_stops_reading_holds_the_stream_back(served):
     writer.write(b"GET /big-stream HTTP/1.1\r\nHost: x\r\n\r\n")
     await asyncio.wait_for(app.started.wait(), 5)
     (conn,) = server.connections
-    for _ in range(6000):  # until the transport's buffer is full and the handler waits on it
-        if conn.paused is not None:
-            break
-        await asyncio.sleep(0.005)
-    assert conn.paused is not None  # waiting for the client, not buffering 100 MB
+    # until the transport's buffer is full and the handler waits on it (for the client, not
+    # buffering 100 MB)
+    await wait_until(lambda: conn.paused is not None, what="the handler to wait on the client")
     assert conn.transport.get_write_buffer_size() < 20 * 1024 * 1024
     writer.close()
     await asyncio.wait_for(app.cancelled.wait(), 5)
@@ -326,11 +324,7 @@ async def test_abort_drops_the_connection_without_an_answer(served):
         data = b""
     writer.close()
     assert data == b""  # neither the handler's response nor anything else
-    for _ in range(50):
-        if not server.connections:
-            break
-        await asyncio.sleep(0.02)
-    assert not server.connections
+    await wait_until(lambda: not server.connections, what="the server to drop the connection")
     # the server itself carries on
     async with aiohttp.ClientSession() as s, s.post(f"http://127.0.0.1:{port}/echo", data=b"{}") as r:
         assert r.status == 200

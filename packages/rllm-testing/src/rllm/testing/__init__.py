@@ -9,7 +9,7 @@ from rllm.testing.chat_tokenizer import TINY_CHAT_TEMPLATE, build_tiny_chat_toke
 from rllm.testing.mock_replies import MockReply, Responder
 from rllm.testing.mock_upstream import MockFailure, MockStats, MockUpstream, mock_upstream_in_thread
 from rllm.testing.scripted import last_text, say_back
-from rllm.testing.waiting import wait_until
+from rllm.testing.waiting import read_until_line, wait_until
 
 __all__ = [
     "TINY_CHAT_TEMPLATE",
@@ -21,6 +21,7 @@ __all__ = [
     "build_tiny_chat_tokenizer",
     "last_text",
     "mock_upstream_in_thread",
+    "read_until_line",
     "say_back",
     "wait_until",
 ]
