@@ -12,8 +12,6 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable, Sequence
 
-import numpy as np
-
 from rllm.types import FloatArray, ImageBlock, Step, TokenArray, TrainSequence, Trajectory, TrajectoryGroup
 from rllm.types.errors import InputError, RLLMError
 from rllm.types.images import IMAGE_REF_PREFIX
@@ -37,11 +35,10 @@ def sequences_from_groups(groups: Iterable[TrajectoryGroup]) -> list[TrainSequen
 def signal_sequences(sequences: Sequence[TrainSequence]) -> int:
     """How many of ``sequences`` have a nonzero advantage at a trained token: the ones the
     update can learn from (a zero-variance group's rollouts under GRPO have none)."""
-    count = 0
-    for seq in sequences:
-        trained = np.frombuffer(seq.loss_mask, dtype=np.float32)[1:] != 0
-        count += bool(np.any(np.frombuffer(seq.advantages, dtype=np.float32)[1:][trained] != 0))
-    return count
+    return sum(
+        any(m != 0 and a != 0 for m, a in zip(seq.loss_mask[1:], seq.advantages[1:], strict=True))
+        for seq in sequences
+    )
 
 
 def sequences_from_trajectory(
