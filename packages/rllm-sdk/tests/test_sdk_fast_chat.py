@@ -389,3 +389,31 @@ def test_well_formed_answers_take_the_strict_validation():
     assert reply is not None
     assert fast_chat._validated(reply[2]) is not None  # what a gateway answers: the fast way
     assert fast_chat._validated(reply[2].replace(b'"created": 1', b'"created": "1"')) is None
+
+
+def test_a_copied_clients_remembered_target_is_the_one_worked_out_from_it():
+    async def main():
+        recorder = Recorder()
+        stop = serve_in_process(ROOT, recorder)
+        try:
+            config = AgentConfig(base_url=f"{ROOT}/sessions/s1/v1", api_key="tok")
+            client = async_openai(config)
+            remembered = fast_chat._target(client)
+            assert remembered[0] is recorder
+            handler, path = fast_chat._route(client)
+            assert remembered == (handler, path, fast_chat._headers(client))  # every header
+            # A client whose base URL or key changed since it was made works them out again.
+            moved = async_openai(config)
+            moved.base_url = f"{ROOT}/sessions/s2/v1/"
+            assert fast_chat._target(moved)[1] == "/sessions/s2/v1/chat/completions"
+            rekeyed = async_openai(config)
+            rekeyed.api_key = "other"
+            assert fast_chat._target(rekeyed)[2]["authorization"] == "Bearer other"
+            # A URL the copy does not take as plain (a query) is not remembered: openai's path.
+            odd = async_openai(AgentConfig(base_url=f"{ROOT}/v1?x=1", api_key="tok"))
+            assert "_rllm_route" not in odd.__dict__ and fast_chat._target(odd)[0] is None
+        finally:
+            stop()
+        assert fast_chat._target(client)[0] is None  # no longer served: not remembered either
+
+    asyncio.run(main())

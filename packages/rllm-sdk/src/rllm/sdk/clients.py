@@ -28,7 +28,7 @@ import functools
 import re
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from rllm.sdk.session import role_url
@@ -59,11 +59,41 @@ def async_openai(config: AgentConfig, role: str | None = None, **kwargs: Any) ->
     args = _client_args(config, role, kwargs)
     if "http_client" in kwargs:  # the caller's own transport: leave it to them
         return _flow_client_class()(**args)
-    loop = _served_loop(args["base_url"])
+    base_url = args["base_url"]
+    origin = _origin(base_url) if _IN_PROCESS and isinstance(base_url, str) else None
+    loop = _served_loop(base_url, origin)
     http = _loop_pool(loop) if loop is not None else _own_async_http()
     if kwargs:  # the caller's own options: openai's constructor reads them
         return _new_client(args, http)
-    return _copy_client(args["base_url"], args["api_key"], http)
+    client = _copy_client(base_url, args["api_key"], http)
+    if loop is not None and origin is not None and _PLAIN_PATH.fullmatch(base_url):
+        client._rllm_route = _Route(client._base_url, client.api_key, (loop, origin), urlsplit(base_url).path)
+    return client
+
+
+class _Route(NamedTuple):
+    """Where a copied client's calls go in process, worked out once when it was made (one-turn
+    flows make one call per client: #35 round 11 measured the URL parses and header building of
+    ``fast_chat``'s route at ~40 us a call). It holds while the client's base URL object and key
+    are the ones it was made with (``in_process_target``)."""
+
+    url: Any  # the client's httpx URL object when it was made
+    api_key: str
+    key: tuple[asyncio.AbstractEventLoop, str]  # (loop, origin) in _IN_PROCESS
+    path: str  # the base URL's path, without the trailing slash the copy adds
+
+
+def in_process_target(client: Any) -> tuple[InProcessHandler, str, str] | None:
+    """For a client ``async_openai`` copied for an origin served in process on the running loop:
+    the handler, the chat completions path and the key its calls are sent with; None where that
+    does not hold any more (or never did): work them out from the client then."""
+    route = client.__dict__.get("_rllm_route")
+    if route is None or client._base_url is not route.url or client.api_key != route.api_key:
+        return None
+    handler = _IN_PROCESS.get(route.key)
+    if handler is None or route.key[0] is not asyncio.get_running_loop():
+        return None
+    return handler, route.path + "/chat/completions", route.api_key
 
 
 def _new_client(args: dict[str, Any], http: Any) -> Any:
@@ -130,15 +160,15 @@ def in_process_handler(loop: asyncio.AbstractEventLoop, url: str) -> InProcessHa
     return _IN_PROCESS.get((loop, _origin(url))) if _IN_PROCESS else None
 
 
-def _served_loop(base_url: Any) -> asyncio.AbstractEventLoop | None:
-    """The running loop, if ``base_url``'s origin is served in process on it."""
+def _served_loop(base_url: Any, origin: str | None = None) -> asyncio.AbstractEventLoop | None:
+    """The running loop, if ``base_url``'s origin (``origin`` if given) is served in process on it."""
     if not _IN_PROCESS or not isinstance(base_url, str):
         return None
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
         return None
-    return loop if (loop, _origin(base_url)) in _IN_PROCESS else None
+    return loop if (loop, origin or _origin(base_url)) in _IN_PROCESS else None
 
 
 def sync_openai(config: AgentConfig, role: str | None = None, **kwargs: Any) -> Any:

@@ -65,11 +65,8 @@ async def create_in_process(client: Any, kwargs: dict[str, Any]) -> Any | None:
     body = _plain_body(kwargs)
     if body is None or not _client_allows(client):
         return None
-    handler, path = _route(client)
-    if handler is None:
-        return None
-    headers = _headers(client)
-    if headers is None:
+    handler, path, headers = _target(client)
+    if handler is None or headers is None:
         return None
     content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
     answer = await handler("POST", path, "", headers, content)
@@ -147,6 +144,36 @@ def _client_allows(client: Any) -> bool:
     )
 
 
+def _target(client: Any) -> tuple[Any, str, dict[str, str] | None]:
+    """The in-process handler for ``client``'s calls (or None), their path and headers: remembered
+    since the client was copied (``rllm.sdk.clients.in_process_target``), else worked out now."""
+    from rllm.sdk.clients import in_process_target
+
+    known = in_process_target(client)
+    if known is not None:
+        handler, path, _ = known
+        return handler, path, {**_copied_headers(), **_lower(client.auth_headers)}
+    handler, path = _route(client)
+    return (handler, path, _headers(client)) if handler is not None else (None, "", None)
+
+
+@functools.cache
+def _copied_headers() -> dict[str, str]:
+    """``_headers`` of a client ``async_openai`` copies, less its key's: the same for every copy
+    (a copy differs from its template in base URL and key alone). Read, never changed."""
+    from rllm.sdk.clients import _template_client
+
+    template = _template_client()
+    headers = _headers(template) or {}
+    for name in _lower(template.auth_headers):
+        headers.pop(name, None)
+    return headers
+
+
+def _lower(headers: Any) -> dict[str, str]:
+    return {k.lower(): v for k, v in headers.items() if isinstance(v, str)}
+
+
 def _route(client: Any) -> tuple[Any, str]:
     """The in-process handler serving ``client``'s base URL on this loop (or None), and the path."""
     from rllm.sdk.clients import in_process_handler
@@ -164,8 +191,7 @@ def _headers(client: Any) -> dict[str, str] | None:
     auth = client.auth_headers
     if not auth:
         return None
-    merged = {**client.default_headers, **auth}
-    return {k.lower(): v for k, v in merged.items() if isinstance(v, str)}
+    return _lower({**client.default_headers, **auth})
 
 
 @functools.cache
