@@ -37,9 +37,10 @@ as `rllm train` runs its gateway) two designs alternate, flows and sampler in pr
 With ``--compare call-path`` (#35 round 11; ``--upstream local --mode cumulative``):
 
   before (round 10)  each answer parsed by openai's ``construct``, each call's route (handler,
-                     path, headers) worked out from the client
+                     path, headers) worked out from the client, each copy's base URL parsed
   this round         a well-formed answer parsed by strict validation (the same object), the
-                     route remembered since ``async_openai`` copied the client
+                     route remembered since ``async_openai`` copied the client, the base URL
+                     made from its origin's parse
 
 The variants take turns going first, round by round. The load average is printed before and
 after (the figures depend on it).
@@ -182,7 +183,9 @@ def call_path_variants() -> dict[str, Any]:
     sampler in process either way, the gateway as `rllm train` runs it: ``--mode cumulative``)."""
     from rllm.sdk import clients, fast_chat
 
-    product = PRODUCT.setdefault("call-path", (fast_chat._validated, clients.in_process_target))
+    product = PRODUCT.setdefault(
+        "call-path", (fast_chat._validated, clients.in_process_target, clients._plain_url)
+    )
 
     def use(before: bool) -> Any:
         def apply() -> None:
@@ -192,6 +195,8 @@ def call_path_variants() -> dict[str, Any]:
             # from the client (two URL parses, openai's header properties) on every call.
             fast_chat._validated = (lambda content: None) if before else product[0]  # type: ignore[assignment]
             clients.in_process_target = (lambda client: None) if before else product[1]  # type: ignore[assignment]
+            # ... and each copied client's base URL parsed by httpx.
+            clients._plain_url = (lambda url_class, url: None) if before else product[2]  # type: ignore[assignment]
 
         return apply
 

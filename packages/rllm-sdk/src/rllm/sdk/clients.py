@@ -116,11 +116,38 @@ def _copy_client(base_url: str, api_key: str, http: Any) -> Any:
     client = object.__new__(type(template))
     client.__dict__.update({k: dict(v) if type(v) is dict else v for k, v in template.__dict__.items()})
     # openai's setter (normalised, with a trailing slash on the path): given the slash, it parses
-    # the URL once instead of twice (httpx's URL parsing is most of what a copy costs).
-    client.base_url = base_url + "/" if _PLAIN_PATH.fullmatch(base_url) else base_url
+    # the URL once instead of twice (httpx's URL parsing is most of what a copy costs); given an
+    # httpx URL for a plain one (its origin's parse with the path put in), not at all.
+    if _PLAIN_PATH.fullmatch(base_url):
+        client.base_url = _plain_url(type(template.base_url), base_url + "/") or base_url + "/"
+    else:
+        client.base_url = base_url
     client.api_key = api_key
     client._client = http
     return client
+
+
+def _plain_url(url_class: type, url: str) -> Any | None:
+    """``url_class(url)`` for a URL matching ``_PLAIN_PATH`` plus a trailing slash, without parsing
+    it: the parse of its origin (made once per origin) with its path put in, which is what the
+    parse gives for such a path (nothing to escape or normalise in it). None where httpx keeps its
+    parse differently than this expects: then openai's setter parses it."""
+    at = url.index("/", url.index("://") + 3)
+    origin = _origin_reference(url_class, url[:at])
+    if origin is None:
+        return None
+    made = object.__new__(url_class)
+    made._uri_reference = origin._replace(path=url[at:])
+    return made
+
+
+@functools.cache
+def _origin_reference(url_class: type, origin: str) -> Any | None:
+    """httpx's parse of ``origin + "/"`` (its ``_uri_reference``, a NamedTuple), or None."""
+    reference = getattr(url_class(origin + "/"), "_uri_reference", None)
+    if not hasattr(reference, "_replace") or getattr(reference, "path", None) != "/":
+        return None
+    return reference
 
 
 @functools.cache
