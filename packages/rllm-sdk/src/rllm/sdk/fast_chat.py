@@ -234,11 +234,10 @@ def _validated(content: bytes) -> Any | None:
     answers to it. Strict: no coercion (a string for a number), where ``construct`` would keep
     the value as sent."""
     from openai.types.chat import ChatCompletion
-    from pydantic import ValidationError
 
     try:
         parsed = ChatCompletion.__pydantic_validator__.validate_json(content, strict=True)
-    except ValidationError:  # malformed JSON, a missing field, a wrong type or literal
+    except ValueError:  # pydantic's ValidationError: malformed JSON, a missing field, a wrong type
         return None
     _as_constructed(parsed)
     return parsed
@@ -278,7 +277,7 @@ def _constructs(annotation: Any) -> bool:
     (a model, or a list or dict of them; a union it validates instead)."""
     import typing
 
-    import pydantic
+    from openai import BaseModel  # (what openai's construct_type builds by construct)
 
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin is typing.Annotated:
@@ -287,7 +286,7 @@ def _constructs(annotation: Any) -> bool:
         return bool(args) and _constructs(args[0])
     if origin is dict:
         return len(args) > 1 and _constructs(args[1])
-    return isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel)
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
 
 def _raise_for(client: Any, status: int, headers: dict[str, str], content: bytes) -> None:
