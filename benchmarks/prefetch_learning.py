@@ -1,8 +1,9 @@
-"""Does `rollout.prefetch` change what the README main job learns per step? (#35 round 10)
+"""Does `rollout.prefetch` (or another boolean key, ``--key``) change what the README main job
+learns per step? (#35 rounds 10 and 11)
 
 Runs `rllm train say` (the main job: 32 tasks x 4, two flow processes, validation every 20 steps)
-for ``--steps`` steps with `rollout.prefetch=false` and `=true`, same seed, alternating, ``--pairs``
-times (the order flips every pair), every run at nice 19 unless --no-nice: steps, not wall times,
+for ``--steps`` steps with KEY=false ("off") and KEY=true ("on"), same seed (``--vary-seed``:
+seed + pair - 1 for each pair), alternating, ``--pairs`` times (the order flips every pair), every run at nice 19 unless --no-nice: steps, not wall times,
 are compared, so others' load does not spoil it. Each run keeps every group's episodes
 (`sample_groups=32`) for the independence check below.
 
@@ -17,6 +18,8 @@ E[p(r_i)] = sum_r p(r)^2). Then the on/off means over pairs, and the spread of e
 
     uv run --no-sync python benchmarks/prefetch_learning.py --pairs 2 --out /tmp/prefetch_pairs
     uv run --no-sync python benchmarks/prefetch_learning.py --analyze /tmp/prefetch_pairs/*_off /tmp/prefetch_pairs/*_on
+    uv run --no-sync python benchmarks/prefetch_learning.py --key algorithm.filter_zero_variance \
+        --pairs 4 --vary-seed --out /tmp/filter_pairs
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from rllm.engine.metrics_log import read_episode_sample, read_metrics, sample_st
 @dataclass
 class RunSummary:
     name: str
-    prefetch: bool
+    variant: str  # "on" / "off": KEY's value, from the run directory's name
     steps: int
     reward_last10: float
     all_wrong: float
@@ -66,7 +69,7 @@ def summarise(run: Path) -> RunSummary:
     same, expected, pairs = _independence(run)
     return RunSummary(
         name=run.name,
-        prefetch=any(float(r.get("rollout/prefetched", 0.0)) for r in rows),
+        variant=run.name.rsplit("_", 1)[-1],
         steps=len(rows),
         reward_last10=statistics.fmean(rewards[-10:]),
         all_wrong=statistics.fmean(wrong),
@@ -107,9 +110,9 @@ def _independence(run: Path) -> tuple[int, float, int]:
     return same, expected, pairs
 
 
-def print_summaries(summaries: list[RunSummary]) -> None:
+def print_summaries(summaries: list[RunSummary], key: str) -> None:
     print(
-        "| run | prefetch | train reward, last 10 steps | all-wrong groups (all / 2nd half) | first step 10-mean >= 0.8 "
+        f"| run | {key} | train reward, last 10 steps | all-wrong groups (all / 2nd half) | first step 10-mean >= 0.8 "
         "| val 60 / 80 / 100 | prefetched | same first reply in a group: seen / independent |"
     )
     print("|---|---|---|---|---|---|---|---|")
@@ -117,12 +120,12 @@ def print_summaries(summaries: list[RunSummary]) -> None:
         vals = " / ".join(f"{s.val[k]:.2f}" if k in s.val else "-" for k in (60, 80, 100))
         ratio = f" ({s.same_reply / s.expected_same:.2f}x)" if s.expected_same else ""
         print(
-            f"| {s.name} | {'on' if s.prefetch else 'off'} | {s.reward_last10:.3f} | {s.all_wrong:.3f} / "
+            f"| {s.name} | {s.variant} | {s.reward_last10:.3f} | {s.all_wrong:.3f} / "
             f"{s.all_wrong_late:.3f} | {s.first_08 or 'never'} | {vals} | {s.prefetched} | "
             f"{s.same_reply} / {s.expected_same:.1f} of {s.pairs} pairs{ratio} |"
         )
-    for label, flag in (("off", False), ("on", True)):
-        group = [s for s in summaries if s.prefetch is flag]
+    for label in ("off", "on"):
+        group = [s for s in summaries if s.variant == label]
         if not group:
             continue
         rewards = [s.reward_last10 for s in group]
@@ -144,7 +147,8 @@ def run_pairs(args: argparse.Namespace) -> list[Path]:
                 *([] if args.no_nice else ["nice", "-n", "19"]),
                 *(["uv", "run", "--no-sync", "rllm", "train", "say"]),
                 "--out", str(out), "--overwrite", "progress=false", f"total_steps={args.steps}",
-                f"seed={args.seed}", "sample_groups=32", f"rollout.prefetch={'true' if variant == 'on' else 'false'}",
+                f"seed={args.seed + (pair - 1 if args.vary_seed else 0)}", "sample_groups=32",
+                f"{args.key}={'true' if variant == 'on' else 'false'}",
             ]  # fmt: skip
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             started = time.perf_counter()
@@ -168,6 +172,8 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=2)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--key", default="rollout.prefetch", help="the boolean config key compared")
+    parser.add_argument("--vary-seed", action="store_true", help="pair k runs with seed + k - 1")
     parser.add_argument("--out", type=Path, default=Path("/tmp/prefetch_pairs"))
     parser.add_argument("--no-nice", action="store_true", help="run at normal priority")
     parser.add_argument(
@@ -182,7 +188,7 @@ def main() -> None:
     else:
         args.out.mkdir(parents=True, exist_ok=True)
         runs = run_pairs(args)
-    print_summaries([summarise(r) for r in runs])
+    print_summaries([summarise(r) for r in runs], args.key)
 
 
 if __name__ == "__main__":

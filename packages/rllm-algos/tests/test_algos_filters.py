@@ -16,7 +16,7 @@ def _groups(spec: dict[str, list[float]], reasons: dict[str, list[TerminationRea
 
 def test_zero_variance_groups_dropped_and_metrics() -> None:
     groups = _groups({"right": [1, 1, 1], "wrong": [0, 0, 0], "mixed": [1, 0, 1], "mixed2": [0.2, 0.5, 0.5]})
-    kept, metrics = filter_groups(groups, AlgorithmConfig())
+    kept, metrics = filter_groups(groups, AlgorithmConfig(filter_zero_variance=True))
     assert [g.task_id for g in kept] == ["mixed", "mixed2"]
     assert metrics["frac_all_correct"] == pytest.approx(0.5)  # "right" and "mixed2" (all > 0)
     assert metrics["frac_all_wrong"] == pytest.approx(0.25)
@@ -25,9 +25,10 @@ def test_zero_variance_groups_dropped_and_metrics() -> None:
     assert metrics["groups_kept"] == 2
 
 
-def test_zero_variance_filter_can_be_disabled() -> None:
+def test_zero_variance_groups_are_kept_by_default() -> None:
+    """Off by default (as TRL, verl and tinker-cookbook): the groups train with advantage 0."""
     groups = _groups({"right": [1, 1], "mixed": [1, 0]})
-    kept, metrics = filter_groups(groups, AlgorithmConfig(filter_zero_variance=False))
+    kept, metrics = filter_groups(groups, AlgorithmConfig())
     assert len(kept) == 2
     assert metrics["frac_effective"] == pytest.approx(0.5)
 
@@ -80,14 +81,16 @@ def test_turn_credit_keeps_groups_whose_turns_differ_under_equal_outcomes() -> N
         return episodes
 
     episodes = two_turns("turns", [1.0, 0.0]) + two_turns("same", [1.0, 1.0])
-    broadcast, _ = filter_groups(group_trajectories(episodes), AlgorithmConfig())
+    broadcast, _ = filter_groups(group_trajectories(episodes), AlgorithmConfig(filter_zero_variance=True))
     assert broadcast == []
-    turn = AlgorithmConfig(step_credit="turn", gamma=0.0)
+    turn = AlgorithmConfig(step_credit="turn", gamma=0.0, filter_zero_variance=True)
     kept, metrics = filter_groups(group_trajectories(episodes), turn)
     assert [g.task_id for g in kept] == ["turns"] and metrics["frac_effective"] == pytest.approx(0.5)
     compute_advantages(kept, turn)
     first, second = kept[0].trajectories
     assert first.steps[0].advantage > 0 > second.steps[0].advantage  # the first turn is credited
     assert first.steps[1].advantage == second.steps[1].advantage == 0.0  # the second turn is not
-    kept, _ = filter_groups(group_trajectories(episodes), AlgorithmConfig(estimator="turn"))
+    kept, _ = filter_groups(
+        group_trajectories(episodes), AlgorithmConfig(estimator="turn", filter_zero_variance=True)
+    )
     assert [g.task_id for g in kept] == ["turns"]  # the "turn" estimator implies turn credit

@@ -39,7 +39,7 @@ def test_a_run_that_cannot_learn_warns_checkpoints_and_resumes(
     )
     assert main(["train", "say-single", "--out", str(out), "total_steps=3", *QUICK]) == 0
     err = capsys.readouterr().err
-    assert err.count("no trainable sequence in 3 steps in a row") == 2  # as it happens, and in the summary
+    assert err.count("no learning signal in 3 steps in a row") == 2  # as it happens, and in the summary
     # The fresh tiny model rarely says the word: the tasks of the last step that got no reward
     # are counted in its metrics and named in the end-of-run warning, and only those.
     unrewarded = int(read_metrics(out / "metrics.jsonl")[-1]["filter/tasks_unrewarded"])
@@ -47,7 +47,7 @@ def test_a_run_that_cannot_learn_warns_checkpoints_and_resumes(
     assert (out / "checkpoints" / "step_000003" / "trainer_state.json").is_file()  # ckpt_every is 0
     assert "checkpoint " in err and "step_000003" in err, err
     rows = read_metrics(out / "metrics.jsonl")
-    assert [r["train/sequences"] for r in rows] == [0, 0, 0]
+    assert [(r["train/sequences"], r["train/signal_sequences"]) for r in rows] == [(0, 0)] * 3
     assert "warning/no_trainable_sequences" in rows[2]
 
     assert main(["train", "say-single", "--out", str(out), "total_steps=3", *QUICK]) == 2

@@ -9,7 +9,7 @@ import pytest
 
 from rllm.engine.checkpoint import TrainerState, latest_checkpoint, load_trainer_state, save_checkpoint
 from rllm.engine.data_order import DataCursor, next_batch
-from rllm.engine.sequences import MissingTokensError, sequences_from_trajectory
+from rllm.engine.sequences import MissingTokensError, sequences_from_trajectory, signal_sequences
 from rllm.engine.trainer_config import ConfigError, load_config
 from rllm.types import Step, Task, Trajectory
 
@@ -111,6 +111,19 @@ def test_multi_turn_steps_merge_when_prompts_extend() -> None:
     assert list(merged.advantages) == [0, 0, 1, 1, 0, 0, 0.5]
     assert [round(x, 3) for x in merged.sampler_logprobs] == [0, 0, -0.1, -0.2, 0, 0, -0.3]
     assert list(seqs[1].input_ids) == [7, 8] and list(seqs[1].loss_mask) == [0, 1]
+
+
+def test_signal_sequences_counts_a_nonzero_advantage_at_a_trained_token() -> None:
+    def sequence(advantage: float | list[float], completion: list[int]) -> list:
+        step = Step(
+            prompt_ids=[1, 2], completion_ids=completion, completion_logprobs=[-0.1] * len(completion),
+            advantage=advantage,
+        )  # fmt: skip
+        return sequences_from_trajectory(Trajectory(steps=[step]), "g")
+
+    flat, zero, mixed = sequence(1.0, [3, 4]), sequence(0.0, [3, 4]), sequence([0.0, -0.5], [3, 4])
+    assert signal_sequences(flat + zero + mixed) == 2
+    assert signal_sequences(zero + zero) == 0 and signal_sequences([]) == 0
 
 
 def test_steps_without_tokens_are_refused() -> None:

@@ -1,7 +1,10 @@
 """Filters on TrajectoryGroups: mask failed rollouts, drop small and zero-variance groups.
 
 A group whose rewards are all equal gives every member advantage 0 under a group-relative
-estimator: it costs a forward/backward pass and teaches nothing, so it is dropped by default.
+estimator. With ``filter_zero_variance`` (off by default) such groups are dropped, which changes
+the update (see AlgorithmConfig); without it they are kept, and a backend that can (the local
+one) leaves their zero-advantage sequences out of its passes, counting them in the loss's
+denominators only.
 """
 
 from __future__ import annotations

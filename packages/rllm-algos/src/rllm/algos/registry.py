@@ -58,13 +58,17 @@ class LossSpec:
     in for ``fn`` until first use, so naming a loss never imports torch. ``teacher_topk`` losses
     train the student's distribution toward a distillation teacher's top-k per position
     (``rllm.algos.losses.distill``): a backend runs them with the student's logprobs of the
-    teacher's tokens, not through ``compute_policy_loss``, or refuses them in ``validate``."""
+    teacher's tokens, not through ``compute_policy_loss``, or refuses them in ``validate``.
+    ``inert_at_zero_advantage``: the loss (and its gradient) is 0 at every token whose advantage
+    is 0, so a backend may leave such sequences out of the forward/backward pass and count them
+    only in the loss's denominators (``zero_advantage_rows_inert``)."""
 
     name: str
     fn: LossFn | None = None
     target: str = ""
     supervised: bool = False
     teacher_topk: bool = False
+    inert_at_zero_advantage: bool = False
 
     def load(self) -> LossFn:
         """The loss function (imported from ``target`` the first time)."""
@@ -85,7 +89,13 @@ BUILTIN_LOSSES: tuple[str, ...] = (
     "cross_entropy",
 )
 _LOSSES: dict[str, LossSpec] = {
-    name: LossSpec(name, target=f"rllm.algos.losses.policy:{name}", supervised=name == "cross_entropy")
+    name: LossSpec(
+        name,
+        target=f"rllm.algos.losses.policy:{name}",
+        supervised=name == "cross_entropy",
+        # Every built-in policy-gradient loss multiplies each token's term by its advantage.
+        inert_at_zero_advantage=name != "cross_entropy",
+    )
     for name in BUILTIN_LOSSES
 }
 # Dense distillation over the teacher's top-k (rllm.algos.losses.distill): KL(teacher || student)
@@ -125,15 +135,19 @@ def register_estimator(
 
 
 def register_loss(
-    name: str, *, supervised: bool = False, replace: bool = False
+    name: str, *, supervised: bool = False, inert_at_zero_advantage: bool = False, replace: bool = False
 ) -> Callable[[LossFn], LossFn]:
-    """Decorator: make ``fn`` available as loss ``name`` (``replace=True`` to override one)."""
+    """Decorator: make ``fn`` available as loss ``name`` (``replace=True`` to override one).
+    ``inert_at_zero_advantage``: see LossSpec (declare it only when every token's term is 0,
+    with a zero gradient, wherever its advantage is 0)."""
     _check_name("loss", name)
 
     def decorate(fn: LossFn) -> LossFn:
         if name in _LOSSES and not replace:
             raise InputError(f"loss {name!r} is already registered (pass replace=True to override it)")
-        _LOSSES[name] = LossSpec(name, fn=fn, supervised=supervised)
+        _LOSSES[name] = LossSpec(
+            name, fn=fn, supervised=supervised, inert_at_zero_advantage=inert_at_zero_advantage
+        )
         return fn
 
     return decorate

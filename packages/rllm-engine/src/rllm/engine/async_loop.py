@@ -28,7 +28,7 @@ from rllm.engine.async_rollouts import AsyncRollouts, FinishedGroup
 from rllm.engine.checkpoint import TrainerState
 from rllm.engine.data_order import next_batch
 from rllm.engine.metrics_log import write_episode_sample
-from rllm.engine.sequences import sequences_from_groups
+from rllm.engine.sequences import sequences_from_groups, signal_sequences
 from rllm.engine.staleness import continued_calls, episode_versions, is_stale
 from rllm.types import Episode, Task
 from rllm.types.errors import StateError
@@ -152,6 +152,7 @@ class AsyncStepper:
             "time/rollout_s": t1 - started,
             "time/train_s": t2 - t1,
             "train/sequences": len(sequences),
+            "train/signal_sequences": signal_sequences(sequences),
             "weight_version": state.weight_version,
             "batch/task_ids": [g.task.id for g in batch],
         }

@@ -1,9 +1,10 @@
-"""Say so when a run cannot learn: steps in a row that trained on nothing, and tasks that never
-give a learning signal.
+"""Say so when a run cannot learn: steps in a row with no learning signal, and tasks that never
+give one.
 
-A step trains nothing when every group was filtered out, most often because all rollouts of
-each task got the same reward (zero variance: no advantage to learn from). The run goes on, its
-loss and weights unchanged, and without this warning nothing tells the user.
+A step has no learning signal when no trained sequence has a nonzero advantage: every group was
+filtered out, or every group's rollouts got the same reward (zero variance: GRPO's advantages
+are all 0). The run goes on, its loss zero and its weights moving at most on the optimizer's
+momentum, and without this warning nothing tells the user.
 
 A run can also learn most of its tasks and lose one for good: when no rollout of a task is ever
 rewarded, its groups have zero variance, it never trains, and the mean reward levels off below
@@ -20,26 +21,27 @@ from collections.abc import Sequence
 from rllm.algos.grouping import trajectory_reward
 from rllm.types import TrajectoryGroup
 
-NO_LEARNING_STEPS = 3  # consecutive steps with no trainable sequence before the warning
+NO_LEARNING_STEPS = 3  # consecutive steps without a learning signal before the warning
 
 NO_LEARNING_WARNING = (
-    "no trainable sequence in {steps} steps in a row: every group was filtered out, so the model "
-    "has not been updated (usually all rollouts of a task got the same reward, leaving no advantage "
-    "to learn from). Try a larger group_size, a higher rollout.sampling.temperature, a stronger or "
+    "no learning signal in {steps} steps in a row: no trained sequence had a nonzero advantage "
+    "(every group was filtered out, or all rollouts of each task got the same reward), so the "
+    "model has learned nothing. Try a larger group_size, a higher rollout.sampling.temperature, a stronger or "
     "better-suited model (backend.options.model), or an easier task; `rllm view` shows the episodes."
 )
 
 
 class NoLearningWatch:
-    """Counts consecutive steps that trained nothing; ``observe`` returns the warning once."""
+    """Counts consecutive steps without a learning signal (``observe`` takes the step's
+    ``train/signal_sequences``); returns the warning once."""
 
     def __init__(self, steps: int = NO_LEARNING_STEPS) -> None:
         self.steps = steps
         self.idle = 0
         self.warned = False
 
-    def observe(self, trained_sequences: int) -> str | None:
-        self.idle = 0 if trained_sequences else self.idle + 1
+    def observe(self, signal_sequences: int) -> str | None:
+        self.idle = 0 if signal_sequences else self.idle + 1
         if self.idle >= self.steps and not self.warned:
             self.warned = True
             return NO_LEARNING_WARNING.format(steps=self.idle)

@@ -10,7 +10,9 @@ with loss mask 0. When a prompt does not extend the running sequence, a new sequ
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+
+import numpy as np
 
 from rllm.types import FloatArray, ImageBlock, Step, TokenArray, TrainSequence, Trajectory, TrajectoryGroup
 from rllm.types.errors import InputError, RLLMError
@@ -30,6 +32,16 @@ def sequences_from_groups(groups: Iterable[TrajectoryGroup]) -> list[TrainSequen
             where = f"group {group_id}, trajectory {index} ({trajectory.id})"
             out.extend(sequences_from_trajectory(trajectory, group_id, where))
     return out
+
+
+def signal_sequences(sequences: Sequence[TrainSequence]) -> int:
+    """How many of ``sequences`` have a nonzero advantage at a trained token: the ones the
+    update can learn from (a zero-variance group's rollouts under GRPO have none)."""
+    count = 0
+    for seq in sequences:
+        trained = np.frombuffer(seq.loss_mask, dtype=np.float32)[1:] != 0
+        count += bool(np.any(np.frombuffer(seq.advantages, dtype=np.float32)[1:][trained] != 0))
+    return count
 
 
 def sequences_from_trajectory(

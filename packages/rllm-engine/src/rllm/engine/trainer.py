@@ -40,7 +40,7 @@ from rllm.engine.mismatch import check_mismatch, measure_mismatch
 from rllm.engine.prefetch import Prefetched, prefetch_allowed
 from rllm.engine.rollout_engine import RolloutEngine
 from rllm.engine.run_folder import prepare_run_folder
-from rllm.engine.sequences import sequences_from_groups
+from rllm.engine.sequences import sequences_from_groups, signal_sequences
 from rllm.engine.staleness import check_backend
 from rllm.engine.train_progress import TrainProgress
 from rllm.engine.trainer_config import TrainerConfig
@@ -182,7 +182,7 @@ class Trainer:
                     rewards.append(metrics["reward/mean"])
                     if validating and state.step % cfg.val_every == 0:
                         metrics.update(await self._validate(engine))
-                    if (warning := idle.observe(metrics["train/sequences"])) is not None:
+                    if (warning := idle.observe(metrics["train/signal_sequences"])) is not None:
                         metrics["warning/no_trainable_sequences"] = warning
                         self.warnings.append(warning)
                         progress.warn(warning)
@@ -294,6 +294,7 @@ class Trainer:
             **{f"train/{k}": v for k, v in train_metrics.items()},
             **mismatch.metrics,
             "train/sequences": len(sequences),
+            "train/signal_sequences": signal_sequences(sequences),
             "weight_version": state.weight_version,
             # Prefetched: the rollouts started during the previous step's training, and
             # time/rollout_s is only what was left of them when this step began.

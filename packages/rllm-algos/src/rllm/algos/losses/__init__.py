@@ -21,7 +21,26 @@ __all__ = [
     "kl_penalty",
     "masked_mean",
     "tis_weights",
+    "zero_advantage_rows_inert",
 ]
+
+
+def zero_advantage_rows_inert(config: AlgorithmConfig) -> bool:
+    """Whether, under ``config``, a sequence whose trained tokens all have advantage 0 adds
+    nothing to the loss or its gradient beyond its counts in the denominators (``num_tokens`` /
+    ``num_sequences``) — so a backend may leave it out of the forward and backward passes and
+    still take exactly the update the whole batch gives.
+
+    True when the loss declares it (``LossSpec.inert_at_zero_advantage``), no KL or entropy term
+    reaches every token, and the aggregation's scale does not depend on the batch's padded width
+    (``seq-mean-token-sum-norm`` without ``loss_scale_factor`` divides by it).
+    """
+    return (
+        get_loss(config.loss).inert_at_zero_advantage
+        and config.kl_coef == 0
+        and config.entropy_coef == 0
+        and not (config.aggregation == "seq-mean-token-sum-norm" and config.loss_scale_factor is None)
+    )
 
 
 def compute_policy_loss(

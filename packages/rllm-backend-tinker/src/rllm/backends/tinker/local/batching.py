@@ -64,6 +64,23 @@ def check_sequences(batch: list[TrainSequence], vocab_size: int) -> None:
                 )
 
 
+def split_inert_rows(batch: list[TrainSequence], indices: list[int]) -> tuple[list[int], float, float]:
+    """(the rows to compute, the trained tokens and the sequences left out) where every row whose
+    advantages are 0 at all its trained tokens is left out. The counts are those a PaddedBatch of
+    the left-out rows would give (``num_tokens``, sequences with a trained token)."""
+    rows: list[int] = []
+    tokens, sequences = 0.0, 0.0
+    for i in indices:
+        mask = np.frombuffer(batch[i].loss_mask, dtype=np.float32)[1:]
+        trained = mask != 0
+        if np.any(np.frombuffer(batch[i].advantages, dtype=np.float32)[1:][trained] != 0):
+            rows.append(i)
+            continue
+        tokens += float(mask.sum())
+        sequences += float(mask.sum() > 0)
+    return rows, tokens, sequences
+
+
 def split_micro_batches(batch: list[TrainSequence], indices: list[int], max_tokens: int) -> list[list[int]]:
     """Cut a mini-batch so each piece's padded size (rows x longest) stays under ``max_tokens``."""
     if max_tokens <= 0:

@@ -19,12 +19,14 @@ import numpy as np
 import torch
 
 from rllm.algos.config import AlgorithmConfig
+from rllm.algos.losses import zero_advantage_rows_inert
 from rllm.algos.registry import get_loss
 from rllm.backends.tinker.config import TinkerBackendConfig
 from rllm.backends.tinker.local.batching import (
     PaddedBatch,
     check_sequences,
     pad,
+    split_inert_rows,
     split_micro_batches,
 )
 from rllm.backends.tinker.local.loss import policy_loss
@@ -150,19 +152,35 @@ class LocalTrainer:
 
         Micro-batches pass the mini-batch's token and sequence counts to the loss, so their
         losses (and gradients) sum to the mini-batch's. Micro-batches without a trained token
-        are skipped (they carry no gradient). ``record_logprobs`` writes the policy's logprobs
-        onto each sequence's ``trainer_logprobs`` (token truth: the engine compares them with
-        the sampler's).
+        are skipped (they carry no gradient). So are sequences whose advantages are 0 at every
+        trained token where the loss gives them no gradient (``zero_advantage_rows_inert``, and no
+        ``max_mismatch`` to check on every row): they count in the denominators only, so the
+        gradient is the whole mini-batch's, and when nothing else is left the gradient is zero
+        and the optimizer still steps (as it would on the whole batch; Adam's momentum moves
+        on). Per-token metrics are then over the sequences computed. ``record_logprobs`` writes
+        the policy's logprobs onto each computed sequence's ``trainer_logprobs`` (token truth:
+        the engine compares them with the sampler's).
         """
-        padded = [p for p in self._pieces(batch, indices) if p.num_tokens > 0]
-        num_tokens = sum(p.num_tokens for p in padded)
-        num_sequences = float(sum(int((p.mask.sum(-1) > 0).sum()) for p in padded))
+        rows, inert_tokens, inert_sequences = indices, 0.0, 0.0
+        if zero_advantage_rows_inert(algo) and algo.max_mismatch is None:
+            rows, inert_tokens, inert_sequences = split_inert_rows(batch, indices)
+        padded = [p for p in self._pieces(batch, rows) if p.num_tokens > 0] if rows else []
+        computed_tokens = sum(p.num_tokens for p in padded)
+        num_tokens = computed_tokens + inert_tokens
+        num_sequences = float(sum(int((p.mask.sum(-1) > 0).sum()) for p in padded)) + inert_sequences
         sums: dict[str, float] = defaultdict(float)
+        if not padded and inert_tokens > 0:
+            # The whole batch's gradient is zero: the optimizer steps on zeros, not on nothing
+            # (gradients accumulated by an earlier call stay as they are).
+            for param in self.params:
+                if param.grad is None:
+                    param.grad = torch.zeros_like(param)
+            sums["loss"] = sums["policy_loss"] = 0.0
         entropy_grad = algo.entropy_coef != 0
         # Distillation toward the teacher's top-k (local/topk.py) instead of a policy loss.
         topk = get_loss(algo.loss).teacher_topk
         for piece in padded:
-            share = piece.num_tokens / num_tokens  # for averaging per-token metrics
+            share = piece.num_tokens / computed_tokens  # for averaging per-token metrics
             if topk:
                 logprobs, loss, metrics = topk_distill_loss(
                     self.model, piece, algo, num_tokens, num_sequences
@@ -197,6 +215,8 @@ class LocalTrainer:
             diff = torch.where(piece.mask > 0, gap, torch.zeros_like(gap)).sum() / piece.num_tokens
             sums["sampler_logprob_abs_diff"] += float(diff) * share
         sums["num_sequences"] = num_sequences
+        sums["num_tokens"] = num_tokens
+        sums["inert_sequences"] = inert_sequences
         return dict(sums)
 
     def optim_step(self, guard: Callable[[], AbstractContextManager[None]] | None = None) -> float:
@@ -247,9 +267,13 @@ class LocalTrainer:
                     totals[key] += value
         steps = len(grad_norms)
         out = {
-            key: value / steps for key, value in totals.items() if key not in ("num_tokens", "num_sequences")
+            key: value / steps
+            for key, value in totals.items()
+            if key not in ("num_tokens", "num_sequences", "inert_sequences")
         }
         out["num_tokens"] = totals["num_tokens"] / cfg.ppo_epochs
+        # Sequences left out of the passes (advantage 0 everywhere, see forward_backward).
+        out["inert_sequences"] = totals["inert_sequences"] / cfg.ppo_epochs
         out["num_sequences"] = float(len(batch))
         out["grad_norm"] = sum(grad_norms) / steps
         out["grad_norm_max"] = max(grad_norms)
