@@ -409,6 +409,17 @@ def test_a_copied_clients_remembered_target_is_the_one_worked_out_from_it():
             rekeyed = async_openai(config)
             rekeyed.api_key = "other"
             assert fast_chat._target(rekeyed)[2]["authorization"] == "Bearer other"
+            # ... and one whose other header inputs changed sends what openai would.
+            for attribute, value, header in (
+                ("organization", "org-1", "openai-organization"),
+                ("project", "proj-1", "openai-project"),
+            ):
+                changed = async_openai(config)
+                setattr(changed, attribute, value)
+                assert fast_chat._target(changed)[2][header] == value
+            custom = async_openai(config)
+            custom._custom_headers["X-Extra"] = "1"
+            assert fast_chat._target(custom)[2]["x-extra"] == "1"
             # A URL the copy does not take as plain (a query) is not remembered: openai's path.
             odd = async_openai(AgentConfig(base_url=f"{ROOT}/v1?x=1", api_key="tok"))
             assert "_rllm_route" not in odd.__dict__ and fast_chat._target(odd)[0] is None

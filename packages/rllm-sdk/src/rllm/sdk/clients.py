@@ -75,7 +75,8 @@ class _Route(NamedTuple):
     """Where a copied client's calls go in process, worked out once when it was made (one-turn
     flows make one call per client: #35 round 11 measured the URL parses and header building of
     ``fast_chat``'s route at ~40 us a call). It holds while the client's base URL object and key
-    are the ones it was made with (``in_process_target``)."""
+    are the ones it was made with and the other inputs of openai's headers (organization,
+    project, custom headers) the template's (``in_process_target``)."""
 
     url: Any  # the client's httpx URL object when it was made
     api_key: str
@@ -89,6 +90,13 @@ def in_process_target(client: Any) -> tuple[InProcessHandler, str, str] | None:
     does not hold any more (or never did): work them out from the client then."""
     route = client.__dict__.get("_rllm_route")
     if route is None or client._base_url is not route.url or client.api_key != route.api_key:
+        return None
+    template = _template_client()  # what its headers came from: openai's inputs to them unchanged?
+    if (
+        client.organization != template.organization
+        or client.project != template.project
+        or client._custom_headers != template._custom_headers
+    ):
         return None
     handler = _IN_PROCESS.get(route.key)
     if handler is None or route.key[0] is not asyncio.get_running_loop():
