@@ -34,12 +34,23 @@ as `rllm train` runs its gateway) two designs alternate, flows and sampler in pr
   render only       the render as this round keeps it, the client as before
   this round        a copied client, a counter key, renders kept by exact inputs
 
-The load average is printed before and after (the figures depend on it).
+With ``--compare call-path`` (#35 round 11; ``--upstream local --mode cumulative``):
+
+  before (round 10)  each answer parsed by openai's ``construct``, each call's route (handler,
+                     path, headers) worked out from the client, each copy's base URL parsed
+  this round         a well-formed answer parsed by strict validation (the same object), the
+                     route remembered since ``async_openai`` copied the client, the base URL
+                     made from its origin's parse
+
+The variants take turns going first, round by round. The load average is printed before and
+after (the figures depend on it).
 
     uv run --no-sync python benchmarks/flow_calls.py --rounds 30
     uv run --no-sync python benchmarks/flow_calls.py --rounds 15 --upstream local
     uv run --no-sync python benchmarks/flow_calls.py --rounds 20 --upstream local --mode cumulative \
         --compare flow-path
+    uv run --no-sync python benchmarks/flow_calls.py --rounds 60 --upstream local --mode cumulative \
+        --compare call-path
 """
 
 from __future__ import annotations
@@ -167,6 +178,31 @@ def flow_path_variants() -> dict[str, Any]:
     }
 
 
+def call_path_variants() -> dict[str, Any]:
+    """#35 round 11: the flow's per-call path as round 10 left it, and as it is (flows and the
+    sampler in process either way, the gateway as `rllm train` runs it: ``--mode cumulative``)."""
+    from rllm.sdk import clients, fast_chat
+
+    product = PRODUCT.setdefault(
+        "call-path", (fast_chat._validated, clients.in_process_target, clients._plain_url)
+    )
+
+    def use(before: bool) -> Any:
+        def apply() -> None:
+            sampler_variants()["sampler-in-process"]()
+            flow_path(before=False)
+            # Round 10: openai's construct for every answer, the route and headers worked out
+            # from the client (two URL parses, openai's header properties) on every call.
+            fast_chat._validated = (lambda content: None) if before else product[0]  # type: ignore[assignment]
+            clients.in_process_target = (lambda client: None) if before else product[1]  # type: ignore[assignment]
+            # ... and each copied client's base URL parsed by httpx.
+            clients._plain_url = (lambda url_class, url: None) if before else product[2]  # type: ignore[assignment]
+
+        return apply
+
+    return {"before (round 10)": use(True), "this round": use(False)}
+
+
 async def start_upstream(args: argparse.Namespace) -> tuple[str, Any]:
     """The upstream's URL and the coroutine function that stops it."""
     if args.upstream == "mock":
@@ -210,6 +246,8 @@ async def main(args: argparse.Namespace) -> None:
     config = RolloutConfig(n=args.group, concurrency=args.tasks * args.group, progress=False)
     if args.compare == "flow-path":
         setups = flow_path_variants()
+    elif args.compare == "call-path":
+        setups = call_path_variants()
     else:
         setups = variants() if args.upstream == "mock" else sampler_variants()
     cpu: dict[str, list[float]] = {name: [] for name in setups}
@@ -220,7 +258,8 @@ async def main(args: argparse.Namespace) -> None:
     loop_cpu: dict[str, list[float]] = {name: [] for name in setups}
     collections: dict[str, list[int]] = {name: [] for name in setups}  # the cyclic GC's runs
     for r in range(args.rounds + 1):
-        for name, apply in setups.items():
+        order = list(setups.items())
+        for name, apply in order[r % len(order) :] + order[: r % len(order)]:  # each goes first in turn
             apply()  # before the engine starts: it registers the in-process path (or not) at start
             cfg = GatewayConfig(upstreams=[url], health_interval_s=0, **mode)
             async with RolloutEngine(say_flow, None, config, gateway_config=cfg) as engine:
@@ -273,11 +312,12 @@ if __name__ == "__main__":
     parser.add_argument("--window-ms", type=float, default=1.0, help="local sampler's batch window")
     parser.add_argument(
         "--compare",
-        choices=["hop", "flow-path"],
+        choices=["hop", "flow-path", "call-path"],
         default="hop",
         help="hop: the designs above; flow-path (#35 round 8, with --upstream local): the flow's "
-        "per-call path before this round (openai's constructor per rollout, uuid4 idempotency keys, "
-        "a chat render per call) against this round's",
+        "per-call path before that round (openai's constructor per rollout, uuid4 idempotency keys, "
+        "a chat render per call) against its; call-path (#35 round 11, with --upstream local): "
+        "the answer parsed by openai's construct and the route worked out per call, against now",
     )
     parser.add_argument(
         "--mode", choices=["plain", "cumulative"], default="plain", help="the gateway's tokenizer_mode"

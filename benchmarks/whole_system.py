@@ -83,12 +83,14 @@ ROLLOUT_PARTS = [
 ]
 
 
-def cpu_with_children() -> float:
-    """This process's CPU seconds plus its live child processes' (flow worker processes with
-    ``rollout.executor=processes``; none on the other sides)."""
+def cpu_with_children(children: bool = True) -> float:
+    """This process's CPU seconds plus, with ``children``, its live child processes' (flow worker
+    processes with ``rollout.executor=processes``; none on the other sides)."""
     import psutil
 
     total = time.process_time()
+    if not children:
+        return total
     for child in psutil.Process().children(recursive=True):
         try:
             times = child.cpu_times()
@@ -99,11 +101,16 @@ def cpu_with_children() -> float:
 
 
 class SamplerWatch:
-    """Per-step CPU time (the process and its flow worker processes) and the local sampler's counters."""
+    """Per-step CPU time (the process and its flow worker processes) and the local sampler's counters.
 
-    def __init__(self) -> None:
+    ``children``: add child processes' CPU (flow worker processes). Only then: psutil finds them by
+    reading every process's /proc stat file, ~3.6 ms a step on this shared machine (#35 round 11's
+    profile), inside the step whose time is measured."""
+
+    def __init__(self, children: bool = False) -> None:
         from rllm.backends.tinker.local.generation import SamplerEngine
 
+        self.children = children
         self.engines: list[Any] = []
         self.marks: list[tuple[float, int, int, int, int]] = []
         inner = SamplerEngine.__init__
@@ -119,7 +126,7 @@ class SamplerWatch:
         e = self.engines[-1]
         self.marks.append(
             (
-                cpu_with_children(),
+                cpu_with_children(self.children),
                 getattr(e, "forward_passes", 0),
                 e.batches_run,
                 getattr(e, "rows_joined", 0),
@@ -638,7 +645,8 @@ def main() -> None:
     system_rewards: dict[str, list[float]] = {}
     for side in sides:
         print(f"[{side}] load average before: {os.getloadavg()[0]:.1f}", flush=True)
-        watch = SamplerWatch()
+        flow_processes = side.startswith("system") and variants[int(side.split(":")[1])][1] == "processes"
+        watch = SamplerWatch(children=flow_processes)
         if side == "trl":
             r = ct.run_trl(ct.ensure_trl_env(args.trl_venv), model, args.lr, args)
         elif side == "direct":

@@ -157,6 +157,10 @@ async def test_metrics_and_health(client, gateway):
         async with http.get(f"{gateway.url}/health") as r:
             health = await r.json()
     assert 'rllm_gateway_llm_calls_total{status="ok"} 1.0' in text
+    # The call's latency is in the histogram by the scrape (the gateway batches its observations).
+    assert "rllm_gateway_llm_call_seconds_count 1.0" in text
+    (trace,) = await client.get_traces("m")
+    assert f"rllm_gateway_llm_call_seconds_sum {trace.latency_s!r}" in text
     assert "rllm_gateway_store_traces 1.0" in text
     assert health["status"] == "ok" and health["healthy_upstreams"] == 1
 

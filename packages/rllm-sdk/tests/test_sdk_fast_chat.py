@@ -273,3 +273,158 @@ def test_rllm_fast_chat_0_sends_every_call_openais_way(monkeypatch):
     fast, slow = asyncio.run(_both(recorder, call))
     assert all(OPENAI_PATH in c["headers"] for c in recorder.calls)
     assert fast.model_dump() == slow.model_dump()
+
+
+# --- the answer's parsing: strict validation where it passes, openai's construct otherwise ------
+json_scalar = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),  # past 2**53 too: an int a float field cannot hold exactly
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=6),
+)
+json_value = st.recursive(
+    json_scalar,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+
+
+def _for_type(annotation: Any, depth: int, wrong: bool) -> st.SearchStrategy[Any]:
+    """JSON for ``annotation`` (an openai answer type); with ``wrong``, now and then a value of
+    another type."""
+    import typing
+
+    import pydantic
+
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _for_type(args[0], depth, wrong)
+    if origin is typing.Union or type(annotation).__name__ == "UnionType":
+        right = st.one_of(*(_for_type(a, depth, wrong) for a in args))
+    elif origin is typing.Literal:
+        right = st.sampled_from(args)
+    elif origin is list:
+        right = st.lists(_for_type(args[0], depth + 1, wrong), max_size=2) if depth < 4 else st.just([])
+    elif origin is dict:
+        right = st.dictionaries(st.text(max_size=4), _for_type(args[1], depth + 1, wrong), max_size=2)
+    elif isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
+        right = _model_json(annotation, wrong, depth + 1) if depth < 4 else st.just({})
+    elif annotation is type(None):
+        right = st.none()
+    elif annotation is bool:
+        right = st.booleans()
+    elif annotation is int:
+        right = st.integers(-(2**70), 2**70)
+    elif annotation is float:
+        right = st.one_of(st.floats(allow_nan=False, allow_infinity=False), st.integers(-(2**70), 2**70))
+    elif annotation is str:
+        right = st.text(max_size=6)
+    else:  # object / Any
+        right = json_value
+    return st.one_of(right, right, right, right, json_scalar) if wrong else right
+
+
+def _model_json(model: type, wrong: bool, depth: int = 0) -> st.SearchStrategy[dict[str, Any]]:
+    """A JSON object for an openai model: its required fields, some of the others, sometimes extra
+    keys; with ``wrong`` a required field may be missing too."""
+    fields = model.model_fields  # pyright: ignore[reportAttributeAccessIssue]
+    required = {n: _for_type(f.annotation, depth, wrong) for n, f in fields.items() if f.is_required()}
+    optional = {n: _for_type(f.annotation, depth, wrong) for n, f in fields.items() if not f.is_required()}
+    return st.builds(
+        lambda given, more, extra, drop: {
+            k: v
+            for k, v in {**extra, **given, **more}.items()
+            if not (drop and k == next(iter(required), None))
+        },
+        st.fixed_dictionaries(required),
+        st.fixed_dictionaries({}, optional=optional),
+        st.dictionaries(st.sampled_from(["token_ids", "weight_version", "x"]), json_value, max_size=2),
+        st.booleans() if wrong else st.just(False),
+    )
+
+
+def _tree(value: Any) -> Any:
+    """Everything that makes two parsed answers the same: types, set fields, values and extras."""
+    import pydantic
+
+    if isinstance(value, pydantic.BaseModel):
+        return (
+            type(value),
+            sorted(value.model_fields_set),
+            {k: _tree(v) for k, v in value.__dict__.items()},
+            {k: _tree(v) for k, v in (value.model_extra or {}).items()},
+        )
+    if isinstance(value, list):
+        return [_tree(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _tree(v) for k, v in value.items()}
+    return (type(value), value)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    answer=st.one_of(
+        _model_json(openai.types.chat.ChatCompletion, wrong=False),  # as a server would answer
+        _model_json(openai.types.chat.ChatCompletion, wrong=True),  # wrong types, missing fields
+        json_value,
+    )
+)
+def test_a_parsed_answer_is_the_object_openais_construct_makes(answer):
+    content = json.dumps(answer).encode()
+    if type(answer) is not dict:  # not an object: openai's error, as before
+        with pytest.raises(openai.APIResponseValidationError):
+            fast_chat._parse(async_openai(AgentConfig(base_url=f"{ROOT}/v1", api_key="t")), 200, {}, content)
+        return
+    ours = fast_chat._parse(None, 200, {"x-request-id": "r"}, content)
+    theirs = openai.types.chat.ChatCompletion.construct(**json.loads(content))
+    theirs._request_id = "r"
+    assert _tree(ours) == _tree(theirs)
+
+
+def test_well_formed_answers_take_the_strict_validation():
+    reply = asyncio.run(Recorder()(("POST"), "/v1/chat/completions", "", {}, b'{"model": "m"}'))
+    assert reply is not None
+    assert fast_chat._validated(reply[2]) is not None  # what a gateway answers: the fast way
+    assert fast_chat._validated(reply[2].replace(b'"created": 1', b'"created": "1"')) is None
+
+
+def test_a_copied_clients_remembered_target_is_the_one_worked_out_from_it():
+    async def main():
+        recorder = Recorder()
+        stop = serve_in_process(ROOT, recorder)
+        try:
+            config = AgentConfig(base_url=f"{ROOT}/sessions/s1/v1", api_key="tok")
+            client = async_openai(config)
+            remembered = fast_chat._target(client)
+            assert remembered[0] is recorder
+            handler, path = fast_chat._route(client)
+            assert remembered == (handler, path, fast_chat._headers(client))  # every header
+            # A client whose base URL or key changed since it was made works them out again.
+            moved = async_openai(config)
+            moved.base_url = f"{ROOT}/sessions/s2/v1/"
+            assert fast_chat._target(moved)[1] == "/sessions/s2/v1/chat/completions"
+            rekeyed = async_openai(config)
+            rekeyed.api_key = "other"
+            assert fast_chat._target(rekeyed)[2]["authorization"] == "Bearer other"
+            # ... and one whose other header inputs changed sends what openai would.
+            for attribute, value, header in (
+                ("organization", "org-1", "openai-organization"),
+                ("project", "proj-1", "openai-project"),
+            ):
+                changed = async_openai(config)
+                setattr(changed, attribute, value)
+                assert fast_chat._target(changed)[2][header] == value
+            custom = async_openai(config)
+            custom._custom_headers["X-Extra"] = "1"
+            assert fast_chat._target(custom)[2]["x-extra"] == "1"
+            # A URL the copy does not take as plain (a query) is not remembered: openai's path.
+            odd = async_openai(AgentConfig(base_url=f"{ROOT}/v1?x=1", api_key="tok"))
+            assert "_rllm_route" not in odd.__dict__ and fast_chat._target(odd)[0] is None
+        finally:
+            stop()
+        assert fast_chat._target(client)[0] is None  # no longer served: not remembered either
+
+    asyncio.run(main())

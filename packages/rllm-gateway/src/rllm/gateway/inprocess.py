@@ -28,17 +28,17 @@ if TYPE_CHECKING:
 async def answer(
     server: GatewayServer, method: str, path: str, raw_query: str, headers: dict[str, str], body: bytes
 ) -> tuple[int, dict[str, str], bytes] | None:
-    """The gateway's answer to one call (status, headers, body), or None: send it over TCP."""
+    """The gateway's answer to one call (status, headers, body), or None: send it over TCP.
+
+    ``headers`` come lower-cased (``rllm.sdk.clients.InProcessHandler``'s contract) and are the
+    request's own from here on (not copied)."""
     if (
         server.serving_loop is not asyncio.get_running_loop()
         or b'"stream"' in body  # a stream may be asked for: only TCP carries its chunks
         or len(body) > server.config.max_body_bytes
     ):
         return None
-    request = Request(
-        None, method, path, raw_query, Headers({k.lower(): v for k, v in headers.items()}), body
-    )
-    resp = await server.answer(request)
+    resp = await server.answer(Request(None, method, path, raw_query, Headers(headers), body))
     if not isinstance(resp, Response):  # a stream the body did not say it wanted: none today
         return None
     out = {"content-type": resp.content_type}

@@ -57,12 +57,13 @@ class GatewayMetrics:
         self._pending_completion = 0
         self._pending_prompt = 0
         self._pending_calls = 0
+        self._pending_latencies: list[float] = []  # (the histogram's observe takes locks too)
 
     _FLUSH_EVERY = 512
 
     def observe(self, trace: TraceRecord) -> None:
         self._pending_status[trace.status] += 1
-        self.latency.observe(trace.latency_s)
+        self._pending_latencies.append(trace.latency_s)
         if trace.completion_ids is not None:
             self._pending_completion += len(trace.completion_ids)
         if trace.prompt_ids is not None:
@@ -84,6 +85,9 @@ class GatewayMetrics:
             self.prompt_tokens.inc(self._pending_prompt)
             self._pending_prompt = 0
         self._pending_calls = 0
+        latencies, self._pending_latencies = self._pending_latencies, []
+        for seconds in latencies:
+            self.latency.observe(seconds)
 
     def render(self) -> tuple[bytes, str]:
         self.flush()

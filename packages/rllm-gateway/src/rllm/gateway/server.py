@@ -195,9 +195,9 @@ class GatewayServer:
         """Route one request; every failure becomes an OpenAI-style error."""
         return await answer_or_error(request, self._router.dispatch(request, _route_error))
 
-    async def answer(self, request: Request) -> Response | StreamResponse:
+    def answer(self, request: Request) -> Awaitable[Response | StreamResponse]:
         """Answer a request that did not come over TCP (``rllm.gateway.inprocess``): the task path."""
-        return await self._dispatch(request)
+        return self._dispatch(request)
 
     def _early(self, request: Request) -> Response | Awaitable[Response | StreamResponse] | Pending | None:
         """Proxy calls start here, in the I/O callback that completed the request (HttpServer's

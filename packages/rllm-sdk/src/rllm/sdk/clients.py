@@ -28,7 +28,7 @@ import functools
 import re
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from rllm.sdk.session import role_url
@@ -59,11 +59,49 @@ def async_openai(config: AgentConfig, role: str | None = None, **kwargs: Any) ->
     args = _client_args(config, role, kwargs)
     if "http_client" in kwargs:  # the caller's own transport: leave it to them
         return _flow_client_class()(**args)
-    loop = _served_loop(args["base_url"])
+    base_url = args["base_url"]
+    origin = _origin(base_url) if _IN_PROCESS and isinstance(base_url, str) else None
+    loop = _served_loop(base_url, origin)
     http = _loop_pool(loop) if loop is not None else _own_async_http()
     if kwargs:  # the caller's own options: openai's constructor reads them
         return _new_client(args, http)
-    return _copy_client(args["base_url"], args["api_key"], http)
+    client = _copy_client(base_url, args["api_key"], http)
+    if loop is not None and origin is not None and _PLAIN_PATH.fullmatch(base_url):
+        client._rllm_route = _Route(client._base_url, client.api_key, (loop, origin), urlsplit(base_url).path)
+    return client
+
+
+class _Route(NamedTuple):
+    """Where a copied client's calls go in process, worked out once when it was made (one-turn
+    flows make one call per client: #35 round 11 measured the URL parses and header building of
+    ``fast_chat``'s route at ~40 us a call). It holds while the client's base URL object and key
+    are the ones it was made with and the other inputs of openai's headers (organization,
+    project, custom headers) the template's (``in_process_target``)."""
+
+    url: Any  # the client's httpx URL object when it was made
+    api_key: str
+    key: tuple[asyncio.AbstractEventLoop, str]  # (loop, origin) in _IN_PROCESS
+    path: str  # the base URL's path, without the trailing slash the copy adds
+
+
+def in_process_target(client: Any) -> tuple[InProcessHandler, str, str] | None:
+    """For a client ``async_openai`` copied for an origin served in process on the running loop:
+    the handler, the chat completions path and the key its calls are sent with; None where that
+    does not hold any more (or never did): work them out from the client then."""
+    route = client.__dict__.get("_rllm_route")
+    if route is None or client._base_url is not route.url or client.api_key != route.api_key:
+        return None
+    template = _template_client()  # what its headers came from: openai's inputs to them unchanged?
+    if (
+        client.organization != template.organization
+        or client.project != template.project
+        or client._custom_headers != template._custom_headers
+    ):
+        return None
+    handler = _IN_PROCESS.get(route.key)
+    if handler is None or route.key[0] is not asyncio.get_running_loop():
+        return None
+    return handler, route.path + "/chat/completions", route.api_key
 
 
 def _new_client(args: dict[str, Any], http: Any) -> Any:
@@ -86,11 +124,38 @@ def _copy_client(base_url: str, api_key: str, http: Any) -> Any:
     client = object.__new__(type(template))
     client.__dict__.update({k: dict(v) if type(v) is dict else v for k, v in template.__dict__.items()})
     # openai's setter (normalised, with a trailing slash on the path): given the slash, it parses
-    # the URL once instead of twice (httpx's URL parsing is most of what a copy costs).
-    client.base_url = base_url + "/" if _PLAIN_PATH.fullmatch(base_url) else base_url
+    # the URL once instead of twice (httpx's URL parsing is most of what a copy costs); given an
+    # httpx URL for a plain one (its origin's parse with the path put in), not at all.
+    if _PLAIN_PATH.fullmatch(base_url):
+        client.base_url = _plain_url(type(template.base_url), base_url + "/") or base_url + "/"
+    else:
+        client.base_url = base_url
     client.api_key = api_key
     client._client = http
     return client
+
+
+def _plain_url(url_class: type, url: str) -> Any | None:
+    """``url_class(url)`` for a URL matching ``_PLAIN_PATH`` plus a trailing slash, without parsing
+    it: the parse of its origin (made once per origin) with its path put in, which is what the
+    parse gives for such a path (nothing to escape or normalise in it). None where httpx keeps its
+    parse differently than this expects: then openai's setter parses it."""
+    at = url.index("/", url.index("://") + 3)
+    origin = _origin_reference(url_class, url[:at])
+    if origin is None:
+        return None
+    made = object.__new__(url_class)
+    made._uri_reference = origin._replace(path=url[at:])
+    return made
+
+
+@functools.cache
+def _origin_reference(url_class: type, origin: str) -> Any | None:
+    """httpx's parse of ``origin + "/"`` (its ``_uri_reference``, a NamedTuple), or None."""
+    reference = getattr(url_class(origin + "/"), "_uri_reference", None)
+    if not hasattr(reference, "_replace") or getattr(reference, "path", None) != "/":
+        return None
+    return reference
 
 
 @functools.cache
@@ -130,15 +195,15 @@ def in_process_handler(loop: asyncio.AbstractEventLoop, url: str) -> InProcessHa
     return _IN_PROCESS.get((loop, _origin(url))) if _IN_PROCESS else None
 
 
-def _served_loop(base_url: Any) -> asyncio.AbstractEventLoop | None:
-    """The running loop, if ``base_url``'s origin is served in process on it."""
+def _served_loop(base_url: Any, origin: str | None = None) -> asyncio.AbstractEventLoop | None:
+    """The running loop, if ``base_url``'s origin (``origin`` if given) is served in process on it."""
     if not _IN_PROCESS or not isinstance(base_url, str):
         return None
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
         return None
-    return loop if (loop, _origin(base_url)) in _IN_PROCESS else None
+    return loop if (loop, origin or _origin(base_url)) in _IN_PROCESS else None
 
 
 def sync_openai(config: AgentConfig, role: str | None = None, **kwargs: Any) -> Any:
