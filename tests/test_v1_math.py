@@ -220,7 +220,10 @@ async def test_v1_math_eval_finds_the_correct_candidate_and_rewards_both_roles(t
     # The filter drops every no-signal group and keeps the candidates' groups (their rewards differ).
     lines = (tmp_path / "episodes.jsonl").read_bytes().splitlines()
     groups = group_trajectories([from_json(line, Episode) for line in lines])
-    kept, _ = filter_groups(groups, AlgorithmConfig(estimator_by_role={"generate": "grpo", "verify": "grpo"}))
+    kept, _ = filter_groups(
+        groups,
+        AlgorithmConfig(estimator_by_role={"generate": "grpo", "verify": "grpo"}, filter_zero_variance=True),
+    )
     names = {g.role for g in kept}
     assert "verify" + NO_SIGNAL_SUFFIX not in names and "generate" in names
     assert all(len(g.trajectories) == 4 for g in kept if g.role == "generate")

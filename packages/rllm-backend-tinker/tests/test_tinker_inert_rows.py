@@ -111,28 +111,42 @@ def test_micro_batches_and_left_out_rows_together(
     assert micro.rows == 4
 
 
-def test_train_steps_match_with_an_all_inert_batch_moving_on_momentum(
+def test_updates_match_with_an_all_inert_batch_moving_on_momentum(
     frozen_backend: TinkerBackend, tiny_model_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     algo = AlgorithmConfig(loss="ppo_clip")
     signal, idle = contrast_batch(frozen_backend), all_inert(frozen_backend)
+
+    def two_updates(counted: CountedTrainer) -> tuple[dict[str, float], float, int]:
+        trainer = counted.trainer
+        trainer.forward_backward(signal, list(range(len(signal))), algo, None)
+        trainer.optim_step()
+        rows = counted.rows
+        metrics = trainer.forward_backward(idle, list(range(len(idle))), algo, None)
+        return metrics, trainer.optim_step(), counted.rows - rows
+
     skipping = CountedTrainer(frozen_backend, tiny_model_path)
-    skipping.trainer.train_step(copy.deepcopy(signal), algo)
-    before = skipping.params()
-    rows_before = skipping.rows
-    metrics = skipping.trainer.train_step(copy.deepcopy(idle), algo)
-    assert skipping.rows == rows_before  # no forward pass at all
-    assert metrics["inert_sequences"] == 2.0 and metrics["loss"] == 0.0 and metrics["grad_norm"] == 0.0
-    assert metrics["optimizer_steps"] == 1.0
-    moved = skipping.params()
-    assert not torch.equal(moved, before)  # Adam's momentum from the first step carries on
+    metrics, norm, rows = two_updates(skipping)
+    assert rows == 0  # no forward pass at all
+    assert metrics["inert_sequences"] == 2.0 and metrics["loss"] == 0.0 and norm == 0.0
+    assert skipping.trainer.optimizer_steps == 2  # the zero-gradient step was taken
 
     monkeypatch.setattr(trainer_module, "zero_advantage_rows_inert", lambda _algo: False)
     everything = CountedTrainer(frozen_backend, tiny_model_path)
-    everything.trainer.train_step(copy.deepcopy(signal), algo)
-    reference = everything.trainer.train_step(copy.deepcopy(idle), algo)
-    assert torch.allclose(everything.params(), moved, atol=1e-7, rtol=1e-5)
-    assert reference["loss"] == 0.0 and reference["num_tokens"] == metrics["num_tokens"]
+    reference, _, rows = two_updates(everything)
+    assert rows == 2
+    # Adam's momentum from the first update moved both the same way
+    assert torch.allclose(everything.params(), skipping.params(), atol=1e-7, rtol=1e-5)
+    assert reference["num_tokens"] == metrics["num_tokens"]
+
+
+def test_a_train_step_that_records_token_truth_computes_every_row(
+    frozen_backend: TinkerBackend, tiny_model_path: Path
+) -> None:
+    counted = CountedTrainer(frozen_backend, tiny_model_path)
+    batch = with_inert_rows(frozen_backend)
+    counted.trainer.train_step(batch, AlgorithmConfig(loss="ppo_clip"))
+    assert counted.rows == 7 and all(seq.trainer_logprobs is not None for seq in batch)
 
 
 def test_an_inert_call_keeps_gradient_accumulated_before_it(

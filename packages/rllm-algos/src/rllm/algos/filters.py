@@ -2,9 +2,9 @@
 
 A group whose rewards are all equal gives every member advantage 0 under a group-relative
 estimator. With ``filter_zero_variance`` (off by default) such groups are dropped, which changes
-the update (see AlgorithmConfig); without it they are kept, and a backend that can (the local
-one) leaves their zero-advantage sequences out of its passes, counting them in the loss's
-denominators only.
+the update (see AlgorithmConfig); without it they are kept (the local backend, with several
+updates a batch, leaves their zero-advantage sequences out of the updates' passes, counting them
+in the loss's denominators only).
 """
 
 from __future__ import annotations

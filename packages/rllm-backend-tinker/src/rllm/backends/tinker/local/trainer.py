@@ -153,8 +153,9 @@ class LocalTrainer:
         Micro-batches pass the mini-batch's token and sequence counts to the loss, so their
         losses (and gradients) sum to the mini-batch's. Micro-batches without a trained token
         are skipped (they carry no gradient). So are sequences whose advantages are 0 at every
-        trained token where the loss gives them no gradient (``zero_advantage_rows_inert``, and no
-        ``max_mismatch`` to check on every row): they count in the denominators only, so the
+        trained token where the loss gives them no gradient (``zero_advantage_rows_inert``, no
+        ``max_mismatch``, and no ``record_logprobs``: token truth measures every row): they
+        count in the denominators only, so the
         gradient is the whole mini-batch's, and when nothing else is left the gradient is zero
         and the optimizer still steps (as it would on the whole batch; Adam's momentum moves
         on). Per-token metrics are then over the sequences computed. ``record_logprobs`` writes
@@ -162,7 +163,9 @@ class LocalTrainer:
         the engine compares them with the sampler's).
         """
         rows, inert_tokens, inert_sequences = indices, 0.0, 0.0
-        if zero_advantage_rows_inert(algo) and algo.max_mismatch is None:
+        # Token truth wants every row's trainer logprobs: rows are left out only where they were
+        # taken already (several updates a batch record them in a snapshot first).
+        if not record_logprobs and zero_advantage_rows_inert(algo) and algo.max_mismatch is None:
             rows, inert_tokens, inert_sequences = split_inert_rows(batch, indices)
         padded = [p for p in self._pieces(batch, rows) if p.num_tokens > 0] if rows else []
         computed_tokens = sum(p.num_tokens for p in padded)
