@@ -155,10 +155,9 @@ class LocalTrainer:
         are skipped (they carry no gradient). So are sequences whose advantages are 0 at every
         trained token where the loss gives them no gradient (``zero_advantage_rows_inert``, no
         ``max_mismatch``, and no ``record_logprobs``: token truth measures every row): they
-        count in the denominators only, so the
-        gradient is the whole mini-batch's, and when nothing else is left the gradient is zero
-        and the optimizer still steps (as it would on the whole batch; Adam's momentum moves
-        on). Per-token metrics are then over the sequences computed. ``record_logprobs`` writes
+        count in the denominators only, so the gradient is the whole mini-batch's, and when
+        nothing else is left the gradient is zero and the optimizer still steps (as it would on
+        the whole batch; Adam's momentum moves on). Per-token metrics are then over the sequences computed. ``record_logprobs`` writes
         the policy's logprobs onto each computed sequence's ``trainer_logprobs`` (token truth:
         the engine compares them with the sampler's).
         """
