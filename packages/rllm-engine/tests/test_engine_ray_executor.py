@@ -50,11 +50,19 @@ import openai
 from rllm.sdk import rollout
 
 
+def _first_to_claim(marker):
+    # O_EXCL makes the claim atomic: when two workers run t0 at once only one of them dies.
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
 @rollout
 async def two_turns(task, config):
     marker = config.metadata.get("die_once")
-    if marker and task.id == "t0" and not Path(marker).exists():
-        Path(marker).write_text("died")
+    if marker and task.id == "t0" and _first_to_claim(marker):
         os._exit(3)  # this node's worker process dies mid-rollout
     return await _chat(task, config)
 
