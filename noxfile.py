@@ -25,8 +25,8 @@ COLLECT = ["python", "scripts/collect_tests.py"]
 # the cumulative gateway's tokenizer), written once before the tests. Under PYTHONDONTWRITEBYTECODE
 # (set in this machine's environment, which CI inherits) every such process otherwise compiles
 # them from source again: about 13 s of CPU a process for torch + transformers, against 21 s to
-# compile both once (benchmarks/RESULTS.md, "CLI start-up and the slowest tests"). A file that
-# fails to compile is only compiled again at import, so the result is not checked.
+# compile both once (benchmarks/history/checks.md, "#CI time — CLI start-up"). A file that fails
+# to compile is only compiled again at import, so the result is not checked.
 PRECOMPILE = (
     "import compileall, importlib.util, os\n"
     "for name in ('torch', 'transformers'):\n"

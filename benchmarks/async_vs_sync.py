@@ -88,8 +88,8 @@ def anywhere_evaluator(task: Task, episode: Episode) -> EvalOutput:
 
 # Why each: 8 distinct tasks x 8 rollouts give most groups a hit to learn from at the start (the
 # cookbook's 32 x 4 leaves most groups all-zero and filtered); at lr 1e-3 one probe reached 0.9 in
-# ~70 steps without collapsing. Not probed with this reward: other rates (benchmarks/RESULTS.md,
-# "#30 round 5", lists the probes that were run).
+# ~70 steps without collapsing. Not probed with this reward: other rates (the probes that were run:
+# benchmarks/history/issue-30.md, "#30 round 5").
 CONFIG = [
     "group_size=8",
     "tasks_per_step=8",
@@ -99,7 +99,7 @@ CONFIG = [
 # Per game, after CONFIG. The two-turn game (``--game say``) gets twice the tokens per episode
 # and learned at lr 1e-3 about half as fast per step (0.16 at step 18); at lr 2e-3 a sync probe
 # (seed 0, 100 steps) reached a 5-step mean of 0.9 at step 62 and held 0.98-1.0 after it
-# (benchmarks/RESULTS.md, "#30 round 6").
+# (benchmarks/history/issue-30.md, "#30 round 6").
 GAME_CONFIG: dict[str, list[str]] = {"say": ["backend.options.learning_rate=2e-3"]}
 
 

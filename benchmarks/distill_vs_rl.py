@@ -67,8 +67,8 @@ QUIET = ["progress=false", "plot=false", "tensorboard=false", "val_every=0", "ro
 # A step's own seconds (a distillation step's teacher scoring is inside time/train_s).
 STEP_TIMES = ("time/rollout_s", "time/train_s")
 # The top-k loss's recommended settings (rllm-engine README, "distill.loss"; measured in
-# benchmarks/RESULTS.md, issue #31 round 8): it takes no group baseline, so one sample per task;
-# its dense, supervised-like target takes 3x RL's learning rate (RL at 3e-3 lost words).
+# benchmarks/history/issue-31.md, "Issue #31 round 8"): it takes no group baseline, so one sample
+# per task; its dense, supervised-like target takes 3x RL's learning rate (RL at 3e-3 lost words).
 TOPK_GROUP_SIZE = 1
 TOPK_LR = 3e-3
 DATA_CPU: list[float] = []
@@ -436,7 +436,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3, help="RL and distillation learning rate")
     # (b)'s SFT: 3e-3 for 30 epochs over the teacher's ~14 good traces starts RL at 0.97-0.98,
     # so RL needs only the 5-step window (1e-3: 0.71, 19 steps; 1e-2: unstable, 9-23 steps;
-    # 60 epochs at 1e-3 also 5 steps, but twice the SFT steps): benchmarks/RESULTS.md, #31 (b).
+    # 60 epochs at 1e-3 also 5 steps, but twice the SFT steps): benchmarks/history/issue-31.md,
+    # "Issue #31 (b) — SFT then RL in one command".
     parser.add_argument("--sft-lr", type=float, default=3e-3, help="(b)'s SFT learning rate")
     parser.add_argument("--teacher-sft-lr", type=float, default=1e-3, help="the teacher's SFT learning rate")
     parser.add_argument("--teacher-sft-epochs", type=int, default=30)

@@ -9,7 +9,7 @@
 #
 # Needs a Python with this workspace, verl and vLLM installed (PYTHON, default: .venv/bin/python
 # after `uv sync --extra verl --package rllm-backend-verl` plus `uv pip install vllm`).
-# Status: written without a GPU; it has not run yet (see benchmarks/RESULTS.md, issue 15).
+# Status: written without a GPU; it has not run yet (benchmarks/RESULTS.md, "verl GPU smoke run").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}

@@ -43,7 +43,8 @@ def test_training_improves_reward(tmp_path: Path) -> None:
     rewards = [row["reward/mean"] for row in read_metrics(tmp_path / "metrics.jsonl")]
     assert len(rewards) == 80 and result.steps == 80
     # Sampling order varies with request batching, so the bar leaves room: a random policy
-    # scores close to 0 (benchmarks/RESULTS.md); the last ten steps must be far above it.
+    # scores close to 0 (benchmarks/history/issue-14.md, "Figures moved out of code comments"); the
+    # last ten steps must be far above it.
     assert mean(rewards[:5]) < 0.1
     assert mean(rewards[-10:]) >= 0.3, rewards
 

@@ -38,7 +38,7 @@ FAST = [
     "tasks_per_step=4",
     "group_size=4",
     "rollout.workers=1",
-    "rollout.prefetch=true",  # off by default (benchmarks/RESULTS.md, "#35 round 9")
+    "rollout.prefetch=true",  # off by default (benchmarks/history/issue-35.md, "#35 round 9")
     # A random model rarely scores: keep every group so each step trains (and syncs).
     "algorithm.filter_zero_variance=false",
 ]

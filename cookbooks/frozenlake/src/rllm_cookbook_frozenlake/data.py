@@ -34,7 +34,8 @@ def instruction(desc: list[str], position: int = 0) -> str:
     Compact on purpose: every word is one token of the tiny model's tokenizer (the rows are words
     of the task vocabulary), and the agent's cell is the last word, the one thing that changes
     from turn to turn. A model trained from scratch learned nothing about where it was from a
-    70-token prompt whose map marked the agent with ``P`` (see benchmarks/RESULTS.md, #16)."""
+    70-token prompt whose map marked the agent with ``P`` (see benchmarks/history/issue-16.md,
+    "#16, session 2")."""
     from rllm_cookbook_frozenlake.env import cell_name, observation
 
     last = cell_name(desc, len(desc) * len(desc[0]) - 1)

@@ -122,7 +122,7 @@ TRAIN_DEFAULTS = {
     "ckpt_every": 40,
     # Two flow processes (each with its own gateway): the sampler, the trainer and the agents
     # then stop sharing one interpreter, and the time this saves pays for the 40 more steps that
-    # end the main job well above 0.9 (benchmarks/RESULTS.md, "The main job").
+    # end the main job well above 0.9 (benchmarks/history/issue-06.md, "The main job").
     "rollout": {"workers": 2, "sampling": {"temperature": 1.0, "max_tokens": 2}},
     "algorithm": {"step_credit": "turn", "gamma": 0.0},
     # Suggested settings for backends that build a tiny model (tinker's local service): a

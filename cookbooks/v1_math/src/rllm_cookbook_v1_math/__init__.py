@@ -21,7 +21,7 @@ from rllm_cookbook_v1_math.data import load_hub_tasks, load_tasks
 
 PROMPT = "Solve the problem. Put the final answer in \\boxed{{}}.\n\n{problem}"
 # A knockout seeded by majority votes, each match asked in both orders (budget 2 * (n - 1)):
-# the best format at this budget in benchmarks/v1_tournament.py (RESULTS.md, #20).
+# the best format at this budget in benchmarks/v1_tournament.py (RESULTS.md, "v1_tournament.py").
 DEFAULT_V1 = {"n": 4, "budget": 6, "format": "knockout", "both_orders": True}
 
 

@@ -52,11 +52,11 @@ class AlgorithmConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     epsilon: float = 1e-6
     # filters
     # Drop groups whose rewards are all equal (DAPO-style). Off by default, as in TRL, verl and
-    # tinker-cookbook: dropping them changes the update (the token-mean loses their tokens; a
-    # step where every group is dropped takes no optimizer step, so Adam's momentum stalls) and
-    # learns slower on sparse rewards (benchmarks/RESULTS.md, #35 rounds 10-11). With several
-    # updates a batch the local backend leaves zero-advantage sequences out of the updates'
-    # passes and still takes exactly the whole batch's update.
+    # tinker-cookbook: dropping them changes the update (the token-mean loses their tokens; a step
+    # where every group is dropped takes no optimizer step, so Adam's momentum stalls) and learns
+    # slower on sparse rewards (benchmarks/history/issue-35.md, "#35 round 10 — steps to 0.9" and
+    # "#35 round 11"). With several updates a batch the local backend leaves zero-advantage
+    # sequences out of the updates' passes and still takes exactly the whole batch's update.
     filter_zero_variance: bool = False
     min_group_size: int = 1
     mask_terminations: list[str] = msgspec.field(default_factory=list)

@@ -417,7 +417,8 @@ def _fit(trainer: Trainer, *, resume: bool, overwrite: bool = False) -> TrainRes
     """Run the trainer; Ctrl-C exits 130 with one line: the trainer's own when it saved a
     checkpoint on the way out, else main's "interrupted"."""
     try:
-        # uvloop: the same rewards step for step, less CPU (benchmarks/RESULTS.md, "#35 round 9").
+        # uvloop: the same rewards step for step, less CPU
+        # (benchmarks/history/issue-35.md, "#35 round 9").
         return run(trainer.fit(resume=resume, overwrite=overwrite), uvloop_default=True)
     except KeyboardInterrupt:
         if trainer.interrupt_reported:

@@ -5,14 +5,16 @@ remote judge, a test harness) cannot stall the event loop every flow of the proc
 the common evaluator that compares strings in microseconds the hop costs far more than the work:
 a pool thread wakes, takes the GIL from the busy loop thread and hands the result back through
 the loop's self-pipe, which on a loaded interpreter is milliseconds of latency per rollout
-(~9 ms per rollout in the #35 breakdown, benchmarks/RESULTS.md) and a few tens of microseconds of
-CPU. So each engine watches its evaluator: after ``PROBATION_CALLS`` pool calls in a row that each
-took under ``CHEAP_S`` it runs the evaluator inline; an inline call that takes ``SLOW_INLINE_S``
-or more sends it back to the pool for good (logged once). Async evaluators are unaffected (they
-run on the loop already). The deadline (``eval_timeout_s``) is enforced on pool calls as before;
-an inline call, being one that was cheap many times in a row, is not cut short: an evaluator
-that may block without bound after a run of fast calls should be written ``async`` (with its own
-timeout) or set ``inline_ok = False`` on the evaluator object, which keeps it in the pool.
+(~9 ms per rollout in the #35 breakdown, in
+benchmarks/history/issue-35.md, "#35 — whole system vs backend direct vs TRL to 0.9, quiet")
+and a few tens of microseconds of CPU. So each engine watches its evaluator: after
+``PROBATION_CALLS`` pool calls in a row that each took under ``CHEAP_S`` it runs the evaluator
+inline; an inline call that takes ``SLOW_INLINE_S`` or more sends it back to the pool for good
+(logged once). Async evaluators are unaffected (they run on the loop already). The deadline
+(``eval_timeout_s``) is enforced on pool calls as before; an inline call, being one that was cheap
+many times in a row, is not cut short: an evaluator that may block without bound after a run of
+fast calls should be written ``async`` (with its own timeout) or set ``inline_ok = False`` on the
+evaluator object, which keeps it in the pool.
 """
 
 from __future__ import annotations

@@ -7,11 +7,11 @@ are all 0). The run goes on, its loss zero and its weights moving at most on the
 momentum, and without this warning nothing tells the user.
 
 A run can also learn most of its tasks and lose one for good: when no rollout of a task is ever
-rewarded, its groups have zero variance, it never trains, and the mean reward levels off below
-what the model could reach (RL from scratch on ``say-single`` levels off at 7/8 that way; see
-benchmarks/RESULTS.md, #31 on a quiet machine). ``UnrewardedTaskWatch`` counts such tasks per
-step and names them at the end of the run; it does not warn mid-run, since early in training
-most tasks are unrewarded and that is no fault.
+rewarded, its groups have zero variance, it never trains, and the mean reward levels off below what
+the model could reach (RL from scratch on ``say-single`` levels off at 7/8 that way; see
+benchmarks/history/issue-31.md, "Issue #31 — `distill_vs_rl.py`, quiet machine").
+``UnrewardedTaskWatch`` counts such tasks per step and names them at the end of the run; it does not
+warn mid-run, since early in training most tasks are unrewarded and that is no fault.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ and warns once when it stays large, naming the two usual causes. Only ticks whil
 count (a trainer's update between batches is not the rollouts' concern), and the warning needs
 most recent ticks late, not one: the first use of a client library blocks once (openai imports
 its resources lazily), and a sampler or trainer sharing the process delays the loop now and then
-without the flows being the bottleneck (the main job's figures are in benchmarks/RESULTS.md).
+without the flows being the bottleneck (the main job's figures: benchmarks/history/issue-06.md,
+"The main job").
 """
 
 from __future__ import annotations

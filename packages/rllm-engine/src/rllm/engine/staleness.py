@@ -97,8 +97,8 @@ def default_correction(doc: dict[str, Any]) -> dict[str, Any]:
     and its weight pi_now / pi_sampler, up to the cap, pushes again on the tokens the last
     update already moved: on the two-turn benchmark (seed 2, K = 1) a task's second turn
     collapsed onto a wrong word, its groups turned all-equal and were filtered, and the run
-    ended at 0.86 against sync's 1.0; with the trust region it ended at 1.0 (benchmarks/
-    RESULTS.md, "#30 round 7"). Any other loss gets token TIS.
+    ended at 0.86 against sync's 1.0; with the trust region it ended at 1.0
+    (benchmarks/history/issue-30.md, "#30 round 7"). Any other loss gets token TIS.
     """
     rollout, algorithm = doc.get("rollout"), doc.get("algorithm", {})
     if not isinstance(rollout, dict) or not isinstance(algorithm, dict):

@@ -4,7 +4,7 @@
 per scalar, builds each value through ``make_tensor_proto``, hands each record to a writer thread
 that opens, appends to and closes the file once per record, and its ``flush()`` waits on that
 thread: ~3 ms of CPU a step for 47 scalars, and ~13 ms a step of activity on two threads in the
-quiet-host profile of a toy run (benchmarks/RESULTS.md, #35 round 8).
+quiet-host profile of a toy run (benchmarks/history/issue-35.md, "#35 round 8 — TensorBoard").
 Here a step is ONE Event holding every scalar, the file stays open, and records reach the disk
 within ``flush_secs`` (a timer flushes whatever the interval gathered) and at close: ~0.4 ms of
 CPU a step on the caller's thread, most of it tensorboard's pure-Python CRC-32C of the record.
@@ -90,7 +90,8 @@ class ScalarEventFile:
             self._records.write(record)
             if self._timer is None:
                 # One flush per interval however many steps it holds: a thread start every few
-                # seconds instead of a write(2) per step (benchmarks/RESULTS.md, #35 round 8).
+                # seconds instead of a write(2) per step
+                # (benchmarks/history/issue-35.md, "#35 round 8 — TensorBoard").
                 self._timer = threading.Timer(self.flush_secs, self._flush_on_timer)
                 self._timer.daemon = True
                 self._timer.start()

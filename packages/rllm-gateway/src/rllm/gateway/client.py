@@ -1,8 +1,9 @@
 """GatewayClient: a gateway's admin API over HTTP (a ``GatewayAdmin``), from any process.
 
-Plain-http gateways are spoken to with the lean keep-alive client (``rllm.runtime.http_client``):
-an engine makes two admin calls per rollout, and aiohttp's client costs more CPU per call (figure
-in benchmarks/RESULTS.md). An https gateway goes through aiohttp.
+Plain-http gateways are spoken to with the lean keep-alive client (``rllm.runtime.http_client``): an
+engine makes two admin calls per rollout, and aiohttp's client costs more CPU per call (2.2x:
+benchmarks/history/issue-14.md, "Figures moved out of code comments"). An https gateway goes through
+aiohttp.
 """
 
 from __future__ import annotations

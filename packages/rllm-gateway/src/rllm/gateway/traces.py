@@ -113,8 +113,8 @@ def _tokens(ids: list[int]) -> Any:
 
 def _packed(cls: type[_A], typecode: str, values: Any) -> _A:
     # array.fromlist is faster than the generic extend() the constructors use (figure in
-    # benchmarks/RESULTS.md); it only takes a list (what JSON decoding gives), so anything else
-    # goes through cls(values).
+    # benchmarks/history/issue-14.md, "Figures moved out of code comments"); it only takes a list
+    # (what JSON decoding gives), so anything else goes through cls(values).
     if type(values) is list:
         out = array.__new__(cls, typecode)
         out.fromlist(values)

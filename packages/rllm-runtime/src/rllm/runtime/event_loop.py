@@ -2,9 +2,9 @@
 
 Every rollout is a few HTTP exchanges through the gateway, and with hundreds in flight the event
 loop's own overhead (callbacks, socket reads and writes) is a large share of the engine's CPU;
-uvloop does that work in C. Rollout worker processes and ``rllm train`` use it by default (a
-seeded run of the whole-system benchmark gets the same reward at every step on either loop, with
-less CPU on uvloop: benchmarks/RESULTS.md, "#35 round 9"); ``rllm eval`` and ``rllm sft`` keep
+uvloop does that work in C. Rollout worker processes and ``rllm train`` use it by default (a seeded
+run of the whole-system benchmark gets the same reward at every step on either loop, with less CPU
+on uvloop: benchmarks/history/issue-35.md, "#35 round 9"); ``rllm eval`` and ``rllm sft`` keep
 asyncio's own loop unless asked. ``RLLM_UVLOOP=1`` / ``0`` turns it on / off everywhere.
 """
 

@@ -1,12 +1,12 @@
 """Fewer garbage-collector passes in processes that serve many concurrent requests.
 
-Hundreds of concurrent agents allocate container objects fast (HTTP clients, JSON, traces), and
-many live for a whole rollout or sit in a trace store. With CPython's default young-generation
-threshold (700) the collector then runs thousands of times a second and promotes those objects
-into the old generation, whose full passes walk every object in the process (benchmarks/RESULTS.md
-has the profile). A higher threshold keeps the same collector with far fewer passes, for a few MB
-of extra young objects. The rollout engine raises it while it runs
-(``RolloutConfig.gc_gen0_threshold``); ``rllm-gateway serve`` for its whole process
+Hundreds of concurrent agents allocate container objects fast (HTTP clients, JSON, traces), and many
+live for a whole rollout or sit in a trace store. With CPython's default young-generation threshold
+(700) the collector then runs thousands of times a second and promotes those objects into the old
+generation, whose full passes walk every object in the process (the profile:
+benchmarks/history/issue-14.md, "Figures moved out of code comments"). A higher threshold keeps the
+same collector with far fewer passes, for a few MB of extra young objects. The rollout engine raises
+it while it runs (``RolloutConfig.gc_gen0_threshold``); ``rllm-gateway serve`` for its whole process
 (``GatewayConfig.gc_gen0_threshold``). An embedded gateway leaves its host's collector alone.
 """
 

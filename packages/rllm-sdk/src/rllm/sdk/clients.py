@@ -3,8 +3,9 @@
 A flow asks for a client per rollout (``async with async_openai(config) as client``) and closes it
 when the rollout ends. Building an httpx client from scratch creates a fresh SSL context, so every
 client shares one. Over TCP each rollout keeps its own small pool: one pool shared by the
-concurrent rollouts of a loop was measured no better (benchmarks/flow_calls.py, RESULTS.md #35
-round 5: 1.08x the CPU per rollout; httpx scans its connections on every request).
+concurrent rollouts of a loop was measured no better (benchmarks/flow_calls.py: 1.08x the CPU per
+rollout, benchmarks/history/issue-35.md, "#35 round 5"; httpx scans its connections on every
+request).
 
 What does pay is not going over TCP at all when the server is in this process on the same loop:
 the engine's embedded gateway registers itself with :func:`serve_in_process`, and a client made
@@ -54,7 +55,7 @@ def async_openai(config: AgentConfig, role: str | None = None, **kwargs: Any) ->
     in-process client (see the module docstring); otherwise it has a pool of its own. With no
     extra ``kwargs`` it is a copy of one ready-made client with the session's URL and token set
     (openai's constructor per rollout was ~10% of the event loop's CPU per in-process rollout,
-    RESULTS.md #35 round 8; see ``_copy_client``).
+    benchmarks/history/issue-35.md, "#35 round 8 — the flow's call path"; see ``_copy_client``).
     """
     args = _client_args(config, role, kwargs)
     if "http_client" in kwargs:  # the caller's own transport: leave it to them

@@ -1,14 +1,14 @@
 """``chat.completions.create`` in one hop for flows' clients whose gateway answers in process.
 
-A flow's call through openai's client costs ~1.2 ms of CPU before any model runs (RESULTS.md #35
-round 10: the param transform, request options, httpx's request and URL objects, the retry loop,
-the response wrapper): with 32 one-turn rollouts a step that is ~40 ms, more than the model's
-sampling. For a client made by :func:`rllm.sdk.clients.async_openai` whose base URL the engine's
-embedded gateway serves on the running loop, :class:`FastAsyncCompletions` sends the same body
-(byte for byte what openai would send) with openai's own default and auth headers straight to
-that gateway's in-process handler (routes, session and token checks, traces: the same as any
-call) and builds the answer with openai's own parsing (the same ``ChatCompletion``, the same
-status errors).
+A flow's call through openai's client costs ~1.2 ms of CPU before any model runs
+(benchmarks/history/issue-35.md, "#35 round 10 — the flows'": the param transform, request options,
+httpx's request and URL objects, the retry loop, the response wrapper): with 32 one-turn rollouts a
+step that is ~40 ms, more than the model's sampling. For a client made by
+:func:`rllm.sdk.clients.async_openai` whose base URL the engine's embedded gateway serves on the
+running loop, :class:`FastAsyncCompletions` sends the same body (byte for byte what openai would
+send) with openai's own default and auth headers straight to that gateway's in-process handler
+(routes, session and token checks, traces: the same as any call) and builds the answer with openai's
+own parsing (the same ``ChatCompletion``, the same status errors).
 
 Everything else takes openai's path unchanged: a stream; ``extra_headers`` / ``extra_query`` /
 ``extra_body`` / ``timeout`` (this is how ``with_raw_response`` reaches it, too); a value that is
@@ -227,12 +227,12 @@ def _validated(content: bytes) -> Any | None:
     validation, or None where the answer does not pass it (``construct`` then).
 
     openai's ``construct`` keeps every value of a well-formed answer as it is and validates its
-    nested optional fields itself, so for an answer strict validation accepts the two give the
-    same object (once the extra keys are taken out of the set fields where ``construct`` leaves
-    them out: ``_as_constructed``), at a tenth of the CPU: ~10 against ~105 us a call (RESULTS.md
-    #35 round 11), 32 calls a step on the toy config. ``test_sdk_fast_chat`` holds generated
-    answers to it. Strict: no coercion (a string for a number), where ``construct`` would keep
-    the value as sent."""
+    nested optional fields itself, so for an answer strict validation accepts the two give the same
+    object (once the extra keys are taken out of the set fields where ``construct`` leaves them out:
+    ``_as_constructed``), at a tenth of the CPU: ~10 against ~105 us a call
+    (benchmarks/history/issue-35.md, "#35 round 11b"), 32 calls a step on the toy config.
+    ``test_sdk_fast_chat`` holds generated answers to it. Strict: no coercion (a string for a
+    number), where ``construct`` would keep the value as sent."""
     from openai.types.chat import ChatCompletion
 
     try:

@@ -14,14 +14,14 @@ all of the student's mass into the top-k. By the data-processing inequality each
 bound of the full-vocabulary KL.
 
 Peers (checked 2026-12, facts only): TRL's GKD backpropagates a generalized Jensen-Shannon
-divergence over the full teacher and student distributions (``beta`` = 0 forward KL, 1 reverse
-KL); verl's distillation config has a ``topk`` (default 128) of teacher logprobs and a
-``loss_mode`` (k3 by default, JSD with ``jsd_beta``); NeMo-RL's distillation loss takes the
-teacher's top-k logits with a forward, reverse or mixed KL; sparse top-k knowledge-distillation
-code keeps either a renormalized top-k or a tail ("other") bucket. tinker-cookbook's on-policy
-distillation uses the sampled token's teacher - student logprob as a per-token advantage (rLLM's
-``distill.loss = "sampled"``). The measured choice between the two directions on ``say-single``
-is in benchmarks/RESULTS.md (issue #31, round 7).
+divergence over the full teacher and student distributions (``beta`` = 0 forward KL, 1 reverse KL);
+verl's distillation config has a ``topk`` (default 128) of teacher logprobs and a ``loss_mode`` (k3
+by default, JSD with ``jsd_beta``); NeMo-RL's distillation loss takes the teacher's top-k logits
+with a forward, reverse or mixed KL; sparse top-k knowledge-distillation code keeps either a
+renormalized top-k or a tail ("other") bucket. tinker-cookbook's on-policy distillation uses the
+sampled token's teacher - student logprob as a per-token advantage (rLLM's ``distill.loss =
+"sampled"``). The measured choice between the two directions on ``say-single`` is in
+benchmarks/history/issue-31.md, "Issue #31 round 7 — (c) distillation on the teacher's top-k".
 """
 
 from __future__ import annotations

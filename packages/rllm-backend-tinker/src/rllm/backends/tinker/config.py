@@ -83,8 +83,8 @@ class TinkerBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     # A gateway in this process (the engine's embedded one) hands whole calls to the sampler
     # directly instead of over HTTP (rllm.runtime.inprocess_upstreams): same answers and traces,
     # less CPU per call; the calls its loop submits in one iteration start one batch, so a step
-    # runs no more forward passes than over HTTP (benchmarks/RESULTS.md, #35 round 7). False:
-    # every call over HTTP, as a gateway in another process reaches it anyway.
+    # runs no more forward passes than over HTTP (benchmarks/history/issue-35.md, "#35 round 7").
+    # False: every call over HTTP, as a gateway in another process reaches it anyway.
     sampler_in_process: bool = True
     # "copy": the sampler owns a second copy of the weights, refreshed by sync_weights (training
     # never disturbs serving). "shared": one module; optimizer steps pause sampling (saves memory).

@@ -32,7 +32,7 @@ class V1Settings:
     ``budget`` defaults to ``2 * (n - 1)``: a knockout with every match asked in both orders.
     ``seed_by_votes`` seeds the tournament by majority-vote counts, which also break its ties:
     it falls back to majority vote where the verifier cannot decide, which hurts when wrong
-    answers out-vote the right one (see benchmarks/RESULTS.md, #20).
+    answers out-vote the right one (see benchmarks/RESULTS.md, "v1_tournament.py").
     """
 
     n: int = 4
