@@ -9,17 +9,18 @@ native tool calls (click, double_click, drag, scroll, type_text, key, done) -> t
 
 from __future__ import annotations
 
-import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from rllm.sdk import rollout, sampling_kwargs
+from rllm.sdk import rollout
 from rllm.sdk.clients import async_openai
 from rllm.sdk.cookbook import Cookbook, train_defaults
 from rllm.sdk.desktop import Desktop, DesktopInputError
 from rllm.sdk.evaluator import evaluator
 from rllm.sdk.sandbox import SandboxError, current_sandbox, needs_sandbox
 from rllm.sdk.task_dir import load_task_dirs, run_verifier, task_sandbox_spec
+from rllm.sdk.tool_loop import Toolbox, ToolError, ToolHandler, ToolTurn, run_tool_loop
 from rllm.types import AgentConfig, Episode, EvalOutput, Signal, Task, TerminationReason
 from rllm.types.errors import InputError
 
@@ -31,6 +32,7 @@ SYSTEM = (
     "screenshot; coordinates are pixels of that screenshot, (0, 0) at the top left. Call done when "
     "the task is finished."
 )
+NUDGE = "Use the tools (call done when finished)."
 
 
 def _tool(name: str, description: str, **params: str) -> dict[str, Any]:
@@ -74,39 +76,62 @@ def load_tasks(split: str) -> list[Task]:
     return [with_app(task) for task in load_task_dirs(TASKS_DIR)]
 
 
+class Screen:
+    """One rollout's desktop as the model's tools work it: each action at the scale of the
+    screenshot the model last saw (a screenshot may be downscaled)."""
+
+    def __init__(self, desktop: Desktop, scale: float = 1.0) -> None:
+        self.desktop = desktop
+        self.scale = scale
+
+    def toolbox(self) -> Toolbox:
+        d, at = self.desktop, self._point
+        actions: dict[str, Callable[[dict[str, Any]], Awaitable[None]]] = {
+            "click": lambda a: d.click(*at("click", a, "x", "y")),
+            "double_click": lambda a: d.double_click(*at("double_click", a, "x", "y")),
+            "drag": lambda a: d.drag(*at("drag", a, "x1", "y1"), *at("drag", a, "x2", "y2")),
+            "scroll": lambda a: d.scroll(*at("scroll", a, "x", "y"), dy=_whole(a, "scroll", "dy", 1)),
+            "type_text": lambda a: d.type_text(str(a.get("text", ""))),
+            "key": lambda a: d.key(str(a.get("combo", ""))),
+        }
+        return Toolbox(
+            TOOLS,
+            {name: _answered_ok(action) for name, action in actions.items()},
+            stop_tools={"done": "done"},
+            model_errors=(DesktopInputError,),  # off the screen, an unknown key, text too long
+        )
+
+    async def look(self, turn: ToolTurn) -> dict[str, Any]:
+        """The next user message: a fresh screenshot, and a nudge after a reply without tool calls."""
+        screen, self.scale = await self.desktop.screenshot_block()
+        note = "The screen now:" if turn.calls else NUDGE
+        return {"role": "user", "content": [{"type": "text", "text": note}, screen]}
+
+    def _point(self, name: str, args: dict[str, Any], x: str, y: str) -> tuple[int, int]:
+        try:
+            return round(float(args[x]) * self.scale), round(float(args[y]) * self.scale)
+        except (KeyError, TypeError, ValueError, OverflowError):  # missing, not a number, nan, inf
+            raise ToolError(f"{name} needs numbers {x} and {y}") from None
+
+
+def _whole(args: dict[str, Any], name: str, key: str, default: int) -> int:
+    try:
+        return int(args.get(key, default))
+    except (TypeError, ValueError, OverflowError):
+        raise ToolError(f"{name} needs a whole number {key}") from None
+
+
+def _answered_ok(action: Callable[[dict[str, Any]], Awaitable[None]]) -> ToolHandler:
+    async def handler(args: dict[str, Any]) -> str:
+        await action(args)
+        return "ok"
+
+    return handler
+
+
 async def act(desktop: Desktop, name: str, arguments: str, scale: float) -> str:
     """Run one tool call; its result (or the refusal the model should read) as text."""
-    try:
-        args = json.loads(arguments or "{}")
-    except json.JSONDecodeError:
-        args = None
-    if not isinstance(args, dict):
-        return f"error: {name} takes a JSON object of arguments"
-
-    def point(x: str, y: str) -> tuple[int, int]:
-        try:
-            return round(float(args[x]) * scale), round(float(args[y]) * scale)
-        except (KeyError, TypeError, ValueError):
-            raise DesktopInputError(f"{name} needs numbers {x} and {y}") from None
-
-    try:
-        if name == "click":
-            await desktop.click(*point("x", "y"))
-        elif name == "double_click":
-            await desktop.double_click(*point("x", "y"))
-        elif name == "drag":
-            await desktop.drag(*point("x1", "y1"), *point("x2", "y2"))
-        elif name == "scroll":
-            await desktop.scroll(*point("x", "y"), dy=int(args.get("dy", 1)))
-        elif name == "type_text":
-            await desktop.type_text(str(args.get("text", "")))
-        elif name == "key":
-            await desktop.key(str(args.get("combo", "")))
-        else:
-            return f"error: no tool named {name!r}; the tools are {', '.join(t['function']['name'] for t in TOOLS)}"
-    except (DesktopInputError, ValueError) as exc:
-        return f"error: {exc}"
-    return "ok"
+    return (await Screen(desktop, scale).toolbox().call(name, arguments)).result
 
 
 async def wait_for_app(desktop: Desktop) -> None:
@@ -123,48 +148,34 @@ async def wait_for_app(desktop: Desktop) -> None:
 async def desktop_flow(task: Task, config: AgentConfig) -> Episode:
     desktop = Desktop(current_sandbox())
     await wait_for_app(desktop)
-    max_turns = int(task.metadata.get("max_turns", MAX_TURNS))
     screen, scale = await desktop.screenshot_block()
+    view = Screen(desktop, scale)
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": [{"type": "text", "text": str(task.instruction)}, screen]},
     ]
-    turns, actions, refused, finished = 0, 0, 0, False
     async with async_openai(config) as client:
-        while turns < max_turns and not finished:
-            turns += 1
-            reply = await client.chat.completions.create(
-                model=config.model,
-                messages=messages,
-                tools=TOOLS,
-                **{"max_tokens": 256, **sampling_kwargs(config)},
-            )
-            message = reply.choices[0].message
-            messages.append(message.model_dump(exclude_none=True))
-            for call in message.tool_calls or []:
-                if call.function.name == "done":
-                    finished, result = True, "done"
-                else:
-                    result = await act(desktop, call.function.name, call.function.arguments, scale)
-                    actions += 1
-                    refused += result.startswith("error")
-                messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
-            if not finished:
-                screen, scale = await desktop.screenshot_block()
-                note = "The screen now:" if message.tool_calls else "Use the tools (call done when finished)."
-                messages.append({"role": "user", "content": [{"type": "text", "text": note}, screen]})
+        result = await run_tool_loop(
+            client,
+            config,
+            messages,
+            view.toolbox(),
+            max_turns=int(task.metadata.get("max_turns", MAX_TURNS)),
+            max_tokens=256,
+            follow_up=view.look,
+        )
     verdict = await run_verifier(desktop.sandbox, task)
     return Episode(
         task_id=task.id,
         artifacts={
             "verified": verdict.ok,
             "verify_output": (verdict.stdout + verdict.stderr)[-1000:],
-            "done": finished,
-            "turns": turns,
-            "actions": actions,
-            "refused": refused,
+            "done": result.finished,
+            "turns": len(result.turns),
+            "actions": result.tool_calls,
+            "refused": result.refused,
         },
-        termination_reason=TerminationReason.DONE if finished else TerminationReason.MAX_TURNS,
+        termination_reason=TerminationReason.DONE if result.finished else TerminationReason.MAX_TURNS,
     )
 
 

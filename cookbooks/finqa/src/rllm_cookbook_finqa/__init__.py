@@ -13,10 +13,11 @@ import os
 import re
 from typing import Any
 
-from rllm.sdk import rollout, sampling_kwargs
+from rllm.sdk import rollout
 from rllm.sdk.clients import async_openai
 from rllm.sdk.cookbook import Cookbook, train_defaults
 from rllm.sdk.rewards import numeric_match
+from rllm.sdk.tool_loop import run_tool_loop
 from rllm.types import AgentConfig, Episode, EvalOutput, Signal, Task, TerminationReason
 from rllm.types.errors import InputError
 from rllm_cookbook_finqa.calculator import calculate
@@ -45,39 +46,29 @@ async def finqa_flow(task: Task, config: AgentConfig) -> Episode:
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": str(task.instruction)},
     ]
-    answer, turns, tool_calls = None, 0, 0
     try:
         async with async_openai(config) as client:
-            while turns < MAX_TURNS and answer is None:
-                turns += 1
-                reply = await client.chat.completions.create(
-                    model=config.model,
-                    messages=messages,
-                    tools=TOOLS,
-                    **{"max_tokens": 512, **sampling_kwargs(config)},
-                )
-                message = reply.choices[0].message
-                messages.append(message.model_dump(exclude_none=True))
-                if message.tool_calls:
-                    for call in message.tool_calls:
-                        tool_calls += 1
-                        result = db.call(call.function.name, call.function.arguments)
-                        messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
-                    continue
-                answer = final_answer_of(message.content or "")
-                if answer is None:
-                    messages.append({"role": "user", "content": NUDGE})
+            result = await run_tool_loop(
+                client,
+                config,
+                messages,
+                db.toolbox(),
+                max_turns=MAX_TURNS,
+                max_tokens=512,
+                final_answer=final_answer_of,
+                nudge=NUDGE,
+            )
     finally:
         db.close()
     return Episode(
         task_id=task.id,
         artifacts={
-            "answer": answer,
+            "answer": result.answer,
             "accessed_tables": list(db.accessed),
-            "turns": turns,
-            "tool_calls": tool_calls,
+            "turns": len(result.turns),
+            "tool_calls": result.tool_calls,
         },
-        termination_reason=TerminationReason.DONE if answer is not None else TerminationReason.MAX_TURNS,
+        termination_reason=TerminationReason.DONE if result.finished else TerminationReason.MAX_TURNS,
     )
 
 

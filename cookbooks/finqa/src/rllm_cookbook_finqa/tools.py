@@ -11,6 +11,7 @@ import sqlite3
 import time
 from typing import Any
 
+from rllm.sdk.tool_loop import Toolbox
 from rllm_cookbook_finqa.calculator import CalculatorError, calculate
 
 MAX_ROWS = 50
@@ -130,23 +131,19 @@ class FinanceDB:
         except CalculatorError as exc:
             return f"error: {exc}"
 
+    def toolbox(self) -> Toolbox:
+        """The four tools over this database; an SQLite error comes back to the model as text."""
+        return Toolbox(
+            TOOLS,
+            {
+                "list_tables": lambda args: self.list_tables(),
+                "get_table_schema": lambda args: self.get_table_schema(str(args.get("table", ""))),
+                "sql_query": lambda args: self.sql_query(str(args.get("query", ""))),
+                "calculator": lambda args: self.calculator(str(args.get("expression", ""))),
+            },
+            model_errors=(sqlite3.Error,),
+        )
+
     def call(self, name: str, arguments: str) -> str:
         """Run one tool call (OpenAI ``function.name`` and JSON ``arguments``); errors come back as text."""
-        try:
-            args = json.loads(arguments or "{}")
-        except ValueError:
-            return f"error: arguments are not JSON: {arguments[:100]!r}"
-        if not isinstance(args, dict):
-            return "error: arguments must be a JSON object"
-        try:
-            if name == "list_tables":
-                return self.list_tables()
-            if name == "get_table_schema":
-                return self.get_table_schema(str(args.get("table", "")))
-            if name == "sql_query":
-                return self.sql_query(str(args.get("query", "")))
-            if name == "calculator":
-                return self.calculator(str(args.get("expression", "")))
-        except sqlite3.Error as exc:
-            return f"error: {exc}"
-        return f"error: no tool named {name!r}"
+        return self.toolbox().call_sync(name, arguments).result

@@ -8,17 +8,17 @@ same sandbox and its verify script decides the reward: 1 when it passes, else 0.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
-from rllm.sdk import rollout, sampling_kwargs
+from rllm.sdk import rollout
 from rllm.sdk.clients import async_openai
 from rllm.sdk.cookbook import Cookbook, train_defaults
 from rllm.sdk.evaluator import evaluator
 from rllm.sdk.sandbox import ExecResult, Sandbox, current_sandbox, needs_sandbox
 from rllm.sdk.task_dir import load_task_dirs, run_verifier, task_sandbox_spec
+from rllm.sdk.tool_loop import Toolbox, ToolError, run_tool_loop
 from rllm.types import AgentConfig, Episode, EvalOutput, Signal, Task, TerminationReason
 from rllm.types.errors import InputError
 
@@ -78,16 +78,20 @@ def format_result(result: ExecResult) -> str:
     return text
 
 
-async def call_tool(sandbox: Sandbox, name: str, arguments: str, timeout_s: float) -> str:
-    if name != "run_shell":
-        return f"error: no tool named {name!r}; the tools are run_shell and submit"
-    try:
-        command = json.loads(arguments or "{}")["command"]
-    except (json.JSONDecodeError, KeyError, TypeError):
-        return 'error: run_shell takes {"command": "<command line>"}'
-    if not isinstance(command, str) or not command.strip():
-        return "error: command must be a non-empty string"
-    return format_result(await sandbox.exec(command, timeout=timeout_s))
+def shell_toolbox(sandbox: Sandbox, deadline: float) -> Toolbox:
+    """``run_shell`` in the rollout's sandbox (each command's timeout what is left of the
+    deadline, 1 to 60 s) and ``submit``, which ends the loop."""
+
+    async def run_shell(args: dict[str, Any]) -> str:
+        if "command" not in args:
+            raise ToolError('run_shell takes {"command": "<command line>"}')
+        command = args["command"]
+        if not isinstance(command, str) or not command.strip():
+            raise ToolError("command must be a non-empty string")
+        budget = max(1.0, min(60.0, deadline - time.monotonic()))
+        return format_result(await sandbox.exec(command, timeout=budget))
+
+    return Toolbox(TOOLS, {"run_shell": run_shell}, stop_tools={"submit": "submitted"})
 
 
 @needs_sandbox(task_sandbox_spec)
@@ -95,35 +99,21 @@ async def call_tool(sandbox: Sandbox, name: str, arguments: str, timeout_s: floa
 async def terminal_flow(task: Task, config: AgentConfig) -> Episode:
     sandbox = current_sandbox()
     deadline = time.monotonic() + float(task.metadata.get("agent_timeout_s", 300.0))
-    max_turns = int(task.metadata.get("max_turns", MAX_TURNS))
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": str(task.instruction)},
     ]
-    turns, commands, submitted = 0, 0, False
     async with async_openai(config) as client:
-        while turns < max_turns and not submitted and time.monotonic() < deadline:
-            turns += 1
-            reply = await client.chat.completions.create(
-                model=config.model,
-                messages=messages,
-                tools=TOOLS,
-                **{"max_tokens": 512, **sampling_kwargs(config)},
-            )
-            message = reply.choices[0].message
-            messages.append(message.model_dump(exclude_none=True))
-            if not message.tool_calls:
-                messages.append({"role": "user", "content": NUDGE})
-                continue
-            for call in message.tool_calls:
-                if call.function.name == "submit":
-                    submitted = True
-                    result = "submitted"
-                else:
-                    commands += 1
-                    budget = max(1.0, min(60.0, deadline - time.monotonic()))
-                    result = await call_tool(sandbox, call.function.name, call.function.arguments, budget)
-                messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+        result = await run_tool_loop(
+            client,
+            config,
+            messages,
+            shell_toolbox(sandbox, deadline),
+            max_turns=int(task.metadata.get("max_turns", MAX_TURNS)),
+            max_tokens=512,
+            nudge=NUDGE,
+            deadline=deadline,
+        )
     verdict = await run_verifier(sandbox, task)
     return Episode(
         task_id=task.id,
@@ -131,11 +121,11 @@ async def terminal_flow(task: Task, config: AgentConfig) -> Episode:
             "verified": verdict.ok,
             "verify_exit": verdict.exit_code,
             "verify_output": (verdict.stdout + verdict.stderr)[-2000:],
-            "submitted": submitted,
-            "turns": turns,
-            "commands": commands,
+            "submitted": result.finished,
+            "turns": len(result.turns),
+            "commands": result.tool_calls,
         },
-        termination_reason=TerminationReason.DONE if submitted else TerminationReason.MAX_TURNS,
+        termination_reason=TerminationReason.DONE if result.finished else TerminationReason.MAX_TURNS,
     )
 
 
