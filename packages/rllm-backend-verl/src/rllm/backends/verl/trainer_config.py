@@ -37,9 +37,7 @@ def verl_overrides(config: VerlBackendConfig, algo: AlgorithmConfig | None = Non
         f"{actor}.ppo_epochs={config.ppo_epochs}",
         f"{actor}.shuffle={config.shuffle}",
         f"{actor}.optim.lr={config.lr}",
-        f"{actor}.optim.weight_decay={o.weight_decay}",
-        f"{actor}.optim.clip_grad={o.grad_clip}",
-        f"{actor}.optim.lr_warmup_steps={o.warmup_steps}",
+        *(f"{actor}.optim.{key}={_hydra(value)}" for key, value in o.verl_kwargs(config.strategy).items()),
         # KL and entropy are terms of rLLM's loss (RllmPolicyLoss); verl's own must stay off.
         f"{actor}.use_kl_loss={kl}",
         f"{actor}.kl_loss_coef=0.0",
@@ -102,6 +100,15 @@ def verl_overrides(config: VerlBackendConfig, algo: AlgorithmConfig | None = Non
                 "+actor_rollout_ref.ref.optim=${actor_rollout_ref.actor.optim}",
             ]
     return out
+
+
+def _hydra(value: Any) -> str:
+    """``value`` as a Hydra override's value: tuples as lists, dicts as ``{k:v}``, inf as ``inf``."""
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{_hydra(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, tuple | list):
+        return "[" + ",".join(_hydra(v) for v in value) + "]"
+    return repr(value)
 
 
 def compose_verl_config(config: VerlBackendConfig, algo: AlgorithmConfig | None = None) -> Any:
