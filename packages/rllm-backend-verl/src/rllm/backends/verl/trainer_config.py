@@ -37,7 +37,7 @@ def verl_overrides(config: VerlBackendConfig, algo: AlgorithmConfig | None = Non
         f"{actor}.ppo_epochs={config.ppo_epochs}",
         f"{actor}.shuffle={config.shuffle}",
         f"{actor}.optim.lr={config.lr}",
-        *(f"{actor}.optim.{key}={_hydra(value)}" for key, value in o.verl_kwargs(config.strategy).items()),
+        *_optim_overrides(f"{actor}.optim", o.verl_kwargs(config.strategy)),
         # KL and entropy are terms of rLLM's loss (RllmPolicyLoss); verl's own must stay off.
         f"{actor}.use_kl_loss={kl}",
         f"{actor}.kl_loss_coef=0.0",
@@ -102,13 +102,19 @@ def verl_overrides(config: VerlBackendConfig, algo: AlgorithmConfig | None = Non
     return out
 
 
-def _hydra(value: Any) -> str:
-    """``value`` as a Hydra override's value: tuples as lists, dicts as ``{k:v}``, inf as ``inf``."""
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{k}:{_hydra(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, tuple | list):
-        return "[" + ",".join(_hydra(v) for v in value) + "]"
-    return repr(value)
+def _optim_overrides(base: str, kwargs: dict[str, Any]) -> list[str]:
+    """verl's optimizer keywords as overrides: betas as a list, inf as ``inf``, and the override
+    table key by key with ``+`` (Megatron's schema has it as an empty struct, which refuses
+    assigning a whole table with new keys)."""
+    out = []
+    for key, value in kwargs.items():
+        if isinstance(value, dict):
+            out += [f"+{base}.{key}.{name}={item!r}" for name, item in value.items()]
+        elif isinstance(value, tuple):
+            out.append(f"{base}.{key}=[{','.join(repr(v) for v in value)}]")
+        else:
+            out.append(f"{base}.{key}={value!r}")
+    return out
 
 
 def compose_verl_config(config: VerlBackendConfig, algo: AlgorithmConfig | None = None) -> Any:
