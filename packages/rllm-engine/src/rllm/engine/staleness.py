@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from rllm.algos.config import TRUST_REGION_LOSSES
+from rllm.algos.registry import get_loss
 from rllm.engine.rollout_config import RolloutSettings
 from rllm.types import Episode, Step
 from rllm.types.errors import ConfigError, InvariantError
@@ -98,7 +98,9 @@ def default_correction(doc: dict[str, Any]) -> dict[str, Any]:
     update already moved: on the two-turn benchmark (seed 2, K = 1) a task's second turn
     collapsed onto a wrong word, its groups turned all-equal and were filtered, and the run
     ended at 0.86 against sync's 1.0; with the trust region it ended at 1.0
-    (benchmarks/history/issue-30.md, "#30 round 7"). Any other loss gets token TIS.
+    (benchmarks/history/issue-30.md, "#30 round 7"). Any other loss gets token TIS, and a
+    supervised one none. Which loss clips is its own declaration (``LossSpec.clips_ratio``),
+    plugins' included.
     """
     rollout, algorithm = doc.get("rollout"), doc.get("algorithm", {})
     if not isinstance(rollout, dict) or not isinstance(algorithm, dict):
@@ -107,11 +109,16 @@ def default_correction(doc: dict[str, Any]) -> dict[str, Any]:
         k = int(rollout.get("max_staleness", 0))
     except (TypeError, ValueError):
         return doc  # the typed decode names the bad value
-    loss = algorithm.get("loss", "ppo_clip")
-    if k > 0 and "tis" not in algorithm and loss != "cross_entropy":
-        tis = "trust_region" if loss in TRUST_REGION_LOSSES else "token"
-        return {**doc, "algorithm": {**algorithm, "tis": tis}}
-    return doc
+    if k <= 0 or "tis" in algorithm:
+        return doc
+    try:
+        spec = get_loss(algorithm.get("loss", "ppo_clip"))
+    except (KeyError, TypeError):
+        return doc  # an unknown or malformed loss name: the typed decode names it
+    if spec.supervised:
+        return doc
+    tis = "trust_region" if spec.clips_ratio else "token"
+    return {**doc, "algorithm": {**algorithm, "tis": tis}}
 
 
 def check_correction(rollout: TrainRolloutSettings, tis: str, supervised: bool) -> None:
