@@ -6,6 +6,7 @@ import dataclasses
 import importlib
 import os
 import re
+import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -125,13 +126,14 @@ def eval_command(
     from rllm.engine.evaluation import evaluate
 
     async def go() -> EvalSummary:
-        async with _endpoint(base_url, model, api_base) as (endpoint, gateway_url):
+        async with _endpoint(base_url, model, api_base) as (endpoint, gateway_url, admin_key):
             return await evaluate(
                 tasks,
                 flow,
                 grader,
                 endpoint=endpoint,
                 gateway_url=gateway_url,
+                admin_key=admin_key,
                 attempts=attempts,
                 output_dir=out_dir,
                 model=model,
@@ -271,18 +273,22 @@ def load_object(ref: str, part: str) -> Any:
 @asynccontextmanager
 async def _endpoint(
     base_url: str | None, model: str, api_base: str | None
-) -> AsyncIterator[tuple[str | None, str | None]]:
-    """(endpoint, None) for a model server; (None, gateway) for a hosted model through LiteLLM.
+) -> AsyncIterator[tuple[str | None, str | None, str | None]]:
+    """(endpoint, None, None) for a model server (the engine starts its own gateway); (None,
+    gateway, its admin key) for a hosted model through LiteLLM.
 
-    The key comes from RLLM_GATEWAY_HOSTED_API_KEY, else from the provider's own variable
-    (OPENAI_API_KEY, ...) that LiteLLM reads."""
+    The provider's key comes from RLLM_GATEWAY_HOSTED_API_KEY, else from the provider's own
+    variable (OPENAI_API_KEY, ...) that LiteLLM reads. The gateway's admin key is fresh and
+    goes only to the engine, as for a gateway the engine starts itself."""
     if base_url is not None:
-        yield base_url, None
+        yield base_url, None, None
         return
     from rllm.gateway import GatewayConfig, GatewayServer
 
+    admin_key = secrets.token_urlsafe(32)
     server = GatewayServer(
         GatewayConfig(
+            admin_key=admin_key,
             hosted_model=model,
             hosted_api_base=api_base,
             hosted_api_key=os.environ.get("RLLM_GATEWAY_HOSTED_API_KEY"),
@@ -292,7 +298,7 @@ async def _endpoint(
     )
     await server.start()
     try:
-        yield None, server.url
+        yield None, server.url, admin_key
     finally:
         await server.stop()
 

@@ -152,16 +152,15 @@ class FlowWorker:
 
     async def start(self) -> tuple[str, str]:
         """Start the engine and its gateway; its URL and this node's id."""
-        from rllm.engine.rollout_engine import RolloutEngine, default_gateway_config
+        from rllm.engine.rollout_engine import RolloutEngine
 
         quiet_loggers_from_env()
         kwargs = dict(self._kwargs)
         host = ray.util.get_node_ip_address()
         if kwargs.get("gateway_url") is None:
-            # The gateway listens on the node's address: the driver's admin reaches it from afar.
-            cfg = kwargs.pop("gateway_config", None) or default_gateway_config(
-                kwargs.pop("upstreams", None) or [], kwargs.get("admin_key")
-            )
+            # The gateway listens on the node's address: the driver's admin reaches it from afar,
+            # with the admin key the driver's engine put in this config (owned_gateway_config).
+            cfg = kwargs.pop("gateway_config")
             kwargs["upstreams"] = None
             kwargs["gateway_config"] = msgspec.structs.replace(cfg, host=host, port=0)
         self._engine = await RolloutEngine(**kwargs).start()

@@ -36,6 +36,7 @@ from rllm.engine.failures import RETRYABLE, classify_exception
 from rllm.engine.flow_processes import FlowProcessDied
 from rllm.engine.flow_runner import DeadlineClock, DeadlineExceeded, call_with_deadline
 from rllm.engine.loop_lag import LoopLagMonitor
+from rllm.engine.own_gateway import owned_gateway_config
 from rllm.engine.rollout_config import RolloutConfig, rollout_sampling
 from rllm.engine.rollout_progress import RolloutProgress
 from rllm.engine.sandbox.provider import SandboxProvider, make_backend
@@ -81,6 +82,11 @@ class RolloutEngine:
     Give ``gateway_url`` to attach to a running gateway, or ``upstreams`` (OpenAI-compatible base
     URLs) / ``gateway_config`` to have the engine start its own on loopback. Use as an async
     context manager, or call ``start()`` / ``close()``.
+
+    A gateway the engine starts has an admin key (``gateway_config.admin_key``, else
+    ``admin_key``, else a fresh random one) that only the engine holds: a flow gets its session's
+    URL and token, never the key, so it cannot list sessions, read another session's traces or
+    set the weight version.
     """
 
     def __init__(
@@ -115,8 +121,11 @@ class RolloutEngine:
         # Sync evaluators: in a thread pool until proven cheap, then inline (eval_dispatch.py).
         self._eval_dispatch = None if self.evaluator is None else EvalDispatch(self.evaluator)
         self._gateway_url = gateway_url
-        self._admin_key = admin_key
         self._upstreams = list(upstreams or [])
+        if gateway_url is None:  # our own gateway (one per worker process): keyed, always
+            gateway_config = owned_gateway_config(gateway_config, self._upstreams, admin_key)
+            admin_key = gateway_config.admin_key
+        self._admin_key = admin_key
         self._gateway_config = gateway_config
         self._server: GatewayServer | None = None
         self._client: GatewayAdmin | None = None
@@ -172,9 +181,7 @@ class RolloutEngine:
             from rllm.gateway import GatewayServer, inprocess
             from rllm.sdk.clients import serve_in_process
 
-            cfg = self._gateway_config or default_gateway_config(self._upstreams, self._admin_key)
-            self._admin_key = cfg.admin_key
-            self._server = GatewayServer(cfg)
+            self._server = GatewayServer(self._gateway_config)
             await self._server.start()
             self._gateway_url = self._server.url
             # Same process, same event loop: admin calls need no HTTP round trip to ourselves,
@@ -210,9 +217,8 @@ class RolloutEngine:
         assert self._pool is not None  # start() comes here only for a non-local executor
         if self._gateway_url is not None:  # attached: every worker uses the same gateway
             self._client = GatewayClient(self._gateway_url, admin_key=self._admin_key)
-        else:
-            admin_key = self._admin_key or getattr(self._gateway_config, "admin_key", None)
-            self._client = GatewayGroup(self._pool.gateway_urls, admin_key)
+        else:  # each worker's own gateway, started with our config and so with our admin key
+            self._client = GatewayGroup(self._pool.gateway_urls, self._admin_key)
             self._gateway_url = self._pool.gateway_urls[0]
         return self
 
@@ -540,19 +546,6 @@ class RolloutEngine:
 
     async def _score(self, task: Task, episode: Episode) -> None:
         await score_episode(task, episode, self.evaluator, self.config.eval_timeout_s, self._eval_dispatch)
-
-
-def default_gateway_config(upstreams: list[str], admin_key: str | None) -> Any:
-    """The GatewayConfig of an engine's own gateway when the caller gives only upstreams."""
-    from rllm.gateway import GatewayConfig
-
-    # No auto-created sessions: a sync flow still running after its deadline (its session
-    # deleted) must get a fast 410 (ended), not silently start a new, orphaned session.
-    # Health checks every 2 s, so a worker marked failed is back by the second retry
-    # (backoff 1 s, then 2 s) instead of failing every retry with 503.
-    return GatewayConfig(
-        upstreams=upstreams, admin_key=admin_key, auto_create_sessions=False, health_interval_s=2.0
-    )
 
 
 def _last_call_failed(traces: list[TraceRecord]) -> bool:
