@@ -520,7 +520,7 @@ async def test_the_terminal_cookbook_runs_on_ray_workers_with_warm_sandboxes(clu
     assert all(ep.termination_reason == TerminationReason.DONE for ep in episodes), [
         ep.error for ep in episodes
     ]
-    assert all(ep.artifacts["verified"] and ep.trajectories[0].reward == 1.0 for ep in episodes)
+    assert all(ep.is_correct and ep.trajectories[0].reward == 1.0 for ep in episodes)
     assert len(by_node) == 2 and sum(by_node.values()) == 10, by_node
     # Each worker's acquire latencies, in the pool and (by the episode's worker) in the step metrics.
     assert sorted(per_worker) == [0, 1] and sum(len(v) for v in per_worker.values()) == 10

@@ -1,9 +1,11 @@
 """The remote agent protocol: how the engine asks an agent service for one rollout.
 
 ``POST /rollouts`` with a :class:`RolloutRequest` (``{task, config: {base_url, api_key, model,
-sampling, ...}}``); the service runs its agent against ``config.base_url`` (the rollout's gateway
-session, which captures every LLM call) and answers 200 with either a whole Episode or just
-``{answer, artifacts, metrics, metadata}`` (the engine builds the rest from the gateway's traces).
+sampling, ...}}``; ``task`` is the agent's view, ``rllm.types.agent_view``: no ground truth, no
+grader-only metadata); the service runs its agent against ``config.base_url`` (the rollout's
+gateway session, which captures every LLM call) and answers 200 with either a whole Episode of
+that task id or just ``{answer, artifacts, metrics, metadata}`` (the engine builds the rest from
+the gateway's traces). An answer never carries a reward: the trainer's evaluator gives it.
 A flow failure the service classified itself is answered 422 with
 ``{error: {type, message}, termination_reason}``; any other status, a dropped connection or a body
 that is not one of these is the service's fault (an infrastructure error, retried elsewhere).
@@ -36,7 +38,8 @@ class RemoteConfig(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class RolloutRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """The body of ``POST /rollouts``. ``deadline_s`` is the engine's deadline for this attempt."""
+    """The body of ``POST /rollouts``. ``task`` is the agent's view of the task (no ground truth,
+    no grader-only metadata); ``deadline_s`` is the engine's deadline for this attempt."""
 
     task: Task
     config: RemoteConfig
@@ -45,7 +48,8 @@ class RolloutRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class RolloutAnswer(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
-    """The short answer: what the agent produced; the steps come from the gateway's traces."""
+    """The short answer: what the agent produced; the steps come from the gateway's traces. No
+    reward (not even a ``reward`` metric): the trainer's evaluator gives it."""
 
     answer: str | None = None
     artifacts: dict[str, Any] = msgspec.field(default_factory=dict)
@@ -87,7 +91,8 @@ class RemoteAgentError(RLLMError, RuntimeError):
 
 
 def decode_answer(body: bytes, task_id: str) -> Episode:
-    """The Episode a 200 answer stands for; RemoteProtocolError for anything else."""
+    """The Episode a 200 answer stands for; RemoteProtocolError for anything else, an Episode of
+    another task id or an answer that claims a reward (:func:`claimed_reward`) included."""
     try:
         doc = msgspec.json.decode(body)
     except msgspec.DecodeError:
@@ -96,18 +101,49 @@ def decode_answer(body: bytes, task_id: str) -> Episode:
         raise RemoteProtocolError(f"the agent service answered {type(doc).__name__}, not a JSON object")
     try:
         if "task_id" in doc or "trajectories" in doc:
-            return convert(doc, Episode)
-        short = convert(doc, RolloutAnswer)
+            episode = convert(doc, Episode)
+        else:
+            short = convert(doc, RolloutAnswer)
+            artifacts = dict(short.artifacts)
+            if short.answer is not None:
+                artifacts["answer"] = short.answer
+            episode = Episode(
+                task_id=task_id,
+                artifacts=artifacts,
+                metrics=dict(short.metrics),
+                metadata=dict(short.metadata),
+            )
     except (msgspec.ValidationError, ValueError, TypeError) as exc:
         raise RemoteProtocolError(
             f"the agent service's answer is not an Episode or {{answer, artifacts}}: {exc}"
         ) from None
-    artifacts = dict(short.artifacts)
-    if short.answer is not None:
-        artifacts["answer"] = short.answer
-    return Episode(
-        task_id=task_id, artifacts=artifacts, metrics=dict(short.metrics), metadata=dict(short.metadata)
-    )
+    if episode.task_id != task_id:
+        raise RemoteProtocolError(
+            f"the agent service answered an episode of task {episode.task_id!r} to a rollout of task {task_id!r}"
+        )
+    claim = claimed_reward(episode)
+    if claim is not None:
+        raise RemoteProtocolError(
+            f"the agent service's answer claims a reward ({claim}); rewards come from the trainer's "
+            "evaluator, never from the agent"
+        )
+    return episode
+
+
+def claimed_reward(episode: Episode) -> str | None:
+    """Where ``episode`` (an agent service's answer) reports a reward of its own, or None: a
+    trajectory's or a step's reward or advantage, ``is_correct`` or a ``reward`` metric."""
+    if episode.is_correct is not None:
+        return f"is_correct={episode.is_correct}"
+    if "reward" in episode.metrics:
+        return f"metrics.reward={episode.metrics['reward']}"
+    for t, trajectory in enumerate(episode.trajectories):
+        if trajectory.reward is not None:
+            return f"trajectories[{t}].reward={trajectory.reward}"
+        for i, step in enumerate(trajectory.steps):
+            if step.reward is not None or step.advantage is not None:
+                return f"trajectories[{t}].steps[{i}] reward/advantage"
+    return None
 
 
 def decode_failure(body: bytes) -> RolloutFailure:

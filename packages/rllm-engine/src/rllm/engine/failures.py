@@ -1,9 +1,19 @@
 """Classify why a flow failed: the agent's fault, the infrastructure's, or the context limit.
 
-A flow talks to the gateway with whatever client it likes (openai, httpx, aiohttp, litellm), so
-errors are recognised by duck typing along the exception chain (``__cause__``/``__context__``)
-instead of importing every client library: connection failures, timeouts of the HTTP client and
-HTTP 5xx/429 answers are infrastructure; everything else is the agent's.
+The rule (docs/architecture.md, "Who caused a failure"): an infrastructure error is only what the
+agent cannot cause — a sandbox that failed to start, a host-side fault, the gateway or the model
+upstream down, an agent service that answers garbage. It is retried on a fresh session. A failure
+the agent caused, inside its own sandbox included (its disk filled, a link or a special file
+where a file was expected), is the agent's outcome: scored (reward 0, the reason on the
+episode), never retried and never dropped from its group.
+
+An error that knows whose it is says so: a ``termination_reason`` attribute (e.g.
+``rllm.sdk.sandbox.SandboxAgentError``, ``rllm.sdk.command.CommandError``) wins over its class.
+Otherwise, since a flow talks to the gateway with whatever client it likes (openai, httpx,
+aiohttp, litellm), errors are recognised by duck typing along the exception chain
+(``__cause__``/``__context__``) instead of importing every client library: connection failures,
+timeouts of the HTTP client, HTTP 5xx/429 answers and ``InfraError`` (a host-side
+``SandboxError`` among them) are infrastructure; everything else is the agent's.
 """
 
 from __future__ import annotations
@@ -12,6 +22,7 @@ import re
 
 from rllm.sdk.errors import InfraError
 from rllm.types import TerminationReason
+from rllm.types.errors import ConfigError, UsageError
 
 _INFRA_TYPE_NAMES = frozenset(
     {
@@ -73,6 +84,17 @@ def classify_exception(exc: BaseException) -> TerminationReason:
         if status == 400 and _CONTEXT_LIMIT.search(str(err)):
             return TerminationReason.CONTEXT_LIMIT
     return TerminationReason.AGENT_ERROR
+
+
+def sandbox_start_failure(exc: BaseException) -> TerminationReason:
+    """The termination of a rollout whose sandbox did not start. The agent has not run yet, so
+    it cannot have caused it: an infrastructure error, whatever the exception (a setup script
+    that fails, a host folder or cgroup that cannot be made, a backend that is gone). A run the
+    operator misconfigured (a task asking for network without consent, a spec function returning
+    something else) keeps its own classification: retrying cannot fix it."""
+    if any(isinstance(err, ConfigError | UsageError) for err in _chain(exc)):
+        return classify_exception(exc)
+    return TerminationReason.INFRA_ERROR
 
 
 RETRYABLE = frozenset({TerminationReason.INFRA_ERROR})

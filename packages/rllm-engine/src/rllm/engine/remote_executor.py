@@ -16,6 +16,15 @@ a 5xx (but 503, busy) or answers garbage is marked down and the attempt fails as
 retry lands on another service; a down service is probed (``GET /health``) again after
 ``health_interval_s`` and used again once it answers. :meth:`RemoteFlow.start` checks every
 service before any work starts and refuses to start when none answers.
+
+A service is the agent: it gets the agent's view of the task (``rllm.types.agent_view``, never
+the ground truth or grader-only metadata) and its answer is held to the protocol. An answer for
+another task id, or one that claims a reward (a trajectory's or a step's reward or advantage,
+``is_correct``, a ``reward`` metric: rewards come from the trainer's evaluator only), is refused
+as not the protocol. Its size is bounded (``max_answer_bytes``) and so is its time once it has
+started to arrive (``answer_timeout_s``); the wait for it to start is the rollout itself, bounded
+by the engine's deadline (``rollout.deadline_s``). Past either bound the attempt is an
+``infra_error`` that names it.
 """
 
 from __future__ import annotations
@@ -36,20 +45,24 @@ from rllm.engine.agent_protocol import (
     decode_answer,
     decode_failure,
 )
-from rllm.runtime.http_client import FastHttpPool, UpstreamBadResponse
+from rllm.runtime.http_client import FastHttpPool, UpstreamBadResponse, UpstreamTooLarge, UpstreamTooSlow
 from rllm.sdk.errors import InfraError
 from rllm.sdk.flow import RolloutFlow
-from rllm.types import AgentConfig, Episode, Task
+from rllm.types import AgentConfig, Episode, Task, agent_view
 from rllm.types.errors import ConfigError, InvariantError, StateError
 
 
 class RemoteSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """``rollout.remote``: the agent services (``http://`` base URLs, e.g. ``http://host:8700``), how long a
-    connection may take, and how soon a service marked down is probed again."""
+    connection may take, how soon a service marked down is probed again, the largest answer
+    accepted (``max_answer_bytes``, 64 MiB) and how long an answer may take from its first byte
+    to its last (``answer_timeout_s``)."""
 
     urls: list[str] = msgspec.field(default_factory=list)
     connect_timeout_s: float = 5.0
     health_interval_s: float = 5.0
+    max_answer_bytes: int = 64 << 20
+    answer_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         for url in self.urls:
@@ -65,6 +78,27 @@ class RemoteSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise InvariantError(
                 f"health_interval_s must be > 0, got {self.health_interval_s}", "health_interval_s"
             )
+        if self.max_answer_bytes < 1024:
+            raise InvariantError(
+                f"max_answer_bytes must be >= 1024, got {self.max_answer_bytes}", "max_answer_bytes"
+            )
+        if not self.answer_timeout_s > 0:
+            raise InvariantError(
+                f"answer_timeout_s must be > 0, got {self.answer_timeout_s}", "answer_timeout_s"
+            )
+
+
+# The pool's own read timeout: a backstop only (see RemoteFlow.pool).
+_BACKSTOP_S = 7 * 24 * 3600.0
+
+
+def _bound_named(exc: BaseException) -> str:
+    """The config key of the bound an answer ran past, for the error's message."""
+    if isinstance(exc, UpstreamTooLarge):
+        return " (rollout.remote.max_answer_bytes)"
+    if isinstance(exc, UpstreamTooSlow):
+        return " (rollout.remote.answer_timeout_s)"
+    return ""
 
 
 class _Service:
@@ -104,11 +138,18 @@ class RemoteFlow(RolloutFlow):
     @property
     def pool(self) -> FastHttpPool:
         if self._pool is None:
-            # No read timeout of its own: the engine's deadline bounds every attempt. No kept-alive
-            # connections: the pool re-sends a request whose reused connection dropped, and a
-            # rollout must never be sent twice (its first run may have called the model already).
+            # The wait for an answer to start is the rollout itself: the engine's deadline bounds it
+            # (standing still while the gateway holds the agent's calls, which a timer here could
+            # not), so the pool's own read timeout is only a backstop. Once the answer starts it has
+            # answer_timeout_s and max_answer_bytes. No kept-alive connections: the pool re-sends a
+            # request whose reused connection dropped, and a rollout must never be sent twice (its
+            # first run may have called the model already).
             self._pool = FastHttpPool(
-                connect_timeout_s=self.settings.connect_timeout_s, read_timeout_s=7 * 24 * 3600.0, max_idle=0
+                connect_timeout_s=self.settings.connect_timeout_s,
+                read_timeout_s=_BACKSTOP_S,
+                max_idle=0,
+                max_body_bytes=self.settings.max_answer_bytes,
+                answer_timeout_s=self.settings.answer_timeout_s,
             )
         return self._pool
 
@@ -183,7 +224,7 @@ class RemoteFlow(RolloutFlow):
         service.peak = max(service.peak, service.active)
         service.last_used = time.monotonic()
         request = RolloutRequest(
-            task=task,
+            task=agent_view(task),  # the engine passes the view already; a service never gets more
             config=RemoteConfig(
                 base_url=config.base_url,
                 api_key=config.api_key,
@@ -221,7 +262,7 @@ class RemoteFlow(RolloutFlow):
         except (ConnectionError, OSError, TimeoutError, RemoteProtocolError, UpstreamBadResponse) as exc:
             service.failed += 1
             service.down_since = time.monotonic()
-            raise InfraError(f"agent service {service.url}: {exc}") from exc
+            raise InfraError(f"agent service {service.url}: {exc}{_bound_named(exc)}") from exc
         finally:
             service.active -= 1
             self._freed_event().set()

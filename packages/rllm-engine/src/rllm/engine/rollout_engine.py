@@ -1,9 +1,10 @@
 """RolloutEngine: run a flow on many tasks in parallel through the gateway and return Episodes.
 
-For every rollout the engine creates a gateway session, hands the flow that session's URL, runs
-it under a deadline, finishes the session (takes its traces and deletes it, one admin call),
-builds the Episode (trajectories by role, Steps with the sampler's token ids and logprobs) and
-scores it with the evaluator. An engine that starts its own gateway makes those admin calls in
+For every rollout the engine creates a gateway session, hands the flow that session's URL and
+the agent's view of its task (``rllm.types.agent_view``), runs it under a deadline, finishes the
+session (takes its traces and deletes it, one admin call), builds the Episode (trajectories by
+role, Steps with the sampler's token ids and logprobs) and scores it with the evaluator, which
+gets the full task, in the rollout's sandbox when the flow has one. An engine that starts its own gateway makes those admin calls in
 process (``GatewayServer.local_client()``); one attached to a gateway makes them over HTTP. The batch always completes: every rollout ends as an Episode whose
 ``termination_reason`` says why (done, agent_error, timeout, infra_error, ...). Infrastructure
 failures are retried on a fresh session; the failed attempt's traces are discarded with it.
@@ -32,7 +33,7 @@ from rllm.engine.executors import (
     start_executor,
     start_pool,
 )
-from rllm.engine.failures import RETRYABLE, classify_exception
+from rllm.engine.failures import RETRYABLE, classify_exception, sandbox_start_failure
 from rllm.engine.flow_processes import FlowProcessDied
 from rllm.engine.flow_runner import DeadlineClock, DeadlineExceeded, call_with_deadline
 from rllm.engine.loop_lag import LoopLagMonitor
@@ -53,6 +54,7 @@ from rllm.types import (
     Task,
     TerminationReason,
     TraceRecord,
+    agent_view,
     convert,
 )
 from rllm.types.errors import ConfigError, InputError, StateError
@@ -382,11 +384,14 @@ class RolloutEngine:
         attempt = 0
         while True:
             try:
+                # Scored within the attempt: a verifier may use the rollout's sandbox, and one
+                # that fails for a host reason makes the attempt an infra error, retried.
                 episode = await self._attempt(task, rollout_index, is_validation, attempt, model)
             except Exception as exc:  # an engine/gateway-side bug must not sink the batch
                 episode = failed_episode(
                     task.id, rollout_index, TerminationReason.INFRA_ERROR, ErrorInfo.from_exception(exc)
                 )
+                apply_eval_output(episode, EvalOutput(reward=0.0, is_correct=False))
             if episode.termination_reason not in RETRYABLE or attempt >= self.config.max_retries:
                 break
             retried.append({"attempt": attempt, "error": episode.error.message if episode.error else ""})
@@ -395,7 +400,6 @@ class RolloutEngine:
         episode.metrics["attempts"] = float(attempt + 1)
         if retried:
             episode.metadata["retried"] = retried
-        await self._score(task, episode)
         episode.metrics["rollout_s"] = time.monotonic() - started
         episode.metrics["loop_lag_s"] = self._lag.check()
         return episode
@@ -430,9 +434,11 @@ class RolloutEngine:
         try:
             session = await self.client.create_session(sampling=sampling, metadata=meta)
         except Exception as exc:
-            return failed_episode(
+            failed = failed_episode(
                 task.id, rollout_index, TerminationReason.INFRA_ERROR, ErrorInfo.from_exception(exc)
             )
+            apply_eval_output(failed, EvalOutput(reward=0.0, is_correct=False))
+            return failed
         agent_config = AgentConfig(
             base_url=session.base_url,
             model=model,
@@ -464,34 +470,51 @@ class RolloutEngine:
     async def _run_flow_in_session(
         self, task: Task, rollout_index: int, config: AgentConfig, closed: list[bool]
     ) -> Episode:
+        """The flow's scored Episode. A flow that declares a sandbox runs in one leased for this
+        rollout, and its evaluator runs in the same sandbox after it (``current_sandbox()``: a
+        verifier copies the hidden tests in only then). A sandbox that does not start is never the
+        agent's doing: the attempt is an infra error (retried), unless the run itself is
+        misconfigured (e.g. a task asking for network without the operator's consent)."""
+        if not declares_sandbox(self.flow):  # no lease (an async context manager's machinery per rollout)
+            episode = await self._flow_episode(task, rollout_index, config, closed)
+            await self._score(task, episode)
+            return episode
         sandbox_metrics: dict[str, float] = {}
-        episode = await self._run_flow_in_sandbox(task, rollout_index, config, closed, sandbox_metrics)
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                await stack.enter_async_context(self.sandboxes.lease(self.flow, task, sandbox_metrics))
+            except Exception as exc:
+                episode = await self._flow_episode(task, rollout_index, config, closed, not_started=exc)
+            else:
+                episode = await self._flow_episode(task, rollout_index, config, closed)
+            await self._score(task, episode)
         episode.metrics.update(sandbox_metrics)
         return episode
 
-    async def _run_flow_in_sandbox(
+    async def _flow_episode(
         self,
         task: Task,
         rollout_index: int,
         config: AgentConfig,
         closed: list[bool],
-        sandbox_metrics: dict[str, float],
+        not_started: Exception | None = None,
     ) -> Episode:
+        """Run the flow on the agent's view of ``task`` (not when its sandbox failed to start:
+        ``not_started``), collect the session's traces and build the (unscored) Episode."""
         result: Any = None
         reason = TerminationReason.DONE
         error: ErrorInfo | None = None
         failure_metadata: Any = None
-        try:
-            if declares_sandbox(self.flow):
-                async with self.sandboxes.lease(self.flow, task, sandbox_metrics):
-                    result = await self._call_flow(task, config)
-            else:  # no sandbox: no lease (an async context manager's machinery per rollout)
+        if not_started is not None:
+            reason, error = sandbox_start_failure(not_started), ErrorInfo.from_exception(not_started)
+        else:
+            try:
                 result = await self._call_flow(task, config)
-        except DeadlineExceeded as exc:
-            reason, error = TerminationReason.TIMEOUT, ErrorInfo(type="Timeout", message=f"rollout {exc}")
-        except Exception as exc:
-            reason, error = classify_exception(exc), ErrorInfo.from_exception(exc)
-            failure_metadata = getattr(exc, "episode_metadata", None)  # e.g. a command's exit, tails
+            except DeadlineExceeded as exc:
+                reason, error = TerminationReason.TIMEOUT, ErrorInfo(type="Timeout", message=f"rollout {exc}")
+            except Exception as exc:
+                reason, error = classify_exception(exc), ErrorInfo.from_exception(exc)
+                failure_metadata = getattr(exc, "episode_metadata", None)  # e.g. a command's exit, tails
 
         try:
             traces = await self._collect_traces(config.session_id, closed)
@@ -516,10 +539,13 @@ class RolloutEngine:
             )
 
     def _call_flow(self, task: Task, config: AgentConfig) -> Coroutine[Any, Any, Any]:
-        """The flow's run under the engine's deadline (a coroutine: no frame of its own)."""
+        """The flow's run on the agent's view of ``task`` (never its ground truth or grader-only
+        metadata: ``rllm.types.agent_view``), under the engine's deadline (a coroutine: no frame
+        of its own). Every executor's rollouts pass here (flow processes and Ray workers run an
+        engine of their own; the remote executor's flow is a RemoteFlow)."""
         return call_with_deadline(
             self.flow.run,
-            (task, config),
+            (agent_view(task), config),
             is_async=self.flow.is_async,
             deadline_s=self.config.deadline_s,
             executor=self._executor,

@@ -7,10 +7,10 @@ processes (an episode that cannot be sent back is scored 0 before it is reported
 from __future__ import annotations
 
 from rllm.engine.eval_dispatch import EvalDispatch
-from rllm.engine.failures import FAILED
+from rllm.engine.failures import FAILED, classify_exception
 from rllm.engine.flow_runner import call_with_deadline
 from rllm.sdk.evaluator import EvaluatorFn, to_eval_output
-from rllm.types import Episode, ErrorInfo, EvalOutput, Task, to_builtins
+from rllm.types import Episode, ErrorInfo, EvalOutput, Task, TerminationReason, to_builtins
 
 
 async def score_episode(
@@ -22,9 +22,13 @@ async def score_episode(
 ) -> None:
     """Apply ``evaluator``. Failed rollouts get reward 0 without evaluation (nothing to grade);
     an evaluator exception (or one past ``deadline_s``) gives reward 0 and is recorded in
-    ``metadata["eval_error"]``; without an evaluator a flow that rewarded its trajectories itself
-    keeps its rewards, any other gets 0. ``dispatch`` (the engine's): where a sync evaluator runs
-    (eval_dispatch.py); without it every sync call goes to the thread pool."""
+    ``metadata["eval_error"]`` — the agent's outcome, e.g. a verifier refused by the sandbox the
+    agent broke (``SandboxAgentError``). One the agent cannot have caused (an infrastructure
+    error: the verifier's sandbox gone for a host reason, a judge's upstream down; see
+    ``rllm.engine.failures``) turns the episode into an ``infra_error`` instead, which the engine
+    retries. Without an evaluator a flow that rewarded its trajectories itself keeps its rewards,
+    any other gets 0. ``dispatch`` (the engine's): where a sync evaluator runs (eval_dispatch.py);
+    without it every sync call goes to the thread pool."""
     if episode.termination_reason in FAILED:
         apply_eval_output(episode, EvalOutput(reward=0.0, is_correct=False))
         return
@@ -46,8 +50,11 @@ async def score_episode(
             )
         output = to_eval_output(value, source=f"evaluator {evaluator.name!r}")
     except Exception as exc:
-        episode.metadata["eval_error"] = to_builtins(ErrorInfo.from_exception(exc))
+        error = ErrorInfo.from_exception(exc)
+        episode.metadata["eval_error"] = to_builtins(error)
         output = EvalOutput(reward=0.0, is_correct=False)
+        if classify_exception(exc) == TerminationReason.INFRA_ERROR:
+            episode.termination_reason, episode.error = TerminationReason.INFRA_ERROR, error
     apply_eval_output(episode, output)
 
 

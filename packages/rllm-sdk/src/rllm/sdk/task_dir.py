@@ -14,8 +14,15 @@
 ``[environment] network, setup_timeout_sec, cpu_s, memory_mb, max_procs, output_bytes``,
 ``[environment.desktop] width, height, depth, apps, screenshot_max, image`` (a virtual screen whose
 ``apps`` start the task's GUI program; see ``rllm.sdk.sandbox.DesktopSpec``),
-``[metadata]`` (free-form, kept in ``Task.metadata``). The tests are not in the sandbox while
-the agent works: ``run_verifier`` copies them in afterwards, so the agent cannot read or edit them.
+``[metadata]`` (free-form, kept in ``Task.metadata``; list keys the agent must not see in its
+``grader_only``). The agent never sees the tests, the reference solution or the sandbox spec (whose
+setup script may hold the answer): the engine hands flows, command harnesses (``RLLM_TASK``) and
+remote agents only ``rllm.types.agent_view(task)``, which leaves them out, and they are not in the
+sandbox while the agent works. The evaluator gets the full task and runs in the rollout's sandbox
+after the agent is done (``current_sandbox()``): ``run_verifier`` copies the tests in then, so the
+agent can neither read nor edit them. A verifier the agent's own doing breaks (its disk cap full,
+a link where a test file goes) raises ``SandboxAgentError``: the rollout is scored 0 with that
+reason, never retried.
 
 ``network = true`` is the dataset asking for the network, which the operator must grant: loading
 such a task is refused unless ``allow_network=True``; in a run, the engine refuses it unless
@@ -115,7 +122,8 @@ def task_sandbox_spec(task: Task) -> SandboxSpec:
 
 async def run_verifier(sandbox: Sandbox, task: Task) -> ExecResult:
     """Copy the task's tests into the sandbox (replacing anything the agent put there) and run
-    ``tests/test.sh`` in the workdir; exit 0 means solved.
+    ``tests/test.sh`` in the workdir; exit 0 means solved. Call it from the evaluator, which has
+    the full task (a flow has only the agent's view, without the tests) and the rollout's sandbox.
 
     Whatever the agent left at the tests' folder is removed first, and the removal is checked:
     a folder it made undeletable (read-only) is made writable and removed; when something still
@@ -128,6 +136,11 @@ async def run_verifier(sandbox: Sandbox, task: Task) -> ExecResult:
             exit_code=1,
             stderr=f"verifier: could not clear {TESTS_DIR} before copying the tests in "
             f"(exit {cleared.exit_code}): {cleared.stderr.strip()[-300:]}",
+        )
+    if "tests" not in task.metadata:
+        raise TaskDirError(
+            f"task {task.id!r} has no tests in its metadata: run_verifier needs the full task (the "
+            "evaluator's), not the agent's view a flow gets"
         )
     for rel, text in task.metadata["tests"].items():
         await sandbox.write_file(f"{TESTS_DIR}/{rel}", text)

@@ -27,7 +27,7 @@ import tarfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from rllm.sdk.sandbox import SandboxError
+from rllm.sdk.sandbox import SandboxAgentError, SandboxError
 from rllm.types.errors import RLLMError
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -65,14 +65,14 @@ def relative(mount: str, path: str) -> str:
     if path == mount or path.startswith(mount + "/"):
         rel = path[len(mount) :].lstrip("/")
     elif path.startswith("/"):
-        raise SandboxError(
+        raise SandboxAgentError(
             f"{path!r} is outside the sandbox workdir {mount}; only the workdir is transferable"
         )
     else:
         rel = path
     rel = posixpath.normpath(rel) if rel else "."
     if rel == ".." or rel.startswith("../"):
-        raise SandboxError(f"{path!r} resolves outside the sandbox workdir")
+        raise SandboxAgentError(f"{path!r} resolves outside the sandbox workdir")
     return "" if rel == "." else rel
 
 
@@ -108,14 +108,24 @@ class _OpenFailed(RLLMError, OSError):
     """openat2's errno, as the OSError os.open would raise (``_refusing`` names its cause)."""
 
 
+# What the sandbox's own content causes (a link, a special file or a folder in the way, an entry
+# gone): the agent's doing, never the host's. Writing into the sandbox, a full disk cap is too.
+_AGENT_ERRNOS = frozenset({errno.ELOOP, errno.EXDEV, errno.ENOENT, errno.ENOTDIR, errno.ENXIO, errno.EISDIR})
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
 @contextlib.contextmanager
-def _refusing(path: str, what: str) -> Iterator[None]:
-    """OS errors of a transfer as SandboxErrors that name the cause."""
+def _refusing(path: str, what: str, *, into_sandbox: bool = False) -> Iterator[None]:
+    """OS errors of a transfer as SandboxErrors that name the cause: a SandboxAgentError when
+    the sandbox's content caused it (``into_sandbox``: a write into it, whose full disk cap is
+    the agent's doing too; out of it, a full disk is the host's)."""
     try:
         yield
     except SandboxError:
         raise
     except OSError as exc:
+        code = exc.errno or 0
+        agents = code in _AGENT_ERRNOS or (into_sandbox and code in _FULL_ERRNOS)
         reason = {
             errno.ELOOP: "a link is in the way (links in the sandbox are never followed)",
             errno.EXDEV: "it resolves outside the sandbox workdir",
@@ -125,8 +135,11 @@ def _refusing(path: str, what: str) -> Iterator[None]:
             errno.EISDIR: "it is a folder",
             errno.ENOSPC: "the sandbox's disk cap is full",
             errno.EDQUOT: "the sandbox's disk cap is full",
-        }.get(exc.errno or 0, exc.strerror or str(exc))
-        raise SandboxError(f"{what} {path!r}: {reason}") from None
+            errno.EFBIG: "over the sandbox's file size cap",
+        }.get(code, exc.strerror or str(exc))
+        if not into_sandbox and code in _FULL_ERRNOS:
+            reason = f"the host's disk is full ({exc.strerror})"
+        raise (SandboxAgentError if agents else SandboxError)(f"{what} {path!r}: {reason}") from None
 
 
 @contextlib.contextmanager
@@ -138,14 +151,20 @@ def _fd(fd: int) -> Iterator[int]:
 
 
 def _workdir(root: Path) -> int:
-    # The workdir folder itself is the harness's (its parent is not the sandbox's to change).
-    return os.open(root, _DIR_FLAGS)
+    # The workdir folder itself is the harness's (its parent is not the sandbox's to change), so
+    # failing to open it is the host's fault, never the agent's.
+    try:
+        return os.open(root, _DIR_FLAGS)
+    except OSError as exc:
+        raise SandboxError(
+            f"the sandbox's workdir {root} cannot be opened on the host: {exc.strerror}"
+        ) from None
 
 
 def _require_regular(fd: int, path: str, what: str) -> os.stat_result:
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
-        raise SandboxError(f"{what} {path!r}: not a regular file ({_kind(st.st_mode)}); refused")
+        raise SandboxAgentError(f"{what} {path!r}: not a regular file ({_kind(st.st_mode)}); refused")
     return st
 
 
@@ -238,10 +257,10 @@ def _safe_mode(mode: int) -> int:
 def write_into(workdir: Path, mount: str, path: str, data: bytes, uid: int | None) -> None:
     rel = relative(mount, path)
     if not rel:
-        raise SandboxError(f"write_file {path!r}: it is the workdir itself, a folder")
+        raise SandboxAgentError(f"write_file {path!r}: it is the workdir itself, a folder")
     parent, name = posixpath.split(rel)
     with (
-        _refusing(path, "write_file"),
+        _refusing(path, "write_file", into_sandbox=True),
         _fd(_workdir(workdir)) as top,
         _fd(_opendirs(top, parent.split("/") if parent else [], uid, create=True)) as folder,
     ):
@@ -269,7 +288,7 @@ def upload_into(workdir: Path, mount: str, local: str, path: str, uid: int | Non
     if not source.exists():
         raise SandboxError(f"upload: no local file or folder {local!r}")
     rel = relative(mount, path)
-    with _refusing(path, "upload to"), _fd(_workdir(workdir)) as top:
+    with _refusing(path, "upload to", into_sandbox=True), _fd(_workdir(workdir)) as top:
         if source.is_dir():
             with _fd(_opendirs(top, rel.split("/") if rel else [], uid, create=True)) as folder:
                 _upload_tree(source, folder, uid, path, 0)
@@ -332,7 +351,7 @@ def download_from(workdir: Path, mount: str, path: str, local: str) -> None:
 
 def _download_tree(src: int, out: int, rel: str, refused: list[str], depth: int) -> None:
     if depth > _MAX_DEPTH:
-        raise SandboxError(f"download: {rel!r} is nested deeper than {_MAX_DEPTH} folders")
+        raise SandboxAgentError(f"download: {rel!r} is nested deeper than {_MAX_DEPTH} folders")
     with os.scandir(src) as it:
         names = sorted(entry.name for entry in it)
     for name in names:
@@ -417,7 +436,7 @@ def extract_tar(tar: tarfile.TarFile, top: str, local: str, path: str) -> None:
 
 def refused_error(path: str, refused: list[str]) -> SandboxError:
     shown = ", ".join(refused[:5]) + (f" and {len(refused) - 5} more" if len(refused) > 5 else "")
-    return SandboxError(
+    return SandboxAgentError(
         f"download {path!r}: {len(refused)} entries are links or special files and were not "
         f"copied (links are never created on the host): {shown}"
     )
