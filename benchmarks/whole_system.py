@@ -193,6 +193,7 @@ class Timers:
 def instrument(timers: Timers, on_step: Callable[[int, dict[str, Any]], None]) -> None:
     """Wrap the parts of a step where they are looked up (module globals / classes)."""
     from rllm.engine import rollout_engine as re_mod
+    from rllm.engine import train_step as ts
     from rllm.engine import trainer as tr
     from rllm.engine.metrics_log import MetricsLogger
     from rllm.engine.rollout_engine import RolloutEngine
@@ -201,14 +202,14 @@ def instrument(timers: Timers, on_step: Callable[[int, dict[str, Any]], None]) -
 
     timers.wrap(tr, "next_batch", "data order (next_batch)")
     timers.wrap(RolloutEngine, "run", "rollouts: engine.run (wall)")
-    timers.wrap(tr, "group_trajectories", "group + filter")
-    timers.wrap(tr, "filter_groups", "group + filter")
-    timers.wrap(tr, "compute_advantages", "advantages")
-    timers.wrap(tr, "sequences_from_groups", "sequences")
-    timers.wrap(tr, "measure_mismatch", "token-truth mismatch")
-    timers.wrap(tr, "check_mismatch", "token-truth mismatch")
-    timers.wrap(tr, "write_episode_sample", "sample file (episodes)")
-    timers.wrap(tr, "episode_metrics", "episode metrics")
+    timers.wrap(ts, "group_trajectories", "group + filter")
+    timers.wrap(ts, "filter_groups", "group + filter")
+    timers.wrap(ts, "compute_advantages", "advantages")
+    timers.wrap(ts, "sequences_from_groups", "sequences")
+    timers.wrap(ts, "measure_mismatch", "token-truth mismatch")
+    timers.wrap(ts, "check_mismatch", "token-truth mismatch")
+    timers.wrap(ts, "write_episode_sample", "sample file (episodes)")
+    timers.wrap(ts, "episode_metrics", "episode metrics")
     timers.wrap(TrainProgress, "update", "progress display")
     timers.wrap(RolloutEngine, "_attempt", "rollout attempt (whole)")
     timers.wrap(LocalGatewayClient, "create_session", "session open")

@@ -35,7 +35,7 @@ def test_a_run_that_cannot_learn_warns_checkpoints_and_resumes(
     out = tmp_path / "run"
     # Tasks count as unrewarded after one appearance here (5 by default), so 3 steps show it.
     monkeypatch.setattr(
-        "rllm.engine.trainer.UnrewardedTaskWatch", partial(UnrewardedTaskWatch, appearances=1)
+        "rllm.engine.train_step.UnrewardedTaskWatch", partial(UnrewardedTaskWatch, appearances=1)
     )
     assert main(["train", "say-single", "--out", str(out), "total_steps=3", *QUICK]) == 0
     err = capsys.readouterr().err

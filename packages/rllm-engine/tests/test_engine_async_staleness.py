@@ -22,7 +22,7 @@ from rllm.algos.config import AlgorithmConfig
 from rllm.engine.async_loop import AsyncStepper
 from rllm.engine.checkpoint import TrainerState
 from rllm.engine.data_order import DataCursor, next_batch
-from rllm.engine.learning_watch import UnrewardedTaskWatch
+from rllm.engine.train_step import TrainStep
 from rllm.engine.trainer_config import TrainerConfig, training_rollout
 from rllm.types import Episode, Step, Task, TrainSequence, Trajectory
 from rllm.types.errors import StateError
@@ -144,7 +144,7 @@ class FakeTrainer:
     def __init__(self, config: TrainerConfig, backend: FakeBackend, tasks: list[Task]) -> None:
         self.config, self.backend, self.train_tasks = config, backend, tasks
         self.out_dir = Path("unused")  # sample_groups = 0: nothing is written
-        self.unrewarded = UnrewardedTaskWatch()
+        self.train_step = TrainStep(config, cast(Any, backend), self.out_dir)  # the Trainer's own step
 
 
 def _config(k: int, tasks_per_step: int, group_size: int, policy: str, steps: int) -> TrainerConfig:

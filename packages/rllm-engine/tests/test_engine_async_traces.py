@@ -24,9 +24,9 @@ import pytest
 from rllm.algos.config import AlgorithmConfig
 from rllm.engine.async_loop import AsyncStepper
 from rllm.engine.checkpoint import TrainerState
-from rllm.engine.learning_watch import UnrewardedTaskWatch
 from rllm.engine.rollout_config import RolloutConfig
 from rllm.engine.rollout_engine import RolloutEngine
+from rllm.engine.train_step import TrainStep
 from rllm.engine.trainer_config import TrainerConfig, training_rollout
 from rllm.gateway import GatewayConfig, GatewayServer
 from rllm.sdk import AgentConfig, Task, evaluator, rollout
@@ -150,7 +150,7 @@ class FakeTrainer:
     def __init__(self, config: TrainerConfig, backend: VersionedBackend, tasks: list[Task]) -> None:
         self.config, self.backend, self.train_tasks = config, backend, tasks
         self.out_dir = Path("unused")  # sample_groups = 0: nothing is written
-        self.unrewarded = UnrewardedTaskWatch()
+        self.train_step = TrainStep(config, cast(Any, backend), self.out_dir)  # the Trainer's own step
 
 
 def _calls(server: GatewayServer, status: str) -> int:

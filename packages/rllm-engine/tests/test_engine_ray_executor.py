@@ -25,7 +25,7 @@ from rllm.engine.executors import RaySettings
 from rllm.engine.plugins import load_cookbook
 from rllm.engine.rollout_config import RolloutConfig
 from rllm.engine.rollout_engine import RolloutEngine
-from rllm.engine.trainer import episode_metrics
+from rllm.engine.train_step import episode_metrics
 from rllm.engine.worker_metrics import acquire_s_by_worker
 from rllm.testing import MockReply, MockUpstream
 from rllm.types import ConfigError, Episode, TerminationReason

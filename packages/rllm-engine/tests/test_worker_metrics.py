@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rllm.engine.trainer import episode_metrics
+from rllm.engine.train_step import episode_metrics
 from rllm.engine.worker_metrics import WORKER_KEY, acquire_s_by_worker, sandbox_step_metrics
 from rllm.types import Episode
 

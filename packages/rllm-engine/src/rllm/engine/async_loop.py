@@ -12,6 +12,9 @@ new weights (``rllm.gateway.partial``); a call's trace then records the version 
 token spans, and its oldest version is the one the staleness bound checks.
 
 The Trainer delegates its step here when K > 0; K = 0 keeps the Trainer's synchronous step.
+Both run the same update (``rllm.engine.train_step``: filters, advantages, train, the mismatch
+check, the sample); this module keeps only what is asynchronous: rollout scheduling, the
+staleness bound and its metrics, and the drained, watched sync it passes as ``publish``.
 """
 
 from __future__ import annotations
@@ -23,12 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from rllm.algos import compute_advantages, filter_groups, group_trajectories
 from rllm.engine.async_rollouts import AsyncRollouts, FinishedGroup
 from rllm.engine.checkpoint import TrainerState
 from rllm.engine.data_order import next_batch
-from rllm.engine.metrics_log import write_episode_sample
-from rllm.engine.sequences import sequences_from_groups, signal_sequences
 from rllm.engine.staleness import continued_calls, episode_versions, is_stale
 from rllm.types import Episode, Task
 from rllm.types.errors import StateError
@@ -96,7 +96,9 @@ class AsyncStepper:
         await self.rollouts.close()
 
     async def step(self) -> dict[str, Any]:
-        cfg, algo, state = self.trainer.config, self.trainer.config.algorithm, self.state
+        """Take ``tasks_per_step`` finished groups within the bound, then the shared step
+        (rllm.engine.train_step) with this loop's sync; its metrics plus the staleness ones."""
+        cfg, state = self.trainer.config, self.state
         started = time.perf_counter()
         batch: list[FinishedGroup] = []
         dropped = requeued = 0
@@ -115,34 +117,22 @@ class AsyncStepper:
         batch.sort(key=lambda g: g.seq)
         episodes = [e for g in batch for e in g.episodes]
         t1 = time.perf_counter()
-        groups = group_trajectories(episodes, algo)
-        unrewarded_metrics = self.trainer.unrewarded.observe(groups)
-        kept, filter_metrics = filter_groups(groups, algo)
-        advantage_metrics = compute_advantages(kept, algo)
-        sequences = sequences_from_groups(kept)
-        if cfg.sample_groups:
-            trained = [t.id for g in kept for t in g.trajectories]
-            write_episode_sample(self.trainer.out_dir, state.step + 1, episodes, trained, cfg.sample_groups)
         staleness = self._staleness_metrics(episodes, state.weight_version)
-        train_metrics: dict[str, float] = {}
         sync_s = 0.0
-        if sequences:
-            train_metrics = await self.trainer.backend.train_step(sequences, algo)
+
+        async def publish() -> None:
+            nonlocal sync_s
             t_sync = time.perf_counter()
             await self._sync()
             sync_s = time.perf_counter() - t_sync
+
+        metrics = await self.trainer.train_step.run(episodes, state.step + 1, publish)
         for group in batch:  # their slots free only now: new groups start on the new weights
             self.rollouts.release(group.seq)
         t2 = time.perf_counter()
         state.step += 1
-        from rllm.engine.trainer import episode_metrics  # the Trainer imports this module
-
         return {
-            **episode_metrics(episodes),
-            **{f"filter/{k}": v for k, v in filter_metrics.items()},
-            **unrewarded_metrics,
-            **{f"advantage/{k}": v for k, v in advantage_metrics.items()},
-            **{f"train/{k}": v for k, v in train_metrics.items()},
+            **metrics,
             **staleness,
             "async/dropped_groups": dropped,
             "async/requeued_groups": requeued,
@@ -151,8 +141,6 @@ class AsyncStepper:
             "time/sync_s": sync_s,
             "time/rollout_s": t1 - started,
             "time/train_s": t2 - t1,
-            "train/sequences": len(sequences),
-            "train/signal_sequences": signal_sequences(sequences),
             "weight_version": state.weight_version,
             "batch/task_ids": [g.task.id for g in batch],
         }

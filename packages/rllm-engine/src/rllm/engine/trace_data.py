@@ -21,7 +21,7 @@ import msgspec
 
 from rllm.engine.metrics_log import read_episode_sample, sample_path, sample_steps
 from rllm.engine.sequences import sequences_from_trajectory
-from rllm.engine.trainer import episode_reward
+from rllm.engine.train_step import episode_reward
 from rllm.types import Episode, from_json, to_builtins
 from rllm.types.errors import InputError
 

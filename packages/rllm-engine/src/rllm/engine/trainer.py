@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import statistics
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from rllm.algos import compute_advantages, filter_groups, group_trajectories
 from rllm.engine.async_loop import AsyncStepper
 from rllm.engine.backend import Backend
 from rllm.engine.checkpoint import TrainerState, load_trainer_state, save_checkpoint
@@ -29,22 +26,15 @@ from rllm.engine.data_order import DataCursor, next_batch
 from rllm.engine.distill_launch import build_distiller
 from rllm.engine.early_flow_processes import EarlyFlowProcesses, start_early_for
 from rllm.engine.init_from import init_weights, resolve_init_checkpoint
-from rllm.engine.learning_watch import NoLearningWatch, UnrewardedTaskWatch
-from rllm.engine.metrics_log import (
-    MetricsLogger,
-    plot_reward_curve,
-    truncate_history,
-    write_episode_sample,
-)
-from rllm.engine.mismatch import check_mismatch, measure_mismatch
+from rllm.engine.learning_watch import NoLearningWatch
+from rllm.engine.metrics_log import MetricsLogger, plot_reward_curve, truncate_history
 from rllm.engine.prefetch import Prefetched, prefetch_allowed
 from rllm.engine.rollout_engine import RolloutEngine
 from rllm.engine.run_folder import prepare_run_folder
-from rllm.engine.sequences import sequences_from_groups, signal_sequences
 from rllm.engine.staleness import check_backend
 from rllm.engine.train_progress import TrainProgress
+from rllm.engine.train_step import TrainStep, episode_metrics
 from rllm.engine.trainer_config import TrainerConfig
-from rllm.engine.worker_metrics import sandbox_step_metrics
 from rllm.gateway import GatewayConfig
 from rllm.sdk.cookbook import Cookbook
 from rllm.types import ConfigError, Episode, Task
@@ -98,7 +88,7 @@ class Trainer:
         ckpt = prepare_run_folder(self.out_dir, resume=resume, overwrite=overwrite)
         state = TrainerState()
         self.warnings: list[str] = []
-        self.unrewarded = UnrewardedTaskWatch()
+        self.train_step = TrainStep(cfg, self.backend, self.out_dir, distiller=self.distiller)
         self.interrupt_reported = False  # Ctrl-C: its one line is printed (the CLI adds none)
         self.last_checkpoint: Path | None = None
         self._prefetch: Prefetched | None = None  # the next step's rollouts, started early
@@ -137,7 +127,7 @@ class Trainer:
             if engine is not None:
                 await engine.close()
             await self.backend.close()
-        if (summary := self.unrewarded.summary()) is not None:
+        if (summary := self.train_step.unrewarded.summary()) is not None:
             self.warnings.append(summary)
         plot = (
             plot_reward_curve(self.out_dir / "metrics.jsonl", self.out_dir / "reward.png")
@@ -240,7 +230,9 @@ class Trainer:
         return AsyncStepper(self, engine, state).start()
 
     async def _train_one_step(self, engine: RolloutEngine, state: TrainerState) -> dict[str, Any]:
-        cfg, algo = self.config, self.config.algorithm
+        """The synchronous step: this step's rollouts (maybe prefetched), the shared step
+        (rllm.engine.train_step) and its weight sync, with the next step's rollouts prefetched
+        meanwhile where ``rollout.prefetch`` allows."""
         t0 = time.perf_counter()
         # The cursor moves with the step count, at the end: a step cut short is redone whole.
         tasks, next_data, episodes, prefetched = await self._step_rollouts(engine, state)
@@ -250,32 +242,9 @@ class Trainer:
         # the new weights are in (rllm.engine.prefetch).
         holding = await self._start_prefetch(engine, state, next_data)
         try:
-            groups = group_trajectories(episodes, algo)
-            unrewarded_metrics = self.unrewarded.observe(groups)
-            kept, filter_metrics = filter_groups(groups, algo)
-            advantage_metrics = compute_advantages(kept, algo)
-            sequences = sequences_from_groups(kept)
-            distill_metrics = await self.distiller.apply(sequences) if self.distiller and sequences else {}
-            train_metrics: dict[str, float] = {}
-            if sequences:
-                train_metrics = await self.backend.train_step(sequences, algo)
-            # Token truth: trainer vs sampler logprobs onto the steps (the samples show them), then enforced.
-            mismatch = measure_mismatch(sequences, episodes)
-            if cfg.sample_groups:
-                trained = [t.id for g in kept for t in g.trajectories]
-                write_episode_sample(self.out_dir, state.step + 1, episodes, trained, cfg.sample_groups)
-            if sequences:
-                check_mismatch(mismatch, algo.max_mismatch, state.step + 1, self.backend.name)
-                # No request may see half-synced weights: drain the gateway while the sampler swaps them.
-                if not holding:
-                    await engine.client.pause()
-                try:
-                    state.weight_version = await self.backend.sync_weights()
-                    await engine.client.set_weight_version(state.weight_version)
-                    await self._rename_model(engine)
-                finally:
-                    if not holding:
-                        await engine.client.resume()
+            metrics = await self.train_step.run(
+                episodes, state.step + 1, lambda: self._publish(engine, state, holding)
+            )
         except BaseException:
             await self._cancel_prefetch()  # before the door opens: none of its calls runs
             raise
@@ -286,15 +255,7 @@ class Trainer:
         state.step += 1
         state.data = next_data
         return {
-            **episode_metrics(episodes),
-            **{f"filter/{k}": v for k, v in filter_metrics.items()},
-            **unrewarded_metrics,
-            **{f"advantage/{k}": v for k, v in advantage_metrics.items()},
-            **distill_metrics,
-            **{f"train/{k}": v for k, v in train_metrics.items()},
-            **mismatch.metrics,
-            "train/sequences": len(sequences),
-            "train/signal_sequences": signal_sequences(sequences),
+            **metrics,
             "weight_version": state.weight_version,
             # Prefetched: the rollouts started during the previous step's training, and
             # time/rollout_s is only what was left of them when this step began.
@@ -303,6 +264,19 @@ class Trainer:
             "time/train_s": t2 - t1,
             "batch/task_ids": [t.id for t in tasks],
         }
+
+    async def _publish(self, engine: RolloutEngine, state: TrainerState, holding: bool) -> None:
+        """The new weights to the sampler. No request may see half-synced weights: the gateway is
+        drained while the sampler swaps them (``holding``: already paused for the prefetch)."""
+        if not holding:
+            await engine.client.pause()
+        try:
+            state.weight_version = await self.backend.sync_weights()
+            await engine.client.set_weight_version(state.weight_version)
+            await self._rename_model(engine)
+        finally:
+            if not holding:
+                await engine.client.resume()
 
     async def _step_rollouts(
         self, engine: RolloutEngine, state: TrainerState
@@ -374,51 +348,6 @@ class Trainer:
             health_interval_s=1.0,
             partial_rollouts=self.config.rollout.partial,  # a sync aborts and continues calls
         )
-
-
-def episode_reward(episode: Episode) -> float:
-    """The evaluator's reward for the episode (mean over its rewarded trajectories)."""
-    if "reward" in episode.metrics:
-        return episode.metrics["reward"]
-    rewards = [t.reward for t in episode.trajectories if t.reward is not None]
-    return statistics.fmean(rewards) if rewards else 0.0
-
-
-def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
-    if not episodes:
-        return {"reward/mean": 0.0, "episodes": 0}
-    rewards = [episode_reward(e) for e in episodes]
-    out: dict[str, float] = {
-        "reward/mean": statistics.fmean(rewards),
-        "reward/max": max(rewards),
-        "reward/min": min(rewards),
-        "correct/fraction": statistics.fmean(1.0 if e.is_correct else 0.0 for e in episodes),
-        "episodes": len(episodes),
-    }
-    for reason in {e.termination_reason for e in episodes}:
-        out[f"termination/{reason}"] = sum(e.termination_reason == reason for e in episodes) / len(episodes)
-    response_tokens = [
-        len(s.completion_ids)
-        for e in episodes
-        for t in e.trajectories
-        for s in t.steps
-        if s.completion_ids is not None
-    ]
-    if response_tokens:
-        out["tokens/response_mean"] = statistics.fmean(response_tokens)
-    # How late the rollouts' event loops ran (rllm.engine.loop_lag): high means CPU-bound.
-    out["time/loop_lag_max_s"] = max(e.metrics.get("loop_lag_s", 0.0) for e in episodes)
-    # Rollouts whose flow worker (process, Ray actor or node) died under them and ran again.
-    out["rollout/worker_lost"] = sum(e.metrics.get("worker_lost", 0.0) for e in episodes)
-    out.update(sandbox_step_metrics(episodes))  # sandbox acquire latency, overall and per worker
-    # Evaluator signals (e.g. rllm.sdk.v1's "v1/winner_correct"): mean over the episodes reporting them.
-    signals: dict[str, list[float]] = {}
-    for e in episodes:
-        for name, value in e.metrics.items():
-            if name.startswith("signal/"):
-                signals.setdefault(name, []).append(value)
-    out.update({name: statistics.fmean(values) for name, values in signals.items()})
-    return out
 
 
 def validate_algorithm(config: TrainerConfig, backend: Backend) -> None:

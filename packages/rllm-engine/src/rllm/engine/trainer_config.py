@@ -121,8 +121,9 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         from rllm.algos.registry import get_loss
 
         if self.distill is not None and self.rollout.max_staleness > 0:
-            # The asynchronous step (rllm.engine.async_loop) has no teacher-scoring hook: refuse
-            # rather than train on the task reward alone under the name of distillation.
+            # Both loops train through one step (rllm.engine.train_step), which scores with the
+            # teacher in either, but distillation has only been proven on-policy (K = 0): no run
+            # checks the teacher's scores, or the top-k loss, against samples of older weights.
             raise ConfigError.for_key(
                 "rollout.max_staleness",
                 f"on-policy distillation runs synchronously; rollout.max_staleness={self.rollout.max_staleness} "
