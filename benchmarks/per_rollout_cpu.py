@@ -2,7 +2,7 @@
 it was done before #35 round 6), in one run, alternating rounds:
 
   evaluator   a cheap sync evaluator (say's) through score_episode: the thread-pool hop per call
-              (peer) vs rllm.engine.eval_dispatch (inline once proven cheap)
+              (peer) vs rllm.engine.rollout.eval_dispatch (inline once proven cheap)
   encode      cumulative mode's prompt tokenization for a group of 8 identical prompts:
               tokenizer.encode each time (peer) vs TokenBridge.encode (a repeated text once)
   sample      one decode step's token draw for 32 unseeded rows: torch.multinomial (peer) vs the
@@ -15,7 +15,7 @@ it was done before #35 round 6), in one run, alternating rounds:
               (peer, before #35 round 7) vs the sampler's Outbox (one wake-up per step)
   tensorboard one training step's 47 scalars (the whole-system run's metrics row) to TensorBoard:
               tensorboard.summary.Writer, add_scalar per key + flush (peer, before #35 round 8;
-              its writer thread's work included) vs rllm.engine.tb_events (one Event per step)
+              its writer thread's work included) vs rllm.engine.training.tb_events (one Event per step)
   flow client a rollout's openai client for an in-process gateway: openai's AsyncOpenAI
               constructor (peer, before #35 round 8) vs rllm.sdk.clients.async_openai (a copy)
   idempotency openai's per-request key: uuid4 (peer) vs the flow client's counter
@@ -56,8 +56,8 @@ def cpu_per_call(fn: Callable[[], Any], calls: int) -> float:
 def evaluator_sides(calls: int) -> dict[str, Callable[[], float]]:
     from rllm_cookbook_say import say_evaluator
 
-    from rllm.engine.eval_dispatch import EvalDispatch
-    from rllm.engine.scoring import score_episode
+    from rllm.engine.rollout.eval_dispatch import EvalDispatch
+    from rllm.engine.rollout.scoring import score_episode
     from rllm.types import Episode, Step, Task, Trajectory
 
     task = Task(id="apple", instruction="say: apple", metadata={"words": ["apple"]})
@@ -266,7 +266,7 @@ STEP_KEYS = [
 def tensorboard_sides(calls: int) -> dict[str, Callable[[], float]]:
     from tensorboard.summary import Writer
 
-    from rllm.engine.tb_events import ScalarEventFile
+    from rllm.engine.training.tb_events import ScalarEventFile
 
     rows = [{key: step * 0.001 + i for i, key in enumerate(STEP_KEYS)} for step in range(calls)]
 

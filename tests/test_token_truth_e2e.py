@@ -22,10 +22,10 @@ import pytest
 
 from rllm.backends.tinker import TinkerBackend
 from rllm.cli.main import main
-from rllm.engine import launch
-from rllm.engine.launch import build_trainer
-from rllm.engine.metrics_log import read_episode_sample, read_metrics, sample_path
-from rllm.engine.mismatch import TokenMismatchError
+from rllm.engine.training import launch
+from rllm.engine.training.launch import build_trainer
+from rllm.engine.training.metrics_log import read_episode_sample, read_metrics, sample_path
+from rllm.engine.training.mismatch import TokenMismatchError
 
 pytestmark = pytest.mark.slow
 
@@ -142,7 +142,7 @@ def test_corrupted_sampler_is_caught_and_stops_the_run(
 ) -> None:
     # Through `rllm train` itself, the local backend behind the corrupting proxy. The
     # asynchronous loop (rollout.max_staleness=1) trains through the same step as the
-    # synchronous one (rllm.engine.train_step), so it stops the same way: same line, same exit.
+    # synchronous one (rllm.engine.training.train_step), so it stops the same way: same line, same exit.
     monkeypatch.setattr(launch, "backend_class", lambda name: CorruptedSamplerBackend)
     overrides = [*FAST, "total_steps=3", "algorithm.max_mismatch=0.05", f"rollout.max_staleness={staleness}"]
     code = main(["train", "say", "--out", str(tmp_path), *overrides])

@@ -17,15 +17,15 @@ from typing import Any
 import pytest
 from safetensors.torch import load_file
 
-from rllm.engine.async_loop import AsyncStepper
-from rllm.engine.checkpoint import TrainerState, latest_checkpoint, load_trainer_state
-from rllm.engine.data_order import DataCursor, next_batch
-from rllm.engine.launch import build_trainer
-from rllm.engine.metrics_log import read_episode_sample, read_metrics, sample_path
 from rllm.engine.plugins import load_cookbook
-from rllm.engine.rollout_engine import RolloutEngine
-from rllm.engine.trainer import Trainer
-from rllm.engine.trainer_config import ConfigError
+from rllm.engine.rollout.rollout_engine import RolloutEngine
+from rllm.engine.training.async_loop import AsyncStepper
+from rllm.engine.training.checkpoint import TrainerState, latest_checkpoint, load_trainer_state
+from rllm.engine.training.data_order import DataCursor, next_batch
+from rllm.engine.training.launch import build_trainer
+from rllm.engine.training.metrics_log import read_episode_sample, read_metrics, sample_path
+from rllm.engine.training.trainer import Trainer
+from rllm.engine.training.trainer_config import ConfigError
 
 pytestmark = pytest.mark.slow
 
@@ -85,7 +85,7 @@ def test_staleness_zero_async_step_reproduces_the_synchronous_loop(tmp_path: Pat
 
 # Metric keys a synchronous step logs and an asynchronous one does not, each with the reason.
 # Every other key of a synchronous step is in the asynchronous step too: both train through one
-# step (rllm.engine.train_step), and this set is the only place a difference may be declared.
+# step (rllm.engine.training.train_step), and this set is the only place a difference may be declared.
 SYNC_ONLY = {
     # rollout.prefetch overlaps the next step's rollouts with this step's training in the
     # synchronous loop (refused with K > 0); the asynchronous loop always overlaps them and says

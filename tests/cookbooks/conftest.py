@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from rllm.engine.launch import build_trainer
-from rllm.engine.metrics_log import read_metrics
-from rllm.engine.rollout_config import RolloutConfig
-from rllm.engine.rollout_engine import RolloutEngine
+from rllm.engine.rollout.rollout_config import RolloutConfig
+from rllm.engine.rollout.rollout_engine import RolloutEngine
+from rllm.engine.training.launch import build_trainer
+from rllm.engine.training.metrics_log import read_metrics
 from rllm.testing import MockUpstream
 from rllm.types import Episode, SamplingParams, Task
 

@@ -13,9 +13,9 @@ import msgspec
 import pytest
 from rllm_cookbook_terminal import TOOLS, load_tasks
 
-from rllm.engine.launch import task_vocabulary
 from rllm.engine.plugins import load_cookbook
 from rllm.engine.sandbox import BubblewrapBackend
+from rllm.engine.training.launch import task_vocabulary
 from rllm.sdk.task_dir import run_verifier, task_sandbox_spec
 from rllm.testing import MockReply
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from rllm.engine.metrics_log import read_metrics
+from rllm.engine.training.metrics_log import read_metrics
 from rllm.testing import read_until_line
 
 pytestmark = pytest.mark.slow
@@ -40,7 +40,7 @@ import os
 import sys
 from pathlib import Path
 
-from rllm.engine.metrics_log import read_metrics
+from rllm.engine.training.metrics_log import read_metrics
 from rllm.sdk import rollout
 from rllm_cookbook_say import say_flow
 

@@ -14,10 +14,10 @@ import textwrap
 import pytest
 from sandbox_helpers import needs_bwrap
 
-from rllm.engine.agent_server import AgentServer
-from rllm.engine.remote_executor import RemoteSettings
-from rllm.engine.rollout_config import RolloutConfig
-from rllm.engine.rollout_engine import RolloutEngine
+from rllm.engine.rollout.agent_server import AgentServer
+from rllm.engine.rollout.remote_executor import RemoteSettings
+from rllm.engine.rollout.rollout_config import RolloutConfig
+from rllm.engine.rollout.rollout_engine import RolloutEngine
 from rllm.sdk import command_flow
 from rllm.sdk.sandbox import SandboxSpec
 from rllm.sdk.task_dir import task_sandbox_spec

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from rllm.engine.trainer_config import config_from_dict
+from rllm.engine.training.trainer_config import config_from_dict
 from rllm.types.errors import ConfigError
 
 

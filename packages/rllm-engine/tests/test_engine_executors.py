@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from rllm.engine.executors import RaySettings, resolve_executor
-from rllm.engine.rollout_config import RolloutConfig, RolloutSettings
+from rllm.engine.rollout.executors import RaySettings, resolve_executor
+from rllm.engine.rollout.rollout_config import RolloutConfig, RolloutSettings
 from rllm.types import InvariantError, convert
 
 

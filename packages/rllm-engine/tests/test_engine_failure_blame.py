@@ -18,8 +18,8 @@ from sandbox_helpers import needs_bwrap
 from rllm.algos import AlgorithmConfig
 from rllm.algos.filters import filter_groups
 from rllm.algos.grouping import group_trajectories
-from rllm.engine.rollout_config import RolloutConfig
-from rllm.engine.rollout_engine import RolloutEngine
+from rllm.engine.rollout.rollout_config import RolloutConfig
+from rllm.engine.rollout.rollout_engine import RolloutEngine
 from rllm.engine.sandbox import BubblewrapBackend, SandboxProvider
 from rllm.sdk import AgentConfig, evaluator, rollout
 from rllm.sdk.sandbox import Sandbox, SandboxLimits, SandboxSpec, current_sandbox, needs_sandbox

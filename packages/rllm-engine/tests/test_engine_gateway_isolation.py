@@ -21,8 +21,8 @@ from urllib.parse import urlsplit
 import aiohttp
 import pytest
 
-from rllm.engine.rollout_config import RolloutConfig
-from rllm.engine.rollout_engine import RolloutEngine
+from rllm.engine.rollout.rollout_config import RolloutConfig
+from rllm.engine.rollout.rollout_engine import RolloutEngine
 from rllm.gateway import GatewayClient, LocalGatewayClient
 from rllm.gateway.admin_routes import AdminRoutes
 from rllm.sdk import AgentConfig, Task, rollout

@@ -9,7 +9,12 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rllm.engine.agent_protocol import RemoteProtocolError, decode_answer, decode_failure, encode_result
+from rllm.engine.rollout.agent_protocol import (
+    RemoteProtocolError,
+    decode_answer,
+    decode_failure,
+    encode_result,
+)
 from rllm.sdk.command import fill
 from rllm.types import Episode
 

@@ -15,12 +15,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rllm.engine.agent_protocol import RemoteProtocolError, decode_answer
-from rllm.engine.agent_server import AgentServer
-from rllm.engine.remote_executor import RemoteSettings
-from rllm.engine.rollout_config import RolloutConfig
-from rllm.engine.rollout_engine import RolloutEngine
-from rllm.engine.trainer_config import config_from_dict
+from rllm.engine.rollout.agent_protocol import RemoteProtocolError, decode_answer
+from rllm.engine.rollout.agent_server import AgentServer
+from rllm.engine.rollout.remote_executor import RemoteSettings
+from rllm.engine.rollout.rollout_config import RolloutConfig
+from rllm.engine.rollout.rollout_engine import RolloutEngine
+from rllm.engine.training.trainer_config import config_from_dict
 from rllm.sdk import AgentConfig, Task, rollout
 from rllm.types import ConfigError, Episode, InvariantError, Step, TerminationReason, Trajectory, to_json
 

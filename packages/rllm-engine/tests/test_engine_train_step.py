@@ -1,4 +1,4 @@
-"""The one training step both loops run (rllm.engine.train_step): it trains, measures the
+"""The one training step both loops run (rllm.engine.training.train_step): it trains, measures the
 train/sampler mismatch, writes the sample, checks ``algorithm.max_mismatch`` and only then
 publishes the new weights, so a drifted update never reaches the sampler in either loop.
 
@@ -14,10 +14,10 @@ from typing import Any, cast
 import pytest
 
 from rllm.algos.config import AlgorithmConfig
-from rllm.engine.metrics_log import read_episode_sample, sample_path
-from rllm.engine.mismatch import TokenMismatchError
-from rllm.engine.train_step import TrainStep
-from rllm.engine.trainer_config import TrainerConfig
+from rllm.engine.training.metrics_log import read_episode_sample, sample_path
+from rllm.engine.training.mismatch import TokenMismatchError
+from rllm.engine.training.train_step import TrainStep
+from rllm.engine.training.trainer_config import TrainerConfig
 from rllm.types import Episode, FloatArray, Step, TrainSequence, Trajectory
 
 

@@ -12,10 +12,10 @@ import textwrap
 import pytest
 from sandbox_helpers import needs_bwrap
 
-from rllm.engine.early_flow_processes import OFF_ENV as EARLY_OFF_ENV
-from rllm.engine.early_flow_processes import start_early
-from rllm.engine.rollout_config import RolloutConfig
-from rllm.engine.rollout_engine import RolloutEngine
+from rllm.engine.rollout.early_flow_processes import OFF_ENV as EARLY_OFF_ENV
+from rllm.engine.rollout.early_flow_processes import start_early
+from rllm.engine.rollout.rollout_config import RolloutConfig
+from rllm.engine.rollout.rollout_engine import RolloutEngine
 from rllm.gateway import GatewayServer
 from rllm.sdk import rollout
 from rllm.types import TerminationReason
@@ -257,7 +257,7 @@ async def test_frames_survive_any_chunking_over_a_real_socket_pair():
     import asyncio
     import socket
 
-    from rllm.engine.flow_processes import _HEADER, _Frames
+    from rllm.engine.rollout.flow_processes import _HEADER, _Frames
 
     payloads = [b"", b"x", bytes(range(256)) * 3, b"y" * (3 << 20), b"tail"]
     wire = b"".join(_HEADER.pack(len(p)) + p for p in payloads)
@@ -294,7 +294,7 @@ async def test_frames_sent_in_one_loop_pass_go_out_together_and_in_order():
     import asyncio
     import socket
 
-    from rllm.engine.flow_processes import _Frames
+    from rllm.engine.rollout.flow_processes import _Frames
 
     loop = asyncio.get_running_loop()
     a, b = socket.socketpair()
@@ -326,7 +326,7 @@ async def test_a_bad_frame_closes_the_pipe():
     import asyncio
     import socket
 
-    from rllm.engine.flow_processes import _HEADER, _Frames
+    from rllm.engine.rollout.flow_processes import _HEADER, _Frames
 
     def refuse(view: memoryview) -> None:
         raise ValueError("not a frame we know")
@@ -342,7 +342,7 @@ async def test_a_bad_frame_closes_the_pipe():
 
 
 def test_worker_shares_and_prefetch():
-    from rllm.engine.flow_processes import FlowProcessPool
+    from rllm.engine.rollout.flow_processes import FlowProcessPool
     from rllm.types import InvariantError
 
     pool = FlowProcessPool(3, {}, concurrency=1000)
@@ -398,8 +398,8 @@ async def test_a_worker_still_starting_at_the_timeout_is_not_called_broken(flows
     that cannot be imported; the pool it was part of is closed."""
     import functools
 
-    from rllm.engine import flow_processes
-    from rllm.engine.flow_processes import FlowProcessPool
+    from rllm.engine.rollout import flow_processes
+    from rllm.engine.rollout.flow_processes import FlowProcessPool
 
     # The executors' dispatch imports the pool class from its module when it starts one.
     monkeypatch.setattr(

@@ -24,10 +24,10 @@ from typing import Any
 
 from rllm.algos.config import AlgorithmConfig
 from rllm.algos.registry import BUILTIN_LOSSES, available_estimators, get_estimator
-from rllm.engine.executors import EXECUTORS
 from rllm.engine.modality import trains_on_images
 from rllm.engine.plugins import BACKENDS_GROUP, available, backend_class
-from rllm.engine.staleness import check_backend
+from rllm.engine.rollout.executors import EXECUTORS
+from rllm.engine.training.staleness import check_backend
 
 # How to build each backend variant without starting it: the options its constructor parses.
 # (The only hand-written part: which variants exist. Whether they honour an option is asked.)
@@ -39,7 +39,7 @@ VARIANTS: dict[str, list[tuple[str, dict[str, Any]]]] = {
 }
 DEFAULT_OPTIONS: dict[str, Any] = {"model": "probe"}
 
-# Flows the engine runs whatever the backend (rllm.engine.rollout_engine, sandbox, sdk.command).
+# Flows the engine runs whatever the backend (rllm.engine.rollout.rollout_engine, sandbox, sdk.command).
 ENGINE_FLOWS = ("regular", "sandboxed", "command")
 ALL_FLOWS = (*ENGINE_FLOWS, "remote", "ray")
 
@@ -77,7 +77,7 @@ def _partial_ok(backend: Any) -> bool:
 
 
 def _sft_ok(backend: Any) -> bool:
-    from rllm.engine.sft import SFT_ALGORITHM
+    from rllm.engine.data.sft import SFT_ALGORITHM
 
     try:
         backend.validate(SFT_ALGORITHM)
@@ -87,8 +87,8 @@ def _sft_ok(backend: Any) -> bool:
 
 
 def _sft_extras_ok(backend: Any) -> bool:
-    """`rllm sft` with a held-out loss, warmup and an LR schedule passes its check (rllm.engine.sft)."""
-    from rllm.engine.sft import SFTConfig, check_backend
+    """`rllm sft` with a held-out loss, warmup and an LR schedule passes its check (rllm.engine.data.sft)."""
+    from rllm.engine.data.sft import SFTConfig, check_backend
 
     wanted = SFTConfig(dataset="-", val_dataset="-", val_every=1, warmup_steps=1, lr_schedule="cosine")
     try:

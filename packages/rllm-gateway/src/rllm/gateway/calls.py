@@ -95,7 +95,7 @@ class CallLedger:
         self._drained: asyncio.Event | None = None
         # Told True once a pause has taken hold (nothing running, calls wait at the door) and False
         # when the gateway resumes: an engine in this process stops its rollouts' deadlines
-        # meanwhile, since that wait is the trainer's (rllm.engine.flow_runner.DeadlineClock).
+        # meanwhile, since that wait is the trainer's (rllm.engine.rollout.flow_runner.DeadlineClock).
         self.hold_listeners: list[Callable[[bool], None]] = []
         self._held = False
 
