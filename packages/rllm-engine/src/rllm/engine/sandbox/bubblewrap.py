@@ -282,6 +282,7 @@ class BubblewrapSandbox:
         self._running: set[asyncio.subprocess.Process] = set()
         self._dying: list[int] = []  # host pids of killed namespaces' inits
         self._nets: dict[asyncio.subprocess.Process, network.Wiring] = {}  # networked bwraps' wiring
+        self._lingering: network.Wiring | None = None  # the last ended exec's (network.py: draining)
         self._desktop: asyncio.subprocess.Process | None = None  # the desktop session's bwrap
         self._bridge: session_bridge.SessionBridge | None = None  # a command harness's gateway bridge
         self.desktop_helper: HelperChannel | None = None  # the session's input/screenshot helper
@@ -535,6 +536,8 @@ class BubblewrapSandbox:
             self._warm = None
         for proc in procs:
             self._killed(proc)
+        if self._lingering is not None:
+            self._lingering.close()
         try:
             if self._bridge is not None:  # after the kills: nothing in the sandbox uses it any more
                 await asyncio.shield(self._bridge.close())
@@ -579,6 +582,8 @@ class BubblewrapSandbox:
 
     def _killed(self, proc: asyncio.subprocess.Process) -> None:
         net = self._nets.pop(proc, None)
+        if net is not None and proc.returncode is not None:  # ended by itself: its slirp4netns
+            net, self._lingering = self._lingering, net  # drains until the next one ends
         if net is not None:
             net.close()  # slirp4netns exits with its exit fd closed; the child watcher reaps it
         inner = _kill(proc)
