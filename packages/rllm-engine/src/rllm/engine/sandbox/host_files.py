@@ -36,6 +36,9 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
 MAX_DEPTH = 256  # deeper trees are refused rather than walked with one fd per level
 CHUNK = 1 << 20
+_BLOCK = 1 << 16  # the unit in which a downloaded file's zeros are left as holes
+_ZEROS = bytes(_BLOCK)
+_DIR_OUT = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC  # a host folder of the caller's
 # openat2(2): one syscall number on every architecture (it postdates the split tables).
 _SYS_OPENAT2 = 437
 _RESOLVE = 0x02 | 0x04 | 0x08  # RESOLVE_NO_MAGICLINKS | RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH
@@ -238,6 +241,35 @@ def _write_all(data: bytes) -> Callable[[int], None]:
     return fill
 
 
+def _write_sparse(data: bytes) -> Callable[[int], None]:
+    """Write ``data`` with its all-zero blocks left as holes (a sparse file stays sparse)."""
+
+    def fill(fd: int) -> None:
+        for start in range(0, len(data), _BLOCK):
+            block = data[start : start + _BLOCK]
+            if block != _ZEROS[: len(block)]:
+                view, offset = memoryview(block), start
+                while view:
+                    written = os.pwrite(fd, view, offset)
+                    view, offset = view[written:], offset + written
+        os.ftruncate(fd, len(data))
+
+    return fill
+
+
+def link_into(dir_fd: int, name: str, target: Path) -> None:
+    """Make ``name`` in ``dir_fd`` a hard link of the host file ``target`` (a download's own copy:
+    a file hard-linked in the sandbox is copied once), renamed over whatever entry had that name."""
+    tmp = f".rllm-{secrets.token_hex(8)}.part"
+    os.link(target, tmp, dst_dir_fd=dir_fd, follow_symlinks=False)
+    try:
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
+
+
 def _copy_from(src: int) -> Callable[[int], None]:
     def fill(fd: int) -> None:
         while chunk := os.read(src, CHUNK):
@@ -318,15 +350,15 @@ def _upload_tree(source: Path, folder: int, uid: int | None, path: str, depth: i
 def save_local(local: str, rel: str, data: bytes, mode: int = 0o644) -> None:
     """Write one downloaded file at ``rel`` under the host folder ``local`` (``rel`` empty:
     ``local`` is the file): folders are made and entered without following links, the file is
-    created fresh and renamed into place, and ``rel`` (named by the sandbox) may not leave
-    ``local``. The Docker and E2B backends' downloads go through here."""
+    created fresh (its zero blocks left as holes) and renamed into place, and ``rel`` (named by
+    the sandbox) may not leave ``local``. The Docker and E2B backends' downloads go through here."""
     dest = Path(local)
     where = relative("/", rel) if rel else ""
     with refusing(rel or local, "download to"):
         if not where:
             dest.parent.mkdir(parents=True, exist_ok=True)
             with owned_fd(os.open(dest.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)) as out:
-                replace_entry(out, dest.name, _write_all(data), safe_mode(mode), None)
+                replace_entry(out, dest.name, _write_sparse(data), safe_mode(mode), None)
             return
         dest.mkdir(parents=True, exist_ok=True)
         parent, name = posixpath.split(where)
@@ -334,7 +366,23 @@ def save_local(local: str, rel: str, data: bytes, mode: int = 0o644) -> None:
             owned_fd(os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)) as top,
             owned_fd(opendirs(top, parent.split("/") if parent else [], None, create=True)) as out,
         ):
-            replace_entry(out, name, _write_all(data), safe_mode(mode), None)
+            replace_entry(out, name, _write_sparse(data), safe_mode(mode), None)
+
+
+def link_local(local: str, rel: str, first: str) -> None:
+    """Make ``rel`` under ``local`` a hard link of ``first``, a file this download already wrote
+    under ``local`` (both named by the sandbox, neither may leave ``local``)."""
+    dest = Path(local)
+    where, source = relative("/", rel), relative("/", first)
+    if not where or not source:
+        raise SandboxError(f"download to {rel!r}: a hard link needs a name under {local!r}")
+    parent, name = posixpath.split(where)
+    with (
+        refusing(rel, "download to"),
+        owned_fd(os.open(dest, _DIR_OUT)) as top,
+        owned_fd(opendirs(top, parent.split("/") if parent else [], None, create=True)) as out,
+    ):
+        link_into(out, name, dest / source)
 
 
 def make_local_dir(local: str, rel: str) -> None:

@@ -18,11 +18,9 @@ renamed into place. These functions block: the sandbox runs them in a worker thr
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import posixpath
-import secrets
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +30,7 @@ from rllm.engine.sandbox.host_files import (
     FILE_FLAGS,
     MAX_DEPTH,
     kind,
+    link_into,
     open_beneath,
     open_workdir,
     opendirs,
@@ -161,7 +160,7 @@ class _Download:
                 self.copied[inode] = here
             return
         try:
-            _link_as(out, name, self.dest / first)
+            link_into(out, name, self.dest / first)
         except OSError:  # another file system below dest, or too many links: not copied twice
             self.refused.append(f"{here} (a hard link of {first}; it was not copied twice)")
 
@@ -205,16 +204,3 @@ def _copy_range(src: int, dst: int, start: int, end: int) -> int:
             view, offset = view[written:], offset + written
         start += len(chunk)
     return start
-
-
-def _link_as(dir_fd: int, name: str, target: Path) -> None:
-    """Make ``name`` in ``dir_fd`` a hard link of ``target`` (this download's own copy on the
-    host), renamed over whatever entry had that name."""
-    tmp = f".rllm-{secrets.token_hex(8)}.part"
-    os.link(target, tmp, dst_dir_fd=dir_fd, follow_symlinks=False)
-    try:
-        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=dir_fd)
-        raise
