@@ -13,9 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sandbox_helpers import needs_bwrap
 
 from rllm.engine.sandbox import BubblewrapBackend
+from rllm.engine.sandbox.safe_delete import remove_tree
 from rllm.engine.sandbox.stale import MARKER, is_dead, owner_token, pid_namespace
 from rllm.sdk.sandbox import SandboxSpec
 
@@ -205,3 +208,46 @@ async def test_a_killed_harness_with_a_10000_deep_tree_does_not_stop_the_next_st
     await BubblewrapBackend(base_dir=str(shm_base)).check()  # the sweep must not raise
     assert not root.exists(), "the killed harness's sandbox folder is still there"
     assert (host_victim / "precious").read_text() == "host data"
+
+
+LEAF = st.sampled_from(["file", "link", "fifo", "folder", "locked"])
+TREE = st.recursive(
+    LEAF,
+    lambda children: st.dictionaries(st.sampled_from("abcd"), children, min_size=1, max_size=4),
+    max_leaves=25,
+)
+
+
+def _build(where: Path, shape: object, victim: Path) -> None:
+    """Make ``shape`` at ``where``: a dict is a folder of its entries, a string one leaf."""
+    if isinstance(shape, dict):
+        where.mkdir()
+        for name, sub in shape.items():
+            _build(where / name, sub, victim)
+    elif shape == "file":
+        where.write_text("x")
+    elif shape == "link":
+        where.symlink_to(victim)  # a folder of the host's, which the deletion must not enter
+    elif shape == "fifo":
+        os.mkfifo(where)
+    else:
+        where.mkdir()
+        if shape == "locked":  # made unreadable by its owner (matters to a normal user's harness)
+            (where / "in").write_text("x")
+            where.chmod(0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(TREE)
+def test_remove_tree_deletes_any_tree_and_nothing_a_link_points_to(
+    tmp_path_factory: pytest.TempPathFactory, shape: object
+) -> None:
+    base = tmp_path_factory.mktemp("tree")
+    victim = base / "victim"
+    victim.mkdir()
+    (victim / "precious").write_text("host data")
+    root = base / "root"
+    _build(root, shape, victim)
+    assert remove_tree(root)
+    assert not os.path.lexists(root)
+    assert (victim / "precious").read_text() == "host data"

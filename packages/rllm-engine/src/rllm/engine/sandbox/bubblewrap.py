@@ -5,9 +5,10 @@ writable workdir (a host folder only this sandbox mounts), a private /tmp (a siz
 its own /proc and /dev, no network unless the spec allows it, a cleared environment, and its own
 PID namespace, user, IPC and UTS namespaces. Limits (``prlimit`` around bwrap, so they bind bwrap
 and everything under it): CPU seconds and address space per process, file size, no core dumps,
-and processes. As root, each sandbox runs as a uid of its own, which is what makes the process
-limit per sandbox and keeps sandbox code from being root on the host; run as a normal user, the
-process limit is set inside each exec's user namespace, so it counts that exec's processes only.
+and processes. As root, each sandbox runs as a uid of its own (leased host-wide, ``uids``),
+which makes the process limit per sandbox and keeps sandbox code from being root on the host;
+as a normal user, the process limit is set inside each exec's user namespace, so it counts that
+exec's processes only.
 
 Each exec runs in a fresh PID namespace over the sandbox's files, so nothing it starts outlives
 it (a background process, a fork bomb): when the command ends, the kernel kills the rest of its

@@ -74,7 +74,7 @@ def remove_tree(path: Path) -> bool:
 def _empty(parent: int, name: str) -> None:
     """Remove everything inside the folder ``name`` of ``parent`` (the folder itself stays)."""
     try:
-        top = os.open(name, _DIR_FLAGS, dir_fd=parent)
+        top = _open_writable(parent, name)
     except OSError:
         return
     stuck: set[tuple[tuple[int, int], str]] = set()  # (folder, name) entries that would not go
@@ -172,7 +172,11 @@ def _open_writable(parent: int, name: str) -> int:
 def _scan(level: _Level, stuck: set[tuple[tuple[int, int], str]]) -> None:
     """Unlink every non-folder entry of ``level`` and list its subfolders in ``pending``."""
     assert level.fd is not None
-    with os.scandir(level.fd) as entries:
+    try:
+        listing = os.scandir(level.fd)
+    except OSError:
+        return  # unreadable after all: left, and its removal will fail (logged by the caller)
+    with listing as entries:
         for entry in entries:
             if (level.ident, entry.name) in stuck:
                 continue

@@ -41,9 +41,11 @@ _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOE
 
 
 def default_folder() -> Path:
-    """Where the host's leases live: ``/run`` is per boot (a reboot frees every lease)."""
+    """Where the host's leases live: ``/run`` (per boot: a reboot frees every lease) where this
+    user may write there, else the temporary folder."""
     run = Path("/run")
-    return (run if run.is_dir() else Path(tempfile.gettempdir())) / "rllm-sandbox-uids"
+    usable = run.is_dir() and os.access(run, os.W_OK | os.X_OK)
+    return (run if usable else Path(tempfile.gettempdir())) / "rllm-sandbox-uids"
 
 
 class UidLeases:
@@ -108,9 +110,9 @@ class UidLeases:
 
     def _open_folder(self) -> int:
         if self._dir is None:
-            with contextlib.suppress(FileExistsError):
-                self.folder.mkdir(mode=0o700, parents=True)
             try:
+                with contextlib.suppress(FileExistsError):
+                    self.folder.mkdir(mode=0o700, parents=True)
                 fd = os.open(self.folder, _DIR_FLAGS)
             except OSError as exc:
                 raise SandboxUnavailable(
