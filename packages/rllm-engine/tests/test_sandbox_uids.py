@@ -105,7 +105,11 @@ def test_a_uid_held_by_another_process_is_skipped_and_free_once_that_process_is_
     finally:
         holder.kill()  # SIGKILL: nothing of its own cleanup runs; the kernel drops its locks
         holder.wait()
-    assert sorted(mine.take() for _ in range(4)) == [5000, 5001, 5002, 5003]
+    assert sorted(os.listdir(folder)) == ["5000", "5001", "5002", "5003"]  # left, unlocked
+    fresh = UidLeases(folder, base=5000, span=4)
+    first = fresh.take()  # a process's first lease sweeps what dead holders left
+    assert os.listdir(folder) == [str(first)]
+    assert sorted([first, *(mine.take() for _ in range(3))]) == [5000, 5001, 5002, 5003]
 
 
 @settings(max_examples=50, deadline=None)

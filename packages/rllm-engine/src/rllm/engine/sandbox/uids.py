@@ -12,7 +12,8 @@ sandboxes of one process exclude each other too; the kernel drops it when the ho
 the uids of a killed harness are free again at once (its sandboxes died with it:
 ``--die-with-parent``). Releasing unlinks the file while still holding the lock; a lease is
 taken only when the locked file is still the one of that name (same inode), so an unlinked
-file's lock never counts.
+file's lock never counts. The files a killed harness left are removed by the next process's
+first lease (each is unlocked).
 
 Each process starts at a random point of the range and walks it: a uid just given back by
 another harness is the last to be reused. A forked child forgets its parent's leases (its
@@ -126,7 +127,22 @@ class UidLeases:
                     f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): another user could hand out its uids"
                 )
             self._dir = fd
+            self._sweep(fd)
         return self._dir
+
+    def _sweep(self, folder: int) -> None:
+        """Remove the files of leases whose holders died (a killed harness leaves them, unlocked),
+        so the folder does not grow; a live lease's file is locked and left alone."""
+        with contextlib.suppress(OSError), os.scandir(folder) as entries:
+            names = [entry.name for entry in entries if entry.name.isdigit()]
+        for name in names:
+            with contextlib.suppress(OSError):
+                fd = os.open(name, _LOCK_FLAGS & ~os.O_CREAT, dir_fd=folder)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    os.unlink(name, dir_fd=folder)  # locked: no one holds it (see _try)
+                finally:
+                    os.close(fd)
 
     def _forget(self) -> None:
         """In a forked child: the leases are the parent's (it still holds them)."""
