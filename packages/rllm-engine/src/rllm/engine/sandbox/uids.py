@@ -133,6 +133,7 @@ class UidLeases:
     def _sweep(self, folder: int) -> None:
         """Remove the files of leases whose holders died (a killed harness leaves them, unlocked),
         so the folder does not grow; a live lease's file is locked and left alone."""
+        names: list[str] = []
         with contextlib.suppress(OSError), os.scandir(folder) as entries:
             names = [entry.name for entry in entries if entry.name.isdigit()]
         for name in names:
