@@ -11,7 +11,7 @@ import pytest
 from sandbox_helpers import needs_bwrap
 
 from rllm.engine.sandbox.e2b import E2BBackend, limited
-from rllm.sdk.sandbox import SandboxError, SandboxLimits, SandboxSpec
+from rllm.sdk.sandbox import SandboxAgentError, SandboxError, SandboxLimits, SandboxSpec
 
 pytest.importorskip("e2b", reason="the e2b SDK is not installed (rllm-engine[e2b])")
 
@@ -133,9 +133,9 @@ async def test_a_download_brings_out_the_disk_files_take_and_no_more_than_disk_m
             on_disk = sum(p.stat().st_blocks * 512 for p in local.iterdir() if p.name in ("data", "sparse"))
             assert on_disk < 3 * 2**20, on_disk  # the zeros are holes on the host too
             refused = r"big\.bin.*more than 32 MiB would leave the sandbox"
-            with pytest.raises(SandboxError, match=refused):
+            with pytest.raises(SandboxAgentError, match=refused):
                 await sandbox.read_file("big.bin")
-            with pytest.raises(SandboxError, match=refused):
+            with pytest.raises(SandboxAgentError, match=refused):
                 await sandbox.download("big.bin", str(tmp_path / "big.bin"))
             assert not (tmp_path / "big.bin").exists()
         finally:

@@ -21,7 +21,7 @@ from sandbox_helpers import needs_bwrap
 from rllm.engine import RolloutConfig, RolloutEngine
 from rllm.engine.sandbox import BubblewrapBackend, BubblewrapSandbox, SandboxProvider
 from rllm.sdk import rollout
-from rllm.sdk.sandbox import SandboxError, SandboxLimits, SandboxSpec, needs_sandbox
+from rllm.sdk.sandbox import SandboxAgentError, SandboxError, SandboxLimits, SandboxSpec, needs_sandbox
 from rllm.sdk.task_dir import TaskDirError, load_task_dir, run_verifier, task_sandbox_spec
 from rllm.testing import wait_until
 from rllm.types import ConfigError, Task
@@ -297,13 +297,13 @@ async def test_a_transfer_past_the_disk_cap_is_refused_before_it_is_written(tmp_
         )
         assert made.stdout == "made\n", made
         refused = r"big\.bin.*more than 16 MiB would leave the sandbox"
-        with pytest.raises(SandboxError, match=refused):
+        with pytest.raises(SandboxAgentError, match=refused):  # the agent's doing: scored
             await sandbox.read_file("big.bin")
-        with pytest.raises(SandboxError, match=refused):
+        with pytest.raises(SandboxAgentError, match=refused):
             await sandbox.download("big.bin", str(tmp_path / "big.bin"))
         assert not (tmp_path / "big.bin").exists()  # refused before a byte was written
         # Empty files cost the host an inode each: 5,000 of them are past 16 MiB too.
-        with pytest.raises(SandboxError, match=r"many.*more than 16 MiB would leave the sandbox"):
+        with pytest.raises(SandboxAgentError, match=r"many.*more than 16 MiB would leave the sandbox"):
             await sandbox.download("many", str(tmp_path / "many"))
         assert len(list((tmp_path / "many").iterdir())) <= 16 * 2**20 // 4096
         # Control: what fits is transferred.

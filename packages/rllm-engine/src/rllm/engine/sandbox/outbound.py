@@ -6,7 +6,8 @@ disk in the sandbox, and a 1 MiB file with 144 hard links takes 1 MiB. Copied na
 land on the host at their full apparent size, once per name. So each transfer has a
 :class:`Budget` (the sandbox's ``disk_mb``, the most real data its workdir can hold): every
 file counts its apparent size, every file or folder made on the host ``ENTRY_BYTES`` more, and
-a transfer past it is refused with a :class:`SandboxError` that says so. Within it, a download
+a transfer past it is refused with a :class:`SandboxAgentError` that says so (the agent's
+doing: scored, never retried as infrastructure). Within it, a download
 keeps holes as holes (only the data regions, found with ``SEEK_DATA``/``SEEK_HOLE``, are
 written) and copies a hard-linked file once: its other names in the same download become hard
 links to that copy on the host (refused, never copied again, where a link cannot be made).
@@ -42,7 +43,7 @@ from rllm.engine.sandbox.host_files import (
     require_regular,
     safe_mode,
 )
-from rllm.sdk.sandbox import SandboxError
+from rllm.sdk.sandbox import SandboxAgentError
 
 ENTRY_BYTES = 4096  # what each file or folder made on the host counts besides its size (an inode, a block)
 _DIR_OUT = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
@@ -59,7 +60,7 @@ class Budget:
     def take(self, size: int) -> None:
         """Count ``size`` more bytes; refused, before they are written, when they do not fit."""
         if size > self.left:
-            raise SandboxError(
+            raise SandboxAgentError(  # what the agent left in its sandbox: its outcome, scored
                 f"{self.what} {self.path!r}: more than {self.limit / 2**20:g} MiB would leave the "
                 f"sandbox (one transfer brings out at most the sandbox's disk_mb, counting each "
                 f"file's size and {ENTRY_BYTES // 1024} KiB per file or folder); refused"
@@ -124,7 +125,7 @@ class _Download:
 
     def tree(self, src: int, out: int, rel: str, local: str, depth: int) -> None:
         if depth > MAX_DEPTH:
-            raise SandboxError(f"download: {rel!r} is nested deeper than {MAX_DEPTH} folders")
+            raise SandboxAgentError(f"download: {rel!r} is nested deeper than {MAX_DEPTH} folders")
         with os.scandir(src) as it:
             names = sorted(entry.name for entry in it)
         for name in names:
