@@ -58,7 +58,9 @@ class SandboxLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     processes at once, ``cpus`` CPUs' worth of time. Per mount: ``tmp_mb`` for /tmp, ``shm_mb``
     for /dev/shm, ``disk_mb`` for the workdir; nothing else is writable. Per process: ``cpu_s``
     CPU seconds, ``memory_mb`` of address space, ``file_size_mb`` per file written. Per exec:
-    ``output_bytes`` kept of stdout and of stderr each, ``exec_timeout_s`` of wall clock."""
+    ``output_bytes`` kept of stdout and of stderr each, ``exec_timeout_s`` of wall clock. Per
+    transfer: one ``read_file`` or ``download`` of the local sandbox brings out at most
+    ``disk_mb`` (what its workdir can hold; apparent sizes count), else a ``SandboxAgentError``."""
 
     cpu_s: int = 60
     memory_mb: int = 2048

@@ -5,9 +5,10 @@ writable workdir (a host folder only this sandbox mounts), a private /tmp (a siz
 its own /proc and /dev, no network unless the spec allows it, a cleared environment, and its own
 PID namespace, user, IPC and UTS namespaces. Limits (``prlimit`` around bwrap, so they bind bwrap
 and everything under it): CPU seconds and address space per process, file size, no core dumps,
-and processes. As root, each sandbox runs as a uid of its own, which is what makes the process
-limit per sandbox and keeps sandbox code from being root on the host; run as a normal user, the
-process limit is set inside each exec's user namespace, so it counts that exec's processes only.
+and processes. As root, each sandbox runs as a uid of its own (leased host-wide, ``uids``),
+which makes the process limit per sandbox and keeps sandbox code from being root on the host;
+as a normal user, the process limit is set inside each exec's user namespace, so it counts that
+exec's processes only.
 
 Each exec runs in a fresh PID namespace over the sandbox's files, so nothing it starts outlives
 it (a background process, a fork bomb): when the command ends, the kernel kills the rest of its
@@ -21,8 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import errno
 import itertools
 import logging
 import os
@@ -36,7 +35,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypedDict, TypeVar, cast
 
-from rllm.engine.sandbox import desktop, host_files, network, parked, session_bridge, stale
+from rllm.engine.sandbox import (
+    desktop,
+    host_files,
+    mounts,
+    network,
+    outbound,
+    parked,
+    safe_delete,
+    session_bridge,
+    stale,
+    uids,
+)
 from rllm.engine.sandbox.cgroups import CgroupHost, SandboxCgroup, detect
 from rllm.sdk.desktop_channel import HelperChannel
 from rllm.sdk.sandbox import (
@@ -51,12 +61,9 @@ from rllm.sdk.sandbox import (
 CTL = "/.rllm"  # the sandbox's read-only view of its control folder (exec scripts)
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
-_UID_BASE = 2_000_000
-_uid_counter = itertools.count()
 TRANSFER_TIMEOUT_S = 120.0  # one file transfer; a slower one fails rather than stalls the rollout
 # Joins the cgroups named before "--" (its own pid, before anything else runs), then execs the rest.
 _JOIN = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
-_MS_NOSUID, _MS_NODEV, _MNT_DETACH = 2, 4, 2
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -105,8 +112,9 @@ class BubblewrapBackend:
         # Sandboxes of a harness killed with SIGKILL (tmpfs workdirs still mounted) go first.
         await asyncio.to_thread(stale.sweep, self.base_dir)
         self.cgroups = detect(self.cgroup_parent)
-        self.disk_capped = _is_root() and _can_mount(self.base_dir)
-        self.lot = parked.lot_for(self.cgroups, _new_uid) if self.cgroups.version != "none" else None
+        self.disk_capped = _is_root() and mounts.can_mount(self.base_dir)
+        lot = self.cgroups.version != "none"
+        self.lot = parked.lot_for(self.cgroups, _new_uid, uids.give_back) if lot else None
         sandbox = BubblewrapSandbox(self, SandboxSpec())
         try:
             result = await sandbox.exec("true", timeout=30)
@@ -182,7 +190,7 @@ class BubblewrapBackend:
         # root and /dev (tmpfs of half the host's RAM each) are made read-only below.
         args += ["--size", str(lim.tmp_mb * 1024 * 1024), "--tmpfs", "/tmp"]
         if spec.desktop is not None:  # the sandbox's own X socket folder, never the host's
-            args += ["--bind", str(root / "display" / "x11"), desktop.SOCKET_DIR]
+            args += desktop.exec_binds(root)
         args += ["--size", str(lim.shm_mb * 1024 * 1024), "--tmpfs", "/dev/shm"]
         # After the tmpfs mounts: a folder under /tmp (a venv in a checkout there) stays visible.
         for path in self.ro_binds:
@@ -214,16 +222,17 @@ class BubblewrapSandbox:
         self._parked = backend.lot.take() if backend.lot is not None and not spec.network else None
         self.uid = self._parked.uid if self._parked is not None else _new_uid()
         self.started_parked = False  # whether its first bwrap was exec'd by a parked shell
-        self._mounted = False
+        self._mounts: list[Path] = []  # sized tmpfs folders, unmounted at close
         self._dropped: list[subprocess.Popen[bytes]] = []  # parked shells let go, to wait for
         self.cgroup: SandboxCgroup | None = self._parked.cgroup if self._parked is not None else None
         try:
             if backend.disk_capped:
-                _mount_tmpfs(self.root / "work", spec.limits.disk_mb, self.uid)
-                self._mounted = True
+                self._mounts.append(self.root / "work")
+                mounts.mount_tmpfs(self.root / "work", f"{spec.limits.disk_mb}m", self.uid)
             host_files.give_to(self.root / "work", self.uid)
             if spec.desktop is not None:
-                desktop.make_folders(self.root, self.uid)
+                self._mounts.append(self.root / "display")
+                desktop.make_folders(self.root, self.uid, sized=backend.disk_capped)
             if self.cgroup is not None:
                 self.cgroup.apply(spec.limits)
             else:
@@ -274,6 +283,7 @@ class BubblewrapSandbox:
         self._running: set[asyncio.subprocess.Process] = set()
         self._dying: list[int] = []  # host pids of killed namespaces' inits
         self._nets: dict[asyncio.subprocess.Process, network.Wiring] = {}  # networked bwraps' wiring
+        self._lingering: network.Wiring | None = None  # the last ended exec's (network.py: draining)
         self._desktop: asyncio.subprocess.Process | None = None  # the desktop session's bwrap
         self._bridge: session_bridge.SessionBridge | None = None  # a command harness's gateway bridge
         self.desktop_helper: HelperChannel | None = None  # the session's input/screenshot helper
@@ -303,7 +313,7 @@ class BubblewrapSandbox:
         """Start the desktop session (a bwrap of this sandbox that lives until close) and return
         once its X server accepts clients and its apps are started."""
         self.desktop_helper = channel = await desktop.listen(self.root, self.uid, self.spec)
-        number, proc, wake = await self._spawn(extra=desktop.helper_bind(self.root))
+        number, proc, wake = await self._spawn(extra=desktop.session_binds(self.root))
         self._running.add(proc)  # killed with the sandbox, never discarded before
         self._desktop = proc
         script = desktop.session_script(self.spec, helper=channel.state == "new")
@@ -313,16 +323,9 @@ class BubblewrapSandbox:
         try:
             helper = await desktop.wait_ready(proc.stdout)
         except SandboxError as exc:
-            raise SandboxError(f"{exc}; X server log: {self._desktop_log()}") from None
+            raise SandboxError(f"{exc}; X server log: {desktop.startup_log(self.root / 'work')}") from None
         if not helper:
             channel.unavailable("the sandbox has no python3 to run it")
-
-    def _desktop_log(self) -> str:
-        path = self.root / "work" / desktop.LOG_DIR / "xvfb.log"
-        try:
-            return path.read_text(errors="replace").strip()[-400:] or "(the X server wrote nothing)"
-        except OSError:
-            return "(no X server log)"
 
     # ------------------------------------------------------------------ exec
     async def exec(
@@ -492,7 +495,7 @@ class BubblewrapSandbox:
 
     async def read_file(self, path: str) -> bytes:
         self._check_open()
-        return await _off_loop(host_files.read_from, self.root / "work", self.spec.workdir, path)
+        return await _off_loop(outbound.read_from, self.root / "work", self.spec.workdir, path, self._bound)
 
     async def upload(self, local_path: str, path: str) -> None:
         self._check_open()
@@ -502,7 +505,13 @@ class BubblewrapSandbox:
 
     async def download(self, path: str, local_path: str) -> None:
         self._check_open()
-        await _off_loop(host_files.download_from, self.root / "work", self.spec.workdir, path, local_path)
+        work, bound = self.root / "work", self._bound
+        await _off_loop(outbound.download_from, work, self.spec.workdir, path, local_path, bound)
+
+    @property
+    def _bound(self) -> int:
+        """The most one read_file or download brings out (outbound.Budget): the disk cap."""
+        return self.spec.limits.disk_mb * 1024 * 1024
 
     # ------------------------------------------------------------------ lifecycle
     async def is_alive(self) -> bool:
@@ -528,6 +537,8 @@ class BubblewrapSandbox:
             self._warm = None
         for proc in procs:
             self._killed(proc)
+        if self._lingering is not None:
+            self._lingering.close()
         try:
             if self._bridge is not None:  # after the kills: nothing in the sandbox uses it any more
                 await asyncio.shield(self._bridge.close())
@@ -547,10 +558,10 @@ class BubblewrapSandbox:
 
     def _remove(self) -> None:
         """Unmount and delete the sandbox's folder and remove its cgroup (blocking)."""
-        if self._mounted:
-            _umount(self.root / "work")
-            self._mounted = False
-        shutil.rmtree(self.root, ignore_errors=True)
+        while self._mounts:
+            mounts.detach(self._mounts.pop())
+        if not safe_delete.remove_tree(self.root):
+            log.warning("sandbox %s: its folder was not entirely deleted", self.root)
         for popen in self._dropped:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 popen.wait(timeout=5.0)
@@ -559,6 +570,7 @@ class BubblewrapSandbox:
                 self.cgroup.remove()
             except OSError as exc:
                 log.warning("sandbox %s: its cgroup was not removed: %s", self.root.name, exc)
+        uids.give_back(self.uid)  # its processes are gone: the uid may serve another sandbox
 
     def _drop_parked(self, shell: parked.Parked | None = None) -> None:
         """Let go of a parked shell not used; its cgroup is the sandbox's (``_remove`` waits
@@ -571,6 +583,8 @@ class BubblewrapSandbox:
 
     def _killed(self, proc: asyncio.subprocess.Process) -> None:
         net = self._nets.pop(proc, None)
+        if net is not None and proc.returncode is not None:  # ended by itself: its slirp4netns
+            net, self._lingering = self._lingering, net  # drains until the next one ends
         if net is not None:
             net.close()  # slirp4netns exits with its exit fd closed; the child watcher reaps it
         inner = _kill(proc)
@@ -590,42 +604,6 @@ async def _off_loop(fn: Callable[..., T], *args: object) -> T:
         return await asyncio.wait_for(asyncio.to_thread(fn, *args), TRANSFER_TIMEOUT_S)
     except TimeoutError:
         raise SandboxError(f"a file transfer took longer than {TRANSFER_TIMEOUT_S:g} s") from None
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _mount_tmpfs(path: Path, size_mb: int, uid: int | None) -> None:
-    """A tmpfs of ``size_mb`` on ``path`` (no devices, no setuid), owned by the sandbox's uid."""
-    owner = f",uid={uid},gid={uid}" if uid is not None else ""
-    options = f"size={size_mb}m,mode=0700{owner}".encode()
-    if _libc.mount(b"tmpfs", os.fsencode(path), b"tmpfs", _MS_NOSUID | _MS_NODEV, options) != 0:
-        err = ctypes.get_errno()
-        raise SandboxUnavailable(f"cannot mount the sandbox's sized workdir at {path}: {os.strerror(err)}")
-
-
-def _can_mount(base_dir: Path) -> bool:
-    """Whether this process may mount a tmpfs (root without CAP_SYS_ADMIN, as in a default
-    Docker container, may not)."""
-    base_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
-    probe = Path(tempfile.mkdtemp(prefix="mount-probe-", dir=base_dir))
-    try:
-        _mount_tmpfs(probe, 1, None)
-    except SandboxUnavailable:
-        return False
-    else:
-        _umount(probe)
-        return True
-    finally:
-        probe.rmdir()
-
-
-def _umount(path: Path) -> None:
-    if _libc.umount2(os.fsencode(path), _MNT_DETACH) != 0 and ctypes.get_errno() not in (
-        errno.EINVAL,
-        errno.ENOENT,
-    ):
-        log.warning("sandbox workdir %s: umount failed: %s", path, os.strerror(ctypes.get_errno()))
 
 
 async def _read_capped(
@@ -712,8 +690,8 @@ def _check_traversable(path: Path) -> None:
 
 
 def _new_uid() -> int | None:
-    """As root, a uid of its own for a new sandbox (None otherwise)."""
-    return _UID_BASE + (os.getpid() % 4096) * 4096 + next(_uid_counter) % 4096 if _is_root() else None
+    """As root, a uid of its own for a new sandbox, leased host-wide (None otherwise)."""
+    return uids.take() if _is_root() else None
 
 
 def _is_root() -> bool:
