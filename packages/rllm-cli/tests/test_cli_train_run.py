@@ -51,9 +51,13 @@ def test_a_run_that_cannot_learn_warns_checkpoints_and_resumes(
     assert "warning/no_trainable_sequences" in rows[2]
 
     assert main(["train", "say-single", "--out", str(out), "total_steps=3", *QUICK]) == 2
-    assert "already holds a run" in capsys.readouterr().err
+    assert "already holds a training run" in capsys.readouterr().err
 
-    assert main(["train", "say-single", "--out", str(out), "--resume", "total_steps=4", *QUICK]) == 0
+    # More steps: a change --resume takes only when asked (--allow-changes).
+    assert main(["train", "say-single", "--out", str(out), "--resume", "total_steps=4", *QUICK]) == 2
+    assert "total_steps (run: 3, now: 4)" in capsys.readouterr().err
+    resume = ["--resume", "--allow-changes", "total_steps", "total_steps=4"]
+    assert main(["train", "say-single", "--out", str(out), *resume, *QUICK]) == 0
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3, 4]
     assert (out / "checkpoints" / "step_000004").is_dir()
 

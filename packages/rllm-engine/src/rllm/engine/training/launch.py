@@ -16,7 +16,8 @@ from typing import Any
 
 from rllm.engine.plugins import backend_class, load_cookbook
 from rllm.engine.rollout.early_flow_processes import start_early_for
-from rllm.engine.training.run_folder import check_run_folder
+from rllm.engine.training.init_from import check_init_model, resolve_init_checkpoint
+from rllm.engine.training.train_folder import check_train_folder, ensure_tiny_model
 from rllm.engine.training.trainer import Trainer, validate_algorithm
 from rllm.engine.training.trainer_config import TrainerConfig, load_config
 from rllm.sdk.cookbook import Cookbook
@@ -34,12 +35,13 @@ def build_trainer(
     out_dir: str | None = None,
     resume: bool | None = None,
     overwrite: bool = False,
+    allow_changes: tuple[str, ...] | list[str] = (),
     cookbook: Cookbook | None = None,
 ) -> Trainer:
     """The Trainer for cookbook ``name`` (or for ``cookbook`` itself, named ``name``, e.g. a
-    registered dataset with another cookbook's agent); pass the same ``resume``/``overwrite``
-    to its ``fit``. Given ``resume`` (True or False), the run folder is checked here, before
-    anything is built; left None, only ``fit`` checks it."""
+    registered dataset with another cookbook's agent); pass the same ``resume``/``overwrite``/
+    ``allow_changes`` to its ``fit``. Given ``resume`` (True or False), the run folder is checked
+    here, before anything is built; left None, only ``fit`` checks it."""
     config, cookbook = load_train_config(
         name,
         cookbook=cookbook,
@@ -48,7 +50,7 @@ def build_trainer(
         backend=backend,
         out_dir=out_dir,
     )
-    return assemble_trainer(config, cookbook, resume=resume, overwrite=overwrite)
+    return assemble_trainer(config, cookbook, resume=resume, overwrite=overwrite, allow_changes=allow_changes)
 
 
 def load_train_config(
@@ -75,12 +77,19 @@ def load_train_config(
 
 
 def assemble_trainer(
-    config: TrainerConfig, cookbook: Cookbook, *, resume: bool | None = None, overwrite: bool = False
+    config: TrainerConfig,
+    cookbook: Cookbook,
+    *,
+    resume: bool | None = None,
+    overwrite: bool = False,
+    allow_changes: tuple[str, ...] | list[str] = (),
 ) -> Trainer:
     """:func:`build_trainer` after its config: the run folder (given ``resume``), the backend's
-    options and the algorithm checked, then the tiny model built (``model = "tiny"``)."""
+    options and the algorithm checked, then the tiny model built (``model = "tiny"``), then
+    ``init_from``'s model checked against the run's (tokenizer, vocab and hidden size), all before
+    the backend loads anything."""
     if resume is not None:
-        check_run_folder(Path(config.out_dir), resume=resume, overwrite=overwrite)
+        check_train_folder(config, cookbook, resume=resume, overwrite=overwrite, allow_changes=allow_changes)
     cls = backend_class(config.backend.name)
     options = dict(config.backend.options)
     options.setdefault("seed", config.seed)
@@ -101,8 +110,12 @@ def assemble_trainer(
                 # processes start first and import theirs meanwhile (Trainer.fit adopts them).
                 early = start_early_for(config, cookbook)
             options["model"] = str(
-                init_tiny_model(target, cookbook=cookbook, backend_cls=cls, seed=config.seed)
+                init_tiny_model(
+                    target, cookbook=cookbook, backend=config.backend.name, backend_cls=cls, seed=config.seed
+                )
             )
+        if config.init_from:
+            check_init_model(resolve_init_checkpoint(config.init_from), str(options.get("model")))
         trainer = Trainer(config, cookbook, make_backend(cls, config.backend.name, options))
     except BaseException:
         if early is not None:
@@ -150,11 +163,13 @@ def make_backend(cls: Any, name: str, options: dict[str, Any]) -> Any:
 def init_tiny_model(
     path: Path, *, cookbook: Cookbook, backend: str = "tinker", backend_cls: Any = None, seed: int = 0
 ) -> Path:
-    """Build (once) a tiny random model whose tokenizer covers the cookbook's task vocabulary."""
-    if (path / "config.json").is_file():
-        return path
+    """A tiny random model whose tokenizer covers the cookbook's task vocabulary: the one at
+    ``path`` when it was built from the same words and seed, else built there
+    (:func:`rllm.engine.training.train_folder.ensure_tiny_model`)."""
     cls = backend_cls or backend_class(backend)
-    return cls.init_tiny_model(path, vocab_words=task_vocabulary(cookbook), seed=seed)
+    return ensure_tiny_model(
+        Path(path), task_vocabulary(cookbook), backend=backend, backend_cls=cls, seed=seed
+    )
 
 
 def task_vocabulary(cookbook: Cookbook) -> list[str]:

@@ -30,8 +30,8 @@ from rllm.engine.training.init_from import init_weights, resolve_init_checkpoint
 from rllm.engine.training.learning_watch import NoLearningWatch
 from rllm.engine.training.metrics_log import MetricsLogger, plot_reward_curve, truncate_history
 from rllm.engine.training.prefetch import Prefetched, prefetch_allowed
-from rllm.engine.training.run_folder import prepare_run_folder
 from rllm.engine.training.staleness import check_backend
+from rllm.engine.training.train_folder import begin_train_folder
 from rllm.engine.training.train_progress import TrainProgress
 from rllm.engine.training.train_step import TrainStep, episode_metrics
 from rllm.engine.training.trainer_config import TrainerConfig
@@ -76,16 +76,20 @@ class Trainer:
         tasks = self.cookbook.load_tasks(self.config.val_split)
         return tasks[: self.config.val_tasks] if self.config.val_tasks else tasks
 
-    async def fit(self, resume: bool = False, overwrite: bool = False) -> TrainResult:
+    async def fit(
+        self, resume: bool = False, overwrite: bool = False, allow_changes: Any = ()
+    ) -> TrainResult:
         """Train for ``total_steps`` optimizer steps (continuing from the latest checkpoint on resume).
 
-        A folder holding an earlier run is refused unless ``overwrite`` (which removes its
-        outputs first); ``resume`` with no checkpoint to resume from is refused too (see
-        :mod:`rllm.engine.training.run_folder`). The run always ends with a checkpoint of its last step.
+        The run folder's contract (:mod:`rllm.engine.training.run_folder`): an earlier run is
+        replaced only with ``overwrite``, ``resume`` needs a checkpoint and the recorded config
+        (``allow_changes``: keys that may differ). The run always ends with a checkpoint of its last step.
         """
         cfg = self.config
         started = time.perf_counter()
-        ckpt = prepare_run_folder(self.out_dir, resume=resume, overwrite=overwrite)
+        ckpt = begin_train_folder(
+            cfg, self.cookbook, resume=resume, overwrite=overwrite, allow_changes=allow_changes
+        )
         state = TrainerState()
         self.warnings: list[str] = []
         self.train_step = TrainStep(cfg, self.backend, self.out_dir, distiller=self.distiller)
