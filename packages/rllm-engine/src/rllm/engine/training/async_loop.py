@@ -126,7 +126,7 @@ class AsyncStepper:
             await self._sync()
             sync_s = time.perf_counter() - t_sync
 
-        metrics = await self.trainer.train_step.run(episodes, state.step + 1, publish)
+        metrics = await self.trainer.train_step.run(episodes, state.step + 1, publish, state.weight_version)
         for group in batch:  # their slots free only now: new groups start on the new weights
             self.rollouts.release(group.seq)
         t2 = time.perf_counter()
