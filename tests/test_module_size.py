@@ -28,12 +28,9 @@ ALLOWED: dict[str, str] = {
     "packages/rllm-engine/src/rllm/engine/sandbox/bubblewrap.py": "issue 47: sandbox split",
     "packages/rllm-engine/src/rllm/engine/sandbox/bubblewrap.py::BubblewrapSandbox": "issue 47: sandbox split",
     # classes over 300 lines in modules within 500, not yet assigned
-    "packages/rllm-backend-tinker/src/rllm/backends/tinker/local/server.py::SamplerServer": "over: to split",
     "packages/rllm-gateway/src/rllm/gateway/cumulative.py::TokenBridge": "issue 47: gateway circle",
     "packages/rllm-gateway/src/rllm/gateway/proxy.py::Proxy": "issue 47: gateway circle",
     "packages/rllm-gateway/src/rllm/gateway/server.py::GatewayServer": "issue 47: gateway circle",
-    "packages/rllm-runtime/src/rllm/runtime/http_server.py::HttpProtocol": "over: to split",
-    "packages/rllm-testing/src/rllm/testing/tinker/server.py::FakeTinkerServer": "over: to split",
 }
 
 
