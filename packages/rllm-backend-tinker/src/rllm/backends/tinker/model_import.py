@@ -289,6 +289,9 @@ def _convert(gguf: Path, to: Path, dtype: str, template: str) -> tuple[int, dict
             f"{gguf}: transformers cannot convert its tokenizer ({type(exc).__name__}: {exc})"
         ) from None
     tokenizer.chat_template = template
+    # The conversion sets it; on a byte-level BPE it strips spaces before punctuation when
+    # decoding (transformers warns and ignores it), which no Hugging Face release of these sets.
+    tokenizer.clean_up_tokenization_spaces = False
     _check_tokenizer(gguf, tokenizer)
     try:
         model = AutoModelForCausalLM.from_pretrained(
