@@ -78,13 +78,18 @@ def test_import_prints_what_it_wrote(tmp_path: Path, capsys: pytest.CaptureFixtu
     source = write_tiny_llama(tmp_path / "tiny.gguf")
     assert main(["model", "import", str(source), "--out", str(tmp_path / "out"), "--dtype", "float32"]) == 0
     err = capsys.readouterr().err
-    assert re.search(rf"imported tiny\.gguf \(llama, F32, [\d,]+ parameters\) to {re.escape(str(tmp_path / 'out'))} in", err)
+    assert re.search(
+        rf"imported tiny\.gguf \(llama, F32, [\d,]+ parameters\) to {re.escape(str(tmp_path / 'out'))} in",
+        err,
+    )
     assert "float32 weights; 7 files" in err and "model.safetensors" in err
     assert "tokens: eos <|im_end|> (2), pad <|im_end|> (2), bos <|im_start|> (1)" in err
     assert "eos: <|im_start|> (1) -> <|im_end|> (2), where the template ends a turn" in err
 
 
-def test_bad_input_is_one_line_exit_2_and_nothing_in_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_input_is_one_line_exit_2_and_nothing_in_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     tiny = write_tiny_llama(tmp_path / "tiny.gguf")
     truncated = tmp_path / "truncated.gguf"
     truncated.write_bytes(tiny.read_bytes()[:-100])

@@ -59,7 +59,12 @@ def test_sft_masks_only_the_assistants_tokens_then_export_and_serve_match_transf
 
     run = tmp_path / "sft"
     args = ["sft", str(data), "--model", str(smollm2), "--out", str(run), "progress=false", "total_steps=2"]
-    args += ["epochs=2", "batch_tokens=400", "backend.options.lora.rank=8", "backend.options.learning_rate=1e-3"]
+    args += [
+        "epochs=2",
+        "batch_tokens=400",
+        "backend.options.lora.rank=8",
+        "backend.options.learning_rate=1e-3",
+    ]
     assert main(args) == 0
     rows = [r for r in read_metrics(run / "metrics.jsonl") if "train/loss" in r]
     assert [r["step"] for r in rows] == [1, 2]

@@ -6,6 +6,7 @@ and every sampled token's logprob is transformers' forward pass over the same id
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import openai
@@ -38,7 +39,10 @@ async def test_three_turns_are_token_true_with_a_real_bpe_tokenizer(smollm2: Pat
             for question in QUESTIONS:
                 messages.append({"role": "user", "content": question})
                 answer = await chat.chat.completions.create(
-                    model=backend.served_model_name(), messages=messages, max_tokens=24, seed=7  # pyright: ignore[reportArgumentType]
+                    model=backend.served_model_name(),
+                    messages=messages,
+                    max_tokens=24,
+                    seed=7,  # pyright: ignore[reportArgumentType]
                 )
                 messages.append({"role": "assistant", "content": answer.choices[0].message.content or ""})
             traces = await client.get_traces("three")
@@ -47,7 +51,7 @@ async def test_three_turns_are_token_true_with_a_real_bpe_tokenizer(smollm2: Pat
 
     assert len(traces) == 3 and all(t.status == "ok" for t in traces)
     assert [t.segment for t in traces] == [0, 0, 0]
-    for before, after in zip(traces, traces[1:], strict=False):
+    for before, after in itertools.pairwise(traces):
         sent = [*before.prompt_ids, *before.completion_ids]
         assert list(after.prompt_ids[: len(sent)]) == sent  # the sampled tokens, not a re-tokenization
     tokenizer = AutoTokenizer.from_pretrained(smollm2)

@@ -37,9 +37,15 @@ def test_the_header_is_what_the_gguf_packages_reader_sees(tiny: bytes, tmp_path:
     path.write_bytes(tiny)
     header = read_header(path, SIZES)
     reference = gguf.GGUFReader(path)
-    assert [(t.name, t.type_id) for t in header.tensors] == [(t.name, int(t.tensor_type)) for t in reference.tensors]
-    assert [header.data_start + t.offset for t in header.tensors] == [t.data_offset for t in reference.tensors]
-    assert [tuple(t.shape) for t in header.tensors] == [tuple(int(d) for d in t.shape) for t in reference.tensors]
+    assert [(t.name, t.type_id) for t in header.tensors] == [
+        (t.name, int(t.tensor_type)) for t in reference.tensors
+    ]
+    assert [header.data_start + t.offset for t in header.tensors] == [
+        t.data_offset for t in reference.tensors
+    ]
+    assert [tuple(t.shape) for t in header.tensors] == [
+        tuple(int(d) for d in t.shape) for t in reference.tensors
+    ]
     fields = {k: v for k, v in reference.fields.items() if not k.startswith("GGUF.")}
     assert set(header.metadata) == set(fields)
     assert header.string("general.architecture") == "llama"
@@ -77,7 +83,9 @@ def test_any_bytes_after_the_magic_read_as_a_header_or_one_gguf_error(body: byte
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(at=st.integers(min_value=4, max_value=600), value=st.integers(min_value=0, max_value=2**64 - 1))
-def test_a_forged_count_or_length_is_refused_without_reading_past_the_file(tiny: bytes, at: int, value: int) -> None:
+def test_a_forged_count_or_length_is_refused_without_reading_past_the_file(
+    tiny: bytes, at: int, value: int
+) -> None:
     """A u64 overwritten anywhere in the header (a count, a length, a shape): read or refused."""
     forged = tiny[:at] + struct.pack("<Q", value) + tiny[at + 8 :]
     try:

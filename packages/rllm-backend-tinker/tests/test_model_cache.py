@@ -25,7 +25,9 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "cache"
 
 
-def test_a_gguf_is_imported_once_and_then_reused(cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_gguf_is_imported_once_and_then_reused(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     source = write_tiny_llama(tmp_path / "tiny.gguf")
     calls: list[Path] = []
     real_import = model_cache.import_model
@@ -52,7 +54,9 @@ def test_a_gguf_is_imported_once_and_then_reused(cache: Path, tmp_path: Path, mo
     assert model_cache.cached_import(source) != folder and len(calls) == 2
 
 
-def test_the_local_service_hands_the_imported_folder_to_the_tokenizer_user(cache: Path, tmp_path: Path) -> None:
+def test_the_local_service_hands_the_imported_folder_to_the_tokenizer_user(
+    cache: Path, tmp_path: Path
+) -> None:
     source = write_tiny_llama(tmp_path / "tiny.gguf")
     service = LocalService(TinkerBackendConfig(model=str(source)))
     path = service.tokenizer_path()

@@ -26,7 +26,11 @@ HIDDEN, HEADS, KV_HEADS, FFN, LAYERS = 32, 2, 1, 64, 2  # rows of 32: Q8_0 and Q
 
 def byte_level_alphabet() -> list[str]:
     """GPT-2's byte → printable character table (bytes_to_unicode), in byte order."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     chars, extra = [], 0
     for b in range(256):
         if b in printable:

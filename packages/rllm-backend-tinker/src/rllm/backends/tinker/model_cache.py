@@ -52,7 +52,9 @@ def cached_import(gguf: str | Path) -> Path:
         known = _resolved.get(key)
     if known is not None and (known / PROVENANCE).is_file():
         return known
-    target = cache_root() / "models" / f"gguf-{_sha256(path)[:16]}-v{FORMAT_VERSION}"  # its name: rllm-import.json
+    target = (
+        cache_root() / "models" / f"gguf-{_sha256(path)[:16]}-v{FORMAT_VERSION}"
+    )  # its name: rllm-import.json
     if not (target / PROVENANCE).is_file():
         with file_lock(target.parent / f".{target.name}.lock"):
             if not (target / PROVENANCE).is_file():  # another process may have imported it meanwhile
