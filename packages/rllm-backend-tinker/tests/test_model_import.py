@@ -216,3 +216,17 @@ def test_staging_folders_of_killed_imports_are_swept(tiny_gguf: Path, tmp_path: 
     (dead / "model.safetensors").write_bytes(b"half")
     import_model(tiny_gguf, tmp_path / "out")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_an_import_killed_between_its_two_renames_gives_the_earlier_folder_back(
+    tiny_gguf: Path, tmp_path: Path
+) -> None:
+    """SIGKILL after the old --out was moved aside and before the new one took its place: the
+    next import to that --out puts the old folder back before it sweeps the staging folder."""
+    dead = tmp_path / ".out.importing-999999999-abc"
+    (dead / "replaced").mkdir(parents=True)
+    (dead / "replaced" / "old.txt").write_text("earlier import")
+    with pytest.raises(InputError, match="exists and is not empty"):
+        import_model(tiny_gguf, tmp_path / "out")
+    assert (tmp_path / "out" / "old.txt").read_text() == "earlier import"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

@@ -16,17 +16,17 @@ import once. The first fill takes about a minute of CPU; later uses take nothing
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable
-from importlib.metadata import entry_points
+from importlib import import_module
+from importlib.metadata import EntryPoint, entry_points
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any
 
 from rllm.runtime.file_lock import file_lock
 
@@ -92,19 +92,29 @@ def smollm2_gguf() -> Path:
 
 
 def smollm2_model() -> Path:
-    """SmolLM2-135M-Instruct as a Hugging Face folder made by ``rllm model import``."""
+    """SmolLM2-135M-Instruct as a Hugging Face folder made by ``rllm model import`` (made again
+    when the importer's output format changed since the cached one was written)."""
     target = cache_dir() / f"smollm2-{VERSION}" / f"model-{MODEL_DTYPE}"
-    if (target / "config.json").is_file():
+    entry = _importer_entry()
+    if _current(target, entry):
         return target
     gguf = smollm2_gguf()
     with file_lock(cache_dir() / ".model.lock"):
-        if not (target / "config.json").is_file():  # the import is atomic: a folder is whole
-            import_model = _importer()
-            import_model(gguf, target, dtype=MODEL_DTYPE, overwrite=True)
+        if not _current(target, entry):  # the import is atomic: a folder there is whole
+            entry.load()(gguf, target, dtype=MODEL_DTYPE, overwrite=True)
     return target
 
 
-def _importer() -> Callable[..., Any]:
+def _current(target: Path, entry: EntryPoint) -> bool:
+    """Whether ``target`` was written by an importer of the installed one's format version."""
+    try:
+        written = json.loads((target / "rllm-import.json").read_text())["format_version"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return written == getattr(import_module(entry.module), "FORMAT_VERSION", None)
+
+
+def _importer_entry() -> EntryPoint:
     """`rllm model import`'s function, found as the CLI finds it (never imported by name: it is a
     backend's, in a layer above this package)."""
     found = [ep for ep in entry_points(group="rllm.model_import") if ep.name == "gguf"]
@@ -112,7 +122,7 @@ def _importer() -> Callable[..., Any]:
         raise RealModelUnavailable(
             "no `rllm.model_import` entry point `gguf`: install rllm-backend-tinker[gguf]"
         )
-    return found[0].load()
+    return found[0]
 
 
 def _pip_download(into: Path) -> None:

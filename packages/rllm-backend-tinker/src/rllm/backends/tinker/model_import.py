@@ -103,10 +103,10 @@ def import_model(
         raise InputError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     if not source.exists():
         raise NotFoundError(f"{source} does not exist")
+    _sweep_abandoned(out)  # first: it may put an earlier --out back, which _check_out then sees
     _check_out(source, out, overwrite)
     quant_sizes, readable = _gguf_tables()
     out.parent.mkdir(parents=True, exist_ok=True)
-    _sweep_abandoned(out)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.importing-{os.getpid()}-", dir=out.parent))
     try:
         gguf = _locate(source, staging)
@@ -142,7 +142,7 @@ def import_model(
             seconds=time.monotonic() - started,
         )
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        _discard(staging, out)
 
 
 def _check_out(source: Path, out: Path, overwrite: bool) -> None:
@@ -264,9 +264,7 @@ def _check_template(path: Path, template: str | None) -> str:
             for prompt in (False, True)
         ]
     except Exception as exc:  # a template error is the file's: say which
-        raise InputError(
-            f"{path}: its chat template fails on a user turn ({type(exc).__name__}: {exc})"
-        ) from None
+        raise InputError(f"{path}: its chat template fails on a user turn ({_one_line(exc)})") from None
     if rendered[0] == rendered[1]:
         raise InputError(
             f"{path}: its chat template has no generation prompt (add_generation_prompt changes "
@@ -285,9 +283,7 @@ def _convert(gguf: Path, to: Path, dtype: str, template: str) -> tuple[int, dict
     except (OSError, MemoryError):
         raise
     except Exception as exc:
-        raise InputError(
-            f"{gguf}: transformers cannot convert its tokenizer ({type(exc).__name__}: {exc})"
-        ) from None
+        raise InputError(f"{gguf}: transformers cannot convert its tokenizer ({_one_line(exc)})") from None
     tokenizer.chat_template = template
     # The conversion sets it; on a byte-level BPE it strips spaces before punctuation when
     # decoding (transformers warns and ignores it), which no Hugging Face release of these sets.
@@ -300,9 +296,7 @@ def _convert(gguf: Path, to: Path, dtype: str, template: str) -> tuple[int, dict
     except (OSError, MemoryError):
         raise
     except Exception as exc:
-        raise InputError(
-            f"{gguf}: transformers cannot load it as a causal LM ({type(exc).__name__}: {exc})"
-        ) from None
+        raise InputError(f"{gguf}: transformers cannot load it as a causal LM ({_one_line(exc)})") from None
     tokens, changes = reconcile_special_tokens(tokenizer, model.config, model.generation_config)
     model.save_pretrained(str(to))
     tokenizer.save_pretrained(str(to))
@@ -410,6 +404,20 @@ def _publish(model_dir: Path, out: Path, staging: Path) -> None:
     model_dir.rename(out)
 
 
+def _one_line(exc: BaseException) -> str:
+    """An exception from another library as the tail of a one-line error."""
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
+def _discard(staging: Path, out: Path) -> None:
+    """Remove a staging folder; an earlier ``out`` it holds (an import stopped between
+    ``_publish``'s two renames) goes back into place first."""
+    replaced = staging / "replaced"
+    if replaced.is_dir() and not out.exists():
+        replaced.rename(out)
+    shutil.rmtree(staging, ignore_errors=True)
+
+
 def _sweep_abandoned(out: Path) -> None:
     """Remove staging folders that killed imports (SIGKILL, power loss) left beside ``out``."""
     for folder in out.parent.glob(f".{out.name}.importing-*"):
@@ -419,6 +427,6 @@ def _sweep_abandoned(out: Path) -> None:
         try:
             os.kill(int(pid), 0)
         except ProcessLookupError:
-            shutil.rmtree(folder, ignore_errors=True)
+            _discard(folder, out)
         except PermissionError:
             pass  # another user's live process
