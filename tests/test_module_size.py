@@ -27,10 +27,6 @@ ALLOWED: dict[str, str] = {
     "packages/rllm-engine/src/rllm/engine/rollout/rollout_engine.py::RolloutEngine": "issue 47: engine layout",
     "packages/rllm-engine/src/rllm/engine/sandbox/bubblewrap.py": "issue 47: sandbox split",
     "packages/rllm-engine/src/rllm/engine/sandbox/bubblewrap.py::BubblewrapSandbox": "issue 47: sandbox split",
-    # classes over 300 lines in modules within 500, not yet assigned
-    "packages/rllm-gateway/src/rllm/gateway/cumulative.py::TokenBridge": "issue 47: gateway circle",
-    "packages/rllm-gateway/src/rllm/gateway/proxy.py::Proxy": "issue 47: gateway circle",
-    "packages/rllm-gateway/src/rllm/gateway/server.py::GatewayServer": "issue 47: gateway circle",
 }
 
 
