@@ -15,6 +15,9 @@ group), each reporting ``judge/partial_group = 1``; keep it below the engine's
 episode (``episode.artifacts["is_validation"]``, which a flow sets from ``config.is_validation``;
 validation runs one rollout per task) is scored alone at once.
 
+A ``rollout_index`` at or beyond ``group_size`` (the run's groups are larger than the judge was
+told) is refused (``UsageError``, the episode's ``eval_error``), never judged in slices.
+
 The same task in flight twice (an epoch boundary under asynchronous training) fills a second
 group: an episode joins the first open group of its task that lacks its ``rollout_index``.
 """
@@ -28,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rllm.types import Episode, EvalOutput, Signal, Task
-from rllm.types.errors import InputError
+from rllm.types.errors import InputError, UsageError
 
 
 class GroupScorer(Protocol):
@@ -70,6 +73,13 @@ class GroupGather:
     async def evaluate(self, task: Task, episode: Episode) -> EvalOutput:
         if episode.artifacts.get("is_validation") is True or self.group_size == 1:
             return (await self.scorer.score_group(task, [episode]))[0]
+        if episode.rollout_index >= self.group_size:
+            # The run's groups are larger than this gatherer's: judging them in slices would
+            # rank each slice on its own, silently.
+            raise UsageError(
+                f"rollout {episode.rollout_index} of task {task.id!r} is beyond a group of {self.group_size}: "
+                "set the judge's group size to the run's group_size"
+            )
         group, verdict = self._join(task, episode)
         if len(group.episodes) == self.group_size:
             await self._score(group, partial=False)
