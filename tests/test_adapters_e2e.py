@@ -40,3 +40,15 @@ def test_reasoning_gym_trains_two_steps(tmp_path: Path) -> None:
     )
     # The generator's own scorer ran on every episode (the tiny model never tags an answer).
     assert all(row["signal/answer_tagged"] == 0.0 for row in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example", ["say", "turns"])
+def test_a_verifiers_environment_trains_two_steps(example: str, tmp_path: Path) -> None:
+    rows = train_two_steps(
+        f"verifiers:rllm_adapter_verifiers.examples.{example}",
+        tmp_path / "run",
+        "rollout.sampling.max_tokens=3",
+    )
+    # The environment's rubric scored every episode (its metrics come back as signals).
+    assert all("signal/vf/num_turns" in row for row in rows)
