@@ -52,3 +52,24 @@ def test_a_verifiers_environment_trains_two_steps(example: str, tmp_path: Path) 
     )
     # The environment's rubric scored every episode (its metrics come back as signals).
     assert all("signal/vf/num_turns" in row for row in rows)
+
+
+@pytest.mark.slow
+def test_mcp_tools_train_two_steps(tmp_path: Path) -> None:
+    """A tiny model whose chat template renders tools and parses hermes tool calls (as the
+    finqa cookbook's test builds it); its words cover the notes server's tool schemas."""
+    from rllm.engine.launch import task_vocabulary
+    from rllm.tiny import init_tiny_model
+
+    cookbook = adapter_cookbook("mcp:example")
+    assert cookbook is not None
+    schema_words = ["lookup", "crash", "key", "name", "arguments", "type", "object", "string", "properties"]
+    words = [*task_vocabulary(cookbook), *schema_words]
+    model = init_tiny_model(tmp_path / "tiny-tools", vocab_words=words, tool_calls=True, max_positions=4096)
+    rows = train_two_steps(
+        "mcp:example", tmp_path / "run", f"backend.options.model={model}", "rollout.sampling.max_tokens=8"
+    )
+    # A random model rarely writes a valid call: episodes end at the turn limit or on an answer,
+    # each scored (its server started and stopped per rollout) and trained on.
+    assert all(row.get("termination/agent_error", 0.0) == 0.0 for row in rows)
+    assert all("signal/mcp/tool_calls" in row for row in rows)

@@ -21,6 +21,7 @@ from rllm.sdk.cookbook import ADAPTERS_GROUP, Adapter, Cookbook
 KNOWN = {
     "reasoning-gym": "rllm-adapter-reasoning-gym",
     "verifiers": "rllm-adapter-verifiers",
+    "mcp": "rllm-adapter-mcp",
 }
 
 
