@@ -12,6 +12,7 @@ import os
 import sys
 
 from mcp.server.fastmcp import FastMCP
+from mcp.server.fastmcp.exceptions import ToolError
 
 NOTES = {f"k{i}": word for i, word in enumerate(("apple", "river", "stone", "cloud", "tiger", "lemon"))}
 
@@ -22,7 +23,7 @@ server = FastMCP("notes")
 def lookup(key: str) -> str:
     """The word stored under ``key`` (k0 to k5)."""
     if key not in NOTES:
-        raise ValueError(f"no note under {key!r}; keys: {', '.join(sorted(NOTES))}")
+        raise ToolError(f"no note under {key!r}; keys: {', '.join(sorted(NOTES))}")
     return NOTES[key]
 
 
