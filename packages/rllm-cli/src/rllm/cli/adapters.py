@@ -71,6 +71,36 @@ def adapter_cookbook(name: str) -> Cookbook | None:
     return cookbook
 
 
+FLOWS = ("single-turn", "multi-turn", "tools")
+MODES = ("train", "eval")
+
+
+def render_markdown() -> str:
+    """The environment adapters' section of ``rllm capabilities``: each known or installed
+    adapter, its package, and the flows and modes it declares (its ``Adapter``)."""
+    adapters = installed()
+    lines = [
+        "",
+        "## Environment adapters",
+        "",
+        "`rllm train PREFIX:NAME` / `rllm eval PREFIX:NAME` (rllm.cli.adapters); each adapter declares",
+        "what it runs (`rllm.sdk.cookbook.Adapter`). yes: supported; no: not offered.",
+        "",
+        "| adapter | package | library | " + " | ".join(FLOWS) + " | " + " | ".join(MODES) + " |",
+        "|---|---|---|" + "---|" * (len(FLOWS) + len(MODES)),
+    ]
+    for prefix in sorted({*adapters, *KNOWN}):
+        adapter = adapters.get(prefix)
+        if adapter is None:
+            blanks = " | ".join("not installed" for _ in (*FLOWS, *MODES))
+            lines.append(f"| `{prefix}:` | {KNOWN[prefix]} | | {blanks} |")
+            continue
+        marks = [("yes" if f in adapter.flows else "no") for f in FLOWS]
+        marks += [("yes" if m in adapter.modes else "no") for m in MODES]
+        lines.append(f"| `{prefix}:` | {adapter.package} | {adapter.library} | " + " | ".join(marks) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def _example(adapter: Adapter) -> str:
     try:
         names = adapter.names()
