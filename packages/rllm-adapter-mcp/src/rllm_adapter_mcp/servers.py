@@ -21,7 +21,7 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
-from typing import IO, Any
+from typing import IO, Any, TextIO, cast
 
 import msgspec
 
@@ -109,7 +109,7 @@ def _transport(spec: McpServerSpec, stderr: IO[str] | None) -> Any:
 
         argv = [sys.executable if part == "{python}" else part for part in spec.command]
         params = StdioServerParameters(command=argv[0], args=argv[1:], env=spec.env, cwd=spec.cwd)
-        return stdio_client(params, errlog=stderr if stderr is not None else sys.stderr)
+        return stdio_client(params, errlog=cast(TextIO, stderr) if stderr is not None else sys.stderr)
     from mcp.client import streamable_http
 
     assert spec.url is not None
