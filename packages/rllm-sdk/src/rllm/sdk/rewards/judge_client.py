@@ -180,10 +180,14 @@ class JudgeEndpoint:
         self._per_loop: dict[int, tuple[Any, asyncio.Semaphore]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_per_loop"] = {}  # clients and semaphores belong to this process's loops
-        state["usage"] = JudgeUsage()
-        return state
+        # A copy in a flow worker process starts with no clients (they belong to this process's
+        # loops) and a tally of its own (a lock does not pickle).
+        return {k: v for k, v in self.__dict__.items() if k not in ("_per_loop", "usage")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._per_loop = {}
+        self.usage = JudgeUsage()
 
     @property
     def api_key(self) -> str:
