@@ -78,7 +78,7 @@ def synthetic_groups(
 
 def run_groups(run: Path) -> list[list[list[Episode]]]:
     """A training run's sampled groups, step by step (its answers as the judge would read them)."""
-    from rllm.engine.metrics_log import read_episode_sample
+    from rllm.engine.training.metrics_log import read_episode_sample
 
     steps = []
     for path in sorted(glob.glob(str(run / "samples" / "step_*.msgpack"))):
@@ -140,8 +140,8 @@ def answer_tag(body: dict[str, Any]) -> str:
 
 
 async def rllm_rollouts(cookbook: Any, tasks: list[Task], n: int, url: str, concurrency: int) -> float:
-    from rllm.engine.rollout_config import RolloutConfig
-    from rllm.engine.rollout_engine import RolloutEngine
+    from rllm.engine.rollout.rollout_config import RolloutConfig
+    from rllm.engine.rollout.rollout_engine import RolloutEngine
     from rllm.types import SamplingParams
 
     config = RolloutConfig(

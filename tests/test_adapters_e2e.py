@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from rllm.cli.adapters import adapter_cookbook
-from rllm.engine.launch import build_trainer
-from rllm.engine.metrics_log import read_metrics
+from rllm.engine.training.launch import build_trainer
+from rllm.engine.training.metrics_log import read_metrics
 
 FAST = ["progress=false", "plot=false", "tensorboard=false", "val_every=0"]
 SMALL = ["total_steps=2", "tasks_per_step=2", "group_size=2", "algorithm.filter_zero_variance=false"]
@@ -58,7 +58,7 @@ def test_a_verifiers_environment_trains_two_steps(example: str, tmp_path: Path) 
 def test_mcp_tools_train_two_steps(tmp_path: Path) -> None:
     """A tiny model whose chat template renders tools and parses hermes tool calls (as the
     finqa cookbook's test builds it); its words cover the notes server's tool schemas."""
-    from rllm.engine.launch import task_vocabulary
+    from rllm.engine.training.launch import task_vocabulary
     from rllm.tiny import init_tiny_model
 
     cookbook = adapter_cookbook("mcp:example")

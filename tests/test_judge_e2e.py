@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 from rllm_cookbook_judge_say import RUBRIC, WORDS
 
-from rllm.engine.launch import build_trainer
-from rllm.engine.metrics_log import read_metrics
-from rllm.engine.sft_launch import build_sft
+from rllm.engine.data.sft_launch import build_sft
+from rllm.engine.training.launch import build_trainer
+from rllm.engine.training.metrics_log import read_metrics
 from rllm.sdk.rewards import GroupJudge, JudgeEndpoint
 from rllm.types import ConfigError, Episode, Task
 

@@ -10,8 +10,8 @@ from typing import Any
 
 from rllm_cookbook_judge_say import judge_say_flow
 
-from rllm.engine.rollout_config import RolloutConfig
-from rllm.engine.rollout_engine import RolloutEngine
+from rllm.engine.rollout.rollout_config import RolloutConfig
+from rllm.engine.rollout.rollout_engine import RolloutEngine
 from rllm.sdk.rewards import GroupGather, GroupJudge, JudgeEndpoint, RubricJudge
 from rllm.testing import MockUpstream
 from rllm.types import SamplingParams, Task, TerminationReason

@@ -17,8 +17,8 @@ from click.testing import CliRunner
 from rllm_adapter_mcp import EXAMPLE_SERVER, cookbook_for, mcp_answer_reward, mcp_flow
 
 from rllm.cli.main import cli
-from rllm.engine.rollout_config import RolloutConfig
-from rllm.engine.rollout_engine import RolloutEngine
+from rllm.engine.rollout.rollout_config import RolloutConfig
+from rllm.engine.rollout.rollout_engine import RolloutEngine
 from rllm.testing import MockReply, MockUpstream
 from rllm.types import Episode, SamplingParams, Task, TerminationReason
 

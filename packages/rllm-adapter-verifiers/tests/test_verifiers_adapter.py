@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from rllm_adapter_verifiers import cookbook_for, environments
 
 from rllm.cli.main import cli
-from rllm.engine.rollout_config import RolloutConfig
-from rllm.engine.rollout_engine import RolloutEngine
+from rllm.engine.rollout.rollout_config import RolloutConfig
+from rllm.engine.rollout.rollout_engine import RolloutEngine
 from rllm.testing import MockReply, MockUpstream
 from rllm.types import Episode, SamplingParams, TerminationReason
 
