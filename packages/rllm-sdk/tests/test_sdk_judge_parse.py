@@ -94,3 +94,9 @@ def test_the_tiny_models_spacing_reads_the_same() -> None:
     assert parse_rubric_score("ok . SCORE : 3") == 3
     with pytest.raises(JudgeParseError, match="whole number"):
         parse_group_scores("SCORE 1 : 7 . 5 SCORE 2 : 1", 2)
+
+
+def test_the_next_line_is_never_part_of_the_score() -> None:
+    """Found by the property above: a reply whose next line starts with ".0" is not "0.0"."""
+    assert parse_rubric_score("SCORE: 0\n.0", 1) == 0
+    assert parse_group_scores("SCORE 1: 3\n.5 SCORE 2: 4", 2) == [3, 4]

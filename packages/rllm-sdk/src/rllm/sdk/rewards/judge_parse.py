@@ -19,8 +19,9 @@ import re
 from rllm.types.errors import RLLMError
 
 # A number after the colon, decimals and signs included, so that "7.5" or "-1" is refused by
-# name instead of being read as "7" or ignored.
-_NUMBER = r"([-+]?\d+(?:\s*\.\s*\d+)?)"
+# name instead of being read as "7" or ignored; spaces (not line breaks) may stand around the
+# point, as a word-level tokenizer decodes it ("7 . 5"): the next line is never part of it.
+_NUMBER = r"([-+]?\d+(?:[ \t]*\.[ \t]*\d+)?)"
 _POINTWISE = re.compile(r"(?<![A-Za-z0-9_])SCORE\s*:\s*" + _NUMBER, re.IGNORECASE)
 _GROUP = re.compile(r"(?<![A-Za-z0-9_])SCORE\s+([-+]?\d+)\s*:\s*" + _NUMBER, re.IGNORECASE)
 
