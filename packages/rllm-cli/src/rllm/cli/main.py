@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from rich.console import Console
 
+from rllm.cli.adapters import adapter_cookbook
 from rllm.cli.agent_cmd import agent_group
 from rllm.cli.capabilities_cmd import capabilities_command
 from rllm.cli.cookbook import cookbook_group
@@ -320,7 +321,12 @@ def distill(
     flags += [f"distill.reward_coef={reward_coef}"] if reward_coef is not None else []
     flags += [f"init_from={init_from}"] if init_from else []
     trainer = build_trainer(
-        name, config_path=config, overrides=[*flags, *overrides], backend=backend, out_dir=out
+        name,
+        cookbook=adapter_cookbook(name),  # None: cookbook NAME
+        config_path=config,
+        overrides=[*flags, *overrides],
+        backend=backend,
+        out_dir=out,
     )
     result = _fit(trainer, resume=resume)
     console.print(
