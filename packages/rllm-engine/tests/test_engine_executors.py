@@ -23,7 +23,7 @@ from rllm.engine.rollout.executors import (
 )
 from rllm.engine.rollout.rollout_config import RolloutConfig, RolloutSettings
 from rllm.engine.rollout.rollout_engine import RolloutEngine
-from rllm.engine.rollout.worker_pool import FlowProcessDied, WorkerHandle, WorkerSlots
+from rllm.engine.rollout.worker_pool import FlowProcessDied, SlottedPool, WorkerHandle, WorkerSlots
 from rllm.gateway import GatewayGroup
 from rllm.types import AgentConfig, Episode, InvariantError, Task, TerminationReason, convert
 from rllm.types.errors import InputError, LookupFailed, UsageError
@@ -116,7 +116,7 @@ def test_a_registered_executor_s_own_check_refuses_its_settings() -> None:
         unregister_executor("pairs")
 
 
-class InlinePool:
+class InlinePool(SlottedPool[WorkerHandle]):
     """A worker pool whose workers are engines in this process: the shape a plugin's pool takes
     (its slot accounting is the shared WorkerSlots, its workers engines built by the factory)."""
 
@@ -137,14 +137,6 @@ class InlinePool:
             worker.gateway_url = engine.gateway_url
             self.slots.workers.append(worker)
         return self
-
-    @property
-    def capacity(self) -> int:
-        return self.slots.capacity
-
-    @property
-    def gateway_urls(self) -> list[str]:
-        return self.slots.gateway_urls
 
     async def run_one(self, task: Task, rollout_index: int, is_validation: bool, model: str) -> Episode:
         w, job_id, fut = self.slots.take(lambda: FlowProcessDied("no inline worker left"))

@@ -32,6 +32,7 @@ from rllm.engine.rollout.worker_pool import (
     EngineFactory,
     FlowProcessDied,
     Job,
+    SlottedPool,
     WorkerHandle,
     WorkerSlots,
     encode_done,
@@ -135,7 +136,7 @@ class _Worker(WorkerHandle):
         self.fail_all(lambda: FlowProcessDied(f"rollout worker {self.index} exited (code {code})"))
 
 
-class FlowProcessPool:
+class FlowProcessPool(SlottedPool[_Worker]):
     """N flow processes (``RolloutConfig.workers``), each running ``engine(**engine_kwargs)`` (a
     RolloutEngine) on its share of ``concurrency``, with ``prefetch`` jobs more queued in it
     (:class:`~rllm.engine.rollout.worker_pool.WorkerSlots`, as for every pool).
@@ -162,18 +163,6 @@ class FlowProcessPool:
         self.engine_kwargs = engine_kwargs
         self.start_timeout_s = start_timeout_s
         self.slots: WorkerSlots[_Worker] = WorkerSlots(n, concurrency, prefetch)
-
-    @property
-    def workers(self) -> list[_Worker]:
-        return self.slots.workers
-
-    @property
-    def capacity(self) -> int:
-        return self.slots.capacity
-
-    @property
-    def gateway_urls(self) -> list[str]:
-        return self.slots.gateway_urls
 
     async def start(self) -> FlowProcessPool:
         loop = asyncio.get_running_loop()

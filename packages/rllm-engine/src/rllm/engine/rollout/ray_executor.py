@@ -42,6 +42,7 @@ from rllm.engine.rollout.worker_pool import (
     EngineFactory,
     FlowProcessDied,
     Job,
+    SlottedPool,
     WorkerHandle,
     WorkerSlots,
     encode_done,
@@ -254,7 +255,7 @@ class _Handle(WorkerHandle):
         self.node_id = ""
 
 
-class RayFlowPool:
+class RayFlowPool(SlottedPool[_Handle]):
     """``n`` FlowWorker actors on the Ray cluster of ``settings``; the interface of
     :class:`~rllm.engine.rollout.flow_processes.FlowProcessPool` (see :mod:`rllm.engine.rollout.executors`).
 
@@ -284,18 +285,6 @@ class RayFlowPool:
         self._connected = False
         self._calls: set[asyncio.Task[None]] = set()  # submit calls not yet answered
         self.submit_calls = 0  # actor calls that carried jobs (fewer than the jobs: batched)
-
-    @property
-    def workers(self) -> list[_Handle]:
-        return self.slots.workers
-
-    @property
-    def capacity(self) -> int:
-        return self.slots.capacity
-
-    @property
-    def gateway_urls(self) -> list[str]:
-        return self.slots.gateway_urls
 
     def _actor_options(self) -> dict[str, Any]:
         resources = dict(self.settings.resources_per_worker)

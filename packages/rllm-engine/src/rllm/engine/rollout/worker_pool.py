@@ -10,7 +10,8 @@ own (built by the engine's factory, :class:`WorkerEngine`). Shared by every pool
   how many jobs each may hold (its share plus ``prefetch`` queued in it), each worker's engine
   arguments (its share, its own gateway), the job ids, and which live worker takes the next
   rollout (the one with the most room);
-- :class:`WorkerHandle`, the driver's view of one worker: its rollouts in flight, alive or not;
+- :class:`WorkerHandle`, the driver's view of one worker: its rollouts in flight, alive or not,
+  and :class:`SlottedPool`, what a pool answers from its slots;
 - :class:`FlowProcessDied`: a worker died with rollouts in flight (the engine runs them again
   on another worker);
 - the loggers a command silenced, silenced in every worker too (:func:`quiet_loggers_from_env`).
@@ -200,3 +201,22 @@ class WorkerSlots(Generic[W]):
         fut: asyncio.Future[Episode] = asyncio.get_running_loop().create_future()
         w.pending[self._ids] = fut
         return w, self._ids, fut
+
+
+class SlottedPool(Generic[W]):
+    """What a worker pool answers from its WorkerSlots (``self.slots``): its workers, its
+    capacity and their gateways. The executors' pools derive from it."""
+
+    slots: WorkerSlots[W]
+
+    @property
+    def workers(self) -> list[W]:
+        return self.slots.workers
+
+    @property
+    def capacity(self) -> int:
+        return self.slots.capacity
+
+    @property
+    def gateway_urls(self) -> list[str]:
+        return self.slots.gateway_urls
