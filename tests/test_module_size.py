@@ -22,11 +22,6 @@ MAX_CLASS_LINES = 300
 # in the change that brings it within the rule (the stale-entry test below says when). Keys are
 # a file's path from the repository root, or "path::Class" for a class.
 ALLOWED: dict[str, str] = {
-    # the engine's layout and the sandbox (other helpers of issue 47)
-    "packages/rllm-engine/src/rllm/engine/rollout/rollout_engine.py": "issue 47: engine layout",
-    "packages/rllm-engine/src/rllm/engine/rollout/rollout_engine.py::RolloutEngine": "issue 47: engine layout",
-    "packages/rllm-engine/src/rllm/engine/sandbox/bubblewrap.py": "issue 47: sandbox split",
-    "packages/rllm-engine/src/rllm/engine/sandbox/bubblewrap.py::BubblewrapSandbox": "issue 47: sandbox split",
 }
 
 
