@@ -168,6 +168,7 @@ def _export_folder(path: Path) -> None:
         (_eval_folder, ["sft", "CHATS", "total_steps=1"], "written by `rllm eval`"),
         (_export_folder, ["model", "init-tiny", "OUT", "--overwrite"], "written by `rllm export`"),
         (_eval_folder, ["export", "RUN", "--to", "OUT", "--overwrite"], "written by `rllm eval`"),
+        (_eval_folder, ["model", "import", "GGUF", "--out", "OUT", "--overwrite"], "written by `rllm eval`"),
     ],
     ids=[
         "eval->train",
@@ -177,6 +178,7 @@ def _export_folder(path: Path) -> None:
         "eval->sft",
         "export->init-tiny",
         "eval->export",
+        "eval->import",
     ],
 )
 def test_another_commands_folder_is_refused_by_name(
@@ -192,7 +194,9 @@ def test_another_commands_folder_is_refused_by_name(
     run = tmp_path / "run"
     (checkpoint_dir(run, 1) / "backend").mkdir(parents=True)
     (checkpoint_dir(run, 1) / "trainer_state.json").write_text('{"step": 1}')
-    subs = {"URL": server.url, "CHATS": str(chats), "OUT": str(out), "RUN": str(run)}
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    subs = {"URL": server.url, "CHATS": str(chats), "OUT": str(out), "RUN": str(run), "GGUF": str(gguf)}
     args = [subs.get(a, a) for a in args]
     if args[0] not in ("model", "export"):
         args += ["--out", str(out)]
