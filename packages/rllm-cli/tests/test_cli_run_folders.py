@@ -235,6 +235,12 @@ def test_train_resume_with_another_config_names_the_keys(tmp_path: Path) -> None
     record = json.loads((out / "rllm-run.json").read_text())
     assert record["config"]["total_steps"] == 2 and record["resumes"][0]["changed"] == {"total_steps": [1, 2]}
     assert (out / "tiny-model" / "model.safetensors").read_bytes() == model  # the same model, kept
+    # A finished run resumed: nothing to do, said at once (exit 0), nothing started or written.
+    stamp = (out / "rllm-run.json").read_text()
+    code, _, err = invoke(*resume, "total_steps=2")
+    assert code == 0 and "finished at step 2 (total_steps=2): nothing to resume" in err, err
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2]
+    assert (out / "rllm-run.json").read_text() == stamp
 
 
 def test_init_tiny_never_writes_over_a_model(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from rllm.cli.errors import CliError
 from rllm.cli.registry import (
+    SFT_SET_FILE,
     ColumnMap,
     DatasetRegistry,
     hub_cache,
@@ -20,6 +21,7 @@ from rllm.cli.registry import (
     read_local_file,
     sft_dataset_path,
     sft_set_dir,
+    sft_sets,
 )
 
 out = Console()
@@ -78,7 +80,32 @@ def list_datasets() -> int:
         sources = dict.fromkeys(info.split_source(s) for s in info.splits)
         table.add_row(name, splits, ", ".join(sources))
     out.print(table)
+    sets = sft_sets()
+    if sets:
+        from rllm.engine.training.run_folder import read_record
+
+        table = Table(title="SFT sets (rllm dataset from-eval; train with `rllm sft NAME`)")
+        for column in ("name", "sequences", "token ids of", "path"):
+            table.add_column(column)
+        for name, path in sets.items():
+            record = read_record(path.parent) if path.name == SFT_SET_FILE else None
+            model = str(record.config.get("tokenizer_source", "?")) if record else "unrecorded"
+            with path.open("rb") as lines:
+                count = sum(1 for line in lines if line.strip())
+            table.add_row(name, str(count), model, str(path))
+        out.print(table)
     return 0
+
+
+def check_not_a_cookbook(name: str) -> None:
+    """A dataset named like a cookbook would never be used: `rllm train/eval NAME` runs the cookbook."""
+    from rllm.engine.plugins import COOKBOOKS_GROUP, available
+
+    if name in available(COOKBOOKS_GROUP):
+        raise CliError(
+            f"{name!r} is a cookbook: `rllm train {name}` and `rllm eval {name}` would run it, never "
+            "this dataset: register it under another name"
+        )
 
 
 @dataset_group.command("register")
@@ -104,6 +131,7 @@ def register(
       rllm dataset register mymath test.jsonl --split test
     """
     columns = _column_map(instruction_column, ground_truth_column, id_column)
+    check_not_a_cookbook(name)
     registry = DatasetRegistry()
     if not force:
         registry.check_new_split(name, split)  # before reading the file
@@ -136,6 +164,7 @@ def pull(
       rllm dataset pull openai/gsm8k --config main --split test --answer-column answer
     """
     local = name or hub_name.rsplit("/", 1)[-1]
+    check_not_a_cookbook(local)
     registry = DatasetRegistry()
     if not force:
         registry.check_new_split(local, split)  # before the download

@@ -23,7 +23,7 @@ from rllm.engine.plugins import COOKBOOKS_GROUP, PluginNotFoundError, available,
 from rllm.runtime.event_loop import run
 from rllm.sdk.cookbook import Cookbook
 from rllm.types import ConfigError, SamplingParams, Task
-from rllm.types.config_file import apply_overrides
+from rllm.types.config_file import apply_overrides, base_url_problem
 
 if TYPE_CHECKING:
     from rllm.engine.evaluation import EvalSummary
@@ -131,6 +131,8 @@ def eval_command(
     sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens)
     if max_examples is not None and max_examples < 1:
         raise CliError(f"--max-examples must be >= 1, got {max_examples}")
+    if base_url is not None and (problem := base_url_problem(base_url)) is not None:
+        raise CliError(f"--base-url {problem}")
     out_dir = out or Path("runs") / f"eval-{name}"
     settings = {
         "name": name,

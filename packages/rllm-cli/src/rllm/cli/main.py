@@ -38,6 +38,7 @@ from rllm.cli.sft_cmd import folder_options, resolve_sft_dataset, sft_command, s
 from rllm.cli.view_cmd import view_command
 from rllm.engine.plugins import BACKENDS_GROUP, COOKBOOKS_GROUP, available, load_cookbook
 from rllm.runtime.event_loop import run
+from rllm.types.errors import NothingToDo
 
 if TYPE_CHECKING:
     from rllm.engine.training.trainer import Trainer, TrainResult
@@ -58,6 +59,9 @@ class RllmGroup(click.Group):
             raise
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
+        except NothingToDo as exc:
+            console.print(str(exc), highlight=False, soft_wrap=True)
+            return 0
         except KeyboardInterrupt:
             raise click.Abort() from None
         except Exception as exc:
@@ -151,6 +155,11 @@ def train(
             logging.getLogger(quieted).setLevel(logging.NOTSET)
     if sft_dataset is not None and init_from:
         raise CliError("--sft and --init-from both set the starting weights: pass one")
+    if sft_dataset is None and (stray := next((o for o in overrides if o.startswith("sft.")), None)):
+        key = stray.partition("=")[0]
+        raise CliError(
+            f"{key} sets a key of the SFT phase, which only --sft DATASET runs: pass --sft, or drop it"
+        )
     cookbook = train_cookbook(name, agent, evaluator)
     if sft_dataset is not None:
         from rllm.engine.training.warm_start import build_warm_start

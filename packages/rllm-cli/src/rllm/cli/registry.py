@@ -88,6 +88,16 @@ def find_sft_dataset(name: str) -> Path | None:
     return next((path for path in candidates if path.is_file()), None)
 
 
+def sft_sets() -> dict[str, Path]:
+    """Every set `rllm dataset from-eval` wrote, by name: its file (in its folder, or beside it)."""
+    root = rllm_home() / "sft"
+    if not root.is_dir():
+        return {}
+    found = {p.stem: p for p in root.glob("*.jsonl") if p.is_file()}  # older sets
+    found |= {p.parent.name: p for p in root.glob(f"*/{SFT_SET_FILE}") if p.is_file()}
+    return dict(sorted(found.items()))
+
+
 def hub_cache() -> Path:
     """Where ``datasets`` keeps its download and conversion cache: under $RLLM_HOME too."""
     return rllm_home() / "cache" / "datasets"

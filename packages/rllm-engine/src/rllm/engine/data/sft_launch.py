@@ -24,7 +24,8 @@ from rllm.engine.data.sft import (
 )
 from rllm.engine.data.stored_ids import RETOKENIZE, made_by, stored_by
 from rllm.engine.plugins import backend_class
-from rllm.engine.training.launch import TINY_MODEL, make_backend
+from rllm.engine.training.launch import TINY_MODEL, make_backend, refuse_flag_conflicts
+from rllm.engine.training.model_check import check_model_path
 from rllm.engine.training.train_folder import ensure_tiny_model
 from rllm.types import ConfigError
 
@@ -44,6 +45,14 @@ def build_sft(
     """The runner for ``rllm sft``; given ``resume`` (True or False), its run folder is checked
     first (pass the same ``resume``/``overwrite``/``allow_changes`` to its ``fit``)."""
     base: dict[str, Any] = {"dataset": dataset, "out_dir": f"runs/sft-{source_stem(dataset)}"}
+    refuse_flag_conflicts(
+        {
+            "--backend": ("backend.name", backend),
+            "--model": ("backend.options.model", model),
+            "--out": ("out_dir", out_dir),
+        },
+        overrides,
+    )
     flags = [f"backend.name={backend}"] if backend else []
     flags += [f"backend.options.model={model}"] if model else []
     flags += [f"out_dir={out_dir}"] if out_dir else []
@@ -66,6 +75,7 @@ def sft_model(config: SFTConfig) -> str:
     (once) in the run folder."""
     model = str(config.backend.options.get("model", TINY_MODEL))
     if model != TINY_MODEL:
+        check_model_path(model)
         return model
     cls = backend_class(config.backend.name)
     if not hasattr(cls, "init_tiny_model"):

@@ -11,12 +11,14 @@ and the algorithm against the backend. Only then is the tiny model built and the
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from rllm.engine.plugins import backend_class, load_cookbook
 from rllm.engine.rollout.early_flow_processes import start_early_for
 from rllm.engine.training.init_from import check_init_model, resolve_init_checkpoint
+from rllm.engine.training.model_check import check_model_path
 from rllm.engine.training.train_folder import check_train_folder, ensure_tiny_model
 from rllm.engine.training.trainer import Trainer, validate_algorithm
 from rllm.engine.training.trainer_config import TrainerConfig, load_config
@@ -65,6 +67,7 @@ def load_train_config(
     """The layered, checked TrainerConfig and the cookbook with its options; nothing built."""
     cookbook = cookbook or load_cookbook(name)
     base: dict[str, Any] = {"out_dir": f"runs/{name}", **cookbook.train_defaults, "cookbook": name}
+    refuse_flag_conflicts({"--backend": ("backend.name", backend), "--out": ("out_dir", out_dir)}, overrides)
     flags = [f"backend.name={backend}"] if backend else []
     flags += [f"out_dir={out_dir}"] if out_dir else []
     config = load_config(config_path, [*flags, *overrides], base=base)
@@ -74,6 +77,18 @@ def load_train_config(
         raise ConfigError(f"config key `cookbook_options`: {exc}", key="cookbook_options") from None
     check_splits(config, cookbook)
     return config, cookbook
+
+
+def refuse_flag_conflicts(flags: Mapping[str, tuple[str, str | None]], overrides: Iterable[str]) -> None:
+    """A flag (``--backend tinker``) and a ``key=value`` override of the key it sets
+    (``backend.name=verl``) that disagree: refused naming both, never one silently winning."""
+    for flag, (key, value) in flags.items():
+        if value is None:
+            continue
+        for item in overrides:
+            name, sep, given = item.partition("=")
+            if sep and name.strip() == key and given.strip().strip("'\"") != str(value):
+                raise ConfigError.for_key(key, f"{flag} {value} and {key}={given} disagree: pass one of them")
 
 
 def assemble_trainer(
@@ -94,6 +109,7 @@ def assemble_trainer(
     options = dict(config.backend.options)
     options.setdefault("seed", config.seed)
     tiny = options.get("model", TINY_MODEL) == TINY_MODEL
+    check_model_path(str(options.get("model", TINY_MODEL)))
     if tiny and not hasattr(cls, "init_tiny_model"):
         raise ConfigError(
             f"backend {config.backend.name!r} cannot build a tiny model: set backend.options.model"

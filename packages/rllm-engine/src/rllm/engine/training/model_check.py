@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 
 from rllm.engine.training.run_folder import read_record
+from rllm.types import ConfigError
 
 CONFIG_FILE = "config.json"
 TINY_MODEL = "tiny"
@@ -61,6 +62,21 @@ def hub_cache_file(name: str, filename: str) -> Path | None:
             return candidate
     found = sorted((repo / "snapshots").glob(f"*/{filename}")) if (repo / "snapshots").is_dir() else []
     return found[0] if found else None
+
+
+def check_model_path(model: str, key: str = "backend.options.model") -> None:
+    """A model named by a local path (``/...``, ``./...``, ``~/...``, ``*.gguf``, or ``a/b/c``
+    whose ``a/`` is a folder here) that is not there: a ConfigError saying so, now, not the hub's
+    "Repo id must be in the form ..." once the backend has started. (Any other ``a/b/c`` may be
+    a service's own model id, e.g. Fireworks' ``accounts/fireworks/models/NAME``.)"""
+    if model == TINY_MODEL or Path(model).expanduser().exists():
+        return
+    local = model.startswith(("/", ".", "~")) or model.endswith(".gguf")
+    local = local or (model.count("/") > 1 and Path(model.split("/", 1)[0]).is_dir())
+    if local:
+        raise ConfigError.for_key(
+            key, f"{model} does not exist (a model folder or .gguf file here, or a hub name ORG/NAME)"
+        )
 
 
 def model_config(model: str) -> dict[str, Any] | None:
@@ -147,6 +163,7 @@ def signature_differences(expected: ModelSignature, actual: ModelSignature) -> l
 
 __all__ = [
     "ModelSignature",
+    "check_model_path",
     "checkpoint_model",
     "hub_cache_file",
     "load_tokenizer",

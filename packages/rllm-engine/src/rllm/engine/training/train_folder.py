@@ -16,11 +16,12 @@ from typing import Any
 
 import msgspec
 
-from rllm.engine.training.checkpoint import latest_checkpoint
+from rllm.engine.training.checkpoint import latest_checkpoint, load_trainer_state
 from rllm.engine.training.run_folder import RunFolder, object_name
 from rllm.engine.training.trainer_config import TrainerConfig
 from rllm.sdk.cookbook import Cookbook
 from rllm.types import ConfigError
+from rllm.types.errors import NothingToDo
 
 TINY_KIND = "model init-tiny"
 
@@ -58,6 +59,17 @@ def check_train_folder(
             "--resume continues the run from its own checkpoint; --init-from only starts a new run: drop it",
         )
     train_folder(config, cookbook).check(resume=resume, overwrite=overwrite, allow_changes=allow_changes)
+    found = latest_checkpoint(Path(config.out_dir)) if resume else None
+    if found is not None and (step := load_trainer_state(found).step) >= config.total_steps:
+        raise RunFinished(
+            f"{config.out_dir} finished at step {step} (total_steps={config.total_steps}): nothing to "
+            f"resume; more steps: --resume --allow-changes total_steps total_steps=N"
+        )
+
+
+class RunFinished(NothingToDo):
+    """``--resume`` of a run whose checkpoint is already at ``total_steps``: nothing to do (the
+    CLI says so and exits 0, without starting anything)."""
 
 
 def begin_train_folder(
@@ -92,6 +104,7 @@ def ensure_tiny_model(path: Path, words: list[str], *, backend: str, backend_cls
 
 
 __all__ = [
+    "RunFinished",
     "begin_train_folder",
     "check_train_folder",
     "ensure_tiny_model",
