@@ -149,3 +149,25 @@ def test_an_enum_value_that_is_not_one_lists_the_allowed_ones(
     out = tmp_path / "run"
     err = refused(out, *args, "--out", str(out))
     assert f"allowed: {allowed}" in err
+
+
+def test_a_backend_whose_extra_is_not_installed_names_the_install(tmp_path: Path) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("verl") is not None and importlib.util.find_spec("tensordict") is not None:
+        pytest.skip("verl's extra is installed here")
+    out = tmp_path / "run"
+    model = tmp_path / "model"
+    model.mkdir()
+    err = refused(
+        out,
+        "train",
+        "say-single",
+        "--out",
+        str(out),
+        *QUICK,
+        "--backend",
+        "verl",
+        f"backend.options.model={model}",
+    )
+    assert "backend 'verl' needs" in err and "pip install 'rllm-backend-verl[verl]'" in err

@@ -163,7 +163,10 @@ def check_splits(config: TrainerConfig, cookbook: Cookbook) -> None:
 
 
 def make_backend(cls: Any, name: str, options: dict[str, Any]) -> Any:
-    """``cls(options)``; its option errors become ConfigErrors under ``backend.options``."""
+    """``cls(options)``, its extra checked installed first; its option errors become
+    ConfigErrors under ``backend.options``."""
+    if (check := getattr(cls, "check_installed", None)) is not None:
+        check()
     try:
         return cls(options)
     except ConfigError as exc:
