@@ -171,3 +171,9 @@ def test_a_backend_whose_extra_is_not_installed_names_the_install(tmp_path: Path
         f"backend.options.model={model}",
     )
     assert "backend 'verl' needs" in err and "pip install 'rllm-backend-verl[verl]'" in err
+
+
+def test_a_device_that_is_not_one_is_refused_by_its_key(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    err = refused(out, "train", "say-single", "--out", str(out), *QUICK, "backend.options.device=cdua")
+    assert "backend.options.device" in err and "'cdua' is not a device" in err
