@@ -12,6 +12,7 @@ environment ended it with a positive last reward.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import msgspec
@@ -38,14 +39,15 @@ TEST_SEED_OFFSET = 1_000_000  # test episodes' seeds, apart from the train ones
 @rollout
 async def openenv_flow(task: Task, config: AgentConfig) -> Episode:
     """One episode of the task's environment: reset with its seed, then reply/step until done."""
-    from rllm_adapter_openenv.client import OpenEnvClient
-
     meta = task.metadata["openenv"]
     address = msgspec.convert(meta["address"], EnvAddress)
     max_turns = int(meta.get("max_turns", 8))
+    # openenv-core's first import in a process (gradio comes with it) and starting a served app
+    # take seconds: off the event loop, which other rollouts share.
+    client_class, url = await asyncio.to_thread(_session, address)
     rewards: list[float] = []
     invalid, turns, done = 0, 0, False
-    async with OpenEnvClient(server_url(address)) as env, async_openai(config) as client:
+    async with client_class(url) as env, async_openai(config) as client:
         result = await env.reset(seed=int(meta["seed"]))
         done = bool(result.done)
         messages = [{"role": "user", "content": render(result.observation)}]
@@ -71,6 +73,12 @@ async def openenv_flow(task: Task, config: AgentConfig) -> Episode:
         artifacts={"rewards": rewards, "done": done, "turns": turns, "invalid_actions": invalid},
         termination_reason=TerminationReason.DONE if done else TerminationReason.MAX_TURNS,
     )
+
+
+def _session(address: EnvAddress) -> tuple[type[Any], str]:
+    from rllm_adapter_openenv.client import OpenEnvClient
+
+    return OpenEnvClient, server_url(address)
 
 
 class OpenEnvReward:
