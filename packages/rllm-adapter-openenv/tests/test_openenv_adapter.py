@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -154,6 +155,22 @@ async def test_a_server_that_is_down_is_an_infra_error_before_and_during_a_run()
     assert f"OpenEnv server {url} failed during connect" in message and "Connect call failed" in message, (
         message
     )
+
+
+def test_rllm_eval_runs_an_openenv_environment_unchanged(tmp_path: Path) -> None:
+    """`rllm eval openenv:example` as a user types it, against a loopback model that bisects."""
+    model = MockUpstream(responder=bisecting()).start_in_thread()
+    try:
+        out = tmp_path / "eval"
+        args = ["eval", "openenv:example", "--base-url", model.url, "--out", str(out), "--no-progress"]
+        result = CliRunner().invoke(
+            cli, [*args, "--max-tokens", "16", "--option", "test_size=2"], catch_exceptions=False
+        )
+    finally:
+        model.stop_in_thread()
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["num_tasks"] == 2 and summary["accuracy"] == 1.0, summary
 
 
 @pytest.mark.parametrize(
