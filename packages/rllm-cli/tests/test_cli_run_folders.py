@@ -265,3 +265,21 @@ def test_init_tiny_never_writes_over_a_model(tmp_path: Path) -> None:
     (mine / "notes.txt").write_text("keep")
     code, _, err = invoke("model", "init-tiny", str(mine), "--overwrite")
     assert code == 2 and "files no rLLM command wrote" in err and (mine / "notes.txt").read_text() == "keep"
+
+
+def test_model_import_records_its_folder_and_other_commands_refuse_it(tmp_path: Path) -> None:
+    from rllm.testing.gguf_files import write_tiny_llama
+
+    gguf = write_tiny_llama(tmp_path / "tiny.gguf")
+    out = tmp_path / "model"
+    code, _, err = invoke("model", "import", str(gguf), "--out", str(out), "--dtype", "float32")
+    assert code == 0, err
+    record = json.loads((out / "rllm-run.json").read_text())
+    assert record["kind"] == "model import" and record["config"]["dtype"] == "float32"
+    code, _, err = invoke("model", "import", str(gguf), "--out", str(out))
+    assert code == 2 and "already holds an imported model" in err and "--overwrite" in err, err
+    code, _, err = invoke("model", "init-tiny", str(out), "--overwrite")  # another model writer
+    assert code == 2 and "written by `rllm model import`" in err, err
+    code, _, err = invoke("model", "import", str(gguf), "--out", str(out), "--overwrite")
+    assert code == 0, err
+    assert json.loads((out / "rllm-run.json").read_text())["config"]["dtype"] == "bf16"
