@@ -41,6 +41,9 @@ def test_unset_means_processes_for_several_workers_else_local() -> None:
     [
         ({"executor": "slurm"}, "executor"),
         ({"executor": "local", "workers": 2}, "workers"),
+        # a remote run without URLs is refused for the URLs, even with a cookbook's workers = 2
+        ({"executor": "remote", "workers": 2}, "remote.urls"),
+        ({"executor": "remote", "workers": 2, "remote": {"urls": ["http://h:1"]}}, "workers=1"),
         ({"executor": "ray", "ray": {"num_workers": 0}}, "num_workers"),
         ({"executor": "ray", "ray": {"resources_per_worker": {"CPU": -1}}}, "resources_per_worker"),
         ({"executor": "ray", "ray": {"adress": "x"}}, "adress"),
