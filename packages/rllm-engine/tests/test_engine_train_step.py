@@ -188,5 +188,7 @@ async def test_a_step_reports_its_cut_off_rollouts_and_warns_when_many_were(
     assert warned == (cut / 20 >= TIMEOUT_WARN_FRACTION) == bool(lines)
     if warned:
         (line,) = lines
-        assert line.startswith(f"step 5: {cut / 20:.0%} of rollouts ({cut}/20) were cut off at their deadline")
+        assert line.startswith(
+            f"step 5: {cut / 20:.0%} of rollouts ({cut}/20) were cut off at their deadline"
+        )
         assert "rollout.deadline_s=120 s" in line and "\n" not in line

@@ -116,7 +116,9 @@ class DeadlineClock:
         """When each live deadline fires, in the loop's time (None: standing still)."""
         return [timeout.when() for timeout in self._left]
 
-    def track(self, timeout: asyncio.Timeout, deadline_s: float | None, session_id: str | None = None) -> None:
+    def track(
+        self, timeout: asyncio.Timeout, deadline_s: float | None, session_id: str | None = None
+    ) -> None:
         self._left[timeout] = deadline_s
         if session_id is not None:
             self._sessions[session_id] = timeout
