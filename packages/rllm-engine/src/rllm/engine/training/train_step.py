@@ -18,6 +18,7 @@ tokens sampled never reach the sampler.
 
 from __future__ import annotations
 
+import logging
 import statistics
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -29,7 +30,7 @@ from rllm.engine.training.learning_watch import UnrewardedTaskWatch
 from rllm.engine.training.metrics_log import write_episode_sample
 from rllm.engine.training.mismatch import check_mismatch, measure_mismatch
 from rllm.engine.training.sequences import sequences_from_groups, signal_sequences
-from rllm.types import Episode
+from rllm.types import Episode, TerminationReason
 
 if TYPE_CHECKING:
     from rllm.engine.backend import Backend
@@ -37,6 +38,12 @@ if TYPE_CHECKING:
     from rllm.engine.training.trainer_config import TrainerConfig
 
 Publish = Callable[[], Awaitable[None]]
+
+log = logging.getLogger(__name__)
+
+# A batch where at least this share of the rollouts ended at their deadline says so in one
+# warning line: those rollouts train as failures (reward 0), so the run learns from the deadline.
+TIMEOUT_WARN_FRACTION = 0.1
 
 
 class TrainStep:
@@ -62,6 +69,7 @@ class TrainStep:
         token fault). Returns the step's metrics; the caller adds its own (timings, weight
         version, staleness)."""
         cfg, algo = self.config, self.config.algorithm
+        warn_cut_off(episodes, f"step {step}", cfg.rollout.deadline_s)
         groups = group_trajectories(episodes, algo)
         unrewarded_metrics = self.unrewarded.observe(groups)
         kept, filter_metrics = filter_groups(groups, algo)
@@ -92,6 +100,30 @@ class TrainStep:
         }
 
 
+def timeout_fraction(episodes: Sequence[Episode]) -> float:
+    """The share of ``episodes`` cut off at their deadline (0 for none)."""
+    if not episodes:
+        return 0.0
+    return sum(e.termination_reason == TerminationReason.TIMEOUT for e in episodes) / len(episodes)
+
+
+def warn_cut_off(episodes: Sequence[Episode], where: str, deadline_s: float | None) -> str | None:
+    """One warning line when at least ``TIMEOUT_WARN_FRACTION`` of ``episodes`` were cut off at
+    their deadline (returned too; None when fewer were)."""
+    fraction = timeout_fraction(episodes)
+    if not episodes or fraction < TIMEOUT_WARN_FRACTION:
+        return None
+    cut = round(fraction * len(episodes))
+    limit = "no deadline" if deadline_s is None else f"rollout.deadline_s={deadline_s:g} s of being stalled"
+    line = (
+        f"{where}: {fraction:.0%} of rollouts ({cut}/{len(episodes)}) were cut off at their deadline "
+        f"({limit}); they count as failures (reward 0): raise rollout.deadline_s, or lower "
+        f"rollout.concurrency or the sampling length if the sampler is overloaded"
+    )
+    log.warning(line)
+    return line
+
+
 def episode_reward(episode: Episode) -> float:
     """The evaluator's reward for the episode (mean over its rewarded trajectories)."""
     if "reward" in episode.metrics:
@@ -104,7 +136,7 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     """Rewards, terminations, response lengths and rollout health of a batch of episodes (a
     training step's, or validation's under ``val/``)."""
     if not episodes:
-        return {"reward/mean": 0.0, "episodes": 0}
+        return {"reward/mean": 0.0, "episodes": 0, "rollout/timeout_frac": 0.0}
     rewards = [episode_reward(e) for e in episodes]
     out: dict[str, float] = {
         "reward/mean": statistics.fmean(rewards),
@@ -112,6 +144,8 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         "reward/min": min(rewards),
         "correct/fraction": statistics.fmean(1.0 if e.is_correct else 0.0 for e in episodes),
         "episodes": len(episodes),
+        # Always present (0 when none), so a curve shows when the deadline starts to bite.
+        "rollout/timeout_frac": timeout_fraction(episodes),
     }
     for reason in {e.termination_reason for e in episodes}:
         out[f"termination/{reason}"] = sum(e.termination_reason == reason for e in episodes) / len(episodes)

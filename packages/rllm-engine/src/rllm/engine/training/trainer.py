@@ -33,7 +33,7 @@ from rllm.engine.training.prefetch import Prefetched, prefetch_allowed
 from rllm.engine.training.run_folder import prepare_run_folder
 from rllm.engine.training.staleness import check_backend
 from rllm.engine.training.train_progress import TrainProgress
-from rllm.engine.training.train_step import TrainStep, episode_metrics
+from rllm.engine.training.train_step import TrainStep, episode_metrics, warn_cut_off
 from rllm.engine.training.trainer_config import TrainerConfig
 from rllm.gateway import GatewayConfig
 from rllm.sdk.cookbook import Cookbook
@@ -332,6 +332,7 @@ class Trainer:
 
     async def _validate(self, engine: RolloutEngine) -> dict[str, float]:
         episodes = await engine.run(self.val_tasks, n=1, is_validation=True)
+        warn_cut_off(episodes, "validation", engine.config.deadline_s)
         return {f"val/{k}": v for k, v in episode_metrics(episodes).items()}
 
     def _gateway_config(self) -> GatewayConfig:

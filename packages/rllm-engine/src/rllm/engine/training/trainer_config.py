@@ -26,7 +26,8 @@ from rllm.types import ConfigError
 from rllm.types.config_file import apply_overrides, convert_config, merge_config, read_config_file
 
 # The trainer's own rollout defaults, kept apart from RolloutEngine's on purpose: a training step
-# waits for its slowest rollout, so a stuck one is cut off sooner (120 s, not 600 s) and retried
+# waits for its slowest rollout, so a stuck one is cut off sooner (120 s of being stalled, not
+# 600 s; time queued behind the batch at a shared sampler does not count) and retried
 # once, not twice; rollouts sample from the policy itself (temperature 1) and validation is
 # greedy (temperature 0). Any key a config gives replaces its default here (``rollout.sampling``
 # as a whole, as for every other key of the section).
