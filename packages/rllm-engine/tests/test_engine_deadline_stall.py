@@ -23,8 +23,8 @@ from rllm.testing import MockUpstream
 from rllm.types import TerminationReason
 
 SERVICE_S = 0.2  # each call holds the sampler's one slot this long
-QUEUED = 16  # so the last call waits at least 16 * 0.2 = 3.2 s, past the deadline
-DEADLINE_S = 2.0
+QUEUED = 32  # so the last call waits at least 32 * 0.2 = 6.4 s, past the deadline
+DEADLINE_S = 5.0  # generous: a busy machine may stall the loop a second or two between answers
 # One HTTP client for every flow: building one per rollout (its TLS context) costs each flow a
 # slice of a busy CPU, time that is the flow's own and would blur what the test measures.
 _http: list[httpx.AsyncClient] = []
