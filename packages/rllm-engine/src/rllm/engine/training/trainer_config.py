@@ -14,8 +14,7 @@ from typing import Any, Literal
 import msgspec
 
 from rllm.algos.config import AlgorithmConfig
-from rllm.engine.data.distill import DistillSection
-from rllm.engine.data.distill_topk import check_distill_loss
+from rllm.engine.data.distill import DistillSection, check_distill_loss
 from rllm.engine.rollout.rollout_config import RolloutConfig
 from rllm.engine.training.staleness import (
     TrainRolloutSettings,
