@@ -20,14 +20,19 @@ time, one warning line; the run's end repeats how many steps it was.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from rllm.algos.config import AlgorithmConfig
 from rllm.algos.filters import filter_groups
 from rllm.algos.grouping import group_trajectories
-from rllm.types import Episode
+from rllm.types import Episode, Task
+
+if TYPE_CHECKING:
+    from rllm.engine.training.data_order import DataCursor
+    from rllm.engine.training.task_sampler import TaskSampler
 
 CAPPED_WARNING = (
     "algorithm.dynamic_sampling: step {step} reached max_extra_groups={cap} with {signal} of "
@@ -131,3 +136,29 @@ class CapWatch:
             f"of {self.steps} steps short of {self.want} groups with a learning signal "
             "(dynamic_sampling/capped in metrics.jsonl)."
         )
+
+
+async def fill_step(
+    sampler: TaskSampler,
+    run: Callable[[list[Task]], Awaitable[list[Episode]]],
+    algorithm: AlgorithmConfig,
+    sizes: tuple[int, int],
+    drawn: tuple[list[Task], DataCursor, list[Episode]],
+) -> tuple[list[Task], DataCursor, list[Episode], dict[str, float]]:
+    """The synchronous step's batch from its first groups (``drawn``: their tasks, the cursor
+    after them, their episodes; ``sizes``: ``tasks_per_step`` and ``group_size``). Each round of
+    episodes is recorded in the sampler as it comes in (its next draw knows them); while the count
+    is short (``SignalCount.missing``), ``run`` rolls out that many more groups. Returns the
+    batch's tasks, the cursor after them, their episodes and the metrics of the draw."""
+    want, group_size = sizes
+    tasks, next_data, episodes = drawn
+    sampled = sampler.observe(episodes)
+    count = SignalCount(algorithm, want)
+    count.add_batch(episodes, group_size)
+    while (missing := count.missing()) > 0:
+        more, next_data = sampler.next_batch(missing, next_data)
+        more_episodes = await run(more)
+        sampled = sampler.observe(more_episodes)
+        count.add_batch(more_episodes, group_size)
+        tasks, episodes = [*tasks, *more], [*episodes, *more_episodes]
+    return tasks, next_data, episodes, {**sampled, **count.metrics(), **sampler.end_step(episodes)}

@@ -26,7 +26,7 @@ from rllm.engine.rollout.rollout_engine import RolloutEngine
 from rllm.engine.training.async_loop import AsyncStepper
 from rllm.engine.training.checkpoint import TrainerState, load_trainer_state, save_checkpoint
 from rllm.engine.training.data_order import DataCursor
-from rllm.engine.training.dynamic_sampling import CapWatch, SignalCount
+from rllm.engine.training.dynamic_sampling import CapWatch, fill_step
 from rllm.engine.training.init_from import init_weights, resolve_init_checkpoint
 from rllm.engine.training.learning_watch import NoLearningWatch
 from rllm.engine.training.metrics_log import MetricsLogger, plot_reward_curve, truncate_history
@@ -115,7 +115,7 @@ class Trainer:
                 self.cookbook.flow,
                 self.cookbook.evaluator,
                 cfg.engine_rollout(self.backend.served_model_name()),
-                gateway_config=self._gateway_config(),
+                gateway_config=gateway_config(cfg, self.backend),
                 early_workers=early,
             )
             await engine.start()
@@ -172,7 +172,7 @@ class Trainer:
         try:
             with TrainProgress(cfg.total_steps, start=state.step, enabled=cfg.progress) as progress:
                 if validating and state.step == 0:
-                    metrics_log.log(0, await self._validate(engine))
+                    metrics_log.log(0, await _validate(engine, self.val_tasks))
                 while state.step < cfg.total_steps:
                     _stop_if_cancel_requested()
                     if stepper is not None:
@@ -181,7 +181,7 @@ class Trainer:
                         metrics = await self._train_one_step(engine, state)
                     rewards.append(metrics["reward/mean"])
                     if validating and state.step % cfg.val_every == 0:
-                        metrics.update(await self._validate(engine))
+                        metrics.update(await _validate(engine, self.val_tasks))
                     if (warning := idle.observe(metrics["train/signal_sequences"])) is not None:
                         metrics["warning/no_trainable_sequences"] = warning
                         self.warnings.append(warning)
@@ -193,11 +193,11 @@ class Trainer:
                     self._between_steps = True
                     progress.update(state.step, metrics)
                     if cfg.ckpt_every and state.step % cfg.ckpt_every == 0:
-                        await self._checkpoint(self._snapshot(stepper, state))
+                        await self._checkpoint(_snapshot(stepper, state))
                         saved_step = state.step
                 # A short run (or ckpt_every = 0) must still leave something to resume and serve.
                 if state.step != saved_step:
-                    await self._checkpoint(self._snapshot(stepper, state))
+                    await self._checkpoint(_snapshot(stepper, state))
         except (asyncio.CancelledError, KeyboardInterrupt):
             await self._cancel_prefetch()  # nothing runs during the save below
             # Ctrl-C: keep the steps done since the last checkpoint when that is truthful (not in
@@ -228,11 +228,6 @@ class Trainer:
         state.sampler = self.sampler.state()
         self.last_checkpoint = await save_checkpoint(self.out_dir, state, self.backend.save_checkpoint)
         self._between_steps = between
-
-    @staticmethod
-    def _snapshot(stepper: AsyncStepper | None, state: TrainerState) -> TrainerState:
-        # Async: rollouts go on during the save; keep the state of this instant.
-        return stepper.snapshot() if stepper is not None else state
 
     def _async_stepper(self, engine: RolloutEngine, state: TrainerState) -> AsyncStepper | None:
         """K > 0: the asynchronous step (rllm.engine.training.async_loop); K = 0: the synchronous one."""
@@ -299,9 +294,7 @@ class Trainer:
         self, engine: RolloutEngine, state: TrainerState
     ) -> tuple[list[Task], DataCursor, list[Episode], bool, dict[str, float]]:
         """This step's batch, the cursor after it, its episodes, whether they were prefetched, and
-        the metrics of their draw. Each round of episodes is recorded as it comes in (the sampler's
-        next draw knows it); ``algorithm.dynamic_sampling`` rolls out more groups while the batch
-        is short of groups with a learning signal (rllm.engine.training.dynamic_sampling)."""
+        the metrics of their draw (topped up by ``algorithm.dynamic_sampling``: ``fill_step``)."""
         cfg = self.config
         prefetch, self._prefetch = self._prefetch, None
         if prefetch is not None and prefetch.data == state.data:
@@ -312,22 +305,14 @@ class Trainer:
                 await prefetch.cancel()
             tasks, next_data = self.sampler.next_batch(cfg.tasks_per_step, state.data)
             episodes, prefetched = await engine.run(tasks, n=cfg.group_size), False
-        sampled = self.sampler.observe(episodes)
-        count = SignalCount(cfg.algorithm, cfg.tasks_per_step)
-        count.add_batch(episodes, cfg.group_size)
-        while (missing := count.missing()) > 0:
-            more, next_data = self.sampler.next_batch(missing, next_data)
-            more_episodes = await engine.run(more, n=cfg.group_size)
-            sampled = self.sampler.observe(more_episodes)
-            count.add_batch(more_episodes, cfg.group_size)
-            tasks, episodes = [*tasks, *more], [*episodes, *more_episodes]
-        return (
-            tasks,
-            next_data,
-            episodes,
-            prefetched,
-            {**sampled, **count.metrics(), **self.sampler.end_step(episodes)},
+        drawn = await fill_step(
+            self.sampler,
+            lambda more: engine.run(more, n=cfg.group_size),
+            cfg.algorithm,
+            (cfg.tasks_per_step, cfg.group_size),
+            (tasks, next_data, episodes),
         )
+        return (*drawn[:3], prefetched, drawn[3])
 
     async def _start_prefetch(self, engine: RolloutEngine, state: TrainerState, data: DataCursor) -> bool:
         """Pause the gateway and start the next step's rollouts (``data``: the cursor after this
@@ -368,24 +353,23 @@ class Trainer:
             self._prefetch_renames = True
             log.info("rollout.prefetch: the backend renames its model at every sync; not prefetching")
 
-    async def _validate(self, engine: RolloutEngine) -> dict[str, float]:
-        episodes = await engine.run(self.val_tasks, n=1, is_validation=True)
-        return {f"val/{k}": v for k, v in episode_metrics(episodes).items()}
 
-    def _gateway_config(self) -> GatewayConfig:
-        cfg = self.config.gateway
-        tokenizer = self.backend.tokenizer_path() if cfg.mode == "cumulative" else None
-        mode = cfg.mode if tokenizer else "plain"
-        # No auto-created sessions: a flow still running past its deadline gets a fast 410 (its session ended).
-        return GatewayConfig(
-            upstreams=self.backend.inference_urls(),
-            store=cfg.store,
-            tokenizer_mode=mode,
-            tokenizer_path=tokenizer,
-            auto_create_sessions=False,
-            health_interval_s=1.0,
-            partial_rollouts=self.config.rollout.partial,  # a sync aborts and continues calls
-        )
+def gateway_config(config: TrainerConfig, backend: Backend) -> GatewayConfig:
+    """The run's gateway: in front of the backend's inference servers, cumulative where the
+    backend has a tokenizer for it."""
+    cfg = config.gateway
+    tokenizer = backend.tokenizer_path() if cfg.mode == "cumulative" else None
+    mode = cfg.mode if tokenizer else "plain"
+    # No auto-created sessions: a flow still running past its deadline gets a fast 410 (its session ended).
+    return GatewayConfig(
+        upstreams=backend.inference_urls(),
+        store=cfg.store,
+        tokenizer_mode=mode,
+        tokenizer_path=tokenizer,
+        auto_create_sessions=False,
+        health_interval_s=1.0,
+        partial_rollouts=config.rollout.partial,  # a sync aborts and continues calls
+    )
 
 
 def validate_algorithm(config: TrainerConfig, backend: Backend) -> None:
@@ -399,6 +383,16 @@ def validate_algorithm(config: TrainerConfig, backend: Backend) -> None:
         raise ConfigError(
             f"backend {config.backend.name!r} cannot run this algorithm config: {exc}"
         ) from None
+
+
+def _snapshot(stepper: AsyncStepper | None, state: TrainerState) -> TrainerState:
+    # Async: rollouts go on during the save; keep the state of this instant.
+    return stepper.snapshot() if stepper is not None else state
+
+
+async def _validate(engine: RolloutEngine, tasks: list[Task]) -> dict[str, float]:
+    episodes = await engine.run(tasks, n=1, is_validation=True)
+    return {f"val/{k}": v for k, v in episode_metrics(episodes).items()}
 
 
 def _stop_if_cancel_requested() -> None:
