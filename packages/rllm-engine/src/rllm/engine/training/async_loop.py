@@ -40,6 +40,7 @@ from rllm.types.errors import StateError
 if TYPE_CHECKING:
     from rllm.engine.backend import Backend
     from rllm.engine.rollout.rollout_engine import RolloutEngine
+    from rllm.engine.training.task_sampler import TaskSampler
     from rllm.engine.training.train_step import TrainStep
     from rllm.engine.training.trainer_config import TrainerConfig
 
@@ -49,7 +50,7 @@ class StepperTrainer(Protocol):
 
     config: TrainerConfig
     backend: Backend
-    train_tasks: list[Task]
+    sampler: TaskSampler  # the run's task draw (rllm.engine.training.task_sampler)
     train_step: TrainStep
 
 
