@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from rllm.cli.main import main
-from rllm.engine.training.learning_watch import NoLearningWatch, UnrewardedTaskWatch
+from rllm.engine.training.learning_watch import NoLearningWatch, TaskOutcomes
 from rllm.engine.training.metrics_log import read_metrics
 
 pytestmark = pytest.mark.slow
@@ -35,7 +35,7 @@ def test_a_run_that_cannot_learn_warns_checkpoints_and_resumes(
     out = tmp_path / "run"
     # Tasks count as unrewarded after one appearance here (5 by default), so 3 steps show it.
     monkeypatch.setattr(
-        "rllm.engine.training.train_step.UnrewardedTaskWatch", partial(UnrewardedTaskWatch, appearances=1)
+        "rllm.engine.training.task_sampler.TaskOutcomes", partial(TaskOutcomes, appearances=1)
     )
     assert main(["train", "say-single", "--out", str(out), "total_steps=3", *QUICK]) == 0
     err = capsys.readouterr().err

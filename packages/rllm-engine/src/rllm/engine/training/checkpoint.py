@@ -16,6 +16,7 @@ from pathlib import Path
 import msgspec
 
 from rllm.engine.training.data_order import DataCursor
+from rllm.engine.training.task_sampler import SamplerState
 
 
 class TrainerState(msgspec.Struct, kw_only=True):
@@ -26,6 +27,9 @@ class TrainerState(msgspec.Struct, kw_only=True):
     # Asynchronous runs: tasks handed out (data cursor past them) but not yet trained on; a
     # resumed run runs them first, so no task is skipped or trained twice.
     unconsumed_task_ids: list[str] = msgspec.field(default_factory=list)
+    # Each task's recent outcomes and the difficulty level (rllm.engine.training.task_sampler):
+    # with the cursor, all a resumed run needs to draw the tasks the uninterrupted run would.
+    sampler: SamplerState = msgspec.field(default_factory=SamplerState)
 
     def capture_rng(self) -> None:
         version, internal, gauss = random.getstate()

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 
 from rllm.algos import compute_advantages, filter_groups, group_trajectories
 from rllm.engine.rollout.worker_metrics import sandbox_step_metrics
-from rllm.engine.training.learning_watch import UnrewardedTaskWatch
 from rllm.engine.training.metrics_log import write_episode_sample
 from rllm.engine.training.mismatch import check_mismatch, measure_mismatch
 from rllm.engine.training.sequences import sequences_from_groups, signal_sequences
@@ -49,15 +48,14 @@ TIMEOUT_WARN_FRACTION = 0.1
 class TrainStep:
     """Trains on a batch of finished episodes and publishes the new weights (``run``).
 
-    One per run: ``unrewarded`` counts across its steps (the run's end names the tasks it never
-    rewarded)."""
+    What the run saw of each task is recorded as the episodes come in, before this step
+    (rllm.engine.training.task_sampler), so the next draw and a prefetch know it."""
 
     def __init__(
         self, config: TrainerConfig, backend: Backend, out_dir: Path, *, distiller: Distiller | None = None
     ) -> None:
         self.config, self.backend, self.out_dir = config, backend, out_dir
         self.distiller = distiller
-        self.unrewarded = UnrewardedTaskWatch()
 
     async def run(
         self, episodes: Sequence[Episode], step: int, publish: Publish, weight_version: int | None = None
@@ -71,7 +69,6 @@ class TrainStep:
         cfg, algo = self.config, self.config.algorithm
         warn_cut_off(episodes, f"step {step}", cfg.rollout.deadline_s)
         groups = group_trajectories(episodes, algo)
-        unrewarded_metrics = self.unrewarded.observe(groups)
         kept, filter_metrics = filter_groups(groups, algo)
         advantage_metrics = compute_advantages(kept, algo)
         sequences = sequences_from_groups(kept)
@@ -90,7 +87,6 @@ class TrainStep:
         return {
             **episode_metrics(episodes),
             **{f"filter/{k}": v for k, v in filter_metrics.items()},
-            **unrewarded_metrics,
             **{f"advantage/{k}": v for k, v in advantage_metrics.items()},
             **distill_metrics,
             **{f"train/{k}": v for k, v in train_metrics.items()},
@@ -142,6 +138,9 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         "reward/mean": statistics.fmean(rewards),
         "reward/max": max(rewards),
         "reward/min": min(rewards),
+        # Each task's mean, averaged: the draw's weights left out (rollout.curriculum draws some
+        # tasks more often, dynamic sampling adds groups), so runs that draw differently compare.
+        "reward/task_mean": statistics.fmean(statistics.fmean(r) for r in _by_task(episodes, rewards)),
         "correct/fraction": statistics.fmean(1.0 if e.is_correct else 0.0 for e in episodes),
         "episodes": len(episodes),
         # Always present (0 when none), so a curve shows when the deadline starts to bite.
@@ -171,3 +170,10 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
                 signals.setdefault(name, []).append(value)
     out.update({name: statistics.fmean(values) for name, values in signals.items()})
     return out
+
+
+def _by_task(episodes: Sequence[Episode], rewards: Sequence[float]) -> list[list[float]]:
+    by_task: dict[str, list[float]] = {}
+    for episode, reward in zip(episodes, rewards, strict=True):
+        by_task.setdefault(episode.task_id, []).append(reward)
+    return list(by_task.values())

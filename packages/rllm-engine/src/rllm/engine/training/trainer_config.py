@@ -137,10 +137,30 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         # distill.loss = "topk" trains with its own loss (set on the algorithm here).
         check_distill_loss(self.distill, self.algorithm)
         check_correction(self.rollout, self.algorithm.tis, get_loss(self.algorithm.loss).supervised)
+        if self.algorithm.dynamic_sampling.enabled:
+            check_dynamic_sampling(self)
         if self.val_every and not self.val_split:
             raise ConfigError.for_key(
                 "val_split", "val_every is set but val_split is not: name the split to validate on"
             )
+
+
+def check_dynamic_sampling(config: TrainerConfig) -> None:
+    """``algorithm.dynamic_sampling`` counts groups whose rewards differ: refused where none can
+    (one rollout a task) or where the rewards are not what trains (distillation)."""
+    key = "algorithm.dynamic_sampling.enabled"
+    if config.group_size < 2:
+        raise ConfigError.for_key(
+            key,
+            f"group_size={config.group_size}: a group of one rollout never has rewards that differ, "
+            "so every step would reach its cap; set group_size >= 2 or turn dynamic sampling off",
+        )
+    if config.distill is not None:
+        raise ConfigError.for_key(
+            key,
+            "distillation trains on the teacher's per-token advantages, not on the rewards' "
+            "differences within a group; turn dynamic sampling off",
+        )
 
 
 def load_config(
