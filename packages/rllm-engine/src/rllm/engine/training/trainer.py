@@ -2,7 +2,7 @@
 
     tasks (seeded order) -> RolloutEngine (n per task, through the gateway) -> group, filter,
     advantages (rllm.algos) -> TrainSequences -> backend.train_step -> backend.sync_weights ->
-    gateway weight version -> validation / checkpoint every k steps
+    gateway weight version -> validation -> health checks -> checkpoint every k steps
 
 Scheduling, grouping, advantages, filtering, logging, validation and checkpoint cadence live
 here once; a backend only trains, syncs and saves.
@@ -27,10 +27,10 @@ from rllm.engine.training.async_loop import AsyncStepper
 from rllm.engine.training.checkpoint import TrainerState, load_trainer_state, save_checkpoint
 from rllm.engine.training.data_order import DataCursor, next_batch
 from rllm.engine.training.init_from import init_weights, resolve_init_checkpoint
-from rllm.engine.training.learning_watch import NoLearningWatch
 from rllm.engine.training.metrics_log import MetricsLogger, plot_reward_curve, truncate_history
 from rllm.engine.training.prefetch import Prefetched, prefetch_allowed
 from rllm.engine.training.run_folder import prepare_run_folder
+from rllm.engine.training.seeding import seed_process, step_sampling
 from rllm.engine.training.staleness import check_backend
 from rllm.engine.training.train_progress import TrainProgress
 from rllm.engine.training.train_step import TrainStep, episode_metrics
@@ -93,6 +93,7 @@ class Trainer:
         self.last_checkpoint: Path | None = None
         self._prefetch: Prefetched | None = None  # the next step's rollouts, started early
         self._prefetch_renames = False  # the backend renames its model at each sync: no prefetch
+        self._progress: TrainProgress | None = None
         # Flow processes start now, importing while the backend loads the model; the engine adopts them.
         early, self.early_workers = self.early_workers or start_early_for(cfg, self.cookbook), None
         try:
@@ -110,6 +111,7 @@ class Trainer:
                 gateway_config=self._gateway_config(),
                 early_workers=early,
             )
+            self._base_sampling = engine.config.sampling  # each synchronous step seeds its own
             await engine.start()
             if ckpt is not None:
                 state = load_trainer_state(ckpt)
@@ -117,7 +119,9 @@ class Trainer:
                 await self.backend.load_checkpoint(ckpt / "backend")
                 state.weight_version = await self.backend.sync_weights()
                 log.info("resumed from %s at step %d", ckpt, state.step)
-            elif self.init_checkpoint is not None:
+            else:
+                seed_process(cfg.seed)
+            if ckpt is None and self.init_checkpoint is not None:
                 state.weight_version = await init_weights(self.backend, self.init_checkpoint)
             # One history per run: rows and samples past the restored step are redone, not kept twice.
             truncate_history(self.out_dir, state.step)
@@ -127,6 +131,7 @@ class Trainer:
             if engine is not None:
                 await engine.close()
             await self.backend.close()
+        self.warnings.extend(self.train_step.health.summary())
         if (summary := self.train_step.unrewarded.summary()) is not None:
             self.warnings.append(summary)
         plot = (
@@ -153,7 +158,7 @@ class Trainer:
         )
         validating = bool(self.val_tasks and cfg.val_every)
         saved_step = state.step  # a resumed run starts from a checkpoint of this step
-        idle = NoLearningWatch()
+        health = self.train_step.health
         # True while the backend's weights, ``state`` and the metrics rows all stand at
         # ``state.step`` (between steps, and during the next step's rollouts): the only time an
         # interrupted run can be checkpointed truthfully.
@@ -161,8 +166,11 @@ class Trainer:
         stepper = self._async_stepper(engine, state)
         try:
             with TrainProgress(cfg.total_steps, start=state.step, enabled=cfg.progress) as progress:
+                self._progress = progress
                 if validating and state.step == 0:
-                    metrics_log.log(0, await self._validate(engine))
+                    first = await self._validate(engine)
+                    health.observe(0, first)
+                    metrics_log.log(0, first)
                 while state.step < cfg.total_steps:
                     _stop_if_cancel_requested()
                     if stepper is not None:
@@ -172,11 +180,14 @@ class Trainer:
                     rewards.append(metrics["reward/mean"])
                     if validating and state.step % cfg.val_every == 0:
                         metrics.update(await self._validate(engine))
-                    if (warning := idle.observe(metrics["train/signal_sequences"])) is not None:
-                        metrics["warning/no_trainable_sequences"] = warning
-                        self.warnings.append(warning)
-                        progress.warn(warning)
+                    for note in health.take_notes():
+                        progress.warn(note)
+                    firings = health.observe(state.step, metrics)  # writes health/* into the row
+                    for firing in firings:
+                        progress.warn(firing.line)
                     metrics_log.log(state.step, metrics)
+                    if (stop := health.stop_for(firings)) is not None:
+                        raise stop  # after the row: `rllm doctor run` and `rllm view` show the step
                     self._between_steps = True
                     progress.update(state.step, metrics)
                     if cfg.ckpt_every and state.step % cfg.ckpt_every == 0:
@@ -210,8 +221,22 @@ class Trainer:
     async def _checkpoint(self, state: TrainerState) -> None:
         # A save cut short by Ctrl-C is still running in its thread: no second save over it.
         between, self._between_steps = self._between_steps, False
-        self.last_checkpoint = await save_checkpoint(self.out_dir, state, self.backend.save_checkpoint)
+        self.last_checkpoint = await save_checkpoint(
+            self.out_dir,
+            state,
+            self.backend.save_checkpoint,
+            keep=self.config.keep_checkpoints,
+            removed=self._say_removed,
+        )
         self._between_steps = between
+
+    def _say_removed(self, path: Path) -> None:
+        keep = self.config.keep_checkpoints
+        line = f"checkpoint {path} removed (keep_checkpoints={keep} keeps the newest {keep})"
+        if self._progress is not None:
+            self._progress.say(line)
+        else:
+            print(line, file=sys.stderr, flush=True)
 
     @staticmethod
     def _snapshot(stepper: AsyncStepper | None, state: TrainerState) -> TrainerState:
@@ -289,7 +314,13 @@ class Trainer:
         if prefetch is not None:  # started for another cursor: never trained on
             await prefetch.cancel()
         tasks, next_data = next_batch(self.train_tasks, cfg.tasks_per_step, cfg.seed, state.data)
+        self._seed_sampling(engine, state.step + 1)
         return tasks, next_data, await engine.run(tasks, n=cfg.group_size), False
+
+    def _seed_sampling(self, engine: RolloutEngine, step: int) -> None:
+        """Step ``step``'s rollouts sample with their own seed (rllm.engine.training.seeding);
+        validation keeps its own sampling."""
+        engine.config.sampling = step_sampling(self._base_sampling, step)
 
     async def _start_prefetch(self, engine: RolloutEngine, state: TrainerState, data: DataCursor) -> bool:
         """Pause the gateway and start the next step's rollouts (``data``: the cursor after this
@@ -307,6 +338,7 @@ class Trainer:
         # Nothing is in flight (this step's rollouts are all in): the pause holds at once.
         await engine.client.pause()
         tasks, next_data = next_batch(self.train_tasks, cfg.tasks_per_step, cfg.seed, data)
+        self._seed_sampling(engine, state.step + 2)  # the step after this one
         rollouts = asyncio.create_task(engine.run(tasks, n=cfg.group_size))
         self._prefetch = Prefetched(data, tasks, next_data, rollouts)
         return True
