@@ -28,13 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rllm_cookbook_say import load_tasks, say_evaluator, say_flow, starts_with_word
+
 from rllm.engine.training.launch import build_trainer
 from rllm.engine.training.metrics_log import read_metrics
 from rllm.engine.training.trainer import Trainer
 from rllm.sdk.cookbook import Cookbook
 from rllm.sdk.evaluator import evaluator
 from rllm.types import Episode, EvalOutput, Task
-from rllm_cookbook_say import load_tasks, say_evaluator, say_flow, starts_with_word
 
 # The README main job (`rllm train say`: its train_defaults) with one flow worker (in-process,
 # so every run with the same seed samples alike), shorter, no checkpoints but the final one.

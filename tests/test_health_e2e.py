@@ -15,7 +15,7 @@ import pytest
 from rllm.cli.main import main
 
 sys.path.insert(0, str(Path(__file__).parent))  # importlib mode: the helper beside this file
-import health_failures as failures  # noqa: E402
+import health_failures as failures
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,9 @@ pytestmark = pytest.mark.slow
 def test_an_injected_failure_is_named_within_its_bound(name: str, tmp_path: Path) -> None:
     failure = failures.FAILURES[name]
     outcome = failures.run(failure, tmp_path / "run")
-    assert outcome.stopped is not None, f"{failure.check} did not fire in {failure.bound} steps: {outcome.fired}"
+    assert outcome.stopped is not None, (
+        f"{failure.check} did not fire in {failure.bound} steps: {outcome.fired}"
+    )
     assert outcome.stopped.startswith(f"health: {failure.check} at step "), outcome.stopped
     assert "Likely cause:" in outcome.stopped and "health.stop_on" in outcome.stopped
     step = outcome.fired[failure.check]
@@ -58,7 +60,11 @@ def test_rllm_train_exits_3_with_the_line_and_doctor_run_names_it(
     assert code == 3, err
     assert "error: health: zero_advantage at step 3: no learning signal in 3 steps in a row" in err
     assert "rllm doctor run" in err  # the hint
-    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [
+        1,
+        2,
+        3,
+    ]
 
     assert main(["doctor", "run", str(out), "--json"]) == 1
     report = json.loads(capsys.readouterr().out)

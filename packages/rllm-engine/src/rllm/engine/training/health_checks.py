@@ -314,10 +314,7 @@ class RewardHacking(Check):
         if len(last) < HACK_POINTS:
             return Verdict(False)
         vals, trains = [p[1] for p in last], [p[2] for p in last]
-        falling = (
-            all(b <= a for a, b in pairwise(vals))
-            and vals[0] - vals[-1] >= HACK_FALL * self.span
-        )
+        falling = all(b <= a for a, b in pairwise(vals)) and vals[0] - vals[-1] >= HACK_FALL * self.span
         rising = trains[-1] - trains[0] >= HACK_RISE * self.span
         if not (falling and rising):
             return Verdict(False)
