@@ -9,7 +9,7 @@ it was done before #35 round 6), in one run, alternating rounds:
               sampler's Gumbel-max (rllm.backends.tinker.local.sampling.sample_next)
   chat prompt the local sampler's chat render + tokenize per call, groups of 8 identical prompts:
               apply_chat_template + tokenizer each call (peer, before #35 round 7) vs
-              SamplerServer._chat_prompt (local/prompt_cache.py)
+              CallReader.chat_prompt (local/calls.py, local/prompt_cache.py)
   hand-back   32 requests that end in one decode step handed from the engine's thread to the
               caller's event loop: a concurrent Future each, awaited through asyncio.wrap_future
               (peer, before #35 round 7) vs the sampler's Outbox (one wake-up per step)
@@ -145,7 +145,7 @@ def chat_prompt_sides(calls: int, model_dir: Path) -> dict[str, Callable[[], flo
     bodies = [{"messages": [{"role": "user", "content": f"say: {w}"}]} for w in ct.WORDS[:4]]
     group = [b for b in bodies for _ in range(8)]  # 4 tasks x 8 samples, as a step sends them
 
-    def peer_call(body: dict[str, Any]) -> list[int]:  # _chat_call's render before the cache
+    def peer_call(body: dict[str, Any]) -> list[int]:  # the chat render before the cache
         text = cast(
             str,
             tokenizer.apply_chat_template(parse_messages(body), tokenize=False, add_generation_prompt=True),
@@ -156,8 +156,8 @@ def chat_prompt_sides(calls: int, model_dir: Path) -> dict[str, Callable[[], flo
         return cpu_per_call(lambda: [peer_call(b) for b in group], calls) / len(group)
 
     def ours_group() -> list[list[int]]:
-        server.prompts = PromptCache()  # a step's prompts are new: a cold cache for each group
-        return [server._chat_prompt(b, parse_messages(b)) for b in group]
+        server.calls.prompts = PromptCache()  # a step's prompts are new: a cold cache for each group
+        return [server.calls.chat_prompt(b, parse_messages(b)) for b in group]
 
     def ours() -> float:
         return cpu_per_call(ours_group, calls) / len(group)

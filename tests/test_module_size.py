@@ -22,18 +22,6 @@ MAX_CLASS_LINES = 300
 # in the change that brings it within the rule (the stale-entry test below says when). Keys are
 # a file's path from the repository root, or "path::Class" for a class.
 ALLOWED: dict[str, str] = {
-    # the engine's layout and the sandbox (other helpers of issue 47)
-    "packages/rllm-engine/src/rllm/engine/rollout/rollout_engine.py": "issue 47: engine layout",
-    "packages/rllm-engine/src/rllm/engine/rollout/rollout_engine.py::RolloutEngine": "issue 47: engine layout",
-    "packages/rllm-engine/src/rllm/engine/sandbox/bubblewrap.py": "issue 47: sandbox split",
-    "packages/rllm-engine/src/rllm/engine/sandbox/bubblewrap.py::BubblewrapSandbox": "issue 47: sandbox split",
-    # classes over 300 lines in modules within 500, not yet assigned
-    "packages/rllm-backend-tinker/src/rllm/backends/tinker/local/server.py::SamplerServer": "over: to split",
-    "packages/rllm-gateway/src/rllm/gateway/cumulative.py::TokenBridge": "issue 47: gateway circle",
-    "packages/rllm-gateway/src/rllm/gateway/proxy.py::Proxy": "issue 47: gateway circle",
-    "packages/rllm-gateway/src/rllm/gateway/server.py::GatewayServer": "issue 47: gateway circle",
-    "packages/rllm-runtime/src/rllm/runtime/http_server.py::HttpProtocol": "over: to split",
-    "packages/rllm-testing/src/rllm/testing/tinker/server.py::FakeTinkerServer": "over: to split",
 }
 
 

@@ -86,7 +86,7 @@ def test_a_rollout_worker_quiets_the_loggers_its_command_quieted(monkeypatch: py
     """`rllm` quiets the lag paragraph at the terminal; the workers, which print it, must too."""
     import logging
 
-    from rllm.engine.rollout.flow_processes import QUIET_LOGGERS_ENV, quiet_loggers_from_env
+    from rllm.engine.rollout.worker_pool import QUIET_LOGGERS_ENV, quiet_loggers_from_env
 
     lag, other = (
         logging.getLogger("rllm.engine.rollout.loop_lag"),

@@ -116,3 +116,52 @@ async def test_a_step_with_nothing_to_train_neither_trains_nor_publishes(tmp_pat
     assert metrics["filter/groups_kept"] == 0
     assert "mismatch/mean_abs" not in metrics  # nothing trained, nothing measured
     assert "filter/tasks_unrewarded" in metrics  # the run-long watch saw the groups
+
+
+def _versioned(episodes: list[Episode], versions: list[int]) -> list[Episode]:
+    for episode, version in zip(episodes, versions, strict=True):
+        for trajectory in episode.trajectories:
+            for s in trajectory.steps:
+                s.weight_version = version
+    return episodes
+
+
+async def test_lagged_steps_of_an_asynchronous_batch_do_not_count_towards_the_mismatch(
+    tmp_path: Path,
+) -> None:
+    # K > 0: a step sampled by an older version differs from the trainer by the policy's lag, no
+    # token fault. Here the lagged episodes drift 0.3 and the fresh ones 0.01: the bound holds.
+    class LagBackend(DriftingBackend):
+        async def train_step(self, batch: list[TrainSequence], algo: AlgorithmConfig) -> dict[str, float]:
+            for seq in batch:
+                lag = 0.3 if seq.metadata.get("trajectory_id") in lagged_ids else 0.01
+                seq.trainer_logprobs = FloatArray(
+                    lp + lag if trained else 0.0
+                    for lp, trained in zip(seq.sampler_logprobs, seq.loss_mask, strict=True)
+                )
+            return {}
+
+    backend, publish = LagBackend(0.0), Publish()
+    episodes = _versioned(_episodes({"a": [0.0, 1.0], "b": [1.0, 0.0]}), [4, 5, 4, 5])
+    lagged_ids = {
+        t.id for e in episodes if e.trajectories[0].steps[0].weight_version == 4 for t in e.trajectories
+    }
+    step = _step(tmp_path, backend, max_mismatch=0.05, filter_zero_variance=False)
+    metrics = await step.run(episodes, 9, publish, weight_version=5)
+    assert publish.calls == 1
+    assert metrics["mismatch/mean_abs"] == pytest.approx(0.01, abs=1e-6)
+    assert metrics["mismatch/tokens"] == 6 and metrics["mismatch/lagged_tokens"] == 6
+    # The lagged steps still carry the trainer's logprobs for the viewer.
+    sample = read_episode_sample(sample_path(tmp_path, 9))
+    assert all(
+        "train_logprobs" in s.metadata for e in sample.episodes for t in e.trajectories for s in t.steps
+    )
+
+
+async def test_a_fresh_step_that_drifts_still_stops_an_asynchronous_run(tmp_path: Path) -> None:
+    backend, publish = DriftingBackend(0.3), Publish()
+    episodes = _versioned(_episodes({"a": [0.0, 1.0]}), [5, 4])
+    step = _step(tmp_path, backend, max_mismatch=0.05, filter_zero_variance=False)
+    with pytest.raises(TokenMismatchError, match=r"^step 2: train/sampler mismatch 0\.3000"):
+        await step.run(episodes, 2, publish, weight_version=5)
+    assert publish.calls == 0

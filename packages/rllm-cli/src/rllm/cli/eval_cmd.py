@@ -16,6 +16,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from rllm.cli.adapters import adapter_cookbook
 from rllm.cli.errors import FAILED, CliError
 from rllm.cli.registry import DatasetRegistry
 from rllm.engine.plugins import COOKBOOKS_GROUP, PluginNotFoundError, available, load_cookbook
@@ -197,11 +198,13 @@ def parse_options(items: tuple[str, ...]) -> dict[str, Any]:
 def resolve_eval_target(
     name: str, split: str, agent: str | None, evaluator: str | None, options: dict[str, Any] | None = None
 ) -> tuple[list[Task], Any, Any]:
-    """Tasks, flow and evaluator for NAME: a cookbook's own (set up with ``options``), or a
-    registered dataset's tasks with the flow and evaluator that --agent / --evaluator name."""
-    if name in available(COOKBOOKS_GROUP):
+    """Tasks, flow and evaluator for NAME: a cookbook's own (set up with ``options``), an
+    environment adapter's (``PREFIX:NAME``, rllm.cli.adapters), or a registered dataset's tasks
+    with the flow and evaluator that --agent / --evaluator name."""
+    adapted = adapter_cookbook(name)
+    if adapted is not None or name in available(COOKBOOKS_GROUP):
         try:
-            cookbook = load_cookbook(name).with_options(options or {})
+            cookbook = (adapted or load_cookbook(name)).with_options(options or {})
         except ValueError as exc:
             raise CliError(f"--option: {exc}") from None
         flow = load_object(agent, "flow") if agent else cookbook.flow
@@ -222,11 +225,13 @@ def resolve_eval_target(
 
 
 def train_cookbook(name: str, agent: str | None, evaluator: str | None) -> Cookbook:
-    """What `rllm train NAME` trains: cookbook NAME (its flow or evaluator replaced by --agent /
-    --evaluator when given), or registered dataset NAME with --agent's flow and training defaults
-    and --evaluator's (default: --agent's) grader, the same rule as `rllm eval`."""
-    if name in available(COOKBOOKS_GROUP):
-        cookbook = load_cookbook(name)
+    """What `rllm train NAME` trains: cookbook NAME or an environment adapter's ``PREFIX:NAME``
+    (its flow or evaluator replaced by --agent / --evaluator when given), or registered dataset
+    NAME with --agent's flow and training defaults and --evaluator's (default: --agent's) grader,
+    the same rule as `rllm eval`."""
+    adapted = adapter_cookbook(name)
+    if adapted is not None or name in available(COOKBOOKS_GROUP):
+        cookbook = adapted or load_cookbook(name)
         if not agent and not evaluator:
             return cookbook
         flow = load_object(agent, "flow") if agent else cookbook.flow

@@ -9,6 +9,7 @@ rllm cookbook list|info NAME            rllm cookbooks | rllm backends
 rllm view RUN_DIR                       rllm serve RUN_DIR | MODEL_PATH
 rllm export RUN_DIR --to DIR
 rllm gateway serve [...]                rllm model init-tiny PATH
+rllm model import SRC.gguf --out DIR
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from rich.console import Console
 
+from rllm.cli.adapters import adapter_cookbook
 from rllm.cli.agent_cmd import agent_group
 from rllm.cli.capabilities_cmd import capabilities_command
 from rllm.cli.cookbook import cookbook_group
@@ -29,6 +31,7 @@ from rllm.cli.doctor import doctor_group
 from rllm.cli.errors import BAD_INPUT, INTERRUPTED, CliError, as_cli_error
 from rllm.cli.eval_cmd import eval_command, train_cookbook
 from rllm.cli.export_cmd import export_command
+from rllm.cli.model_import_cmd import import_command
 from rllm.cli.quiet import QUIET_LOGGERS, quiet_third_party
 from rllm.cli.serve import serve_command
 from rllm.cli.view_cmd import view_command
@@ -318,7 +321,12 @@ def distill(
     flags += [f"distill.reward_coef={reward_coef}"] if reward_coef is not None else []
     flags += [f"init_from={init_from}"] if init_from else []
     trainer = build_trainer(
-        name, config_path=config, overrides=[*flags, *overrides], backend=backend, out_dir=out
+        name,
+        cookbook=adapter_cookbook(name),  # None: cookbook NAME
+        config_path=config,
+        overrides=[*flags, *overrides],
+        backend=backend,
+        out_dir=out,
     )
     result = _fit(trainer, resume=resume)
     console.print(
@@ -348,6 +356,9 @@ def init_tiny(path: Path, cookbook: str, backend: str) -> int:
     written = init_tiny_model(path, cookbook=load_cookbook(cookbook), backend=backend)
     console.print(f"tiny model written to {written}")
     return 0
+
+
+model.add_command(import_command)
 
 
 @cli.command("cookbooks")

@@ -34,7 +34,7 @@ QUIET_ENV: dict[str, str] = {
     "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
     "LITELLM_LOG": "ERROR",
     "TOKENIZERS_PARALLELISM": "false",
-    # The rollout workers (rllm.engine.rollout.flow_processes) quiet these too: the lag paragraph is theirs.
+    # The rollout workers (rllm.engine.rollout.worker_pool) quiet these too: the lag paragraph is theirs.
     "RLLM_QUIET_LOGGERS": ",".join(QUIET_LOGGERS),
 }
 

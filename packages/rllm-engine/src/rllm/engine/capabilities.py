@@ -11,9 +11,10 @@ Modalities: text is what every backend trains on; images where the backend's own
 ``validate_images`` passes (``rllm.engine.modality``, which also refuses a batch with images on
 any other backend before it trains).
 
-Execution flows (regular, sandboxed, command, remote) run in the engine, in front of the
-gateway, so every backend that trains on the gateway's traces honours them; a flow the engine
-does not have in this build (e.g. Ray, ``rollout.executor = "ray"``) reads "no" everywhere.
+Execution flows (regular, sandboxed, command) and the executors built into the engine (remote,
+ray: :mod:`rllm.engine.rollout.executors`, read from its registry) run in front of the gateway,
+so every backend that trains on the gateway's traces honours them; an executor this build does
+not have registered reads "no" everywhere.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from rllm.algos.config import AlgorithmConfig
 from rllm.algos.registry import BUILTIN_LOSSES, available_estimators, get_estimator
 from rllm.engine.modality import trains_on_images
 from rllm.engine.plugins import BACKENDS_GROUP, available, backend_class
-from rllm.engine.rollout.executors import EXECUTORS
+from rllm.engine.rollout.executors import BUILTIN_EXECUTORS, available_executors, resolve_executor
 from rllm.engine.training.staleness import check_backend
 
 # How to build each backend variant without starting it: the options its constructor parses.
@@ -41,7 +42,6 @@ DEFAULT_OPTIONS: dict[str, Any] = {"model": "probe"}
 
 # Flows the engine runs whatever the backend (rllm.engine.rollout.rollout_engine, sandbox, sdk.command).
 ENGINE_FLOWS = ("regular", "sandboxed", "command")
-ALL_FLOWS = (*ENGINE_FLOWS, "remote", "ray")
 
 Probe = Callable[[Any], bool]
 
@@ -99,8 +99,16 @@ def _sft_extras_ok(backend: Any) -> bool:
 
 
 def _flow(name: str) -> Probe:
-    honoured = name in ENGINE_FLOWS or name in EXECUTORS
+    honoured = name in ENGINE_FLOWS or name in available_executors()
     return lambda backend: honoured
+
+
+def executor_rows() -> list[str]:
+    """The built-in executors that are rows of their own (the registry's, not plugins': the table
+    is the product's): all but the ones an unset ``rollout.executor`` means, ``local`` and
+    ``processes``, which run the regular flows above."""
+    defaults = {resolve_executor(None, 1), resolve_executor(None, 2)}
+    return [name for name in BUILTIN_EXECUTORS if name not in defaults]
 
 
 def builtin_estimators() -> list[str]:
@@ -125,7 +133,7 @@ def probes() -> list[tuple[str, str, Probe]]:
         ("algorithm", "tis = trust_region", _validates(tis="trust_region")),
         ("algorithm", "max_mismatch", _validates(max_mismatch=0.05)),
     ]
-    rows += [("execution flow", name, _flow(name)) for name in ALL_FLOWS]
+    rows += [("execution flow", name, _flow(name)) for name in (*ENGINE_FLOWS, *executor_rows())]
     rows += [("modality", "text", _validates()), ("modality", "images", trains_on_images)]
     rows += [
         ("training mode", "RL, synchronous", _validates()),

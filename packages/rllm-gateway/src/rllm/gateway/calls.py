@@ -225,6 +225,17 @@ class CallLedger:
         if trace.latency_s == 0.0:
             self.fail(trace, t0, f"internal gateway error: {type(exc).__name__}: {exc}")
 
+    def refuse_if_session_ended(self, call: ProxyCall, what: str) -> None:
+        """A 410 when the call's session was finished or deleted meanwhile (a flow past its
+        deadline): nobody can read a trace any more, so none is kept, and the agent is told so
+        rather than handed an answer that counts for nothing."""
+        sid = call.session.session_id
+        if self.sessions.get(sid) is not call.session:
+            self.discard(call.trace, call.t0)
+            raise GatewayError(
+                410, f"session {sid!r} ended while this call {what}", param="session_id", code="session_ended"
+            )
+
     def discard(self, trace: TraceRecord, t0: float) -> None:
         """Count a call whose session ended while it was in flight; its trace is not kept."""
         trace.status = "error"

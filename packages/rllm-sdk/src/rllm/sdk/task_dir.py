@@ -24,6 +24,9 @@ agent can neither read nor edit them. A verifier the agent's own doing breaks (i
 a link where a test file goes) raises ``SandboxAgentError``: the rollout is scored 0 with that
 reason, never retried.
 
+Tasks in Harbor's own format (the ``harbor`` package's ``task.toml``) load too: its sandbox keys
+are mapped and what rLLM does not run is refused by name (``rllm.sdk.task_harbor``).
+
 ``network = true`` is the dataset asking for the network, which the operator must grant: loading
 such a task is refused unless ``allow_network=True``; in a run, the engine refuses it unless
 ``sandbox.allow_task_network`` is set. With the local sandbox, a networked sandbox has a
@@ -40,6 +43,7 @@ from typing import Any
 import msgspec
 
 from rllm.sdk.sandbox import DesktopSpec, ExecResult, Sandbox, SandboxLimits, SandboxSpec
+from rllm.sdk.task_harbor import check_harbor, harbor_metadata, mapped_spec_fields, wants_network
 from rllm.types import Task, convert, to_builtins
 from rllm.types.errors import RLLMError
 
@@ -71,31 +75,39 @@ def load_task_dir(path: str | Path, *, allow_network: bool = False) -> Task:
             config = tomllib.loads((root / "task.toml").read_text())
         except tomllib.TOMLDecodeError as exc:
             raise TaskDirError(f"{root / 'task.toml'}: {exc}") from None
+    check_harbor(root, config)
     env = config.get("environment", {})
-    if env.get("network", False) and not allow_network:
+    network = wants_network(config)
+    if network and not allow_network:
         raise TaskDirError(
-            f"{root / 'task.toml'}: [environment] network = true, but task directories get the "
+            f"{root / 'task.toml'}: the task asks for the network ([environment] network = true, "
+            "or Harbor's network_mode = 'public', its default), but task directories get the "
             "network only with the operator's consent (allow_network=True here; "
             "sandbox.allow_task_network in a run)"
         )
     setup = root / "environment" / "setup.sh"
     try:
+        spec_fields, harbor_limits = mapped_spec_fields(env)
         spec = SandboxSpec(
-            network=bool(env.get("network", False)),
-            limits=SandboxLimits(**{k: env[k] for k in _LIMIT_KEYS if k in env}),
+            network=network,
+            limits=SandboxLimits(**{k: env[k] for k in _LIMIT_KEYS if k in env}, **harbor_limits),
             setup=setup.read_text() if setup.is_file() else None,
             setup_timeout_s=float(env.get("setup_timeout_sec", 120.0)),
             files=_text_files(root / "environment" / "files"),
             desktop=convert(env["desktop"], DesktopSpec) if "desktop" in env else None,
+            **spec_fields,
         )
     except (TypeError, ValueError, msgspec.ValidationError) as exc:
         raise TaskDirError(f"{root / 'task.toml'} [environment]: {exc}") from None
     solution = root / "solution" / "solve.sh"
+    verify_env = {str(k): str(v) for k, v in dict(config.get("verifier", {}).get("env", {})).items()}
     return Task(
         id=root.name,
         instruction=instruction.read_text().strip(),
         metadata={
             **config.get("metadata", {}),
+            **harbor_metadata(config),
+            **({"verify_env": verify_env} if verify_env else {}),
             "sandbox": to_builtins(spec),
             "tests": _text_files(root / "tests"),
             "agent_timeout_s": float(config.get("agent", {}).get("timeout_sec", 600.0)),
@@ -144,4 +156,8 @@ async def run_verifier(sandbox: Sandbox, task: Task) -> ExecResult:
         )
     for rel, text in task.metadata["tests"].items():
         await sandbox.write_file(f"{TESTS_DIR}/{rel}", text)
-    return await sandbox.exec(["sh", f"{TESTS_DIR}/test.sh"], timeout=task.metadata["verify_timeout_s"])
+    return await sandbox.exec(
+        ["sh", f"{TESTS_DIR}/test.sh"],
+        timeout=task.metadata["verify_timeout_s"],
+        env=task.metadata.get("verify_env"),
+    )

@@ -35,7 +35,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
@@ -44,6 +44,9 @@ from rllm.types import ConfigError, TrainSequence
 from rllm.types.arrays import FloatArray
 from rllm.types.errors import InputError, RLLMError
 from rllm.types.sequence import TeacherTopK
+
+if TYPE_CHECKING:
+    from rllm.algos.config import AlgorithmConfig
 
 # Texts whose tokenization must agree between teacher and student (specials included).
 TOKENIZER_PROBES = ("Hello, world! 12 + 30 = 42.", "<|im_start|>user\nhi<|im_end|>", "  tabs\tand\nnewlines ")
@@ -73,6 +76,43 @@ class DistillSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         if self.topk < 1:
             raise ConfigError.for_key("distill.topk", f"distill.topk must be >= 1, got {self.topk}")
+
+
+# AlgorithmConfig's default loss: the one `distill.loss = "topk"` may replace (any other is a
+# user's explicit choice, and a conflict).
+DEFAULT_LOSS = "ppo_clip"
+
+
+def check_distill_loss(section: DistillSection | None, algo: AlgorithmConfig) -> None:
+    """Pick the loss ``section.loss`` asks for: ``"topk"`` trains with ``topk_{kl}_kl`` (set on
+    ``algo`` when its loss is still the default), ``"sampled"`` with the policy loss on the
+    teacher's advantages. ConfigError naming the key for a combination that cannot work."""
+    from rllm.algos.registry import get_loss
+
+    topk_loss = get_loss(algo.loss).teacher_topk
+    if section is None or section.loss == "sampled":
+        if topk_loss:
+            raise ConfigError.for_key(
+                "algorithm.loss",
+                f"{algo.loss!r} trains toward a distillation teacher's top-k: run `rllm distill` with "
+                "distill.loss=topk",
+            )
+        return
+    if section.reward_coef != 0:
+        raise ConfigError.for_key(
+            "distill.reward_coef",
+            "the top-k loss takes no advantages, so the task reward cannot be mixed in; set "
+            "distill.reward_coef=0 or distill.loss=sampled",
+        )
+    wanted = f"topk_{section.kl}_kl"
+    if algo.loss not in (wanted, DEFAULT_LOSS):
+        raise ConfigError.for_key(
+            "algorithm.loss",
+            f"distill.loss=topk trains with loss {wanted!r} (distill.kl={section.kl}), not {algo.loss!r}; "
+            "leave algorithm.loss unset",
+        )
+    algo.loss = wanted
+    algo.validate()
 
 
 class TeacherError(RLLMError, ConnectionError):

@@ -1,5 +1,6 @@
 """The teacher's top-k per position for dense distillation (``distill.loss = "topk"``): a strict
-parser of vLLM's ``prompt_logprobs: k`` and the config rule that picks the loss.
+parser of vLLM's ``prompt_logprobs: k`` (the config rule that picks the loss is
+``rllm.engine.data.distill.check_distill_loss``).
 
 vLLM's format (also the local sampler's and ``rllm serve``'s): ``prompt_logprobs`` is a list with
 one entry per prompt token; the first is None (nothing predicts it), every other a dict
@@ -13,20 +14,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from rllm.types import ConfigError
 from rllm.types.arrays import FloatArray, TokenArray
 from rllm.types.errors import InputError
 from rllm.types.sequence import TeacherTopK
-
-if TYPE_CHECKING:
-    from rllm.algos.config import AlgorithmConfig
-    from rllm.engine.data.distill import DistillSection
-
-# AlgorithmConfig's default loss: the one `distill.loss = "topk"` may replace (any other is a
-# user's explicit choice, and a conflict).
-DEFAULT_LOSS = "ppo_clip"
 
 
 def parse_prompt_logprobs(
@@ -97,36 +89,4 @@ def _entry(raw: Any, where: str) -> tuple[dict[int, float], dict[int, int]]:
     return out, ranks
 
 
-def check_distill_loss(section: DistillSection | None, algo: AlgorithmConfig) -> None:
-    """Pick the loss ``section.loss`` asks for: ``"topk"`` trains with ``topk_{kl}_kl`` (set on
-    ``algo`` when its loss is still the default), ``"sampled"`` with the policy loss on the
-    teacher's advantages. ConfigError naming the key for a combination that cannot work."""
-    from rllm.algos.registry import get_loss
-
-    topk_loss = get_loss(algo.loss).teacher_topk
-    if section is None or section.loss == "sampled":
-        if topk_loss:
-            raise ConfigError.for_key(
-                "algorithm.loss",
-                f"{algo.loss!r} trains toward a distillation teacher's top-k: run `rllm distill` with "
-                "distill.loss=topk",
-            )
-        return
-    if section.reward_coef != 0:
-        raise ConfigError.for_key(
-            "distill.reward_coef",
-            "the top-k loss takes no advantages, so the task reward cannot be mixed in; set "
-            "distill.reward_coef=0 or distill.loss=sampled",
-        )
-    wanted = f"topk_{section.kl}_kl"
-    if algo.loss not in (wanted, DEFAULT_LOSS):
-        raise ConfigError.for_key(
-            "algorithm.loss",
-            f"distill.loss=topk trains with loss {wanted!r} (distill.kl={section.kl}), not {algo.loss!r}; "
-            "leave algorithm.loss unset",
-        )
-    algo.loss = wanted
-    algo.validate()
-
-
-__all__ = ["DEFAULT_LOSS", "check_distill_loss", "parse_prompt_logprobs"]
+__all__ = ["parse_prompt_logprobs"]

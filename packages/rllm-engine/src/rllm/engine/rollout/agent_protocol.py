@@ -15,26 +15,55 @@ docs/remote-agents.schema.json (checked against these structs by the tests).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from rllm.types import Episode, SamplingParams, Task, TerminationReason, Trajectory, convert, to_json
+from rllm.types import AgentConfig, Episode, Task, TerminationReason, Trajectory, convert, to_json
 from rllm.types.errors import RLLMError
 
 PROTOCOL_VERSION = 1
 
 
-class RemoteConfig(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """What the agent needs to talk to the model for this rollout (an AgentConfig on the wire)."""
+# The fields the engine always sends, so a service may rely on them: first and required on the
+# wire (AgentConfig gives model and api_key defaults). The rest keep AgentConfig's defaults.
+WIRE_REQUIRED = ("base_url", "api_key", "model")
 
-    base_url: str
-    api_key: str
-    model: str
-    sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
-    session_id: str = ""
-    is_validation: bool = False
-    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+
+def _wire_struct() -> type[msgspec.Struct]:
+    """AgentConfig on the wire: its fields, declared there once (a field added to AgentConfig is
+    sent and received without a change here), ``WIRE_REQUIRED`` first and required."""
+    fields = {f.name: f for f in msgspec.structs.fields(AgentConfig)}
+    spec: list[tuple[str, Any] | tuple[str, Any, Any]] = [(name, fields[name].type) for name in WIRE_REQUIRED]
+    for f in fields.values():
+        if f.name not in WIRE_REQUIRED:
+            default = (
+                f.default
+                if f.default is not msgspec.NODEFAULT
+                else msgspec.field(default_factory=f.default_factory)
+            )
+            spec.append((f.name, f.type, default))
+    struct = msgspec.defstruct("RemoteConfig", spec, kw_only=True, omit_defaults=True, module=__name__)
+    struct.__doc__ = (
+        "What the agent needs to talk to the model for this rollout (an AgentConfig on the wire)."
+    )
+    return struct
+
+
+if TYPE_CHECKING:  # to a type checker it is AgentConfig: the same fields, built from them below
+    RemoteConfig = AgentConfig
+else:
+    RemoteConfig = _wire_struct()
+
+
+def to_wire(config: AgentConfig) -> RemoteConfig:
+    """The engine's side: the AgentConfig of a rollout as the request's ``config``."""
+    return RemoteConfig(**{name: getattr(config, name) for name in AgentConfig.__struct_fields__})
+
+
+def from_wire(config: RemoteConfig) -> AgentConfig:
+    """The service's side: the request's ``config`` as the AgentConfig its flow is called with."""
+    return AgentConfig(**{name: getattr(config, name) for name in AgentConfig.__struct_fields__})
 
 
 class RolloutRequest(msgspec.Struct, kw_only=True, omit_defaults=True):

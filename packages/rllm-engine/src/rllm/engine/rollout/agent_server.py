@@ -25,6 +25,7 @@ from rllm.engine.rollout.agent_protocol import (
     RolloutFailure,
     RolloutRequest,
     encode_result,
+    from_wire,
 )
 from rllm.engine.rollout.failures import classify_exception
 from rllm.engine.rollout.flow_runner import DeadlineExceeded, call_with_deadline
@@ -32,7 +33,7 @@ from rllm.runtime.http_messages import Request, Response
 from rllm.runtime.http_router import Router
 from rllm.runtime.http_server import HttpServer
 from rllm.sdk.flow import RolloutFlow, as_flow
-from rllm.types import AgentConfig, Episode, TerminationReason, Trajectory
+from rllm.types import Episode, TerminationReason, Trajectory
 
 _MAX_BODY = 64 << 20
 
@@ -116,16 +117,7 @@ class AgentServer:
             return _json(400, {"error": {"type": "InvalidRequest", "message": str(exc)}})
         if self.capacity is not None and self.active >= self.capacity:
             return _json(503, {"error": {"type": "Busy", "message": f"{self.active} rollouts in flight"}})
-        c = job.config
-        config = AgentConfig(
-            base_url=c.base_url,
-            model=c.model,
-            session_id=c.session_id,
-            api_key=c.api_key,
-            sampling=c.sampling,
-            is_validation=c.is_validation,
-            metadata=c.metadata,
-        )
+        config = from_wire(job.config)
         self.active += 1
         try:
             result = await call_with_deadline(

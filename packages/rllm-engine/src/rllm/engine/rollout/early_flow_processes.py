@@ -6,9 +6,10 @@ take a rollout, and a trainer only knows its workers' engine arguments (the gate
 once its backend has loaded the model. :func:`start_early` spawns the processes at once: each
 imports the modules it will need, then waits for its engine arguments on its socket. The
 :class:`~rllm.engine.rollout.flow_processes.FlowProcessPool` built later adopts them
-(:meth:`EarlyFlowProcesses.take`) and sends the arguments a spawn would have carried; from there
-a worker runs exactly as a freshly spawned one (``_worker_main``). A module that fails to import
-early is imported again from the arguments, where the failure is reported as before.
+(:meth:`EarlyFlowProcesses.take`) and sends the entry point and arguments a spawn would have
+carried (one pickled frame, :mod:`rllm.engine.rollout.frames`); from there a worker runs exactly
+as a freshly spawned one. A module that fails to import early is imported again from the
+arguments, where the failure is reported as before.
 
 ``RLLM_NO_EARLY_WORKERS=1`` turns it off (to measure the two against each other).
 """
@@ -24,42 +25,30 @@ import pickle
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from rllm.engine.rollout.executors import resolve_executor
+from rllm.engine.rollout.frames import HEADER, read_frame
 
 OFF_ENV = "RLLM_NO_EARLY_WORKERS"
 log = logging.getLogger(__name__)
 
 
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
-    chunks, got = [], 0
-    while got < size:
-        chunk = sock.recv(min(size - got, 1 << 20))
-        if not chunk:
-            return b""  # the parent closed the socket: nothing to run
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
-
-
 def _early_main(sock: socket.socket, modules: list[str]) -> None:
-    """Entry point of an early flow process: import, then wait for the engine arguments."""
-    from rllm.engine.rollout.flow_processes import _HEADER, _worker_main
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as _worker_main: the parent handles Ctrl-C
+    """Entry point of an early flow process: import, then wait for the worker's entry point and
+    its arguments, and run it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a worker's: the parent handles Ctrl-C
     for name in modules:
         try:
             importlib.import_module(name)
         except Exception:
             pass  # imported again when the arguments are unpickled, which reports the failure
-    header = _recv_exact(sock, _HEADER.size)
-    if not header:
-        return
-    payload = _recv_exact(sock, _HEADER.unpack(header)[0])
+    payload = read_frame(sock)
     if not payload:
-        return
-    _worker_main(sock, pickle.loads(payload))  # as multiprocessing's spawn reads its arguments
+        return  # the parent closed the socket: nothing to run
+    target, args = pickle.loads(payload)  # as multiprocessing's spawn reads its arguments
+    target(sock, *args)
 
 
 def _ignore_sigint() -> tuple[bool, Any]:
@@ -105,19 +94,17 @@ class EarlyFlowProcesses:
             if ignored:  # None: a handler not set from Python, which SIG_DFL stands for
                 signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
 
-    def take(self, kwargs: dict[str, Any]) -> tuple[Any, socket.socket] | None:
-        """A waiting process, sent ``kwargs`` (its ``_worker_main`` arguments), and the parent's
-        end of its socket; None when none is left alive. Raises what pickling ``kwargs`` raises
-        (as ``Process.start`` would for a fresh spawn)."""
+    def take(self, target: Callable[..., None], args: tuple[Any, ...]) -> tuple[Any, socket.socket] | None:
+        """A waiting process, sent ``target`` and ``args`` (it runs ``target(sock, *args)``, as a
+        spawned worker would), and the parent's end of its socket; None when none is left alive.
+        Raises what pickling them raises (as ``Process.start`` would for a fresh spawn)."""
         from multiprocessing.reduction import ForkingPickler
 
-        from rllm.engine.rollout.flow_processes import _HEADER
-
-        payload = bytes(ForkingPickler.dumps(kwargs))
+        payload = bytes(ForkingPickler.dumps((target, args)))
         while self._waiting:
             proc, sock = self._waiting.pop(0)
             try:
-                sock.sendall(_HEADER.pack(len(payload)) + payload)
+                sock.sendall(HEADER.pack(len(payload)) + payload)
             except OSError:  # it exited while waiting (killed?): a fresh spawn replaces it
                 log.warning("early flow process %s exited (code %s); spawning another", proc.name,
                             proc.exitcode)  # fmt: skip
@@ -146,7 +133,7 @@ def start_early(settings: Any, flow: Any, evaluator: Any, *, tokenizer: bool) ->
     will load a tokenizer (cumulative mode), so transformers' tokenizer classes are imported too."""
     if os.environ.get(OFF_ENV) == "1" or resolve_executor(settings.executor, settings.workers) != "processes":
         return None
-    modules = ["rllm.engine.rollout.rollout_engine", "rllm.gateway"]
+    modules = ["rllm.engine.rollout.flow_processes", "rllm.engine.rollout.rollout_engine", "rllm.gateway"]
     modules += [m for m in (_module_of(flow), _module_of(evaluator)) if m]
     if tokenizer:
         modules += ["rllm.gateway.tokenizer_load", "transformers.tokenization_utils_tokenizers"]

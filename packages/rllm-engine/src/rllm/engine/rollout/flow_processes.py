@@ -16,128 +16,43 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import multiprocessing
-import os
 import pickle
 import signal
 import socket
-import struct
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from rllm.engine.rollout.frames import Frames
 from rllm.engine.rollout.worker_metrics import WORKER_KEY
-from rllm.types import Episode, ErrorInfo, EvalOutput, Task, TerminationReason, from_msgpack, to_msgpack
-from rllm.types.errors import InputError, RLLMError, StateError
-from rllm.types.images import pack_episode_images
+from rllm.engine.rollout.worker_pool import (
+    Done,
+    EngineFactory,
+    FlowProcessDied,
+    Job,
+    SlottedPool,
+    WorkerHandle,
+    WorkerSlots,
+    encode_done,
+    quiet_loggers_from_env,
+)
+from rllm.types import Episode, Task, from_msgpack, to_msgpack
+from rllm.types.errors import InputError, StateError
 
 if TYPE_CHECKING:
     from rllm.engine.rollout.early_flow_processes import EarlyFlowProcesses
-
-_HEADER = struct.Struct("<I")
-log = logging.getLogger(__name__)
-
-
-class FlowProcessDied(RLLMError, ConnectionError):
-    """The flow process running a rollout exited before answering."""
-
-
-class _Job(msgspec.Struct, array_like=True):
-    id: int
-    task: Task
-    rollout_index: int
-    is_validation: bool
-    model: str  # the parent's current model name: a trainer renames it after remote weight syncs
-
-
-class _Done(msgspec.Struct, array_like=True):
-    id: int
-    episode: Episode
+    from rllm.engine.rollout.executors import PoolRequest
 
 
 class _Ready(msgspec.Struct, array_like=True):
     gateway_url: str
 
 
-class _Frames(asyncio.Protocol):
-    """Length-prefixed frames over a stream socket. Each whole frame goes to ``on_frame`` as it
-    arrives (no coroutine per frame: the parent reads an Episode per rollout); ``on_lost`` runs
-    once when the other side goes away. A frame ``on_frame`` cannot handle ends the connection."""
-
-    def __init__(self, on_frame: Callable[[memoryview], None], on_lost: Callable[[], None]) -> None:
-        self._on_frame = on_frame
-        self._on_lost = on_lost
-        self._buf = bytearray()
-        self._need = _HEADER.size  # bytes the buffer must hold before a frame can be complete
-        self.transport: asyncio.Transport | None = None
-        self._out: list[bytes] = []  # frames sent during this loop pass, written together after it
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.transport = None
-        self._on_lost()
-
-    def data_received(self, data: bytes) -> None:
-        if self._buf:
-            self._buf += data
-            if len(self._buf) < self._need:
-                return  # most of a large frame is still on its way: no re-parsing meanwhile
-            data = bytes(self._buf)
-            self._buf.clear()
-        view, pos, end = memoryview(data), 0, len(data)
-        try:
-            while end - pos >= _HEADER.size:
-                (size,) = _HEADER.unpack_from(data, pos)
-                if end - pos - _HEADER.size < size:
-                    break
-                pos += _HEADER.size
-                self._on_frame(view[pos : pos + size])
-                pos += size
-        except Exception:
-            log.exception("bad frame from a rollout worker pipe; closing it")
-            if self.transport is not None:
-                self.transport.close()
-            return
-        self._buf += view[pos:]
-        self._need = _HEADER.size
-        if end - pos >= _HEADER.size:
-            self._need += _HEADER.unpack_from(data, pos)[0]
-
-    def send(self, payload: bytes) -> None:
-        if self.transport is None or self.transport.is_closing():
-            raise ConnectionResetError("the other end of the rollout worker pipe is gone")
-        if not self._out:
-            # One write per loop pass, not per frame: each write to the pipe wakes the process at
-            # the other end, and the parent sends a burst of jobs whenever a batch of rollouts ends.
-            asyncio.get_running_loop().call_soon(self._flush)
-        self._out.append(_HEADER.pack(len(payload)))
-        self._out.append(payload)
-
-    def _flush(self) -> None:
-        out, self._out = self._out, []
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(b"".join(out))
-
-
 # ----------------------------------------------------------------------------- worker side
-# Loggers a command silenced (comma-separated names; `rllm` sets it, rllm.cli.quiet): a worker
-# writes to the same terminal, so they stay silent (ERROR and above only) in the workers too.
-QUIET_LOGGERS_ENV = "RLLM_QUIET_LOGGERS"
-
-
-def quiet_loggers_from_env() -> None:
-    """Raise the loggers named in ``$RLLM_QUIET_LOGGERS`` to ERROR in this process."""
-    for name in filter(None, os.environ.get(QUIET_LOGGERS_ENV, "").split(",")):
-        logging.getLogger(name.strip()).setLevel(logging.ERROR)
-
-
-def _worker_main(sock: socket.socket, engine_kwargs: dict[str, Any]) -> None:
-    """Entry point of a worker process."""
+def _worker_main(sock: socket.socket, engine: EngineFactory, engine_kwargs: dict[str, Any]) -> None:
+    """Entry point of a worker process: ``engine(**engine_kwargs)`` serving the parent's jobs."""
     from rllm.runtime.event_loop import run
 
     quiet_loggers_from_env()
@@ -146,17 +61,15 @@ def _worker_main(sock: socket.socket, engine_kwargs: dict[str, Any]) -> None:
     # which shuts this worker down; a KeyboardInterrupt here would only print tracebacks.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-    run(_serve(sock, engine_kwargs))
+    run(_serve(sock, engine, engine_kwargs))
 
 
-async def _serve(sock: socket.socket, engine_kwargs: dict[str, Any]) -> None:
-    from rllm.engine.rollout.rollout_engine import RolloutEngine
-
+async def _serve(sock: socket.socket, engine_factory: EngineFactory, engine_kwargs: dict[str, Any]) -> None:
     loop = asyncio.get_running_loop()
-    jobs: asyncio.Queue[_Job] = asyncio.Queue()
+    jobs: asyncio.Queue[Job] = asyncio.Queue()
     closed = asyncio.Event()
-
-    async with RolloutEngine(**engine_kwargs) as engine:
+    engine = await engine_factory(**engine_kwargs).start()
+    try:
 
         async def runner() -> None:
             # One runner per slot of this worker's share of the concurrency. The parent sends a
@@ -177,17 +90,17 @@ async def _serve(sock: socket.socket, engine_kwargs: dict[str, Any]) -> None:
                 )
                 episode.metrics["slot_wait_s"] = waited
                 with contextlib.suppress(ConnectionResetError):  # the parent is gone: nobody to tell
-                    pipe.send(_encode_done(job, episode))
+                    pipe.send(encode_done(job, episode))
 
         def on_frame(frame: memoryview) -> None:
-            job = from_msgpack(frame, _Job)
+            job = from_msgpack(frame, Job)
             # Its sandbox (if the flow has one) is prepared while the job waits for a slot.
             engine.prepare_sandboxes([job.task])
             jobs.put_nowait(job)
 
         # Connected once the engine is up: jobs the parent sends meanwhile wait in the socket.
-        _, pipe = await loop.create_connection(lambda: _Frames(on_frame, closed.set), sock=sock)
-        runners = [loop.create_task(runner()) for _ in range(engine.config.concurrency)]
+        _, pipe = await loop.create_connection(lambda: Frames(on_frame, closed.set), sock=sock)
+        runners = [loop.create_task(runner()) for _ in range(engine_kwargs["config"].concurrency)]
         pipe.send(to_msgpack(_Ready(engine.gateway_url)))
         try:
             await closed.wait()  # the parent closed the pipe: shut down
@@ -195,37 +108,16 @@ async def _serve(sock: socket.socket, engine_kwargs: dict[str, Any]) -> None:
             for t in runners:
                 t.cancel()
             await asyncio.gather(*runners, return_exceptions=True)
-
-
-def _encode_done(job: _Job, episode: Episode) -> bytes:
-    """The Done frame; an episode that cannot be encoded (a flow returned artifacts msgpack cannot
-    carry) comes back as an agent_error saying so, rather than leaving the parent waiting."""
-    try:
-        return to_msgpack(_Done(job.id, pack_episode_images(episode)))  # each image sent once
-    except Exception as exc:
-        from rllm.engine.rollout.episode_builder import failed_episode
-        from rllm.engine.rollout.scoring import apply_eval_output
-
-        error = ErrorInfo(
-            type=type(exc).__name__,
-            message=f"the rollout's Episode cannot be sent from its worker process (with workers > 1 "
-            f"a flow's result, artifacts and metadata must be msgpack-encodable): {exc}",
-        )
-        failed = failed_episode(job.task.id, job.rollout_index, TerminationReason.AGENT_ERROR, error)
-        apply_eval_output(failed, EvalOutput(reward=0.0, is_correct=False))
-        return to_msgpack(_Done(job.id, failed))
+    finally:
+        await engine.close()
 
 
 # ----------------------------------------------------------------------------- parent side
-class _Worker:
+class _Worker(WorkerHandle):
     def __init__(self, index: int, process: Any, capacity: int) -> None:
-        self.index = index
+        super().__init__(index, capacity)
         self.process = process
-        self.capacity = capacity  # its concurrency share plus the prefetch
-        self.pipe: _Frames | None = None
-        self.pending: dict[int, asyncio.Future[Episode]] = {}
-        self.alive = True
-        self.gateway_url = ""
+        self.pipe: Frames | None = None
         # Its gateway's URL once it is up; "" if it exited first.
         self.ready: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
@@ -233,34 +125,25 @@ class _Worker:
         if not self.ready.done():
             self.ready.set_result(from_msgpack(frame, _Ready).gateway_url)
             return
-        done = from_msgpack(frame, _Done)
-        fut = self.pending.pop(done.id, None)
-        if fut is not None and not fut.done():
-            fut.set_result(done.episode)
+        done = from_msgpack(frame, Done)
+        self.resolve(done.id, done.episode)
 
     def on_lost(self) -> None:
         self.alive = False
         code = self.process.exitcode
         if not self.ready.done():
             self.ready.set_result("")  # exited before it was ready: start() says so
-        for fut in self.pending.values():
-            if not fut.done():
-                fut.set_exception(FlowProcessDied(f"rollout worker {self.index} exited (code {code})"))
-        self.pending.clear()
+        self.fail_all(lambda: FlowProcessDied(f"rollout worker {self.index} exited (code {code})"))
 
 
-class FlowProcessPool:
-    """N flow processes (``RolloutConfig.workers``), each running a RolloutEngine built from
-    ``engine_kwargs``.
+class FlowProcessPool(SlottedPool[_Worker]):
+    """N flow processes (``RolloutConfig.workers``), each running ``engine(**engine_kwargs)`` (a
+    RolloutEngine) on its share of ``concurrency``, with ``prefetch`` jobs more queued in it
+    (:class:`~rllm.engine.rollout.worker_pool.WorkerSlots`, as for every pool).
 
-    ``concurrency`` (rollouts running at once) is split between the workers; each also gets up
-    to ``prefetch`` jobs more than its share (default: half its share), queued in the worker, so
-    that a finished rollout's slot is refilled at once instead of after a round trip through
-    this process, and stays busy while this process pauses (a full garbage collection of a
-    parent holding thousands of Episodes takes tens of milliseconds). ``capacity`` is how many
-    jobs the pool takes at a time. ``start_timeout_s`` is 300 s, as for Ray workers: a spawned
-    interpreter importing torch took over 120 s on a loaded 2-core machine. ``early``: processes
-    started beforehand (:mod:`rllm.engine.rollout.early_flow_processes`), used before spawning new ones.
+    ``start_timeout_s`` is 300 s, as for Ray workers: a spawned interpreter importing torch took
+    over 120 s on a loaded 2-core machine. ``early``: processes started beforehand
+    (:mod:`rllm.engine.rollout.early_flow_processes`), used before spawning new ones.
     """
 
     def __init__(
@@ -268,6 +151,7 @@ class FlowProcessPool:
         n: int,
         engine_kwargs: dict[str, Any],
         *,
+        engine: EngineFactory,
         concurrency: int,
         prefetch: int | None = None,
         start_timeout_s: float = 300.0,
@@ -275,34 +159,16 @@ class FlowProcessPool:
     ) -> None:
         self.n = n
         self.early = early  # processes started before this pool, adopted by start()
+        self.engine = engine
         self.engine_kwargs = engine_kwargs
         self.start_timeout_s = start_timeout_s
-        self.slots = [concurrency // n + (i < concurrency % n) for i in range(n)]
-        self.prefetch = max(1, concurrency // (2 * n)) if prefetch is None else prefetch
-        self.workers: list[_Worker] = []
-        self._ids = 0
-
-    def _capacity(self, index: int) -> int:
-        # A worker without a share (concurrency < workers) gets no jobs while the others live.
-        return self.slots[index] + self.prefetch if self.slots[index] else 0
-
-    @property
-    def capacity(self) -> int:
-        return sum(self._capacity(i) for i in range(self.n))
-
-    @property
-    def gateway_urls(self) -> list[str]:
-        return [w.gateway_url for w in self.workers]
+        self.slots: WorkerSlots[_Worker] = WorkerSlots(n, concurrency, prefetch)
 
     async def start(self) -> FlowProcessPool:
         loop = asyncio.get_running_loop()
         try:
             for i in range(self.n):
-                kwargs = dict(self.engine_kwargs)
-                kwargs["gateway_config"] = _per_worker(kwargs.get("gateway_config"), i)
-                kwargs["config"] = msgspec.structs.replace(
-                    kwargs["config"], concurrency=max(1, self.slots[i])
-                )
+                kwargs = self.slots.engine_kwargs(self.engine_kwargs, i)
                 try:
                     proc, parent_sock = await self._launch(i, kwargs)
                 except (pickle.PicklingError, AttributeError, TypeError) as exc:
@@ -310,10 +176,10 @@ class FlowProcessPool:
                         f"workers > 1 needs an importable flow and evaluator (module-level, not a "
                         f"lambda or a local function): {exc}"
                     ) from None
-                w = _Worker(i, proc, self._capacity(i))
+                w = _Worker(i, proc, self.slots.capacity_of(i))
                 self.workers.append(w)
                 _, w.pipe = await loop.create_connection(
-                    lambda w=w: _Frames(w.on_frame, w.on_lost), sock=parent_sock
+                    lambda w=w: Frames(w.on_frame, w.on_lost), sock=parent_sock
                 )
             for w in self.workers:
                 with contextlib.suppress(TimeoutError):
@@ -340,13 +206,17 @@ class FlowProcessPool:
     async def _launch(self, index: int, kwargs: dict[str, Any]) -> tuple[Any, socket.socket]:
         """Worker ``index``'s process, running ``_worker_main(kwargs)``, and the parent's end of
         its socket: an early-started one when one is waiting, else a fresh spawn."""
+        args = (self.engine, kwargs)
         # In a thread: arguments larger than the socket's buffer wait for the process to finish
         # its imports and read them.
-        if self.early is not None and (taken := await asyncio.to_thread(self.early.take, kwargs)) is not None:
+        if (
+            self.early is not None
+            and (taken := await asyncio.to_thread(self.early.take, _worker_main, args)) is not None
+        ):
             return taken
         parent_sock, child_sock = socket.socketpair()
         proc = multiprocessing.get_context("spawn").Process(
-            target=_worker_main, args=(child_sock, kwargs), name=f"rllm-rollout-{index}", daemon=True
+            target=_worker_main, args=(child_sock, *args), name=f"rllm-rollout-{index}", daemon=True
         )
         try:
             proc.start()
@@ -359,19 +229,13 @@ class FlowProcessPool:
 
     async def run_one(self, task: Task, rollout_index: int, is_validation: bool, model: str) -> Episode:
         """Run one rollout on the live worker with the most room; raises FlowProcessDied if it exits
-        first. (After a worker died the others may get more than their capacity: they queue it.)"""
-        live = [w for w in self.workers if w.alive]
-        if not live:
-            raise FlowProcessDied("every rollout worker has exited")
-        w = max(live, key=lambda w: w.capacity - len(w.pending))
+        first."""
+        w, job_id, fut = self.slots.take(lambda: FlowProcessDied("every rollout worker has exited"))
         assert w.pipe is not None
-        self._ids += 1
-        fut: asyncio.Future[Episode] = asyncio.get_running_loop().create_future()
-        w.pending[self._ids] = fut
         try:
-            w.pipe.send(to_msgpack(_Job(self._ids, task, rollout_index, is_validation, model)))
+            w.pipe.send(to_msgpack(Job(job_id, task, rollout_index, is_validation, model)))
         except ConnectionResetError:
-            w.pending.pop(self._ids, None)
+            w.pending.pop(job_id, None)
             raise FlowProcessDied(f"rollout worker {w.index} exited (code {w.process.exitcode})") from None
         episode = await fut
         # named per worker so the step's slowest-worker sandbox metric sees each process apart
@@ -386,14 +250,17 @@ class FlowProcessPool:
             await asyncio.to_thread(w.process.join, 10)
             if w.process.is_alive():
                 w.process.kill()
-        self.workers = []
+        self.workers.clear()
 
 
-def _per_worker(config: Any, index: int) -> Any:
-    """A worker's own gateway config: any port, and its own SQLite file."""
-    if config is None:
-        return None
-    changes: dict[str, Any] = {"port": 0}
-    if config.store.startswith("sqlite:"):
-        changes["store"] = f"{config.store}.worker{index}"
-    return msgspec.structs.replace(config, **changes)
+async def start_process_pool(request: PoolRequest) -> FlowProcessPool:
+    """The ``processes`` executor's pool (``rollout.workers`` processes), started."""
+    settings = request.settings
+    return await FlowProcessPool(
+        settings.workers,
+        request.engine_kwargs,
+        engine=request.engine,
+        concurrency=settings.concurrency,
+        prefetch=settings.worker_prefetch,
+        early=request.early,
+    ).start()

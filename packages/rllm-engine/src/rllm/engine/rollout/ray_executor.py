@@ -1,14 +1,16 @@
 """The ``ray`` executor: flow workers as Ray actors across a cluster's nodes.
 
 Each worker is an async Ray actor running what a flow process runs
-(:mod:`rllm.engine.rollout.flow_processes`): its own RolloutEngine with an embedded gateway routing to
+(:mod:`rllm.engine.rollout.flow_processes`): its own RolloutEngine (the engine's factory, called in
+the actor) with an embedded gateway routing to
 the backend's inference URLs, bound to its node's IP so the engine's ``GatewayGroup`` admin
 (pause/resume, weight version, upstreams, traces) and the worker's flows reach it. The driver
 sends each job (msgpack) to the worker with the most room and gets the Episode back msgpack-encoded,
 in batches: the jobs of one event-loop pass go to a worker in one ``submit`` call, and finished
 rollouts come back in one ``collect`` call (a long poll the driver keeps in flight per worker),
 not one actor call per rollout. Each worker runs at most its share of ``rollout.concurrency`` and
-queues up to ``prefetch`` more.
+queues up to ``prefetch`` more (:class:`~rllm.engine.rollout.worker_pool.WorkerSlots`, as for
+every pool).
 A worker whose process or node dies fails its in-flight rollouts with :class:`RayWorkerDied`
 (a ``FlowProcessDied``: the engine retries them on another worker, as ``infra_error`` when none
 is left) and takes no more work. A rollout cancelled in the driver (its step cancelled, a
@@ -31,18 +33,21 @@ from typing import Any
 
 import msgspec
 
-from rllm.engine.rollout.executors import RaySettings
-from rllm.engine.rollout.flow_processes import (
-    QUIET_LOGGERS_ENV,
-    FlowProcessDied,
-    _Done,
-    _encode_done,
-    _Job,
-    _per_worker,
-    quiet_loggers_from_env,
-)
+from rllm.engine.rollout.executors import PoolRequest, RaySettings
 from rllm.engine.rollout.ray_cancels import EarlyCancels
 from rllm.engine.rollout.worker_metrics import WORKER_KEY
+from rllm.engine.rollout.worker_pool import (
+    QUIET_LOGGERS_ENV,
+    Done,
+    EngineFactory,
+    FlowProcessDied,
+    Job,
+    SlottedPool,
+    WorkerHandle,
+    WorkerSlots,
+    encode_done,
+    quiet_loggers_from_env,
+)
 from rllm.types import Episode, Task, from_msgpack, to_msgpack
 from rllm.types.errors import ConfigError, MissingExtraError, StateError
 
@@ -138,22 +143,21 @@ class FlowWorker:
     loop pass's jobs and one per batch of results, instead of one per rollout, is most of what
     Ray added per rollout over the process executor's socket pair."""
 
-    def __init__(self, engine_kwargs: dict[str, Any], slots: int) -> None:
+    def __init__(self, engine: EngineFactory, engine_kwargs: dict[str, Any], slots: int) -> None:
+        self._factory = engine
         self._kwargs = engine_kwargs
         self._slots = slots
         self._engine: Any = None
         self._free: asyncio.Semaphore | None = None
         self._running: dict[int, asyncio.Task[None]] = {}
         self._cancels = EarlyCancels()  # cancels that arrived before their job (bounded)
-        # Finished rollouts not yet collected: an encoded _Done each, or (job id, the exception
+        # Finished rollouts not yet collected: an encoded Done each, or (job id, the exception
         # the engine raised) for one that failed outside its episode (a bug: the driver raises it).
         self._out: list[bytes | tuple[int, Exception]] = []
         self._has_out: asyncio.Event | None = None
 
     async def start(self) -> tuple[str, str]:
         """Start the engine and its gateway; its URL and this node's id."""
-        from rllm.engine.rollout.rollout_engine import RolloutEngine
-
         quiet_loggers_from_env()
         kwargs = dict(self._kwargs)
         host = ray.util.get_node_ip_address()
@@ -163,18 +167,18 @@ class FlowWorker:
             cfg = kwargs.pop("gateway_config")
             kwargs["upstreams"] = None
             kwargs["gateway_config"] = msgspec.structs.replace(cfg, host=host, port=0)
-        self._engine = await RolloutEngine(**kwargs).start()
+        self._engine = await self._factory(**kwargs).start()
         self._free = asyncio.Semaphore(self._slots)
         self._has_out = asyncio.Event()
         return self._engine.gateway_url, ray.get_runtime_context().get_node_id()
 
     async def submit(self, jobs_bytes: bytes, batch: int) -> None:
-        """Start a batch of rollouts (a msgpack list of ``_Job``; ``batch`` numbers the driver's
+        """Start a batch of rollouts (a msgpack list of ``Job``; ``batch`` numbers the driver's
         submit calls to this worker, 1, 2, 3, ...); their results go to ``collect``."""
         assert self._engine is not None, "start() first"
-        jobs: list[_Job] = []
+        jobs: list[Job] = []
         try:
-            jobs = from_msgpack(jobs_bytes, list[_Job])
+            jobs = from_msgpack(jobs_bytes, list[Job])
         finally:  # arrived, even unreadable: later cancels must not wait for it
             skipped = self._cancels.batch_arrived(batch, [j.id for j in jobs])
         jobs = [j for j in jobs if j.id not in skipped]
@@ -184,7 +188,7 @@ class FlowWorker:
         for job in jobs:
             self._running[job.id] = loop.create_task(self._one(job))
 
-    async def _one(self, job: _Job) -> None:
+    async def _one(self, job: Job) -> None:
         assert self._engine is not None and self._free is not None and self._has_out is not None
         try:
             t0 = time.monotonic()
@@ -194,7 +198,7 @@ class FlowWorker:
                     job.task, job.rollout_index, job.is_validation, model=job.model
                 )
             episode.metrics["slot_wait_s"] = waited
-            self._out.append(_encode_done(job, episode))
+            self._out.append(encode_done(job, episode))
             self._has_out.set()
         except Exception as exc:
             self._out.append((job.id, exc))
@@ -203,7 +207,7 @@ class FlowWorker:
             self._running.pop(job.id, None)
 
     async def collect(self) -> list[bytes | tuple[int, Exception]]:
-        """The rollouts finished since the last call (msgpack ``_Done`` each); waits for one."""
+        """The rollouts finished since the last call (msgpack ``Done`` each); waits for one."""
         assert self._has_out is not None, "start() first"
         await self._has_out.wait()
         self._has_out.clear()
@@ -237,30 +241,21 @@ class FlowWorker:
             self._engine = None
 
 
-class _Handle:
-    """The driver's side of one FlowWorker: its rollouts in flight (by job id), the jobs and
-    cancels of this loop pass not yet sent, and the task keeping a ``collect`` call in flight."""
+class _Handle(WorkerHandle):
+    """The driver's side of one FlowWorker: besides its rollouts in flight (by job id), the jobs
+    and cancels of this loop pass not yet sent, and the task keeping a ``collect`` call in flight."""
 
-    def __init__(self, index: int, actor: Any, slots: int, capacity: int) -> None:
-        self.index = index
+    def __init__(self, index: int, actor: Any, capacity: int) -> None:
+        super().__init__(index, capacity)
         self.actor = actor
-        self.slots = slots
-        self.capacity = capacity
-        self.pending: dict[int, asyncio.Future[_Done]] = {}
-        self.unsent: dict[int, _Job] = {}  # by job id, in the order they came
+        self.unsent: dict[int, Job] = {}  # by job id, in the order they came
         self.cancels: list[int] = []
         self.batches = 0  # submit calls sent to this worker (each numbered, see FlowWorker.submit)
         self.collector: asyncio.Task[None] | None = None
-        self.alive = True
-        self.gateway_url = ""
         self.node_id = ""
 
-    @property
-    def in_flight(self) -> int:
-        return len(self.pending)
 
-
-class RayFlowPool:
+class RayFlowPool(SlottedPool[_Handle]):
     """``n`` FlowWorker actors on the Ray cluster of ``settings``; the interface of
     :class:`~rllm.engine.rollout.flow_processes.FlowProcessPool` (see :mod:`rllm.engine.rollout.executors`).
 
@@ -274,34 +269,22 @@ class RayFlowPool:
         n: int,
         engine_kwargs: dict[str, Any],
         *,
+        engine: EngineFactory,
         concurrency: int,
         prefetch: int | None = None,
         settings: RaySettings | None = None,
     ) -> None:
         self.n = n
+        self.engine = engine
         self.engine_kwargs = engine_kwargs
         self.settings = settings or RaySettings()
-        self.slots = [concurrency // n + (i < concurrency % n) for i in range(n)]
-        self.prefetch = max(1, concurrency // (2 * n)) if prefetch is None else prefetch
-        self.workers: list[_Handle] = []
+        self.slots: WorkerSlots[_Handle] = WorkerSlots(n, concurrency, prefetch)
         self.completed_by_node: collections.Counter[str] = collections.Counter()
         self.workers_lost = 0
         self.sandbox_acquire_s: dict[int, list[float]] = {}
-        self._ids = 0
         self._connected = False
         self._calls: set[asyncio.Task[None]] = set()  # submit calls not yet answered
         self.submit_calls = 0  # actor calls that carried jobs (fewer than the jobs: batched)
-
-    def _capacity(self, index: int) -> int:
-        return self.slots[index] + self.prefetch if self.slots[index] else 0
-
-    @property
-    def capacity(self) -> int:
-        return sum(self._capacity(i) for i in range(self.n))
-
-    @property
-    def gateway_urls(self) -> list[str]:
-        return [w.gateway_url for w in self.workers]
 
     def _actor_options(self) -> dict[str, Any]:
         resources = dict(self.settings.resources_per_worker)
@@ -330,13 +313,9 @@ class RayFlowPool:
         try:
             actor_cls = ray.remote(FlowWorker).options(**self._actor_options())
             for i in range(self.n):
-                kwargs = dict(self.engine_kwargs)
-                kwargs["gateway_config"] = _per_worker(kwargs.get("gateway_config"), i)
-                kwargs["config"] = msgspec.structs.replace(
-                    kwargs["config"], concurrency=max(1, self.slots[i])
-                )
-                actor = actor_cls.remote(kwargs, max(1, self.slots[i]))
-                self.workers.append(_Handle(i, actor, self.slots[i], self._capacity(i)))
+                kwargs = self.slots.engine_kwargs(self.engine_kwargs, i)
+                actor = actor_cls.remote(self.engine, kwargs, self.slots.runs(i))
+                self.workers.append(_Handle(i, actor, self.slots.capacity_of(i)))
             starts = [w.actor.start.remote() for w in self.workers]
             try:
                 ready = await asyncio.wait_for(asyncio.gather(*starts), self.settings.start_timeout_s)
@@ -355,19 +334,12 @@ class RayFlowPool:
         return self
 
     async def run_one(self, task: Task, rollout_index: int, is_validation: bool, model: str) -> Episode:
-        live = [w for w in self.workers if w.alive]
-        if not live:
-            raise RayWorkerDied("every Ray rollout worker has died")
-        w = max(live, key=lambda w: w.capacity - w.in_flight)
-        self._ids += 1
-        job_id = self._ids
-        fut: asyncio.Future[_Done] = asyncio.get_running_loop().create_future()
-        w.pending[job_id] = fut
+        w, job_id, fut = self.slots.take(lambda: RayWorkerDied("every Ray rollout worker has died"))
         if not w.unsent and not w.cancels:
             self._flush_soon(w)
-        w.unsent[job_id] = _Job(job_id, task, rollout_index, is_validation, model)
+        w.unsent[job_id] = Job(job_id, task, rollout_index, is_validation, model)
         try:
-            done = await fut
+            episode = await fut
         except asyncio.CancelledError:
             # A job not sent yet is never sent; one sent ends in its actor too (its flow task gets
             # CancelledError there, so its sandbox and session are released), not only this wait.
@@ -377,7 +349,6 @@ class RayFlowPool:
                 w.cancels.append(job_id)
             raise
         self.completed_by_node[w.node_id] += 1
-        episode = done.episode
         episode.metadata[WORKER_KEY] = f"ray-{w.index}@{w.node_id[:12]}"
         if "sandbox_acquire_s" in episode.metrics:
             self.sandbox_acquire_s.setdefault(w.index, []).append(episode.metrics["sandbox_acquire_s"])
@@ -411,9 +382,7 @@ class RayFlowPool:
             self._lost(w, "its submit call failed")
         except Exception as exc:
             for job_id in job_ids:
-                fut = w.pending.pop(job_id, None)
-                if fut is not None and not fut.done():
-                    fut.set_exception(exc)
+                w.fail(job_id, exc)
         finally:
             self._calls.discard(asyncio.current_task())  # type: ignore[arg-type]
 
@@ -424,15 +393,10 @@ class RayFlowPool:
             while True:
                 for item in await w.actor.collect.remote():
                     if isinstance(item, tuple):
-                        job_id, exc = item
-                        fut = w.pending.pop(job_id, None)
-                        if fut is not None and not fut.done():
-                            fut.set_exception(exc)
+                        w.fail(*item)
                         continue
-                    done = from_msgpack(item, _Done)
-                    fut = w.pending.pop(done.id, None)
-                    if fut is not None and not fut.done():
-                        fut.set_result(done)
+                    done = from_msgpack(item, Done)
+                    w.resolve(done.id, done.episode)
         except asyncio.CancelledError:
             raise
         except (RayActorError, ActorUnavailableError) as exc:
@@ -446,10 +410,7 @@ class RayFlowPool:
             w.alive = False
             self.workers_lost += 1
             log.warning("Ray rollout worker %d on node %s died: %s", w.index, w.node_id[:12], why)
-        pending, w.pending = w.pending, {}
-        for fut in pending.values():
-            if not fut.done():
-                fut.set_exception(RayWorkerDied(f"Ray rollout worker {w.index} (node {w.node_id[:12]}) died"))
+        w.fail_all(lambda: RayWorkerDied(f"Ray rollout worker {w.index} (node {w.node_id[:12]}) died"))
 
     async def close(self) -> None:
         for w in self.workers:
@@ -465,7 +426,20 @@ class RayFlowPool:
         for w in self.workers:
             with contextlib.suppress(Exception):
                 ray.kill(w.actor)
-        self.workers = []
+        self.workers.clear()
         if self._connected:
             self._connected = False
             await asyncio.to_thread(ray.shutdown)
+
+
+async def start_ray_pool(request: PoolRequest) -> RayFlowPool:
+    """The ``ray`` executor's pool (``rollout.ray.num_workers`` actors, else ``rollout.workers``), started."""
+    settings = request.settings
+    return await RayFlowPool(
+        settings.ray.num_workers or settings.workers,
+        request.engine_kwargs,
+        engine=request.engine,
+        concurrency=settings.concurrency,
+        prefetch=settings.worker_prefetch,
+        settings=settings.ray,
+    ).start()

@@ -39,11 +39,11 @@ import msgspec
 from rllm.engine.rollout.agent_protocol import (
     Health,
     RemoteAgentError,
-    RemoteConfig,
     RemoteProtocolError,
     RolloutRequest,
     decode_answer,
     decode_failure,
+    to_wire,
 )
 from rllm.runtime.http_client import FastHttpPool, UpstreamBadResponse, UpstreamTooLarge, UpstreamTooSlow
 from rllm.sdk.errors import InfraError
@@ -225,15 +225,7 @@ class RemoteFlow(RolloutFlow):
         service.last_used = time.monotonic()
         request = RolloutRequest(
             task=agent_view(task),  # the engine passes the view already; a service never gets more
-            config=RemoteConfig(
-                base_url=config.base_url,
-                api_key=config.api_key,
-                model=config.model,
-                sampling=config.sampling,
-                session_id=config.session_id,
-                is_validation=config.is_validation,
-                metadata=dict(config.metadata),
-            ),
+            config=to_wire(config),
             deadline_s=self.deadline_s,
         )
         try:

@@ -13,9 +13,10 @@ from typing import Any
 
 import msgspec
 
-from rllm.engine.rollout.executors import EXECUTORS, IN_PROCESS_EXECUTORS, RaySettings
+from rllm.engine.rollout.executors import RaySettings, available_executors, get_executor
 from rllm.engine.rollout.remote_executor import RemoteSettings
 from rllm.types import InvariantError, SamplingParams
+from rllm.types.errors import LookupFailed
 
 
 class RolloutSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -38,8 +39,9 @@ class RolloutSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ``docker`` or ``e2b``), with ``sandbox_warm`` of them prepared ahead (see :mod:`rllm.engine.sandbox`).
     ``executor`` says where flows run (:mod:`rllm.engine.rollout.executors`): ``local`` (this process),
     ``processes`` (``workers`` local processes), ``ray`` (Ray actors, ``ray``: a
-    :class:`~rllm.engine.rollout.executors.RaySettings`) or ``remote`` (agent services at ``remote.urls``);
-    None: ``processes`` when ``workers`` > 1, else ``local``.
+    :class:`~rllm.engine.rollout.executors.RaySettings`), ``remote`` (agent services at ``remote.urls``)
+    or any other registered executor (a plugin's); None: ``processes`` when ``workers`` > 1, else
+    ``local``. A name the registry does not know is refused, listing the ones it knows.
     """
 
     concurrency: int = 64
@@ -62,19 +64,8 @@ class RolloutSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     remote: RemoteSettings = msgspec.field(default_factory=RemoteSettings)
 
     def __post_init__(self) -> None:
-        if self.executor is not None and self.executor not in EXECUTORS:
-            raise InvariantError(
-                f"executor must be one of {', '.join(map(repr, EXECUTORS))}, got {self.executor!r}",
-                "executor",
-            )
-        if self.executor in IN_PROCESS_EXECUTORS and self.workers > 1:
-            raise InvariantError(
-                f"executor {self.executor!r} runs rollouts from this process: workers must be 1, got "
-                f"{self.workers} (use executor 'processes' or 'ray', or drop workers)",
-                "workers",
-            )
-        if self.executor == "remote" and not self.remote.urls:
-            raise InvariantError('executor = "remote" needs remote.urls (the agent services)', "remote.urls")
+        if self.executor is not None:
+            self._check_executor(self.executor)
         if self.concurrency < 1:
             raise InvariantError(f"concurrency must be >= 1, got {self.concurrency}", "concurrency")
         if self.deadline_s is not None and self.deadline_s <= 0:
@@ -108,6 +99,22 @@ class RolloutSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             )
         if self.flow_threads is not None and self.flow_threads < 1:
             raise InvariantError(f"flow_threads must be >= 1, got {self.flow_threads}", "flow_threads")
+
+    def _check_executor(self, name: str) -> None:
+        """``executor`` names a registered executor that can run with these settings."""
+        try:
+            spec = get_executor(name)
+        except LookupFailed:
+            known = ", ".join(map(repr, sorted(available_executors())))
+            raise InvariantError(f"executor must be one of {known}, got {name!r}", "executor") from None
+        if spec.in_process and self.workers > 1:
+            raise InvariantError(
+                f"executor {name!r} runs rollouts from this process: workers must be 1, got "
+                f"{self.workers} (use executor 'processes' or 'ray', or drop workers)",
+                "workers",
+            )
+        if spec.check is not None:
+            spec.check(self)
 
     def sampling_for(self, is_validation: bool) -> SamplingParams:
         return self.val_sampling if is_validation and self.val_sampling is not None else self.sampling

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
@@ -34,14 +34,25 @@ from rllm.types import Episode, Task
 from rllm.types.errors import StateError
 
 if TYPE_CHECKING:
+    from rllm.engine.backend import Backend
     from rllm.engine.rollout.rollout_engine import RolloutEngine
-    from rllm.engine.training.trainer import Trainer
+    from rllm.engine.training.train_step import TrainStep
+    from rllm.engine.training.trainer_config import TrainerConfig
+
+
+class StepperTrainer(Protocol):
+    """What the asynchronous step uses of its Trainer (which delegates its step here)."""
+
+    config: TrainerConfig
+    backend: Backend
+    train_tasks: list[Task]
+    train_step: TrainStep
 
 
 class AsyncStepper:
     """Produces one training step at a time from continuously running rollouts."""
 
-    def __init__(self, trainer: Trainer, engine: RolloutEngine, state: TrainerState) -> None:
+    def __init__(self, trainer: StepperTrainer, engine: RolloutEngine, state: TrainerState) -> None:
         cfg = trainer.config
         self.trainer, self.engine, self.state = trainer, engine, state
         self.k = cfg.rollout.max_staleness
@@ -126,7 +137,7 @@ class AsyncStepper:
             await self._sync()
             sync_s = time.perf_counter() - t_sync
 
-        metrics = await self.trainer.train_step.run(episodes, state.step + 1, publish)
+        metrics = await self.trainer.train_step.run(episodes, state.step + 1, publish, state.weight_version)
         for group in batch:  # their slots free only now: new groups start on the new weights
             self.rollouts.release(group.seq)
         t2 = time.perf_counter()

@@ -8,6 +8,12 @@ up as a gap. ``measure_mismatch`` maps the trainer's logprobs back onto the step
 (``Step.metadata["train_logprobs"]``, which ``rllm view`` colours by) and returns per-step and
 per-episode figures; ``check_mismatch`` stops the run above ``algorithm.max_mismatch``.
 
+Asynchronous training (``rollout.max_staleness`` K > 0) trains on tokens sampled up to K weight
+versions ago: the trainer's logprobs then differ from the sampler's by the policy's lag as well,
+which is no token fault. Given the version the trainer holds (``fresh_version``), only the steps
+sampled by that version count towards the figures and the check; the lagged ones still get their
+``train_logprobs`` (the viewer shows them) and are counted in ``mismatch/lagged_tokens``.
+
 The figures, over the sampled (loss-mask 1) tokens, with r = trainer - sampler logprob:
 mean and max |r|, the fraction of tokens with |r| > 0.5 nats, and KL(sampler || trainer)
 estimated with k3 = e^r - 1 - r (non-negative, unbiased for samples drawn by the sampler).
@@ -22,6 +28,7 @@ from collections.abc import Sequence
 
 import msgspec
 
+from rllm.engine.training.staleness import step_versions
 from rllm.types import Episode, Step, TrainSequence
 from rllm.types.errors import StateError
 
@@ -56,12 +63,17 @@ class MismatchReport(msgspec.Struct, kw_only=True):
     first_drift: TokenDrift | None = None
 
 
-def measure_mismatch(sequences: Sequence[TrainSequence], episodes: Sequence[Episode]) -> MismatchReport:
+def measure_mismatch(
+    sequences: Sequence[TrainSequence], episodes: Sequence[Episode], fresh_version: int | None = None
+) -> MismatchReport:
     """Map trainer logprobs onto the episodes' steps and measure the mismatch.
 
     Writes ``Step.metadata["train_logprobs"]`` (one per completion token) and, on each episode
     with trained tokens, ``Episode.metrics["mismatch/*"]``; segment counts are measured whether or
-    not the backend recorded logprobs.
+    not the backend recorded logprobs. With ``fresh_version`` (the weights the trainer's logprobs
+    come from), a step sampled by another version is left out of the figures (its gap includes
+    the policy's lag) and counted in ``mismatch/lagged_tokens``; a step that carries no version
+    counts.
     """
     metrics = segment_metrics(episodes)
     steps = _steps_by_trajectory(episodes)
@@ -78,9 +90,15 @@ def measure_mismatch(sequences: Sequence[TrainSequence], episodes: Sequence[Epis
     if not recorded:
         return MismatchReport(metrics=metrics, recorded=False)
     all_gaps: list[float] = []
+    lagged = 0
     worst: tuple[float, Episode] | None = None
     for episode in episodes:
-        gaps = [x for _, _, _, g in _episode_gaps(episode) for x in g]
+        gaps = []
+        for _, _, step, step_gaps in _episode_gaps(episode):
+            if _lagged(step, fresh_version):
+                lagged += len(step_gaps)
+            else:
+                gaps.extend(step_gaps)
         if not gaps:
             continue
         all_gaps.extend(gaps)
@@ -88,6 +106,8 @@ def measure_mismatch(sequences: Sequence[TrainSequence], episodes: Sequence[Epis
         episode.metrics.update({f"mismatch/{k}": v for k, v in figures.items()})
         if worst is None or figures["mean_abs"] > worst[0]:
             worst = (figures["mean_abs"], episode)
+    if fresh_version is not None:
+        metrics["mismatch/lagged_tokens"] = float(lagged)
     if not all_gaps:
         return MismatchReport(metrics=metrics, recorded=True)
     metrics.update({f"mismatch/{k}": v for k, v in _figures(all_gaps).items()})
@@ -99,6 +119,11 @@ def measure_mismatch(sequences: Sequence[TrainSequence], episodes: Sequence[Epis
         worst_episode_mean=worst[0],
         first_drift=first_drift(worst[1]),
     )
+
+
+def _lagged(step: Step, fresh_version: int | None) -> bool:
+    """True when another weight version than the trainer's sampled some of the step's tokens."""
+    return fresh_version is not None and any(v != fresh_version for v in step_versions(step))
 
 
 def first_drift(episode: Episode) -> TokenDrift | None:

@@ -68,11 +68,15 @@ class TrainStep:
                 model=lambda: backend.served_model_name(),
             )
 
-    async def run(self, episodes: Sequence[Episode], step: int, publish: Publish) -> dict[str, Any]:
+    async def run(
+        self, episodes: Sequence[Episode], step: int, publish: Publish, weight_version: int | None = None
+    ) -> dict[str, Any]:
         """Update number ``step`` from ``episodes``: train, measure and check the mismatch, write
         the step's sample, then ``publish`` (only when something was trained: no update, no new
-        weights). Returns the step's metrics; the caller adds its own (timings, weight version,
-        staleness)."""
+        weights). ``weight_version``: the version the trainer's weights are at (the mismatch
+        counts only the tokens that version sampled; the asynchronous loop's lagged ones are no
+        token fault). Returns the step's metrics; the caller adds its own (timings, weight
+        version, staleness)."""
         cfg, algo = self.config, self.config.algorithm
         groups = group_trajectories(episodes, algo)
         unrewarded_metrics = self.unrewarded.observe(groups)
@@ -86,7 +90,7 @@ class TrainStep:
         if sequences:
             train_metrics = await self.backend.train_step(sequences, algo)
         # Token truth: trainer vs sampler logprobs onto the steps (the samples show them), then enforced.
-        mismatch = measure_mismatch(sequences, episodes)
+        mismatch = measure_mismatch(sequences, episodes, weight_version)
         if cfg.sample_groups:
             trained = [t.id for g in kept for t in g.trajectories]
             write_episode_sample(self.out_dir, step, episodes, trained, cfg.sample_groups)

@@ -14,9 +14,8 @@ from typing import Any, Literal
 import msgspec
 
 from rllm.algos.config import AlgorithmConfig
-from rllm.engine.data.distill import DistillSection
-from rllm.engine.data.distill_topk import check_distill_loss
-from rllm.engine.rollout.executors import IN_PROCESS_EXECUTORS, resolve_executor
+from rllm.engine.data.distill import DistillSection, check_distill_loss
+from rllm.engine.rollout.executors import get_executor, resolve_executor
 from rllm.engine.rollout.rollout_config import RolloutConfig
 from rllm.engine.training.checkpoint import KEEP_CHECKPOINTS
 from rllm.engine.training.health_config import HealthSection
@@ -29,6 +28,7 @@ from rllm.engine.training.staleness import (
 )
 from rllm.types import ConfigError
 from rllm.types.config_file import apply_overrides, convert_config, merge_config, read_config_file
+from rllm.types.errors import LookupFailed
 
 # The trainer's own rollout defaults, kept apart from RolloutEngine's on purpose: a training step
 # waits for its slowest rollout, so a stuck one is cut off sooner (120 s, not 600 s) and retried
@@ -133,7 +133,10 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def flows_in_process(self) -> bool:
         """Whether the engine runs every rollout from the trainer's process (no worker pool)."""
-        return resolve_executor(self.rollout.executor, self.rollout.workers) in IN_PROCESS_EXECUTORS
+        try:
+            return get_executor(resolve_executor(self.rollout.executor, self.rollout.workers)).in_process
+        except LookupFailed:  # an unknown executor: RolloutConfig refuses it, naming the key
+            return False
 
     def __post_init__(self) -> None:
         for name in ("total_steps", "tasks_per_step", "group_size", "keep_checkpoints"):
