@@ -44,6 +44,11 @@ def checkpoint_dir(out_dir: Path, step: int) -> Path:
 KEEP_CHECKPOINTS = 2  # TrainerConfig.keep_checkpoints' default
 
 
+def removed_line(path: Path, keep: int) -> str:
+    """The run's line when ``save_checkpoint`` removes an older checkpoint."""
+    return f"checkpoint {path} removed (keep_checkpoints={keep} keeps the newest {keep})"
+
+
 async def save_checkpoint(
     out_dir: Path,
     state: TrainerState,

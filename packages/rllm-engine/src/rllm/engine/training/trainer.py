@@ -24,7 +24,7 @@ from rllm.engine.data.distill_launch import build_distiller
 from rllm.engine.rollout.early_flow_processes import EarlyFlowProcesses, start_early_for
 from rllm.engine.rollout.rollout_engine import RolloutEngine
 from rllm.engine.training.async_loop import AsyncStepper
-from rllm.engine.training.checkpoint import TrainerState, load_trainer_state, save_checkpoint
+from rllm.engine.training.checkpoint import TrainerState, load_trainer_state, removed_line, save_checkpoint
 from rllm.engine.training.data_order import DataCursor, next_batch
 from rllm.engine.training.init_from import init_weights, resolve_init_checkpoint
 from rllm.engine.training.metrics_log import MetricsLogger, plot_reward_curve, truncate_history
@@ -66,15 +66,9 @@ class Trainer:
         self.init_checkpoint = resolve_init_checkpoint(config.init_from) if config.init_from else None
         self.distiller = build_distiller(config, backend)
         self.train_tasks = cookbook.load_tasks(config.train_split)
-        self.val_tasks = self._load_val_tasks()
+        self.val_tasks = load_val_tasks(config, cookbook)
         # Flow processes started before fit (build_trainer, while it builds the tiny model); fit adopts them.
         self.early_workers: EarlyFlowProcesses | None = None
-
-    def _load_val_tasks(self) -> list[Task]:
-        if not self.config.val_split:
-            return []
-        tasks = self.cookbook.load_tasks(self.config.val_split)
-        return tasks[: self.config.val_tasks] if self.config.val_tasks else tasks
 
     async def fit(self, resume: bool = False, overwrite: bool = False) -> TrainResult:
         """Train for ``total_steps`` optimizer steps (continuing from the latest checkpoint on resume).
@@ -108,7 +102,7 @@ class Trainer:
                 self.cookbook.flow,
                 self.cookbook.evaluator,
                 cfg.engine_rollout(self.backend.served_model_name()),
-                gateway_config=self._gateway_config(),
+                gateway_config=gateway_config(cfg, self.backend),
                 early_workers=early,
             )
             self._base_sampling = engine.config.sampling  # each synchronous step seeds its own
@@ -191,11 +185,11 @@ class Trainer:
                     self._between_steps = True
                     progress.update(state.step, metrics)
                     if cfg.ckpt_every and state.step % cfg.ckpt_every == 0:
-                        await self._checkpoint(self._snapshot(stepper, state))
+                        await self._checkpoint(_snapshot(stepper, state))
                         saved_step = state.step
                 # A short run (or ckpt_every = 0) must still leave something to resume and serve.
                 if state.step != saved_step:
-                    await self._checkpoint(self._snapshot(stepper, state))
+                    await self._checkpoint(_snapshot(stepper, state))
         except (asyncio.CancelledError, KeyboardInterrupt):
             await self._cancel_prefetch()  # nothing runs during the save below
             # Ctrl-C: keep the steps done since the last checkpoint when that is truthful (not in
@@ -231,17 +225,8 @@ class Trainer:
         self._between_steps = between
 
     def _say_removed(self, path: Path) -> None:
-        keep = self.config.keep_checkpoints
-        line = f"checkpoint {path} removed (keep_checkpoints={keep} keeps the newest {keep})"
-        if self._progress is not None:
-            self._progress.say(line)
-        else:
-            print(line, file=sys.stderr, flush=True)
-
-    @staticmethod
-    def _snapshot(stepper: AsyncStepper | None, state: TrainerState) -> TrainerState:
-        # Async: rollouts go on during the save; keep the state of this instant.
-        return stepper.snapshot() if stepper is not None else state
+        line = removed_line(path, self.config.keep_checkpoints)
+        self._progress.say(line) if self._progress is not None else print(line, file=sys.stderr, flush=True)
 
     def _async_stepper(self, engine: RolloutEngine, state: TrainerState) -> AsyncStepper | None:
         """K > 0: the asynchronous step (rllm.engine.training.async_loop); K = 0: the synchronous one."""
@@ -366,20 +351,35 @@ class Trainer:
         episodes = await engine.run(self.val_tasks, n=1, is_validation=True)
         return {f"val/{k}": v for k, v in episode_metrics(episodes).items()}
 
-    def _gateway_config(self) -> GatewayConfig:
-        cfg = self.config.gateway
-        tokenizer = self.backend.tokenizer_path() if cfg.mode == "cumulative" else None
-        mode = cfg.mode if tokenizer else "plain"
-        # No auto-created sessions: a flow still running past its deadline gets a fast 410 (its session ended).
-        return GatewayConfig(
-            upstreams=self.backend.inference_urls(),
-            store=cfg.store,
-            tokenizer_mode=mode,
-            tokenizer_path=tokenizer,
-            auto_create_sessions=False,
-            health_interval_s=1.0,
-            partial_rollouts=self.config.rollout.partial,  # a sync aborts and continues calls
-        )
+
+def gateway_config(config: TrainerConfig, backend: Backend) -> GatewayConfig:
+    """The run's gateway: the backend's samplers upstream, cumulative tokenization where it has a tokenizer."""
+    cfg = config.gateway
+    tokenizer = backend.tokenizer_path() if cfg.mode == "cumulative" else None
+    mode = cfg.mode if tokenizer else "plain"
+    # No auto-created sessions: a flow still running past its deadline gets a fast 410 (its session ended).
+    return GatewayConfig(
+        upstreams=backend.inference_urls(),
+        store=cfg.store,
+        tokenizer_mode=mode,
+        tokenizer_path=tokenizer,
+        auto_create_sessions=False,
+        health_interval_s=1.0,
+        partial_rollouts=config.rollout.partial,  # a sync aborts and continues calls
+    )
+
+
+def load_val_tasks(config: TrainerConfig, cookbook: Cookbook) -> list[Task]:
+    """The validation tasks (``val_split``, the first ``val_tasks`` of them)."""
+    if not config.val_split:
+        return []
+    tasks = cookbook.load_tasks(config.val_split)
+    return tasks[: config.val_tasks] if config.val_tasks else tasks
+
+
+def _snapshot(stepper: AsyncStepper | None, state: TrainerState) -> TrainerState:
+    # Async: rollouts go on during the save; keep the state of this instant.
+    return stepper.snapshot() if stepper is not None else state
 
 
 def validate_algorithm(config: TrainerConfig, backend: Backend) -> None:
