@@ -53,9 +53,13 @@ def test_a_run_that_cannot_learn_warns_checkpoints_and_resumes(
     assert main(["train", "say-single", "--out", str(out), "total_steps=3", *QUICK]) == 2
     assert "already holds a run" in capsys.readouterr().err
 
-    assert main(["train", "say-single", "--out", str(out), "--resume", "total_steps=4", *QUICK]) == 0
+    # keep_checkpoints=1: the step-3 checkpoint goes when step 4's is written, and the run says so.
+    resumed = ["--resume", "total_steps=4", "keep_checkpoints=1", *QUICK]
+    assert main(["train", "say-single", "--out", str(out), *resumed]) == 0
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3, 4]
-    assert (out / "checkpoints" / "step_000004").is_dir()
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step_000004"]
+    err = capsys.readouterr().err
+    assert "step_000003 removed (keep_checkpoints=1 keeps the newest 1)" in err, err
 
 
 def test_an_interrupted_run_keeps_its_finished_steps(tmp_path: Path) -> None:
