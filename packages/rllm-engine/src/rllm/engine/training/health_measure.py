@@ -1,5 +1,5 @@
 """The figures a training step measures for the health checks, from what it already holds: its
-episodes and its groups after advantages (no model pass; a few array sums over the step's
+episodes and its groups after advantages (no model pass; a few sums over the step's
 completions, well under a millisecond on the main job's step).
 
 - ``tokens/entropy_proxy``: a proxy of the policy's token entropy, the mean of -logprob over the
@@ -17,10 +17,9 @@ completions, well under a millisecond on the main job's step).
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
-
-import numpy as np
 
 from rllm.algos.grouping import trajectory_reward
 from rllm.engine.training.health_config import HealthSection
@@ -37,7 +36,7 @@ def step_health_metrics(
         for trajectory in episode.trajectories:
             for step in trajectory.steps:
                 if step.completion_logprobs is not None and len(step.completion_logprobs):
-                    total -= float(np.sum(step.completion_logprobs, dtype=np.float64))
+                    total -= math.fsum(step.completion_logprobs)
                     tokens += len(step.completion_logprobs)
                 if step.finish_reason is not None:
                     calls += 1
@@ -76,6 +75,6 @@ def _has_signal(trajectory: Trajectory) -> bool:
         if isinstance(advantage, int | float):
             if advantage != 0:
                 return True
-        elif np.any(np.asarray(advantage) != 0):
+        elif any(a != 0 for a in advantage):  # one per token (a FloatArray)
             return True
     return False
