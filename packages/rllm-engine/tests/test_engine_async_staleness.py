@@ -22,6 +22,7 @@ from rllm.algos.config import AlgorithmConfig
 from rllm.engine.training.async_loop import AsyncStepper
 from rllm.engine.training.checkpoint import TrainerState
 from rllm.engine.training.data_order import DataCursor, next_batch
+from rllm.engine.training.health_config import HealthSection
 from rllm.engine.training.task_sampler import TaskSampler
 from rllm.engine.training.train_step import TrainStep
 from rllm.engine.training.trainer_config import TrainerConfig, training_rollout
@@ -159,6 +160,7 @@ def _config(k: int, tasks_per_step: int, group_size: int, policy: str, steps: in
         sample_groups=0,
         progress=False,
         algorithm=AlgorithmConfig(filter_zero_variance=False, tis="token"),
+        health=HealthSection(probe_sequences=0),  # the stand-in backend has no sampler to probe
         rollout=training_rollout(max_staleness=k, stale_policy=policy),
     )
 

@@ -26,6 +26,7 @@ from rllm.engine.rollout.rollout_config import RolloutConfig
 from rllm.engine.rollout.rollout_engine import RolloutEngine
 from rllm.engine.training.async_loop import AsyncStepper
 from rllm.engine.training.checkpoint import TrainerState
+from rllm.engine.training.health_config import HealthSection
 from rllm.engine.training.task_sampler import TaskSampler
 from rllm.engine.training.train_step import TrainStep
 from rllm.engine.training.trainer_config import TrainerConfig, training_rollout
@@ -182,6 +183,7 @@ async def test_weight_syncs_drain_calls_and_every_call_ends_in_an_episode(
         sample_groups=0,
         progress=False,
         algorithm=AlgorithmConfig(filter_zero_variance=False, tis="token"),
+        health=HealthSection(probe_sequences=0),  # the stand-in backend has no sampler to probe
         rollout=training_rollout(max_staleness=k, stale_policy=policy, concurrency=12),
     )
     async with MockUpstream(model="mock-model") as upstream:

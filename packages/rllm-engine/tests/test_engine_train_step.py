@@ -15,6 +15,7 @@ from typing import Any, cast
 import pytest
 
 from rllm.algos.config import AlgorithmConfig
+from rllm.engine.training.health_config import HealthSection
 from rllm.engine.training.metrics_log import read_episode_sample, sample_path
 from rllm.engine.training.mismatch import TokenMismatchError
 from rllm.engine.training.train_step import TIMEOUT_WARN_FRACTION, TrainStep
@@ -64,6 +65,7 @@ def _step(tmp_path: Path, backend: DriftingBackend, **algorithm: Any) -> TrainSt
         sample_groups=2,
         progress=False,
         algorithm=AlgorithmConfig(**algorithm),
+        health=HealthSection(probe_sequences=0),  # the stand-in has no sampler to probe
     )
     return TrainStep(config, cast(Any, backend), tmp_path)
 

@@ -1,17 +1,16 @@
-"""Say so when a run cannot learn: steps in a row with no learning signal, and tasks that never
-give one.
+"""Say so when a run cannot learn a task: tasks that never give a learning signal.
 
-A step has no learning signal when no trained sequence has a nonzero advantage: every group was
-filtered out, or every group's rollouts got the same reward (zero variance: GRPO's advantages
-are all 0). The run goes on, its loss zero and its weights moving at most on the optimizer's
-momentum, and without this warning nothing tells the user.
+A step with no learning signal at all (no trained sequence with a nonzero advantage, steps in a
+row) is the ``zero_advantage`` health check, and the other ways a run looks alive while it is not
+learning are its siblings (``rllm.engine.training.health``).
 
 A run can also learn most of its tasks and lose one for good: when no rollout of a task is ever
 rewarded, its groups have zero variance, it never trains, and the mean reward levels off below what
 the model could reach (RL from scratch on ``say-single`` levels off at 7/8 that way; see
 benchmarks/history/issue-31.md, "Issue #31 — `distill_vs_rl.py`, quiet machine").
 ``TaskOutcomes`` counts such tasks per step and names them at the end of the run; it does not
-warn mid-run, since early in training most tasks are unrewarded and that is no fault.
+warn mid-run, since early in training most tasks are unrewarded and that is no fault (for the same
+reason the ``no_signal`` health check leaves groups all at the reward floor out).
 
 ``TaskOutcomes`` is the run's one per-task record: besides those streaks it keeps each task's
 last rewards, from which ``rollout.curriculum`` weighs the tasks it draws
@@ -27,33 +26,6 @@ import msgspec
 
 from rllm.algos.grouping import trajectory_reward
 from rllm.types import TrajectoryGroup
-
-NO_LEARNING_STEPS = 3  # consecutive steps without a learning signal before the warning
-
-NO_LEARNING_WARNING = (
-    "no learning signal in {steps} steps in a row: no trained sequence had a nonzero advantage "
-    "(every group was filtered out, or all rollouts of each task got the same reward), so the "
-    "model has learned nothing. Try a larger group_size, a higher rollout.sampling.temperature, a stronger or "
-    "better-suited model (backend.options.model), or an easier task; `rllm view` shows the episodes."
-)
-
-
-class NoLearningWatch:
-    """Counts consecutive steps without a learning signal (``observe`` takes the step's
-    ``train/signal_sequences``); returns the warning once."""
-
-    def __init__(self, steps: int = NO_LEARNING_STEPS) -> None:
-        self.steps = steps
-        self.idle = 0
-        self.warned = False
-
-    def observe(self, signal_sequences: int) -> str | None:
-        self.idle = 0 if signal_sequences else self.idle + 1
-        if self.idle >= self.steps and not self.warned:
-            self.warned = True
-            return NO_LEARNING_WARNING.format(steps=self.idle)
-        return None
-
 
 UNREWARDED_APPEARANCES = 5  # a task's groups in a row with no rewarded rollout before it counts
 UNREWARDED_NAMED = 5  # tasks named in the end-of-run warning; the rest are counted

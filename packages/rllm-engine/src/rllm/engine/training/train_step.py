@@ -1,8 +1,9 @@
 """One training step, the same in the synchronous and the asynchronous loop.
 
-    finished episodes -> group -> filters -> advantages -> TrainSequences -> distillation ->
-    backend.train_step -> train/sampler mismatch measured -> the step's sample written ->
-    mismatch checked (algorithm.max_mismatch) -> new weights published -> metrics
+    finished episodes -> group -> filters -> advantages -> health figures -> TrainSequences ->
+    distillation -> backend.train_step -> train/sampler mismatch measured -> the step's sample
+    written -> mismatch checked (algorithm.max_mismatch) -> new weights published -> the probe
+    set re-scored (health: weights_stale) -> metrics
 
 The loops differ only around it: where the episodes come from (the synchronous loop,
 ``rllm.engine.training.trainer``, rolls out one batch, maybe prefetched; the asynchronous one,
@@ -10,6 +11,9 @@ The loops differ only around it: where the episodes come from (the synchronous l
 reach the sampler (each passes its own ``publish``: a pause, or a held prefetch, around the sync;
 a drain under a watchdog). Everything between lives here once, so whatever the step measures or
 enforces holds in both modes, as the capability matrix (docs/capabilities.md) promises.
+
+The health checks (``rllm.engine.training.health``) judge the step's metrics in the Trainer's loop,
+after validation; what they need beyond the metrics is measured here, in both modes alike.
 
 The sample is written before the mismatch is checked (the viewer shows where a stopped run
 drifted), and the check comes before ``publish``: weights trained on tokens that were not the
@@ -26,10 +30,13 @@ from typing import TYPE_CHECKING, Any
 
 from rllm.algos import compute_advantages, filter_groups, group_trajectories
 from rllm.engine.rollout.worker_metrics import sandbox_step_metrics
+from rllm.engine.training.health import HealthMonitor
+from rllm.engine.training.health_measure import step_health_metrics
 from rllm.engine.training.metrics_log import write_episode_sample
 from rllm.engine.training.mismatch import check_mismatch, measure_mismatch
 from rllm.engine.training.sequences import sequences_from_groups, signal_sequences
-from rllm.types import Episode, TerminationReason
+from rllm.engine.training.weight_probe import ProbeUnavailable, WeightProbe
+from rllm.types import ConfigError, Episode, TerminationReason
 
 if TYPE_CHECKING:
     from rllm.engine.backend import Backend
@@ -49,13 +56,23 @@ class TrainStep:
     """Trains on a batch of finished episodes and publishes the new weights (``run``).
 
     What the run saw of each task is recorded as the episodes come in, before this step
-    (rllm.engine.training.task_sampler), so the next draw and a prefetch know it."""
+    (rllm.engine.training.task_sampler), so the next draw and a prefetch know it. One per run:
+    ``health`` judges its steps (the Trainer's loop calls it) and ``probe`` holds the probe set of
+    ``weights_stale``."""
 
     def __init__(
         self, config: TrainerConfig, backend: Backend, out_dir: Path, *, distiller: Distiller | None = None
     ) -> None:
         self.config, self.backend, self.out_dir = config, backend, out_dir
         self.distiller = distiller
+        self.health = HealthMonitor(config.health, max_mismatch=config.algorithm.max_mismatch)
+        self.probe: WeightProbe | None = None
+        if config.health.runs("weights_stale"):
+            self.probe = WeightProbe(
+                config.health.probe_sequences,
+                url=lambda: backend.inference_urls()[0],
+                model=lambda: backend.served_model_name(),
+            )
 
     async def run(
         self, episodes: Sequence[Episode], step: int, publish: Publish, weight_version: int | None = None
@@ -71,9 +88,11 @@ class TrainStep:
         groups = group_trajectories(episodes, algo)
         kept, filter_metrics = filter_groups(groups, algo)
         advantage_metrics = compute_advantages(kept, algo)
+        health_metrics = step_health_metrics(episodes, groups, cfg.health)
         sequences = sequences_from_groups(kept)
         distill_metrics = await self.distiller.apply(sequences) if self.distiller and sequences else {}
         train_metrics: dict[str, float] = {}
+        probing = bool(sequences) and await self._probe_start(episodes)
         if sequences:
             train_metrics = await self.backend.train_step(sequences, algo)
         # Token truth: trainer vs sampler logprobs onto the steps (the samples show them), then enforced.
@@ -84,6 +103,8 @@ class TrainStep:
         if sequences:
             check_mismatch(mismatch, algo.max_mismatch, step, self.backend.name)
             await publish()
+        if probing and (change := await self._probe_measure()) is not None:
+            health_metrics["probe/logprob_change"] = change
         return {
             **episode_metrics(episodes),
             **{f"filter/{k}": v for k, v in filter_metrics.items()},
@@ -93,7 +114,40 @@ class TrainStep:
             **mismatch.metrics,
             "train/sequences": len(sequences),
             "train/signal_sequences": signal_sequences(sequences),
+            **health_metrics,
         }
+
+    async def _probe_start(self, episodes: Sequence[Episode]) -> bool:
+        """Whether this step re-scores the probe set after its update: fixes and scores the set
+        first (before the first update) when there is none yet."""
+        probe = self.probe
+        if probe is None:
+            return False
+        if probe.chosen:
+            return True
+        try:
+            return await probe.start(episodes)
+        except ProbeUnavailable as exc:
+            self._probe_failed(exc)
+            return False
+
+    async def _probe_measure(self) -> float | None:
+        assert self.probe is not None
+        try:
+            return await self.probe.measure()
+        except ProbeUnavailable as exc:
+            self._probe_failed(exc)
+            return None
+
+    def _probe_failed(self, exc: ProbeUnavailable) -> None:
+        """A sampler that cannot score the probe set: the check is off, said once; refused where
+        ``health.stop_on`` counts on it."""
+        self.probe = None
+        if "weights_stale" in self.config.health.stop_on:
+            raise ConfigError.for_key(
+                "health.stop_on", f"weights_stale cannot run with backend {self.backend.name!r}: {exc}"
+            ) from None
+        self.health.turn_off("weights_stale", str(exc))
 
 
 def timeout_fraction(episodes: Sequence[Episode]) -> float:

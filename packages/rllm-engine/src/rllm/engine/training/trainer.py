@@ -2,7 +2,7 @@
 
     tasks (seeded order) -> RolloutEngine (n per task, through the gateway) -> group, filter,
     advantages (rllm.algos) -> TrainSequences -> backend.train_step -> backend.sync_weights ->
-    gateway weight version -> validation / checkpoint every k steps
+    gateway weight version -> validation -> health checks -> checkpoint every k steps
 
 Scheduling, grouping, advantages, filtering, logging, validation and checkpoint cadence live
 here once; a backend only trains, syncs and saves.
@@ -24,14 +24,15 @@ from rllm.engine.data.distill_launch import build_distiller
 from rllm.engine.rollout.early_flow_processes import EarlyFlowProcesses, start_early_for
 from rllm.engine.rollout.rollout_engine import RolloutEngine
 from rllm.engine.training.async_loop import AsyncStepper
-from rllm.engine.training.checkpoint import TrainerState, load_trainer_state, save_checkpoint
+from rllm.engine.training.checkpoint import TrainerState, load_trainer_state, removed_line, save_checkpoint
 from rllm.engine.training.data_order import DataCursor
 from rllm.engine.training.dynamic_sampling import CapWatch, fill_step
+from rllm.engine.training.health import Firing, HealthMonitor
 from rllm.engine.training.init_from import init_weights, resolve_init_checkpoint
-from rllm.engine.training.learning_watch import NoLearningWatch
 from rllm.engine.training.metrics_log import MetricsLogger, plot_reward_curve, truncate_history
 from rllm.engine.training.prefetch import Prefetched, prefetch_allowed
 from rllm.engine.training.run_folder import prepare_run_folder
+from rllm.engine.training.seeding import seed_process, step_sampling
 from rllm.engine.training.staleness import check_backend
 from rllm.engine.training.task_sampler import sampler_for
 from rllm.engine.training.train_progress import TrainProgress
@@ -69,7 +70,7 @@ class Trainer:
         self.distiller = build_distiller(config, backend)
         # The train split's tasks and their draw (the seeded order, or rollout.curriculum's).
         self.sampler = sampler_for(config, cookbook)
-        self.val_tasks = self._load_val_tasks()
+        self.val_tasks = load_val_tasks(config, cookbook)
         # Flow processes started before fit (build_trainer, while it builds the tiny model); fit adopts them.
         self.early_workers: EarlyFlowProcesses | None = None
 
@@ -77,12 +78,6 @@ class Trainer:
     def train_tasks(self) -> list[Task]:
         """The tasks the run draws from (at its current difficulty level, with promotion)."""
         return self.sampler.tasks
-
-    def _load_val_tasks(self) -> list[Task]:
-        if not self.config.val_split:
-            return []
-        tasks = self.cookbook.load_tasks(self.config.val_split)
-        return tasks[: self.config.val_tasks] if self.config.val_tasks else tasks
 
     async def fit(self, resume: bool = False, overwrite: bool = False) -> TrainResult:
         """Train for ``total_steps`` optimizer steps (continuing from the latest checkpoint on resume).
@@ -101,6 +96,7 @@ class Trainer:
         self.last_checkpoint: Path | None = None
         self._prefetch: Prefetched | None = None  # the next step's rollouts, started early
         self._prefetch_renames = False  # the backend renames its model at each sync: no prefetch
+        self._progress: TrainProgress | None = None
         # Flow processes start now, importing while the backend loads the model; the engine adopts them.
         early, self.early_workers = self.early_workers or start_early_for(cfg, self.cookbook), None
         try:
@@ -118,6 +114,7 @@ class Trainer:
                 gateway_config=gateway_config(cfg, self.backend),
                 early_workers=early,
             )
+            self._base_sampling = engine.config.sampling  # each synchronous step seeds its own
             await engine.start()
             if ckpt is not None:
                 state = load_trainer_state(ckpt)
@@ -126,7 +123,9 @@ class Trainer:
                 await self.backend.load_checkpoint(ckpt / "backend")
                 state.weight_version = await self.backend.sync_weights()
                 log.info("resumed from %s at step %d", ckpt, state.step)
-            elif self.init_checkpoint is not None:
+            else:
+                seed_process(cfg.seed)
+            if ckpt is None and self.init_checkpoint is not None:
                 state.weight_version = await init_weights(self.backend, self.init_checkpoint)
             # One history per run: rows and samples past the restored step are redone, not kept twice.
             truncate_history(self.out_dir, state.step)
@@ -136,6 +135,7 @@ class Trainer:
             if engine is not None:
                 await engine.close()
             await self.backend.close()
+        self.warnings.extend(self.train_step.health.summary())
         if (summary := self.sampler.outcomes.summary()) is not None:
             self.warnings.append(summary)
         plot = (
@@ -162,7 +162,7 @@ class Trainer:
         )
         validating = bool(self.val_tasks and cfg.val_every)
         saved_step = state.step  # a resumed run starts from a checkpoint of this step
-        idle = NoLearningWatch()
+        health = self.train_step.health
         capped = CapWatch(cfg.algorithm, cfg.tasks_per_step)
         # True while the backend's weights, ``state`` and the metrics rows all stand at
         # ``state.step`` (between steps, and during the next step's rollouts): the only time an
@@ -171,8 +171,11 @@ class Trainer:
         stepper = self._async_stepper(engine, state)
         try:
             with TrainProgress(cfg.total_steps, start=state.step, enabled=cfg.progress) as progress:
+                self._progress = progress
                 if validating and state.step == 0:
-                    metrics_log.log(0, await _validate(engine, self.val_tasks))
+                    first = await _validate(engine, self.val_tasks)
+                    health.observe(0, first)
+                    metrics_log.log(0, first)
                 while state.step < cfg.total_steps:
                     _stop_if_cancel_requested()
                     if stepper is not None:
@@ -182,14 +185,10 @@ class Trainer:
                     rewards.append(metrics["reward/mean"])
                     if validating and state.step % cfg.val_every == 0:
                         metrics.update(await _validate(engine, self.val_tasks))
-                    if (warning := idle.observe(metrics["train/signal_sequences"])) is not None:
-                        metrics["warning/no_trainable_sequences"] = warning
-                        self.warnings.append(warning)
-                        progress.warn(warning)
-                    if (warning := capped.observe(state.step, metrics)) is not None:
-                        metrics["warning/dynamic_sampling_capped"] = warning
-                        progress.warn(warning)
+                    firings = _judge_step(health, capped, progress, state.step, metrics)
                     metrics_log.log(state.step, metrics)
+                    if (stop := health.stop_for(firings)) is not None:
+                        raise stop  # after the row: `rllm doctor run` and `rllm view` show the step
                     self._between_steps = True
                     progress.update(state.step, metrics)
                     if cfg.ckpt_every and state.step % cfg.ckpt_every == 0:
@@ -226,19 +225,17 @@ class Trainer:
         # A save cut short by Ctrl-C is still running in its thread: no second save over it.
         between, self._between_steps = self._between_steps, False
         state.sampler = self.sampler.state()
-        self.last_checkpoint = await save_checkpoint(self.out_dir, state, self.backend.save_checkpoint)
+        self.last_checkpoint = await save_checkpoint(
+            self.out_dir,
+            state,
+            self.backend.save_checkpoint,
+            keep=self.config.keep_checkpoints,
+            removed=lambda path: _say(self._progress, removed_line(path, self.config.keep_checkpoints)),
+        )
         self._between_steps = between
 
     def _async_stepper(self, engine: RolloutEngine, state: TrainerState) -> AsyncStepper | None:
-        """K > 0: the asynchronous step (rllm.engine.training.async_loop); K = 0: the synchronous one."""
-        if self.config.rollout.max_staleness == 0:
-            if state.unconsumed_task_ids:
-                raise StateError(
-                    f"the checkpoint holds {len(state.unconsumed_task_ids)} tasks an asynchronous run "
-                    "handed out but did not train on; resume with its rollout.max_staleness > 0"
-                )
-            return None
-        return AsyncStepper(self, engine, state).start()
+        return async_stepper(self, engine, state)  # a method: a test takes it at K = 0
 
     async def _train_one_step(self, engine: RolloutEngine, state: TrainerState) -> dict[str, Any]:
         """The synchronous step: this step's rollouts (maybe prefetched), the shared step
@@ -304,6 +301,7 @@ class Trainer:
             if prefetch is not None:  # started for another cursor: never trained on
                 await prefetch.cancel()
             tasks, next_data = self.sampler.next_batch(cfg.tasks_per_step, state.data)
+            self._seed_sampling(engine, state.step + 1)
             episodes, prefetched = await engine.run(tasks, n=cfg.group_size), False
         drawn = await fill_step(
             self.sampler,
@@ -313,6 +311,11 @@ class Trainer:
             (tasks, next_data, episodes),
         )
         return (*drawn[:3], prefetched, drawn[3])
+
+    def _seed_sampling(self, engine: RolloutEngine, step: int) -> None:
+        """Step ``step``'s rollouts sample with their own seed (rllm.engine.training.seeding);
+        validation keeps its own sampling."""
+        engine.config.sampling = step_sampling(self._base_sampling, step)
 
     async def _start_prefetch(self, engine: RolloutEngine, state: TrainerState, data: DataCursor) -> bool:
         """Pause the gateway and start the next step's rollouts (``data``: the cursor after this
@@ -330,6 +333,7 @@ class Trainer:
         # Nothing is in flight (this step's rollouts are all in): the pause holds at once.
         await engine.client.pause()
         tasks, next_data = self.sampler.next_batch(cfg.tasks_per_step, data)
+        self._seed_sampling(engine, state.step + 2)  # the step after this one
         rollouts = asyncio.create_task(engine.run(tasks, n=cfg.group_size))
         self._prefetch = Prefetched(data, tasks, next_data, rollouts)
         return True
@@ -370,6 +374,47 @@ def gateway_config(config: TrainerConfig, backend: Backend) -> GatewayConfig:
         health_interval_s=1.0,
         partial_rollouts=config.rollout.partial,  # a sync aborts and continues calls
     )
+
+
+def async_stepper(trainer: Trainer, engine: RolloutEngine, state: TrainerState) -> AsyncStepper | None:
+    """K > 0: the asynchronous step (rllm.engine.training.async_loop); K = 0: the synchronous one."""
+    if trainer.config.rollout.max_staleness == 0:
+        if state.unconsumed_task_ids:
+            raise StateError(
+                f"the checkpoint holds {len(state.unconsumed_task_ids)} tasks an asynchronous run "
+                "handed out but did not train on; resume with its rollout.max_staleness > 0"
+            )
+        return None
+    return AsyncStepper(trainer, engine, state).start()
+
+
+def _judge_step(
+    health: HealthMonitor, capped: CapWatch, progress: TrainProgress, step: int, metrics: dict[str, Any]
+) -> list[Firing]:
+    """The step's row judged before it is logged: the health checks (``health/*`` and the lines
+    of those that fire) and dynamic sampling's cap; returns the checks that fired."""
+    for note in health.take_notes():
+        progress.warn(note)
+    firings = health.observe(step, metrics)  # writes health/* into the row
+    for firing in firings:
+        progress.warn(firing.line)
+    if (warning := capped.observe(step, metrics)) is not None:
+        metrics["warning/dynamic_sampling_capped"] = warning
+        progress.warn(warning)
+    return firings
+
+
+def _say(progress: TrainProgress | None, line: str) -> None:
+    """A line for the user: above the progress bar while it is drawn, else on stderr."""
+    progress.say(line) if progress is not None else print(line, file=sys.stderr, flush=True)
+
+
+def load_val_tasks(config: TrainerConfig, cookbook: Cookbook) -> list[Task]:
+    """The validation tasks (``val_split``, the first ``val_tasks`` of them)."""
+    if not config.val_split:
+        return []
+    tasks = cookbook.load_tasks(config.val_split)
+    return tasks[: config.val_tasks] if config.val_tasks else tasks
 
 
 def validate_algorithm(config: TrainerConfig, backend: Backend) -> None:
