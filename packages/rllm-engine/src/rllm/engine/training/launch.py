@@ -20,6 +20,7 @@ from rllm.engine.rollout.early_flow_processes import start_early_for
 from rllm.engine.training.init_from import check_init_model, resolve_init_checkpoint
 from rllm.engine.training.model_check import check_model_path
 from rllm.engine.training.train_folder import check_train_folder, ensure_tiny_model
+from rllm.engine.training.task_sampler import check_curriculum
 from rllm.engine.training.trainer import Trainer, validate_algorithm
 from rllm.engine.training.trainer_config import TrainerConfig, load_config
 from rllm.sdk.cookbook import Cookbook
@@ -76,6 +77,7 @@ def load_train_config(
     except ValueError as exc:
         raise ConfigError(f"config key `cookbook_options`: {exc}", key="cookbook_options") from None
     check_splits(config, cookbook)
+    check_curriculum(config, cookbook)  # rollout.curriculum.promote needs difficulty levels
     return config, cookbook
 
 

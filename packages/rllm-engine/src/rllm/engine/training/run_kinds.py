@@ -24,6 +24,7 @@ _LOGGING = {
 _TRAIN_CHANGEABLE = {
     "total_steps": "more (or fewer) steps of the same run: the data order and RNG go on from the checkpoint",
     "ckpt_every": "when checkpoints are written, not what is trained",
+    "keep_checkpoints": "how many older checkpoints stay on disk, not what is trained",
     "val_every": "when validation runs (greedy, on its own tasks), not what is trained",
     "val_tasks": "how many validation tasks run, not what is trained",
     "sample_groups": "how many groups a step keeps for `rllm view`",
