@@ -19,8 +19,8 @@ from rllm.engine.plugins import backend_class, load_cookbook
 from rllm.engine.rollout.early_flow_processes import start_early_for
 from rllm.engine.training.init_from import check_init_model, resolve_init_checkpoint
 from rllm.engine.training.model_check import check_model_path
-from rllm.engine.training.train_folder import check_train_folder, ensure_tiny_model
 from rllm.engine.training.task_sampler import check_curriculum
+from rllm.engine.training.train_folder import check_train_folder, ensure_tiny_model
 from rllm.engine.training.trainer import Trainer, validate_algorithm
 from rllm.engine.training.trainer_config import TrainerConfig, load_config
 from rllm.sdk.cookbook import Cookbook
