@@ -82,12 +82,9 @@ class Trainer:
     async def fit(
         self, resume: bool = False, overwrite: bool = False, allow_changes: Any = ()
     ) -> TrainResult:
-        """Train for ``total_steps`` optimizer steps (continuing from the latest checkpoint on resume).
-
-        The run folder's contract (:mod:`rllm.engine.training.run_folder`): an earlier run is
-        replaced only with ``overwrite``, ``resume`` needs a checkpoint and the recorded config
-        (``allow_changes``: keys that may differ). The run always ends with a checkpoint of its last step.
-        """
+        """Train for ``total_steps`` optimizer steps (from the latest checkpoint on ``resume``), under
+        the run folder's contract (:mod:`rllm.engine.training.run_folder`; ``allow_changes``: keys
+        that may differ from the record). The run always ends with a checkpoint of its last step."""
         cfg = self.config
         started = time.perf_counter()
         ckpt = begin_train_folder(
