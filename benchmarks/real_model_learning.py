@@ -168,7 +168,8 @@ def tree_rss(root: int) -> int:
 
 
 class MemoryWatch(threading.Thread):
-    """Every second: the tree's RSS, kept as the peak per training step (metrics.jsonl rows so far)."""
+    """Every second: the tree's RSS, kept as the peak per training step in progress (the last step
+    metrics.jsonl logged, plus one; 0 is start-up and the step-0 validation)."""
 
     def __init__(self, pid: int, metrics: Path) -> None:
         super().__init__(daemon=True)
@@ -177,10 +178,19 @@ class MemoryWatch(threading.Thread):
         self.loads: list[float] = []
         self.done = threading.Event()
 
+    def step_in_progress(self) -> int:
+        lines = self.metrics.read_text().splitlines() if self.metrics.is_file() else []
+        for line in reversed(lines):
+            try:
+                return int(json.loads(line)["step"]) + 1
+            except (ValueError, KeyError, TypeError):
+                continue  # a line being written
+        return 0
+
     def run(self) -> None:
         while not self.done.wait(1.0):
-            step = len(self.metrics.read_text().splitlines()) if self.metrics.is_file() else 0
-            self.per_step[step + 1] = max(self.per_step.get(step + 1, 0), tree_rss(self.pid))
+            step = self.step_in_progress()
+            self.per_step[step] = max(self.per_step.get(step, 0), tree_rss(self.pid))
             self.loads.append(os.getloadavg()[0])
 
 
@@ -267,10 +277,13 @@ def summarise(
             {
                 "step": int(r["step"]),
                 "reward": r.get("reward/mean"),
+                "boxed": r.get("signal/has_boxed"),
                 "rollout_s": r["time/rollout_s"],
                 "train_s": r.get("time/train_s", 0.0),
                 "sampling_tokens_per_s": sampled / r["time/rollout_s"] if r["time/rollout_s"] else 0.0,
-                "training_tokens_per_s": r.get("train/trained_tokens", 0.0) / r["time/train_s"]
+                # train/num_tokens: the tokens the loss covers (the sampled replies; prompts are
+                # run forward too but not counted).
+                "training_tokens_per_s": r.get("train/num_tokens", 0.0) / r["time/train_s"]
                 if r.get("time/train_s")
                 else 0.0,
             }
@@ -312,7 +325,13 @@ def print_summary(s: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.analyze:
-        print_summary(json.loads((Path(args.analyze) / "summary.json").read_text()))
+        folder = Path(args.analyze)
+        saved = json.loads((folder / "summary.json").read_text())
+        args.mode, args.lr = saved["mode"], saved["lr"]
+        fresh = summarise(
+            folder / "run", args, wall=saved["wall_s"], stopped=saved["stopped_at_budget"], code=None
+        )
+        print_summary({**saved, "curve": fresh["curve"], "steps": fresh["steps"]})
         return 0
     return run_benchmark(args)
 
