@@ -89,7 +89,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=48, help="sampled tokens per reply (default 48)")
     p.add_argument("--val-tasks", type=int, default=100, help="held-out problems (default 100)")
     p.add_argument("--val-every", type=int, default=5)
-    p.add_argument("--micro-batch-tokens", type=int, default=1024)
+    # 1024 tokens without checkpointing went to 9.9 GB by step 2 (rising; OOM-killed on a shared
+    # 24 GB machine); 256 with gradient checkpointing stayed near 3.4 GB (2026-12-06).
+    p.add_argument("--micro-batch-tokens", type=int, default=256)
+    p.add_argument(
+        "--gradient-checkpointing",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="recompute activations in the backward pass (less memory; default on)",
+    )
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: the backend's choice)")
     p.add_argument(
         "--question", default=QUESTION, help="question template with {a} and {b} (default: %(default)s)"
@@ -122,6 +130,7 @@ def train_command(args: argparse.Namespace, model: Path, run: Path) -> list[str]
         # Cut the training batch into micro-batches: without it a real vocabulary's float32
         # logits for the whole batch do not fit a small machine (issue 48's pilot: OOM at 24 GB).
         f"backend.options.micro_batch_tokens={args.micro_batch_tokens}",
+        f"backend.options.gradient_checkpointing={str(args.gradient_checkpointing).lower()}",
         f"total_steps={args.steps}",
         f"tasks_per_step={args.tasks_per_step}",
         f"group_size={args.group_size}",
@@ -239,8 +248,8 @@ def run_benchmark(args: argparse.Namespace) -> int:
     summary["peak_rss_gb"] = round(max(watch.per_step.values(), default=0) / 2**30, 2)
     loads = [load0, *watch.loads]
     summary["load_average"] = {
-        "min": min(loads),
-        "max": max(loads),
+        "min": round(min(loads), 1),
+        "max": round(max(loads), 1),
         "mean": round(sum(loads) / len(loads), 1),
     }
     summary["command"] = " ".join(command)
@@ -311,12 +320,17 @@ def print_summary(s: dict[str, Any]) -> None:
     if len(s["curve"]) >= 2:
         gain = s["curve"][-1]["accuracy"] - s["curve"][0]["accuracy"]
         print(f"  change: {gain * 100:+.1f} points")
+    if s["steps"]:
+        print("per training step:")
     for st in s["steps"]:
         print(
             f"  step {st['step']:3d}: reward {st['reward']:.3f}, rollout {st['rollout_s']:.0f} s"
             f" ({st['sampling_tokens_per_s']:.0f} tokens/s), train {st['train_s']:.0f} s"
             f" ({st['training_tokens_per_s']:.0f} tokens/s)"
         )
+    if s.get("exit_status") not in (0, None):
+        killed = " (killed: SIGKILL, as the kernel's OOM killer sends)" if s["exit_status"] == -9 else ""
+        print(f"rllm train ended with exit status {s['exit_status']}{killed}")
     if "peak_rss_gb" in s:
         print(f"peak resident memory {s['peak_rss_gb']} GB; per step: {s['memory_per_step_gb']}")
         print(f"load average while it ran: {s['load_average']}")

@@ -85,6 +85,7 @@ def test_learning_trains_through_rllm_train_with_the_math_agent(tmp_path: Path) 
     lora = learning.train_command(learning.parse_args([]), tmp_path / "model", tmp_path / "run")
     assert lora[lora.index("train") + 1 : lora.index("train") + 4] == [learning.DATASET, "--agent", "math"]
     assert "backend.options.lora.rank=16" in lora and "val_split=test" in lora
+    assert "backend.options.gradient_checkpointing=true" in lora
     full = learning.train_command(
         learning.parse_args(["--mode", "full"]), tmp_path / "model", tmp_path / "run"
     )
