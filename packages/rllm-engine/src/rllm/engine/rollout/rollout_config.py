@@ -22,7 +22,10 @@ from rllm.types.errors import LookupFailed
 class RolloutSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """How the rollouts of a :class:`~rllm.engine.rollout.rollout_engine.RolloutEngine` run.
 
-    ``deadline_s`` bounds one attempt of one rollout (None: no deadline). ``max_retries`` counts
+    ``deadline_s`` bounds the time one attempt of one rollout is stalled (None: no deadline): its
+    own code's time and the time a model call waits while the sampler answers nobody, not time
+    queued behind other rollouts' calls that the sampler is answering
+    (:mod:`rllm.engine.rollout.flow_runner`). ``max_retries`` counts
     extra attempts after an infrastructure failure (gateway/upstream), each on a fresh session;
     agent errors and timeouts are never retried, since running the same failing agent again
     would only waste compute. Retry ``k`` waits ``retry_backoff_s * 2**(k-1)``: long enough for
