@@ -294,6 +294,7 @@ class Trainer:
         """This step's batch, the cursor after it, its episodes, whether they were prefetched, and
         the metrics of their draw (topped up by ``algorithm.dynamic_sampling``: ``fill_step``)."""
         cfg = self.config
+        sampling = step_sampling(self._base_sampling, state.step + 1)  # this step's own seed
         prefetch, self._prefetch = self._prefetch, None
         if prefetch is not None and prefetch.data == state.data:
             tasks, next_data, prefetched = prefetch.tasks, prefetch.next_data, True
@@ -302,21 +303,15 @@ class Trainer:
             if prefetch is not None:  # started for another cursor: never trained on
                 await prefetch.cancel()
             tasks, next_data = self.sampler.next_batch(cfg.tasks_per_step, state.data)
-            self._seed_sampling(engine, state.step + 1)
-            episodes, prefetched = await engine.run(tasks, n=cfg.group_size), False
+            episodes, prefetched = await engine.run(tasks, n=cfg.group_size, sampling=sampling), False
         drawn = await fill_step(
             self.sampler,
-            lambda more: engine.run(more, n=cfg.group_size),
+            lambda more: engine.run(more, n=cfg.group_size, sampling=sampling),
             cfg.algorithm,
             (cfg.tasks_per_step, cfg.group_size),
             (tasks, next_data, episodes),
         )
         return (*drawn[:3], prefetched, drawn[3])
-
-    def _seed_sampling(self, engine: RolloutEngine, step: int) -> None:
-        """Step ``step``'s rollouts sample with their own seed (rllm.engine.training.seeding);
-        validation keeps its own sampling."""
-        engine.config.sampling = step_sampling(self._base_sampling, step)
 
     async def _start_prefetch(self, engine: RolloutEngine, state: TrainerState, data: DataCursor) -> bool:
         """Pause the gateway and start the next step's rollouts (``data``: the cursor after this
@@ -334,8 +329,8 @@ class Trainer:
         # Nothing is in flight (this step's rollouts are all in): the pause holds at once.
         await engine.client.pause()
         tasks, next_data = self.sampler.next_batch(cfg.tasks_per_step, data)
-        self._seed_sampling(engine, state.step + 2)  # the step after this one
-        rollouts = asyncio.create_task(engine.run(tasks, n=cfg.group_size))
+        sampling = step_sampling(self._base_sampling, state.step + 2)  # the step after this one
+        rollouts = asyncio.create_task(engine.run(tasks, n=cfg.group_size, sampling=sampling))
         self._prefetch = Prefetched(data, tasks, next_data, rollouts)
         return True
 
