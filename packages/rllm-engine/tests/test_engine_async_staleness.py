@@ -26,7 +26,7 @@ from rllm.engine.training.health_config import HealthSection
 from rllm.engine.training.task_sampler import TaskSampler
 from rllm.engine.training.train_step import TrainStep
 from rllm.engine.training.trainer_config import TrainerConfig, training_rollout
-from rllm.types import Episode, Step, Task, TrainSequence, Trajectory
+from rllm.types import Episode, SamplingParams, Step, Task, TrainSequence, Trajectory
 from rllm.types.errors import StateError
 
 BASE = 1000  # prompt token = BASE + the version that answered the call
@@ -76,13 +76,17 @@ class FakeGateway:
 class FakeEngine:
     def __init__(self, durations: list[float], turns: int, hold: dict[str, asyncio.Event]) -> None:
         self.client = FakeGateway()
-        self.config = type("Config", (), {"model": "m"})()
+        self.config = type("Config", (), {"model": "m", "sampling": SamplingParams(seed=0)})()
+        self.seeds: dict[str, int | None] = {}  # task id -> the seed its group was asked to sample with
         self._durations = itertools.cycle(durations or [0.0])
         self._turns = turns
         self._hold = hold  # task id -> event its first rollout waits for after its first call
 
-    async def run(self, tasks: list[Task], n: int, *, slots: asyncio.Semaphore) -> list[Episode]:
+    async def run(
+        self, tasks: list[Task], n: int, *, slots: asyncio.Semaphore, sampling: SamplingParams | None = None
+    ) -> list[Episode]:
         (task,) = tasks
+        self.seeds[task.id] = sampling.seed if sampling is not None else None
 
         async def one(index: int) -> Episode:
             async with slots:  # the stepper's concurrency, shared by the rollouts of every group

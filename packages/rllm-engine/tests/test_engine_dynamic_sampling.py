@@ -7,6 +7,7 @@ the synchronous Trainer's own step-rollouts code are the product's."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,10 +18,11 @@ from rllm.algos.config import AlgorithmConfig, DynamicSampling
 from rllm.engine.training.checkpoint import TrainerState
 from rllm.engine.training.dynamic_sampling import CapWatch, SignalCount, has_signal
 from rllm.engine.training.launch import load_train_config
+from rllm.engine.training.seeding import step_sampling
 from rllm.engine.training.trainer import Trainer
 from rllm.engine.training.trainer_config import config_from_dict
 from rllm.sdk.cookbook import Cookbook
-from rllm.types import ConfigError, Episode, Step, Task, TerminationReason, Trajectory
+from rllm.types import ConfigError, Episode, SamplingParams, Step, Task, TerminationReason, Trajectory
 
 
 def _group(
@@ -119,9 +121,12 @@ class ScriptedEngine:
 
     def __init__(self) -> None:
         self.runs: list[list[str]] = []
+        self.config = SimpleNamespace(sampling=SamplingParams(seed=0))
+        self.seeds: list[int | None] = []  # the seed each run was asked to sample with
 
-    async def run(self, tasks: list[Task], n: int) -> list[Episode]:
+    async def run(self, tasks: list[Task], n: int, sampling: SamplingParams | None = None) -> list[Episode]:
         self.runs.append([t.id for t in tasks])
+        self.seeds.append(sampling.seed if sampling is not None else None)
         out = []
         for task in tasks:
             kind = int(task.id[1:]) % 3
@@ -182,6 +187,8 @@ async def test_the_synchronous_step_rolls_out_only_what_it_is_short_of(curriculu
         assert len(run) == min(4 - sum(before), 12 - (len(before) - 4))
     assert metrics["dynamic_sampling/signal_groups"] == sum(signal)
     assert sum(signal) == 4 or (metrics["dynamic_sampling/capped"] == 1.0 and len(signal) == 16)
+    # The extra groups are step 1's too: they sample with step 1's seed, as its first batch does.
+    assert set(engine.seeds) == {step_sampling(engine.config.sampling, 1).seed}
     assert len(episodes) == 2 * len(tasks)
     # The cursor moved past every draw, and the sampler recorded every group.
     assert cursor.draws == (len(tasks) if curriculum else 0)

@@ -77,7 +77,6 @@ class AsyncStepper:
         # Group ``seq`` of this run belongs to the step the synchronous loop would draw it for:
         # its rollouts sample with that step's seed (rllm.engine.training.seeding).
         self._first_step = state.step + 1
-        self._base_sampling = engine.config.sampling
         self.rollouts = AsyncRollouts(
             self._run_group, self._next_task, window=window, parallel=window, pending=pending
         )
@@ -94,7 +93,7 @@ class AsyncStepper:
 
     async def _run_group(self, seq: int, task: Task) -> list[Episode]:
         cfg = self.trainer.config
-        sampling = step_sampling(self._base_sampling, self._first_step + seq // cfg.tasks_per_step)
+        sampling = step_sampling(self.engine.config.sampling, self._first_step + seq // cfg.tasks_per_step)
         episodes = await self.engine.run([task], n=cfg.group_size, slots=self._slots, sampling=sampling)
         for episode in episodes:  # a multi-turn episode may span versions: keep both ends
             if (versions := episode_versions(episode)) is not None:

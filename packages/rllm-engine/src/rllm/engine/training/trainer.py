@@ -115,7 +115,6 @@ class Trainer:
                 gateway_config=gateway_config(cfg, self.backend),
                 early_workers=early,
             )
-            self._base_sampling = engine.config.sampling  # each synchronous step seeds its own
             await engine.start()
             if ckpt is not None:
                 state = load_trainer_state(ckpt)
@@ -294,7 +293,7 @@ class Trainer:
         """This step's batch, the cursor after it, its episodes, whether they were prefetched, and
         the metrics of their draw (topped up by ``algorithm.dynamic_sampling``: ``fill_step``)."""
         cfg = self.config
-        sampling = step_sampling(self._base_sampling, state.step + 1)  # this step's own seed
+        sampling = step_sampling(engine.config.sampling, state.step + 1)  # this step's own seed
         prefetch, self._prefetch = self._prefetch, None
         if prefetch is not None and prefetch.data == state.data:
             tasks, next_data, prefetched = prefetch.tasks, prefetch.next_data, True
@@ -329,7 +328,7 @@ class Trainer:
         # Nothing is in flight (this step's rollouts are all in): the pause holds at once.
         await engine.client.pause()
         tasks, next_data = self.sampler.next_batch(cfg.tasks_per_step, data)
-        sampling = step_sampling(self._base_sampling, state.step + 2)  # the step after this one
+        sampling = step_sampling(engine.config.sampling, state.step + 2)  # the step after this one
         rollouts = asyncio.create_task(engine.run(tasks, n=cfg.group_size, sampling=sampling))
         self._prefetch = Prefetched(data, tasks, next_data, rollouts)
         return True
