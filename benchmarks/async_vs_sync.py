@@ -34,9 +34,9 @@ from pathlib import Path
 
 from openai.types.chat import ChatCompletionMessageParam
 
-from rllm.engine.launch import build_trainer
-from rllm.engine.metrics_log import read_metrics
-from rllm.engine.trainer import Trainer
+from rllm.engine.training.launch import build_trainer
+from rllm.engine.training.metrics_log import read_metrics
+from rllm.engine.training.trainer import Trainer
 from rllm.sdk import rollout, sampling_kwargs
 from rllm.sdk.clients import async_openai
 from rllm.sdk.evaluator import evaluator

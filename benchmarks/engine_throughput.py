@@ -52,7 +52,7 @@ def _install_uvloop() -> None:
 def _serve_upstream(latency: float, out: Any) -> None:
     """Child process: a MockUpstream answering every chat call with a short fixed reply."""
     _install_uvloop()
-    from rllm.engine.rollout_config import RolloutConfig
+    from rllm.engine.rollout.rollout_config import RolloutConfig
     from rllm.runtime.gc_threshold import raise_gc_threshold
 
     # Like the engine's own processes: with hundreds of answers pending (each a task, a timer and
@@ -158,8 +158,8 @@ async def run_engine(
     watch: dict[str, int] | None = None,
     prefetch: int | None = None,
 ) -> dict[str, Any]:
-    from rllm.engine.rollout_config import RolloutConfig
-    from rllm.engine.rollout_engine import RolloutEngine
+    from rllm.engine.rollout.rollout_config import RolloutConfig
+    from rllm.engine.rollout.rollout_engine import RolloutEngine
     from rllm.types import Task
 
     tasks = [Task(id=f"t{i}", instruction=f"task {i}: solve it") for i in range(rollouts)]

@@ -231,8 +231,8 @@ async def start_upstream(args: argparse.Namespace) -> tuple[str, Any]:
 async def main(args: argparse.Namespace) -> None:
     from rllm_cookbook_say import load_tasks, say_flow
 
-    from rllm.engine.rollout_config import RolloutConfig
-    from rllm.engine.rollout_engine import RolloutEngine
+    from rllm.engine.rollout.rollout_config import RolloutConfig
+    from rllm.engine.rollout.rollout_engine import RolloutEngine
     from rllm.gateway import GatewayConfig
 
     print(f"load average before: {os.getloadavg()[0]:.1f}", flush=True)

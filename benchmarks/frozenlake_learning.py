@@ -52,8 +52,8 @@ def random_policy_success(episodes: int = 2000, max_turns: int = 8, seed: int = 
 
 
 async def train(out: Path, minutes: float, args: argparse.Namespace, started: float) -> list[dict]:
-    from rllm.engine.launch import build_trainer
-    from rllm.engine.metrics_log import read_metrics
+    from rllm.engine.training.launch import build_trainer
+    from rllm.engine.training.metrics_log import read_metrics
 
     trainer = build_trainer(
         args.cookbook,

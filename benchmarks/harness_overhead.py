@@ -30,9 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from rllm.engine.remote_executor import RemoteSettings
-from rllm.engine.rollout_config import RolloutConfig
-from rllm.engine.rollout_engine import RolloutEngine
+from rllm.engine.rollout.remote_executor import RemoteSettings
+from rllm.engine.rollout.rollout_config import RolloutConfig
+from rllm.engine.rollout.rollout_engine import RolloutEngine
 from rllm.sdk import AgentConfig, Task, command_flow, rollout
 from rllm.sdk.clients import async_openai
 from rllm.sdk.sandbox import SandboxSpec

@@ -2,20 +2,20 @@
 it was done before #35 round 6), in one run, alternating rounds:
 
   evaluator   a cheap sync evaluator (say's) through score_episode: the thread-pool hop per call
-              (peer) vs rllm.engine.eval_dispatch (inline once proven cheap)
+              (peer) vs rllm.engine.rollout.eval_dispatch (inline once proven cheap)
   encode      cumulative mode's prompt tokenization for a group of 8 identical prompts:
               tokenizer.encode each time (peer) vs TokenBridge.encode (a repeated text once)
   sample      one decode step's token draw for 32 unseeded rows: torch.multinomial (peer) vs the
               sampler's Gumbel-max (rllm.backends.tinker.local.sampling.sample_next)
   chat prompt the local sampler's chat render + tokenize per call, groups of 8 identical prompts:
               apply_chat_template + tokenizer each call (peer, before #35 round 7) vs
-              SamplerServer._chat_prompt (local/prompt_cache.py)
+              CallReader.chat_prompt (local/calls.py, local/prompt_cache.py)
   hand-back   32 requests that end in one decode step handed from the engine's thread to the
               caller's event loop: a concurrent Future each, awaited through asyncio.wrap_future
               (peer, before #35 round 7) vs the sampler's Outbox (one wake-up per step)
   tensorboard one training step's 47 scalars (the whole-system run's metrics row) to TensorBoard:
               tensorboard.summary.Writer, add_scalar per key + flush (peer, before #35 round 8;
-              its writer thread's work included) vs rllm.engine.tb_events (one Event per step)
+              its writer thread's work included) vs rllm.engine.training.tb_events (one Event per step)
   flow client a rollout's openai client for an in-process gateway: openai's AsyncOpenAI
               constructor (peer, before #35 round 8) vs rllm.sdk.clients.async_openai (a copy)
   idempotency openai's per-request key: uuid4 (peer) vs the flow client's counter
@@ -56,8 +56,8 @@ def cpu_per_call(fn: Callable[[], Any], calls: int) -> float:
 def evaluator_sides(calls: int) -> dict[str, Callable[[], float]]:
     from rllm_cookbook_say import say_evaluator
 
-    from rllm.engine.eval_dispatch import EvalDispatch
-    from rllm.engine.scoring import score_episode
+    from rllm.engine.rollout.eval_dispatch import EvalDispatch
+    from rllm.engine.rollout.scoring import score_episode
     from rllm.types import Episode, Step, Task, Trajectory
 
     task = Task(id="apple", instruction="say: apple", metadata={"words": ["apple"]})
@@ -145,7 +145,7 @@ def chat_prompt_sides(calls: int, model_dir: Path) -> dict[str, Callable[[], flo
     bodies = [{"messages": [{"role": "user", "content": f"say: {w}"}]} for w in ct.WORDS[:4]]
     group = [b for b in bodies for _ in range(8)]  # 4 tasks x 8 samples, as a step sends them
 
-    def peer_call(body: dict[str, Any]) -> list[int]:  # _chat_call's render before the cache
+    def peer_call(body: dict[str, Any]) -> list[int]:  # the chat render before the cache
         text = cast(
             str,
             tokenizer.apply_chat_template(parse_messages(body), tokenize=False, add_generation_prompt=True),
@@ -156,8 +156,8 @@ def chat_prompt_sides(calls: int, model_dir: Path) -> dict[str, Callable[[], flo
         return cpu_per_call(lambda: [peer_call(b) for b in group], calls) / len(group)
 
     def ours_group() -> list[list[int]]:
-        server.prompts = PromptCache()  # a step's prompts are new: a cold cache for each group
-        return [server._chat_prompt(b, parse_messages(b)) for b in group]
+        server.calls.prompts = PromptCache()  # a step's prompts are new: a cold cache for each group
+        return [server.calls.chat_prompt(b, parse_messages(b)) for b in group]
 
     def ours() -> float:
         return cpu_per_call(ours_group, calls) / len(group)
@@ -266,7 +266,7 @@ STEP_KEYS = [
 def tensorboard_sides(calls: int) -> dict[str, Callable[[], float]]:
     from tensorboard.summary import Writer
 
-    from rllm.engine.tb_events import ScalarEventFile
+    from rllm.engine.training.tb_events import ScalarEventFile
 
     rows = [{key: step * 0.001 + i for i, key in enumerate(STEP_KEYS)} for step in range(calls)]
 

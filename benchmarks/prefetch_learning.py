@@ -35,7 +35,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from rllm.engine.metrics_log import read_episode_sample, read_metrics, sample_steps
+from rllm.engine.training.metrics_log import read_episode_sample, read_metrics, sample_steps
 
 
 @dataclass

@@ -124,9 +124,9 @@ async def _run(
     address: str | None,
     mock_pid: int,
 ) -> dict[str, float]:
-    from rllm.engine.executors import RaySettings
-    from rllm.engine.rollout_config import RolloutConfig
-    from rllm.engine.rollout_engine import RolloutEngine
+    from rllm.engine.rollout.executors import RaySettings
+    from rllm.engine.rollout.rollout_config import RolloutConfig
+    from rllm.engine.rollout.rollout_engine import RolloutEngine
 
     config = RolloutConfig(
         concurrency=args.concurrency,

@@ -7,7 +7,7 @@ trailing 25-step mean reward reaches 0.9 (or --max-steps / --max-seconds):
 
   (1) trl     TRL's GRPOTrainer (subprocess, venv made by cpu_training.ensure_trl_env)
   (2) direct  the local backend driven directly (cpu_training.run_ours)
-  (3) system  the Trainer as `rllm train` builds it (rllm.engine.launch.build_trainer): engine,
+  (3) system  the Trainer as `rllm train` builds it (rllm.engine.training.launch.build_trainer): engine,
               embedded gateway sessions, sampler server, traces, episodes, evaluator, files
 
 Printed: each side's per-step median and wall time to 0.9, its process CPU time per step and its
@@ -192,23 +192,24 @@ class Timers:
 
 def instrument(timers: Timers, on_step: Callable[[int, dict[str, Any]], None]) -> None:
     """Wrap the parts of a step where they are looked up (module globals / classes)."""
-    from rllm.engine import rollout_engine as re_mod
-    from rllm.engine import trainer as tr
-    from rllm.engine.metrics_log import MetricsLogger
-    from rllm.engine.rollout_engine import RolloutEngine
-    from rllm.engine.train_progress import TrainProgress
+    from rllm.engine.rollout import rollout_engine as re_mod
+    from rllm.engine.rollout.rollout_engine import RolloutEngine
+    from rllm.engine.training import train_step as ts
+    from rllm.engine.training import trainer as tr
+    from rllm.engine.training.metrics_log import MetricsLogger
+    from rllm.engine.training.train_progress import TrainProgress
     from rllm.gateway.local_client import LocalGatewayClient
 
     timers.wrap(tr, "next_batch", "data order (next_batch)")
     timers.wrap(RolloutEngine, "run", "rollouts: engine.run (wall)")
-    timers.wrap(tr, "group_trajectories", "group + filter")
-    timers.wrap(tr, "filter_groups", "group + filter")
-    timers.wrap(tr, "compute_advantages", "advantages")
-    timers.wrap(tr, "sequences_from_groups", "sequences")
-    timers.wrap(tr, "measure_mismatch", "token-truth mismatch")
-    timers.wrap(tr, "check_mismatch", "token-truth mismatch")
-    timers.wrap(tr, "write_episode_sample", "sample file (episodes)")
-    timers.wrap(tr, "episode_metrics", "episode metrics")
+    timers.wrap(ts, "group_trajectories", "group + filter")
+    timers.wrap(ts, "filter_groups", "group + filter")
+    timers.wrap(ts, "compute_advantages", "advantages")
+    timers.wrap(ts, "sequences_from_groups", "sequences")
+    timers.wrap(ts, "measure_mismatch", "token-truth mismatch")
+    timers.wrap(ts, "check_mismatch", "token-truth mismatch")
+    timers.wrap(ts, "write_episode_sample", "sample file (episodes)")
+    timers.wrap(ts, "episode_metrics", "episode metrics")
     timers.wrap(TrainProgress, "update", "progress display")
     timers.wrap(RolloutEngine, "_attempt", "rollout attempt (whole)")
     timers.wrap(LocalGatewayClient, "create_session", "session open")
@@ -257,8 +258,8 @@ def run_system(
     """One `rllm train` run and its reward per step; ``prefetch`` (on/off/config) sets
     rollout.prefetch, ``executor`` rollout.executor (one flow worker either way), ``loop`` the
     trainer's event loop (asyncio's or uvloop). The patches it makes are undone after it."""
-    from rllm.engine.metrics_log import MetricsLogger
-    from rllm.engine.trainer import Trainer
+    from rllm.engine.training.metrics_log import MetricsLogger
+    from rllm.engine.training.trainer import Trainer
 
     patched = (MetricsLogger.log, Trainer._train_one_step)
     try:
@@ -277,7 +278,7 @@ def _run_system(
 ) -> tuple[ct.RunResult, Timers | None, list[float]]:
     import msgspec
 
-    from rllm.engine.launch import build_trainer
+    from rllm.engine.training.launch import build_trainer
 
     out = Path(tempfile.mkdtemp(prefix="rllm-ws-")) / "run"
     overrides = [
@@ -338,7 +339,7 @@ def _run_system(
         instrument(timers, on_step)
         wrap_backend(timers, trainer.backend)
     else:
-        from rllm.engine.metrics_log import MetricsLogger
+        from rllm.engine.training.metrics_log import MetricsLogger
 
         inner_log = MetricsLogger.log
 
@@ -350,7 +351,7 @@ def _run_system(
 
     # The clock starts with the first step's rollouts (after backend + engine start-up), as
     # TRL's on_train_begin and the direct side's loop do.
-    from rllm.engine.trainer import Trainer
+    from rllm.engine.training.trainer import Trainer
 
     inner_step = Trainer._train_one_step
 
@@ -453,7 +454,7 @@ def build_model(args: argparse.Namespace) -> Path:
         return init_tiny_model(path, vocab_words=ct.WORDS, seed=args.seed)
     import rllm_cookbook_say
 
-    from rllm.engine.launch import load_cookbook, task_vocabulary
+    from rllm.engine.training.launch import load_cookbook, task_vocabulary
 
     ct.WORDS = list(rllm_cookbook_say.WORDS)
     args.model = init_tiny_model(

@@ -20,9 +20,10 @@ floor for another package's import, a runtime plugin) is listed, with its reason
 deptry was considered: it maps imports to distributions by top-level module, and every rLLM
 package is a portion of the one ``rllm`` namespace, so it cannot tell rllm.types from rllm.engine.
 
-Cookbooks (members under ``cookbooks/``) may use only ``rllm-types`` and ``rllm-sdk`` of rLLM:
-with every import declared, that is the cookbook contract, checked here so that a new cookbook
-needs no entry in the import-linter contracts.
+Cookbooks (members under ``cookbooks/``) and environment adapters (``packages/rllm-adapter-*``,
+cookbooks made from another library's environments) may use only ``rllm-types`` and
+``rllm-sdk`` of rLLM: with every import declared, that is the cookbook contract, checked here so
+that a new cookbook or adapter needs no entry in the import-linter contracts.
 
 Run by ``uv run nox -s layers``, or alone: ``uv run python scripts/check_deps.py``.
 """
@@ -151,9 +152,9 @@ def problems(member: Member, resolver: Resolver) -> list[str]:
         for dist, where in sorted(used.items())
         if dist not in member.declared
     ]
-    if member.directory.parent.name == "cookbooks":
+    if member.directory.parent.name == "cookbooks" or member.name.startswith("rllm-adapter-"):
         out += [
-            f"{member.name}: a cookbook uses only rllm-types and rllm-sdk of rLLM, not {dist} ({where})"
+            f"{member.name}: a cookbook or adapter uses only rllm-types and rllm-sdk of rLLM, not {dist} ({where})"
             for dist, where in sorted(used.items())
             if dist.startswith("rllm-") and dist not in COOKBOOK_MAY_USE
         ]

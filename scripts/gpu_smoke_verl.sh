@@ -23,7 +23,7 @@ OUT_DIR=${OUT:-$WORK}
 "$PYTHON" - "$WORK/model" <<'PY'
 import sys
 from rllm.tiny import init_tiny_model
-from rllm.engine.launch import task_vocabulary
+from rllm.engine.training.launch import task_vocabulary
 from rllm.engine.plugins import load_cookbook
 init_tiny_model(sys.argv[1], vocab_words=task_vocabulary(load_cookbook("say")), seed=0)
 PY

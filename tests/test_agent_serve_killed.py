@@ -13,10 +13,10 @@ from pathlib import Path
 
 import openai
 
-from rllm.engine.agent_server import AgentServer
-from rllm.engine.remote_executor import RemoteSettings
-from rllm.engine.rollout_config import RolloutConfig
-from rllm.engine.rollout_engine import RolloutEngine
+from rllm.engine.rollout.agent_server import AgentServer
+from rllm.engine.rollout.remote_executor import RemoteSettings
+from rllm.engine.rollout.rollout_config import RolloutConfig
+from rllm.engine.rollout.rollout_engine import RolloutEngine
 from rllm.sdk import AgentConfig, Task, rollout
 from rllm.testing import MockUpstream
 from rllm.testing.waiting import wait_until

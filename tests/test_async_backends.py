@@ -9,7 +9,7 @@ import pytest
 
 from rllm.backends.tinker import TinkerBackend
 from rllm.engine.plugins import backend_class
-from rllm.engine.staleness import check_backend
+from rllm.engine.training.staleness import check_backend
 from rllm.types import ConfigError
 
 
@@ -70,7 +70,7 @@ def test_partial_rollouts_need_k_above_0_and_a_backend_that_can_abort() -> None:
 
 
 def test_partial_rollouts_without_a_max_tokens_are_refused_at_config_time_naming_the_key() -> None:
-    from rllm.engine.trainer_config import config_from_dict
+    from rllm.engine.training.trainer_config import config_from_dict
 
     base = {"cookbook": "say", "rollout": {"max_staleness": 1, "partial": True}}
     with pytest.raises(ConfigError, match=r"set sampling\.max_tokens") as err:
@@ -86,7 +86,7 @@ def test_partial_rollouts_without_a_max_tokens_are_refused_at_config_time_naming
 
 
 def test_partial_validation_calls_get_the_training_budget_unless_they_set_their_own() -> None:
-    from rllm.engine.trainer_config import config_from_dict
+    from rllm.engine.training.trainer_config import config_from_dict
 
     rollout = {"max_staleness": 1, "partial": True, "sampling": {"max_tokens": 8}}
     # The default val_sampling (greedy) sets no budget: validation calls would get a 400 each.

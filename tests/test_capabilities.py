@@ -10,8 +10,9 @@ import pytest
 from rllm.algos.config import AlgorithmConfig
 from rllm.backends.fireworks.backend import FireworksBackend
 from rllm.backends.tinker.backend import TinkerBackend
+from rllm.cli.capabilities_cmd import full_markdown
 from rllm.cli.main import main
-from rllm.engine.capabilities import capability_matrix, render_markdown
+from rllm.engine.capabilities import capability_matrix
 from rllm.engine.modality import refuse_images
 from rllm.types import ConfigError, TrainSequence
 from rllm.types.errors import StateError
@@ -20,7 +21,7 @@ DOC = Path(__file__).parents[1] / "docs" / "capabilities.md"
 
 
 def test_docs_hold_the_generated_matrix() -> None:
-    assert DOC.read_text(encoding="utf-8") == render_markdown(), (
+    assert DOC.read_text(encoding="utf-8") == full_markdown(), (
         "docs/capabilities.md is stale: run `uv run rllm capabilities --write docs/capabilities.md`"
     )
 
@@ -51,7 +52,7 @@ def test_a_changed_validation_makes_the_doc_stale(monkeypatch: pytest.MonkeyPatc
             raise ValueError("no gspo")
 
     monkeypatch.setattr(FireworksBackend, "validate", refuse_gspo)
-    assert DOC.read_text(encoding="utf-8") != render_markdown()
+    assert DOC.read_text(encoding="utf-8") != full_markdown()
     assert main(["capabilities", "--check", str(DOC)]) == 1
     assert "not the current capability matrix" in capsys.readouterr().err
 
@@ -86,3 +87,16 @@ async def test_a_batch_with_images_is_refused_before_a_text_only_backend_trains_
     with pytest.raises(ConfigError, match="backend 'fireworks' does not train on images"):
         refuse_images(FireworksBackend({"model": "probe"}), [_sequence(["data:image/png;base64,AAAA"])])
     refuse_images(FireworksBackend({"model": "probe"}), [_sequence([])])  # text: nothing to refuse
+
+
+def test_the_adapters_table_is_what_each_adapter_declares() -> None:
+    text = full_markdown().split("## Environment adapters", 1)[1]
+    rows = {
+        line.split("|")[1].strip(): [c.strip() for c in line.split("|")[4:-1]]
+        for line in text.splitlines()
+        if line.startswith("| `")
+    }
+    # columns: single-turn, multi-turn, tools, train, eval
+    assert rows["`verifiers:`"] == ["yes", "yes", "yes", "yes", "yes"]
+    assert rows["`reasoning-gym:`"] == ["yes", "no", "no", "yes", "yes"]
+    assert rows["`mcp:`"] == ["no", "yes", "yes", "yes", "yes"]

@@ -87,6 +87,21 @@ def test_a_cookbook_may_use_only_types_and_sdk(tmp_path: Path) -> None:
         "from rllm.sdk import x\nfrom rllm.engine import x as y\n"
     )
     assert check_deps.check(tmp_path) == [
-        "rllm-cookbook-demo: a cookbook uses only rllm-types and rllm-sdk of rLLM, not rllm-engine "
+        "rllm-cookbook-demo: a cookbook or adapter uses only rllm-types and rllm-sdk of rLLM, not rllm-engine "
         "(src/rllm_cookbook_demo/__init__.py imports rllm.engine)"
+    ]
+
+
+def test_an_environment_adapter_may_use_only_types_and_sdk(tmp_path: Path) -> None:
+    _member(tmp_path, "engine", "rllm-engine", [], {"rllm/engine/__init__.py": "x = 1\n"})
+    _member(
+        tmp_path,
+        "rllm-adapter-demo",
+        "rllm-adapter-demo",
+        ["rllm-engine"],
+        {"rllm_adapter_demo/__init__.py": "from rllm.engine import x\n"},
+    )
+    assert check_deps.check(tmp_path) == [
+        "rllm-adapter-demo: a cookbook or adapter uses only rllm-types and rllm-sdk of rLLM, not rllm-engine "
+        "(src/rllm_adapter_demo/__init__.py imports rllm.engine)"
     ]

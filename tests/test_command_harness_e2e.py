@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from rllm_cookbook_say import TRAIN_DEFAULTS, load_tasks
 
-from rllm.engine.launch import build_trainer
-from rllm.engine.metrics_log import read_metrics
+from rllm.engine.training.launch import build_trainer
+from rllm.engine.training.metrics_log import read_metrics
 from rllm.sdk import Cookbook, EvalOutput, Task, command_flow, evaluator, final_answer
 from rllm.sdk.sandbox import SandboxSpec
 from rllm.types import Episode

@@ -9,9 +9,9 @@ import pytest
 
 from rllm.backends.tinker import TinkerBackend
 from rllm.cli.main import main
-from rllm.engine.launch import build_trainer, init_tiny_model
-from rllm.engine.metrics_log import read_metrics
 from rllm.engine.plugins import load_cookbook
+from rllm.engine.training.launch import build_trainer, init_tiny_model
+from rllm.engine.training.metrics_log import read_metrics
 from rllm.tiny import init_tiny_model as init_tiny_words
 from rllm.types import ConfigError
 

@@ -9,9 +9,9 @@ import openai
 import pytest
 
 from rllm.cli.main import main
-from rllm.engine.chat_data import read_chat_jsonl, tokenize_chat
+from rllm.engine.data.chat_data import read_chat_jsonl, tokenize_chat
+from rllm.engine.data.trace_data import read_eval_episodes, sft_records
 from rllm.engine.evaluation import evaluate
-from rllm.engine.trace_data import read_eval_episodes, sft_records
 from rllm.sdk import AgentConfig, Task, evaluator, final_answer, rollout
 from rllm.sdk.rewards import math_reward
 from rllm.testing import MockUpstream
@@ -79,7 +79,7 @@ async def test_from_eval_reads_a_training_runs_samples_filtered_by_reward_and_st
     tmp_path, monkeypatch
 ) -> None:
     """The per-step samples the Trainer writes (write_episode_sample) are a from-eval source too."""
-    from rllm.engine.metrics_log import write_episode_sample
+    from rllm.engine.training.metrics_log import write_episode_sample
 
     eval_dir, run = tmp_path / "eval", tmp_path / "run"
     async with MockUpstream(responder=graded_reply) as upstream:

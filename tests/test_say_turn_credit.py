@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rllm.algos import AlgorithmConfig, compute_advantages, filter_groups, group_trajectories
 from rllm.engine.plugins import load_cookbook
-from rllm.engine.scoring import apply_eval_output
+from rllm.engine.rollout.scoring import apply_eval_output
 from rllm.types import Episode, Step, Task, TerminationReason, Trajectory
 
 

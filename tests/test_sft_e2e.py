@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from rllm.cli.main import main
-from rllm.engine.metrics_log import read_metrics
-from rllm.engine.sft import lr_scale, plan_batches
-from rllm.engine.sft_launch import build_sft
+from rllm.engine.data.sft import lr_scale, plan_batches
+from rllm.engine.data.sft_launch import build_sft
+from rllm.engine.training.metrics_log import read_metrics
 from rllm.types import ConfigError
 
 FAST = ["progress=false", "backend.options.learning_rate=0.01"]
@@ -114,11 +114,11 @@ def test_batch_plan_and_schedule() -> None:
 
 
 def test_sft_then_rl_starts_from_the_sft_weights(tmp_path: Path) -> None:
-    from rllm.engine.chat_data import read_chat_jsonl, tokenize_all
-    from rllm.engine.init_from import init_weights
-    from rllm.engine.launch import build_trainer, init_tiny_model
+    from rllm.engine.data.chat_data import read_chat_jsonl, tokenize_all
+    from rllm.engine.data.sft_launch import load_chat_tokenizer
     from rllm.engine.plugins import load_cookbook
-    from rllm.engine.sft_launch import load_chat_tokenizer
+    from rllm.engine.training.init_from import init_weights
+    from rllm.engine.training.launch import build_trainer, init_tiny_model
 
     model = init_tiny_model(tmp_path / "model", cookbook=load_cookbook("say-single"))
     train = write_chats(tmp_path / "train.jsonl", 12)

@@ -17,15 +17,15 @@ from typing import Any
 import pytest
 from safetensors.torch import load_file
 
-from rllm.engine.async_loop import AsyncStepper
-from rllm.engine.checkpoint import TrainerState, latest_checkpoint, load_trainer_state
-from rllm.engine.data_order import DataCursor, next_batch
-from rllm.engine.launch import build_trainer
-from rllm.engine.metrics_log import read_episode_sample, read_metrics, sample_path
 from rllm.engine.plugins import load_cookbook
-from rllm.engine.rollout_engine import RolloutEngine
-from rllm.engine.trainer import Trainer
-from rllm.engine.trainer_config import ConfigError
+from rllm.engine.rollout.rollout_engine import RolloutEngine
+from rllm.engine.training.async_loop import AsyncStepper
+from rllm.engine.training.checkpoint import TrainerState, latest_checkpoint, load_trainer_state
+from rllm.engine.training.data_order import DataCursor, next_batch
+from rllm.engine.training.launch import build_trainer
+from rllm.engine.training.metrics_log import read_episode_sample, read_metrics, sample_path
+from rllm.engine.training.trainer import Trainer
+from rllm.engine.training.trainer_config import ConfigError
 
 pytestmark = pytest.mark.slow
 
@@ -81,6 +81,61 @@ def test_staleness_zero_async_step_reproduces_the_synchronous_loop(tmp_path: Pat
     ]
     assert weights[0].keys() == weights[1].keys()
     assert all(weights[0][k].equal(weights[1][k]) for k in weights[0])
+
+
+# Metric keys a synchronous step logs and an asynchronous one does not, each with the reason.
+# Every other key of a synchronous step is in the asynchronous step too: both train through one
+# step (rllm.engine.training.train_step), and this set is the only place a difference may be declared.
+SYNC_ONLY = {
+    # rollout.prefetch overlaps the next step's rollouts with this step's training in the
+    # synchronous loop (refused with K > 0); the asynchronous loop always overlaps them and says
+    # how much in async/rollout_utilisation and time/trainer_wait_s instead.
+    "rollout/prefetched",
+}
+# Keys named after a value the data carried (a termination reason, a new segment's reason): two
+# runs may meet different values, so such keys are compared by their family.
+PER_VALUE = ("termination/", "segments/reason/")
+# What only the asynchronous loop measures: the staleness bound, its queue and its overlap.
+ASYNC_ONLY = {
+    "async/staleness_mean",
+    "async/staleness_max",
+    "async/versions_spanned_mean",
+    "async/versions_spanned_max",
+    "async/continued_calls",
+    "async/dropped_groups",
+    "async/requeued_groups",
+    "async/rollout_utilisation",
+    "async/trainer_utilisation",
+    "time/trainer_wait_s",
+    "time/rollout_wait_s",
+    "time/sync_s",
+}
+
+
+def test_an_asynchronous_step_logs_every_metric_of_a_synchronous_one(tmp_path: Path) -> None:
+    # say: multi-turn episodes through the cumulative gateway, so the token-truth metrics
+    # (mismatch/*, segments/*) are there to be missed.
+    rows = {}
+    for name, k in (("sync", 0), ("async", 1)):
+        overrides = [*DETERMINISTIC, f"rollout.max_staleness={k}", "total_steps=1", "ckpt_every=0"]
+        trainer = build_trainer("say", out_dir=str(tmp_path / name), overrides=overrides)
+        asyncio.run(trainer.fit())
+        (rows[name],) = read_metrics(tmp_path / name / "metrics.jsonl")
+    sync, asynchronous = rows["sync"], rows["async"]
+    assert {"mismatch/mean_abs", "mismatch/tokens", "segments/new_per_episode"} <= set(sync)
+    assert set(sync) >= SYNC_ONLY  # a stale entry would excuse nothing
+    missing = sorted(
+        key
+        for key in set(sync) - SYNC_ONLY
+        if key not in asynchronous
+        and not any(key.startswith(p) and any(a.startswith(p) for a in asynchronous) for p in PER_VALUE)
+    )
+    assert missing == [], f"the asynchronous step does not log {missing}"
+    assert set(asynchronous) >= ASYNC_ONLY, sorted(ASYNC_ONLY - set(asynchronous))
+    assert not ASYNC_ONLY & set(sync)
+    # Measured, not only named: the step compared trainer and sampler logprobs on its tokens.
+    assert asynchronous["mismatch/tokens"] > 0
+    assert asynchronous["async/staleness_max"] <= 1
 
 
 def test_staleness_one_trains_within_its_bound_and_resumes_every_task_once(tmp_path: Path) -> None:

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from rllm.engine.data_order import DataCursor, next_batch
-from rllm.engine.launch import build_trainer
-from rllm.engine.metrics_log import read_metrics
 from rllm.engine.plugins import load_cookbook
-from rllm.engine.trainer_config import ConfigError
+from rllm.engine.training.data_order import DataCursor, next_batch
+from rllm.engine.training.launch import build_trainer
+from rllm.engine.training.metrics_log import read_metrics
+from rllm.engine.training.trainer_config import ConfigError
 from rllm.testing import read_until_line
 
 pytestmark = pytest.mark.slow
@@ -81,7 +81,7 @@ def test_rollout_workers_train_through_their_own_gateways(tmp_path: Path) -> Non
         ],
     )
     assert trainer.config.rollout.workers == 2
-    # They started while build_trainer built the tiny model (rllm.engine.early_flow_processes),
+    # They started while build_trainer built the tiny model (rllm.engine.rollout.early_flow_processes),
     # and fit's engine adopted both: none left waiting, none spawned after the model load.
     early = trainer.early_workers
     assert early is not None

@@ -18,12 +18,12 @@ from safetensors.torch import load_file
 
 from rllm.algos.config import AlgorithmConfig
 from rllm.backends.tinker import TinkerBackend
-from rllm.engine.checkpoint import latest_checkpoint
-from rllm.engine.launch import build_trainer
-from rllm.engine.metrics_log import read_episode_sample, read_metrics, sample_path
-from rllm.engine.mismatch import TokenMismatchError
-from rllm.engine.rollout_engine import RolloutEngine
-from rllm.engine.trainer import Trainer
+from rllm.engine.rollout.rollout_engine import RolloutEngine
+from rllm.engine.training.checkpoint import latest_checkpoint
+from rllm.engine.training.launch import build_trainer
+from rllm.engine.training.metrics_log import read_episode_sample, read_metrics, sample_path
+from rllm.engine.training.mismatch import TokenMismatchError
+from rllm.engine.training.trainer import Trainer
 from rllm.gateway.calls import CallLedger
 from rllm.types import FloatArray, TrainSequence
 

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from rllm.engine.plugins import load_cookbook
-from rllm.engine.rollout_config import RolloutConfig
-from rllm.engine.trainer_config import TrainerConfig, load_config, training_rollout
+from rllm.engine.rollout.rollout_config import RolloutConfig
+from rllm.engine.training.trainer_config import TrainerConfig, load_config, training_rollout
 from rllm.types import ConfigError, SamplingParams
 
 
 def say_config(overrides: list[str] = (), path: Path | None = None) -> TrainerConfig:
-    """Layered as ``rllm train say`` layers it (rllm.engine.launch.build_trainer)."""
+    """Layered as ``rllm train say`` layers it (rllm.engine.training.launch.build_trainer)."""
     cookbook = load_cookbook("say")
     base = {"out_dir": "runs/say", **cookbook.train_defaults, "cookbook": "say"}
     return load_config(path, list(overrides), base=base)

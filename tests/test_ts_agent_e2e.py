@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from rllm.engine.launch import build_trainer, task_vocabulary
-from rllm.engine.metrics_log import read_episode_sample, read_metrics, sample_path
 from rllm.engine.plugins import load_cookbook
+from rllm.engine.training.launch import build_trainer, task_vocabulary
+from rllm.engine.training.metrics_log import read_episode_sample, read_metrics, sample_path
 from rllm.tiny import init_tiny_model
 
 pytestmark = pytest.mark.slow

@@ -26,8 +26,8 @@ from rllm_cookbook_v1_math import v1_math_evaluator, v1_math_flow
 
 from rllm.algos import AlgorithmConfig, filter_groups, group_trajectories
 from rllm.engine.evaluation import evaluate
-from rllm.engine.launch import build_trainer
-from rllm.engine.metrics_log import read_metrics
+from rllm.engine.training.launch import build_trainer
+from rllm.engine.training.metrics_log import read_metrics
 from rllm.sdk.v1 import (
     NO_SIGNAL_SUFFIX,
     Verdict,

@@ -14,21 +14,28 @@ from typing import Any
 
 import pytest
 
-from rllm.engine.launch import build_trainer
-from rllm.engine.metrics_log import read_metrics
-from rllm.engine.rollout_config import RolloutConfig
-from rllm.engine.rollout_engine import RolloutEngine
+from rllm.engine.rollout.rollout_config import RolloutConfig
+from rllm.engine.rollout.rollout_engine import RolloutEngine
+from rllm.engine.training.launch import build_trainer
+from rllm.engine.training.metrics_log import read_metrics
 from rllm.testing import MockUpstream
 from rllm.types import Episode, SamplingParams, Task
 
 FAST = ["progress=false", "plot=false", "tensorboard=false"]
 
 
-async def run_scripted(cookbook: Any, tasks: list[Task], responder: Callable[[dict], Any]) -> list[Episode]:
+async def run_scripted(
+    cookbook: Any, tasks: list[Task], responder: Callable[[dict], Any], *, max_retries: int = 0
+) -> list[Episode]:
     """One episode per task, the model's replies coming from ``responder(request_body)``."""
     async with MockUpstream(responder=responder) as mock:
         config = RolloutConfig(
-            n=1, concurrency=8, progress=False, max_retries=0, sampling=SamplingParams(max_tokens=4096)
+            n=1,
+            concurrency=8,
+            progress=False,
+            max_retries=max_retries,
+            retry_backoff_s=0.01,
+            sampling=SamplingParams(max_tokens=4096),
         )
         async with RolloutEngine(cookbook.flow, cookbook.evaluator, config, upstreams=[mock.url]) as engine:
             return await engine.run(tasks)

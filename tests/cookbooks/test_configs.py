@@ -10,7 +10,7 @@ import pytest
 
 from rllm.backends.tinker.config import parse_config
 from rllm.engine.plugins import load_cookbook
-from rllm.engine.trainer_config import load_config
+from rllm.engine.training.trainer_config import load_config
 
 ROOT = Path(__file__).resolve().parents[2] / "cookbooks"
 COOKBOOKS = {

@@ -82,7 +82,7 @@ async def test_scripted_model_solves_some_and_fails_others(scripted) -> None:
         await server.wait_closed()
     rewards = {e.task_id: e.trajectories[0].reward for e in episodes}
     assert rewards == {t.id: (0.0 if t.instruction in bad else 1.0) for t in tasks}
-    failures = {e.task_id: e.artifacts["failure"] for e in episodes}
+    failures = {e.task_id: e.metadata["eval"]["failure"] for e in episodes}
     assert failures[tasks[2].id] == "test 0: wrong answer"
     assert failures[tasks[3].id].startswith("test 0: exit 3")
     assert "URLError" in failures[tasks[4].id] and connections == []

@@ -180,8 +180,8 @@ def test_two_training_steps_with_a_tiny_vision_language_model(tmp_path) -> None:
     screenshot every turn through the cumulative-mode gateway, and the steps keep the images."""
     import asyncio
 
-    from rllm.engine.launch import build_trainer, task_vocabulary
-    from rllm.engine.metrics_log import read_episode_sample, read_metrics, sample_path
+    from rllm.engine.training.launch import build_trainer, task_vocabulary
+    from rllm.engine.training.metrics_log import read_episode_sample, read_metrics, sample_path
     from rllm.tiny.vlm import init_tiny_vlm
 
     words = [*task_vocabulary(load_cookbook("desktop")), *re.findall(r"\w+|[^\w\s]", json.dumps(TOOLS))]

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from rllm_cookbook_finqa import FinanceDB, answer_matches, generate, load_tasks
 from rllm_cookbook_finqa.calculator import CalculatorError, calculate
 
-from rllm.engine.launch import task_vocabulary
 from rllm.engine.plugins import load_cookbook
+from rllm.engine.training.launch import task_vocabulary
 from rllm.testing import MockReply
 
 TABLES = {"t": {"columns": ["item", "fy2021", "fy2022"], "rows": [["revenue", 100, 125]]}}

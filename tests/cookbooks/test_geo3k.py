@@ -110,8 +110,8 @@ def test_two_training_steps_with_a_tiny_vision_language_model(tmp_path, mode):
     used), the steps keep the images, and the trainer feeds the same pixels to its forward pass."""
     import asyncio
 
-    from rllm.engine.launch import build_trainer, task_vocabulary
-    from rllm.engine.metrics_log import read_metrics
+    from rllm.engine.training.launch import build_trainer, task_vocabulary
+    from rllm.engine.training.metrics_log import read_metrics
     from rllm.tiny.vlm import init_tiny_vlm
 
     model = init_tiny_vlm(tmp_path / "tiny-vlm", vocab_words=task_vocabulary(load_cookbook("geo3k")))
@@ -142,7 +142,7 @@ def test_two_training_steps_with_a_tiny_vision_language_model(tmp_path, mode):
     # the sampled episodes kept their diagram (once per single-step episode) and its 16 image tokens
     from transformers import AutoTokenizer
 
-    from rllm.engine.metrics_log import read_episode_sample, sample_path
+    from rllm.engine.training.metrics_log import read_episode_sample, sample_path
     from rllm.tiny.vlm import IMAGE_PAD
 
     pad = AutoTokenizer.from_pretrained(model).convert_tokens_to_ids(IMAGE_PAD)

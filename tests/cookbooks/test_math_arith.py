@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rllm_cookbook_math import arith, arith_cookbook
 
-from rllm.engine.chat_data import ChatExample, tokenize_chat
-from rllm.engine.sft import chat_vocabulary
+from rllm.engine.data.chat_data import ChatExample, tokenize_chat
+from rllm.engine.data.sft import chat_vocabulary
 from rllm.tiny.tokenizer import build_tokenizer
 
 TWO_DIGITS = st.integers(10, 99)

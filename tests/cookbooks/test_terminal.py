@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -12,9 +13,9 @@ import msgspec
 import pytest
 from rllm_cookbook_terminal import TOOLS, load_tasks
 
-from rllm.engine.launch import task_vocabulary
 from rllm.engine.plugins import load_cookbook
 from rllm.engine.sandbox import BubblewrapBackend
+from rllm.engine.training.launch import task_vocabulary
 from rllm.sdk.task_dir import run_verifier, task_sandbox_spec
 from rllm.testing import MockReply
 
@@ -94,7 +95,28 @@ async def test_tool_loop_against_a_scripted_model(scripted) -> None:
         "No such file" in cheat_saw[0]
         and ".rllm-tests" not in cheat_saw[0].split("stdout:")[1].split("stderr:")[0]
     )
-    assert cheat.artifacts["verified"] is False
+    assert cheat.is_correct is False
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox's disk cap (a sized tmpfs) needs root")
+async def test_an_agent_that_fills_its_disk_is_scored_zero_with_the_reason_not_retried(scripted) -> None:
+    """The agent fills its disk cap, so the verifier (run after it, by the evaluator) cannot copy
+    the tests in: the agent's doing, scored 0 with the reason, never retried as infrastructure."""
+    task = load_tasks("test")[0]
+    sandbox = task.metadata["sandbox"]
+    small = {**sandbox, "limits": {**sandbox.get("limits", {}), "disk_mb": 2}}
+    task = msgspec.structs.replace(task, metadata={**task.metadata, "sandbox": small})
+
+    def respond(body):
+        if any(m["role"] == "tool" for m in body["messages"]):
+            return _call("submit")
+        return _call("run_shell", command="dd if=/dev/zero of=fill bs=64k; df -k .")
+
+    [ep] = await scripted(load_cookbook("terminal"), [task], respond, max_retries=2)
+    assert ep.termination_reason == "done" and ep.metrics["attempts"] == 1.0, (ep.error, ep.metadata)
+    assert ep.trajectories[0].reward == 0.0 and ep.is_correct is False
+    assert ep.metadata["eval_error"]["type"] == "SandboxAgentError"
+    assert "disk cap is full" in ep.metadata["eval_error"]["message"]
 
 
 @pytest.mark.slow

@@ -29,6 +29,8 @@ PLUGIN = '''
 import numpy as np
 import torch
 
+from rllm.algos.registry import LossSpec
+
 CALLS = []
 
 
@@ -43,6 +45,17 @@ def plain_pg(logprobs, old_logprobs, advantages, mask, config):
     CALLS.append("loss")
     adv = advantages if advantages.dim() == 2 else advantages.unsqueeze(-1)
     return -adv * logprobs, {"plain_pg/used": torch.ones_like(logprobs)}
+
+
+def _clipped_pg(logprobs, old_logprobs, advantages, mask, config):
+    """PPO-clip written out again (not a built-in): its ratio is clipped, and it says so below."""
+    adv = advantages if advantages.dim() == 2 else advantages.unsqueeze(-1)
+    ratio = torch.exp(logprobs - old_logprobs)
+    clipped = torch.clamp(ratio, 1 - config.clip_low, 1 + config.clip_high)
+    return torch.maximum(-adv * ratio, -adv * clipped), {}
+
+
+CLIPPED_PG = LossSpec("clipped_pg", fn=_clipped_pg, clips_ratio=True)
 '''
 
 
@@ -53,7 +66,8 @@ def install_plugin(site: Path) -> None:
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: rllm-plugin-demo\nVersion: 0.1.0\n")
     (info / "entry_points.txt").write_text(
-        "[rllm.estimators]\ncentred = rllm_plugin_demo:centred\n\n[rllm.losses]\nplain_pg = rllm_plugin_demo:plain_pg\n"
+        "[rllm.estimators]\ncentred = rllm_plugin_demo:centred\n\n[rllm.losses]\n"
+        "plain_pg = rllm_plugin_demo:plain_pg\nclipped_pg = rllm_plugin_demo:CLIPPED_PG\n"
     )
 
 
@@ -65,6 +79,7 @@ def plugin_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pat
     yield tmp_path
     unregister_estimator("centred")
     unregister_loss("plain_pg")
+    unregister_loss("clipped_pg")
     sys.modules.pop("rllm_plugin_demo", None)
     monkeypatch.undo()
     refresh_plugins()
@@ -127,3 +142,36 @@ def test_a_fresh_process_finds_them_when_decoding_a_config(plugin_site: Path) ->
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["centred", "plain_pg"]
+
+
+def test_a_plugin_loss_that_declares_a_clipped_ratio_takes_the_trust_region(plugin_site: Path) -> None:
+    """``tis = "trust_region"`` is the loss's own declaration (LossSpec.clips_ratio), not a list
+    of built-in names: a plugin's spec that declares it is accepted, a bare function refused."""
+    config = AlgorithmConfig(loss="clipped_pg", tis="trust_region")
+    assert get_loss("clipped_pg").clips_ratio and not get_loss("plain_pg").clips_ratio
+
+    import torch
+
+    from rllm.algos.losses import compute_policy_loss
+
+    # The ratio is taken against the sampler's logprobs: 1.5 is clipped to 1.2 (no gradient).
+    logprobs = torch.log(torch.tensor([[0.6]])).requires_grad_()
+    loss, _ = compute_policy_loss(
+        logprobs,
+        torch.log(torch.tensor([[0.6]])),
+        torch.tensor([1.0]),
+        torch.ones(1, 1),
+        config,
+        sampler_logprobs=torch.log(torch.tensor([[0.4]])),
+    )
+    loss.backward()
+    assert loss.item() == pytest.approx(-1.2) and logprobs.grad is not None
+    assert logprobs.grad.item() == 0.0
+
+    with pytest.raises(ConfigError) as info:
+        AlgorithmConfig(loss="plain_pg", tis="trust_region")
+    message = str(info.value)
+    assert "\n" not in message
+    assert "'plain_pg' does not declare that it clips one (LossSpec.clips_ratio)" in message
+    assert "'clipped_pg'" in message and "tis='token'" in message  # what to use instead
+    AlgorithmConfig(loss="plain_pg", tis="token")

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from fireworks_helpers import options
 
-from rllm.engine.metrics_log import read_metrics
-from rllm.engine.sft_launch import build_sft
+from rllm.engine.data.sft_launch import build_sft
+from rllm.engine.training.metrics_log import read_metrics
 from rllm.testing.chat_tokenizer import build_tiny_chat_tokenizer
 from rllm.testing.fireworks import FakeFireworksServer
 

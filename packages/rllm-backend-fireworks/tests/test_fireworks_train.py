@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from fireworks_helpers import MODEL
 
-from rllm.engine.launch import build_trainer
-from rllm.engine.metrics_log import read_metrics
+from rllm.engine.training.launch import build_trainer
+from rllm.engine.training.metrics_log import read_metrics
 from rllm.testing.fireworks import FakeFireworksServer
 
 # The live run's key is the real one; the fake's conftest fixture replaces it for other tests.

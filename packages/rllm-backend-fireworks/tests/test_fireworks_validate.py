@@ -12,9 +12,9 @@ from fireworks_helpers import MODEL
 from rllm.algos.config import AlgorithmConfig
 from rllm.backends.fireworks import FireworksBackend, parse_config
 from rllm.engine.backend import Backend
-from rllm.engine.launch import build_trainer
 from rllm.engine.plugins import backend_class
-from rllm.engine.trainer_config import ConfigError
+from rllm.engine.training.launch import build_trainer
+from rllm.engine.training.trainer_config import ConfigError
 
 
 def test_registered_as_an_entry_point_implementing_the_protocol() -> None:

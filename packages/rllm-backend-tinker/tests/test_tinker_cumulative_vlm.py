@@ -16,8 +16,8 @@ from tinker_helpers import start_backend
 
 from rllm.algos.config import AlgorithmConfig
 from rllm.backends.tinker.vlm_prompt import render_vlm_prompt, token_prompt_vlm_inputs
-from rllm.engine.episode_builder import trajectories_from_traces
-from rllm.engine.sequences import sequences_from_trajectory
+from rllm.engine.rollout.episode_builder import trajectories_from_traces
+from rllm.engine.training.sequences import sequences_from_trajectory
 from rllm.gateway import GatewayClient, GatewayConfig, GatewayServer
 from rllm.tiny.vlm import IMAGE_PAD, init_tiny_vlm
 from rllm.types.images import data_uri, parse_data_uri

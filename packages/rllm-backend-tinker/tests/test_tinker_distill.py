@@ -1,4 +1,4 @@
-"""On-policy distillation against the local sampler server as the teacher (rllm.engine.distill)."""
+"""On-policy distillation against the local sampler server as the teacher (rllm.engine.data.distill)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import openai
 import pytest
 
 from rllm.backends.tinker import TinkerBackend
-from rllm.engine.distill import TeacherClient, check_same_tokenizer, distill_advantages
+from rllm.engine.data.distill import TeacherClient, check_same_tokenizer, distill_advantages
 from rllm.testing import MockUpstream
 from rllm.tiny.tokenizer import build_tokenizer
 from rllm.types import ConfigError, FloatArray, TokenArray, TrainSequence

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from rllm.backends.tinker import TinkerBackend
-from rllm.engine.metrics_log import read_metrics
-from rllm.engine.sft import SFT_ALGORITHM, SFTConfig, SFTRunner
+from rllm.engine.data.sft import SFT_ALGORITHM, SFTConfig, SFTRunner
+from rllm.engine.training.metrics_log import read_metrics
 from rllm.testing.tinker import FAKE_API_KEY, FakeTinkerServer
 from rllm.tiny.tokenizer import build_tokenizer
 from rllm.types import FloatArray, TokenArray, TrainSequence

@@ -246,7 +246,7 @@ def test_a_decode_steps_answers_wake_the_callers_loop_once(server: SamplerServer
             "temperature": 1.0,
         }
         calls = [asyncio.create_task(server.post_whole("/chat/completions", body)) for _ in range(8)]
-        while engine._queue.qsize() < 8:  # each task runs up to its wait for the engine, and the
+        while engine._requests.queued() < 8:  # each task runs up to its wait for the engine, and the
             await asyncio.sleep(0)  # loop hands the eight over together when its iteration ends
         gate.release.set()  # the blocker ends after its prefill; the eight form the next batch
         answers = await asyncio.gather(*calls)

@@ -17,7 +17,7 @@ import pytest
 import torch
 from tinker_helpers import running_sampler_engine
 
-from rllm.backends.tinker.local import generation
+from rllm.backends.tinker.local import prefill
 from rllm.backends.tinker.local.generation import GeneratedSequence, GenerationRequest, SamplerEngine
 
 
@@ -60,7 +60,7 @@ def test_repeated_prompts_share_one_prefill_with_the_same_tokens_and_logprobs(
     assert engine.forward_passes - passes_before == 4  # one prefill, three decode steps
 
     # The reference: the same batch, every row prefilled on its own (as before sharing).
-    monkeypatch.setattr(generation, "_unique_prompts", generation._all_prompts)
+    monkeypatch.setattr(prefill, "unique_prompts", prefill.all_prompts)
     shared_before = engine.rows_shared
     alone = _one_batch(engine)
     assert engine.rows_shared == shared_before
@@ -93,5 +93,5 @@ def test_completion_texts_are_the_tokenizers_and_short_ones_are_remembered(engin
     short, long = asyncio.run(main())
     for seq in [*short, *long]:
         assert seq.text == engine.tokenizer.decode(seq.completion_ids, skip_special_tokens=True)
-    assert {tuple(s.completion_ids) for s in short} <= set(engine._texts)
-    assert tuple(long[0].completion_ids) not in engine._texts  # longer than the remembered ones
+    assert {tuple(s.completion_ids) for s in short} <= set(engine._answers.texts)
+    assert tuple(long[0].completion_ids) not in engine._answers.texts  # longer than the remembered ones

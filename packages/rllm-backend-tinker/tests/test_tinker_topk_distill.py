@@ -20,7 +20,7 @@ from rllm.algos.config import AlgorithmConfig
 from rllm.backends.tinker import TinkerBackend
 from rllm.backends.tinker.config import TinkerBackendConfig
 from rllm.backends.tinker.local.trainer import LocalTrainer
-from rllm.engine.distill import Distiller, DistillSection, TeacherClient
+from rllm.engine.data.distill import Distiller, DistillSection, TeacherClient
 from rllm.tinker_api.losses import unsupported_algo_options
 from rllm.types import FloatArray, TokenArray, TrainSequence
 from rllm.types.errors import InputError

@@ -127,7 +127,7 @@ def test_the_cpu_needs_an_external_rollout() -> None:
 def test_without_a_sampler_only_supervised_training_is_accepted() -> None:
     """rollout.engine = 'none' (`rllm sft`, on the CPU too): RL losses and KL are refused before
     Ray starts, naming the key to change."""
-    from rllm.engine.sft import SFT_ALGORITHM
+    from rllm.engine.data.sft import SFT_ALGORITHM
 
     backend = VerlBackend({"model": "/m", "cluster": {"device": "cpu"}, "rollout": {"engine": "none"}})
     backend.validate(SFT_ALGORITHM)
@@ -144,7 +144,7 @@ def test_without_a_sampler_only_supervised_training_is_accepted() -> None:
 
 def test_rllm_train_without_a_sampler_is_refused_before_anything_starts(tmp_path: Path) -> None:
     pytest.importorskip("rllm_cookbook_say", reason="the say cookbook is not installed in this environment")
-    from rllm.engine.launch import build_trainer
+    from rllm.engine.training.launch import build_trainer
 
     options = ["backend.options.cluster.device=cpu", "backend.options.rollout.engine=none"]
     with pytest.raises(ConfigError, match=r"loss 'ppo_clip': backend\.options\.rollout\.engine = 'none'"):
@@ -154,7 +154,7 @@ def test_rllm_train_without_a_sampler_is_refused_before_anything_starts(tmp_path
 
 def test_rllm_train_with_a_bad_option_fails_before_anything_starts(tmp_path: Path) -> None:
     pytest.importorskip("rllm_cookbook_say", reason="the say cookbook is not installed in this environment")
-    from rllm.engine.launch import build_trainer
+    from rllm.engine.training.launch import build_trainer
 
     with pytest.raises(ConfigError, match=r"backend\.options\.rollout\.gpu_memory_utilization"):
         build_trainer(

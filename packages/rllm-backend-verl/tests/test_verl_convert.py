@@ -14,7 +14,7 @@ from verl import DataProto
 from verl_helpers import sequence
 
 from rllm.backends.verl.convert import BatchConversionError, record_trainer_logprobs, to_data_proto
-from rllm.engine.sequences import sequences_from_trajectory
+from rllm.engine.training.sequences import sequences_from_trajectory
 from rllm.types import FloatArray, Step, TokenArray, Trajectory
 
 pytestmark = pytest.mark.verl

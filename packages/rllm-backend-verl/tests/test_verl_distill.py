@@ -31,7 +31,7 @@ from rllm.backends.verl.actor import compute_log_probs
 from rllm.backends.verl.backend import VerlBackend
 from rllm.backends.verl.convert import to_data_proto
 from rllm.backends.verl.workers import local_training_worker
-from rllm.engine.distill import Distiller, DistillSection
+from rllm.engine.data.distill import Distiller, DistillSection
 from rllm.tiny import init_tiny_model
 from rllm.types import ConfigError, FloatArray, TrainSequence
 

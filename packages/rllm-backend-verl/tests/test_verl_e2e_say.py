@@ -33,10 +33,10 @@ pytest.importorskip("rllm.cli", reason="the rllm CLI is not installed in this en
 import torch
 from rllm_cookbook_say import WORDS, prompt_for
 
-from rllm.engine.data_order import DataCursor, next_batch
-from rllm.engine.launch import task_vocabulary
-from rllm.engine.metrics_log import read_metrics
 from rllm.engine.plugins import load_cookbook
+from rllm.engine.training.data_order import DataCursor, next_batch
+from rllm.engine.training.launch import task_vocabulary
+from rllm.engine.training.metrics_log import read_metrics
 from rllm.tiny import init_tiny_model
 
 VLLM_PYTHON = os.environ.get("RLLM_VLLM_PYTHON", "")

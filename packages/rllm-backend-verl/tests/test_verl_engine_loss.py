@@ -40,7 +40,7 @@ def frozen_worker(tiny_model_path):
     config = cpu_config(tiny_model_path)
     # lr 0: the optimizer step leaves the weights as the reference loads them; no clipping of grads.
     config = msgspec.structs.replace(
-        config, optim=msgspec.structs.replace(config.optim, lr=0.0, grad_clip=1e9)
+        config, optim=msgspec.structs.replace(config.optim, learning_rate=0.0, grad_clip=1e9)
     )
     return local_training_worker(config)
 

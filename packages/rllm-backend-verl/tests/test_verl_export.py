@@ -29,7 +29,7 @@ from rllm.backends.verl.backend import VerlBackend
 from rllm.backends.verl.convert import to_data_proto
 from rllm.backends.verl.workers import local_training_worker
 from rllm.cli.main import cli
-from rllm.engine.checkpoint import TrainerState, save_checkpoint
+from rllm.engine.training.checkpoint import TrainerState, save_checkpoint
 
 pytestmark = pytest.mark.verl
 

@@ -23,8 +23,8 @@ from verl_helpers import LocalCluster, cpu_config
 from rllm.algos import AlgorithmConfig
 from rllm.backends.verl.backend import VerlBackend
 from rllm.backends.verl.workers import local_training_worker
-from rllm.engine.mismatch import TokenMismatchError, check_mismatch, measure_mismatch
-from rllm.engine.sequences import sequences_from_trajectory
+from rllm.engine.training.mismatch import TokenMismatchError, check_mismatch, measure_mismatch
+from rllm.engine.training.sequences import sequences_from_trajectory
 from rllm.types import Episode, FloatArray, Step, TokenArray, Trajectory
 
 pytestmark = pytest.mark.verl

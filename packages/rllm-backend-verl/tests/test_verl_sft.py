@@ -23,8 +23,8 @@ pytest.importorskip("rllm.cli", reason="the rllm CLI is not installed in this en
 
 import torch
 
-from rllm.engine.metrics_log import read_metrics
-from rllm.engine.sft import lr_scale
+from rllm.engine.data.sft import lr_scale
+from rllm.engine.training.metrics_log import read_metrics
 
 pytestmark = [pytest.mark.verl, pytest.mark.slow]
 
@@ -134,7 +134,7 @@ def test_rllm_sft_on_verl_without_a_sampler_trains_and_exports(tmp_path: Path) -
     losses = [row["train/loss"] for row in train]
     assert losses[-1] < losses[0], losses  # the same answers, four updates: likelier each time
     # The LR each update stepped with, read back from verl's optimizer: warmup over two steps,
-    # then linear towards 0 (rllm.engine.sft.lr_scale, as on the local backend).
+    # then linear towards 0 (rllm.engine.data.sft.lr_scale, as on the local backend).
     scales = [lr_scale(step, 4, 2, "linear") for step in range(4)]
     assert scales == [0.5, 1.0, 1.0, 0.5]
     assert [row["train/lr_scale"] for row in train] == scales

@@ -72,3 +72,18 @@ def test_cpu_workers_compute_in_fp32_and_build_the_reference_for_the_cpu() -> No
     assert not arr.ref.fsdp_config.forward_only and arr.ref.optim.lr == arr.actor.optim.lr
     gpu = compose_verl_config(parse_config({"model": "/m"}), AlgorithmConfig()).actor_rollout_ref
     assert gpu.actor.fsdp_config.mixed_precision.param_dtype == "bf16" and gpu.ref.fsdp_config.forward_only
+
+
+def test_the_adamw_settings_reach_verls_optimizer() -> None:
+    """rllm.algos' AdamWSettings under `optim`: betas and clip_grad where verl reads them, eps in
+    the optimizer's override table (torch AdamW's keyword on FSDP, Megatron's adam_* keys), and
+    grad_clip <= 0 (no clipping, as on every backend) as an infinite clip_grad."""
+    optim = {"lr": 3e-6, "weight_decay": 0.05, "betas": [0.8, 0.95], "eps": 1e-6, "grad_clip": 0.5}
+    fsdp = compose_verl_config(parse_config({"model": "/m", "optim": optim})).actor_rollout_ref.actor.optim
+    assert (fsdp.lr, fsdp.weight_decay, list(fsdp.betas), fsdp.clip_grad) == (3e-6, 0.05, [0.8, 0.95], 0.5)
+    assert dict(fsdp.override_optimizer_config) == {"eps": 1e-6}
+
+    megatron = parse_config({"model": "/m", "strategy": "megatron", "optim": {**optim, "grad_clip": 0.0}})
+    mcore = compose_verl_config(megatron).actor_rollout_ref.actor.optim
+    assert mcore.clip_grad == float("inf") and list(mcore.betas) == [0.8, 0.95]
+    assert dict(mcore.override_optimizer_config) == {"adam_beta1": 0.8, "adam_beta2": 0.95, "adam_eps": 1e-6}

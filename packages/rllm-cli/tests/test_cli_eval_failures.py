@@ -91,3 +91,21 @@ def test_root_cause_unwraps_client_and_gateway_messages() -> None:
     assert root_cause(wrapped) == "Missing credentials. Set OPENAI_API_KEY."
     assert root_cause("ValueError: bad answer") == "bad answer"
     assert root_cause("plain text") == "plain text"
+
+
+async def test_the_hosted_model_gateway_opens_its_admin_routes_only_to_the_engine() -> None:
+    """`rllm eval --model provider/name` starts a gateway for LiteLLM and attaches the engine to
+    it: with a fresh admin key that only the engine gets, never open admin routes."""
+    from rllm.cli.eval_cmd import _endpoint
+    from rllm.gateway import GatewayAPIError, GatewayClient
+
+    async with _endpoint(None, "openai/gpt-4o-mini", None) as (endpoint, url, key):
+        assert endpoint is None and url is not None and key is not None and len(key) >= 32
+        async with GatewayClient(url) as anyone:
+            with pytest.raises(GatewayAPIError) as refused:
+                await anyone.list_sessions()
+            assert refused.value.status == 401
+        async with GatewayClient(url, admin_key=key) as engine:
+            assert await engine.list_sessions() == []
+    async with _endpoint("http://127.0.0.1:9/v1", "m", None) as (endpoint, url, key):
+        assert (endpoint, url, key) == ("http://127.0.0.1:9/v1", None, None)  # the engine's own

@@ -19,7 +19,7 @@ from rllm.algos.config import AlgorithmConfig
 from rllm.cli.main import cli
 from rllm.cli.run_model import resolve_run_model
 from rllm.engine.backend import TrainSequence
-from rllm.engine.checkpoint import TrainerState, checkpoint_dir, save_checkpoint
+from rllm.engine.training.checkpoint import TrainerState, checkpoint_dir, save_checkpoint
 from rllm.types import FloatArray, TokenArray
 
 WORDS = ["apple", "river", "lemon", "stone"]

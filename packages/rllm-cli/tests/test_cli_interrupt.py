@@ -1,8 +1,13 @@
 """Ctrl-C in a terminal: `rllm train say` as a real subprocess gets SIGINT (to its whole process
-group, as a terminal sends it) in the middle of a run. It exits 130 with one line on stderr and
-no traceback, leaves no process behind (rollout workers included), and the run folder resumes.
+group, as a terminal sends it) between two steps of a run. It exits 130 with one line on stderr
+and no traceback, saves a checkpoint of the last step, leaves no process behind (rollout workers
+included), and the run folder resumes.
 
-The test waits on the run's own metrics file (step 2 logged), never on a fixed sleep.
+Only between steps is a checkpoint truthful (the Trainer saves none mid-update), so the test
+must not race the run to that window: the agent is the say cookbook's flow, except that once two
+steps are logged every rollout waits until cancelled, and the first to wait says so on stderr.
+The run then stays between steps 2 and 3 for as long as it takes, and the test sends Ctrl-C
+when it reads that line (its pipe is the event; no sleep, however busy the machine).
 """
 
 from __future__ import annotations
@@ -11,18 +16,50 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-from rllm.engine.metrics_log import read_metrics
+from rllm.engine.training.metrics_log import read_metrics
+from rllm.testing import read_until_line
 
 pytestmark = pytest.mark.slow
 
 # ckpt_every=0: only the checkpoint Ctrl-C saves (and the one at the end) can be resumed from.
 ARGS = ["progress=false", "plot=false", "tensorboard=false", "val_every=0", "ckpt_every=0"]
 ARGS += ["tasks_per_step=4", "group_size=4", "rollout.workers=2"]
+
+
+# The say flow, held once RLLM_TEST_HOLD_AFTER ("METRICS_PATH:STEPS") steps are logged. Steps run
+# one after the other (no prefetch): a rollout that starts after step 2's row belongs to step 3.
+HELD_FLOW = """
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+from rllm.engine.training.metrics_log import read_metrics
+from rllm.sdk import rollout
+from rllm_cookbook_say import say_flow
+
+
+@rollout
+async def say_held_after_steps(task, config):
+    hold = os.environ.get("RLLM_TEST_HOLD_AFTER")
+    if hold:
+        metrics, steps = hold.rsplit(":", 1)
+        if len(read_metrics(Path(metrics))) >= int(steps):
+            try:  # one line, from the first rollout held (O_EXCL: whichever worker runs it)
+                os.close(os.open(metrics + ".held", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                print("held: the next step's rollouts wait", file=sys.stderr, flush=True)
+            except FileExistsError:
+                pass
+            await asyncio.Event().wait()  # until Ctrl-C cancels the step
+    return await say_flow(task, config)
+"""
+AGENT = "rllm_say_held:say_held_after_steps"
 
 
 def _cli(*args: str) -> list[str]:
@@ -65,55 +102,58 @@ def _ctrl_c_at_default() -> None:
 
 
 def test_ctrl_c_exits_130_with_one_line_and_the_run_resumes(tmp_path: Path) -> None:
+    (tmp_path / "rllm_say_held.py").write_text(textwrap.dedent(HELD_FLOW))
+    # The rollout workers are spawned: they find the flow's module on PYTHONPATH too.
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
     out = tmp_path / "run"
-    args = ["train", "say", "--out", str(out), "total_steps=100", *ARGS]
-    stderr_path = tmp_path / "stderr.txt"
-    with stderr_path.open("w") as stderr:
-        # As a terminal starts a foreground command: Ctrl-C at its default. A test run launched in
-        # the background of a shell inherits SIGINT ignored, and Python then never raises
-        # KeyboardInterrupt (the run would carry on to its end).
-        proc = subprocess.Popen(
-            _cli(*args),
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-            start_new_session=True,
-            preexec_fn=_ctrl_c_at_default,
-        )
+    metrics = out / "metrics.jsonl"
+    args = ["train", "say", "--agent", AGENT, "--out", str(out), "total_steps=100", *ARGS]
+    # As a terminal starts a foreground command: Ctrl-C at its default. A test run launched in
+    # the background of a shell inherits SIGINT ignored, and Python then never raises
+    # KeyboardInterrupt (the run would carry on to its end).
+    proc = subprocess.Popen(
+        _cli(*args),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=_ctrl_c_at_default,
+        env={**os.environ, "PYTHONPATH": path, "RLLM_TEST_HOLD_AFTER": f"{metrics}:2"},
+    )
     try:
-        deadline = time.monotonic() + 300
-        metrics = out / "metrics.jsonl"
-        while not (metrics.is_file() and len(read_metrics(metrics)) >= 2):
-            assert proc.poll() is None, stderr_path.read_text()
-            assert time.monotonic() < deadline, "step 2 was not logged within 300 s"
-            time.sleep(0.05)
+        before = read_until_line(proc, "held:", 600, "step 3's rollouts held after step 2")
+        assert len(read_metrics(metrics)) == 2  # and step 3 cannot end: between steps 2 and 3
         workers = _descendants(proc.pid)
         assert workers, "the run started no rollout worker process"
-        before = len(stderr_path.read_text())
         os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole foreground group
-        assert proc.wait(timeout=120) == 130
+        _, rest = proc.communicate(timeout=120)
+        assert proc.returncode == 130, rest
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    text = stderr_path.read_text()
-    assert "Traceback" not in text, text
-    after = [line for line in text[before:].splitlines() if line.strip()]
-    assert after == [after[0]] and after[0].startswith("interrupted"), text[before:]
+            proc.wait()
+    text = rest.decode(errors="replace")
+    assert "Traceback" not in "\n".join(before) + text, text
+    after = [line for line in text.splitlines() if line.strip()]
+    assert after == [after[0]] and after[0].startswith("interrupted"), text
     # Workers exit with the run; a process still running now was left behind.
     deadline = time.monotonic() + 10
     while (left := _alive(workers, proc.pid)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not left, f"processes left behind: {sorted(left)}"
 
-    steps = [row["step"] for row in read_metrics(out / "metrics.jsonl")]
-    assert after[0].startswith(f"interrupted: saving a checkpoint of step {steps[-1]}"), after
-    # The folder resumes (one worker: what is checked here is the folder, not the workers' start).
-    resume = ["--resume", f"total_steps={steps[-1] + 1}", *ARGS, "rollout.workers=1"]
+    steps = [row["step"] for row in read_metrics(metrics)]
+    assert steps == [1, 2]
+    assert after[0].startswith("interrupted: saving a checkpoint of step 2"), after
+    # The folder resumes (one worker: what is checked here is the folder, not the workers' start),
+    # with the same agent, not held this time.
+    resume = ["--resume", "--agent", AGENT, "total_steps=3", *ARGS, "rollout.workers=1"]
     resumed = subprocess.run(
         _cli("train", "say", "--out", str(out), *resume),
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
+        env={**os.environ, "PYTHONPATH": path},
     )
     assert resumed.returncode == 0, resumed.stderr
-    assert [row["step"] for row in read_metrics(out / "metrics.jsonl")] == [*steps, steps[-1] + 1]
+    assert [row["step"] for row in read_metrics(metrics)] == [1, 2, 3]

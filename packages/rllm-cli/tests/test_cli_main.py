@@ -100,10 +100,10 @@ def test_third_party_noise_is_off_unless_debug(monkeypatch: pytest.MonkeyPatch) 
             lg.setLevel(logging.NOTSET)
         assert main(["--debug", "cookbooks"]) == 0
         assert "HF_HUB_DISABLE_PROGRESS_BARS" not in __import__("os").environ
-        assert logging.getLogger("rllm.engine.loop_lag").getEffectiveLevel() <= logging.WARNING
+        assert logging.getLogger("rllm.engine.rollout.loop_lag").getEffectiveLevel() <= logging.WARNING
         assert main(["cookbooks"]) == 0
         assert __import__("os").environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
-        for name in ("rllm.engine.loop_lag", "LiteLLM", "math_verify.parser"):
+        for name in ("rllm.engine.rollout.loop_lag", "LiteLLM", "math_verify.parser"):
             assert logging.getLogger(name).getEffectiveLevel() == logging.ERROR, name
     finally:
         for lg, level in zip(loggers, before, strict=True):

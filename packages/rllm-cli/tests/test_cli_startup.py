@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-HEAVY = ["aiohttp", "numpy", "rllm.engine.trainer", "rllm.gateway", "torch", "transformers"]
+HEAVY = ["aiohttp", "numpy", "rllm.engine.training.trainer", "rllm.gateway", "torch", "transformers"]
 
 
 def test_importing_the_command_loads_no_heavy_module() -> None:
@@ -18,7 +18,7 @@ def test_importing_the_command_loads_no_heavy_module() -> None:
 
 def test_the_engine_package_still_exports_its_names_on_use() -> None:
     import rllm.engine
-    from rllm.engine.trainer import Trainer
+    from rllm.engine.training.trainer import Trainer
 
     assert rllm.engine.Trainer is Trainer
     assert "build_trainer" in dir(rllm.engine)

@@ -10,7 +10,7 @@ import pytest
 
 from rllm.cli.eval_cmd import train_cookbook
 from rllm.cli.main import main
-from rllm.engine.launch import build_trainer
+from rllm.engine.training.launch import build_trainer
 
 WORDS = ["apple", "river", "lemon", "stone"]
 

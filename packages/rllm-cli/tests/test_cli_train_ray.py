@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rllm.cli.main import main
-from rllm.engine.metrics_log import read_metrics
+from rllm.engine.training.metrics_log import read_metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rllm.cli.main import main
-from rllm.engine.checkpoint import checkpoint_dir
+from rllm.engine.training.checkpoint import checkpoint_dir
 
 
 def _err(capsys: pytest.CaptureFixture[str]) -> str:
@@ -86,7 +86,7 @@ def test_a_missing_config_file_has_no_unrelated_hint(
 
 
 def test_a_complete_checkpoint_is_what_resume_finds(tmp_path: Path) -> None:
-    from rllm.engine.run_folder import check_run_folder
+    from rllm.engine.training.run_folder import check_run_folder
 
     ckpt = checkpoint_dir(tmp_path, 3)
     ckpt.mkdir(parents=True)

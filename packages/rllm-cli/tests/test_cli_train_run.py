@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from rllm.cli.main import main
-from rllm.engine.learning_watch import NoLearningWatch, UnrewardedTaskWatch
-from rllm.engine.metrics_log import read_metrics
+from rllm.engine.training.learning_watch import NoLearningWatch, UnrewardedTaskWatch
+from rllm.engine.training.metrics_log import read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +35,7 @@ def test_a_run_that_cannot_learn_warns_checkpoints_and_resumes(
     out = tmp_path / "run"
     # Tasks count as unrewarded after one appearance here (5 by default), so 3 steps show it.
     monkeypatch.setattr(
-        "rllm.engine.trainer.UnrewardedTaskWatch", partial(UnrewardedTaskWatch, appearances=1)
+        "rllm.engine.training.train_step.UnrewardedTaskWatch", partial(UnrewardedTaskWatch, appearances=1)
     )
     assert main(["train", "say-single", "--out", str(out), "total_steps=3", *QUICK]) == 0
     err = capsys.readouterr().err
@@ -71,10 +71,10 @@ def test_an_interrupted_run_keeps_its_finished_steps(tmp_path: Path) -> None:
     (ckpt_every is 0, so nothing else would be) and --resume goes on from there."""
     import asyncio
 
-    from rllm.engine.checkpoint import TrainerState
-    from rllm.engine.launch import build_trainer
-    from rllm.engine.rollout_engine import RolloutEngine
-    from rllm.engine.trainer import Trainer
+    from rllm.engine.rollout.rollout_engine import RolloutEngine
+    from rllm.engine.training.checkpoint import TrainerState
+    from rllm.engine.training.launch import build_trainer
+    from rllm.engine.training.trainer import Trainer
 
     out = tmp_path / "run"
     trainer = build_trainer("say-single", out_dir=str(out), overrides=["total_steps=50", *QUICK])

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from rllm.cli.main import main
-from rllm.engine.checkpoint import latest_checkpoint
-from rllm.engine.launch import init_tiny_model
-from rllm.engine.metrics_log import read_metrics
+from rllm.engine.data.trace_data import read_training_samples
 from rllm.engine.plugins import load_cookbook
-from rllm.engine.trace_data import read_training_samples
+from rllm.engine.training.checkpoint import latest_checkpoint
+from rllm.engine.training.launch import init_tiny_model
+from rllm.engine.training.metrics_log import read_metrics
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ import pytest
 
 from rllm.cli.viewer.data import RunNotFoundError, RunView
 from rllm.cli.viewer.server import ViewerServer
-from rllm.engine.metrics_log import MetricsLogger, write_episode_sample
+from rllm.engine.training.metrics_log import MetricsLogger, write_episode_sample
 from rllm.types import Episode, Message, Step, Trajectory
 
 
@@ -109,7 +109,7 @@ def test_an_episodes_image_is_stored_once_and_shown_from_its_reference(tmp_path:
 
     from PIL import Image
 
-    from rllm.engine.metrics_log import read_episode_sample, sample_path
+    from rllm.engine.training.metrics_log import read_episode_sample, sample_path
     from rllm.types import convert
     from rllm.types.images import data_uri, image_ref, intern_images
 

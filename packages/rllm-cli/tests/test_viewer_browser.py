@@ -16,7 +16,7 @@ import pytest
 
 from rllm.cli.viewer.data import RunView
 from rllm.cli.viewer.server import ViewerServer
-from rllm.engine.metrics_log import read_episode_sample, sample_path
+from rllm.engine.training.metrics_log import read_episode_sample, sample_path
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -31,7 +31,7 @@ WAIT_S = 60  # an upper bound for a cold, busy machine; every wait returns as so
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from rllm.engine.launch import build_trainer
+    from rllm.engine.training.launch import build_trainer
 
     out = tmp_path_factory.mktemp("run")
     trainer = build_trainer(
@@ -144,7 +144,7 @@ def test_an_image_stored_once_per_episode_is_shown_in_every_step(browser: object
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from rllm.engine.metrics_log import MetricsLogger, write_episode_sample
+    from rllm.engine.training.metrics_log import MetricsLogger, write_episode_sample
     from rllm.types import Episode, Message, Step, Trajectory, convert
     from rllm.types.images import data_uri, intern_images
 
@@ -186,7 +186,7 @@ def test_an_image_stored_once_per_episode_is_shown_in_every_step(browser: object
 def _fixes_run(tmp_path: Path) -> Path:
     """A run whose step holds what the viewer used to show badly: a very long token strip, a
     filtered episode, a turn-credited trajectory, a no-learning warning and a 12-step curve."""
-    from rllm.engine.metrics_log import MetricsLogger, write_episode_sample
+    from rllm.engine.training.metrics_log import MetricsLogger, write_episode_sample
     from rllm.types import Episode, Message, Step, Trajectory
 
     logger = MetricsLogger(tmp_path, tensorboard=False)

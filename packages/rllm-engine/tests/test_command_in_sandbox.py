@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from sandbox_helpers import host_processes_with, needs_bwrap
 
-from rllm.engine.rollout_config import RolloutConfig
-from rllm.engine.rollout_engine import RolloutEngine
+from rllm.engine.rollout.rollout_config import RolloutConfig
+from rllm.engine.rollout.rollout_engine import RolloutEngine
 from rllm.engine.sandbox import BubblewrapBackend, SandboxProvider
 from rllm.gateway import GatewayClient
 from rllm.sdk import Task, command_flow, evaluator, final_answer

@@ -7,8 +7,8 @@ from __future__ import annotations
 import openai
 import pytest
 
-from rllm.engine.rollout_config import RolloutConfig
-from rllm.engine.rollout_engine import RolloutEngine
+from rllm.engine.rollout.rollout_config import RolloutConfig
+from rllm.engine.rollout.rollout_engine import RolloutEngine
 from rllm.gateway import GatewayClient, GatewayConfig, GatewayServer, LocalGatewayClient
 from rllm.sdk import AgentConfig, Task, rollout
 from rllm.types import TerminationReason

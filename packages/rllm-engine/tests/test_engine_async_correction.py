@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from rllm.engine.trainer_config import config_from_dict
+from rllm.engine.training.trainer_config import config_from_dict
 from rllm.types.errors import ConfigError
 
 
@@ -45,3 +45,30 @@ def test_trust_region_on_a_loss_without_a_clip_is_refused_naming_the_option() ->
 def test_no_correction_at_k_above_zero_is_refused_unless_opted_out() -> None:
     with pytest.raises(ConfigError, match="uncorrected_staleness"):
         _config(2, tis="none")
+
+
+def test_a_registered_loss_gets_the_correction_its_declaration_fits() -> None:
+    """The default is read off the loss's own LossSpec (``clips_ratio``, ``supervised``), so a
+    user's loss that declares a clipped ratio gets the trust region like the built-in ones."""
+    from rllm.algos.registry import register_loss, unregister_loss
+
+    def mine(logprobs, old_logprobs, advantages, mask, config):
+        return -advantages * logprobs, {}
+
+    register_loss("async_clipped", clips_ratio=True)(mine)
+    register_loss("async_plain")(mine)
+    register_loss("async_supervised", supervised=True)(mine)
+    try:
+        assert _config(1, loss="async_clipped").algorithm.tis == "trust_region"
+        assert _config(1, loss="async_plain").algorithm.tis == "token"
+        assert _config(1, loss="async_supervised").algorithm.tis == "none"
+        with pytest.raises(ConfigError, match="'async_plain' does not declare"):
+            _config(1, loss="async_plain", tis="trust_region")
+    finally:
+        for name in ("async_clipped", "async_plain", "async_supervised"):
+            unregister_loss(name)
+
+
+def test_an_unknown_loss_is_named_by_the_typed_decode() -> None:
+    with pytest.raises(ConfigError, match="'no_such_loss'"):
+        _config(1, loss="no_such_loss")

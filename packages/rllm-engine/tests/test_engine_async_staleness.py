@@ -1,4 +1,4 @@
-"""The staleness bound of the asynchronous step (rllm.engine.async_loop), as a property.
+"""The staleness bound of the asynchronous step (rllm.engine.training.async_loop), as a property.
 
 The rollout side is simulated: each model call takes a drawn time (``asyncio.sleep``, so the loop
 is free meanwhile), reads the weight version the way the gateway stamps it (at admission; new
@@ -19,11 +19,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rllm.algos.config import AlgorithmConfig
-from rllm.engine.async_loop import AsyncStepper
-from rllm.engine.checkpoint import TrainerState
-from rllm.engine.data_order import DataCursor, next_batch
-from rllm.engine.learning_watch import UnrewardedTaskWatch
-from rllm.engine.trainer_config import TrainerConfig, training_rollout
+from rllm.engine.training.async_loop import AsyncStepper
+from rllm.engine.training.checkpoint import TrainerState
+from rllm.engine.training.data_order import DataCursor, next_batch
+from rllm.engine.training.train_step import TrainStep
+from rllm.engine.training.trainer_config import TrainerConfig, training_rollout
 from rllm.types import Episode, Step, Task, TrainSequence, Trajectory
 from rllm.types.errors import StateError
 
@@ -144,7 +144,7 @@ class FakeTrainer:
     def __init__(self, config: TrainerConfig, backend: FakeBackend, tasks: list[Task]) -> None:
         self.config, self.backend, self.train_tasks = config, backend, tasks
         self.out_dir = Path("unused")  # sample_groups = 0: nothing is written
-        self.unrewarded = UnrewardedTaskWatch()
+        self.train_step = TrainStep(config, cast(Any, backend), self.out_dir)  # the Trainer's own step
 
 
 def _config(k: int, tasks_per_step: int, group_size: int, policy: str, steps: int) -> TrainerConfig:

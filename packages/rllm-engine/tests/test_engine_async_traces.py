@@ -1,4 +1,4 @@
-"""The asynchronous step's weight syncs lose no call (rllm.engine.async_loop over real parts).
+"""The asynchronous step's weight syncs lose no call (rllm.engine.training.async_loop over real parts).
 
 Real gateway, real loopback upstream (MockUpstream), real RolloutEngine running a multi-turn
 flow through the real openai client; only the backend is a stand-in (it records what it is asked
@@ -22,12 +22,12 @@ import openai
 import pytest
 
 from rllm.algos.config import AlgorithmConfig
-from rllm.engine.async_loop import AsyncStepper
-from rllm.engine.checkpoint import TrainerState
-from rllm.engine.learning_watch import UnrewardedTaskWatch
-from rllm.engine.rollout_config import RolloutConfig
-from rllm.engine.rollout_engine import RolloutEngine
-from rllm.engine.trainer_config import TrainerConfig, training_rollout
+from rllm.engine.rollout.rollout_config import RolloutConfig
+from rllm.engine.rollout.rollout_engine import RolloutEngine
+from rllm.engine.training.async_loop import AsyncStepper
+from rllm.engine.training.checkpoint import TrainerState
+from rllm.engine.training.train_step import TrainStep
+from rllm.engine.training.trainer_config import TrainerConfig, training_rollout
 from rllm.gateway import GatewayConfig, GatewayServer
 from rllm.sdk import AgentConfig, Task, evaluator, rollout
 from rllm.testing import MockUpstream
@@ -150,7 +150,7 @@ class FakeTrainer:
     def __init__(self, config: TrainerConfig, backend: VersionedBackend, tasks: list[Task]) -> None:
         self.config, self.backend, self.train_tasks = config, backend, tasks
         self.out_dir = Path("unused")  # sample_groups = 0: nothing is written
-        self.unrewarded = UnrewardedTaskWatch()
+        self.train_step = TrainStep(config, cast(Any, backend), self.out_dir)  # the Trainer's own step
 
 
 def _calls(server: GatewayServer, status: str) -> int:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rllm.engine.chat_data import ChatExample, read_chat_jsonl, tokenize_chat
+from rllm.engine.data.chat_data import ChatExample, read_chat_jsonl, tokenize_chat
 from rllm.types.errors import InputError
 
 # Assistant replies use only these words; the other roles never do, so a trained token's word

@@ -9,7 +9,7 @@ from pathlib import Path
 import datasets
 import pytest
 
-from rllm.engine.chat_sources import ChatColumns, is_hf_source, read_chat_source, source_stem
+from rllm.engine.data.chat_sources import ChatColumns, is_hf_source, read_chat_source, source_stem
 from rllm.types import ConfigError
 from rllm.types.errors import InputError
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rllm.engine.rollout_config import RolloutConfig
-from rllm.engine.rollout_engine import RolloutEngine
+from rllm.engine.rollout.rollout_config import RolloutConfig
+from rllm.engine.rollout.rollout_engine import RolloutEngine
 from rllm.sdk import CommandFlow, Task, command_flow, evaluator, final_answer
 from rllm.types import TerminationReason
 from rllm.types.errors import UsageError

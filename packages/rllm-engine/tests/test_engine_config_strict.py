@@ -13,7 +13,7 @@ import msgspec
 import pytest
 from msgspec import inspect as mi
 
-from rllm.engine.trainer_config import TrainerConfig, config_from_dict
+from rllm.engine.training.trainer_config import TrainerConfig, config_from_dict
 from rllm.gateway import GatewayConfig
 from rllm.types import ConfigError
 from rllm.types.config_file import convert_config

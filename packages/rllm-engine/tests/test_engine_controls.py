@@ -6,9 +6,9 @@ import asyncio
 
 import openai
 
-from rllm.engine.rollout_config import RolloutConfig
-from rllm.engine.rollout_engine import RolloutEngine
-from rllm.engine.rollout_progress import RolloutProgress
+from rllm.engine.rollout.rollout_config import RolloutConfig
+from rllm.engine.rollout.rollout_engine import RolloutEngine
+from rllm.engine.rollout.rollout_progress import RolloutProgress
 from rllm.gateway import GatewayConfig, GatewayServer
 from rllm.sdk import AgentConfig, SamplingParams, Task, rollout, sampling_kwargs
 from rllm.types import Episode, SchemaError, TerminationReason, Trajectory, convert

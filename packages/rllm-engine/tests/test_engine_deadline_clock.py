@@ -1,5 +1,5 @@
 """Rollout deadlines stand still while the engine's own gateway holds calls at its door (a weight
-sync, or the train step a prefetched rollout waits for): rllm.engine.flow_runner.DeadlineClock."""
+sync, or the train step a prefetched rollout waits for): rllm.engine.rollout.flow_runner.DeadlineClock."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import asyncio
 
 import openai
 
-from rllm.engine.flow_runner import DeadlineClock, DeadlineExceeded, call_with_deadline
-from rllm.engine.rollout_config import RolloutConfig
-from rllm.engine.rollout_engine import RolloutEngine
+from rllm.engine.rollout.flow_runner import DeadlineClock, DeadlineExceeded, call_with_deadline
+from rllm.engine.rollout.rollout_config import RolloutConfig
+from rllm.engine.rollout.rollout_engine import RolloutEngine
 from rllm.gateway import GatewayConfig
 from rllm.gateway.calls import CallLedger
 from rllm.sdk import AgentConfig, Task, rollout, sampling_kwargs

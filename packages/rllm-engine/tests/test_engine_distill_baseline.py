@@ -1,11 +1,11 @@
-"""The per-group baseline of the distillation advantage (rllm.engine.distill.group_baseline)."""
+"""The per-group baseline of the distillation advantage (rllm.engine.data.distill.group_baseline)."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rllm.engine.distill import distill_advantages
+from rllm.engine.data.distill import distill_advantages
 from rllm.types import FloatArray, TokenArray, TrainSequence
 
 PROMPT = 3  # prompt tokens ahead of each completion (never trained)

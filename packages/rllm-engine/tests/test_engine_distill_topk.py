@@ -1,5 +1,5 @@
 """The teacher's top-k for dense distillation: vLLM's ``prompt_logprobs: k`` parsed strictly
-(rllm.engine.distill_topk), the TrainSequence field checked, and the config rule for the loss."""
+(rllm.engine.data.distill_topk), the TrainSequence field checked, and the config rule for the loss."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rllm.engine.distill_topk import parse_prompt_logprobs
-from rllm.engine.trainer_config import config_from_dict
+from rllm.engine.data.distill_topk import parse_prompt_logprobs
+from rllm.engine.training.trainer_config import config_from_dict
 from rllm.types import ConfigError, FloatArray, TokenArray, TrainSequence
 from rllm.types.errors import InputError
 from rllm.types.sequence import TeacherTopK, check_teacher_topk

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rllm.engine.episode_builder import build_episode, trajectories_from_traces
+from rllm.engine.rollout.episode_builder import build_episode, trajectories_from_traces
 from rllm.sdk.errors import FlowReturnError
 from rllm.types import Episode, Message, Step, TerminationReason, TraceRecord, Trajectory, Usage
 

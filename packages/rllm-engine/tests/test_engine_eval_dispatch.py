@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from rllm.engine import eval_dispatch
-from rllm.engine.eval_dispatch import PROBATION_CALLS, EvalDispatch
-from rllm.engine.scoring import score_episode
+from rllm.engine.rollout import eval_dispatch
+from rllm.engine.rollout.eval_dispatch import PROBATION_CALLS, EvalDispatch
+from rllm.engine.rollout.scoring import score_episode
 from rllm.sdk import evaluator
 from rllm.sdk.evaluator import as_evaluator
 from rllm.types import Episode, EvalOutput, Step, Task, Trajectory
@@ -96,7 +96,7 @@ async def test_an_inline_call_that_blocks_the_loop_sends_it_back_to_the_pool_for
     await score_n(rec, dispatch, PROBATION_CALLS)
     assert dispatch.inline
     rec.busy_s = eval_dispatch.SLOW_INLINE_S * 1.5
-    with caplog.at_level("INFO", logger="rllm.engine.eval_dispatch"):
+    with caplog.at_level("INFO", logger="rllm.engine.rollout.eval_dispatch"):
         await score_n(rec, dispatch, 1)  # ran inline, was slow
     assert "runs in a thread pool from now on" in caplog.text
     rec.busy_s = 0.0

@@ -7,7 +7,7 @@ import httpx
 import openai
 import pytest
 
-from rllm.engine.failures import classify_exception
+from rllm.engine.rollout.failures import classify_exception
 from rllm.sdk import InfraError
 from rllm.types import TerminationReason
 

@@ -7,8 +7,8 @@ import gc
 
 import pytest
 
-from rllm.engine.rollout_config import RolloutConfig
-from rllm.engine.rollout_engine import RolloutEngine
+from rllm.engine.rollout.rollout_config import RolloutConfig
+from rllm.engine.rollout.rollout_engine import RolloutEngine
 from rllm.sdk import rollout
 from rllm.types import InvariantError
 

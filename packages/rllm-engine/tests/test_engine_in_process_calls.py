@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("openai")
 
-from rllm.engine.rollout_config import RolloutConfig
-from rllm.engine.rollout_engine import RolloutEngine
+from rllm.engine.rollout.rollout_config import RolloutConfig
+from rllm.engine.rollout.rollout_engine import RolloutEngine
 from rllm.gateway import GatewayConfig, GatewayServer, LocalGatewayClient
 from rllm.sdk import AgentConfig, Task, rollout
 from rllm.sdk import clients as sdk_clients

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from rllm.engine.loop_lag import LoopLagMonitor
-from rllm.engine.rollout_config import RolloutConfig
-from rllm.engine.rollout_engine import RolloutEngine
+from rllm.engine.rollout.loop_lag import LoopLagMonitor
+from rllm.engine.rollout.rollout_config import RolloutConfig
+from rllm.engine.rollout.rollout_engine import RolloutEngine
 from rllm.sdk import rollout
 from rllm.sdk.clients import async_openai
 from rllm.types import AgentConfig
@@ -86,14 +86,17 @@ def test_a_rollout_worker_quiets_the_loggers_its_command_quieted(monkeypatch: py
     """`rllm` quiets the lag paragraph at the terminal; the workers, which print it, must too."""
     import logging
 
-    from rllm.engine.flow_processes import QUIET_LOGGERS_ENV, quiet_loggers_from_env
+    from rllm.engine.rollout.worker_pool import QUIET_LOGGERS_ENV, quiet_loggers_from_env
 
-    lag, other = logging.getLogger("rllm.engine.loop_lag"), logging.getLogger("rllm.engine.test_other")
+    lag, other = (
+        logging.getLogger("rllm.engine.rollout.loop_lag"),
+        logging.getLogger("rllm.engine.test_other"),
+    )
     quieted = logging.getLogger("rllm.engine.test_quieted")
     before = lag.level, other.level, quieted.level
     try:
         lag.setLevel(logging.NOTSET)
-        monkeypatch.setenv(QUIET_LOGGERS_ENV, "rllm.engine.loop_lag, rllm.engine.test_quieted")
+        monkeypatch.setenv(QUIET_LOGGERS_ENV, "rllm.engine.rollout.loop_lag, rllm.engine.test_quieted")
         quiet_loggers_from_env()
         assert lag.getEffectiveLevel() == logging.ERROR
         assert quieted.level == logging.ERROR

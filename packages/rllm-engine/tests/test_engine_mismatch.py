@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rllm.engine.mismatch import (
+from rllm.engine.training.mismatch import (
     TokenMismatchError,
     check_mismatch,
     measure_mismatch,
     segment_metrics,
 )
-from rllm.engine.sequences import sequences_from_trajectory
+from rllm.engine.training.sequences import sequences_from_trajectory
 from rllm.types import Episode, FloatArray, Step, TokenArray, Trajectory
 from rllm.types.errors import StateError
 

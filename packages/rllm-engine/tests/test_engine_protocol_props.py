@@ -1,17 +1,30 @@
 """Property tests of the parsers of #34: the remote protocol's answer decoding (anything a
-service sends is an Episode or a RemoteProtocolError, never another exception) and the command
-harness's placeholder filling (the task's text goes in literally, once)."""
+service sends is an Episode or a RemoteProtocolError, never another exception), the command
+harness's placeholder filling (the task's text goes in literally, once), and the request's
+agent config (any AgentConfig crosses the wire whole)."""
 
 from __future__ import annotations
 
 import json
 
+import msgspec
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rllm.engine.agent_protocol import RemoteProtocolError, decode_answer, decode_failure, encode_result
+from rllm.engine.rollout.agent_protocol import (
+    WIRE_REQUIRED,
+    RemoteConfig,
+    RemoteProtocolError,
+    RolloutRequest,
+    decode_answer,
+    decode_failure,
+    encode_result,
+    from_wire,
+    to_wire,
+)
 from rllm.sdk.command import fill
-from rllm.types import Episode
+from rllm.types import AgentConfig, Episode, SamplingParams, Task
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
@@ -86,3 +99,37 @@ def test_placeholders_insert_the_task_literally_once(template: str, instruction:
     assert fill(template.replace("{", "(").replace("}", ")"), values) == template.replace("{", "(").replace(
         "}", ")"
     )
+
+
+agent_configs = st.builds(
+    AgentConfig,
+    base_url=st.text(max_size=30),
+    model=st.text(max_size=12),
+    session_id=st.text(max_size=12),
+    api_key=st.text(max_size=12),
+    sampling=st.builds(
+        SamplingParams,
+        temperature=st.none() | st.floats(0, 2),
+        max_tokens=st.none() | st.integers(1, 4096),
+        seed=st.none() | st.integers(0, 2**31 - 1),
+    ),
+    is_validation=st.booleans(),
+    metadata=st.dictionaries(st.text(max_size=8), json_values, max_size=3),
+)
+
+
+@given(agent_configs)
+def test_an_agent_config_crosses_the_wire_whole(config: AgentConfig) -> None:
+    """The request's ``config`` is AgentConfig's own fields (one declaration, no copy to keep in
+    step): what the engine sends is what the service's flow is called with."""
+    body = msgspec.json.encode(RolloutRequest(task=Task(id="t", instruction="i"), config=to_wire(config)))
+    assert from_wire(msgspec.json.decode(body, type=RolloutRequest).config) == config
+
+
+def test_the_wire_config_is_agent_config_with_the_engine_s_fields_required() -> None:
+    assert set(RemoteConfig.__struct_fields__) == set(AgentConfig.__struct_fields__)
+    for missing in WIRE_REQUIRED:
+        doc = {"base_url": "http://g/v1", "api_key": "k", "model": "m"}
+        del doc[missing]
+        with pytest.raises(msgspec.ValidationError, match=f"missing required field `{missing}`"):
+            msgspec.json.decode(json.dumps(doc), type=RemoteConfig)

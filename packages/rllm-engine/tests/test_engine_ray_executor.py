@@ -21,12 +21,12 @@ from typing import Any
 
 import pytest
 
-from rllm.engine.executors import RaySettings
 from rllm.engine.plugins import load_cookbook
-from rllm.engine.rollout_config import RolloutConfig
-from rllm.engine.rollout_engine import RolloutEngine
-from rllm.engine.trainer import episode_metrics
-from rllm.engine.worker_metrics import acquire_s_by_worker
+from rllm.engine.rollout.executors import RaySettings
+from rllm.engine.rollout.rollout_config import RolloutConfig
+from rllm.engine.rollout.rollout_engine import RolloutEngine
+from rllm.engine.rollout.worker_metrics import acquire_s_by_worker
+from rllm.engine.training.train_step import episode_metrics
 from rllm.testing import MockReply, MockUpstream
 from rllm.types import ConfigError, Episode, TerminationReason
 
@@ -446,7 +446,7 @@ async def test_a_ray_address_other_than_the_connected_one_is_refused(cluster, up
     reused and left connected."""
     import rllm_ray_flows as flows  # type: ignore[import-not-found]
 
-    from rllm.engine.ray_executor import current_ray_address
+    from rllm.engine.rollout.ray_executor import current_ray_address
 
     ray.init(address=cluster, log_to_driver=False)
     try:
@@ -520,7 +520,7 @@ async def test_the_terminal_cookbook_runs_on_ray_workers_with_warm_sandboxes(clu
     assert all(ep.termination_reason == TerminationReason.DONE for ep in episodes), [
         ep.error for ep in episodes
     ]
-    assert all(ep.artifacts["verified"] and ep.trajectories[0].reward == 1.0 for ep in episodes)
+    assert all(ep.is_correct and ep.trajectories[0].reward == 1.0 for ep in episodes)
     assert len(by_node) == 2 and sum(by_node.values()) == 10, by_node
     # Each worker's acquire latencies, in the pool and (by the episode's worker) in the step metrics.
     assert sorted(per_worker) == [0, 1] and sum(len(v) for v in per_worker.values()) == 10

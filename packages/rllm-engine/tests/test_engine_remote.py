@@ -1,4 +1,4 @@
-"""The remote executor against real agent services on loopback (rllm.engine.agent_server) and
+"""The remote executor against real agent services on loopback (rllm.engine.rollout.agent_server) and
 against services that answer garbage: balancing, retries elsewhere, classified failures."""
 
 from __future__ import annotations
@@ -13,17 +13,17 @@ import openai
 import pytest
 
 from conftest import scripted_reply
-from rllm.engine.agent_protocol import (
+from rllm.engine.rollout.agent_protocol import (
     RemoteConfig,
     RolloutAnswer,
     RolloutFailure,
     RolloutRequest,
     protocol_schema,
 )
-from rllm.engine.agent_server import AgentServer
-from rllm.engine.remote_executor import RemoteSettings
-from rllm.engine.rollout_config import RolloutConfig
-from rllm.engine.rollout_engine import RolloutEngine
+from rllm.engine.rollout.agent_server import AgentServer
+from rllm.engine.rollout.remote_executor import RemoteSettings
+from rllm.engine.rollout.rollout_config import RolloutConfig
+from rllm.engine.rollout.rollout_engine import RolloutEngine
 from rllm.runtime.http_client import FastHttpPool
 from rllm.runtime.http_messages import Request, Response
 from rllm.runtime.http_server import HttpServer
@@ -213,7 +213,7 @@ def test_remote_settings_are_checked():
 
 def test_the_documented_schema_is_the_protocol():
     """docs/remote-agents.schema.json is generated from the protocol's structs; regenerate it with
-    `python -c "from rllm.engine.agent_protocol import write_schema; write_schema()"`."""
+    `python -c "from rllm.engine.rollout.agent_protocol import write_schema; write_schema()"`."""
     assert json.loads(SCHEMA.read_text()) == protocol_schema()
     # And the structs accept the documented examples.
     msgspec.json.decode(

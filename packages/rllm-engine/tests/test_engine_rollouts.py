@@ -12,9 +12,9 @@ import httpx
 import openai
 import pytest
 
-from rllm.engine.rollout_config import RolloutConfig
-from rllm.engine.rollout_engine import RolloutEngine
-from rllm.engine.scoring import apply_eval_output
+from rllm.engine.rollout.rollout_config import RolloutConfig
+from rllm.engine.rollout.rollout_engine import RolloutEngine
+from rllm.engine.rollout.scoring import apply_eval_output
 from rllm.gateway import GatewayConfig
 from rllm.sdk import AgentConfig, EvalOutput, Task, evaluator, final_answer, role_url, rollout
 from rllm.testing import MockUpstream, wait_until

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rllm.engine.metrics_log import (
+from rllm.engine.training.metrics_log import (
     DROPPED_METRICS,
     MetricsLogger,
     read_episode_sample,

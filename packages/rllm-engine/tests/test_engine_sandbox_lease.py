@@ -9,8 +9,8 @@ from pathlib import Path
 
 from fake_docker import FakeDockerClient
 
-from rllm.engine.rollout_config import RolloutConfig
-from rllm.engine.rollout_engine import RolloutEngine
+from rllm.engine.rollout.rollout_config import RolloutConfig
+from rllm.engine.rollout.rollout_engine import RolloutEngine
 from rllm.engine.sandbox.docker import DockerBackend
 from rllm.engine.sandbox.provider import SandboxProvider
 from rllm.sdk import AgentConfig, Task, rollout

@@ -6,8 +6,8 @@ from __future__ import annotations
 import openai
 import pytest
 
-from rllm.engine.rollout_config import RolloutConfig
-from rllm.engine.rollout_engine import RolloutEngine
+from rllm.engine.rollout.rollout_config import RolloutConfig
+from rllm.engine.rollout.rollout_engine import RolloutEngine
 from rllm.gateway import GatewayConfig, GatewayServer
 from rllm.sdk import AgentConfig, Task, role_url, rollout
 from rllm.testing import MockUpstream, build_tiny_chat_tokenizer

@@ -7,10 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from rllm.engine.checkpoint import TrainerState, latest_checkpoint, load_trainer_state, save_checkpoint
-from rllm.engine.data_order import DataCursor, next_batch
-from rllm.engine.sequences import MissingTokensError, sequences_from_trajectory, signal_sequences
-from rllm.engine.trainer_config import ConfigError, load_config
+from rllm.engine.training.checkpoint import (
+    TrainerState,
+    latest_checkpoint,
+    load_trainer_state,
+    save_checkpoint,
+)
+from rllm.engine.training.data_order import DataCursor, next_batch
+from rllm.engine.training.sequences import MissingTokensError, sequences_from_trajectory, signal_sequences
+from rllm.engine.training.trainer_config import ConfigError, load_config
 from rllm.types import Step, Task, Trajectory
 
 
@@ -183,7 +188,7 @@ def test_sequences_carry_their_images_in_prompt_order():
 async def test_a_swallowed_ctrl_c_still_stops_the_run_at_the_next_step() -> None:
     """Ctrl-C cancels the main task; when something on the way swallows the CancelledError (as
     Python 3.11's wait_for can), the training loop still stops instead of running to its end."""
-    from rllm.engine.trainer import _stop_if_cancel_requested
+    from rllm.engine.training.trainer import _stop_if_cancel_requested
 
     started = asyncio.Event()
 

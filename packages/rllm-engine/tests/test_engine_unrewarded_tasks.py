@@ -1,12 +1,12 @@
 """A task no rollout of which is ever rewarded never trains (zero-variance groups): the run
-counts such tasks per step and names them at its end (rllm.engine.learning_watch)."""
+counts such tasks per step and names them at its end (rllm.engine.training.learning_watch)."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rllm.engine.learning_watch import UnrewardedTaskWatch
+from rllm.engine.training.learning_watch import UnrewardedTaskWatch
 from rllm.types import Trajectory, TrajectoryGroup
 
 

@@ -12,10 +12,10 @@ import textwrap
 import pytest
 from sandbox_helpers import needs_bwrap
 
-from rllm.engine.early_flow_processes import OFF_ENV as EARLY_OFF_ENV
-from rllm.engine.early_flow_processes import start_early
-from rllm.engine.rollout_config import RolloutConfig
-from rllm.engine.rollout_engine import RolloutEngine
+from rllm.engine.rollout.early_flow_processes import OFF_ENV as EARLY_OFF_ENV
+from rllm.engine.rollout.early_flow_processes import start_early
+from rllm.engine.rollout.rollout_config import RolloutConfig
+from rllm.engine.rollout.rollout_engine import RolloutEngine
 from rllm.gateway import GatewayServer
 from rllm.sdk import rollout
 from rllm.types import TerminationReason
@@ -257,13 +257,13 @@ async def test_frames_survive_any_chunking_over_a_real_socket_pair():
     import asyncio
     import socket
 
-    from rllm.engine.flow_processes import _HEADER, _Frames
+    from rllm.engine.rollout.frames import HEADER, Frames
 
     payloads = [b"", b"x", bytes(range(256)) * 3, b"y" * (3 << 20), b"tail"]
-    wire = b"".join(_HEADER.pack(len(p)) + p for p in payloads)
+    wire = b"".join(HEADER.pack(len(p)) + p for p in payloads)
     got: list[bytes] = []
     lost = asyncio.Event()
-    frames = _Frames(lambda view: got.append(bytes(view)), lost.set)
+    frames = Frames(lambda view: got.append(bytes(view)), lost.set)
     for cut in (1, 3, 4, 7, 1000, 65536, len(wire)):  # one protocol fed directly, in pieces
         for i in range(0, len(wire), cut):
             frames.data_received(wire[i : i + cut])
@@ -279,7 +279,7 @@ async def test_frames_survive_any_chunking_over_a_real_socket_pair():
 
     a, b = socket.socketpair()
     loop = asyncio.get_running_loop()
-    transport, _ = await loop.create_connection(lambda: _Frames(receive, lost.set), sock=a)
+    transport, _ = await loop.create_connection(lambda: Frames(receive, lost.set), sock=a)
     b.setblocking(False)
     await loop.sock_sendall(b, wire)
     await asyncio.wait_for(all_in.wait(), 30)
@@ -294,7 +294,7 @@ async def test_frames_sent_in_one_loop_pass_go_out_together_and_in_order():
     import asyncio
     import socket
 
-    from rllm.engine.flow_processes import _Frames
+    from rllm.engine.rollout.frames import Frames
 
     loop = asyncio.get_running_loop()
     a, b = socket.socketpair()
@@ -308,8 +308,8 @@ async def test_frames_sent_in_one_loop_pass_go_out_together_and_in_order():
         if len(got) == len(payloads):
             all_in.set()
 
-    _, sender = await loop.create_connection(lambda: _Frames(lambda v: None, lost.set), sock=a)
-    _, receiver = await loop.create_connection(lambda: _Frames(receive, lost.set), sock=b)
+    _, sender = await loop.create_connection(lambda: Frames(lambda v: None, lost.set), sock=a)
+    _, receiver = await loop.create_connection(lambda: Frames(receive, lost.set), sock=b)
     writes: list[int] = []
     real_write = sender.transport.write
     sender.transport.write = lambda data: (writes.append(len(data)), real_write(data))  # type: ignore[method-assign]
@@ -326,15 +326,15 @@ async def test_a_bad_frame_closes_the_pipe():
     import asyncio
     import socket
 
-    from rllm.engine.flow_processes import _HEADER, _Frames
+    from rllm.engine.rollout.frames import HEADER, Frames
 
     def refuse(view: memoryview) -> None:
         raise ValueError("not a frame we know")
 
     lost = asyncio.Event()
     a, b = socket.socketpair()
-    _, pipe = await asyncio.get_running_loop().create_connection(lambda: _Frames(refuse, lost.set), sock=a)
-    b.sendall(_HEADER.pack(3) + b"abc")
+    _, pipe = await asyncio.get_running_loop().create_connection(lambda: Frames(refuse, lost.set), sock=a)
+    b.sendall(HEADER.pack(3) + b"abc")
     await asyncio.wait_for(lost.wait(), 5)
     with pytest.raises(ConnectionResetError):
         pipe.send(b"more")
@@ -342,16 +342,17 @@ async def test_a_bad_frame_closes_the_pipe():
 
 
 def test_worker_shares_and_prefetch():
-    from rllm.engine.flow_processes import FlowProcessPool
+    from rllm.engine.rollout.worker_pool import WorkerSlots
     from rllm.types import InvariantError
 
-    pool = FlowProcessPool(3, {}, concurrency=1000)
-    assert pool.slots == [334, 333, 333] and pool.prefetch == 166  # half a share queued ahead
-    assert pool.capacity == 1000 + 3 * 166
-    exact = FlowProcessPool(3, {}, concurrency=10, prefetch=0)
+    slots = WorkerSlots(3, concurrency=1000)
+    assert slots.shares == [334, 333, 333] and slots.prefetch == 166  # half a share queued ahead
+    assert slots.capacity == 1000 + 3 * 166
+    exact = WorkerSlots(3, concurrency=10, prefetch=0)
     assert exact.capacity == 10  # no jobs queued ahead: every job the pool takes runs at once
-    few = FlowProcessPool(4, {}, concurrency=2)
-    assert few.slots == [1, 1, 0, 0] and few.capacity == 4  # workers without a share get nothing
+    few = WorkerSlots(4, concurrency=2)
+    assert few.shares == [1, 1, 0, 0] and few.capacity == 4  # workers without a share get nothing
+    assert [few.runs(i) for i in range(4)] == [1, 1, 1, 1]  # one each, should the others die
     with pytest.raises(InvariantError, match="worker_prefetch"):
         RolloutConfig(worker_prefetch=-1)
 
@@ -398,8 +399,8 @@ async def test_a_worker_still_starting_at_the_timeout_is_not_called_broken(flows
     that cannot be imported; the pool it was part of is closed."""
     import functools
 
-    from rllm.engine import flow_processes
-    from rllm.engine.flow_processes import FlowProcessPool
+    from rllm.engine.rollout import flow_processes
+    from rllm.engine.rollout.flow_processes import FlowProcessPool
 
     # The executors' dispatch imports the pool class from its module when it starts one.
     monkeypatch.setattr(

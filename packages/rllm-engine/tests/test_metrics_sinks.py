@@ -14,8 +14,8 @@ from tensorboard.backend.event_processing import plugin_event_accumulator
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.util.tensor_util import make_ndarray
 
-from rllm.engine.metrics_log import MetricsLogger, read_metrics
-from rllm.engine.tb_events import ScalarEventFile
+from rllm.engine.training.metrics_log import MetricsLogger, read_metrics
+from rllm.engine.training.tb_events import ScalarEventFile
 from rllm.testing import wait_until
 
 
@@ -52,7 +52,7 @@ def test_tensorboard_opens_on_the_sink_thread_not_before_the_first_step(
 ) -> None:
     import threading
 
-    from rllm.engine import metrics_log
+    from rllm.engine.training import metrics_log
 
     opened_on: list[str] = []
     real = metrics_log._tensorboard_writer  # pyright: ignore[reportPrivateUsage]
@@ -160,7 +160,7 @@ def test_what_tensorboard_reads_back_is_what_was_written(
 async def test_a_logged_step_reaches_disk_within_the_flush_interval_not_only_at_close(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rllm.engine import tb_events
+    from rllm.engine.training import tb_events
 
     monkeypatch.setattr(tb_events, "FLUSH_SECS", 0.05)
     logger = MetricsLogger(tmp_path, tensorboard=True)

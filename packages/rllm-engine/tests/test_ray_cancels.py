@@ -1,4 +1,4 @@
-"""A Ray flow worker's cancel bookkeeping (``rllm.engine.ray_cancels``), under every order in
+"""A Ray flow worker's cancel bookkeeping (``rllm.engine.rollout.ray_cancels``), under every order in
 which Ray may deliver the driver's submit and cancel calls: a cancel that overtook its job stops
 it, and nothing is kept once every call has arrived (the worker's ``_cancelled`` set used to keep
 each cancel that came after its job ended, growing over a long run without bound)."""
@@ -10,7 +10,7 @@ from datetime import timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rllm.engine.ray_cancels import EarlyCancels
+from rllm.engine.rollout.ray_cancels import EarlyCancels
 
 
 @st.composite

@@ -17,7 +17,7 @@ from sandbox_helpers import host_processes_with, needs_bwrap, within
 
 from rllm.engine.sandbox import BubblewrapBackend
 from rllm.sdk.desktop import MAX_OFF_MAP, MAX_TEXT, Desktop, DesktopInputError
-from rllm.sdk.sandbox import DesktopSpec, SandboxSpec
+from rllm.sdk.sandbox import DesktopSpec, SandboxError, SandboxSpec
 
 needs_x = pytest.mark.skipif(
     any(shutil.which(tool) is None for tool in ("Xvfb", "evilwm", "xdotool", "xwd", "xwdtopnm")),
@@ -293,3 +293,48 @@ async def test_the_display_is_private_to_the_sandbox(monkeypatch: pytest.MonkeyP
     finally:
         listener.close()
         (host_dir / name).unlink()
+
+
+async def test_the_agent_cannot_fill_the_host_through_the_display_socket_folder() -> None:
+    # The socket folder is a host folder: the agent's execs see it read-only (connecting to the
+    # socket needs no write), and the session's own writes (an app the agent drives) are capped
+    # by a small tmpfs where the backend can mount one (root).
+    app = "dd if=/dev/zero of=/tmp/.X11-unix/fill bs=64k count=64 2>dd.err; echo $? > dd.done"
+    spec = SandboxSpec(desktop=DesktopSpec(width=160, height=120, apps=(app,)))
+    backend = BubblewrapBackend()
+    sandbox = await backend.create(spec)
+    try:
+        written = await sandbox.exec("dd if=/dev/zero of=/tmp/.X11-unix/agent bs=1M count=8")
+        assert not written.ok and "Read-only file system" in written.stderr, written
+        assert not (sandbox.root / "display" / "x11" / "agent").exists()
+        # Control: the display works through the read-only folder.
+        geometry = await sandbox.exec("xdotool getdisplaygeometry")
+        assert geometry.stdout.split() == ["160", "120"], geometry
+        done = await sandbox.exec(
+            "while [ ! -e dd.done ]; do sleep 0.02; done; cat dd.done dd.err", timeout=30
+        )
+        assert done.ok, done
+        on_host = sum(p.stat().st_size for p in (sandbox.root / "display").rglob("*") if p.is_file())
+        if backend.disk_capped:
+            assert on_host <= 64 * 1024, on_host
+            assert done.stdout.split()[0] != "0" and "No space left" in done.stdout, done
+        else:  # the documented weaker mode: no mounts, so the session's folder is not sized
+            assert backend.mode().count("uncapped host folder") == 1
+    finally:
+        await sandbox.close()
+
+
+async def test_a_failed_start_never_quotes_a_host_file_the_task_linked_as_the_x_log(tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("HOST-SECRET-4711\n")
+    secret.chmod(0o600)
+    # The setup script (the task's) plants the X server's log as a link to a host file; the
+    # session's redirect follows it inside the sandbox, where that path does not exist, so the
+    # X server never starts and the start-up error quotes "its log".
+    setup = f"mkdir -p .rllm-desktop && ln -s {secret} .rllm-desktop/xvfb.log\n"
+    spec = SandboxSpec(setup=setup, desktop=DesktopSpec(width=160, height=120))
+    with pytest.raises(SandboxError) as failed:
+        await BubblewrapBackend().create(spec)
+    message = str(failed.value)
+    assert "HOST-SECRET-4711" not in message
+    assert "X server log: (not read:" in message and "link" in message, message

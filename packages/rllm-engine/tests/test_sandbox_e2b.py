@@ -11,7 +11,7 @@ import pytest
 from sandbox_helpers import needs_bwrap
 
 from rllm.engine.sandbox.e2b import E2BBackend, limited
-from rllm.sdk.sandbox import SandboxLimits, SandboxSpec
+from rllm.sdk.sandbox import SandboxAgentError, SandboxError, SandboxLimits, SandboxSpec
 
 pytest.importorskip("e2b", reason="the e2b SDK is not installed (rllm-engine[e2b])")
 
@@ -73,7 +73,6 @@ async def test_live_e2b() -> None:
 async def test_transfers_follow_the_local_sandboxs_rules(tmp_path: Path) -> None:
     """Links, FIFOs and a newline in a name, against the fake: nothing reaches the host, nothing hangs."""
     from rllm.engine.sandbox import BubblewrapBackend
-    from rllm.sdk.sandbox import SandboxError
     from rllm.testing.e2b import FakeE2B
 
     host = tmp_path / "host"
@@ -105,5 +104,39 @@ async def test_transfers_follow_the_local_sandboxs_rules(tmp_path: Path) -> None
             assert (local / "sub" / "a.txt").read_text() == "data\n"
             assert (local / "new\nline").read_text() == "x"
             assert list(host.iterdir()) == []
+        finally:
+            await sandbox.close()
+
+
+@needs_bwrap
+async def test_a_download_brings_out_the_disk_files_take_and_no_more_than_disk_mb(tmp_path: Path) -> None:
+    from rllm.engine.sandbox import BubblewrapBackend
+    from rllm.testing.e2b import FakeE2B
+
+    bwrap = BubblewrapBackend()
+    async with FakeE2B(lambda: bwrap.create(SandboxSpec(workdir="/work"))) as fake:
+        backend = E2BBackend(api_key="e2b_" + "0" * 40, api_url=fake.url, sandbox_url=fake.url)
+        sandbox = await backend.create(SandboxSpec(limits=SandboxLimits(disk_mb=32)))
+        try:
+            made = await sandbox.exec(
+                "mkdir out && head -c 1048576 /dev/urandom > out/data && "
+                "for i in $(seq 1 20); do ln out/data out/link$i; done && "
+                "truncate -s 24M out/sparse && printf tail >> out/sparse && truncate -s 64M big.bin && echo made"
+            )
+            assert made.stdout == "made\n", made
+            local = tmp_path / "down"
+            await sandbox.download("out", str(local))
+            assert (local / "link20").read_bytes() == (local / "data").read_bytes()
+            assert (local / "link20").stat().st_ino == (local / "data").stat().st_ino  # fetched once
+            sparse = local / "sparse"
+            assert sparse.stat().st_size == 24 * 2**20 + 4 and sparse.read_bytes()[-4:] == b"tail"
+            on_disk = sum(p.stat().st_blocks * 512 for p in local.iterdir() if p.name in ("data", "sparse"))
+            assert on_disk < 3 * 2**20, on_disk  # the zeros are holes on the host too
+            refused = r"big\.bin.*more than 32 MiB would leave the sandbox"
+            with pytest.raises(SandboxAgentError, match=refused):
+                await sandbox.read_file("big.bin")
+            with pytest.raises(SandboxAgentError, match=refused):
+                await sandbox.download("big.bin", str(tmp_path / "big.bin"))
+            assert not (tmp_path / "big.bin").exists()
         finally:
             await sandbox.close()

@@ -21,7 +21,7 @@ from sandbox_helpers import needs_bwrap
 from rllm.engine import RolloutConfig, RolloutEngine
 from rllm.engine.sandbox import BubblewrapBackend, BubblewrapSandbox, SandboxProvider
 from rllm.sdk import rollout
-from rllm.sdk.sandbox import SandboxError, SandboxSpec, needs_sandbox
+from rllm.sdk.sandbox import SandboxAgentError, SandboxError, SandboxLimits, SandboxSpec, needs_sandbox
 from rllm.sdk.task_dir import TaskDirError, load_task_dir, run_verifier, task_sandbox_spec
 from rllm.testing import wait_until
 from rllm.types import ConfigError, Task
@@ -245,6 +245,74 @@ async def test_deepcoder_test_runner_survives_a_program_that_plants_a_fifo() -> 
     assert report["passed"] == 1 and not report["all_passed"], report
 
 
+# ------------------------------------------------------------------ class 4: sizes that are not disk
+
+
+def allocated(folder: Path) -> int:
+    """Bytes ``folder``'s files take on the host's disk, each inode counted once (as ``du``)."""
+    seen, total = set(), 0
+    for path in [folder, *folder.rglob("*")]:
+        st = path.lstat()
+        if (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            total += st.st_blocks * 512
+    return total
+
+
+async def test_hard_links_and_sparse_files_leave_the_sandbox_as_what_they_take(tmp_path: Path) -> None:
+    # 1 MiB of data under 144 names and a 48 MiB file of one page: about 1 MiB of the agent's
+    # disk, which a name-by-name copy turned into 192 MiB on the host's.
+    sandbox = await BubblewrapBackend().create(SandboxSpec(limits=SandboxLimits(disk_mb=64)))
+    try:
+        made = await sandbox.exec(
+            "mkdir out && head -c 1048576 /dev/urandom > out/data && "
+            "for i in $(seq 1 143); do ln out/data out/link$i; done && "
+            "truncate -s 48M out/sparse && printf tail >> out/sparse && echo made"
+        )
+        assert made.stdout == "made\n", made
+        local = tmp_path / "local"
+        await sandbox.download("out", str(local))
+        data = (local / "data").read_bytes()
+        assert len(data) == 1 << 20 and (local / "link143").read_bytes() == data
+        assert (local / "link143").stat().st_ino == (local / "data").stat().st_ino  # one copy
+        sparse = local / "sparse"
+        assert sparse.stat().st_size == 48 * 2**20 + 4
+        with sparse.open("rb") as f:
+            f.seek(-4, os.SEEK_END)
+            assert f.read() == b"tail"
+        assert allocated(local) < 3 * 2**20, allocated(local)  # the data, once, and a few blocks
+        single = tmp_path / "single"
+        await sandbox.download("out/sparse", str(single))  # a single file is kept sparse too
+        assert single.stat().st_size == sparse.stat().st_size and allocated(single) < 2**20
+    finally:
+        await sandbox.close()
+
+
+async def test_a_transfer_past_the_disk_cap_is_refused_before_it_is_written(tmp_path: Path) -> None:
+    sandbox = await BubblewrapBackend().create(SandboxSpec(limits=SandboxLimits(disk_mb=16)))
+    try:
+        made = await sandbox.exec(
+            "truncate -s 64M big.bin && mkdir many && cd many && "
+            "python3 -c 'for i in range(5000): open(str(i), \"w\").close()' && echo made"
+        )
+        assert made.stdout == "made\n", made
+        refused = r"big\.bin.*more than 16 MiB would leave the sandbox"
+        with pytest.raises(SandboxAgentError, match=refused):  # the agent's doing: scored
+            await sandbox.read_file("big.bin")
+        with pytest.raises(SandboxAgentError, match=refused):
+            await sandbox.download("big.bin", str(tmp_path / "big.bin"))
+        assert not (tmp_path / "big.bin").exists()  # refused before a byte was written
+        # Empty files cost the host an inode each: 5,000 of them are past 16 MiB too.
+        with pytest.raises(SandboxAgentError, match=r"many.*more than 16 MiB would leave the sandbox"):
+            await sandbox.download("many", str(tmp_path / "many"))
+        assert len(list((tmp_path / "many").iterdir())) <= 16 * 2**20 // 4096
+        # Control: what fits is transferred.
+        await sandbox.write_file("small.txt", "fits")
+        assert await sandbox.read_file("small.txt") == b"fits"
+    finally:
+        await sandbox.close()
+
+
 # ------------------------------------------------------------------ class 5: the smaller ones
 
 
@@ -299,7 +367,7 @@ async def test_the_setup_script_is_gone_before_the_agent_starts() -> None:
 
 
 async def test_close_deletes_the_folder_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
-    import shutil
+    from rllm.engine.sandbox import safe_delete
 
     sandbox = await BubblewrapBackend().create(SandboxSpec())
     made = await sandbox.exec(
@@ -308,13 +376,13 @@ async def test_close_deletes_the_folder_off_the_event_loop(monkeypatch: pytest.M
     )
     assert made.stdout == "made\n", made
     threads: list[bool] = []
-    real = shutil.rmtree
+    real = safe_delete.remove_tree
 
-    def spy(path: object, *args: object, **kwargs: object) -> None:
+    def spy(path: Path) -> bool:
         threads.append(threading.current_thread() is threading.main_thread())
-        real(path, *args, **kwargs)  # type: ignore[arg-type]
+        return real(path)
 
-    monkeypatch.setattr(shutil, "rmtree", spy)
+    monkeypatch.setattr(safe_delete, "remove_tree", spy)
     await sandbox.close()
     assert threads and not any(threads), "the sandbox folder was deleted on the event loop's thread"
     assert not sandbox.root.exists()

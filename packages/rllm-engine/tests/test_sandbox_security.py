@@ -152,6 +152,63 @@ async def test_3_cannot_connect_to_a_loopback_server(
         await server.wait_closed()
 
 
+async def test_3b_what_a_command_sent_last_reaches_the_host_after_it_ends(backend: BubblewrapBackend) -> None:
+    # test_3's positive control lost its connection on a loaded machine: the command wrote and
+    # exited before slirp4netns got the CPU, the exec's end closed slirp4netns's exit fd, and
+    # slirp4netns (one packet per turn, then the exit check) stopped with the data still queued.
+    # Here that schedule is made on purpose: slirp4netns is stopped while the command connects,
+    # writes twice and exits, and let go only once the exec has returned.
+    if shutil.which("slirp4netns") is None or os.geteuid() != 0:
+        pytest.skip("networked sandboxes need slirp4netns and root")
+    address = _host_address()
+    if address is None:
+        pytest.skip("the host has no non-loopback address to serve on")
+    received: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        received.set_result(await reader.read())  # everything, up to the end of the stream
+        writer.close()
+
+    server = await asyncio.start_server(on_connect, address, 0)
+    port = server.sockets[0].getsockname()[1]
+    sandbox = await backend.create(SandboxSpec(network=True))
+    slirps: list[int] = []
+    try:
+        fifo = sandbox.root / "work" / "go"
+        os.mkfifo(fifo)
+        if sandbox.uid is not None:
+            os.chown(fifo, sandbox.uid, sandbox.uid)  # the command, as the sandbox's uid, reads it
+        script = (
+            f"exec 3<>/dev/tcp/{address}/{port} && touch connected && read -r _ < go && "
+            "printf first >&3 && echo leaked >&3 && echo sent"
+        )
+        running = asyncio.create_task(sandbox.exec(["bash", "-c", script], timeout=60))
+        await wait_until(lambda: (sandbox.root / "work" / "connected").exists(), what="the connection")
+        slirps = [pid for pid in host_processes_with("slirp4netns") if _parent(pid) == os.getpid()]
+        assert len(slirps) == 1, slirps  # the running exec's (its spare starts once it ends)
+        os.kill(slirps[0], signal.SIGSTOP)
+        await asyncio.to_thread(fifo.write_text, "go\n")  # blocks until the command reads it
+        result = await running
+        assert result.stdout == "sent\n", result
+    finally:
+        for pid in slirps:
+            os.kill(pid, signal.SIGCONT)
+    try:
+        async with asyncio.timeout(30):
+            assert await received == b"firstleaked\n"
+    finally:
+        await sandbox.close()
+        server.close()
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 async def test_4_fork_bomb_is_capped(backend: BubblewrapBackend, desktop: DesktopSpec | None) -> None:
     sandbox = await backend.create(SandboxSpec(limits=SandboxLimits(max_procs=20), desktop=desktop))
     try:

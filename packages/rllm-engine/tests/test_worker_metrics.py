@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rllm.engine.trainer import episode_metrics
-from rllm.engine.worker_metrics import WORKER_KEY, acquire_s_by_worker, sandbox_step_metrics
+from rllm.engine.rollout.worker_metrics import WORKER_KEY, acquire_s_by_worker, sandbox_step_metrics
+from rllm.engine.training.train_step import episode_metrics
 from rllm.types import Episode
 
 

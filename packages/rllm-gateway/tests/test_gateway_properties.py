@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from datetime import timedelta
+from types import SimpleNamespace
 
 import httptools
 import msgspec
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 from rllm.gateway import GatewayConfig, GatewayServer
 from rllm.gateway.capture import StreamCapture, UpstreamShapeError, read_answer
 from rllm.gateway.sse import EventTooLarge, SseEvents, StreamFault, decode_chunk, upstream_chunks
+from rllm.gateway.toolcalls import same_tool_calls
 from rllm.gateway.traces import fill_trace
 from rllm.types import TraceRecord, from_msgpack, to_msgpack
 
@@ -147,10 +149,25 @@ async def test_any_json_body_gets_an_answer_never_a_500_and_the_store_stays_read
 
 
 # ------------------------------------------------------------------ the capture path
+# Tool calls close to the real shape, so the search reaches the malformed-but-plausible ones (a
+# missing id, a function that is a string, a name that is a number) and not only random JSON.
+_TOOL_CALL = st.fixed_dictionaries(
+    {},
+    optional={
+        "index": _JSON | st.integers(0, 2),
+        "id": _JSON | st.text(max_size=4),
+        "type": _JSON,
+        "function": _JSON
+        | st.fixed_dictionaries(
+            {}, optional={"name": _JSON | st.text(max_size=4), "arguments": _JSON | st.text(max_size=4)}
+        ),
+    },
+)
+_TOOL_CALLS = _JSON | st.lists(_TOOL_CALL | _JSON, max_size=3)
 _CHOICE = st.fixed_dictionaries(
     {},
     optional={
-        "message": _JSON | st.fixed_dictionaries({}, optional={"content": _JSON, "tool_calls": _JSON}),
+        "message": _JSON | st.fixed_dictionaries({}, optional={"content": _JSON, "tool_calls": _TOOL_CALLS}),
         "token_ids": _JSON | st.lists(st.integers(), max_size=5),
         "prompt_token_ids": _JSON | st.lists(st.integers(), max_size=5),
         "logprobs": _JSON
@@ -159,7 +176,7 @@ _CHOICE = st.fixed_dictionaries(
         ),
         "finish_reason": _JSON,
         "text": _JSON,
-        "delta": _JSON | st.fixed_dictionaries({}, optional={"content": _JSON, "tool_calls": _JSON}),
+        "delta": _JSON | st.fixed_dictionaries({}, optional={"content": _JSON, "tool_calls": _TOOL_CALLS}),
         "index": _JSON,
     },
 )
@@ -180,6 +197,15 @@ def _stored(cap) -> None:
     trace = TraceRecord(session_id="s")
     fill_trace(trace, cap)
     from_msgpack(to_msgpack(trace), TraceRecord)
+    # what the next turn does with them: an agent echoing the calls back is matched by key
+    echoed = [
+        SimpleNamespace(
+            id=c["id"],
+            function=SimpleNamespace(name=c["function"]["name"], arguments=c["function"]["arguments"]),
+        )
+        for c in cap.tool_calls
+    ]
+    assert same_tool_calls(echoed, cap.tool_calls)
 
 
 @_PURE
@@ -187,6 +213,24 @@ def _stored(cap) -> None:
 def test_any_upstream_answer_is_captured_or_refused_with_a_shape_error(answer, chat):
     try:
         cap = read_answer(answer, chat=chat)
+    except UpstreamShapeError as exc:
+        assert str(exc)
+        return
+    _stored(cap)
+
+
+@_PURE
+@given(calls=st.lists(_TOOL_CALL | _JSON, max_size=3), streamed=st.booleans())
+def test_any_tool_calls_an_upstream_returns_are_usable_or_refused_with_a_shape_error(calls, streamed):
+    """The tool calls alone, whole or as stream deltas: a malformed one is the upstream's named
+    error (a 502), never a KeyError later when the next turn echoes it (a 500)."""
+    try:
+        if streamed:
+            sc = StreamCapture(chat=True)
+            sc.feed({"choices": [{"index": 0, "delta": {"tool_calls": calls}}]})
+            cap = sc.checked_result()
+        else:
+            cap = read_answer({"choices": [{"message": {"tool_calls": calls}}]}, chat=True)
     except UpstreamShapeError as exc:
         assert str(exc)
         return

@@ -13,6 +13,8 @@ from rllm.runtime.http_client import (
     UpstreamBadResponse,
     UpstreamConnectError,
     UpstreamDropped,
+    UpstreamTooLarge,
+    UpstreamTooSlow,
     parse_response,
 )
 
@@ -117,6 +119,54 @@ async def test_send_nowait_reports_a_dead_connection_and_a_timeout():
         assert isinstance(await outcome, error)
     pool.close()
     srv.close()
+
+
+async def test_an_answer_has_answer_timeout_s_from_its_first_byte_and_max_body_bytes_in_all():
+    """The wait for an answer to start is the caller's (here a slow one is answered whole); once
+    it has started it must end within ``answer_timeout_s`` (a stall mid-body is UpstreamTooSlow)
+    and stay within ``max_body_bytes`` (an endless body is UpstreamTooLarge)."""
+    release = asyncio.Event()
+    late = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(int(re.search(rb"Content-Length: (\d+)", head).group(1)))
+        try:
+            if b"/late" in head:  # nothing for a while (well past answer_timeout_s), then all of it
+                await late.wait()
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nlate")
+            elif b"/stall" in head:
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly the start")
+                await writer.drain()
+                await release.wait()
+            else:  # endless chunks
+                writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                while not release.is_set():
+                    writer.write(b"1000\r\n" + b"x" * 4096 + b"\r\n")
+                    await writer.drain()
+            await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    srv = await asyncio.start_server(serve, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
+    pool = FastHttpPool(
+        connect_timeout_s=5, read_timeout_s=600, max_idle=0, max_body_bytes=64 * 1024, answer_timeout_s=0.05
+    )
+    try:
+        asyncio.get_running_loop().call_later(0.5, late.set)  # ten answer timeouts before the first byte
+        assert await pool.post(url + "/late", b"{}") == (200, b"late")
+        with pytest.raises(UpstreamTooSlow, match=r"within 0\.05 s of its first byte"):
+            await pool.post(url + "/stall", b"{}")
+        with pytest.raises(UpstreamTooLarge, match="exceeds the limit of 65536"):
+            await pool.post(url + "/endless", b"{}")
+    finally:
+        release.set()
+        pool.close()
+        srv.close()
+        await srv.wait_closed()
 
 
 @pytest.mark.parametrize("split", [1, 7, 64])

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from rllm.algos.config import AlgorithmConfig
 from rllm.algos.losses import compute_policy_loss
 from rllm.algos.losses.aggregation import aggregate
-from rllm.tinker_api import make_custom_loss, plan_loss, to_datums, token_weights
+from rllm.tinker_api import LossPlan, make_custom_loss, plan_loss, to_datums, token_weights
 from rllm.types import FloatArray, TokenArray, TrainSequence
 
 MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
@@ -103,3 +103,35 @@ def test_the_custom_loss_is_rllm_algos_loss_on_the_batch() -> None:
     assert float(loss) == pytest.approx(float(expected), rel=1e-6)
     with pytest.raises(ValueError, match="2"):
         make_custom_loss(algo, batch)(datums[:1], logprobs[:1])
+
+
+def test_the_loss_plan_is_the_losses_own_declaration() -> None:
+    """Which Tinker built-in runs a loss, and whether it gets the clip thresholds, is read off its
+    LossSpec (``tinker_loss``, ``clips_ratio``): a registered loss is planned like a built-in."""
+    from rllm.algos.registry import register_loss, unregister_loss
+    from rllm.tinker_api import BUILTIN_LOSSES, unsupported_algo_options
+
+    def mine(logprobs, old_logprobs, advantages, mask, config):
+        return -advantages * logprobs, {}
+
+    assert plan_loss(AlgorithmConfig(loss="ppo_clip", clip_low=0.1, clip_high=0.3)) == LossPlan(
+        "ppo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.3}
+    )
+    assert plan_loss(AlgorithmConfig(loss="importance_sampling")) == LossPlan("importance_sampling", None)
+    assert plan_loss(AlgorithmConfig(loss="dual_clip")) == LossPlan("custom", None)
+    assert BUILTIN_LOSSES["ppo_clip"] == "ppo" and "dual_clip" not in BUILTIN_LOSSES
+
+    register_loss("plan_twin", clips_ratio=True, tinker_loss="cispo")(mine)
+    register_loss("plan_clipped", clips_ratio=True)(mine)
+    register_loss("plan_plain")(mine)
+    try:
+        twin = AlgorithmConfig(loss="plan_twin", tis="trust_region")
+        assert plan_loss(twin) == LossPlan("cispo", {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2})
+        assert unsupported_algo_options(twin, "svc") == []
+        clipped = AlgorithmConfig(loss="plan_clipped", tis="trust_region")
+        assert plan_loss(clipped) == LossPlan("custom", None)  # run client-side, as dual_clip
+        assert unsupported_algo_options(clipped, "svc") == []
+        assert plan_loss(AlgorithmConfig(loss="plan_plain")) == LossPlan("custom", None)
+    finally:
+        for name in ("plan_twin", "plan_clipped", "plan_plain"):
+            unregister_loss(name)

@@ -1,6 +1,7 @@
-"""DeepCoder-style code generation: the model writes a Python program; the program is run on
-every hidden test in the rollout's sandbox (CPU, memory and process limits, a wall clock per
-test, no network). Reward 1 only when every test's output matches."""
+"""DeepCoder-style code generation: the model writes a Python program; the evaluator runs it on
+every hidden test in the rollout's sandbox once the flow is done (CPU, memory and process limits,
+a wall clock per test, no network). Reward 1 only when every test's output matches. The flow sees
+only the agent's view of the task: the tests and the reference solution are grader-only."""
 
 from __future__ import annotations
 
@@ -77,29 +78,30 @@ async def deepcoder_flow(task: Task, config: AgentConfig) -> dict[str, Any]:
         reply = await client.chat.completions.create(
             model=config.model, messages=messages, **{"max_tokens": 2048, **sampling_kwargs(config)}
         )
-    code = extract_code(reply.choices[0].message.content or "")
+    return {"code": extract_code(reply.choices[0].message.content or "")}
+
+
+@evaluator
+async def deepcoder_evaluator(task: Task, episode: Any) -> EvalOutput:
+    """The program on the task's hidden tests, in the rollout's sandbox (kept open for the
+    evaluator): reward 1 only when all pass."""
     tests = task.metadata["tests"]
+    code = episode.artifacts.get("code")
     if code is None:
-        return {
-            "code": None,
+        outcome: dict[str, Any] = {
             "passed": 0,
             "total": len(tests),
             "all_passed": False,
             "failure": "no code block",
         }
-    return {"code": code, **await run_hidden_tests(current_sandbox(), code, tests)}
-
-
-@evaluator
-def deepcoder_evaluator(task: Task, episode: Any) -> EvalOutput:
-    artifacts = episode.artifacts
-    solved = bool(artifacts.get("all_passed"))
-    total = max(1, int(artifacts.get("total", 0)))
+    else:
+        outcome = await run_hidden_tests(current_sandbox(), code, tests)
+    solved = bool(outcome["all_passed"])
     return EvalOutput(
         reward=1.0 if solved else 0.0,
         is_correct=solved,
-        signals=[Signal(name="tests_passed_fraction", value=float(artifacts.get("passed", 0)) / total)],
-        metadata={"failure": artifacts.get("failure")},
+        signals=[Signal(name="tests_passed_fraction", value=outcome["passed"] / max(1, outcome["total"]))],
+        metadata={"failure": outcome["failure"], "passed": outcome["passed"], "total": outcome["total"]},
     )
 
 

@@ -116,9 +116,11 @@ def generate(split: str) -> list[dict[str, Any]]:
 
 
 def _task(row: dict[str, Any]) -> Task:
-    meta = {"tests": row["tests"]}
+    # The tests are grader-only by name; the reference solution is marked so (rllm.types.agent_view).
+    meta: dict[str, Any] = {"tests": row["tests"]}
     if "reference" in row:
         meta["reference"] = row["reference"]
+        meta["grader_only"] = ["reference"]
     return Task(id=str(row["id"]), instruction=row["problem"], metadata=meta)
 
 

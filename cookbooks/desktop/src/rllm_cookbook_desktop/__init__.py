@@ -4,7 +4,9 @@ Each task is a Harbor-style task directory (``forms.py`` generates them) whose s
 desktop (``[environment.desktop]``) running the task's Tk form. The flow loops: screenshot (an
 ``image_url`` block; the gateway keeps each image content-addressed in the episode) -> the model's
 native tool calls (click, double_click, drag, scroll, type_text, key, done) -> the actions, until
-``done`` or the turn limit. Then the task's verifier reads the form's saved state: reward 1 or 0.
+``done`` or the turn limit. The flow sees only the agent's view of the task (never its checker or
+solution); then the evaluator, in the same sandbox once the agent is done, copies the checker in
+and reads the form's saved state: reward 1 or 0.
 """
 
 from __future__ import annotations
@@ -164,12 +166,9 @@ async def desktop_flow(task: Task, config: AgentConfig) -> Episode:
             max_tokens=256,
             follow_up=view.look,
         )
-    verdict = await run_verifier(desktop.sandbox, task)
     return Episode(
         task_id=task.id,
         artifacts={
-            "verified": verdict.ok,
-            "verify_output": (verdict.stdout + verdict.stderr)[-1000:],
             "done": result.finished,
             "turns": len(result.turns),
             "actions": result.tool_calls,
@@ -180,8 +179,11 @@ async def desktop_flow(task: Task, config: AgentConfig) -> Episode:
 
 
 @evaluator
-def desktop_evaluator(task: Task, episode: Episode) -> EvalOutput:
-    solved = bool(episode.artifacts.get("verified"))
+async def desktop_evaluator(task: Task, episode: Episode) -> EvalOutput:
+    """The task's hidden checker, run in the rollout's sandbox now that the agent is done (the
+    engine keeps it open for the evaluator): reward 1 when the saved state is right."""
+    verdict = await run_verifier(current_sandbox(), task)
+    solved = verdict.ok
     return EvalOutput(
         reward=1.0 if solved else 0.0,
         is_correct=solved,
@@ -190,6 +192,7 @@ def desktop_evaluator(task: Task, episode: Episode) -> EvalOutput:
             Signal(name="actions", value=float(episode.artifacts.get("actions", 0))),
             Signal(name="refused", value=float(episode.artifacts.get("refused", 0))),
         ],
+        metadata={"verify_output": (verdict.stdout + verdict.stderr)[-1000:]},
     )
 
 

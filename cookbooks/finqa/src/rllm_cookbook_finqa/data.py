@@ -92,7 +92,8 @@ def _task(row: dict[str, Any]) -> Task:
         id=str(row["id"]),
         instruction=row["question"],
         ground_truth=row["answer"],
-        metadata={"tables": row["tables"], "table": row.get("table")},
+        # "table" names the table holding the answer: the evaluator's, not the agent's to see.
+        metadata={"tables": row["tables"], "table": row.get("table"), "grader_only": ["table"]},
     )
 
 

@@ -2,8 +2,10 @@
 
 Each task is a Harbor-style task directory (``rllm.sdk.task_dir``). The engine gives every
 rollout its own sandbox with the task's setup already run; the model works through a native
-``run_shell`` tool and ends with ``submit``. Then the task's hidden tests are copied into the
-same sandbox and its verify script decides the reward: 1 when it passes, else 0.
+``run_shell`` tool and ends with ``submit``. The flow sees only the agent's view of the task
+(never its tests or solution). Then the evaluator, in the same sandbox once the agent is done,
+copies the task's hidden tests in and its verify script decides the reward: 1 when it passes,
+else 0.
 """
 
 from __future__ import annotations
@@ -114,13 +116,9 @@ async def terminal_flow(task: Task, config: AgentConfig) -> Episode:
             nudge=NUDGE,
             deadline=deadline,
         )
-    verdict = await run_verifier(sandbox, task)
     return Episode(
         task_id=task.id,
         artifacts={
-            "verified": verdict.ok,
-            "verify_exit": verdict.exit_code,
-            "verify_output": (verdict.stdout + verdict.stderr)[-2000:],
             "submitted": result.finished,
             "turns": len(result.turns),
             "commands": result.tool_calls,
@@ -130,15 +128,21 @@ async def terminal_flow(task: Task, config: AgentConfig) -> Episode:
 
 
 @evaluator
-def terminal_evaluator(task: Task, episode: Episode) -> EvalOutput:
-    solved = bool(episode.artifacts.get("verified"))
+async def terminal_evaluator(task: Task, episode: Episode) -> EvalOutput:
+    """The task's hidden tests, run in the rollout's sandbox now that the agent is done (the
+    engine keeps it open for the evaluator): reward 1 when they pass."""
+    verdict = await run_verifier(current_sandbox(), task)
     return EvalOutput(
-        reward=1.0 if solved else 0.0,
-        is_correct=solved,
+        reward=1.0 if verdict.ok else 0.0,
+        is_correct=verdict.ok,
         signals=[
             Signal(name="submitted", value=float(bool(episode.artifacts.get("submitted")))),
             Signal(name="commands", value=float(episode.artifacts.get("commands", 0))),
         ],
+        metadata={
+            "verify_exit": verdict.exit_code,
+            "verify_output": (verdict.stdout + verdict.stderr)[-2000:],
+        },
     )
 
 

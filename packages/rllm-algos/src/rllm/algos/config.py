@@ -9,7 +9,7 @@ import msgspec
 
 # Raised when an option has a value rLLM cannot honour (the message names the option); one class
 # for every config error of the project, re-exported here where users import it from.
-from rllm.algos.registry import BUILTIN_LOSSES
+from rllm.algos.registry import BUILTIN_LOSSES, get_loss
 from rllm.types.errors import ConfigError
 
 Aggregation = Literal[
@@ -27,9 +27,10 @@ AGGREGATIONS: tuple[str, ...] = (
 LOSSES: tuple[str, ...] = BUILTIN_LOSSES
 KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
 TIS_MODES: tuple[str, ...] = ("none", "token", "sequence", "trust_region")
-# The losses whose ratio is clipped (their own trust region): ``tis = "trust_region"`` takes that
-# region around the sampler's policy, so it needs one of them.
-TRUST_REGION_LOSSES: tuple[str, ...] = ("ppo_clip", "dual_clip", "gspo", "cispo")
+# The built-in losses that clip their ratio (their own trust region), read off their LossSpecs
+# (``clips_ratio``, the one declaration): kept for imports; a plugin loss is not in it, so ask
+# ``get_loss(name).clips_ratio``.
+TRUST_REGION_LOSSES: tuple[str, ...] = tuple(name for name in BUILTIN_LOSSES if get_loss(name).clips_ratio)
 STEP_CREDITS: tuple[str, ...] = ("broadcast", "turn")
 # Names accepted in ``mask_terminations``: every TerminationReason value, plus "errors" for both
 # error kinds (agent and infrastructure), which users nearly always want to mask together.
@@ -96,7 +97,7 @@ class AlgorithmConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         against the registries, entry points included: register a custom one in-process before
         building the config that names it.
         """
-        from rllm.algos.registry import available_estimators, available_losses, get_loss
+        from rllm.algos.registry import available_estimators, available_losses, ratio_clipping_losses
 
         known = available_estimators()
         if self.estimator not in known:
@@ -159,10 +160,11 @@ class AlgorithmConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ConfigError(
                 f"`tis` corrects policy-gradient losses for sampler drift; set tis='none' with loss={self.loss!r}"
             )
-        if self.tis == "trust_region" and self.loss not in TRUST_REGION_LOSSES:
+        if self.tis == "trust_region" and not get_loss(self.loss).clips_ratio:
             raise ConfigError(
                 f"`tis`='trust_region' clips the loss's ratio around the sampler's policy, but loss "
-                f"{self.loss!r} clips no ratio; use one of {list(TRUST_REGION_LOSSES)} or tis='token'"
+                f"{self.loss!r} does not declare that it clips one (LossSpec.clips_ratio); use one "
+                f"of {ratio_clipping_losses()} or tis='token'"
             )
         return self
 

@@ -12,7 +12,9 @@ Three ways to add one, each selected with ``AlgorithmConfig(estimator=...)`` / `
 * an installed package's entry point, so ``rllm train`` finds it without code: in its
   ``pyproject.toml``, ``[project.entry-points."rllm.estimators"] mine = "my_pkg.adv:mine"`` (or
   ``"rllm.losses"``). The target is the function, a ready ``EstimatorSpec`` / ``LossSpec``, or a
-  module whose import registers the name itself. Entry points are read once per process
+  module whose import registers the name itself. A bare function declares nothing; a loss that
+  clips its ratio (``tis = "trust_region"``) or has a Tinker-API twin says so in its
+  ``LossSpec`` (``clips_ratio``, ``tinker_loss``) or its ``register_loss`` call. Entry points are read once per process
   (``refresh_plugins()`` reads them again) and a target is imported only when first looked up;
 * built-ins, registered here by name (the losses' torch code is imported on first use, so
   validating a config never needs torch).
@@ -42,6 +44,11 @@ ESTIMATORS_GROUP = "rllm.estimators"
 LOSSES_GROUP = "rllm.losses"
 
 
+def _check_name(kind: str, name: object) -> None:
+    if not isinstance(name, str) or not name:
+        raise InputError(f"{kind} name must be a non-empty string, got {name!r}")
+
+
 @dataclass(frozen=True)
 class EstimatorSpec:
     """A registered estimator. ``step_credit`` forces a credit mode ("turn") regardless of config."""
@@ -61,7 +68,16 @@ class LossSpec:
     teacher's tokens, not through ``compute_policy_loss``, or refuses them in ``validate``.
     ``inert_at_zero_advantage``: the loss (and its gradient) is 0 at every token whose advantage
     is 0, so a backend may leave such sequences out of the forward/backward pass and count them
-    only in the loss's denominators (``zero_advantage_rows_inert``)."""
+    only in the loss's denominators (``zero_advantage_rows_inert``).
+    ``clips_ratio``: the loss clips its importance ratio (its own trust region: ``clip_low`` /
+    ``clip_high``), so ``tis = "trust_region"`` can take that region around the sampler's policy;
+    a loss that does not declare it refuses that mode, and asynchronous runs default it to token
+    TIS instead. ``tinker_loss``: the Tinker-API services' built-in ``loss_fn`` that computes this
+    same loss (given ``clip_low``/``clip_high`` as its thresholds when it ``clips_ratio``); ""
+    means none, so a Tinker-API backend runs ``fn`` client-side (``forward_backward_custom``).
+
+    This is the one declaration of a loss: config validation, the engine's asynchronous defaults,
+    the capability matrix and every backend read these fields, never a list of names."""
 
     name: str
     fn: LossFn | None = None
@@ -69,6 +85,13 @@ class LossSpec:
     supervised: bool = False
     teacher_topk: bool = False
     inert_at_zero_advantage: bool = False
+    clips_ratio: bool = False
+    tinker_loss: str = ""
+
+    def __post_init__(self) -> None:
+        _check_name("loss", self.name)
+        if self.supervised and self.clips_ratio:
+            raise InputError(f"loss {self.name!r}: a supervised loss has no importance ratio to clip")
 
     def load(self) -> LossFn:
         """The loss function (imported from ``target`` the first time)."""
@@ -79,25 +102,36 @@ class LossSpec:
 
 
 _ESTIMATORS: dict[str, EstimatorSpec] = {}
-# The built-in losses: functions of rllm.algos.losses.policy by these names.
-BUILTIN_LOSSES: tuple[str, ...] = (
-    "ppo_clip",
-    "dual_clip",
-    "gspo",
-    "cispo",
-    "importance_sampling",
-    "cross_entropy",
-)
-_LOSSES: dict[str, LossSpec] = {
-    name: LossSpec(
+
+
+def _policy_gradient(name: str, *, clips_ratio: bool, tinker_loss: str = "") -> LossSpec:
+    """A built-in policy-gradient loss of rllm.algos.losses.policy (each multiplies every token's
+    term by its advantage, so all are inert at a zero advantage)."""
+    return LossSpec(
         name,
         target=f"rllm.algos.losses.policy:{name}",
-        supervised=name == "cross_entropy",
-        # Every built-in policy-gradient loss multiplies each token's term by its advantage.
-        inert_at_zero_advantage=name != "cross_entropy",
+        inert_at_zero_advantage=True,
+        clips_ratio=clips_ratio,
+        tinker_loss=tinker_loss,
     )
-    for name in BUILTIN_LOSSES
-}
+
+
+# The built-in losses, one declaration each (dual_clip has no Tinker twin: it runs client-side).
+_BUILTIN_SPECS: tuple[LossSpec, ...] = (
+    _policy_gradient("ppo_clip", clips_ratio=True, tinker_loss="ppo"),
+    _policy_gradient("dual_clip", clips_ratio=True),
+    _policy_gradient("gspo", clips_ratio=True, tinker_loss="gspo"),
+    _policy_gradient("cispo", clips_ratio=True, tinker_loss="cispo"),
+    _policy_gradient("importance_sampling", clips_ratio=False, tinker_loss="importance_sampling"),
+    LossSpec(
+        "cross_entropy",
+        target="rllm.algos.losses.policy:cross_entropy",
+        supervised=True,
+        tinker_loss="cross_entropy",
+    ),
+)
+BUILTIN_LOSSES: tuple[str, ...] = tuple(spec.name for spec in _BUILTIN_SPECS)
+_LOSSES: dict[str, LossSpec] = {spec.name: spec for spec in _BUILTIN_SPECS}
 # Dense distillation over the teacher's top-k (rllm.algos.losses.distill): KL(teacher || student)
 # and KL(student || teacher), each over the top-k tokens plus one bucket for the rest.
 TOPK_LOSSES: tuple[str, ...] = ("topk_forward_kl", "topk_reverse_kl")
@@ -106,11 +140,6 @@ for _name in TOPK_LOSSES:
         _name, target="rllm.algos.losses.distill:policy_call_refused", supervised=True, teacher_topk=True
     )
 _PLUGINS: dict[str, dict[str, EntryPoint]] = {}
-
-
-def _check_name(kind: str, name: object) -> None:
-    if not isinstance(name, str) or not name:
-        raise InputError(f"{kind} name must be a non-empty string, got {name!r}")
 
 
 def register_estimator(
@@ -135,18 +164,31 @@ def register_estimator(
 
 
 def register_loss(
-    name: str, *, supervised: bool = False, inert_at_zero_advantage: bool = False, replace: bool = False
+    name: str,
+    *,
+    supervised: bool = False,
+    inert_at_zero_advantage: bool = False,
+    clips_ratio: bool = False,
+    tinker_loss: str = "",
+    replace: bool = False,
 ) -> Callable[[LossFn], LossFn]:
     """Decorator: make ``fn`` available as loss ``name`` (``replace=True`` to override one).
     ``inert_at_zero_advantage``: see LossSpec (declare it only when every token's term is 0,
-    with a zero gradient, wherever its advantage is 0)."""
+    with a zero gradient, wherever its advantage is 0). ``clips_ratio``: the loss clips its
+    importance ratio, so it accepts ``tis = "trust_region"``. ``tinker_loss``: the Tinker-API
+    built-in that computes the same loss (see LossSpec)."""
     _check_name("loss", name)
 
     def decorate(fn: LossFn) -> LossFn:
         if name in _LOSSES and not replace:
             raise InputError(f"loss {name!r} is already registered (pass replace=True to override it)")
         _LOSSES[name] = LossSpec(
-            name, fn=fn, supervised=supervised, inert_at_zero_advantage=inert_at_zero_advantage
+            name,
+            fn=fn,
+            supervised=supervised,
+            inert_at_zero_advantage=inert_at_zero_advantage,
+            clips_ratio=clips_ratio,
+            tinker_loss=tinker_loss,
         )
         return fn
 
@@ -191,6 +233,13 @@ def available_estimators() -> frozenset[str]:
 def available_losses() -> frozenset[str]:
     """Names of every loss: built-in, registered, or offered by an installed entry point."""
     return frozenset(_LOSSES) | frozenset(_plugins(LOSSES_GROUP))
+
+
+def ratio_clipping_losses() -> list[str]:
+    """The losses loaded so far (built-in, registered, or a plugin already looked up) that declare
+    ``clips_ratio``: the ones ``tis = "trust_region"`` can run with. For a message; to decide
+    about one loss, ask ``get_loss(name).clips_ratio``, which also loads a plugin."""
+    return sorted(name for name, spec in _LOSSES.items() if spec.clips_ratio)
 
 
 def step_credit_for(role: str, config: AlgorithmConfig) -> str:

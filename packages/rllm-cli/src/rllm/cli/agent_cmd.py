@@ -34,7 +34,7 @@ def serve_agent(flow_ref: str, host: str, port: int, capacity: int | None) -> in
       rllm agent serve my_agents:solver --port 8700
       rllm train math rollout.executor=remote 'rollout.remote.urls=["http://127.0.0.1:8700"]'
     """
-    from rllm.engine.agent_server import AgentServer, serve_forever
+    from rllm.engine.rollout.agent_server import AgentServer, serve_forever
 
     if capacity is not None and capacity < 1:
         raise click.BadParameter(f"must be >= 1, got {capacity}", param_hint="--capacity")

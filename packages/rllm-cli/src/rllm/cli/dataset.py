@@ -217,7 +217,7 @@ def from_eval(run_dir: Path, name: str, min_reward: float, max_per_task: int, fr
       rllm sft say-good --model PATH
       rllm dataset from-eval runs/train-say --from-step 100 --min-reward 1.0 --name say-late
     """
-    from rllm.engine.trace_data import read_run_episodes, sft_records, write_records
+    from rllm.engine.data.trace_data import read_run_episodes, sft_records, write_records
 
     records, stats = sft_records(read_run_episodes(run_dir, from_step), min_reward, max_per_task)
     if not records:

@@ -9,141 +9,28 @@ Each check is pass, fail or warn. A template that makes every turn a new segment
 an earlier reply differently from the tokens the sampler produced) is a warning with its reason
 and its cost in re-prefilled tokens per turn: training stays token-true (the gateway starts a
 segment), but the run pays for it. Exit 0 unless a check fails.
+
+This module runs the checks (``Doctor``) and holds the command; the scripted upstream is
+``doctor_upstream.py``, the report and its table ``doctor_report.py``, the image check
+``doctor_images.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import tempfile
 import urllib.request
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import click
-import msgspec
 from rich.console import Console
-from rich.table import Table
 
+from rllm.cli.doctor_report import Check, Report, first_diff, print_report
+from rllm.cli.doctor_upstream import ScriptedUpstream
 from rllm.cli.errors import FAILED, CliError
-from rllm.runtime.http_messages import Request, Response, StreamResponse
-from rllm.runtime.http_router import Router
-from rllm.runtime.http_server import HttpServer
-from rllm.types.openai import Completion, CompletionChoice, error_body, response_id, usage
 
 TINY = "tiny"
-_enc = msgspec.json.Encoder().encode
-
-
-@dataclass
-class Check:
-    name: str
-    status: str  # "pass", "fail", "warn", "skip"
-    detail: str = ""
-    first_diff: dict[str, Any] | None = None
-
-
-@dataclass
-class Report:
-    model: str
-    tool_format: str | None
-    checks: list[Check] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return all(c.status != "fail" for c in self.checks)
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "tool_format": self.tool_format,
-            "ok": self.ok,
-            "checks": [asdict(c) for c in self.checks],
-        }
-
-
-class ScriptedUpstream:
-    """A loopback OpenAI-compatible ``/v1/completions`` that answers the next scripted reply with
-    the tokenizer's ids for it (+ the eos id), in vLLM's fields (``token_ids``, logprobs)."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tok = tokenizer
-        self.reply = ""
-        self.eos = True  # False where the reply writes its own stop token (harmony's <|return|>)
-        self.port = 0
-        self._server: HttpServer | None = None
-        self._router = Router()
-        self._router.add("POST", "/v1/completions", self._completions)
-        self._router.add("GET", "/v1/models", self._models)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def ids(self, text: str) -> list[int]:
-        ids = list(self.tok.encode(text, add_special_tokens=False))
-        if self.eos and self.tok.eos_token_id is not None:
-            ids.append(int(self.tok.eos_token_id))
-        return ids
-
-    async def __aenter__(self) -> ScriptedUpstream:
-        server = HttpServer(self._dispatch, _error, max_body_bytes=64 << 20)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("127.0.0.1", 0))
-        sock.setblocking(False)
-        self.port = sock.getsockname()[1]
-        await server.start(sock)
-        self._server = server
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._server is not None:
-            await self._server.stop(1.0)
-
-    async def _dispatch(self, request: Request) -> Response | StreamResponse:
-        return await self._router.dispatch(request, _error)
-
-    async def _models(self, request: Request) -> Response:
-        return Response(body=_enc({"object": "list", "data": [{"id": "doctor", "object": "model"}]}))
-
-    async def _completions(self, request: Request) -> Response | StreamResponse:
-        body = json.loads(request.body)
-        prompt = list(body.get("prompt") or [])
-        ids = self.ids(self.reply)
-        choice = CompletionChoice(
-            index=0, text=self.reply, finish_reason="stop", prompt_token_ids=prompt, token_ids=ids
-        )
-        if not body.get("stream"):
-            out = Completion(
-                id=response_id("cmpl"), model="doctor", choices=[choice], usage=usage(len(prompt), len(ids))
-            )
-            out.prompt_token_ids = prompt
-            wire: dict[str, Any] = msgspec.to_builtins(out)
-            images = (body.get("multi_modal_data") or {}).get("image")
-            if images:  # as the local tinker sampler says it gave the model every image
-                wire["images_used"] = len(images)
-            return Response(body=_enc(wire))
-        resp = StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        sent = ""
-        for i, t in enumerate(ids):  # one token per chunk, as a sampler streams
-            upto = self.tok.decode(ids[: i + 1], skip_special_tokens=True)
-            text, sent = upto[len(sent) :], upto
-            last = i == len(ids) - 1
-            c = CompletionChoice(index=0, text=text, finish_reason="stop" if last else None, token_ids=[t])
-            chunk = Completion(id="cmpl-doctor", model="doctor", choices=[c])
-            if i == 0:
-                chunk.prompt_token_ids = prompt
-            if last:
-                chunk.usage = usage(len(prompt), len(ids))
-            await resp.write(b"data: " + _enc(chunk) + b"\n\n")
-        await resp.write(b"data: [DONE]\n\n")
-        return resp
-
-
-def _error(status: int, message: str) -> Response:
-    return Response(status=status, body=_enc(error_body(status, message)))
 
 
 def load_tokenizer(model: str, tokenizer: str | None) -> tuple[Any, str, Any]:
@@ -173,18 +60,6 @@ def _post(url: str, body: dict[str, Any]) -> bytes:
     )
     with urllib.request.urlopen(req, timeout=60) as r:
         return r.read()
-
-
-def first_diff(tok: Any, want: list[int], got: list[int]) -> dict[str, Any]:
-    """Where ``got`` stops starting with ``want``: the index and both tokens (id and text)."""
-    i = next((k for k, (a, b) in enumerate(zip(want, got, strict=False)) if a != b), min(len(want), len(got)))
-
-    def show(ids: list[int]) -> Any:
-        return (
-            None if i >= len(ids) else {"id": ids[i], "text": tok.decode([ids[i]], skip_special_tokens=False)}
-        )
-
-    return {"index": i, "expected": show(want), "got": show(got)}
 
 
 def _extends(prev: Any, cur: Any) -> bool:
@@ -457,22 +332,6 @@ class Doctor:
 def run_doctor(model: str, tokenizer: str | None, tool_format: str | None, upstream: str | None) -> Report:
     tok, path, images = load_tokenizer(model, tokenizer)
     return asyncio.run(Doctor(tok, path, upstream, tool_format, images).run(model))
-
-
-_STYLE = {"pass": "green", "fail": "red", "warn": "yellow", "skip": "dim"}
-
-
-def print_report(report: Report, console: Console) -> None:
-    table = Table(title=f"rllm doctor tokens {report.model} (tool format: {report.tool_format or 'none'})")
-    for col in ("check", "result", "detail", "first differing token"):
-        table.add_column(col, overflow="fold")
-    for c in report.checks:
-        diff = ""
-        if c.first_diff:
-            d = c.first_diff
-            diff = f"#{d['index']}: expected {d['expected']}, got {d['got']}"
-        table.add_row(c.name, f"[{_STYLE[c.status]}]{c.status}[/]", c.detail, diff)
-    console.print(table)
 
 
 @click.group("doctor")

@@ -13,7 +13,7 @@ import struct
 import zlib
 from typing import Any
 
-from rllm.cli.doctor import Check
+from rllm.cli.doctor_report import Check
 
 NAME = "images (multi-turn)"
 # Sizes that resize to different grids under Qwen-VL processors (28 px per merged patch).

@@ -6,6 +6,7 @@ import dataclasses
 import importlib
 import os
 import re
+import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -15,6 +16,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from rllm.cli.adapters import adapter_cookbook
 from rllm.cli.errors import FAILED, CliError
 from rllm.cli.registry import DatasetRegistry
 from rllm.engine.plugins import COOKBOOKS_GROUP, PluginNotFoundError, available, load_cookbook
@@ -125,13 +127,14 @@ def eval_command(
     from rllm.engine.evaluation import evaluate
 
     async def go() -> EvalSummary:
-        async with _endpoint(base_url, model, api_base) as (endpoint, gateway_url):
+        async with _endpoint(base_url, model, api_base) as (endpoint, gateway_url, admin_key):
             return await evaluate(
                 tasks,
                 flow,
                 grader,
                 endpoint=endpoint,
                 gateway_url=gateway_url,
+                admin_key=admin_key,
                 attempts=attempts,
                 output_dir=out_dir,
                 model=model,
@@ -195,11 +198,13 @@ def parse_options(items: tuple[str, ...]) -> dict[str, Any]:
 def resolve_eval_target(
     name: str, split: str, agent: str | None, evaluator: str | None, options: dict[str, Any] | None = None
 ) -> tuple[list[Task], Any, Any]:
-    """Tasks, flow and evaluator for NAME: a cookbook's own (set up with ``options``), or a
-    registered dataset's tasks with the flow and evaluator that --agent / --evaluator name."""
-    if name in available(COOKBOOKS_GROUP):
+    """Tasks, flow and evaluator for NAME: a cookbook's own (set up with ``options``), an
+    environment adapter's (``PREFIX:NAME``, rllm.cli.adapters), or a registered dataset's tasks
+    with the flow and evaluator that --agent / --evaluator name."""
+    adapted = adapter_cookbook(name)
+    if adapted is not None or name in available(COOKBOOKS_GROUP):
         try:
-            cookbook = load_cookbook(name).with_options(options or {})
+            cookbook = (adapted or load_cookbook(name)).with_options(options or {})
         except ValueError as exc:
             raise CliError(f"--option: {exc}") from None
         flow = load_object(agent, "flow") if agent else cookbook.flow
@@ -220,11 +225,13 @@ def resolve_eval_target(
 
 
 def train_cookbook(name: str, agent: str | None, evaluator: str | None) -> Cookbook:
-    """What `rllm train NAME` trains: cookbook NAME (its flow or evaluator replaced by --agent /
-    --evaluator when given), or registered dataset NAME with --agent's flow and training defaults
-    and --evaluator's (default: --agent's) grader, the same rule as `rllm eval`."""
-    if name in available(COOKBOOKS_GROUP):
-        cookbook = load_cookbook(name)
+    """What `rllm train NAME` trains: cookbook NAME or an environment adapter's ``PREFIX:NAME``
+    (its flow or evaluator replaced by --agent / --evaluator when given), or registered dataset
+    NAME with --agent's flow and training defaults and --evaluator's (default: --agent's) grader,
+    the same rule as `rllm eval`."""
+    adapted = adapter_cookbook(name)
+    if adapted is not None or name in available(COOKBOOKS_GROUP):
+        cookbook = adapted or load_cookbook(name)
         if not agent and not evaluator:
             return cookbook
         flow = load_object(agent, "flow") if agent else cookbook.flow
@@ -271,18 +278,22 @@ def load_object(ref: str, part: str) -> Any:
 @asynccontextmanager
 async def _endpoint(
     base_url: str | None, model: str, api_base: str | None
-) -> AsyncIterator[tuple[str | None, str | None]]:
-    """(endpoint, None) for a model server; (None, gateway) for a hosted model through LiteLLM.
+) -> AsyncIterator[tuple[str | None, str | None, str | None]]:
+    """(endpoint, None, None) for a model server (the engine starts its own gateway); (None,
+    gateway, its admin key) for a hosted model through LiteLLM.
 
-    The key comes from RLLM_GATEWAY_HOSTED_API_KEY, else from the provider's own variable
-    (OPENAI_API_KEY, ...) that LiteLLM reads."""
+    The provider's key comes from RLLM_GATEWAY_HOSTED_API_KEY, else from the provider's own
+    variable (OPENAI_API_KEY, ...) that LiteLLM reads. The gateway's admin key is fresh and
+    goes only to the engine, as for a gateway the engine starts itself."""
     if base_url is not None:
-        yield base_url, None
+        yield base_url, None, None
         return
     from rllm.gateway import GatewayConfig, GatewayServer
 
+    admin_key = secrets.token_urlsafe(32)
     server = GatewayServer(
         GatewayConfig(
+            admin_key=admin_key,
             hosted_model=model,
             hosted_api_base=api_base,
             hosted_api_key=os.environ.get("RLLM_GATEWAY_HOSTED_API_KEY"),
@@ -292,7 +303,7 @@ async def _endpoint(
     )
     await server.start()
     try:
-        yield None, server.url
+        yield None, server.url, admin_key
     finally:
         await server.stop()
 

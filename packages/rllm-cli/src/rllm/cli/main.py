@@ -9,6 +9,7 @@ rllm cookbook list|info NAME            rllm cookbooks | rllm backends
 rllm view RUN_DIR                       rllm serve RUN_DIR | MODEL_PATH
 rllm export RUN_DIR --to DIR
 rllm gateway serve [...]                rllm model init-tiny PATH
+rllm model import SRC.gguf --out DIR
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from rich.console import Console
 
+from rllm.cli.adapters import adapter_cookbook
 from rllm.cli.agent_cmd import agent_group
 from rllm.cli.capabilities_cmd import capabilities_command
 from rllm.cli.cookbook import cookbook_group
@@ -29,6 +31,7 @@ from rllm.cli.doctor import doctor_group
 from rllm.cli.errors import BAD_INPUT, INTERRUPTED, CliError, as_cli_error
 from rllm.cli.eval_cmd import eval_command, train_cookbook
 from rllm.cli.export_cmd import export_command
+from rllm.cli.model_import_cmd import import_command
 from rllm.cli.quiet import QUIET_LOGGERS, quiet_third_party
 from rllm.cli.serve import serve_command
 from rllm.cli.view_cmd import view_command
@@ -36,8 +39,8 @@ from rllm.engine.plugins import BACKENDS_GROUP, COOKBOOKS_GROUP, available, load
 from rllm.runtime.event_loop import run
 
 if TYPE_CHECKING:
-    from rllm.engine.sft import SFTResult
-    from rllm.engine.trainer import Trainer, TrainResult
+    from rllm.engine.data.sft import SFTResult
+    from rllm.engine.training.trainer import Trainer, TrainResult
 
 console = Console(stderr=True)
 PASS_THROUGH = {"ignore_unknown_options": True, "allow_extra_args": True}
@@ -138,7 +141,7 @@ def train(
     (sft.epochs, sft.batch_tokens, sft.lr_schedule, ...), sft.backend.options.KEY=VALUE a backend
     option for it alone; --resume does not redo a finished SFT phase.
     """
-    from rllm.engine.launch import build_trainer
+    from rllm.engine.training.launch import build_trainer
 
     if verbose:
         logging.getLogger().setLevel(logging.INFO)
@@ -148,7 +151,7 @@ def train(
         raise CliError("--sft and --init-from both set the starting weights: pass one")
     cookbook = train_cookbook(name, agent, evaluator)
     if sft_dataset is not None:
-        from rllm.engine.warm_start import build_warm_start
+        from rllm.engine.training.warm_start import build_warm_start
 
         job = build_warm_start(
             name,
@@ -231,7 +234,7 @@ def sft(
       rllm train math --init-from runs/sft/checkpoints/step_000040
       rllm sft hf:openai/gsm8k --model Qwen/Qwen3-0.6B columns.subset=main columns.prompt=question columns.response=answer
     """
-    from rllm.engine.sft_launch import build_sft
+    from rllm.engine.data.sft_launch import build_sft
 
     runner = build_sft(
         resolve_sft_dataset(dataset),
@@ -306,7 +309,7 @@ def distill(
       rllm distill say-single --teacher http://127.0.0.1:8001/v1 --out runs/distill total_steps=40
       rllm distill say-single --teacher URL distill.loss=topk group_size=1 backend.options.learning_rate=3e-3
     """
-    from rllm.engine.launch import build_trainer
+    from rllm.engine.training.launch import build_trainer
 
     if not teacher.startswith(("http://", "https://")):
         raise CliError(
@@ -318,7 +321,12 @@ def distill(
     flags += [f"distill.reward_coef={reward_coef}"] if reward_coef is not None else []
     flags += [f"init_from={init_from}"] if init_from else []
     trainer = build_trainer(
-        name, config_path=config, overrides=[*flags, *overrides], backend=backend, out_dir=out
+        name,
+        cookbook=adapter_cookbook(name),  # None: cookbook NAME
+        config_path=config,
+        overrides=[*flags, *overrides],
+        backend=backend,
+        out_dir=out,
     )
     result = _fit(trainer, resume=resume)
     console.print(
@@ -343,11 +351,14 @@ def init_tiny(path: Path, cookbook: str, backend: str) -> int:
     Example:
       rllm model init-tiny models/tiny --cookbook say
     """
-    from rllm.engine.launch import init_tiny_model
+    from rllm.engine.training.launch import init_tiny_model
 
     written = init_tiny_model(path, cookbook=load_cookbook(cookbook), backend=backend)
     console.print(f"tiny model written to {written}")
     return 0
+
+
+model.add_command(import_command)
 
 
 @cli.command("cookbooks")

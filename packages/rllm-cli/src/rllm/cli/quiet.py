@@ -24,7 +24,7 @@ QUIET_LOGGERS: tuple[str, ...] = (
     "huggingface_hub",
     "filelock",
     "math_verify",
-    "rllm.engine.loop_lag",
+    "rllm.engine.rollout.loop_lag",
 )
 
 QUIET_ENV: dict[str, str] = {
@@ -34,7 +34,7 @@ QUIET_ENV: dict[str, str] = {
     "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
     "LITELLM_LOG": "ERROR",
     "TOKENIZERS_PARALLELISM": "false",
-    # The rollout workers (rllm.engine.flow_processes) quiet these too: the lag paragraph is theirs.
+    # The rollout workers (rllm.engine.rollout.worker_pool) quiet these too: the lag paragraph is theirs.
     "RLLM_QUIET_LOGGERS": ",".join(QUIET_LOGGERS),
 }
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rllm.cli.errors import CliError
-from rllm.engine.checkpoint import latest_checkpoint
-from rllm.engine.run_folder import holds_a_run
+from rllm.engine.training.checkpoint import latest_checkpoint
+from rllm.engine.training.run_folder import holds_a_run
 
 CHECKPOINT_STATE = "trainer_state.json"
 

@@ -12,7 +12,7 @@ from rich.table import Table
 from rllm.cli.errors import CliError
 from rllm.cli.viewer.data import RunNotFoundError, RunView
 from rllm.cli.viewer.server import ViewerServer
-from rllm.engine.metrics_log import read_metrics
+from rllm.engine.training.metrics_log import read_metrics
 
 TABLE_COLUMNS = {
     "step": "step",

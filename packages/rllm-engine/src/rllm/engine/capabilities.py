@@ -11,9 +11,10 @@ Modalities: text is what every backend trains on; images where the backend's own
 ``validate_images`` passes (``rllm.engine.modality``, which also refuses a batch with images on
 any other backend before it trains).
 
-Execution flows (regular, sandboxed, command, remote) run in the engine, in front of the
-gateway, so every backend that trains on the gateway's traces honours them; a flow the engine
-does not have in this build (e.g. Ray, ``rollout.executor = "ray"``) reads "no" everywhere.
+Execution flows (regular, sandboxed, command) and the executors built into the engine (remote,
+ray: :mod:`rllm.engine.rollout.executors`, read from its registry) run in front of the gateway,
+so every backend that trains on the gateway's traces honours them; an executor this build does
+not have registered reads "no" everywhere.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ from typing import Any
 
 from rllm.algos.config import AlgorithmConfig
 from rllm.algos.registry import BUILTIN_LOSSES, available_estimators, get_estimator
-from rllm.engine.executors import EXECUTORS
 from rllm.engine.modality import trains_on_images
 from rllm.engine.plugins import BACKENDS_GROUP, available, backend_class
-from rllm.engine.staleness import check_backend
+from rllm.engine.rollout.executors import BUILTIN_EXECUTORS, available_executors, resolve_executor
+from rllm.engine.training.staleness import check_backend
 
 # How to build each backend variant without starting it: the options its constructor parses.
 # (The only hand-written part: which variants exist. Whether they honour an option is asked.)
@@ -39,9 +40,8 @@ VARIANTS: dict[str, list[tuple[str, dict[str, Any]]]] = {
 }
 DEFAULT_OPTIONS: dict[str, Any] = {"model": "probe"}
 
-# Flows the engine runs whatever the backend (rllm.engine.rollout_engine, sandbox, sdk.command).
+# Flows the engine runs whatever the backend (rllm.engine.rollout.rollout_engine, sandbox, sdk.command).
 ENGINE_FLOWS = ("regular", "sandboxed", "command")
-ALL_FLOWS = (*ENGINE_FLOWS, "remote", "ray")
 
 Probe = Callable[[Any], bool]
 
@@ -77,7 +77,7 @@ def _partial_ok(backend: Any) -> bool:
 
 
 def _sft_ok(backend: Any) -> bool:
-    from rllm.engine.sft import SFT_ALGORITHM
+    from rllm.engine.data.sft import SFT_ALGORITHM
 
     try:
         backend.validate(SFT_ALGORITHM)
@@ -87,8 +87,8 @@ def _sft_ok(backend: Any) -> bool:
 
 
 def _sft_extras_ok(backend: Any) -> bool:
-    """`rllm sft` with a held-out loss, warmup and an LR schedule passes its check (rllm.engine.sft)."""
-    from rllm.engine.sft import SFTConfig, check_backend
+    """`rllm sft` with a held-out loss, warmup and an LR schedule passes its check (rllm.engine.data.sft)."""
+    from rllm.engine.data.sft import SFTConfig, check_backend
 
     wanted = SFTConfig(dataset="-", val_dataset="-", val_every=1, warmup_steps=1, lr_schedule="cosine")
     try:
@@ -99,8 +99,16 @@ def _sft_extras_ok(backend: Any) -> bool:
 
 
 def _flow(name: str) -> Probe:
-    honoured = name in ENGINE_FLOWS or name in EXECUTORS
+    honoured = name in ENGINE_FLOWS or name in available_executors()
     return lambda backend: honoured
+
+
+def executor_rows() -> list[str]:
+    """The built-in executors that are rows of their own (the registry's, not plugins': the table
+    is the product's): all but the ones an unset ``rollout.executor`` means, ``local`` and
+    ``processes``, which run the regular flows above."""
+    defaults = {resolve_executor(None, 1), resolve_executor(None, 2)}
+    return [name for name in BUILTIN_EXECUTORS if name not in defaults]
 
 
 def builtin_estimators() -> list[str]:
@@ -125,7 +133,7 @@ def probes() -> list[tuple[str, str, Probe]]:
         ("algorithm", "tis = trust_region", _validates(tis="trust_region")),
         ("algorithm", "max_mismatch", _validates(max_mismatch=0.05)),
     ]
-    rows += [("execution flow", name, _flow(name)) for name in ALL_FLOWS]
+    rows += [("execution flow", name, _flow(name)) for name in (*ENGINE_FLOWS, *executor_rows())]
     rows += [("modality", "text", _validates()), ("modality", "images", trains_on_images)]
     rows += [
         ("training mode", "RL, synchronous", _validates()),

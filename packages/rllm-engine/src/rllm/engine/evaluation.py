@@ -22,11 +22,11 @@ from typing import Any
 
 import msgspec
 
-from rllm.engine.failures import FAILED
 from rllm.engine.pass_at_k import mean_pass_at_k
-from rllm.engine.remote_executor import RemoteSettings
-from rllm.engine.rollout_config import RolloutConfig
-from rllm.engine.rollout_engine import RolloutEngine, as_tasks
+from rllm.engine.rollout.failures import FAILED
+from rllm.engine.rollout.remote_executor import RemoteSettings
+from rllm.engine.rollout.rollout_config import RolloutConfig
+from rllm.engine.rollout.rollout_engine import RolloutEngine, as_tasks
 from rllm.sdk.answer import final_answer
 from rllm.types import Episode, SamplingParams, SchemaError, Task, to_json
 from rllm.types.errors import InputError
@@ -253,7 +253,7 @@ async def evaluate(
     ``concurrency`` rollouts run at once, in ``workers`` processes (``RolloutConfig.workers``:
     for more agent traffic than one core carries; the flow must then be importable).
     ``remote_urls``: agent services run the rollouts instead of ``flow``
-    (``rollout.executor = "remote"``, :mod:`rllm.engine.remote_executor`)."""
+    (``rollout.executor = "remote"``, :mod:`rllm.engine.rollout.remote_executor`)."""
     if attempts < 1:
         raise InputError(f"attempts must be >= 1, got {attempts}")
     if (endpoint is None) == (gateway_url is None):

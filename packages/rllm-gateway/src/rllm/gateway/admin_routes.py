@@ -17,7 +17,7 @@ from rllm.types import SamplingParams, SchemaError, TraceRecord, convert, to_jso
 from rllm.types.errors import InputError
 
 if TYPE_CHECKING:
-    from rllm.gateway.server import GatewayServer
+    from rllm.gateway.ports import GatewayOps
 
 _json_encode = msgspec.json.Encoder().encode
 _JSON = "application/json"
@@ -43,7 +43,7 @@ def records_response(request: Request, records: list[TraceRecord]) -> Response:
 class AdminRoutes:
     """The HTTP handlers of ``server``'s admin API; ``routes()`` lists them for its router."""
 
-    def __init__(self, server: GatewayServer) -> None:
+    def __init__(self, server: GatewayOps) -> None:
         self.server = server
 
     def routes(self) -> list[tuple[str, str, Handler]]:

@@ -95,7 +95,7 @@ class CallLedger:
         self._drained: asyncio.Event | None = None
         # Told True once a pause has taken hold (nothing running, calls wait at the door) and False
         # when the gateway resumes: an engine in this process stops its rollouts' deadlines
-        # meanwhile, since that wait is the trainer's (rllm.engine.flow_runner.DeadlineClock).
+        # meanwhile, since that wait is the trainer's (rllm.engine.rollout.flow_runner.DeadlineClock).
         self.hold_listeners: list[Callable[[bool], None]] = []
         self._held = False
 
@@ -224,6 +224,17 @@ class CallLedger:
         only by finish_trace): the last line of defence keeps the one-trace-per-call rule."""
         if trace.latency_s == 0.0:
             self.fail(trace, t0, f"internal gateway error: {type(exc).__name__}: {exc}")
+
+    def refuse_if_session_ended(self, call: ProxyCall, what: str) -> None:
+        """A 410 when the call's session was finished or deleted meanwhile (a flow past its
+        deadline): nobody can read a trace any more, so none is kept, and the agent is told so
+        rather than handed an answer that counts for nothing."""
+        sid = call.session.session_id
+        if self.sessions.get(sid) is not call.session:
+            self.discard(call.trace, call.t0)
+            raise GatewayError(
+                410, f"session {sid!r} ended while this call {what}", param="session_id", code="session_ended"
+            )
 
     def discard(self, trace: TraceRecord, t0: float) -> None:
         """Count a call whose session ended while it was in flight; its trace is not kept."""

@@ -172,6 +172,8 @@ def check_captured(cap: Captured) -> None:
         raise UpstreamShapeError("'finish_reason' is not a string")
     if not isinstance(cap.tool_calls, list):
         raise UpstreamShapeError("'tool_calls' is not a list")
+    for i, call in enumerate(cap.tool_calls):
+        _check_tool_call(i, call)
     u = cap.usage
     if u is not None:
         if not isinstance(u, dict):
@@ -180,6 +182,21 @@ def check_captured(cap: Captured) -> None:
             v = u.get(k)
             if v is not None and (type(v) is not int or not 0 <= v < 2**63):
                 raise UpstreamShapeError(f"'usage.{k}' is not a token count")
+
+
+def _check_tool_call(i: int, call: Any) -> None:
+    """A tool call is read by key downstream (echo matching, traces, replies): its shape is checked
+    here so a malformed one is the upstream's named error, never a KeyError in the gateway."""
+    if not isinstance(call, dict):
+        raise UpstreamShapeError(f"'tool_calls[{i}]' is a {type(call).__name__}, not an object")
+    if not isinstance(call.get("id"), str):
+        raise UpstreamShapeError(f"'tool_calls[{i}].id' is not a string")
+    fn = call.get("function")
+    if not isinstance(fn, dict):
+        raise UpstreamShapeError(f"'tool_calls[{i}].function' is not an object")
+    for key in ("name", "arguments"):
+        if not isinstance(fn.get(key), str):
+            raise UpstreamShapeError(f"'tool_calls[{i}].function.{key}' is not a string")
 
 
 def strip_injected(resp: dict[str, Any], wants: ClientWants) -> bool:
@@ -256,6 +273,8 @@ class StreamCapture:
 
     def _merge_tool_call(self, tc: dict[str, Any]) -> None:
         idx = tc.get("index", len(self._tool_calls))
+        if type(idx) is not int:  # the calls are ordered by it: None or "0" would not sort
+            raise UpstreamShapeError("a tool call delta's 'index' is not an integer")
         cur = self._tool_calls.get(idx)
         fn = tc.get("function") or {}
         if cur is None:

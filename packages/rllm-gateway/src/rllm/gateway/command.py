@@ -38,7 +38,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="OpenAI-compatible base URL ending in /v1 (repeatable)",
     )
     s.add_argument("--store", help=f"trace store: 'memory' or 'sqlite:/path/file.db' (default: {d.store})")
-    s.add_argument("--admin-key", help="admin API key (or set RLLM_GATEWAY_ADMIN_KEY)")
+    s.add_argument(
+        "--admin-key",
+        help="admin API key (or set RLLM_GATEWAY_ADMIN_KEY); without one the admin routes are open "
+        "(a warning on loopback; any other --host is refused)",
+    )
+    s.add_argument(
+        "--insecure-no-admin-key",
+        action="store_const",
+        const=True,
+        default=None,
+        help="serve on a non-loopback --host without an admin key: anyone who reaches the port can "
+        "list sessions, read every trace and set the weight version (a trusted private network only)",
+    )
     s.add_argument(
         "--session-auth",
         action=argparse.BooleanOptionalAction,
@@ -100,11 +112,21 @@ def main(argv: list[str] | None = None) -> int:
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     if not config.upstreams and not config.hosted_model:
-        # Not an error (workers can be added later through POST /admin/workers), but every model
+        # Not an error (upstreams can be added later through POST /admin/upstreams), but every model
         # call fails until then: say so at start, not at the first 503.
         print(
             "rllm-gateway: warning: no --upstream and no --hosted-model: model calls answer 503 "
-            "until an upstream is added (POST /admin/workers)",
+            "until an upstream is added (POST /admin/upstreams)",
+            file=sys.stderr,
+            flush=True,
+        )
+    if config.admin_key is None:
+        # Refused above on any address but loopback (unless --insecure-no-admin-key): still, any
+        # local process, a flow's or an agent's, may drive the gateway. Say so, in one line.
+        print(
+            f"rllm-gateway: warning: no admin key: the admin routes on {config.host} are open "
+            "(anyone who can connect may list sessions, read every trace, open sessions and set "
+            "the weight version); pass --admin-key or set RLLM_GATEWAY_ADMIN_KEY",
             file=sys.stderr,
             flush=True,
         )

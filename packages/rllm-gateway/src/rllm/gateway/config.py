@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,6 +24,12 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     is the young-generation GC threshold ``rllm-gateway serve`` sets for its process (see
     :mod:`rllm.runtime.gc_threshold`; None leaves the collector alone); an embedded gateway
     does not touch its host process's collector.
+
+    ``admin_key`` guards the admin routes (sessions, every session's traces, weight version,
+    pause, upstreams); without one they are open to anyone who can reach the gateway, so a
+    gateway on an address other than loopback needs one unless ``insecure_no_admin_key`` says
+    that is meant (a private network). An engine's own gateway always has one (a fresh key the
+    engine keeps to itself). ``repr()`` hides the secrets (``admin_key``, ``hosted_api_key``).
     """
 
     host: str = "127.0.0.1"
@@ -30,6 +37,8 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     upstreams: list[str] = msgspec.field(default_factory=list)
     store: str = "memory"
     admin_key: str | None = None
+    # Serve open admin routes on an address other than loopback (refused without it).
+    insecure_no_admin_key: bool = False
     session_auth: bool = False
     auto_create_sessions: bool = True
     max_body_bytes: int = 32 * 1024 * 1024
@@ -146,6 +155,39 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         self.image_formats = [f.upper() for f in self.image_formats]
         if self.admin_key == "":
             self.admin_key = None
+        if self.admin_key is None and not self.insecure_no_admin_key and not is_loopback(self.host):
+            raise InvariantError(
+                f"host {self.host!r} is not a loopback address: set admin_key (--admin-key or "
+                "RLLM_GATEWAY_ADMIN_KEY), or insecure_no_admin_key (--insecure-no-admin-key) to "
+                "open the admin routes to the network on purpose",
+                "admin_key",
+            )
+
+    def __repr__(self) -> str:
+        # A config may end up in a log line or an error message: never with its secrets.
+        fields = ", ".join(
+            f"{name}={_shown(name, getattr(self, name))}"
+            for name in self.__struct_fields__
+            if not name.startswith("_")
+        )
+        return f"GatewayConfig({fields})"
+
+
+def _shown(name: str, value: Any) -> str:
+    return "<hidden>" if name in _SECRETS and value is not None else repr(value)
+
+
+_SECRETS = frozenset({"admin_key", "hosted_api_key"})
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or ``localhost``) only accepts connections from this machine."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
 
 
 def image_limits(config: GatewayConfig) -> ImageLimits:

@@ -27,7 +27,7 @@ from rllm.types import SamplingParams, TraceRecord, from_msgpack, to_msgpack
 from rllm.types.errors import StateError
 
 if TYPE_CHECKING:
-    from rllm.gateway.server import GatewayServer
+    from rllm.gateway.ports import GatewayOps
 
 _T = TypeVar("_T")
 _encode = msgspec.json.Encoder().encode
@@ -47,7 +47,7 @@ def _copies(records: list[TraceRecord]) -> list[TraceRecord]:
 class LocalGatewayClient:
     """In-process admin client for ``server`` (see the module docstring). ``server.local_client()``."""
 
-    def __init__(self, server: GatewayServer) -> None:
+    def __init__(self, server: GatewayOps) -> None:
         self.server = server
         self.admin_key: str | None = None
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sized
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -14,12 +15,29 @@ from prometheus_client import (
 )
 
 if TYPE_CHECKING:
-    from rllm.gateway.server import GatewayServer
+    from rllm.gateway.store import TraceStore
+    from rllm.gateway.upstreams import UpstreamPool
     from rllm.types import TraceRecord
 
 
+class MeteredGateway(Protocol):
+    """What the gauges read from their gateway at scrape time (``GatewayServer`` is one)."""
+
+    @property
+    def inflight(self) -> int: ...
+
+    @property
+    def store(self) -> TraceStore: ...
+
+    @property
+    def sessions(self) -> Sized: ...
+
+    @property
+    def pool(self) -> UpstreamPool: ...
+
+
 class GatewayMetrics:
-    def __init__(self, server: GatewayServer) -> None:
+    def __init__(self, server: MeteredGateway) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.calls = Counter(
@@ -92,3 +110,6 @@ class GatewayMetrics:
     def render(self) -> tuple[bytes, str]:
         self.flush()
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+__all__ = ["GatewayMetrics", "MeteredGateway"]

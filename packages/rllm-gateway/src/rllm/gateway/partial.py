@@ -1,7 +1,7 @@
 """Partial rollouts: a call aborted at a weight sync is continued from its token history.
 
 With ``GatewayConfig.partial_rollouts`` a pause aborts the calls in flight instead of draining
-them (``Proxy.abort_upstreams``: each upstream answers them at once with ``finish_reason =
+them (``UpstreamSender.abort_upstreams``: each upstream answers them at once with ``finish_reason =
 "abort"`` and the tokens sampled so far). Each aborted call keeps those tokens and parks
 (``CallLedger.park``) until the gateway resumes at the new weight version; it is then re-sent as
 a continuation to ``/completions``: the prompt ids plus every id generated so far, ``max_tokens``
@@ -37,7 +37,7 @@ from rllm.gateway.errors import GatewayError
 
 if TYPE_CHECKING:
     from rllm.gateway.calls import ParsedCall, ProxyCall
-    from rllm.gateway.proxy import Proxy
+    from rllm.gateway.ports import ProxyPort
     from rllm.runtime.http_messages import Response
     from rllm.types import SamplingParams
 
@@ -88,7 +88,7 @@ class _Part:
     cap: Captured
 
 
-async def forward_partial(proxy: Proxy, call: ProxyCall, parsed: ParsedCall) -> Response:
+async def forward_partial(proxy: ProxyPort, call: ProxyCall, parsed: ParsedCall) -> Response:
     """Forward a non-streaming call; each time it comes back aborted, park it and continue it."""
     ledger = proxy.ledger
     continues = call.path == "/completions"
@@ -97,7 +97,7 @@ async def forward_partial(proxy: Proxy, call: ProxyCall, parsed: ParsedCall) -> 
     parts: list[_Part] = []
     restarts = 0
     while True:
-        status, raw = await proxy.send_whole(call)
+        status, raw = await proxy.sender.send_whole(call)
         aborted = _aborted_part(raw, version) if status == 200 else None
         if aborted is None:
             break
@@ -114,7 +114,7 @@ async def forward_partial(proxy: Proxy, call: ProxyCall, parsed: ParsedCall) -> 
         except BaseException:  # cancelled while parked: the call still leaves its one trace
             ledger.finish_trace(call.trace, None, "abort", call.t0)
             raise
-        proxy.refuse_if_session_ended(call, "waited to be continued; it was discarded")
+        ledger.refuse_if_session_ended(call, "waited to be continued; it was discarded")
         version = ledger.weight_version
         call.body = _continuation(first, parts) if continues else first
     trace = call.trace
@@ -167,7 +167,7 @@ def _continuation(first: dict[str, Any], parts: list[_Part]) -> dict[str, Any]:
     return body
 
 
-def _joined(proxy: Proxy, parts: list[_Part], raw: bytes, version: int) -> tuple[bytes, int]:
+def _joined(proxy: ProxyPort, parts: list[_Part], raw: bytes, version: int) -> tuple[bytes, int]:
     """The final answer with every part's ids, logprobs and text in front of its own, as if the
     call had never been aborted (the prompt is the first send's, the usage counts all tokens),
     and how many tokens the final send sampled."""
@@ -197,7 +197,7 @@ def _joined(proxy: Proxy, parts: list[_Part], raw: bytes, version: int) -> tuple
     return _json_encode(data), len(final.completion_ids or ())
 
 
-def _joined_text(proxy: Proxy, parts: list[_Part], texts: list[str]) -> str:
+def _joined_text(proxy: ProxyPort, parts: list[_Part], texts: list[str]) -> str:
     """The parts' texts joined; with the gateway's tokenizer, the joined ids decoded instead (a
     character split across two parts decodes whole), unless a part's text is not its ids'
     plain decoding (a stop string cut it)."""

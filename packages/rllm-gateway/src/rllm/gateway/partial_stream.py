@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from rllm.gateway.capture import Captured, StreamCapture, UpstreamShapeError, check_captured
+from rllm.gateway.chat_replies import confirm_images
 from rllm.gateway.errors import GatewayError, error_body
 from rllm.gateway.sse import StreamFault, decode_chunk, upstream_chunks
 from rllm.gateway.streaming import client_event
@@ -37,7 +38,7 @@ from rllm.runtime.http_messages import Response, StreamResponse
 
 if TYPE_CHECKING:
     from rllm.gateway.calls import ProxyCall
-    from rllm.gateway.proxy import Proxy
+    from rllm.gateway.ports import ProxyPort
 
 _JSON = "application/json"
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -47,7 +48,7 @@ VERSION_SPANS = "version_spans"
 class _Stream:
     """The state of one client stream across the sends of its call."""
 
-    def __init__(self, proxy: Proxy, call: ProxyCall) -> None:
+    def __init__(self, proxy: ProxyPort, call: ProxyCall) -> None:
         self.proxy, self.call = proxy, call
         self.sc = StreamCapture(chat=False)  # only /completions calls are continued
         self.out: StreamResponse | None = None
@@ -149,7 +150,7 @@ class _Stream:
         return whole[len(head) :] if whole.startswith(head) else text
 
     async def _send(self, chunk: dict[str, Any]) -> None:
-        event = client_event(self.proxy, self.call, self.sc, chunk)  # rewritten: encoded anew
+        event = client_event(self.proxy.bridge, self.call, self.sc, chunk)  # rewritten: encoded anew
         if self.sends == 1 and self.prompt_len == 0 and self.sc.cap.prompt_ids is not None:
             self.prompt_len = len(self.sc.cap.prompt_ids)
         await self.emit(event)
@@ -183,7 +184,7 @@ def _continuation(first: dict[str, Any], cap: Captured) -> dict[str, Any]:
     return body
 
 
-async def forward_partial_stream(proxy: Proxy, call: ProxyCall) -> Response | StreamResponse:
+async def forward_partial_stream(proxy: ProxyPort, call: ProxyCall) -> Response | StreamResponse:
     """Send a streaming call; each time the upstream aborts it, park it and continue it on the
     same client stream. The trace is finished (or discarded, 410) either way."""
     ledger = proxy.ledger
@@ -196,7 +197,7 @@ async def forward_partial_stream(proxy: Proxy, call: ProxyCall) -> Response | St
         while True:
             before, text_before = len(s.sc.cap.completion_ids or ()), len(s.sc.cap.text)
             try:
-                w, resp = await proxy.post(call.session, call.path, call.body)
+                w, resp = await proxy.sender.post(call.session, call.path, call.body)
             except GatewayError as exc:
                 if s.sends == 0:
                     ledger.fail(call.trace, call.t0, exc.message)
@@ -230,7 +231,7 @@ async def forward_partial_stream(proxy: Proxy, call: ProxyCall) -> Response | St
                 )
             await ledger.park()  # cancelled while parked: the trace ends as an abort (below)
             try:
-                proxy.refuse_if_session_ended(call, "waited to be continued; it was discarded")
+                ledger.refuse_if_session_ended(call, "waited to be continued; it was discarded")
             except GatewayError as exc:
                 keep_trace = False  # discarded: nobody can read it any more
                 if not s.prepared:
@@ -242,7 +243,7 @@ async def forward_partial_stream(proxy: Proxy, call: ProxyCall) -> Response | St
         s.sc.checked_result()
         if s.held is not None:
             assert call.bridge is not None
-            proxy.bridge.confirm_images(call.bridge, call.bridge.images_used)
+            confirm_images(call.bridge, call.bridge.images_used)
             s.held, held = None, s.held
             await s.emit(b"".join(held))
         await s.emit(b"data: [DONE]\n\n")
@@ -288,7 +289,7 @@ async def _end_with_error(s: _Stream, code: int, why: str) -> None:
 
 
 def _finish(
-    proxy: Proxy, call: ProxyCall, sc: StreamCapture, spans: list[list[int]], version: int, status: str
+    proxy: ProxyPort, call: ProxyCall, sc: StreamCapture, spans: list[list[int]], version: int, status: str
 ) -> None:
     """The call's one trace: what was streamed, and which version sampled which tokens."""
     cap: Captured | None = sc.result()
@@ -297,6 +298,7 @@ def _finish(
     except UpstreamShapeError:
         cap = None
     if call.bridge is not None and status == "ok" and cap is not None:
+        assert proxy.bridge is not None  # a plan only where a bridge made it
         proxy.bridge.commit(call.session, call.bridge, cap, call.trace)
     if cap is not None and status == "error" and not cap.completion_ids:
         cap = None

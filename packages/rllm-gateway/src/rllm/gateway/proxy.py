@@ -1,56 +1,42 @@
-"""The proxy: a validated call sent upstream with failover, and the whole answer captured.
+"""The proxy: a validated call turned into the upstream's request, sent, and its answer captured.
 
 ``Proxy`` is what both ways of proxying a call share: the task path here (``run``: wait at the
 door, open the trace, forward with failover, answer) and the early lane (``proxy_lane``: the same
-call answered from I/O callbacks) use the same public methods (``ledger`` to open and finish
-traces, ``upstream_call``, ``route``, ``answer_whole``, ``forward``), so neither reaches into the
-other. Streams go through ``streaming``, hosted providers through ``hosted``.
-
-Non-streaming calls to plain-http upstreams go through the lean keep-alive client
-(``rllm.runtime.http_client``); streams, https upstreams and health checks use aiohttp. A
-non-streaming call (with ``fast_http``, the default) to an upstream that lives in this process (the embedded local sampler,
-``rllm.runtime.inprocess_upstreams``) is handed to it directly, with its decoded body: the same
-routing, failover counters, answer handling and trace, without HTTP. Its aborts go to it directly.
+call answered from I/O callbacks) use the same public members (``ledger`` to open and finish
+traces, ``upstream_call``, ``sender`` to route and send, ``answer_whole``, ``forward``), so neither
+reaches into the other. Streams go through ``streaming``, partial rollouts through ``partial``
+and ``partial_stream``, hosted providers through ``hosted``; those helpers know the proxy only as
+``rllm.gateway.ports.ProxyPort``. Sending, with failover across the upstreams, is
+``rllm.gateway.sending``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING
 
-import aiohttp
 import msgspec
 
 from rllm.gateway.calls import CallLedger, ParsedCall, ProxyCall
 from rllm.gateway.capture import UpstreamShapeError, inject_capture, read_answer, strip_injected
+from rllm.gateway.chat_replies import chat_completion
 from rllm.gateway.config import GatewayConfig
 from rllm.gateway.errors import GatewayError
 from rllm.gateway.hosted import HostedProvider, hosted_call
 from rllm.gateway.jsonguard import JsonLimitError, check_json
 from rllm.gateway.partial import check_partial_call, forward_partial
 from rllm.gateway.partial_stream import forward_partial_stream
-from rllm.gateway.sessions import Session
+from rllm.gateway.sending import UpstreamSender
 from rllm.gateway.streaming import forward_stream
-from rllm.gateway.upstreams import NoHealthyUpstream, Upstream, UpstreamPool
-from rllm.runtime.http_client import FastHttpPool, UpstreamBadResponse, UpstreamConnectError, UpstreamDropped
+from rllm.gateway.upstreams import UpstreamPool
 from rllm.runtime.http_messages import Request, Response, StreamResponse
-from rllm.runtime.inprocess_upstreams import InProcessUpstream, upstream_in_process
 from rllm.types import TraceRecord
 
-log = logging.getLogger("rllm.gateway")
+if TYPE_CHECKING:
+    from rllm.gateway.cumulative import TokenBridge
 
 _json_decode = msgspec.json.Decoder().decode
 _json_encode = msgspec.json.Encoder().encode
 _JSON = "application/json"
-_T = TypeVar("_T")
-_RETRYABLE = (
-    aiohttp.ClientConnectorError,
-    aiohttp.ServerDisconnectedError,
-    aiohttp.ClientOSError,
-    ConnectionResetError,
-)
 
 
 class Proxy:
@@ -61,31 +47,14 @@ class Proxy:
         self.config = config
         self.pool = pool
         self.ledger = ledger
-        self.sessions = ledger.sessions
-        self.http: aiohttp.ClientSession | None = None
-        self.fast: FastHttpPool | None = None
-        self.bridge: Any = None  # cumulative.TokenBridge in cumulative mode
+        self.sender = UpstreamSender(config, pool, ledger)
+        self.bridge: TokenBridge | None = None  # cumulative mode's
         self.hosted: HostedProvider | None = None
 
     async def open(self) -> None:
         """Create the upstream clients (and load the token bridge or the hosted provider)."""
         cfg = self.config
-        self.http = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(
-                limit=0, limit_per_host=cfg.max_connections_per_upstream, ttl_dns_cache=None
-            ),
-            timeout=aiohttp.ClientTimeout(
-                total=None, sock_connect=cfg.connect_timeout_s, sock_read=cfg.upstream_timeout_s
-            ),
-            json_serialize=lambda o: _json_encode(o).decode(),
-            auto_decompress=False,
-            skip_auto_headers=("User-Agent",),
-        )
-        self.fast = FastHttpPool(
-            connect_timeout_s=cfg.connect_timeout_s,
-            read_timeout_s=cfg.upstream_timeout_s,
-            max_body_bytes=cfg.max_upstream_body_bytes,
-        )
+        await self.sender.open()
         if cfg.tokenizer_mode == "cumulative":
             from rllm.gateway.cumulative import TokenBridge
 
@@ -96,15 +65,7 @@ class Proxy:
             )
 
     async def close(self) -> None:
-        if self.http is not None:
-            await self.http.close()
-            self.http = None
-        if self.fast is not None:
-            self.fast.close()
-
-    def plain_http(self) -> bool:
-        """Every upstream speaks plain http (the lean client's only protocol)."""
-        return not any(u.startswith("https:") for u in self.pool.upstreams)
+        await self.sender.close()
 
     # ------------------------------------------------------------------ the task path
     async def run(
@@ -143,106 +104,15 @@ class Proxy:
         path = "/chat/completions" if chat and bridge is None else "/completions"
         return ProxyCall(request, session, path, body, wants, trace, t0, chat, bridge)
 
-    def route(self, session: Session, body: dict[str, Any], exclude: set[str] | None = None) -> Upstream:
-        """The upstream for the session's next call (its sticky one if usable), made sticky, with
-        the model name it serves put into ``body``. Raises NoHealthyUpstream."""
-        w = self.pool.pick(session.upstream, exclude)
-        session.upstream = w.url
-        # Agents often send a placeholder model name; the upstream serves what it serves.
-        want = self.config.model_name
-        if want is None and w.models and body.get("model") not in w.models:
-            want = w.models[0]
-        if want is not None:
-            body["model"] = want
-        return w
-
     async def forward(self, call: ProxyCall) -> Response:
         """Send a non-streaming call with failover and answer it; the trace is finished either way."""
-        status, raw = await self.send_whole(call)
+        status, raw = await self.sender.send_whole(call)
         return self.answer_whole(call, status, raw)
-
-    async def send_whole(self, call: ProxyCall) -> tuple[int, bytes]:
-        """Send a non-streaming call with failover: the upstream's status and whole answer. On
-        failure the trace is finished (error, or abort when cancelled) and the error raised."""
-        ledger = self.ledger
-        try:
-            if self.config.fast_http and self.plain_http():
-                status, raw = await self._post_whole(call.session, call.path, call.body)
-            else:
-                w, resp = await self.post(call.session, call.path, call.body)
-                w.inflight += 1
-                try:
-                    raw = await self._read_capped(resp)
-                    status = resp.status
-                finally:
-                    w.inflight -= 1
-                    resp.release()
-        except GatewayError as exc:
-            ledger.fail(call.trace, call.t0, exc.message)
-            raise
-        except TimeoutError:
-            ledger.fail(call.trace, call.t0, "upstream timeout")
-            raise GatewayError(504, "upstream timed out while answering", code="upstream_timeout") from None
-        except UpstreamBadResponse as exc:
-            why = f"upstream answered wrongly: {exc}"
-            ledger.fail(call.trace, call.t0, why)
-            raise GatewayError(502, why, code="upstream_error") from None
-        except (aiohttp.ClientError, OSError) as exc:
-            ledger.fail(call.trace, call.t0, f"upstream failed mid-response: {type(exc).__name__}: {exc}")
-            raise GatewayError(
-                502, f"upstream failed mid-response: {type(exc).__name__}", code="upstream_error"
-            ) from None
-        except asyncio.CancelledError:
-            ledger.finish_trace(call.trace, None, "abort", call.t0)
-            raise
-        except Exception as exc:  # a bug: the call still leaves its one honest trace
-            ledger.fail_unfinished(call.trace, call.t0, exc)
-            raise
-        return status, raw
-
-    async def abort_upstreams(self) -> None:
-        """Partial rollouts: tell every upstream to end its calls in flight now (``POST /abort``;
-        each answers them with ``finish_reason = "abort"`` and the tokens so far). An upstream
-        that cannot is a 502 naming it, so the pause fails loud instead of hanging."""
-        assert self.http is not None
-        http = self.http
-
-        async def one(url: str) -> None:
-            local = upstream_in_process(url)
-            if local is not None:
-                local.abort()
-                return
-            try:
-                async with http.post(url + "/abort", data=b"{}", headers={"Content-Type": _JSON}) as resp:
-                    if resp.status == 200:
-                        return
-                    why = f"POST {url}/abort answered {resp.status}"
-            except (aiohttp.ClientError, OSError) as exc:
-                why = f"POST {url}/abort failed: {type(exc).__name__}: {exc}"
-            raise GatewayError(
-                502,
-                f"upstream cannot abort its calls in flight ({why}); partial rollouts need an "
-                "upstream that can (the local tinker sampler's /v1/abort)",
-                code="upstream_error",
-            )
-
-        await asyncio.gather(*(one(url) for url in self.pool.upstreams))
-
-    def refuse_if_session_ended(self, call: ProxyCall, what: str) -> None:
-        """A 410 when the call's session was finished or deleted meanwhile (a flow past its
-        deadline): nobody can read a trace any more, so none is kept, and the agent is told so
-        rather than handed an answer that counts for nothing."""
-        sid = call.session.session_id
-        if self.sessions.get(sid) is not call.session:
-            self.ledger.discard(call.trace, call.t0)
-            raise GatewayError(
-                410, f"session {sid!r} ended while this call {what}", param="session_id", code="session_ended"
-            )
 
     def answer_whole(self, call: ProxyCall, status: int, raw: bytes) -> Response:
         """The agent's answer from the upstream's whole one; finishes the trace."""
         ledger = self.ledger
-        self.refuse_if_session_ended(call, "was in flight; its answer was discarded")
+        ledger.refuse_if_session_ended(call, "was in flight; its answer was discarded")
         if status != 200:
             call.trace.metadata["error"] = raw[:2000].decode(errors="replace")
             call.trace.metadata["upstream_status"] = status
@@ -255,8 +125,9 @@ class Proxy:
                 check_json(data, self.config.max_json_depth)
                 call.trace.raw_response = dict(data)
             if call.bridge is not None:
+                assert self.bridge is not None  # a call has a plan only where there is a bridge
                 self.bridge.commit(call.session, call.bridge, cap, call.trace)
-                data = self.bridge.to_chat(data, cap, call.bridge)
+                data = chat_completion(self.bridge.tokenizer, data, cap, call.bridge)
                 out = _json_encode(data)
             else:
                 out = _json_encode(data) if strip_injected(data, call.wants) else raw
@@ -272,120 +143,7 @@ class Proxy:
         if self.hosted is not None:
             data = [{"id": self.config.hosted_model, "object": "model", "owned_by": "hosted"}]
             return Response(body=_json_encode({"object": "list", "data": data}), content_type=_JSON)
-        assert self.http is not None
-        try:
-            w = self.pool.pick(None)
-        except NoHealthyUpstream as exc:
-            raise GatewayError(503, str(exc), code="no_healthy_upstream") from None
-        try:
-            async with self.http.get(f"{w.url}/models") as resp:
-                body = await resp.read()
-                return Response(status=resp.status, body=body, content_type=_JSON)
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise GatewayError(
-                502, f"upstream {w.url} failed: {type(exc).__name__}", code="upstream_error"
-            ) from None
-
-    # ------------------------------------------------------------------ sending with failover
-    async def post(
-        self, session: Session, path: str, body: dict[str, Any]
-    ) -> tuple[Upstream, aiohttp.ClientResponse]:
-        """POST through aiohttp (streaming, https upstreams), with failover."""
-        assert self.http is not None
-        http = self.http
-
-        def send(w: Upstream) -> Awaitable[aiohttp.ClientResponse]:
-            return http.post(w.url + path, data=_json_encode(body), headers={"Content-Type": _JSON})
-
-        return await self._failover(session, body, send, _RETRYABLE, aiohttp.ClientConnectorError)
-
-    async def _post_whole(self, session: Session, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
-        """Non-streaming POST through the lean keep-alive client, with failover."""
-        assert self.fast is not None
-        fast = self.fast
-        timeout_s = self.config.upstream_timeout_s
-
-        def send(w: Upstream) -> Awaitable[tuple[int, bytes]]:
-            local = upstream_in_process(w.url)
-            if local is not None:
-                return _post_in_process(local, path, body, timeout_s)
-            return fast.post(w.url + path, _json_encode(body))
-
-        _, answer = await self._failover(
-            session, body, send, (UpstreamConnectError, UpstreamDropped, OSError), UpstreamConnectError
-        )
-        return answer
-
-    async def _failover(
-        self,
-        session: Session,
-        body: dict[str, Any],
-        send: Callable[[Upstream], Awaitable[_T]],
-        retryable: tuple[type[BaseException], ...],
-        refused: type[BaseException],
-    ) -> tuple[Upstream, _T]:
-        """Send to the session's upstream; retry while nothing has been answered yet.
-
-        A dropped kept-alive connection gets one more try on the same upstream (it may just have
-        closed it); a refused connection, or a second drop, marks the upstream failed and moves
-        on to another.
-        """
-        tried: set[str] = set()
-        dropped_once: set[str] = set()
-        last_err = ""
-        for _ in range(self.config.retries + 2):
-            try:
-                w = self.route(session, body, tried or None)
-            except NoHealthyUpstream as exc:
-                msg = f"{exc}; last error: {last_err}" if last_err else str(exc)
-                raise GatewayError(503, msg, code="no_healthy_upstream") from None
-            w.inflight += 1
-            w.requests += 1
-            try:
-                answer = await send(w)
-                if not w.healthy:
-                    self.pool.mark_answered(w)
-                return w, answer
-            except TimeoutError:  # before the retryable errors: TimeoutError is an OSError
-                raise GatewayError(504, f"upstream {w.url} timed out", code="upstream_timeout") from None
-            except retryable as exc:
-                last_err = f"{w.url}: {type(exc).__name__}: {exc}"
-                self.ledger.metrics.retries.inc()
-                if not isinstance(exc, refused) and w.url not in dropped_once:
-                    dropped_once.add(w.url)
-                    continue
-                self.pool.mark_failed(w, last_err)
-                tried.add(w.url)
-            finally:
-                w.inflight -= 1
-        raise GatewayError(
-            502, f"all upstream attempts failed; last error: {last_err}", code="upstream_error"
-        )
-
-    async def _read_capped(self, resp: aiohttp.ClientResponse) -> bytes:
-        """A whole answer through aiohttp, refused (UpstreamBadResponse) past max_upstream_body_bytes."""
-        cap = self.config.max_upstream_body_bytes
-        if resp.content_length is not None and resp.content_length > cap:
-            raise UpstreamBadResponse(
-                f"upstream answer of {resp.content_length} bytes exceeds the limit of {cap}"
-            )
-        parts: list[bytes] = []
-        size = 0
-        async for piece in resp.content.iter_any():
-            size += len(piece)
-            if size > cap:
-                resp.close()
-                raise UpstreamBadResponse(f"upstream answer of {size}+ bytes exceeds the limit of {cap}")
-            parts.append(piece)
-        return b"".join(parts)
-
-
-async def _post_in_process(
-    local: InProcessUpstream, path: str, body: dict[str, Any], timeout_s: float
-) -> tuple[int, bytes]:
-    """A whole call to an upstream in this process, with the HTTP client's read timeout."""
-    async with asyncio.timeout(timeout_s):
-        return await local.post_whole(path, body)
+        return await self.sender.list_models()
 
 
 def upstream_fault(exc: BaseException) -> str:

@@ -28,14 +28,14 @@ from rllm.runtime.inprocess_upstreams import upstream_in_process
 if TYPE_CHECKING:
     from collections.abc import Awaitable
 
-    from rllm.gateway.proxy import Proxy
+    from rllm.gateway.ports import ProxyPort
 
 log = logging.getLogger("rllm.gateway")
 _json_encode = msgspec.json.Encoder().encode
 
 
 def start_exchange(
-    proxy: Proxy, request: Request, chat: bool, t0: float, parsed: ParsedCall
+    proxy: ProxyPort, request: Request, chat: bool, t0: float, parsed: ParsedCall
 ) -> ProxyExchange | Awaitable[Response | StreamResponse]:
     """Open the call's trace and send it upstream now if a kept-alive connection is idle
     (returns the pending exchange), else return the task path's awaitable for it."""
@@ -47,14 +47,15 @@ def start_exchange(
         ledger.call_ended()
         raise
     exchange = ProxyExchange(proxy, call)
+    sender = proxy.sender
     try:
-        w = proxy.route(parsed.session, parsed.body)
+        w = sender.route(parsed.session, parsed.body)
     except NoHealthyUpstream:
         return exchange.in_task()  # the failover path answers 503 and records the error
     if upstream_in_process(w.url) is not None:
         return exchange.in_task()  # the task path hands it to the upstream in this process
-    assert proxy.fast is not None
-    conn = proxy.fast.send_nowait(w.url + call.path, _json_encode(call.body), exchange.on_answer)
+    assert sender.fast is not None
+    conn = sender.fast.send_nowait(w.url + call.path, _json_encode(call.body), exchange.on_answer)
     if conn is None:
         return exchange.in_task()
     exchange.sent(w, conn)
@@ -66,7 +67,7 @@ class ProxyExchange:
 
     __slots__ = ("call", "conn", "proxy", "upstream")
 
-    def __init__(self, proxy: Proxy, call: ProxyCall) -> None:
+    def __init__(self, proxy: ProxyPort, call: ProxyCall) -> None:
         self.proxy = proxy
         self.call = call
         self.upstream: Upstream | None = None
@@ -109,7 +110,7 @@ class ProxyExchange:
             return
         status, raw = outcome
         if not w.healthy:
-            proxy.pool.mark_answered(w)
+            proxy.sender.pool.mark_answered(w)
         try:
             resp = proxy.answer_whole(call, status, raw)
         except GatewayError as exc:  # answer_whole finished the trace

@@ -18,25 +18,27 @@ import msgspec
 
 from rllm.gateway.calls import ProxyCall
 from rllm.gateway.capture import Captured, StreamCapture, UpstreamShapeError, check_captured, strip_injected
+from rllm.gateway.chat_replies import chat_chunk, confirm_images
 from rllm.gateway.errors import GatewayError, error_body
 from rllm.gateway.sse import StreamFault, decode_chunk, upstream_chunks
 from rllm.runtime.http_messages import Response, StreamResponse
 
 if TYPE_CHECKING:
-    from rllm.gateway.proxy import Proxy
+    from rllm.gateway.cumulative import TokenBridge
+    from rllm.gateway.ports import ProxyPort
 
 _json_encode = msgspec.json.Encoder().encode
 _JSON = "application/json"
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
-async def forward_stream(proxy: Proxy, call: ProxyCall) -> Response | StreamResponse:
+async def forward_stream(proxy: ProxyPort, call: ProxyCall) -> Response | StreamResponse:
     """Send a streaming call with failover and relay its events; the trace is finished either way."""
     ledger = proxy.ledger
     sc = StreamCapture(chat=call.chat and call.bridge is None)
     out: StreamResponse | None = None
     try:
-        w, resp = await proxy.post(call.session, call.path, call.body)
+        w, resp = await proxy.sender.post(call.session, call.path, call.body)
     except GatewayError as exc:
         ledger.fail(call.trace, call.t0, exc.message)
         raise
@@ -63,7 +65,7 @@ async def forward_stream(proxy: Proxy, call: ProxyCall) -> Response | StreamResp
             await _relay_events(proxy, call, resp, out if held is None else held.append, sc)
             sc.checked_result()
             if call.bridge is not None:
-                proxy.bridge.confirm_images(call.bridge, call.bridge.images_used)
+                confirm_images(call.bridge, call.bridge.images_used)
         except UpstreamShapeError as exc:
             fault = f"upstream stream has the wrong shape: {exc}"
         except StreamFault as exc:
@@ -113,6 +115,7 @@ async def forward_stream(proxy: Proxy, call: ProxyCall) -> Response | StreamResp
         except UpstreamShapeError:
             cap = None
         if call.bridge is not None and status == "ok":
+            assert proxy.bridge is not None and cap is not None  # a plan only where a bridge made it
             proxy.bridge.commit(call.session, call.bridge, cap, call.trace)
         if cap is not None and status == "error" and not cap.completion_ids:
             cap = None
@@ -120,7 +123,7 @@ async def forward_stream(proxy: Proxy, call: ProxyCall) -> Response | StreamResp
 
 
 async def _relay_events(
-    proxy: Proxy,
+    proxy: ProxyPort,
     call: ProxyCall,
     resp: aiohttp.ClientResponse,
     out: StreamResponse | Callable[[bytes], None],
@@ -133,7 +136,7 @@ async def _relay_events(
     payloads = upstream_chunks(resp.content.iter_any(), proxy.config.max_stream_event_bytes)
     async with contextlib.aclosing(payloads):
         async for payload in payloads:
-            event = client_event(proxy, call, sc, decode_chunk(payload), payload)
+            event = client_event(proxy.bridge, call, sc, decode_chunk(payload), payload)
             if isinstance(out, StreamResponse):
                 await out.write(event)
             else:
@@ -141,14 +144,20 @@ async def _relay_events(
 
 
 def client_event(
-    proxy: Proxy, call: ProxyCall, sc: StreamCapture, chunk: dict[str, Any], payload: bytes | None = None
+    bridge: TokenBridge | None,
+    call: ProxyCall,
+    sc: StreamCapture,
+    chunk: dict[str, Any],
+    payload: bytes | None = None,
 ) -> bytes:
     """Feed the capture with one upstream chunk and return the SSE event the client gets for
-    it: chat-shaped for a cumulative call, else with what the gateway injected stripped.
-    ``payload``: the chunk's bytes as they came, sent as they are when nothing changed."""
+    it: chat-shaped for a cumulative call (``bridge``: the gateway's), else with what the gateway
+    injected stripped. ``payload``: the chunk's bytes as they came, sent as they are when nothing
+    changed."""
     if call.bridge is not None:
+        assert bridge is not None  # a plan only where a bridge made it
         StreamCapture.feed(sc, chunk)
-        payload = _json_encode(proxy.bridge.chunk_to_chat(chunk, call.bridge))
+        payload = _json_encode(chat_chunk(bridge.tokenizer, chunk, call.bridge))
     else:
         sc.feed(chunk)
         if strip_injected(chunk, call.wants) or payload is None:

@@ -36,6 +36,15 @@ class UpstreamBadResponse(RLLMError):
     than the size limit. Not a connection error: retrying would not help, so it is a 502."""
 
 
+class UpstreamTooLarge(UpstreamBadResponse):
+    """The answer is larger than the pool's ``max_body_bytes`` (announced so, or sent so)."""
+
+
+class UpstreamTooSlow(RLLMError, TimeoutError):
+    """An answer that had started did not finish within the pool's ``answer_timeout_s`` (it
+    stalled mid-way, or trickled)."""
+
+
 Answer = tuple[int, bytes]  # status, body
 Outcome = Answer | BaseException  # what a send_nowait callback receives
 OnAnswer = Callable[[Outcome], None]
@@ -82,7 +91,7 @@ def parse_response(
     start = end + 4
     if max_body is not None and (length > max_body or len(buf) - start > max_body + 4096):
         size = length if length > max_body else len(buf) - start
-        raise UpstreamBadResponse(f"upstream answer of {size}+ bytes exceeds the limit of {max_body}")
+        raise UpstreamTooLarge(f"upstream answer of {size}+ bytes exceeds the limit of {max_body}")
     if chunked:
         # The last chunk ends in an empty line: until the buffer does, it cannot be whole.
         whole = _dechunk(buf, start) if buf.endswith(b"\r\n\r\n") else None
@@ -249,10 +258,14 @@ class FastHttpPool:
         read_timeout_s: float,
         max_idle: int = 1024,
         max_body_bytes: int | None = None,
+        answer_timeout_s: float | None = None,
     ) -> None:
         self.connect_timeout_s = connect_timeout_s
         self.max_body_bytes = max_body_bytes
         self.read_timeout_s = read_timeout_s
+        # ``request``/``post`` only: once an answer's first byte is in, the rest must follow within
+        # this (UpstreamTooSlow), whatever ``read_timeout_s`` still allows.
+        self.answer_timeout_s = answer_timeout_s
         self.max_idle = max_idle
         self._idle: dict[tuple[str, int], deque[_Conn]] = {}
         # (origin, content type, extra headers) -> ((host, port), the head's lines after the
@@ -361,15 +374,30 @@ class FastHttpPool:
         conn.transport.write(head + body)
         # A plain timer handle, not asyncio.timeout/wait_for: those cost a Timeout object (or a
         # Task) per request; the handle just wakes the reader, which raises TimeoutError.
-        timer = asyncio.get_running_loop().call_later(self.read_timeout_s, conn.time_out)
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(self.read_timeout_s, conn.time_out)
+        answer_timeout, answer_timer = self.answer_timeout_s, None
         try:
             while (parsed := parse_response(conn.buf, conn.closed, self.max_body_bytes)) is None:
+                if answer_timeout is not None and answer_timer is None and conn.buf:
+                    answer_timer = loop.call_later(answer_timeout, conn.time_out)  # its first byte
                 await conn.wait_data()
-        except BaseException:
+        except BaseException as exc:
             conn.transport.abort()
+            if (
+                isinstance(exc, DeadlineError)
+                and answer_timer is not None
+                and answer_timer.when() <= loop.time()
+            ):
+                raise UpstreamTooSlow(
+                    f"the answer did not finish within {answer_timeout:g} s of its first byte "
+                    f"({len(conn.buf)} bytes had arrived)"
+                ) from None
             raise
         finally:
             timer.cancel()
+            if answer_timer is not None:
+                answer_timer.cancel()
         status, payload, keep = parsed
         if keep and not conn.closed:
             self.release(conn)

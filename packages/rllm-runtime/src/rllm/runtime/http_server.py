@@ -6,8 +6,9 @@ gateway and the mock upstream need and no more: whole request bodies (size-limit
 and pipelining, ``Expect: 100-continue``, one write per plain response (a body over 1 MiB goes in
 slices as the client reads it), chunked streaming responses with write back-pressure,
 cancellation of the handler when the client goes away, idle connection reaping and a graceful
-shutdown. The request and response objects are in
-:mod:`rllm.runtime.http_messages`, the router in :mod:`rllm.runtime.http_router`.
+shutdown. Reading a connection's requests is :mod:`rllm.runtime.http_reading`'s, the request and
+response objects are in :mod:`rllm.runtime.http_messages`, the router in
+:mod:`rllm.runtime.http_router`.
 """
 
 from __future__ import annotations
@@ -18,37 +19,23 @@ import inspect
 import logging
 import socket
 import time
-from collections import deque
 from collections.abc import Awaitable
 from email.utils import formatdate
-
-import httptools
 
 from rllm.runtime.http_messages import (
     EarlyHandler,
     ErrorFactory,
     Handler,
-    Headers,
-    Pending,
     Request,
     Response,
     StreamResponse,
     status_line,
 )
+from rllm.runtime.http_reading import RequestReader
 
 log = logging.getLogger("rllm.runtime.http")
 
-_MAX_PIPELINED = 32  # queued requests per connection before we stop reading from it
-_MAX_HEAD_BYTES = 64 * 1024  # request line + headers; more is refused with 431
 _WRITE_SLICE = 1 << 20  # a response body larger than this is written a slice at a time
-
-
-class _Refused(Exception):
-    """Stops the parser after a request was refused from its headers alone."""
-
-
-class _HeadTooLarge(Exception):
-    """A request's line and headers outgrew _MAX_HEAD_BYTES (a slow-headers attack or a bug)."""
 
 
 class _DateCache:
@@ -68,33 +55,19 @@ class _DateCache:
         return self._line
 
 
-class HttpProtocol(asyncio.Protocol):
+class HttpProtocol(RequestReader):
     """One client connection. Requests are answered in order, one at a time: by a handler
-    task, at once, or by whoever holds the Pending an early handler returned."""
+    task, at once, or by whoever holds the Pending an early handler returned. Reading them is
+    :class:`RequestReader`'s; this half answers them and owns the transport's write side."""
 
     def __init__(self, server: HttpServer) -> None:
+        super().__init__(server.max_body_bytes, server.max_pipelined_bytes, server.error_factory)
         self.server = server
-        self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpRequestParser(self)
         self.closed = False
         self.paused: asyncio.Future[None] | None = None
         self.last_active = 0.0
-        self._queue: deque[tuple[Request, bool, bool]] = deque()  # request, keep-alive, too big
-        self._queued_bytes = 0  # bodies held in _queue (the one arriving is _size)
-        # Malformed input after requests still being answered: their answers go out whole and in
-        # order first, then this one, then the connection closes.
-        self._final: Response | None = None
         self.stream_open = False  # a chunked response head went out and its end has not
-        self._task: asyncio.Task[None] | Pending | None = None
         self._keep_alive = True  # of the request being answered
-        self._reading_paused = False
-        # per-message parse state
-        self._url = b""
-        self._headers: dict[str, str] = {}
-        self._body: list[bytes] = []
-        self._size = 0
-        self._too_big = False
-        self._head_bytes = 0
 
     # ---------------------------------------------------------------- transport events
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -110,21 +83,6 @@ class HttpProtocol(asyncio.Protocol):
             self._task.cancel()  # the client is gone: stop its upstream call (streams leave "abort")
         if self.paused is not None and not self.paused.done():
             self.paused.set_result(None)
-
-    def data_received(self, data: bytes) -> None:
-        if self._final is not None:
-            return  # the parser failed already; nothing after it can be read
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._fail(400, "protocol upgrades are not supported")
-        except httptools.HttpParserError as exc:
-            if self._final is not None:
-                pass  # a callback refused the request and queued its answer (_Refused)
-            elif self._head_bytes > _MAX_HEAD_BYTES:  # httptools wraps our _HeadTooLarge
-                self._fail(431, f"request line and headers exceed {_MAX_HEAD_BYTES} bytes")
-            else:
-                self._fail(400, f"malformed HTTP request: {exc}")
 
     def pause_writing(self) -> None:
         if self.paused is None:
@@ -163,18 +121,6 @@ class HttpProtocol(asyncio.Protocol):
         task = self._task
         return task if isinstance(task, asyncio.Task) else None
 
-    def idle(self) -> bool:
-        return self._task is None and not self._queue
-
-    def _fail(self, status: int, message: str) -> None:
-        """Answer unreadable input and close, once every request before it was answered."""
-        self._final = self.server.error_factory(status, message)
-        if self.transport is not None and not self._reading_paused:
-            self._reading_paused = True
-            self.transport.pause_reading()
-        if self.idle():
-            self._finish_connection()
-
     def _finish_connection(self) -> None:
         final, self._final = self._final, None
         if final is not None and not self.closed:
@@ -182,115 +128,17 @@ class HttpProtocol(asyncio.Protocol):
             self._write_response(final, keep_alive=False)
         self.close()
 
-    # ---------------------------------------------------------------- parser callbacks
-    def on_message_begin(self) -> None:
-        self._url = b""
-        self._headers = {}
-        self._body = []
-        self._size = 0
-        self._too_big = False
-        self._head_bytes = 0
-
-    def _count_head(self, n: int) -> None:
-        self._head_bytes += n
-        if self._head_bytes > _MAX_HEAD_BYTES:
-            raise _HeadTooLarge  # stops the parser; data_received answers 431
-
-    def on_url(self, url: bytes) -> None:
-        self._count_head(len(url))
-        self._url += url
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._count_head(len(name) + len(value))
-        self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
-
-    def on_headers_complete(self) -> None:
-        length = self._headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > self.server.max_body_bytes:
-            self._too_big = True
-            if self._headers.get("expect", "").lower() == "100-continue":
-                # The client waits for a go-ahead before sending the body: refuse it now rather
-                # than let it wait (or send a body we would only discard).
-                self._fail(
-                    413, f"request body exceeds the gateway's limit of {self.server.max_body_bytes} bytes"
-                )
-                raise _Refused
-        elif self._headers.get("expect", "").lower() == "100-continue":
-            self.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-
-    def on_body(self, body: bytes) -> None:
-        if self._too_big:
-            return
-        self._size += len(body)
-        if self._size > self.server.max_body_bytes:
-            self._too_big = True
-            self._body = []
-            return
-        self._body.append(body)
-        if (
-            not self._reading_paused
-            and not self.idle()
-            and self._queued_bytes + self._size > self.server.max_pipelined_bytes
-        ):
-            # A body behind a request still being answered counts against the cap while it
-            # arrives, not only once whole: stop reading now (within one read of the cap).
-            self._pause_reading()
-
-    def on_message_complete(self) -> None:
-        if self._final is not None:
-            return
-        url = httptools.parse_url(self._url)
-        # Percent-escapes stay as sent: the router decodes each matched segment, so an escaped
-        # "/" (%2F) can never change which route a path takes.
-        path = url.path.decode("latin-1")
-        method = self.parser.get_method().decode("latin-1")
-        # The pieces go as they are joined, so a finished body is never held twice for long.
-        pieces, self._body, self._size = self._body, [], 0
-        body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-        del pieces
-        req = Request(self, method, path, (url.query or b"").decode("latin-1"), Headers(self._headers), body)
-        self._queue.append((req, self.parser.should_keep_alive(), self._too_big))
-        self._queued_bytes += len(body)
-        if self._task is None:
-            self._next()
-        elif (
-            len(self._queue) > _MAX_PIPELINED or self._queued_bytes > self.server.max_pipelined_bytes
-        ) and not self._reading_paused:
-            self._pause_reading()
-
-    def _pause_reading(self) -> None:
-        """Back-pressure, not an error: the client's writes wait until earlier answers went out."""
-        self._reading_paused = True
-        self.transport.pause_reading()  # type: ignore[union-attr]
-
-    def _resume_reading_if_room(self) -> None:
-        """Go on reading once what is held behind the request being answered (queued bodies and
-        the one arriving) fell to half the caps, or once nothing is being answered (then the
-        arriving body is the next request, bounded by max_body_bytes alone)."""
-        if self._final is not None:
-            return
-        held = self._queued_bytes + (0 if self._too_big else self._size)  # a refused body is not kept
-        if self.idle() or (
-            len(self._queue) <= _MAX_PIPELINED // 2 and held <= self.server.max_pipelined_bytes // 2
-        ):
-            self._reading_paused = False
-            self.transport.resume_reading()  # type: ignore[union-attr]
-
     # ---------------------------------------------------------------- answering
     def _next(self) -> None:
-        req, keep_alive, too_big = self._queue.popleft()
-        self._queued_bytes -= len(req.body)
+        method, path, query, headers, body, keep_alive, too_big = self._queue.popleft()
+        self._queued_bytes -= len(body)
         if self._reading_paused:
             self._resume_reading_if_room()
         self._keep_alive = keep_alive
+        req = Request(self, method, path, query, headers, body)
         server = self.server
         if too_big:
-            self.respond(
-                req,
-                server.error_factory(
-                    413, f"request body exceeds the gateway's limit of {server.max_body_bytes} bytes"
-                ),
-            )
+            self.respond(req, server.error_factory(413, self._too_big_message()))
             return
         started = None
         if server.early is not None:

@@ -9,7 +9,9 @@ The process gets, besides the engine's own environment and ``env``:
 
 - ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``: the session's URL and token; ``OPENAI_MODEL`` and
   ``RLLM_MODEL``: the model name to send;
-- ``RLLM_TASK_FILE``: a file holding the task as JSON, also in ``RLLM_TASK`` up to 64 KiB (an
+- ``RLLM_TASK_FILE``: a file holding the agent's view of the task as JSON
+  (``rllm.types.agent_view``: its id, instruction and the metadata that is not grader-only; never
+  its ground truth, hidden tests or reference solution), also in ``RLLM_TASK`` up to 64 KiB (an
   environment variable is limited to 128 KiB); ``RLLM_TASK_ID``; ``RLLM_SAMPLING``: the
   sampling settings as JSON; ``RLLM_WORKDIR``: a fresh empty directory for this rollout (its
   working directory unless ``cwd`` is given), removed afterwards.
@@ -52,7 +54,7 @@ import msgspec
 
 from rllm.sdk.flow import RolloutFlow
 from rllm.sdk.sandbox import SpecSource, current_sandbox, needs_sandbox
-from rllm.types import AgentConfig, Episode, Task, TerminationReason
+from rllm.types import AgentConfig, Episode, Task, TerminationReason, agent_view
 from rllm.types.errors import RLLMError, UsageError
 
 _PLACEHOLDER = re.compile(r"\{(instruction|task_id|workdir)\}")
@@ -153,6 +155,13 @@ def command_flow(
     )
 
 
+def task_json(task: Task) -> bytes:
+    """What a harness is given of ``task`` (``RLLM_TASK``, ``RLLM_TASK_FILE``): the agent's view
+    as JSON. The engine already hands flows that view; taking it again here keeps a harness run
+    outside the engine from ever receiving the grader's part."""
+    return msgspec.json.encode(agent_view(task))
+
+
 def instruction_text(task: Task) -> str:
     """The task's instruction as text (the text blocks of a multimodal one, joined)."""
     if isinstance(task.instruction, str):
@@ -197,8 +206,8 @@ async def run_command(flow: CommandFlow, task: Task, config: AgentConfig) -> Epi
     values = {"instruction": instruction_text(task), "task_id": task.id, "workdir": str(workdir)}
     argv = [fill(a, values) for a in flow.argv]
     cwd = str(workdir) if flow.cwd is None else fill(flow.cwd, values)
-    task_json = msgspec.json.encode(task)
-    (root / "task.json").write_bytes(task_json)
+    task_doc = task_json(task)
+    (root / "task.json").write_bytes(task_doc)
     env = {
         **os.environ,
         **flow.env,
@@ -212,8 +221,8 @@ async def run_command(flow: CommandFlow, task: Task, config: AgentConfig) -> Epi
         "RLLM_WORKDIR": str(workdir),
         _TOKEN_VAR: token,
     }
-    if len(task_json) <= MAX_ENV_TASK:  # Linux refuses one variable over 128 KiB (E2BIG)
-        env["RLLM_TASK"] = task_json.decode()
+    if len(task_doc) <= MAX_ENV_TASK:  # Linux refuses one variable over 128 KiB (E2BIG)
+        env["RLLM_TASK"] = task_doc.decode()
     started = time.monotonic()
     details: dict[str, Any] = {"argv": argv}
     proc: asyncio.subprocess.Process | None = None

@@ -7,9 +7,12 @@ sandbox's bridge (``HarnessHost.hook_up_harness``; the local backend's is
 ``rllm.engine.sandbox.session_bridge``): ``OPENAI_BASE_URL`` is a loopback URL inside the
 sandbox that leads to that one session and nothing else, and ``OPENAI_API_KEY`` is a
 placeholder (the bridge adds the session's token on the host side, so the harness never holds
-it). ``RLLM_TASK_FILE`` is a read-only file inside the sandbox, ``RLLM_WORKDIR`` and
-``{workdir}`` the spec's workdir (the default ``cwd``), and the environment is the sandbox's
-(cleared, then the spec's ``env``) plus ``env`` and these variables — never the engine's.
+it). ``RLLM_TASK_FILE`` is a read-only file inside the sandbox holding the agent's view of the
+task (``rllm.types.agent_view``: never its ground truth, hidden tests or reference solution,
+which reach the sandbox only when a verifier copies them in after the harness is done),
+``RLLM_WORKDIR`` and ``{workdir}`` the spec's workdir (the default ``cwd``), and the environment
+is the sandbox's (cleared, then the spec's ``env``) plus ``env`` and these variables — never the
+engine's.
 ``timeout_s`` defaults to the spec's ``limits.exec_timeout_s``; stdout is kept up to
 ``limits.output_bytes``.
 """
@@ -22,7 +25,15 @@ from typing import Any
 
 import msgspec
 
-from rllm.sdk.command import MAX_ENV_TASK, TAIL_CHARS, CommandError, CommandFlow, fill, instruction_text
+from rllm.sdk.command import (
+    MAX_ENV_TASK,
+    TAIL_CHARS,
+    CommandError,
+    CommandFlow,
+    fill,
+    instruction_text,
+    task_json,
+)
 from rllm.sdk.sandbox import HarnessHost, Sandbox, SandboxUnavailable
 from rllm.types import AgentConfig, Episode, Task, TerminationReason
 
@@ -34,8 +45,8 @@ async def run_in_sandbox(flow: CommandFlow, task: Task, config: AgentConfig, san
             f"the {type(sandbox).__name__} cannot bridge a command harness to its session "
             "(the local bubblewrap sandbox can): run the command outside a sandbox or use sandbox_backend=bubblewrap"
         )
-    task_json = msgspec.json.encode(task)
-    hookup = await sandbox.hook_up_harness(config.base_url, config.api_key, {"task.json": task_json})
+    task_doc = task_json(task)
+    hookup = await sandbox.hook_up_harness(config.base_url, config.api_key, {"task.json": task_doc})
     workdir = sandbox.spec.workdir
     values = {"instruction": instruction_text(task), "task_id": task.id, "workdir": workdir}
     argv = [fill(a, values) for a in flow.argv]
@@ -51,8 +62,8 @@ async def run_in_sandbox(flow: CommandFlow, task: Task, config: AgentConfig, san
         "RLLM_SAMPLING": msgspec.json.encode(config.sampling).decode(),
         "RLLM_WORKDIR": workdir,
     }
-    if len(task_json) <= MAX_ENV_TASK:  # Linux refuses one variable over 128 KiB (E2BIG)
-        env["RLLM_TASK"] = task_json.decode()
+    if len(task_doc) <= MAX_ENV_TASK:  # Linux refuses one variable over 128 KiB (E2BIG)
+        env["RLLM_TASK"] = task_doc.decode()
     timeout = flow.timeout_s if flow.timeout_s is not None else sandbox.spec.limits.exec_timeout_s
     script = f"{hookup.launch}\ncd {shlex.quote(cwd)} || exit 125\nexec {shlex.join(argv)}\n"
     details: dict[str, Any] = {"argv": argv, "sandboxed": True}

@@ -3,6 +3,11 @@
 A cookbook package exposes one ``Cookbook`` object through the ``rllm.cookbooks`` entry point,
 e.g. ``[project.entry-points."rllm.cookbooks"] say = "rllm_cookbook_say:cookbook"``; the CLI
 finds it by name. Cookbooks depend only on rllm-types and rllm-sdk.
+
+An environment adapter (``rllm-adapter-*``: reasoning-gym, verifiers, ...) turns another
+library's environments into cookbooks: it exposes one :class:`Adapter` through the
+``rllm.adapters`` entry point, and ``rllm train PREFIX:NAME`` / ``rllm eval PREFIX:NAME`` ask it
+for NAME's cookbook (``rllm.cli.adapters`` resolves the spec).
 """
 
 from __future__ import annotations
@@ -44,6 +49,26 @@ class Cookbook:
         if self.configure is None:
             raise InputError(f"cookbook {self.name!r} takes no options, got {', '.join(sorted(options))}")
         return self.configure(dict(options))
+
+
+ADAPTERS_GROUP = "rllm.adapters"
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """An environment library seen as cookbooks: ``cookbook(name)`` builds the cookbook of the
+    library's environment ``name`` (raising ``LookupFailed`` naming what it has when there is
+    none); ``names()`` lists some of them for messages (may be empty when the library cannot
+    enumerate). ``flows`` and ``modes`` say what it supports, for ``rllm capabilities``."""
+
+    prefix: str
+    package: str
+    library: str
+    cookbook: Callable[[str], Cookbook]
+    names: Callable[[], list[str]]
+    flows: tuple[str, ...] = ("single-turn",)
+    modes: tuple[str, ...] = ("train", "eval")
+    description: str = ""
 
 
 def sample_rows(

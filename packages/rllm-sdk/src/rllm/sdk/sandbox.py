@@ -12,23 +12,41 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import msgspec
 
 from rllm.sdk.errors import InfraError
-from rllm.types import InvariantError, Task
+from rllm.types import InvariantError, Task, TerminationReason
 from rllm.types.errors import UsageError
 
 TRUNCATION_MARKER = "\n[... output truncated by the sandbox: {dropped} more bytes ...]\n"
 
 
 class SandboxError(InfraError):
-    """A sandbox could not be created or used (not the agent's fault: the rollout is retried)."""
+    """A sandbox could not be created or used for a reason the agent cannot cause (the host,
+    the backend, a setup script that failed before the agent started): an infrastructure error,
+    so the rollout is retried. ``caused_by`` says whose the failure is; a failure the agent
+    caused in its own sandbox is a :class:`SandboxAgentError` instead."""
+
+    caused_by: ClassVar[str] = "host"
+    termination_reason: ClassVar[TerminationReason] = TerminationReason.INFRA_ERROR
 
 
 class SandboxUnavailable(SandboxError):
     """The backend cannot isolate commands here (e.g. no user namespaces); nothing was run."""
+
+
+class SandboxAgentError(SandboxError):
+    """A sandbox operation failed because of what the agent did in its own sandbox: it filled
+    its disk cap, left a link, a FIFO or a folder where a file was expected, removed what was to
+    be read. The agent's outcome, not infrastructure (``caused_by = "agent"``, termination
+    ``agent_error``): the engine scores the rollout 0 with this message and never retries it,
+    whether it is raised in the flow or in a verifier after it. A SandboxError still, so code that
+    handles sandbox failures handles it."""
+
+    caused_by: ClassVar[str] = "agent"
+    termination_reason: ClassVar[TerminationReason] = TerminationReason.AGENT_ERROR
 
 
 class SandboxLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -40,7 +58,9 @@ class SandboxLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     processes at once, ``cpus`` CPUs' worth of time. Per mount: ``tmp_mb`` for /tmp, ``shm_mb``
     for /dev/shm, ``disk_mb`` for the workdir; nothing else is writable. Per process: ``cpu_s``
     CPU seconds, ``memory_mb`` of address space, ``file_size_mb`` per file written. Per exec:
-    ``output_bytes`` kept of stdout and of stderr each, ``exec_timeout_s`` of wall clock."""
+    ``output_bytes`` kept of stdout and of stderr each, ``exec_timeout_s`` of wall clock. Per
+    transfer: one ``read_file`` or ``download`` of the local sandbox brings out at most
+    ``disk_mb`` (what its workdir can hold; apparent sizes count), else a ``SandboxAgentError``."""
 
     cpu_s: int = 60
     memory_mb: int = 2048

@@ -14,8 +14,18 @@
 ``[environment] network, setup_timeout_sec, cpu_s, memory_mb, max_procs, output_bytes``,
 ``[environment.desktop] width, height, depth, apps, screenshot_max, image`` (a virtual screen whose
 ``apps`` start the task's GUI program; see ``rllm.sdk.sandbox.DesktopSpec``),
-``[metadata]`` (free-form, kept in ``Task.metadata``). The tests are not in the sandbox while
-the agent works: ``run_verifier`` copies them in afterwards, so the agent cannot read or edit them.
+``[metadata]`` (free-form, kept in ``Task.metadata``; list keys the agent must not see in its
+``grader_only``). The agent never sees the tests, the reference solution or the sandbox spec (whose
+setup script may hold the answer): the engine hands flows, command harnesses (``RLLM_TASK``) and
+remote agents only ``rllm.types.agent_view(task)``, which leaves them out, and they are not in the
+sandbox while the agent works. The evaluator gets the full task and runs in the rollout's sandbox
+after the agent is done (``current_sandbox()``): ``run_verifier`` copies the tests in then, so the
+agent can neither read nor edit them. A verifier the agent's own doing breaks (its disk cap full,
+a link where a test file goes) raises ``SandboxAgentError``: the rollout is scored 0 with that
+reason, never retried.
+
+Tasks in Harbor's own format (the ``harbor`` package's ``task.toml``) load too: its sandbox keys
+are mapped and what rLLM does not run is refused by name (``rllm.sdk.task_harbor``).
 
 ``network = true`` is the dataset asking for the network, which the operator must grant: loading
 such a task is refused unless ``allow_network=True``; in a run, the engine refuses it unless
@@ -33,6 +43,7 @@ from typing import Any
 import msgspec
 
 from rllm.sdk.sandbox import DesktopSpec, ExecResult, Sandbox, SandboxLimits, SandboxSpec
+from rllm.sdk.task_harbor import check_harbor, harbor_metadata, mapped_spec_fields, wants_network
 from rllm.types import Task, convert, to_builtins
 from rllm.types.errors import RLLMError
 
@@ -64,31 +75,39 @@ def load_task_dir(path: str | Path, *, allow_network: bool = False) -> Task:
             config = tomllib.loads((root / "task.toml").read_text())
         except tomllib.TOMLDecodeError as exc:
             raise TaskDirError(f"{root / 'task.toml'}: {exc}") from None
+    check_harbor(root, config)
     env = config.get("environment", {})
-    if env.get("network", False) and not allow_network:
+    network = wants_network(config)
+    if network and not allow_network:
         raise TaskDirError(
-            f"{root / 'task.toml'}: [environment] network = true, but task directories get the "
+            f"{root / 'task.toml'}: the task asks for the network ([environment] network = true, "
+            "or Harbor's network_mode = 'public', its default), but task directories get the "
             "network only with the operator's consent (allow_network=True here; "
             "sandbox.allow_task_network in a run)"
         )
     setup = root / "environment" / "setup.sh"
     try:
+        spec_fields, harbor_limits = mapped_spec_fields(env)
         spec = SandboxSpec(
-            network=bool(env.get("network", False)),
-            limits=SandboxLimits(**{k: env[k] for k in _LIMIT_KEYS if k in env}),
+            network=network,
+            limits=SandboxLimits(**{k: env[k] for k in _LIMIT_KEYS if k in env}, **harbor_limits),
             setup=setup.read_text() if setup.is_file() else None,
             setup_timeout_s=float(env.get("setup_timeout_sec", 120.0)),
             files=_text_files(root / "environment" / "files"),
             desktop=convert(env["desktop"], DesktopSpec) if "desktop" in env else None,
+            **spec_fields,
         )
     except (TypeError, ValueError, msgspec.ValidationError) as exc:
         raise TaskDirError(f"{root / 'task.toml'} [environment]: {exc}") from None
     solution = root / "solution" / "solve.sh"
+    verify_env = {str(k): str(v) for k, v in dict(config.get("verifier", {}).get("env", {})).items()}
     return Task(
         id=root.name,
         instruction=instruction.read_text().strip(),
         metadata={
             **config.get("metadata", {}),
+            **harbor_metadata(config),
+            **({"verify_env": verify_env} if verify_env else {}),
             "sandbox": to_builtins(spec),
             "tests": _text_files(root / "tests"),
             "agent_timeout_s": float(config.get("agent", {}).get("timeout_sec", 600.0)),
@@ -115,7 +134,8 @@ def task_sandbox_spec(task: Task) -> SandboxSpec:
 
 async def run_verifier(sandbox: Sandbox, task: Task) -> ExecResult:
     """Copy the task's tests into the sandbox (replacing anything the agent put there) and run
-    ``tests/test.sh`` in the workdir; exit 0 means solved.
+    ``tests/test.sh`` in the workdir; exit 0 means solved. Call it from the evaluator, which has
+    the full task (a flow has only the agent's view, without the tests) and the rollout's sandbox.
 
     Whatever the agent left at the tests' folder is removed first, and the removal is checked:
     a folder it made undeletable (read-only) is made writable and removed; when something still
@@ -129,6 +149,15 @@ async def run_verifier(sandbox: Sandbox, task: Task) -> ExecResult:
             stderr=f"verifier: could not clear {TESTS_DIR} before copying the tests in "
             f"(exit {cleared.exit_code}): {cleared.stderr.strip()[-300:]}",
         )
+    if "tests" not in task.metadata:
+        raise TaskDirError(
+            f"task {task.id!r} has no tests in its metadata: run_verifier needs the full task (the "
+            "evaluator's), not the agent's view a flow gets"
+        )
     for rel, text in task.metadata["tests"].items():
         await sandbox.write_file(f"{TESTS_DIR}/{rel}", text)
-    return await sandbox.exec(["sh", f"{TESTS_DIR}/test.sh"], timeout=task.metadata["verify_timeout_s"])
+    return await sandbox.exec(
+        ["sh", f"{TESTS_DIR}/test.sh"],
+        timeout=task.metadata["verify_timeout_s"],
+        env=task.metadata.get("verify_env"),
+    )

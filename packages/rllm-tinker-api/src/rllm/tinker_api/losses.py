@@ -3,8 +3,10 @@
 Tinker's built-in losses take per-token advantages and sum over tokens, and each is linear in the
 advantage per token. So our aggregation (token-mean, seq-mean-..., see rllm.algos) is honoured
 exactly by scaling each token's advantage by its aggregation weight (``token_weights``).
-Losses without a built-in twin (dual_clip) run our own rllm.algos loss client-side through
-``forward_backward_custom``.
+Which built-in runs a loss is the loss's own declaration in the rllm.algos registry
+(``LossSpec.tinker_loss``, and ``clips_ratio`` for the clip thresholds it is given); a loss with
+no built-in twin (dual_clip, a plugin that declares none) runs our own rllm.algos loss
+client-side through ``forward_backward_custom``.
 
 The remote service's "old" policy is the sampler (Tinker's convention: the datum's ``logprobs``
 are the sampling logprobs), so it cannot also correct trainer/sampler drift (``tis`` token or
@@ -19,18 +21,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rllm.algos import registry
 from rllm.algos.config import AlgorithmConfig
 from rllm.algos.registry import get_loss
 
-# our loss name -> Tinker's built-in loss_fn (the rest go through forward_backward_custom)
-BUILTIN_LOSSES = {
-    "importance_sampling": "importance_sampling",
-    "ppo_clip": "ppo",
-    "cispo": "cispo",
-    "gspo": "gspo",
-    "cross_entropy": "cross_entropy",
+# The built-in losses with a Tinker twin: our name -> Tinker's built-in loss_fn, read off their
+# LossSpecs (``tinker_loss``). Kept for imports; plan_loss asks the registry, so plugins count.
+BUILTIN_LOSSES: dict[str, str] = {
+    name: spec.tinker_loss for name in registry.BUILTIN_LOSSES if (spec := get_loss(name)).tinker_loss
 }
-CLIPPED_LOSSES = {"ppo", "cispo", "gspo"}
 
 
 @dataclass(frozen=True)
@@ -70,14 +69,17 @@ def unsupported_algo_options(algo: AlgorithmConfig, service: str) -> list[str]:
 
 
 def plan_loss(algo: AlgorithmConfig) -> LossPlan:
-    name = BUILTIN_LOSSES.get(algo.loss)
-    if name is None:
+    """The Tinker built-in that ``algo.loss`` declares (``LossSpec.tinker_loss``), with the clip
+    thresholds when it clips its ratio; "custom" when it declares none."""
+    spec = get_loss(algo.loss)
+    if not spec.tinker_loss:
         return LossPlan("custom", None)
-    if name in CLIPPED_LOSSES:
+    if spec.clips_ratio:
         return LossPlan(
-            name, {"clip_low_threshold": 1.0 - algo.clip_low, "clip_high_threshold": 1.0 + algo.clip_high}
+            spec.tinker_loss,
+            {"clip_low_threshold": 1.0 - algo.clip_low, "clip_high_threshold": 1.0 + algo.clip_high},
         )
-    return LossPlan(name, None)
+    return LossPlan(spec.tinker_loss, None)
 
 
 def token_weights(masks: list[np.ndarray], algo: AlgorithmConfig) -> list[np.ndarray]:

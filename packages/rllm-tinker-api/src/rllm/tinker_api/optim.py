@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
+
+from rllm.algos.optim import AdamWSettings
 
 
-class AdamSettings(Protocol):
-    """The optimizer fields of a Tinker-API backend's config."""
-
-    learning_rate: float
-    betas: tuple[float, float]
-    eps: float
-    weight_decay: float
-    grad_clip: float
-
-
-def adam_params(adam_params_type: Any, cfg: AdamSettings) -> Any:
-    """``cfg`` as the service SDK's ``AdamParams`` (its own class passed in; a grad_clip <= 0 is
-    sent as 0, which the services read as no clipping)."""
+def adam_params(adam_params_type: Any, cfg: AdamWSettings) -> Any:
+    """``cfg`` (a backend config: its AdamW settings are rllm.algos' AdamWSettings) as the service
+    SDK's ``AdamParams`` (its own class passed in; a grad_clip <= 0 is sent as 0, which the
+    services read as no clipping)."""
     return adam_params_type(
         learning_rate=cfg.learning_rate,
         beta1=cfg.betas[0],

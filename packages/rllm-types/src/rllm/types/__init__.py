@@ -22,11 +22,23 @@ from rllm.types.messages import (
     ToolCall,
 )
 from rllm.types.sequence import TrainSequence
-from rllm.types.task import AgentConfig, EvalOutput, SamplingParams, Signal, Task
+from rllm.types.task import (
+    GRADER_ONLY_KEY,
+    GRADER_ONLY_METADATA,
+    AgentConfig,
+    EvalOutput,
+    SamplingParams,
+    Signal,
+    Task,
+    agent_view,
+    grader_only_keys,
+)
 from rllm.types.trace import TraceRecord, Usage
 from rllm.types.version import SCHEMA_VERSION
 
 __all__ = [
+    "GRADER_ONLY_KEY",
+    "GRADER_ONLY_METADATA",
     "SCHEMA_VERSION",
     "Advantage",
     "AgentConfig",
@@ -56,11 +68,13 @@ __all__ = [
     "Trajectory",
     "TrajectoryGroup",
     "Usage",
+    "agent_view",
     "as_float_array",
     "as_token_array",
     "convert",
     "from_json",
     "from_msgpack",
+    "grader_only_keys",
     "new_id",
     "to_builtins",
     "to_json",

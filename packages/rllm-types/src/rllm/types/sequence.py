@@ -40,7 +40,7 @@ class TrainSequence(msgspec.Struct, kw_only=True):
     in order: a vision-language backend turns them into the same pixel inputs sampling used.
     ``trainer_logprobs`` are filled in by a backend that computes the policy's own logprobs for
     the loss (same alignment, 0 outside completions; taken before the step's first update), so
-    the engine can measure the train/sampler mismatch (``rllm.engine.mismatch``); None where the
+    the engine can measure the train/sampler mismatch (``rllm.engine.training.mismatch``); None where the
     backend cannot compute them. ``teacher_topk`` is a distillation teacher's top-k tokens per
     position (:class:`TeacherTopK`, rows aligned the same way), for the top-k distillation loss.
     """
@@ -53,7 +53,7 @@ class TrainSequence(msgspec.Struct, kw_only=True):
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
     images: list[str] = msgspec.field(default_factory=list)
     trainer_logprobs: FloatArray | None = None
-    # Filled by on-policy distillation with ``distill.loss = "topk"`` (rllm.engine.distill).
+    # Filled by on-policy distillation with ``distill.loss = "topk"`` (rllm.engine.data.distill).
     teacher_topk: TeacherTopK | None = None
 
 

@@ -9,14 +9,62 @@ import msgspec
 from rllm.types.errors import InvariantError
 from rllm.types.messages import ContentBlock
 
+# Metadata keys no agent ever sees (see :func:`agent_view`): a task directory's hidden ``tests``,
+# its reference ``solution`` and its ``sandbox`` spec (built on the host from the full task; its
+# setup script may hold the answer, and what it puts in the sandbox the agent finds there anyway).
+GRADER_ONLY_METADATA: frozenset[str] = frozenset({"tests", "solution", "sandbox"})
+# A task's own list of further grader-only metadata keys (e.g. ``["reference", "table"]``).
+GRADER_ONLY_KEY = "grader_only"
+_ALWAYS_HIDDEN = GRADER_ONLY_METADATA | {GRADER_ONLY_KEY}
+
 
 class Task(msgspec.Struct, omit_defaults=True):
-    """One dataset row: what the agent is asked, and what the evaluator checks against."""
+    """One dataset row: what the agent is asked, and what the evaluator checks against.
+
+    The agent sees only :func:`agent_view` of it: no ``ground_truth``, and no grader-only
+    metadata (:data:`GRADER_ONLY_METADATA`, plus the keys the task lists in
+    ``metadata["grader_only"]``, a list of key names checked here)."""
 
     id: str
     instruction: str | list[ContentBlock]
     ground_truth: Any = None
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        marked = self.metadata.get(GRADER_ONLY_KEY)
+        if marked is not None and (
+            not isinstance(marked, list) or not all(isinstance(key, str) for key in marked)
+        ):
+            raise InvariantError(
+                f"task {self.id!r}: metadata[{GRADER_ONLY_KEY!r}] must be a list of metadata key "
+                f"names, got {marked!r}",
+                f"metadata.{GRADER_ONLY_KEY}",
+            )
+
+
+def grader_only_keys(task: Task) -> frozenset[str]:
+    """The metadata keys of ``task`` only its grader may see (present or not)."""
+    marked = task.metadata.get(GRADER_ONLY_KEY)
+    return _ALWAYS_HIDDEN.union(marked) if marked else _ALWAYS_HIDDEN
+
+
+def agent_view(task: Task) -> Task:
+    """What the agent may see of ``task``: its id, instruction and the metadata that is not
+    grader-only — never ``ground_truth``, a task directory's tests, solution or sandbox spec, nor
+    a key the task lists in ``metadata["grader_only"]``.
+
+    The one place that decides it: the engine hands every flow this view (in process, in flow
+    processes, on Ray, to remote agent services), and command harnesses get it as ``RLLM_TASK``;
+    evaluators get the full task. ``task`` itself when it hides nothing (the common case costs no
+    copy); otherwise a new Task whose metadata is a new dict."""
+    hidden = grader_only_keys(task)
+    if task.ground_truth is None and hidden.isdisjoint(task.metadata):
+        return task
+    return Task(
+        id=task.id,
+        instruction=task.instruction,
+        metadata={key: value for key, value in task.metadata.items() if key not in hidden},
+    )
 
 
 class SamplingParams(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):

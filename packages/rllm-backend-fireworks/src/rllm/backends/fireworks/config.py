@@ -11,8 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-import msgspec
-
+from rllm.algos.optim import AdamWSettings
 from rllm.types.config_file import parse_options
 from rllm.types.errors import ConfigError
 
@@ -22,9 +21,11 @@ _SHAPE_RE = re.compile(r"^accounts/[^/]+/trainingShapes/[^/]+(/versions/[^/]+)?$
 _ID_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 
-class FireworksBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class FireworksBackendConfig(AdamWSettings, kw_only=True, forbid_unknown_fields=True):
     """Where and what to train. Empty ids mean "create one"; set ids attach to existing resources
-    (which ``close()`` then leaves alone)."""
+    (which ``close()`` then leaves alone). The optimizer keys (``learning_rate``, ``weight_decay``,
+    ``betas``, ``eps``, ``grad_clip``: AdamW, one optim_step per mini-batch) are rllm.algos'
+    AdamWSettings, with its defaults."""
 
     model: str = ""  # the base model, e.g. "accounts/fireworks/models/qwen3-0p6b"
     account: str = ""  # optional: checked against the account the API key resolves to
@@ -43,12 +44,6 @@ class FireworksBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields
     # A Hugging Face tokenizer (id or local path) of the base model: turns on the gateway's
     # cumulative mode (token-level multi-turn bridging). Empty: plain capture, ids from raw_output.
     tokenizer: str = ""
-    # optimizer (AdamW), one optim_step per mini-batch
-    learning_rate: float = 1e-5
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    grad_clip: float = 1.0  # max global grad norm; <= 0 disables clipping
     mini_batches: int = 1
     ppo_epochs: int = 1
     shuffle_seed: int | None = None
@@ -75,7 +70,7 @@ class FireworksBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields
                 "must be lowercase letters, digits and '-' (at most 63)",
             ),
             (self.hot_load_timeout_s > 0, "hot_load_timeout_s", "must be > 0"),
-            (self.learning_rate > 0, "learning_rate", "must be > 0"),
+            *((False, key, message) for key, message in self.adamw_problems()),
             (self.mini_batches >= 1, "mini_batches", "must be >= 1"),
             (self.ppo_epochs >= 1, "ppo_epochs", "must be >= 1"),
             (self.request_timeout_s > 0, "request_timeout_s", "must be > 0"),

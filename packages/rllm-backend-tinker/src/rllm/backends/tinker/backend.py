@@ -35,7 +35,7 @@ class TinkerBackend(BackendBase[TinkerBackendConfig]):
 
     name = "tinker"
     options_type = TinkerBackendConfig
-    # What `rllm sft` sets unless the user did (rllm.engine.sft_launch): supervised training
+    # What `rllm sft` sets unless the user did (rllm.engine.data.sft_launch): supervised training
     # samples nothing, so the local service starts without a sampler.
     sft_option_defaults: ClassVar[dict[str, Any]] = {"sampler_weights": "none"}
 
@@ -131,7 +131,7 @@ class TinkerBackend(BackendBase[TinkerBackendConfig]):
     async def sync_weights(self) -> int:
         return await self._started().sync_weights()
 
-    # Supervised fine-tuning (rllm.engine.sft): held-out loss and the LR schedule. The local
+    # Supervised fine-tuning (rllm.engine.data.sft): held-out loss and the LR schedule. The local
     # service runs them itself; the remote one with a forward-only pass and the LR it sends with
     # every optim_step.
     def supports_sft_extras(self) -> str | None:

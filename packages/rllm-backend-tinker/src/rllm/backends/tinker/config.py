@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from rllm.algos.optim import AdamWSettings
 from rllm.types.config_file import parse_options
 from rllm.types.errors import ConfigError
 
@@ -43,19 +44,15 @@ class RemoteConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return self.base_url or os.environ.get("TINKER_BASE_URL") or None
 
 
-class TinkerBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class TinkerBackendConfig(AdamWSettings, kw_only=True, forbid_unknown_fields=True):
     """Everything the backend needs. One struct for both services; fields a service does not use
-    are ignored by it (documented per field)."""
+    are ignored by it (documented per field). The optimizer keys (``learning_rate``,
+    ``weight_decay``, ``betas``, ``eps``, ``grad_clip``) are rllm.algos' AdamWSettings, with its
+    defaults."""
 
     service: Literal["local", "remote"] = "local"
     model: str = ""  # local path or hub name (local: loaded with transformers; remote: base model name)
     lora: LoraConfig = msgspec.field(default_factory=LoraConfig)
-    # optimizer (AdamW)
-    learning_rate: float = 1e-5
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    grad_clip: float = 1.0  # max global grad norm; <= 0 disables clipping
     # How one train_step is cut: the batch is split into ``mini_batches`` optimizer steps, repeated
     # ``ppo_epochs`` times. Each mini-batch is further cut into micro-batches of at most
     # ``micro_batch_tokens`` padded tokens for gradient accumulation: "auto" (local service) picks
@@ -123,7 +120,7 @@ class TinkerBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
             ),
             (self.memory_limit_gb >= 0, "memory_limit_gb", "must be >= 0 (0 = what the machine has free)"),
             (self.pack_tokens >= 0, "pack_tokens", "must be >= 0"),
-            (self.learning_rate > 0, "learning_rate", "must be > 0"),
+            *((False, key, message) for key, message in self.adamw_problems()),
             (self.lora.rank >= 0, "lora.rank", "must be >= 0"),
             (self.sampler_max_batch >= 1, "sampler_max_batch", "must be >= 1"),
             (self.sampler_max_tokens >= 1, "sampler_max_tokens", "must be >= 1"),

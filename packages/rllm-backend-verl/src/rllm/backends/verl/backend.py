@@ -141,12 +141,12 @@ class VerlBackend(BackendBase[VerlBackendConfig]):
             batching=self.batching(),
         )
         # Token truth: the policy's logprobs before this update, onto the sequences (the engine
-        # compares them with the sampler's: rllm.engine.mismatch).
+        # compares them with the sampler's: rllm.engine.training.mismatch).
         record_trainer_logprobs(batch, data.batch[OLD_LOG_PROBS])
         self._step += 1
         return {**metrics, "lr": lr}
 
-    # Supervised fine-tuning (rllm.engine.sft): held-out loss and the LR schedule, on the
+    # Supervised fine-tuning (rllm.engine.data.sft): held-out loss and the LR schedule, on the
     # in-process trainer and on Ray workers alike (sft.py).
     def supports_sft_extras(self) -> str | None:
         """None: ``eval_loss`` and ``set_learning_rate_scale`` work on every cluster layout."""

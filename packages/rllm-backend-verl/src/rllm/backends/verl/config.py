@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from rllm.algos.optim import AdamWSettings
 from rllm.types.config_file import parse_options
 from rllm.types.errors import ConfigError
 
@@ -58,11 +59,34 @@ class LoraOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     target_modules: list[str] | Literal["all-linear"] = "all-linear"
 
 
-class OptimOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    lr: float = 1e-6
+class OptimOptions(AdamWSettings, kw_only=True, forbid_unknown_fields=True, rename={"learning_rate": "lr"}):
+    """rllm.algos' AdamWSettings under verl's spelling and defaults: the learning rate is
+    ``optim.lr`` (``optim.learning_rate`` in Python), 1e-6, and the weight decay verl's 0.01;
+    plus verl's linear warmup. ``grad_clip <= 0`` disables clipping, as on every backend."""
+
+    # Redeclared for their verl defaults (and learning_rate for the rename, which msgspec applies
+    # only to the fields a class declares).
+    learning_rate: float = 1e-6
     weight_decay: float = 0.01
-    grad_clip: float = 1.0
     warmup_steps: int = 0
+
+    def verl_kwargs(self, strategy: str) -> dict[str, Any]:
+        """The AdamW settings as keywords of verl's optimizer config (FSDP or Megatron) besides
+        ``lr``. verl clips at whatever ``clip_grad`` says (0 would zero every update), so "no
+        clipping" goes to it as infinity; eps reaches the optimizer through its override table
+        (torch's AdamW for FSDP; Megatron reads betas and eps only from there)."""
+        extra: dict[str, float]
+        if strategy == "megatron":
+            extra = {"adam_beta1": self.betas[0], "adam_beta2": self.betas[1], "adam_eps": self.eps}
+        else:
+            extra = {"eps": self.eps}
+        return {
+            "weight_decay": self.weight_decay,
+            "betas": self.betas,
+            "clip_grad": self.grad_clip if self.grad_clip > 0 else math.inf,
+            "lr_warmup_steps": self.warmup_steps,
+            "override_optimizer_config": extra,
+        }
 
 
 class RolloutOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -135,7 +159,7 @@ class VerlBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
 
     @property
     def lr(self) -> float:
-        return self.optim.lr if self.learning_rate is None else self.learning_rate
+        return self.optim.learning_rate if self.learning_rate is None else self.learning_rate
 
     def resolved_served_model_name(self) -> str:
         # verl starts vLLM/SGLang without --served-model-name, so they answer to the model path.
@@ -232,9 +256,11 @@ def check(config: VerlBackendConfig) -> None:
         f"tensor x pipeline x context parallel sizes ({model_parallel}) must divide the {world} GPUs",
     )
     need(config.lora.rank >= 0, "lora.rank", f"must be >= 0, got {config.lora.rank}")
-    lr_key = "optim.lr" if config.learning_rate is None else "learning_rate"
-    need(config.lr > 0 and math.isfinite(config.lr), lr_key, f"must be a finite number > 0, got {config.lr}")
-    need(config.optim.grad_clip >= 0, "optim.grad_clip", f"must be >= 0, got {config.optim.grad_clip}")
+    # The settings the optimizer gets: a top-level learning_rate replaces optim.lr (not checked then).
+    effective = msgspec.structs.replace(config.optim, learning_rate=config.lr)
+    for key, message in effective.adamw_problems():
+        top_level = key == "lr" and config.learning_rate is not None
+        need(False, "learning_rate" if top_level else f"optim.{key}", message)
     for key in (
         "mini_batches",
         "ppo_epochs",

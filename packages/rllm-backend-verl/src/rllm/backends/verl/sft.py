@@ -9,7 +9,7 @@ most of a small run. The loss is rllm.algos' ``cross_entropy`` inside verl's eng
 assistant tokens' loss mask, and the checkpoints are the usual verl ones (``rllm export``,
 ``rllm train --init-from``). Anything that needs a sampler is refused with the key to change.
 
-The SFT extras (``rllm.engine.sft``): the held-out loss is a forward-only pass of the same
+The SFT extras (``rllm.engine.data.sft``): the held-out loss is a forward-only pass of the same
 workers (``actor.held_out_loss``); the LR schedule with warmup sets each step's LR on the
 engine's optimizer before the update (:func:`set_engine_lr`), the same ``lr_scale`` as the local
 backend. verl's own scheduler is not used for it: it has no linear schedule, and it steps after

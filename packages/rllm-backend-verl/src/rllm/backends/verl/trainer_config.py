@@ -37,9 +37,7 @@ def verl_overrides(config: VerlBackendConfig, algo: AlgorithmConfig | None = Non
         f"{actor}.ppo_epochs={config.ppo_epochs}",
         f"{actor}.shuffle={config.shuffle}",
         f"{actor}.optim.lr={config.lr}",
-        f"{actor}.optim.weight_decay={o.weight_decay}",
-        f"{actor}.optim.clip_grad={o.grad_clip}",
-        f"{actor}.optim.lr_warmup_steps={o.warmup_steps}",
+        *_optim_overrides(f"{actor}.optim", o.verl_kwargs(config.strategy)),
         # KL and entropy are terms of rLLM's loss (RllmPolicyLoss); verl's own must stay off.
         f"{actor}.use_kl_loss={kl}",
         f"{actor}.kl_loss_coef=0.0",
@@ -101,6 +99,21 @@ def verl_overrides(config: VerlBackendConfig, algo: AlgorithmConfig | None = Non
                 "actor_rollout_ref.ref.fsdp_config.forward_only=False",
                 "+actor_rollout_ref.ref.optim=${actor_rollout_ref.actor.optim}",
             ]
+    return out
+
+
+def _optim_overrides(base: str, kwargs: dict[str, Any]) -> list[str]:
+    """verl's optimizer keywords as overrides: betas as a list, inf as ``inf``, and the override
+    table key by key with ``+`` (Megatron's schema has it as an empty struct, which refuses
+    assigning a whole table with new keys)."""
+    out = []
+    for key, value in kwargs.items():
+        if isinstance(value, dict):
+            out += [f"+{base}.{key}.{name}={item!r}" for name, item in value.items()]
+        elif isinstance(value, tuple):
+            out.append(f"{base}.{key}=[{','.join(repr(v) for v in value)}]")
+        else:
+            out.append(f"{base}.{key}={value!r}")
     return out
 
 

@@ -59,12 +59,7 @@ def training_worker_config(config: VerlBackendConfig, *, forward_only: bool = Fa
             optimizer_offload=m.optimizer_offload,
             **batching,
         )
-        optimizer: Any = McoreOptimizerConfig(
-            lr=config.lr,
-            weight_decay=optim.weight_decay,
-            clip_grad=optim.grad_clip,
-            lr_warmup_steps=optim.warmup_steps,
-        )
+        optimizer: Any = McoreOptimizerConfig(lr=config.lr, **optim.verl_kwargs(config.strategy))
     else:
         f = config.fsdp
         engine = FSDPEngineConfig(
@@ -86,12 +81,7 @@ def training_worker_config(config: VerlBackendConfig, *, forward_only: bool = Fa
             use_torch_compile=False,
             **batching,
         )
-        optimizer = FSDPOptimizerConfig(
-            lr=config.lr,
-            weight_decay=optim.weight_decay,
-            clip_grad=optim.grad_clip,
-            lr_warmup_steps=optim.warmup_steps,
-        )
+        optimizer = FSDPOptimizerConfig(lr=config.lr, **optim.verl_kwargs(config.strategy))
     return TrainingWorkerConfig(
         model_type="language_model",
         model_config=model,

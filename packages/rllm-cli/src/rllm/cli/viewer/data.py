@@ -1,5 +1,5 @@
 """What the viewer shows, read from a run directory: metrics rows, per-step episode samples
-(``rllm.engine.metrics_log``) and, where a tokenizer is found, the text of every token.
+(``rllm.engine.training.metrics_log``) and, where a tokenizer is found, the text of every token.
 
 An evaluation folder (``rllm eval``'s ``episodes.jsonl``) is shown the same way, as one "step"
 (0) holding every episode; nothing in it was trained or filtered, so nothing is struck out.
@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from rllm.engine.metrics_log import read_episode_sample, read_metrics, sample_path, sample_steps
+from rllm.engine.training.metrics_log import read_episode_sample, read_metrics, sample_path, sample_steps
 from rllm.types import Episode, SchemaError, Step, Trajectory, from_json, to_builtins
 from rllm.types.errors import LookupFailed, RLLMError
 

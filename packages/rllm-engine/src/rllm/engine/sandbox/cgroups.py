@@ -14,7 +14,9 @@ Where they come from, checked once per backend:
   (``reason``): memory is capped per process (address space) only, processes per uid (as a
   normal user: per exec, counted in its user namespace).
 
-One cgroup per sandbox, ``<base>/rllm-sandboxes/<pid>-<start time>-<n>``, removed when it closes. Processes
+One cgroup per sandbox, ``<base>/rllm-sandboxes/<pid>-<start time>-<n>-<PID namespace>``, removed
+when it closes (the namespace keeps apart two harnesses of equal pid and start time, each pid 1 of
+a container sharing the cgroup folder; each sweeps only names of its own namespace). Processes
 join it before they exec anything (a wrapper shell writes its own pid, then execs bwrap), so
 nothing a sandbox runs starts outside it.
 """
@@ -63,7 +65,7 @@ class CgroupHost:
         its limits from :meth:`SandboxCgroup.apply` when a sandbox takes it."""
         if self.version == "none":
             return None
-        name = f"{stale.owner_token()}-{next(_names)}"
+        name = f"{stale.owner_token()}-{next(_names)}-{stale.pid_namespace()}"
         made: list[Path] = []
         try:
             for base in self.bases.values():
@@ -133,14 +135,18 @@ class SandboxCgroup:
 def _sweep(base: Path) -> None:
     """Remove sandbox cgroups left by processes that died without closing them (SIGKILL); an
     empty cgroup whose creator is gone has no one else to remove it. A name is
-    ``<pid>-<start time>-<n>``: the creator is gone when no process has that pid and start time
-    (older ``<pid>-<n>`` names: when the pid is gone). (Harnesses in other PID namespaces sharing
-    this folder would look gone: one folder per namespace is assumed.)"""
+    ``<pid>-<start time>-<n>-<PID namespace>``: the creator is gone when no process of this
+    namespace has that pid and start time (another namespace's names are left alone: their
+    creators cannot be seen from here). Older names: ``<pid>-<start time>-<n>``, as if of this
+    namespace; ``<pid>-<n>``, gone when the pid is."""
     deadline = time.monotonic() + 3.0
+    namespace = stale.pid_namespace()
     with contextlib.suppress(OSError):
         for child in base.iterdir():
             parts = child.name.split("-")
-            if len(parts) == 3:
+            if len(parts) == 4:
+                dead = bool(namespace) and parts[3] == namespace and stale.is_dead(f"{parts[0]}-{parts[1]}")
+            elif len(parts) == 3:
                 dead = stale.is_dead(f"{parts[0]}-{parts[1]}")
             else:
                 dead = parts[0].isdigit() and not Path(f"/proc/{parts[0]}").exists()

@@ -2,15 +2,23 @@
 the sandbox that lives as long as the sandbox (its "desktop session"), beside the per-exec ones.
 
 The display is private: the X server listens only on a unix socket in a host folder of this
-sandbox (``<root>/display/x11``, under a folder owned by the sandbox's uid, mode 0700) that every bwrap of the sandbox
-mounts at /tmp/.X11-unix, never the host's; no TCP, and the abstract socket sits in the session's
-own network namespace. The session joins the sandbox's cgroup like any exec (its memory counts
-against the sandbox's cap) and is killed with the sandbox at close.
+sandbox (``<root>/display/x11``, under a folder owned by the sandbox's uid, mode 0700) that every
+bwrap of the sandbox mounts at /tmp/.X11-unix, never the host's; no TCP, and the abstract socket
+sits in the session's own network namespace. The agent's execs mount it read-only (connecting
+to a socket is no write): only the session, where the X server makes its socket, may write there,
+and where the backend can mount (root) ``<root>/display`` is a tmpfs of ``DISPLAY_FOLDER``
+(its pages charged to the writer's memory cgroup, the sandbox's), so not even the session's apps
+can put more than that on the host. The session joins the sandbox's cgroup like any exec (its
+memory counts against the sandbox's cap) and is killed with the sandbox at close.
 
 The session also runs the desktop helper (``rllm.sdk.desktop_helper``): one process that takes
 input and screenshot requests, so an action is a round trip, not an exec per action. It connects
 to a unix socket the host listens on, in a host folder (``<root>/helper``, 0700, the sandbox's
-uid) that only the session mounts (at ``/tmp/.rllm-helper``), never the agent's execs.
+uid) that only the session mounts (at ``/tmp/.rllm-helper``, read-only), never the agent's execs.
+
+When the session does not come up, the error quotes the tail of the X server's log, read from
+the agent's workdir as any file leaving the sandbox is (``host_files``: no link followed, only a
+regular file, a bounded read), never by its path on the host.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import shlex
 import shutil
 from pathlib import Path
 
+from rllm.engine.sandbox import host_files, mounts
 from rllm.sdk import desktop_helper
 from rllm.sdk.desktop_channel import HelperChannel
 from rllm.sdk.sandbox import DesktopSpec, SandboxError, SandboxSpec, SandboxUnavailable
@@ -36,6 +45,8 @@ HELPER = "desktop-helper.py"
 HELPER_DIR = "/tmp/.rllm-helper"  # where the session (only) sees the host's socket folder
 TOOLS = ("Xvfb", "evilwm", "xdotool", "xwd", "xwdtopnm")
 START_TIMEOUT_S = 30.0
+DISPLAY_FOLDER = ("64k", 16)  # the display folder's tmpfs: size, files and folders (one socket is needed)
+_LOG_TAIL = 400  # characters of the X server's log quoted in a start-up error
 
 
 def check_tools() -> None:
@@ -103,7 +114,7 @@ async def listen(
     socket_mode: int | None = None,
 ) -> HelperChannel:
     """The host's end of the session's helper: a unix socket in ``root``'s helper folder (bound
-    into the session by :func:`helper_bind`) and the helper's program in ``root / program_dir``
+    into the session by :func:`session_binds`) and the helper's program in ``root / program_dir``
     (its control folder). A socket that cannot be made (a base folder too long for a socket
     path) leaves the channel unavailable: actions then run one exec each."""
     assert spec.desktop is not None
@@ -123,19 +134,56 @@ async def listen(
     return channel
 
 
-def helper_bind(root: Path) -> list[str]:
-    """bwrap arguments giving the desktop session (only) the helper's socket folder."""
-    return ["--bind", str(root / "helper"), HELPER_DIR]
+def exec_binds(root: Path) -> list[str]:
+    """bwrap arguments of every exec of a desktop sandbox: the display's socket folder, read-only."""
+    return ["--ro-bind", str(root / "display" / "x11"), SOCKET_DIR]
 
 
-def make_folders(root: Path, uid: int | None) -> None:
+def session_binds(root: Path) -> list[str]:
+    """bwrap arguments of the desktop session (only): the socket folder writable (the X server
+    makes its socket there), the helper's socket folder read-only."""
+    return [
+        "--bind",
+        str(root / "display" / "x11"),
+        SOCKET_DIR,
+        "--ro-bind",
+        str(root / "helper"),
+        HELPER_DIR,
+    ]
+
+
+def make_folders(root: Path, uid: int | None, sized: bool) -> None:
     """The sandbox's display and helper folders: 0700 and, as root, owned by the sandbox's uid
     (Xvfb makes its socket folder world-writable, 1777; the folder above it keeps other host
-    users from reaching the socket)."""
-    for folder in (root / "display", root / "display" / "x11", root / "helper"):
+    users from reaching the socket). ``sized``: the display folder is a tmpfs of
+    ``DISPLAY_FOLDER`` (the caller unmounts it, :func:`mounts.detach`, before deleting ``root``)."""
+    for folder in (root / "display", root / "helper"):
         folder.mkdir(mode=0o700)
         if uid is not None:
             os.chown(folder, uid, uid)
+    if sized:
+        size, inodes = DISPLAY_FOLDER
+        mounts.mount_tmpfs(root / "display", size, uid, inodes=inodes, exec_ok=False)
+    (root / "display" / "x11").mkdir(mode=0o700)
+    if uid is not None:
+        os.chown(root / "display" / "x11", uid, uid)
+
+
+def startup_log(workdir: Path) -> str:
+    """The tail of the X server's log in the sandbox's ``workdir``, for a
+    start-up error: never read through a link, only a regular file, at most its last 4 KiB."""
+    path = f"{LOG_DIR}/xvfb.log"
+    try:
+        with (
+            host_files.refusing(path, "the X server log"),
+            host_files.owned_fd(host_files.open_workdir(workdir)) as top,
+            host_files.owned_fd(host_files.open_beneath(top, path, host_files.FILE_FLAGS)) as fd,
+        ):
+            size = host_files.require_regular(fd, path, "the X server log").st_size
+            text = os.pread(fd, 4096, max(0, size - 4096)).decode(errors="replace")
+    except SandboxError as exc:
+        return f"(not read: {exc})"
+    return text.strip()[-_LOG_TAIL:] or "(the X server wrote nothing)"
 
 
 @functools.cache
@@ -148,9 +196,11 @@ __all__ = [
     "SOCKET_DIR",
     "DesktopSpec",
     "check_tools",
-    "helper_bind",
+    "exec_binds",
     "listen",
     "make_folders",
+    "session_binds",
     "session_script",
+    "startup_log",
     "wait_ready",
 ]

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rllm.engine.sandbox import host_files
+from rllm.engine.sandbox.outbound import ENTRY_BYTES, Budget
 from rllm.engine.sandbox.pool import prepare
 from rllm.sdk.sandbox import ExecResult, SandboxError, SandboxSpec, SandboxUnavailable, truncate_output
 
@@ -126,8 +127,10 @@ class E2BSandbox:
 
     # The same transfer rules as the local sandbox: only regular files are read (a FIFO would
     # stall the service's file call), a write replaces a link or refuses a special file instead
-    # of going through it, and nothing a download writes on the host is a link or leaves
-    # ``local_path`` (host_files.save_local).
+    # of going through it, nothing a download writes on the host is a symbolic link or leaves
+    # ``local_path`` (host_files.save_local), and one transfer brings out at most ``disk_mb``
+    # (outbound.Budget: apparent sizes, as listed before anything is read; zero blocks are
+    # written as holes and a hard-linked file is fetched once, its other names linked to it).
     async def write_file(self, path: str, data: bytes | str) -> None:
         target = shlex.quote(self._path(path))
         check = await self._run(
@@ -142,16 +145,26 @@ class E2BSandbox:
         await self.remote.files.write(self._path(path), data)
 
     async def read_file(self, path: str) -> bytes:
+        budget = Budget(self.spec.limits.disk_mb * 1024 * 1024, path, "read_file")
+        return await self._read(path, budget)
+
+    async def _read(self, path: str, budget: Budget, counted: int = 0) -> bytes:
+        """The regular file ``path``, its size counted in ``budget`` before it is fetched and its
+        growth after (``counted``: bytes of it the budget already holds, from a listing)."""
         target = shlex.quote(self._path(path))
-        check = await self._run(f"[ -f {target} ] && [ ! -L {target} ]", 60, {}, "/")
-        if check.exit_code != 0:
+        check = await self._run(f"[ -f {target} ] && [ ! -L {target} ] && stat -c %s {target}", 60, {}, "/")
+        if check.exit_code != 0 or not check.stdout.strip().isdigit():
             raise SandboxError(
                 f"read_file {path!r}: no regular file of that name in the sandbox (links are not followed)"
             )
+        budget.take(max(0, int(check.stdout) - counted))
+        counted = max(counted, int(check.stdout))
         try:
-            return bytes(await self.remote.files.read(self._path(path), format="bytes"))
+            data = bytes(await self.remote.files.read(self._path(path), format="bytes"))
         except Exception as exc:
             raise SandboxError(f"no file {path!r} in the sandbox: {exc}") from None
+        budget.take(max(0, len(data) - counted))
+        return data
 
     async def upload(self, local_path: str, path: str) -> None:
         source = Path(local_path)
@@ -164,22 +177,33 @@ class E2BSandbox:
 
     async def download(self, path: str, local_path: str) -> None:
         root = self._path(path)
-        # NUL-separated (a file name may hold a newline); %y is the type, links never followed.
-        listing = await self._run(f"find {shlex.quote(root)} -printf '%y %P\\0'", 600, {}, "/")
+        # NUL-separated (a file name may hold a newline); type, size, inode and link count, links
+        # never followed.
+        listing = await self._run(f"find {shlex.quote(root)} -printf '%y %s %i %n %P\\0'", 600, {}, "/")
         if listing.exit_code != 0:
             raise SandboxError(f"download: no file or folder {path!r} in the sandbox")
         if listing.truncated:
             raise SandboxError(f"download {path!r}: too many entries to list (over output_bytes)")
+        budget = Budget(self.spec.limits.disk_mb * 1024 * 1024, path, "download")
         refused: list[str] = []
+        copied: dict[str, str] = {}  # inode -> where this download wrote it (several links)
         for entry in listing.stdout.split("\0"):
             if not entry:
                 continue
-            kind, rel = entry[0], entry[2:]
+            kind, size, inode, links, rel = entry.split(" ", 4)
+            first = copied.get(inode) if kind == "f" and int(links) > 1 else None
             if kind == "d":
+                budget.take(ENTRY_BYTES)
                 await asyncio.to_thread(host_files.make_local_dir, local_path, rel)
+            elif first is not None:
+                budget.take(ENTRY_BYTES)
+                await asyncio.to_thread(host_files.link_local, local_path, rel, first)
             elif kind == "f":
-                data = await self.read_file(posixpath.join(root, rel) if rel else root)
+                budget.take(ENTRY_BYTES + int(size))
+                data = await self._read(posixpath.join(root, rel) if rel else root, budget, int(size))
                 await asyncio.to_thread(host_files.save_local, local_path, rel, data)
+                if int(links) > 1 and rel:
+                    copied[inode] = rel
             else:
                 refused.append(rel or path)
         if refused:

@@ -9,8 +9,10 @@ is refused at every component, never followed; only regular files are read or co
 with ``O_NONBLOCK`` and checked with ``fstat``, so a FIFO, socket or device the agent made can
 neither hang the harness nor be read); files are written to a fresh name and renamed over the
 target, so a write never goes through an entry the agent made (a link, a hard link, a FIFO).
-Downloads never create links on the host. These functions block: the sandbox runs them in a
-worker thread under a timeout.
+This module holds those primitives and the transfers into the sandbox; what leaves it for the
+host (``read_file``, ``download``: bounded in size, sparse files and hard links copied as what
+they take on disk) is ``rllm.engine.sandbox.outbound``. These functions block: the sandbox runs
+them in a worker thread under a timeout.
 """
 
 from __future__ import annotations
@@ -27,13 +29,16 @@ import tarfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from rllm.sdk.sandbox import SandboxError
+from rllm.sdk.sandbox import SandboxAgentError, SandboxError
 from rllm.types.errors import RLLMError
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
-_MAX_DEPTH = 256  # deeper trees are refused rather than walked with one fd per level
-_CHUNK = 1 << 20
+FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
+MAX_DEPTH = 256  # deeper trees are refused rather than walked with one fd per level
+CHUNK = 1 << 20
+_BLOCK = 1 << 16  # the unit in which a downloaded file's zeros are left as holes
+_ZEROS = bytes(_BLOCK)
+_DIR_OUT = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC  # a host folder of the caller's
 # openat2(2): one syscall number on every architecture (it postdates the split tables).
 _SYS_OPENAT2 = 437
 _RESOLVE = 0x02 | 0x04 | 0x08  # RESOLVE_NO_MAGICLINKS | RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH
@@ -65,14 +70,14 @@ def relative(mount: str, path: str) -> str:
     if path == mount or path.startswith(mount + "/"):
         rel = path[len(mount) :].lstrip("/")
     elif path.startswith("/"):
-        raise SandboxError(
+        raise SandboxAgentError(
             f"{path!r} is outside the sandbox workdir {mount}; only the workdir is transferable"
         )
     else:
         rel = path
     rel = posixpath.normpath(rel) if rel else "."
     if rel == ".." or rel.startswith("../"):
-        raise SandboxError(f"{path!r} resolves outside the sandbox workdir")
+        raise SandboxAgentError(f"{path!r} resolves outside the sandbox workdir")
     return "" if rel == "." else rel
 
 
@@ -105,17 +110,27 @@ def open_beneath(dir_fd: int, rel: str, flags: int, mode: int = 0) -> int:
 
 
 class _OpenFailed(RLLMError, OSError):
-    """openat2's errno, as the OSError os.open would raise (``_refusing`` names its cause)."""
+    """openat2's errno, as the OSError os.open would raise (``refusing`` names its cause)."""
+
+
+# What the sandbox's own content causes (a link, a special file or a folder in the way, an entry
+# gone): the agent's doing, never the host's. Writing into the sandbox, a full disk cap is too.
+_AGENT_ERRNOS = frozenset({errno.ELOOP, errno.EXDEV, errno.ENOENT, errno.ENOTDIR, errno.ENXIO, errno.EISDIR})
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
 @contextlib.contextmanager
-def _refusing(path: str, what: str) -> Iterator[None]:
-    """OS errors of a transfer as SandboxErrors that name the cause."""
+def refusing(path: str, what: str, *, into_sandbox: bool = False) -> Iterator[None]:
+    """OS errors of a transfer as SandboxErrors that name the cause: a SandboxAgentError when
+    the sandbox's content caused it (``into_sandbox``: a write into it, whose full disk cap is
+    the agent's doing too; out of it, a full disk is the host's)."""
     try:
         yield
     except SandboxError:
         raise
     except OSError as exc:
+        code = exc.errno or 0
+        agents = code in _AGENT_ERRNOS or (into_sandbox and code in _FULL_ERRNOS)
         reason = {
             errno.ELOOP: "a link is in the way (links in the sandbox are never followed)",
             errno.EXDEV: "it resolves outside the sandbox workdir",
@@ -125,31 +140,40 @@ def _refusing(path: str, what: str) -> Iterator[None]:
             errno.EISDIR: "it is a folder",
             errno.ENOSPC: "the sandbox's disk cap is full",
             errno.EDQUOT: "the sandbox's disk cap is full",
-        }.get(exc.errno or 0, exc.strerror or str(exc))
-        raise SandboxError(f"{what} {path!r}: {reason}") from None
+            errno.EFBIG: "over the sandbox's file size cap",
+        }.get(code, exc.strerror or str(exc))
+        if not into_sandbox and code in _FULL_ERRNOS:
+            reason = f"the host's disk is full ({exc.strerror})"
+        raise (SandboxAgentError if agents else SandboxError)(f"{what} {path!r}: {reason}") from None
 
 
 @contextlib.contextmanager
-def _fd(fd: int) -> Iterator[int]:
+def owned_fd(fd: int) -> Iterator[int]:
     try:
         yield fd
     finally:
         os.close(fd)
 
 
-def _workdir(root: Path) -> int:
-    # The workdir folder itself is the harness's (its parent is not the sandbox's to change).
-    return os.open(root, _DIR_FLAGS)
+def open_workdir(root: Path) -> int:
+    # The workdir folder itself is the harness's (its parent is not the sandbox's to change), so
+    # failing to open it is the host's fault, never the agent's.
+    try:
+        return os.open(root, _DIR_FLAGS)
+    except OSError as exc:
+        raise SandboxError(
+            f"the sandbox's workdir {root} cannot be opened on the host: {exc.strerror}"
+        ) from None
 
 
-def _require_regular(fd: int, path: str, what: str) -> os.stat_result:
+def require_regular(fd: int, path: str, what: str) -> os.stat_result:
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
-        raise SandboxError(f"{what} {path!r}: not a regular file ({_kind(st.st_mode)}); refused")
+        raise SandboxAgentError(f"{what} {path!r}: not a regular file ({kind(st.st_mode)}); refused")
     return st
 
 
-def _kind(mode: int) -> str:
+def kind(mode: int) -> str:
     for test, name in (
         (stat.S_ISDIR, "folder"),
         (stat.S_ISLNK, "link"),
@@ -163,7 +187,7 @@ def _kind(mode: int) -> str:
     return "special file"
 
 
-def _opendirs(dir_fd: int, parts: list[str], uid: int | None, create: bool) -> int:
+def opendirs(dir_fd: int, parts: list[str], uid: int | None, create: bool) -> int:
     """An fd of the folder ``parts`` beneath ``dir_fd`` (made, and given to ``uid``, if missing)."""
     current = os.dup(dir_fd)
     try:
@@ -186,7 +210,7 @@ def _opendirs(dir_fd: int, parts: list[str], uid: int | None, create: bool) -> i
         raise
 
 
-def _replace(dir_fd: int, name: str, fill: Callable[[int], None], mode: int, uid: int | None) -> None:
+def replace_entry(dir_fd: int, name: str, fill: Callable[[int], None], mode: int, uid: int | None) -> None:
     """Create ``name`` in ``dir_fd`` as a new regular file (``fill(fd)`` writes it) and rename it
     over whatever entry had that name: the old entry is replaced, never written through."""
     tmp = f".rllm-{secrets.token_hex(8)}.part"
@@ -217,9 +241,38 @@ def _write_all(data: bytes) -> Callable[[int], None]:
     return fill
 
 
+def _write_sparse(data: bytes) -> Callable[[int], None]:
+    """Write ``data`` with its all-zero blocks left as holes (a sparse file stays sparse)."""
+
+    def fill(fd: int) -> None:
+        for start in range(0, len(data), _BLOCK):
+            block = data[start : start + _BLOCK]
+            if block != _ZEROS[: len(block)]:
+                view, offset = memoryview(block), start
+                while view:
+                    written = os.pwrite(fd, view, offset)
+                    view, offset = view[written:], offset + written
+        os.ftruncate(fd, len(data))
+
+    return fill
+
+
+def link_into(dir_fd: int, name: str, target: Path) -> None:
+    """Make ``name`` in ``dir_fd`` a hard link of the host file ``target`` (a download's own copy:
+    a file hard-linked in the sandbox is copied once), renamed over whatever entry had that name."""
+    tmp = f".rllm-{secrets.token_hex(8)}.part"
+    os.link(target, tmp, dst_dir_fd=dir_fd, follow_symlinks=False)
+    try:
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
+
+
 def _copy_from(src: int) -> Callable[[int], None]:
     def fill(fd: int) -> None:
-        while chunk := os.read(src, _CHUNK):
+        while chunk := os.read(src, CHUNK):
             view = memoryview(chunk)
             while view:
                 view = view[os.write(fd, view) :]
@@ -227,39 +280,25 @@ def _copy_from(src: int) -> Callable[[int], None]:
     return fill
 
 
-def _safe_mode(mode: int) -> int:
+def safe_mode(mode: int) -> int:
     """Permission bits for a copied file: never setuid/setgid/sticky, never group/other-writable."""
     return (stat.S_IMODE(mode) & 0o755) | 0o600
 
 
-# ------------------------------------------------------------------ the four transfers
+# ------------------------------------------------------------------ into the sandbox
 
 
 def write_into(workdir: Path, mount: str, path: str, data: bytes, uid: int | None) -> None:
     rel = relative(mount, path)
     if not rel:
-        raise SandboxError(f"write_file {path!r}: it is the workdir itself, a folder")
+        raise SandboxAgentError(f"write_file {path!r}: it is the workdir itself, a folder")
     parent, name = posixpath.split(rel)
     with (
-        _refusing(path, "write_file"),
-        _fd(_workdir(workdir)) as top,
-        _fd(_opendirs(top, parent.split("/") if parent else [], uid, create=True)) as folder,
+        refusing(path, "write_file", into_sandbox=True),
+        owned_fd(open_workdir(workdir)) as top,
+        owned_fd(opendirs(top, parent.split("/") if parent else [], uid, create=True)) as folder,
     ):
-        _replace(folder, name, _write_all(data), 0o644, uid)
-
-
-def read_from(workdir: Path, mount: str, path: str) -> bytes:
-    rel = relative(mount, path)
-    with (
-        _refusing(path, "read_file"),
-        _fd(_workdir(workdir)) as top,
-        _fd(open_beneath(top, rel, _FILE_FLAGS)) as fd,
-    ):
-        _require_regular(fd, path, "read_file")
-        chunks = []
-        while chunk := os.read(fd, _CHUNK):
-            chunks.append(chunk)
-        return b"".join(chunks)
+        replace_entry(folder, name, _write_all(data), 0o644, uid)
 
 
 def upload_into(workdir: Path, mount: str, local: str, path: str, uid: int | None) -> None:
@@ -269,27 +308,27 @@ def upload_into(workdir: Path, mount: str, local: str, path: str, uid: int | Non
     if not source.exists():
         raise SandboxError(f"upload: no local file or folder {local!r}")
     rel = relative(mount, path)
-    with _refusing(path, "upload to"), _fd(_workdir(workdir)) as top:
+    with refusing(path, "upload to", into_sandbox=True), owned_fd(open_workdir(workdir)) as top:
         if source.is_dir():
-            with _fd(_opendirs(top, rel.split("/") if rel else [], uid, create=True)) as folder:
+            with owned_fd(opendirs(top, rel.split("/") if rel else [], uid, create=True)) as folder:
                 _upload_tree(source, folder, uid, path, 0)
             return
         if not rel:
             raise SandboxError(f"upload to {path!r}: it is the workdir itself, a folder")
         parent, name = posixpath.split(rel)
-        with _fd(_opendirs(top, parent.split("/") if parent else [], uid, create=True)) as folder:
+        with owned_fd(opendirs(top, parent.split("/") if parent else [], uid, create=True)) as folder:
             _upload_file(source, folder, name, uid, path)
 
 
 def _upload_file(source: Path, folder: int, name: str, uid: int | None, path: str) -> None:
-    with _fd(os.open(source, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)) as src:
-        st = _require_regular(src, str(source), "upload")
-        _replace(folder, name, _copy_from(src), _safe_mode(st.st_mode), uid)
+    with owned_fd(os.open(source, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)) as src:
+        st = require_regular(src, str(source), "upload")
+        replace_entry(folder, name, _copy_from(src), safe_mode(st.st_mode), uid)
 
 
 def _upload_tree(source: Path, folder: int, uid: int | None, path: str, depth: int) -> None:
-    if depth > _MAX_DEPTH:
-        raise SandboxError(f"upload: {source} is nested deeper than {_MAX_DEPTH} folders")
+    if depth > MAX_DEPTH:
+        raise SandboxError(f"upload: {source} is nested deeper than {MAX_DEPTH} folders")
     for entry in sorted(os.scandir(source), key=lambda e: e.name):
         if entry.is_symlink():
             target = os.readlink(entry.path)
@@ -299,61 +338,10 @@ def _upload_tree(source: Path, folder: int, uid: int | None, path: str, depth: i
                 os.chown(tmp, uid, uid, dir_fd=folder, follow_symlinks=False)
             os.rename(tmp, entry.name, src_dir_fd=folder, dst_dir_fd=folder)
         elif entry.is_dir(follow_symlinks=False):
-            with _fd(_opendirs(folder, [entry.name], uid, create=True)) as sub:
+            with owned_fd(opendirs(folder, [entry.name], uid, create=True)) as sub:
                 _upload_tree(Path(entry.path), sub, uid, path, depth + 1)
         else:
             _upload_file(Path(entry.path), folder, entry.name, uid, path)
-
-
-def download_from(workdir: Path, mount: str, path: str, local: str) -> None:
-    """Copy a sandbox file or folder to ``local``. Only regular files and folders are copied;
-    links and special files are refused (named in the error, after the rest is copied)."""
-    rel = relative(mount, path)
-    refused: list[str] = []
-    dest = Path(local)
-    with (
-        _refusing(path, "download"),
-        _fd(_workdir(workdir)) as top,
-        _fd(open_beneath(top, rel, _FILE_FLAGS)) as src,
-    ):
-        st = os.fstat(src)
-        if stat.S_ISDIR(st.st_mode):
-            dest.mkdir(parents=True, exist_ok=True)
-            with _fd(os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)) as out:
-                _download_tree(src, out, rel or ".", refused, 0)
-        else:
-            _require_regular(src, path, "download")
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            with _fd(os.open(dest.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)) as out:
-                _replace(out, dest.name, _copy_from(src), _safe_mode(st.st_mode), None)
-    if refused:
-        raise refused_error(path, refused)
-
-
-def _download_tree(src: int, out: int, rel: str, refused: list[str], depth: int) -> None:
-    if depth > _MAX_DEPTH:
-        raise SandboxError(f"download: {rel!r} is nested deeper than {_MAX_DEPTH} folders")
-    with os.scandir(src) as it:
-        names = sorted(entry.name for entry in it)
-    for name in names:
-        where = posixpath.join(rel, name)
-        try:
-            fd = os.open(name, _FILE_FLAGS, dir_fd=src)
-        except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENXIO, errno.ENOENT):
-                refused.append(where)  # a link, a socket, or gone meanwhile
-                continue
-            raise
-        with _fd(fd):
-            st = os.fstat(fd)
-            if stat.S_ISDIR(st.st_mode):
-                # An existing host entry of that name is the caller's; a link there is not followed.
-                with _fd(_opendirs(out, [name], None, create=True)) as sub:
-                    _download_tree(fd, sub, where, refused, depth + 1)
-            elif stat.S_ISREG(st.st_mode):
-                _replace(out, name, _copy_from(fd), _safe_mode(st.st_mode), None)
-            else:
-                refused.append(f"{where} ({_kind(st.st_mode)})")
 
 
 # ------------------------------------------------------------------ the host side of remote backends
@@ -362,23 +350,39 @@ def _download_tree(src: int, out: int, rel: str, refused: list[str], depth: int)
 def save_local(local: str, rel: str, data: bytes, mode: int = 0o644) -> None:
     """Write one downloaded file at ``rel`` under the host folder ``local`` (``rel`` empty:
     ``local`` is the file): folders are made and entered without following links, the file is
-    created fresh and renamed into place, and ``rel`` (named by the sandbox) may not leave
-    ``local``. The Docker and E2B backends' downloads go through here."""
+    created fresh (its zero blocks left as holes) and renamed into place, and ``rel`` (named by
+    the sandbox) may not leave ``local``. The Docker and E2B backends' downloads go through here."""
     dest = Path(local)
     where = relative("/", rel) if rel else ""
-    with _refusing(rel or local, "download to"):
+    with refusing(rel or local, "download to"):
         if not where:
             dest.parent.mkdir(parents=True, exist_ok=True)
-            with _fd(os.open(dest.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)) as out:
-                _replace(out, dest.name, _write_all(data), _safe_mode(mode), None)
+            with owned_fd(os.open(dest.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)) as out:
+                replace_entry(out, dest.name, _write_sparse(data), safe_mode(mode), None)
             return
         dest.mkdir(parents=True, exist_ok=True)
         parent, name = posixpath.split(where)
         with (
-            _fd(os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)) as top,
-            _fd(_opendirs(top, parent.split("/") if parent else [], None, create=True)) as out,
+            owned_fd(os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)) as top,
+            owned_fd(opendirs(top, parent.split("/") if parent else [], None, create=True)) as out,
         ):
-            _replace(out, name, _write_all(data), _safe_mode(mode), None)
+            replace_entry(out, name, _write_sparse(data), safe_mode(mode), None)
+
+
+def link_local(local: str, rel: str, first: str) -> None:
+    """Make ``rel`` under ``local`` a hard link of ``first``, a file this download already wrote
+    under ``local`` (both named by the sandbox, neither may leave ``local``)."""
+    dest = Path(local)
+    where, source = relative("/", rel), relative("/", first)
+    if not where or not source:
+        raise SandboxError(f"download to {rel!r}: a hard link needs a name under {local!r}")
+    parent, name = posixpath.split(where)
+    with (
+        refusing(rel, "download to"),
+        owned_fd(os.open(dest, _DIR_OUT)) as top,
+        owned_fd(opendirs(top, parent.split("/") if parent else [], None, create=True)) as out,
+    ):
+        link_into(out, name, dest / source)
 
 
 def make_local_dir(local: str, rel: str) -> None:
@@ -388,10 +392,10 @@ def make_local_dir(local: str, rel: str) -> None:
     where = relative("/", rel) if rel else ""
     if where:
         with (
-            _refusing(rel, "download to"),
-            _fd(os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)) as top,
+            refusing(rel, "download to"),
+            owned_fd(os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)) as top,
         ):
-            os.close(_opendirs(top, where.split("/"), None, create=True))
+            os.close(opendirs(top, where.split("/"), None, create=True))
 
 
 def extract_tar(tar: tarfile.TarFile, top: str, local: str, path: str) -> None:
@@ -417,7 +421,7 @@ def extract_tar(tar: tarfile.TarFile, top: str, local: str, path: str) -> None:
 
 def refused_error(path: str, refused: list[str]) -> SandboxError:
     shown = ", ".join(refused[:5]) + (f" and {len(refused) - 5} more" if len(refused) > 5 else "")
-    return SandboxError(
+    return SandboxAgentError(
         f"download {path!r}: {len(refused)} entries are links or special files and were not "
         f"copied (links are never created on the host): {shown}"
     )

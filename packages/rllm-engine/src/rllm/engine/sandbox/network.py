@@ -9,7 +9,13 @@ anything bound to the host's loopback (127.0.0.0/8, ::1) — model gateways, dat
 harness's own servers — nor the host's network interfaces themselves (no ``--share-net``).
 
 Each exec's bwrap has its own namespace and its own slirp4netns, started when the bwrap is
-(ahead of the exec for the warm spare) and ended with it. The steps are synchronised on events,
+(ahead of the exec for the warm spare). It is not ended the moment the command ends:
+slirp4netns reads one packet per turn of its loop and stops at the first turn that sees its
+exit fd closed, so the packets the command sent last (a reply written just before it exited,
+still queued on the tap device, which slirp4netns keeps alive) would be dropped. An exec that
+ended by itself keeps its slirp4netns until the sandbox's next exec ends (or the sandbox
+closes), which lets it forward them and finish the connections' teardown; a killed one's is
+ended at once. The steps are synchronised on events,
 never on time: bwrap reports its namespaces' pid on ``--info-fd``; the command announces on its
 stderr that bwrap's setup is done; slirp4netns joins the user namespace that *owns* the network
 namespace (``NS_GET_USERNS``: bwrap nests a second user namespace, which must not be the one

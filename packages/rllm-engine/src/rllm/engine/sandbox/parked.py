@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rllm.engine.sandbox.cgroups import CgroupHost, SandboxCgroup
+from rllm.sdk.sandbox import SandboxError
 from rllm.types.errors import NotFoundError
 
 # Joins the cgroups named before "--", then execs the one line read from stdin (written with
@@ -121,12 +122,20 @@ class AdoptedProcess:
 
 class ParkingLot:
     """Up to ``size`` parked shells for one cgroup host, refilled by a worker thread;
-    ``new_uid`` gives each its uid (None: this process's user). As root under cgroup v1 the
-    shell itself runs as that uid (v1 lets a process move itself into a cgroup whose
-    ``cgroup.procs`` it may write); under v2 it stays root until its command drops privileges."""
+    ``new_uid`` gives each its uid (None: this process's user), ``free_uid`` takes back the uid
+    of a shell that no sandbox took (a sandbox that takes one gives its uid back at close). As
+    root under cgroup v1 the shell itself runs as that uid (v1 lets a process move itself into
+    a cgroup whose ``cgroup.procs`` it may write); under v2 it stays root until its command
+    drops privileges."""
 
-    def __init__(self, cgroups: CgroupHost, new_uid: Callable[[], int | None], size: int = 2) -> None:
-        self.cgroups, self.new_uid, self.size = cgroups, new_uid, size
+    def __init__(
+        self,
+        cgroups: CgroupHost,
+        new_uid: Callable[[], int | None],
+        free_uid: Callable[[int | None], None],
+        size: int = 2,
+    ) -> None:
+        self.cgroups, self.new_uid, self.free_uid, self.size = cgroups, new_uid, free_uid, size
         self._ready: deque[Parked] = deque()
         self._lock = threading.Lock()
         self._wanted = threading.Event()
@@ -150,6 +159,7 @@ class ParkingLot:
                 else:
                     parked.drop()
                     _remove_soon(parked.cgroup)
+                    self.free_uid(parked.uid)  # its shell has exited
         self.fill()
         return found
 
@@ -169,7 +179,7 @@ class ParkingLot:
             while not self._closed and len(self._ready) < self.size:
                 try:
                     parked = self._park_one()
-                except OSError as exc:
+                except (OSError, SandboxError) as exc:
                     log.warning("could not park a shell in a new cgroup (cold starts join theirs): %s", exc)
                     break
                 with self._lock:
@@ -179,7 +189,12 @@ class ParkingLot:
         cgroup = self.cgroups.make()
         if cgroup is None:
             raise NotFoundError("no cgroup could be made here")  # an OSError: the loop above logs it
-        uid = self.new_uid()
+        try:
+            uid = self.new_uid()
+        except BaseException:
+            with contextlib.suppress(OSError):
+                cgroup.remove(timeout_s=0)
+            raise
         as_uid = uid is not None and self.cgroups.version == "v1"
         read_end, wake = os.pipe()
         try:
@@ -201,6 +216,7 @@ class ParkingLot:
             os.close(wake)
             with contextlib.suppress(OSError):
                 cgroup.remove(timeout_s=0)
+            self.free_uid(uid)
             raise
         finally:
             os.close(read_end)
@@ -216,6 +232,7 @@ class ParkingLot:
             parked.drop()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 parked.popen.wait(timeout=1.0)
+                self.free_uid(parked.uid)  # (one that outlives the wait keeps it till exit)
             with contextlib.suppress(OSError):
                 parked.cgroup.remove(timeout_s=1.0)
 
@@ -237,11 +254,13 @@ def _forget_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_in_child)
 
 
-def lot_for(cgroups: CgroupHost, new_uid: Callable[[], int | None]) -> ParkingLot:
+def lot_for(
+    cgroups: CgroupHost, new_uid: Callable[[], int | None], free_uid: Callable[[int | None], None]
+) -> ParkingLot:
     """The process's one lot for this cgroup host (backends sharing a host share it)."""
     key = (cgroups.version, tuple(sorted((k, str(v)) for k, v in cgroups.bases.items())), os.geteuid())
     if key not in _lots:
-        _lots[key] = ParkingLot(cgroups, new_uid)
+        _lots[key] = ParkingLot(cgroups, new_uid, free_uid)
     return _lots[key]
 
 

@@ -9,24 +9,23 @@ another time (the pid was reused), in this process's own PID namespace (a harnes
 one, e.g. a container sharing ``/tmp``, cannot be seen, so its folders are left alone). A folder
 without a readable marker is left alone too. Sweeping never follows a
 link: entries are examined with ``lstat``, the marker is opened with ``O_NOFOLLOW``, the
-workdir tmpfs is detached with ``UMOUNT_NOFOLLOW``, and the tree is deleted by ``shutil.rmtree``,
-which works from directory fds and does not follow links.
+sandbox's tmpfs folders (workdir, display) are detached with ``UMOUNT_NOFOLLOW``, and the tree
+is deleted by ``safe_delete.remove_tree`` (from directory fds, no link followed, as deep as the
+agent nested it: a folder it cannot delete is logged and left, never an error of the start-up).
 """
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import logging
 import os
-import shutil
 import stat
 from pathlib import Path
 
+from rllm.engine.sandbox import mounts, safe_delete
+
 MARKER = "owner"
-_MNT_DETACH, _UMOUNT_NOFOLLOW = 2, 8
+MOUNTED = ("work", "display")  # the folders of a sandbox that may be tmpfs mounts
 log = logging.getLogger(__name__)
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def start_time(pid: int) -> int | None:
@@ -87,11 +86,13 @@ def sweep(base_dir: Path, prefix: str = "sb-") -> list[Path]:
         token, _, namespace = (marker or "").partition(" ")
         if marker is None or namespace != pid_namespace() or not namespace or not is_dead(token):
             continue
-        _detach(root / "work")
-        shutil.rmtree(root, ignore_errors=True)
-        if not os.path.lexists(root):
+        for folder in MOUNTED:
+            mounts.detach(root / folder)
+        if safe_delete.remove_tree(root):
             removed.append(root)
             log.info("removed sandbox %s left by dead process %s", root, token)
+        else:
+            log.warning("sandbox %s left by dead process %s: not entirely deleted", root, token)
     return removed
 
 
@@ -106,11 +107,3 @@ def _read_marker(root: Path) -> str | None:
         return os.read(fd, 64).decode(errors="replace").strip()
     finally:
         os.close(fd)
-
-
-def _detach(path: Path) -> None:
-    """Lazily unmount the tmpfs at ``path`` if one is there (never through a link)."""
-    if _libc.umount2(os.fsencode(path), _MNT_DETACH | _UMOUNT_NOFOLLOW) != 0:
-        err = ctypes.get_errno()
-        if err not in (errno.EINVAL, errno.ENOENT, errno.EPERM):
-            log.warning("stale sandbox workdir %s: umount failed: %s", path, os.strerror(err))

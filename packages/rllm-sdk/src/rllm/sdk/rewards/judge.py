@@ -1,18 +1,24 @@
-"""An LLM-as-judge evaluator that calls any OpenAI-compatible endpoint (install ``rllm-sdk[judge]``).
+"""An LLM-as-judge evaluator of one answer against a reference (install ``rllm-sdk[judge]``).
 
 The judge sees the task, the reference answer (if any) and the episode's final answer, and must
 end its reply with ``VERDICT: CORRECT`` or ``VERDICT: INCORRECT`` (or ``SCORE: x`` in [0, 1]).
-An unparseable reply is an error, not a silent 0: the engine records it on the episode.
+It asks through a :class:`~rllm.sdk.rewards.judge_client.JudgeEndpoint` (concurrency limit,
+cache, tokens and cost as ``judge/*`` signals). An unparseable reply or an endpoint that fails is
+never a silent 0: the episode is marked ``infra_error`` with the judge's reply
+(:func:`~rllm.sdk.rewards.rubric.mark_judge_failure`). Rubric and group judges are in
+:mod:`rllm.sdk.rewards.rubric`.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from rllm.sdk.answer import final_answer
-from rllm.types import Episode, EvalOutput, Task
-from rllm.types.errors import InputError, MissingExtraError, RLLMError
+from rllm.sdk.rewards.judge_client import JudgeEndpoint
+from rllm.sdk.rewards.judge_parse import JudgeParseError
+from rllm.sdk.rewards.rubric import mark_judge_failure
+from rllm.types import Episode, EvalOutput, Signal, Task
+from rllm.types.errors import InputError
 
 DEFAULT_JUDGE_PROMPT = """You are grading an answer to a task.
 
@@ -35,10 +41,6 @@ _VERDICT = re.compile(r"VERDICT\s*:\s*(CORRECT|INCORRECT)", re.IGNORECASE)
 _SCORE = re.compile(r"SCORE\s*:\s*([-+]?\d*\.?\d+)", re.IGNORECASE)
 
 
-class JudgeParseError(RLLMError, ValueError):
-    """The judge model's reply had neither a VERDICT nor a SCORE line."""
-
-
 def parse_verdict(reply: str) -> tuple[float, bool]:
     """``(reward, is_correct)`` from a judge reply; the last VERDICT/SCORE line wins."""
     verdicts = _VERDICT.findall(reply)
@@ -57,44 +59,37 @@ def parse_verdict(reply: str) -> tuple[float, bool]:
 
 
 class LLMJudge:
-    """Evaluator that asks a model to grade the episode's answer.
+    """Evaluator that asks a model whether the episode's answer matches the reference.
 
-    ``base_url`` is any OpenAI-compatible endpoint (a gateway session URL, vLLM, a hosted API).
-    The client is created lazily and reused, so one judge serves many concurrent rollouts.
+    ``base_url`` is any OpenAI-compatible endpoint (vLLM, ``rllm serve``, a hosted API); or pass
+    a ready ``endpoint`` (shared with other judges: one concurrency limit, cache and tally).
     """
 
     def __init__(
         self,
-        base_url: str,
-        model: str,
+        base_url: str = "",
+        model: str = "",
         api_key: str = "EMPTY",
         prompt_template: str = DEFAULT_JUDGE_PROMPT,
         temperature: float = 0.0,
         max_tokens: int = 512,
         answer_role: str | None = None,
         timeout_s: float = 60.0,
+        endpoint: JudgeEndpoint | None = None,
     ) -> None:
         for field in ("{answer}",):
             if field not in prompt_template:
                 raise InputError(f"judge prompt_template must contain {field}")
-        self.base_url = base_url
-        self.model = model
-        self.api_key = api_key
+        self.endpoint = endpoint or JudgeEndpoint(
+            base_url,
+            model,
+            api_key=api_key,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            timeout_s=timeout_s,
+        )
         self.prompt_template = prompt_template
-        self.temperature = temperature
-        self.max_tokens = max_tokens
         self.answer_role = answer_role
-        self.timeout_s = timeout_s
-        self._client: Any = None
-
-    def _get_client(self) -> Any:
-        if self._client is None:
-            try:
-                from openai import AsyncOpenAI
-            except ImportError as exc:  # pragma: no cover - depends on the install
-                raise MissingExtraError("the LLM judge needs openai: pip install 'rllm-sdk[judge]'") from exc
-            self._client = AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, timeout=self.timeout_s)
-        return self._client
 
     def render_prompt(self, task: Task, episode: Episode) -> str:
         instruction = task.instruction if isinstance(task.instruction, str) else str(task.instruction)
@@ -106,21 +101,19 @@ class LLMJudge:
         )
 
     async def evaluate(self, task: Task, episode: Episode) -> EvalOutput:
-        reply = await self.ask(self.render_prompt(task, episode))
-        reward, correct = parse_verdict(reply)
-        return EvalOutput(reward=reward, is_correct=correct, metadata={"judge_reply": reply})
-
-    async def ask(self, prompt: str) -> str:
-        client = self._get_client()
-        completion = await client.chat.completions.create(
-            model=self.model,
-            messages=[{"role": "user", "content": prompt}],
-            temperature=self.temperature,
-            max_tokens=self.max_tokens,
+        messages = [{"role": "user", "content": self.render_prompt(task, episode)}]
+        try:
+            answer = await self.endpoint.ask(messages, parse_verdict)
+        except Exception as exc:
+            return mark_judge_failure(episode, exc)
+        reward, correct = answer.value
+        signals: list[Signal] = answer.usage.signals()
+        return EvalOutput(
+            reward=reward, is_correct=correct, signals=signals, metadata={"judge_reply": answer.reply}
         )
-        return completion.choices[0].message.content or ""
 
     async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
+        await self.endpoint.aclose()
+
+
+__all__ = ["DEFAULT_JUDGE_PROMPT", "JudgeParseError", "LLMJudge", "parse_verdict"]

@@ -24,16 +24,15 @@ Where the service computes, the fake computes too, deterministically: each train
 bigram language model (a [vocab, vocab] logit table, seeded from the LoRA seed) trained with the
 documented built-in losses and torch's AdamW, so logprobs, losses and updates are real numbers
 that move when our backend trains. The wire contract is in :mod:`rllm.testing.tinker.contract`,
-the computing half in :mod:`rllm.testing.tinker.training`; the SDK and HTTP are real.
+the computing half in :mod:`rllm.testing.tinker.training`, credentials and sessions in
+:mod:`rllm.testing.tinker.sessions`, futures and seq_id order in
+:mod:`rllm.testing.tinker.futures`; the SDK and HTTP are real.
 """
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import itertools
-import json
-import time
 from typing import Any
 
 import torch
@@ -42,17 +41,13 @@ from aiohttp import web
 from tinker.proto import tinker_public_pb2 as pb
 
 from rllm.testing.service import ContractError, LoopbackFake, ServiceThread
-from rllm.testing.tinker.contract import ADAM_KEYS, API, FAKE_API_KEY, fake_jwt, parse_forward_backward
-from rllm.testing.tinker.training import (
-    FakeFuture,
-    RecordedRequest,
-    TinkerModel,
-    run_forward_backward,
-    run_optim_step,
-)
+from rllm.testing.tinker.contract import ADAM_KEYS, API, FAKE_API_KEY, parse_forward_backward
+from rllm.testing.tinker.futures import FakeFutures, future_json
+from rllm.testing.tinker.sessions import FakeTinkerSessions
+from rllm.testing.tinker.training import RecordedRequest, TinkerModel, run_forward_backward, run_optim_step
 
 
-class FakeTinkerServer(LoopbackFake):
+class FakeTinkerServer(FakeTinkerSessions, LoopbackFake):
     """The fake service, run on its own thread and event loop (the SDK blocks its caller while
     it creates a session, so the server must not share the test's loop).
 
@@ -76,17 +71,15 @@ class FakeTinkerServer(LoopbackFake):
             "custom_loss_server_side": False,
             **(client_config or {}),
         }
-        self.try_again_polls = try_again_polls
-        self.seq_gap_timeout_s = seq_gap_timeout_s
         self.requests: list[RecordedRequest] = []
         self.violations: list[str] = []
         self.sessions: dict[str, dict[str, Any]] = {}
         self.models: dict[str, TinkerModel] = {}
         self.sampler_checkpoints: dict[str, torch.Tensor] = {}
         self.state_checkpoints: dict[str, dict[str, Any]] = {}
-        self._futures: dict[str, FakeFuture] = {}
         self._jwts: set[str] = set()
-        self._ids = itertools.count(1)
+        self._ids = itertools.count(1)  # sessions' and futures' numbers
+        self._futures = FakeFutures(self._ids, self.violations, try_again_polls, seq_gap_timeout_s)
         # The fake decodes Content-Encoding itself: the SDK's zstd bodies are part of the contract.
         self._service = ServiceThread("fake-tinker-server", self._app, auto_decompress=False)
 
@@ -128,109 +121,11 @@ class FakeTinkerServer(LoopbackFake):
             "retrieve_future": self._retrieve_future,
         }
 
-    @web.middleware
-    async def _auth_and_record(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        key = request.headers.get("X-API-Key", "")
-        # The API key itself is good only for fetching flags and exchanging it for a JWT.
-        key_only = request.path in (f"{API}/client/config", f"{API}/auth/token")
-        if not self.client_config["pjwt_auth_enabled"]:
-            ok = key == self.api_key
-        else:
-            ok = key == self.api_key if key_only else key in self._jwts
-        if not ok:
-            self.violations.append(f"{request.path}: bad credential")
-            return web.json_response({"detail": "invalid credential"}, status=401)
-        try:
-            return await handler(request)
-        except ContractError as exc:
-            self.violations.append(f"{request.path}: {exc}")
-            return web.json_response({"detail": str(exc)}, status=400)
-
-    async def _json(self, request: web.Request) -> dict[str, Any]:
-        raw = await request.read()
-        try:
-            body = json.loads(raw) if raw else {}
-        except json.JSONDecodeError as exc:
-            raise ContractError(f"body is not JSON: {exc}") from exc
-        self.requests.append(RecordedRequest(request.path, body))
-        return body
-
-    def _new_future(self, model_id: str | None) -> FakeFuture:
-        future = FakeFuture(request_id=f"req-{next(self._ids)}", model_id=model_id)
-        self._futures[future.request_id] = future
-        return future
-
-    @staticmethod
-    def _future_json(future: FakeFuture) -> web.Response:
-        return web.json_response({"request_id": future.request_id, "model_id": future.model_id})
-
     def _model(self, body: dict[str, Any]) -> TinkerModel:
         model = self.models.get(str(body.get("model_id")))
         if model is None:
             raise ContractError(f"unknown model_id {body.get('model_id')!r}")
         return model
-
-    def _enqueue(self, model: TinkerModel, seq_id: Any, op: Any) -> FakeFuture:
-        """Run ``op`` when every earlier seq_id of this model has run (the service's ordering)."""
-        if not isinstance(seq_id, int) or seq_id < model.next_seq or seq_id in model.pending:
-            raise ContractError(f"seq_id {seq_id!r} is stale or repeated (next is {model.next_seq})")
-        future = self._new_future(model.model_id)
-        model.pending[seq_id] = (op, future)
-        while model.next_seq in model.pending:
-            seq = model.next_seq
-            run, fut = model.pending.pop(seq)
-            model.seq_ids.append(seq)
-            model.next_seq += 1
-            try:
-                fut.result = run()
-            except ContractError as exc:  # a user error found while running: a failed future
-                self.violations.append(f"seq {seq}: {exc}")
-                fut.error = str(exc)
-            fut.done.set()
-        return future
-
-    # ---- session and auth --------------------------------------------------------------------
-    async def _client_config(self, request: web.Request) -> web.Response:
-        body = await self._json(request)
-        if not body.get("sdk_version"):
-            raise ContractError("client/config without sdk_version")
-        return web.json_response(self.client_config)
-
-    async def _auth_token(self, request: web.Request) -> web.Response:
-        await self._json(request)
-        jwt = fake_jwt("fake-user")
-        self._jwts.add(jwt)
-        return web.json_response({"jwt": jwt})
-
-    async def _dynamic_config(self, request: web.Request) -> web.Response:
-        await self._json(request)
-        return web.json_response({"refresh_interval_sec": 300, "sample_cancel_enabled": False})
-
-    async def _create_session(self, request: web.Request) -> web.Response:
-        body = await self._json(request)
-        session_id = f"fake-session-{next(self._ids)}"
-        self.sessions[session_id] = {"sdk_version": body.get("sdk_version"), "finished": None}
-        return web.json_response({"type": "create_session", "session_id": session_id})
-
-    async def _heartbeat(self, request: web.Request) -> web.Response:
-        body = await self._json(request)
-        if body.get("session_id") not in self.sessions:
-            raise ContractError(f"heartbeat for unknown session {body.get('session_id')!r}")
-        return web.json_response({"type": "session_heartbeat"})
-
-    async def _finish_session(self, request: web.Request) -> web.Response:
-        body = await self._json(request)
-        session = self.sessions.get(request.match_info["session_id"])
-        if session is None:
-            raise ContractError(f"finish of unknown session {request.match_info['session_id']!r}")
-        if body.get("reason", {}).get("type") not in ("success", "errored", "interrupted"):
-            raise ContractError(f"finish reason {body.get('reason')!r}")
-        session["finished"] = body["reason"]["type"]
-        return web.json_response({})
-
-    async def _telemetry(self, request: web.Request) -> web.Response:
-        await self._json(request)
-        return web.json_response({"status": "accepted"})
 
     # ---- models --------------------------------------------------------------------------------
     async def _create_model(self, request: web.Request) -> web.Response:
@@ -250,10 +145,10 @@ class FakeTinkerServer(LoopbackFake):
         self.models[model_id] = TinkerModel.new(
             model_id, body["base_model"], lora["rank"], seed, self.vocab_size
         )
-        future = self._new_future(model_id)
+        future = self._futures.new(model_id)
         future.result = {"model_id": model_id, "type": "create_model"}
         future.done.set()
-        return self._future_json(future)
+        return future_json(future)
 
     async def _get_info(self, request: web.Request) -> web.Response:
         model = self._model(await self._json(request))
@@ -288,8 +183,8 @@ class FakeTinkerServer(LoopbackFake):
         parsed["content_encoding"] = encoding
         self.requests.append(RecordedRequest(request.path, parsed))
         model = self._model({"model_id": msg.model_id})
-        future = self._enqueue(model, msg.seq_id, lambda: run_forward_backward(model, parsed))
-        return self._future_json(future)
+        future = self._futures.enqueue(model, msg.seq_id, lambda: run_forward_backward(model, parsed))
+        return future_json(future)
 
     async def _optim_step(self, request: web.Request) -> web.Response:
         body = await self._json(request)
@@ -299,8 +194,8 @@ class FakeTinkerServer(LoopbackFake):
         if params["learning_rate"] <= 0 or not 0 <= params["beta1"] < 1 or not 0 <= params["beta2"] < 1:
             raise ContractError(f"optim_step: invalid adam_params {params}")
         model = self._model(body)
-        future = self._enqueue(model, body.get("seq_id"), lambda: run_optim_step(model, params))
-        return self._future_json(future)
+        future = self._futures.enqueue(model, body.get("seq_id"), lambda: run_optim_step(model, params))
+        return future_json(future)
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def _checkpoint_path(self, model: TinkerModel, kind: str, name: Any) -> str:
@@ -320,7 +215,7 @@ class FakeTinkerServer(LoopbackFake):
             self.sampler_checkpoints[path] = model.logits.detach().clone()
             return {"path": path, "type": "save_weights_for_sampler"}
 
-        return self._future_json(self._enqueue(model, body.get("seq_id"), run))
+        return future_json(self._futures.enqueue(model, body.get("seq_id"), run))
 
     async def _save_state(self, request: web.Request) -> web.Response:
         body = await self._json(request)
@@ -336,7 +231,7 @@ class FakeTinkerServer(LoopbackFake):
             }
             return {"path": path, "type": "save_weights"}
 
-        return self._future_json(self._enqueue(model, body.get("seq_id"), run))
+        return future_json(self._futures.enqueue(model, body.get("seq_id"), run))
 
     async def _load_weights(self, request: web.Request) -> web.Response:
         body = await self._json(request)
@@ -344,7 +239,7 @@ class FakeTinkerServer(LoopbackFake):
         if session_id not in self.sessions or not isinstance(seq, int) or body.get("model_id"):
             raise ContractError(f"load_weights: only create-via-load addressing is faked, got {body!r}")
         model_id = f"{session_id}:train:{seq}"
-        future = self._new_future(model_id)
+        future = self._futures.new(model_id)
         state = self.state_checkpoints.get(str(body.get("path")))
         if state is None:
             future.error = f"no training checkpoint at {body.get('path')!r}"
@@ -359,33 +254,9 @@ class FakeTinkerServer(LoopbackFake):
             self.models[model_id] = model
             future.result = {"path": body["path"], "model_id": model_id, "type": "load_weights"}
         future.done.set()
-        return self._future_json(future)
+        return future_json(future)
 
-    # ---- futures -------------------------------------------------------------------------------
+    # ---- futures ---------------------------------------------------------------------------
     async def _retrieve_future(self, request: web.Request) -> web.Response:
         body = await self._json(request)
-        future = self._futures.get(str(body.get("request_id")))
-        if future is None:
-            raise ContractError(f"retrieve_future of unknown request_id {body.get('request_id')!r}")
-        if future.polls < self.try_again_polls or not future.done.is_set():
-            future.polls += 1
-            with_timeout = asyncio.wait_for(future.done.wait(), 0.5)
-            try:
-                await with_timeout
-            except TimeoutError:
-                if time.monotonic() - future.created > self.seq_gap_timeout_s:
-                    future.error = "never ran: an earlier seq_id of this model never arrived"
-                    future.done.set()
-            if future.polls <= self.try_again_polls or not future.done.is_set():
-                return web.json_response(
-                    {"type": "try_again", "request_id": future.request_id, "queue_state": "active"}
-                )
-        if future.error is not None:
-            return web.json_response({"error": future.error, "category": "user"})
-        if isinstance(future.result, bytes):
-            if "application/x-protobuf" not in request.headers.get("Accept", ""):
-                raise ContractError(
-                    "a ForwardBackwardOutput was polled without Accept: application/x-protobuf"
-                )
-            return web.Response(body=future.result, content_type="application/x-protobuf")
-        return web.json_response(future.result)
+        return await self._futures.retrieve(body, request.headers.get("Accept", ""))

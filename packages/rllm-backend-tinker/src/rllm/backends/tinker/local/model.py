@@ -59,7 +59,12 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
 
 def model_source(model: str) -> str:
     """A local directory (``~`` expanded) when one exists, else the name as given: a hub name,
-    which transformers downloads (or finds in the hub cache)."""
+    which transformers downloads (or finds in the hub cache). A ``.gguf`` file is imported once
+    into the model cache and its folder used (``rllm.backends.tinker.model_cache``)."""
+    from rllm.backends.tinker.model_cache import cached_import, is_gguf
+
+    if is_gguf(model):
+        return str(cached_import(model))
     path = Path(model).expanduser()
     return str(path) if path.exists() else model
 

@@ -154,7 +154,7 @@ class LocalService:
         return self.config.served_model_name or Path(self.config.model).name or self.config.model
 
     def tokenizer_path(self) -> str | None:
-        return self.config.model
+        return model_source(self.config.model)  # a .gguf file's imported folder
 
     # training --------------------------------------------------------------------------------
     def _require_started(self) -> tuple[LocalTrainer, SamplerEngine]:

@@ -1,0 +1,245 @@
+"""One batch of the local sampler, from its prefill to its last token (``BatchDecode``).
+
+The batch's prompts are prefilled together (``prefill.py``: a prompt shared by several rows
+once); then each decode step samples one token per running row (``sampling.py``), records it,
+ends the rows that stop (their requests are answered as soon as all of their rows have ended:
+``answering.py``) and drops them from the batch and the KV cache, lets queued text requests join
+(``joining.py``) and runs the next forward pass. The batch ends when its last row does.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from rllm.backends.tinker.local.answering import Answers
+from rllm.backends.tinker.local.generation_types import Pending, Row, has_pixels
+from rllm.backends.tinker.local.joining import can_extend, extend_cache, joined_step
+from rllm.backends.tinker.local.prefill import left_padded, prefill_prompts, vision_inputs
+from rllm.backends.tinker.local.sampling import GREEDY_TEMPERATURE, RowSampling, SampledTokens, sample_next
+from rllm.backends.tinker.local.scheduling import RequestQueue
+
+
+class DecodeHost(Protocol):
+    """What a batch reads from its engine (the ``SamplerEngine``) and counts on it."""
+
+    model: torch.nn.Module
+    device: torch.device
+    max_batch: int
+    pad_id: int
+    eos_ids: set[int]
+    # observability, advanced as the batch runs
+    forward_passes: int
+    rows_shared: int
+    rows_joined: int
+    max_batch_seen: int
+
+    def decode(self, token_ids: list[int], *, skip_special_tokens: bool = False) -> str: ...
+
+    def take_joiners(self, room: int) -> list[Pending]:
+        """Queued requests that may join the running batch in ``room`` more rows."""
+        ...
+
+
+class BatchDecode:
+    """The running batch: its rows, the positions still decoding, and the model's state for them
+    (KV cache, attention mask, positions, last logits). Runs on the engine's thread."""
+
+    def __init__(self, host: DecodeHost, answers: Answers, requests: RequestQueue, version: int) -> None:
+        self.host = host
+        self.answers = answers
+        self.requests = requests
+        self.version = version  # the weight version every sequence of the batch is sampled with
+        self.rows: list[Row] = []
+        self.active: list[int] = []  # row index of each batch position still decoding
+        self.cache: Any = None
+        self.attention = torch.empty(0)
+        self.positions = torch.empty(0)  # [B, L], or M-RoPE's [3, B, L] after an image prompt
+        self.logits = torch.empty(0)
+        self.width_cap = 0  # joins stop once the cache is this wide
+
+    def run(self, batch: list[Pending]) -> None:
+        """Decode ``batch`` (and whoever joins it); each request is answered when it ends."""
+        self.prefill([row for p in batch for row in self.open_rows(p)])
+        while True:
+            sampled = self.sample()
+            keep = self.record(sampled)
+            if self.requests.aborts:
+                keep = self.abort_rows(keep)
+            self.answers.flush()  # every request that ended in this step: one wake-up per loop
+            if not keep:
+                return  # requests queued now start the next batch, without this one's columns
+            joiners = self.joiners(len(keep))
+            next_tokens = self.drop_ended(keep, sampled.tokens[:, None])
+            if joiners:
+                self.join(joiners, next_tokens)
+            else:
+                self.step(next_tokens)
+
+    def open_rows(self, p: Pending) -> list[Row]:
+        """``p``'s ``n`` rows (each seeded by its choice where the request has a seed)."""
+        r = p.request
+        stop_ids = set(r.stop_token_ids) | (set() if r.ignore_eos else self.host.eos_ids)
+        rows: list[Row] = []
+        for choice in range(r.n):
+            generator = None
+            if r.seed is not None and r.temperature >= GREEDY_TEMPERATURE:
+                generator = torch.Generator(device=self.host.device).manual_seed(r.seed + choice)
+            rows.append(Row(p, choice, RowSampling(r.temperature, r.top_p, generator), stop_ids))
+        self.answers.open(p, len(rows))
+        return rows
+
+    # the steps ---------------------------------------------------------------------------------
+    def prefill(self, rows: list[Row]) -> None:
+        """The first forward pass, over each distinct prompt of ``rows``; then one cache row,
+        mask, position and logits row per row."""
+        host = self.host
+        self.rows = rows
+        with_pixels = any(has_pixels(row.pending.request.vision) for row in rows)
+        prompts, source = prefill_prompts(rows, with_pixels)
+        input_ids, attention = left_padded(prompts, host.pad_id, host.device)
+        vision: dict[str, torch.Tensor] = {}
+        if with_pixels:
+            positions, vision = vision_inputs(host.model, host.device, rows, input_ids, attention)
+        else:
+            positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        self.active = list(range(len(rows)))
+        host.max_batch_seen = max(host.max_batch_seen, len(rows))
+        # Holes of joined steps widen the cache: joins stop once it is 4x the first prompts'.
+        self.width_cap = 4 * input_ids.shape[1] + 64
+        host.forward_passes += 1
+        out = host.model(
+            input_ids=input_ids,
+            attention_mask=attention,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+            **vision,
+        )
+        cache = out.past_key_values
+        logits = out.logits[:, -1, :]
+        if source is not None:  # one cache row, mask, position and logits row per sampled row
+            host.rows_shared += len(rows) - len(prompts)
+            index = torch.tensor(source, device=host.device)
+            cache.batch_select_indices(index)
+            attention, positions, logits = attention[index], positions[index], logits[index]
+        self.cache, self.attention, self.positions, self.logits = cache, attention, positions, logits
+
+    def sample(self) -> SampledTokens:
+        """One token per running row from the last logits (and the top logprobs asked for)."""
+        top_k = max(self.rows[i].pending.request.top_logprobs for i in self.active)
+        return sample_next(self.logits, [self.rows[i].sampling for i in self.active], top_k)
+
+    def record(self, sampled: SampledTokens) -> list[int]:
+        """Append each running row's token; end the rows that stop or reach their length. Returns
+        the batch positions that go on."""
+        tokens = sampled.tokens.tolist()
+        logprobs = sampled.logprobs.tolist()
+        tops_ids = sampled.top_ids.tolist() if sampled.top_ids is not None else None
+        tops_lp = sampled.top_logprobs.tolist() if sampled.top_logprobs is not None else None
+        keep: list[int] = []
+        for pos, i in enumerate(self.active):
+            row = self.rows[i]
+            request = row.pending.request
+            row.completion_ids.append(tokens[pos])
+            row.completion_logprobs.append(logprobs[pos])
+            k = request.top_logprobs
+            row.top.append(
+                list(zip(tops_ids[pos][:k], tops_lp[pos][:k], strict=True))
+                if k and tops_ids and tops_lp
+                else []
+            )
+            if tokens[pos] in row.stop_ids or (request.stop and self._hit_stop_string(row)):
+                row.finish_reason = "stop"
+            elif len(row.completion_ids) >= request.max_tokens:
+                row.finish_reason = "length"
+            else:
+                keep.append(pos)
+                continue
+            self.answers.finish(row, self.version)
+        return keep
+
+    def abort_rows(self, keep: list[int]) -> list[int]:
+        """``keep`` less the rows of aborted requests, each ended now with its tokens so far."""
+        still: list[int] = []
+        for pos in keep:
+            row = self.rows[self.active[pos]]
+            if self.requests.aborted(row.pending):
+                row.finish_reason = "abort"
+                self.answers.finish(row, self.version)
+            else:
+                still.append(pos)
+        return still
+
+    def joiners(self, running: int) -> list[Pending]:
+        """Queued requests that join at this step beside ``running`` rows: none once the cache
+        is too wide, after an image prompt (M-RoPE positions) or with a cache that cannot grow."""
+        if self.positions.dim() == 2 and self.attention.shape[1] < self.width_cap and can_extend(self.cache):
+            return self.host.take_joiners(self.host.max_batch - running)
+        return []
+
+    def drop_ended(self, keep: list[int], next_tokens: torch.Tensor) -> torch.Tensor:
+        """Drop the rows that ended from the batch and the KV cache; ``next_tokens`` [B, 1] of
+        the rows that go on."""
+        if len(keep) < len(self.active):
+            index = torch.tensor(keep, device=self.host.device)
+            self.cache.batch_select_indices(index)
+            self.attention, next_tokens = self.attention[index], next_tokens[index]
+            self.positions = self.positions.index_select(-2, index)  # [B, L] or M-RoPE's [3, B, L]
+            self.active = [self.active[pos] for pos in keep]
+        return next_tokens
+
+    def step(self, next_tokens: torch.Tensor) -> None:
+        """The next decode step of the running rows: one forward pass over their new tokens."""
+        host = self.host
+        self.attention = torch.cat([self.attention, self.attention.new_ones((len(self.active), 1))], dim=-1)
+        # After a prompt that ends in text, every M-RoPE axis advances by one per token too.
+        self.positions = self.positions[..., -1:] + 1
+        host.forward_passes += 1
+        out = host.model(
+            input_ids=next_tokens,
+            attention_mask=self.attention,
+            position_ids=self.positions,
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        self.cache = out.past_key_values
+        self.logits = out.logits[:, -1, :]
+
+    def join(self, joiners: list[Pending], next_tokens: torch.Tensor) -> None:
+        """The next decode step of the running rows fused with the joiners' prefill (joining.py);
+        the batch grows by the joiners' rows."""
+        host = self.host
+        new_rows = [row for p in joiners for row in self.open_rows(p)]
+        host.rows_joined += len(new_rows)
+        step = joined_step(
+            next_tokens,
+            self.attention,
+            self.positions[..., -1:],
+            [row.pending.request.prompt_ids for row in new_rows],
+            host.pad_id,
+        )
+        extend_cache(self.cache, len(new_rows))
+        self.active.extend(range(len(self.rows), len(self.rows) + len(new_rows)))
+        self.rows.extend(new_rows)
+        host.max_batch_seen = max(host.max_batch_seen, len(self.active))
+        host.forward_passes += 1
+        out = host.model(
+            input_ids=step.input_ids,
+            attention_mask=step.attention,
+            position_ids=step.positions,
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        self.logits, self.cache = out.logits[:, -1, :], out.past_key_values
+        self.attention, self.positions = step.attention, step.positions[:, -1:]
+
+    def _hit_stop_string(self, row: Row) -> bool:
+        text = self.host.decode(row.completion_ids, skip_special_tokens=True)
+        cuts = [text.find(s) for s in row.pending.request.stop if s and s in text]
+        if not cuts:
+            return False
+        row.text_cut = min(cuts)  # the returned text ends before the stop string (like vLLM)
+        return True

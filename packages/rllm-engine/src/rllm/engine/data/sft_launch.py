@@ -1,0 +1,85 @@
+"""Assemble an SFTRunner from names: the backend through its entry point, the config layered.
+
+Config precedence (lowest first): defaults, the config file, then ``--backend``, ``--model``,
+``--out`` and ``key.sub=value`` overrides. ``model = "tiny"`` builds a tiny random model whose
+tokenizer covers the dataset's words (tests, toy runs).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rllm.engine.backend import Backend
+from rllm.engine.data.chat_sources import read_chat_source, source_stem
+from rllm.engine.data.sft import SFTConfig, SFTRunner, chat_vocabulary, check_backend, load_sft_config
+from rllm.engine.plugins import backend_class
+from rllm.engine.training.launch import TINY_MODEL, make_backend
+from rllm.types import ConfigError
+
+
+def build_sft(
+    dataset: str,
+    *,
+    model: str | None = None,
+    backend: str | None = None,
+    config_path: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    out_dir: str | None = None,
+) -> SFTRunner:
+    base: dict[str, Any] = {"dataset": dataset, "out_dir": f"runs/sft-{source_stem(dataset)}"}
+    flags = [f"backend.name={backend}"] if backend else []
+    flags += [f"backend.options.model={model}"] if model else []
+    flags += [f"out_dir={out_dir}"] if out_dir else []
+    return sft_runner(load_sft_config(config_path, [*flags, *overrides], base=base))
+
+
+def sft_runner(config: SFTConfig) -> SFTRunner:
+    """The runner for a loaded SFTConfig: the tiny model built (``model = "tiny"``), the backend
+    made with its SFT defaults and checked, the data read and tokenized; nothing started."""
+    model = sft_model(config)
+    instance = sft_backend(config, model)
+    return SFTRunner(config, instance, load_chat_tokenizer(instance.tokenizer_path() or model))
+
+
+def sft_model(config: SFTConfig) -> str:
+    """``backend.options.model``; for ``"tiny"`` a tiny model covering the data's words, built
+    (once) in the run folder."""
+    model = str(config.backend.options.get("model", TINY_MODEL))
+    if model != TINY_MODEL:
+        return model
+    cls = backend_class(config.backend.name)
+    if not hasattr(cls, "init_tiny_model"):
+        raise ConfigError(f"backend {config.backend.name!r} cannot build a tiny model: pass --model")
+    target = Path(config.out_dir) / "tiny-model"
+    if not (target / "config.json").is_file():
+        examples = read_chat_source(config.dataset, config.columns)
+        if config.val_dataset:
+            examples += read_chat_source(config.val_dataset, config.columns)
+        cls.init_tiny_model(target, vocab_words=chat_vocabulary(examples), seed=config.seed)
+    return str(target)
+
+
+def sft_backend(config: SFTConfig, model: str) -> Backend:
+    """The backend SFT runs on, for ``model``: constructed (its options parsed) and checked for
+    SFT; nothing loaded, so a mistake here costs milliseconds."""
+    cls = backend_class(config.backend.name)
+    options = {**config.backend.options, "model": model}
+    options.setdefault("seed", config.seed)
+    # A backend's own defaults for supervised training (the local Tinker service: no sampler),
+    # below what the user set.
+    for key, value in getattr(cls, "sft_option_defaults", {}).items():
+        options.setdefault(key, value)
+    instance = make_backend(cls, config.backend.name, options)
+    check_backend(config, instance)  # before loading anything
+    return instance
+
+
+def load_chat_tokenizer(path: str) -> Any:
+    """The model's tokenizer with its chat template (transformers, through the gateway's loader)."""
+    from rllm.gateway.cumulative import TokenBridge
+
+    return TokenBridge.load(path).tokenizer
+
+
+__all__ = ["build_sft", "load_chat_tokenizer", "sft_backend", "sft_model", "sft_runner"]
