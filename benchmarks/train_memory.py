@@ -181,11 +181,17 @@ def run(args: argparse.Namespace, name: str, sequences: int) -> dict:
         "--steps", str(args.steps if name.startswith("new") else args.old_steps), "--prompt", str(args.prompt),
         "--completion", str(args.completion), "--threads", str(args.threads),
     ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        tail = done.stderr.strip().splitlines()[-1:] or [""]
-        return {"config": name, "sequences": sequences, "failed": f"exit {done.returncode}: {tail[0]}"}
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    # Each step's line goes on to stderr as it comes (a 20-step run takes a while on a busy CPU).
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stderr is not None
+    last = ""
+    for line in child.stderr:
+        print(f"  {name}: {line.rstrip()}", file=sys.stderr, flush=True)
+        last = line.strip() or last
+    out = child.stdout.read()
+    if child.wait() != 0:
+        return {"config": name, "sequences": sequences, "failed": f"exit {child.returncode}: {last}"}
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def report(result: dict) -> str:
@@ -252,7 +258,7 @@ def gpu_estimate() -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument(
         "--model", type=Path, default=None, help="a Hugging Face folder (default: random SmolLM2 shape)"

@@ -75,7 +75,8 @@ class ModelShape:
             if ".lora_A." in f".{name}." and isinstance(m, torch.nn.Linear)
         )
         head = model.get_output_embeddings()  # pyright: ignore[reportCallIssue]
-        vocab = int(head.weight.shape[0]) if isinstance(head, torch.nn.Module) else int(text.vocab_size)
+        weight = getattr(head, "weight", None)
+        vocab = int(weight.shape[0]) if isinstance(weight, torch.Tensor) else int(text.vocab_size)
         return cls(
             layers=layers,
             hidden=hidden,
