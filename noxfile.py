@@ -25,11 +25,13 @@ COLLECT = ["python", "scripts/collect_tests.py"]
 # the cumulative gateway's tokenizer), written once before the tests. Under PYTHONDONTWRITEBYTECODE
 # (set in this machine's environment, which CI inherits) every such process otherwise compiles
 # them from source again: about 13 s of CPU a process for torch + transformers, against 21 s to
-# compile both once (benchmarks/history/checks.md, "#CI time — CLI start-up"). A file that fails
-# to compile is only compiled again at import, so the result is not checked.
+# compile both once (benchmarks/history/checks.md, "#CI time — CLI start-up"). openenv-core imports
+# gradio (and fastmcp) whenever any of it is imported: every process that plays an OpenEnv
+# environment compiles them again otherwise. A file that fails to compile is only compiled again at
+# import, so the result is not checked.
 PRECOMPILE = (
     "import compileall, importlib.util, os\n"
-    "for name in ('torch', 'transformers'):\n"
+    "for name in ('torch', 'transformers', 'gradio', 'openenv', 'fastmcp'):\n"
     "    spec = importlib.util.find_spec(name)\n"
     "    if spec is not None and spec.origin:\n"
     "        compileall.compile_dir(os.path.dirname(spec.origin), quiet=2, workers=0)\n"

@@ -163,9 +163,10 @@ def run_to_target(
     env: dict[str, str],
     opts: argparse.Namespace,
     teacher_pid: int | None = None,
+    metric: str = "reward/mean",
 ) -> dict[str, Any]:
-    """Run a training command until the trailing mean reward reaches the target (then stop it) or
-    it ends; the wall seconds to the target from the command's start, and where they went."""
+    """Run a training command until the trailing mean of ``metric`` reaches the target (then stop
+    it) or it ends; the wall seconds to the target from the command's start, and where they went."""
     if run.exists():
         shutil.rmtree(run)
     load_before = os.getloadavg()[0]
@@ -183,7 +184,7 @@ def run_to_target(
                 records = step_records(run)
                 if records and first_seen is None:
                     first_seen = time.perf_counter() - started
-                hit = first_hit([r["reward/mean"] for r in records], opts.window, opts.target)
+                hit = first_hit([r[metric] for r in records], opts.window, opts.target)
                 cpu = max(cpu, cpu_s(session=proc.pid))  # the last reading before it is stopped
                 if hit is not None or done:
                     break
@@ -193,7 +194,7 @@ def run_to_target(
             stop(proc)
     if hit is None and proc.returncode not in (0, -signal.SIGTERM):
         raise SystemExit(f"`rllm {' '.join(args)}` failed (exit {proc.returncode}); see {cwd / run.name}.log")
-    values = [float(r["reward/mean"]) for r in records]
+    values = [float(r[metric]) for r in records]
     first_step = sum(float(records[0].get(k, 0.0)) for k in STEP_TIMES) if records else 0.0
     startup = (first_seen or wall) - first_step
     return {

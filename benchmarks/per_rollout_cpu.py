@@ -216,6 +216,7 @@ STEP_KEYS = [
     "reward/mean",
     "reward/max",
     "reward/min",
+    "reward/task_mean",
     "correct/fraction",
     "episodes",
     "termination/done",

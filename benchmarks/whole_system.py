@@ -195,12 +195,12 @@ def instrument(timers: Timers, on_step: Callable[[int, dict[str, Any]], None]) -
     from rllm.engine.rollout import rollout_engine as re_mod
     from rllm.engine.rollout.rollout_engine import RolloutEngine
     from rllm.engine.training import train_step as ts
-    from rllm.engine.training import trainer as tr
     from rllm.engine.training.metrics_log import MetricsLogger
+    from rllm.engine.training.task_sampler import TaskSampler
     from rllm.engine.training.train_progress import TrainProgress
     from rllm.gateway.local_client import LocalGatewayClient
 
-    timers.wrap(tr, "next_batch", "data order (next_batch)")
+    timers.wrap(TaskSampler, "next_batch", "data order (next_batch)")
     timers.wrap(RolloutEngine, "run", "rollouts: engine.run (wall)")
     timers.wrap(ts, "group_trajectories", "group + filter")
     timers.wrap(ts, "filter_groups", "group + filter")

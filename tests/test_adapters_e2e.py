@@ -73,3 +73,19 @@ def test_mcp_tools_train_two_steps(tmp_path: Path) -> None:
     # each scored (its server started and stopped per rollout) and trained on.
     assert all(row.get("termination/agent_error", 0.0) == 0.0 for row in rows)
     assert all("signal/mcp/tool_calls" in row for row in rows)
+
+
+@pytest.mark.slow
+def test_an_openenv_environment_trains_two_steps(tmp_path: Path) -> None:
+    """The example environment (guess the number) served by openenv-core's own server on loopback
+    in each rollout process; the tiny model's replies are mostly not numbers, which the
+    environment refuses and the flow hands back, so episodes end at the turn limit or the game's."""
+    rows = train_two_steps(
+        "openenv:example",
+        tmp_path / "run",
+        "rollout.sampling.max_tokens=4",
+        "cookbook_options.size=4",
+        "cookbook_options.max_turns=3",
+    )
+    assert all(row.get("termination/agent_error", 0.0) == 0.0 for row in rows), rows
+    assert all("signal/openenv/turns" in row and "signal/openenv/invalid_actions" in row for row in rows)

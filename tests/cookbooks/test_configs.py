@@ -38,3 +38,20 @@ def test_config_files_load(directory, backend):
         assert options.service == backend.removeprefix("tinker_") and options.model
     assert (ROOT / directory / "README.md").is_file()
     assert msgspec.to_builtins(config)["train_split"] == "train"
+
+
+def test_the_real_model_cpu_preset_loads_with_its_documented_values() -> None:
+    # cookbooks/math/configs/smollm2_cpu.yaml, documented in cookbooks/math/README.md.
+    cookbook = load_cookbook("math")
+    base = {**cookbook.train_defaults, "cookbook": "math"}
+    config = load_config(ROOT / "math" / "configs" / "smollm2_cpu.yaml", base=base)
+    options = parse_config(config.backend.options)
+    assert options.service == "local" and options.model.endswith(".gguf")
+    assert options.lora.rank == 16 and options.micro_batch_tokens == 1024
+    assert options.sampler_max_batch == 16 < config.rollout.concurrency
+    assert config.rollout.deadline_s == 300 and config.val_tasks == 10 and config.val_split == "test"
+    # A key given replaces its default whole: sampling keeps the policy's temperature.
+    assert config.rollout.sampling.temperature == 1.0 and config.rollout.sampling.max_tokens == 128
+    assert config.rollout.val_sampling is not None and config.rollout.val_sampling.temperature == 0.0
+    readme = (ROOT / "math" / "README.md").read_text()
+    assert "configs/smollm2_cpu.yaml" in readme

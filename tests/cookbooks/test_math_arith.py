@@ -142,3 +142,33 @@ def test_sft_loss_mask_covers_only_the_assistant_answer(sft_set, tokenizer):
 def test_too_small_an_sft_set_is_refused():
     with pytest.raises(ValueError, match="one per answer"):
         arith.sft_examples(10)
+
+
+def test_difficulty_levels_are_the_sdk_protocol_and_level_one_is_the_standard_split():
+    from rllm.engine.training.launch import load_train_config
+    from rllm.engine.training.task_sampler import sampler_for
+    from rllm.sdk.cookbook import DifficultyLevels
+
+    levels = arith_cookbook.levels
+    assert isinstance(levels, DifficultyLevels) and levels.level_count() == 3
+    assert levels.load_level("train", 1) == arith.load_tasks("train")  # same tasks, same ids
+    seen: set[str] = set()
+    for level, digits in enumerate(arith.LEVEL_DIGITS):
+        train, test = levels.load_level("train", level), levels.load_level("test", level)
+        assert test and len(train) >= 4 * len(test)
+        ids = {t.id for t in train + test}
+        assert len(ids) == len(train) + len(test) and not ids & seen  # ids differ across levels
+        seen |= ids
+        held_out = {t.instruction for t in test}
+        assert not held_out & {t.instruction for t in train}
+        for task in train + test:
+            a, op, b = re.fullmatch(r"What is ([\d ]+) ([+-]) ([\d ]+) \?", task.instruction).groups()
+            a, b = int(a.replace(" ", "")), int(b.replace(" ", ""))
+            assert max(len(str(a)), len(str(b))) == digits and (op == "+" or a >= b)
+            assert task.ground_truth == str(arith.answer(a, op, b))
+    assert levels.load_level("train", 0) == levels.load_level("train", 0)  # deterministic
+    with pytest.raises(ValueError, match="levels 0 to 2"):
+        levels.load_level("train", 3)
+    # rollout.curriculum.promote starts a run at level 0.
+    config, cookbook = load_train_config("math-arith", overrides=["rollout.curriculum.promote=0.8"])
+    assert [t.id for t in sampler_for(config, cookbook).tasks][:1] == ["train-L0-0000"]

@@ -50,6 +50,14 @@ THINK_STRIPPING = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
+# A Qwen-style template that writes a newline before <|im_end|> on every assistant turn but the
+# last: the sampled reply ends "...0<|im_end|>", its re-rendering "...0\n<|im_end|>".
+NEWLINE_BEFORE_END = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    "{% if m['role'] == 'assistant' and not loop.last %}{{ '\\n' }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
 
 def build(path: Path, family: str, template: str | None = None) -> str:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -122,6 +130,27 @@ def test_think_stripping_template_is_reported_precisely(capsys, tmp_path):
     assert think["first_diff"]["expected"]["text"] != think["first_diff"]["got"]["text"]
     assert by_name(report)["multi-turn text"]["status"] == "pass"
     assert code == 0
+
+
+def test_a_newline_the_template_adds_before_end_of_turn_is_named_as_the_templates(capsys, tmp_path):
+    # The sampler's tokens are the tokenizer's own; the template changes the text around them.
+    path = build(tmp_path / "newline", "qwen2_5", NEWLINE_BEFORE_END)
+    code, report = doctor(capsys, str(path))
+    text = by_name(report)["multi-turn text"]
+    assert text["status"] == "warn" and code == 0
+    assert (
+        "because the chat template adds whitespace ('\\n') before the end-of-turn token <|im_end|> "
+        "of earlier assistant turns" in text["detail"]
+    ), text["detail"]
+    assert "non-canonical" not in text["detail"]
+    assert (text["first_diff"]["expected"]["text"], text["first_diff"]["got"]["text"]) == ("<|im_end|>", "\n")
+    # --strict: a warning fails the gate.
+    assert main(["doctor", "tokens", str(path), "--strict", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["ok"] is True  # no check failed; the warning did
+
+
+def test_strict_passes_a_model_without_warnings(capsys):
+    assert main(["doctor", "tokens", "tiny", "--strict"]) == 0
 
 
 def test_table_output_and_bad_input_exit_codes(capsys, tmp_path):

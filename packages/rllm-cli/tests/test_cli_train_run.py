@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from rllm.cli.main import main
-from rllm.engine.training.learning_watch import NoLearningWatch, UnrewardedTaskWatch
+from rllm.engine.training.learning_watch import TaskOutcomes
 from rllm.engine.training.metrics_log import read_metrics
 
 pytestmark = pytest.mark.slow
@@ -35,7 +35,7 @@ def test_a_run_that_cannot_learn_warns_checkpoints_and_resumes(
     out = tmp_path / "run"
     # Tasks count as unrewarded after one appearance here (5 by default), so 3 steps show it.
     monkeypatch.setattr(
-        "rllm.engine.training.train_step.UnrewardedTaskWatch", partial(UnrewardedTaskWatch, appearances=1)
+        "rllm.engine.training.task_sampler.TaskOutcomes", partial(TaskOutcomes, appearances=1)
     )
     assert main(["train", "say-single", "--out", str(out), "total_steps=3", *QUICK]) == 0
     err = capsys.readouterr().err
@@ -48,22 +48,18 @@ def test_a_run_that_cannot_learn_warns_checkpoints_and_resumes(
     assert "checkpoint " in err and "step_000003" in err, err
     rows = read_metrics(out / "metrics.jsonl")
     assert [(r["train/sequences"], r["train/signal_sequences"]) for r in rows] == [(0, 0)] * 3
-    assert "warning/no_trainable_sequences" in rows[2]
+    assert "warning/health/zero_advantage" in rows[2] and rows[2]["health/zero_advantage"] == 1.0
 
     assert main(["train", "say-single", "--out", str(out), "total_steps=3", *QUICK]) == 2
     assert "already holds a run" in capsys.readouterr().err
 
-    assert main(["train", "say-single", "--out", str(out), "--resume", "total_steps=4", *QUICK]) == 0
+    # keep_checkpoints=1: the step-3 checkpoint goes when step 4's is written, and the run says so.
+    resumed = ["--resume", "total_steps=4", "keep_checkpoints=1", *QUICK]
+    assert main(["train", "say-single", "--out", str(out), *resumed]) == 0
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3, 4]
-    assert (out / "checkpoints" / "step_000004").is_dir()
-
-
-def test_the_no_learning_watch_warns_once_after_consecutive_idle_steps() -> None:
-    watch = NoLearningWatch(steps=3)
-    assert [watch.observe(n) for n in (0, 0, 4, 0, 0)] == [None] * 5  # a step that trained resets it
-    warning = watch.observe(0)
-    assert warning is not None and "3 steps in a row" in warning and "group_size" in warning
-    assert watch.observe(0) is None  # once per run
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step_000004"]
+    err = capsys.readouterr().err
+    assert "step_000003 removed (keep_checkpoints=1 keeps the newest 1)" in err, err
 
 
 def test_an_interrupted_run_keeps_its_finished_steps(tmp_path: Path) -> None:

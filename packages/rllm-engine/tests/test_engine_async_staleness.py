@@ -22,6 +22,8 @@ from rllm.algos.config import AlgorithmConfig
 from rllm.engine.training.async_loop import AsyncStepper
 from rllm.engine.training.checkpoint import TrainerState
 from rllm.engine.training.data_order import DataCursor, next_batch
+from rllm.engine.training.health_config import HealthSection
+from rllm.engine.training.task_sampler import TaskSampler
 from rllm.engine.training.train_step import TrainStep
 from rllm.engine.training.trainer_config import TrainerConfig, training_rollout
 from rllm.types import Episode, Step, Task, TrainSequence, Trajectory
@@ -142,7 +144,9 @@ class FakeBackend:
 
 class FakeTrainer:
     def __init__(self, config: TrainerConfig, backend: FakeBackend, tasks: list[Task]) -> None:
-        self.config, self.backend, self.train_tasks = config, backend, tasks
+        self.config, self.backend = config, backend
+        # The Trainer's own sampler: the seeded order, or rollout.curriculum's draws.
+        self.sampler = TaskSampler(tasks, seed=config.seed, settings=config.rollout.curriculum)
         self.out_dir = Path("unused")  # sample_groups = 0: nothing is written
         self.train_step = TrainStep(config, cast(Any, backend), self.out_dir)  # the Trainer's own step
 
@@ -156,6 +160,7 @@ def _config(k: int, tasks_per_step: int, group_size: int, policy: str, steps: in
         sample_groups=0,
         progress=False,
         algorithm=AlgorithmConfig(filter_zero_variance=False, tis="token"),
+        health=HealthSection(probe_sequences=0),  # the stand-in backend has no sampler to probe
         rollout=training_rollout(max_staleness=k, stale_policy=policy),
     )
 
@@ -283,5 +288,66 @@ def test_a_slow_rollout_holds_one_rollout_slot_not_its_whole_group() -> None:
         assert backend.violations == []
         trained = [t for row in rows for t in row["batch/task_ids"]]
         assert trained[0] != FIRST and FIRST in trained  # overtaken, then trained within K
+
+    asyncio.run(main())
+
+
+class MixedSignalEngine(FakeEngine):
+    """Tasks whose groups carry no signal (every rollout fails, or every one passes) beside tasks
+    whose rollouts alternate: dynamic sampling has groups to skip past, the curriculum bands to
+    weigh."""
+
+    async def _rollout(self, task: Task, index: int) -> Episode:
+        episode = await super()._rollout(task, index)
+        kind = int(task.id[1:]) % 3
+        episode.trajectories[0].reward = 0.0 if kind == 0 else 1.0 if kind == 1 else float(index % 2)
+        return episode
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    k=st.integers(1, 3),
+    tasks_per_step=st.integers(1, 3),
+    group_size=st.integers(2, 3),
+    max_extra=st.integers(0, 4),
+    policy=st.sampled_from(["drop", "requeue"]),
+    call_s=st.lists(st.sampled_from([0.0, 0.0005, 0.001, 0.002, 0.04]), min_size=1, max_size=12),
+    train_s=st.lists(st.floats(0.0, 0.01), min_size=1, max_size=4),
+)
+def test_curriculum_and_dynamic_sampling_keep_the_staleness_bound(
+    k: int,
+    tasks_per_step: int,
+    group_size: int,
+    max_extra: int,
+    policy: str,
+    call_s: list[float],
+    train_s: list[float],
+) -> None:
+    """K > 0 with rollout.curriculum and algorithm.dynamic_sampling both on: no trained sample is
+    older than K versions, and each step holds tasks_per_step groups with a signal unless it took
+    max_extra_groups more groups than tasks_per_step (and then says so)."""
+
+    async def main() -> None:
+        engine = MixedSignalEngine(call_s, 1, hold={})
+        backend = FakeBackend(engine.client, k, train_s)
+        config = _config(k, tasks_per_step, group_size, policy, steps=6)
+        config.rollout.curriculum.enabled = True
+        config.algorithm.dynamic_sampling.enabled = True
+        config.algorithm.dynamic_sampling.max_extra_groups = max_extra
+        rows, _ = await _train(config, engine, backend, TASKS)
+        assert backend.violations == []
+        assert backend.trained_versions
+        for row in rows:
+            assert row["async/staleness_max"] <= k
+            groups, signal = row["dynamic_sampling/groups"], row["dynamic_sampling/signal_groups"]
+            assert len(row["batch/task_ids"]) == groups
+            assert tasks_per_step <= groups <= tasks_per_step + max_extra
+            assert row["dynamic_sampling/extra_groups"] == groups - tasks_per_step
+            capped = row["dynamic_sampling/capped"] == 1.0
+            assert signal == tasks_per_step or (capped and groups == tasks_per_step + max_extra)
+            assert capped == (signal < tasks_per_step)
+            # Only the alternating tasks (id % 3 == 2) carry a signal.
+            assert signal == sum(int(t[1:]) % 3 == 2 for t in row["batch/task_ids"])
+            assert row["curriculum/effective_tasks"] > 0
 
     asyncio.run(main())

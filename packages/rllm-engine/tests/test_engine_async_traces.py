@@ -26,6 +26,8 @@ from rllm.engine.rollout.rollout_config import RolloutConfig
 from rllm.engine.rollout.rollout_engine import RolloutEngine
 from rllm.engine.training.async_loop import AsyncStepper
 from rllm.engine.training.checkpoint import TrainerState
+from rllm.engine.training.health_config import HealthSection
+from rllm.engine.training.task_sampler import TaskSampler
 from rllm.engine.training.train_step import TrainStep
 from rllm.engine.training.trainer_config import TrainerConfig, training_rollout
 from rllm.gateway import GatewayConfig, GatewayServer
@@ -148,7 +150,9 @@ async def _settle(engine: RecordingEngine, server: GatewayServer) -> None:
 
 class FakeTrainer:
     def __init__(self, config: TrainerConfig, backend: VersionedBackend, tasks: list[Task]) -> None:
-        self.config, self.backend, self.train_tasks = config, backend, tasks
+        self.config, self.backend = config, backend
+        # The Trainer's own sampler: the seeded order, or rollout.curriculum's draws.
+        self.sampler = TaskSampler(tasks, seed=config.seed, settings=config.rollout.curriculum)
         self.out_dir = Path("unused")  # sample_groups = 0: nothing is written
         self.train_step = TrainStep(config, cast(Any, backend), self.out_dir)  # the Trainer's own step
 
@@ -179,6 +183,7 @@ async def test_weight_syncs_drain_calls_and_every_call_ends_in_an_episode(
         sample_groups=0,
         progress=False,
         algorithm=AlgorithmConfig(filter_zero_variance=False, tis="token"),
+        health=HealthSection(probe_sequences=0),  # the stand-in backend has no sampler to probe
         rollout=training_rollout(max_staleness=k, stale_policy=policy, concurrency=12),
     )
     async with MockUpstream(model="mock-model") as upstream:

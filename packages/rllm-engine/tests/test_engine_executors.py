@@ -4,6 +4,10 @@ registry (built-ins, in-process registrations and installed entry points alike).
 
 from __future__ import annotations
 
+import shutil
+import socket
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,7 +30,7 @@ from rllm.engine.rollout.rollout_engine import RolloutEngine
 from rllm.engine.rollout.worker_pool import FlowProcessDied, SlottedPool, WorkerHandle, WorkerSlots
 from rllm.gateway import GatewayGroup
 from rllm.types import AgentConfig, Episode, InvariantError, Task, TerminationReason, convert
-from rllm.types.errors import InputError, LookupFailed, UsageError
+from rllm.types.errors import InputError, LookupFailed, StateError, UsageError
 
 
 def test_unset_means_processes_for_several_workers_else_local() -> None:
@@ -41,6 +45,9 @@ def test_unset_means_processes_for_several_workers_else_local() -> None:
     [
         ({"executor": "slurm"}, "executor"),
         ({"executor": "local", "workers": 2}, "workers"),
+        # a remote run without URLs is refused for the URLs, even with a cookbook's workers = 2
+        ({"executor": "remote", "workers": 2}, "remote.urls"),
+        ({"executor": "remote", "workers": 2, "remote": {"urls": ["http://h:1"]}}, "workers=1"),
         ({"executor": "ray", "ray": {"num_workers": 0}}, "num_workers"),
         ({"executor": "ray", "ray": {"resources_per_worker": {"CPU": -1}}}, "resources_per_worker"),
         ({"executor": "ray", "ray": {"adress": "x"}}, "adress"),
@@ -221,3 +228,48 @@ def test_the_capability_matrix_reads_the_registry(monkeypatch) -> None:
     assert capabilities._flow("ray")(None)
     monkeypatch.delitem(executors._EXECUTORS, "ray")  # a build without it
     assert not capabilities._flow("ray")(None)
+
+
+def test_a_ray_address_nobody_answers_at_is_refused_naming_it() -> None:
+    """Ray alone retries such an address without end; the executor tries it first, with a deadline."""
+    from rllm.engine.rollout.ray_executor import check_address_answers
+
+    with socket.socket() as probe:  # a port bound but not listening: a connection is refused
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+        with pytest.raises(StateError, match=rf"rollout.ray.address '127.0.0.1:{port}' does not answer"):
+            check_address_answers(f"127.0.0.1:{port}", 5.0)
+    with socket.socket() as server:  # one that listens answers, with or without ray://
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        check_address_answers(f"127.0.0.1:{port}", 5.0)
+        check_address_answers(f"ray://127.0.0.1:{port}", 5.0)
+
+
+_UV_HOOK_PROBE = """
+import ray._private.worker as worker
+before = worker._maybe_modify_runtime_env(None, False)
+from rllm.engine.rollout.ray_executor import _disable_ray_uv_hook
+_disable_ray_uv_hook()
+after = worker._maybe_modify_runtime_env(None, False)
+print("hooked" if "py_executable" in (before or {}) else "not-hooked", sorted(after or {}))
+"""
+
+
+@pytest.mark.skipif(shutil.which("uv") is None, reason="needs uv on PATH (CI installs it)")
+def test_ray_workers_run_in_the_driver_s_interpreter_under_uv_run(tmp_path) -> None:
+    """A driver started by `uv run` (as the README's commands are): Ray's own uv hook would start
+    each worker with `uv run` in a copy of the working folder (a new virtualenv per node, workers
+    without Ray); the executor turns it off, so the runtime environment stays the driver's."""
+    script = tmp_path / "probe.py"
+    script.write_text(_UV_HOOK_PROBE)
+    root = Path(__file__).resolve().parents[3]
+    out = subprocess.run(
+        ["uv", "run", "--no-sync", "--project", str(root), "python", str(script)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=root,
+    ).stdout.split()
+    assert out == ["hooked", "[]"], out  # the hook was live under `uv run`, and is off after

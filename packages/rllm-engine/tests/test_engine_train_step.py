@@ -8,17 +8,19 @@ logprobs a set distance from the sampler's, the drift the step must measure.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
 from rllm.algos.config import AlgorithmConfig
+from rllm.engine.training.health_config import HealthSection
 from rllm.engine.training.metrics_log import read_episode_sample, sample_path
 from rllm.engine.training.mismatch import TokenMismatchError
-from rllm.engine.training.train_step import TrainStep
+from rllm.engine.training.train_step import TIMEOUT_WARN_FRACTION, TrainStep
 from rllm.engine.training.trainer_config import TrainerConfig
-from rllm.types import Episode, FloatArray, Step, TrainSequence, Trajectory
+from rllm.types import Episode, FloatArray, Step, TerminationReason, TrainSequence, Trajectory
 
 
 class DriftingBackend:
@@ -63,6 +65,7 @@ def _step(tmp_path: Path, backend: DriftingBackend, **algorithm: Any) -> TrainSt
         sample_groups=2,
         progress=False,
         algorithm=AlgorithmConfig(**algorithm),
+        health=HealthSection(probe_sequences=0),  # the stand-in has no sampler to probe
     )
     return TrainStep(config, cast(Any, backend), tmp_path)
 
@@ -113,7 +116,6 @@ async def test_a_step_with_nothing_to_train_neither_trains_nor_publishes(tmp_pat
     assert metrics["train/sequences"] == 0 and metrics["train/signal_sequences"] == 0
     assert metrics["filter/groups_kept"] == 0
     assert "mismatch/mean_abs" not in metrics  # nothing trained, nothing measured
-    assert "filter/tasks_unrewarded" in metrics  # the run-long watch saw the groups
 
 
 def _versioned(episodes: list[Episode], versions: list[int]) -> list[Episode]:
@@ -163,3 +165,31 @@ async def test_a_fresh_step_that_drifts_still_stops_an_asynchronous_run(tmp_path
     with pytest.raises(TokenMismatchError, match=r"^step 2: train/sampler mismatch 0\.3000"):
         await step.run(episodes, 2, publish, weight_version=5)
     assert publish.calls == 0
+
+
+def _cut_off(episodes: list[Episode], count: int) -> list[Episode]:
+    for episode in episodes[:count]:
+        episode.termination_reason = TerminationReason.TIMEOUT
+        episode.trajectories[0].reward = 0.0
+    return episodes
+
+
+@pytest.mark.parametrize(("cut", "warned"), [(0, False), (1, False), (2, True), (20, True)])
+async def test_a_step_reports_its_cut_off_rollouts_and_warns_when_many_were(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, cut: int, warned: bool
+) -> None:
+    # 20 rollouts: 1 cut off (5%) is under the 10% threshold, 2 are at it.
+    episodes = _cut_off(_episodes({"a": [0.0, 1.0] * 5, "b": [1.0, 0.0] * 5}), cut)
+    backend, publish = DriftingBackend(0.0), Publish()
+    step = _step(tmp_path, backend, filter_zero_variance=False)
+    with caplog.at_level(logging.WARNING, logger="rllm.engine.training.train_step"):
+        metrics = await step.run(episodes, 5, publish)
+    assert metrics["rollout/timeout_frac"] == pytest.approx(cut / 20)
+    lines = [r.getMessage() for r in caplog.records if "cut off" in r.getMessage()]
+    assert warned == (cut / 20 >= TIMEOUT_WARN_FRACTION) == bool(lines)
+    if warned:
+        (line,) = lines
+        assert line.startswith(
+            f"step 5: {cut / 20:.0%} of rollouts ({cut}/20) were cut off at their deadline"
+        )
+        assert "rollout.deadline_s=120 s" in line and "\n" not in line

@@ -11,6 +11,7 @@ from rllm.engine.training.checkpoint import (
     TrainerState,
     latest_checkpoint,
     load_trainer_state,
+    removed_line,
     save_checkpoint,
 )
 from rllm.engine.training.data_order import DataCursor, next_batch
@@ -154,6 +155,30 @@ def test_checkpoints_are_atomic_and_pruned(tmp_path: Path) -> None:
     # A half-written checkpoint (no trainer_state.json yet) is never picked.
     (tmp_path / "checkpoints" / "step_000008.tmp" / "backend").mkdir(parents=True)
     assert latest_checkpoint(tmp_path).name == "step_000006"
+
+
+def test_checkpoints_past_keep_are_removed_and_each_removal_is_reported(tmp_path: Path) -> None:
+    async def save_backend(path: Path) -> None:
+        (path / "weights").write_text("w")
+
+    removed: list[str] = []
+
+    async def run() -> None:
+        for step in (1, 2, 3):
+            await save_checkpoint(
+                tmp_path,
+                TrainerState(step=step),
+                save_backend,
+                keep=1,
+                removed=lambda p: removed.append(p.name),
+            )
+
+    asyncio.run(run())
+    assert removed == ["step_000001", "step_000002"]
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_000003"]
+    assert removed_line(tmp_path / "step_000001", 1).endswith(
+        "step_000001 removed (keep_checkpoints=1 keeps the newest 1)"
+    )
 
 
 def test_sequences_carry_their_images_in_prompt_order():

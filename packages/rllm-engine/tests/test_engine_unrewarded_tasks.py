@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rllm.engine.training.learning_watch import UnrewardedTaskWatch
+from rllm.engine.training.learning_watch import TaskOutcomes
 from rllm.types import Trajectory, TrajectoryGroup
 
 
@@ -15,7 +15,7 @@ def _group(task: str, rewards: list[float], role: str = "") -> TrajectoryGroup:
 
 
 def test_a_task_counts_after_its_appearances_in_a_row_without_reward_and_is_named() -> None:
-    watch = UnrewardedTaskWatch(appearances=3)
+    watch = TaskOutcomes(appearances=3)
     for _ in range(2):
         assert watch.observe([_group("lemon", [0.0] * 8), _group("piano", [1.0, 0.0])]) == {
             "filter/tasks_unrewarded": 0.0
@@ -29,7 +29,7 @@ def test_a_task_counts_after_its_appearances_in_a_row_without_reward_and_is_name
 
 
 def test_a_single_rewarded_rollout_resets_the_task_and_all_correct_groups_never_count() -> None:
-    watch = UnrewardedTaskWatch(appearances=2)
+    watch = TaskOutcomes(appearances=2)
     watch.observe([_group("lemon", [0.0] * 4), _group("apple", [1.0] * 4)])
     watch.observe([_group("lemon", [0.0, 0.0, 0.5, 0.0]), _group("apple", [1.0] * 4)])
     assert watch.observe([_group("lemon", [0.0] * 4), _group("apple", [1.0] * 4)]) == {
@@ -39,7 +39,7 @@ def test_a_single_rewarded_rollout_resets_the_task_and_all_correct_groups_never_
 
 
 def test_roles_of_one_task_count_together_and_negative_rewards_are_unrewarded() -> None:
-    watch = UnrewardedTaskWatch(appearances=1)
+    watch = TaskOutcomes(appearances=1)
     # the judge was rewarded, the solver not: the task still gives a learning signal
     watch.observe([_group("t", [0.0, 0.0], "solver"), _group("t", [1.0, 0.0], "judge")])
     assert watch.summary() is None
@@ -48,7 +48,7 @@ def test_roles_of_one_task_count_together_and_negative_rewards_are_unrewarded() 
 
 
 def test_the_summary_names_a_few_tasks_and_counts_the_rest() -> None:
-    watch = UnrewardedTaskWatch(appearances=1)
+    watch = TaskOutcomes(appearances=1)
     watch.observe([_group(f"task{i}", [0.0]) for i in range(8)])
     summary = watch.summary()
     assert summary is not None and summary.startswith("8 task(s)") and "and 3 more" in summary
@@ -60,7 +60,7 @@ def test_the_count_is_the_tasks_whose_last_k_appearances_had_no_reward(
 ) -> None:
     """Against a direct reading of the definition: per step, a task is rewarded if any of its
     groups had a rewarded rollout; it counts when its last 2 appearances were both unrewarded."""
-    watch = UnrewardedTaskWatch(appearances=2)
+    watch = TaskOutcomes(appearances=2)
     history: dict[str, list[bool]] = {}
     for step in steps:
         got = watch.observe([_group(task, [1.0 if hit else 0.0, 0.0]) for task, hit in step])

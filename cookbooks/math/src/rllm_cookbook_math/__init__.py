@@ -57,6 +57,8 @@ arith_cookbook = Cookbook(
     load_tasks=arith.load_tasks,
     description="Two-digit addition/subtraction, generated; \\boxed{} answers (math-verify); SFT set from rllm_cookbook_math.arith.",
     train_defaults=ARITH_TRAIN_DEFAULTS,
+    # One-, two- and three-digit operands: rollout.curriculum.promote moves a run up as it learns.
+    levels=arith.LEVELS,
 )
 
 __all__ = ["arith_cookbook", "cookbook", "generate", "load_tasks", "math_evaluator", "math_flow"]

@@ -10,6 +10,10 @@ back into one number and grades it with math-verify.
 
 Splits: ``train`` (2000 problems) and ``test`` (200, held out: no (a, op, b) of ``test`` appears in
 ``train`` or in the SFT set), deterministic.
+
+Difficulty levels (``LEVELS``, an ``rllm.sdk.cookbook.DifficultyLevels``): operands of one digit
+(level 0), two (level 1: exactly the splits above) and three (level 2). ``rllm train math-arith
+rollout.curriculum.promote=0.8`` starts at level 0 and moves up as the run passes each level.
 """
 
 from __future__ import annotations
@@ -113,6 +117,59 @@ def generate(split: str) -> list[dict[str, Any]]:
 
 def load_tasks(split: str) -> list[Task]:
     return [Task(id=r["id"], instruction=r["question"], ground_truth=r["answer"]) for r in generate(split)]
+
+
+LEVEL_DIGITS = (1, 2, 3)  # operand digits at each difficulty level; level 1 is the splits above
+
+
+def _level_split(level: int) -> dict[str, list[tuple[int, str, int]]]:
+    """Level ``level``'s problems (operands of ``LEVEL_DIGITS[level]`` digits, ``a >= b`` for
+    subtraction), split into held-out ``test`` and ``train`` as the two-digit splits are: up to
+    ``SPLIT_SIZES`` each, ``test`` a fifth of them when there are fewer."""
+    digits = LEVEL_DIGITS[level]
+    low, high = (0 if digits == 1 else 10 ** (digits - 1)), 10**digits - 1
+    rng = random.Random(f"math-arith-level-{level}")
+    wanted = SPLIT_SIZES["test"] + SPLIT_SIZES["train"]
+    if (high - low + 1) ** 2 <= 4 * wanted:  # few enough to list (one digit: 155 problems)
+        problems = [(a, op, b) for op in OPS for a in range(low, high + 1) for b in range(low, high + 1)]
+        problems = [p for p in problems if p[1] == "+" or p[0] >= p[2]]
+        rng.shuffle(problems)
+    else:  # three digits: 1.2 million; draw distinct ones
+        chosen: dict[tuple[int, str, int], None] = {}
+        while len(chosen) < wanted:
+            a, op, b = rng.randint(low, high), rng.choice(OPS), rng.randint(low, high)
+            chosen[(max(a, b), op, min(a, b)) if op == "-" else (a, op, b)] = None
+        problems = list(chosen)
+    held_out = min(SPLIT_SIZES["test"], len(problems) // 5)
+    return {"test": problems[:held_out], "train": problems[held_out : held_out + SPLIT_SIZES["train"]]}
+
+
+class ArithLevels:
+    """``math-arith``'s tasks by difficulty (``rllm.sdk.cookbook.DifficultyLevels``): one-, two- and
+    three-digit operands. Level 1 is ``load_tasks`` itself (same ids); the others' ids name their
+    level (``train-L0-0007``)."""
+
+    def level_count(self) -> int:
+        return len(LEVEL_DIGITS)
+
+    def load_level(self, split: str, level: int) -> list[Task]:
+        if split not in SPLIT_SIZES:
+            raise InputError(f"the math-arith cookbook has splits 'train', 'test', not {split!r}")
+        if not 0 <= level < len(LEVEL_DIGITS):
+            raise InputError(f"math-arith has difficulty levels 0 to {len(LEVEL_DIGITS) - 1}, not {level}")
+        if level == 1:
+            return load_tasks(split)
+        return [
+            Task(
+                id=f"{split}-L{level}-{i:04d}",
+                instruction=problem_text(a, op, b),
+                ground_truth=str(answer(a, op, b)),
+            )
+            for i, (a, op, b) in enumerate(_level_split(level)[split])
+        ]
+
+
+LEVELS = ArithLevels()
 
 
 def sft_examples(count: int, seed: int = 0) -> list[dict[str, Any]]:

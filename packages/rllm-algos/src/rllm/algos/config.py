@@ -10,7 +10,7 @@ import msgspec
 # Raised when an option has a value rLLM cannot honour (the message names the option); one class
 # for every config error of the project, re-exported here where users import it from.
 from rllm.algos.registry import BUILTIN_LOSSES, get_loss
-from rllm.types.errors import ConfigError
+from rllm.types.errors import ConfigError, InvariantError
 
 Aggregation = Literal[
     "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
@@ -37,6 +37,25 @@ STEP_CREDITS: tuple[str, ...] = ("broadcast", "turn")
 ERROR_TERMINATIONS: tuple[str, ...] = ("agent_error", "infra_error")
 
 
+class DynamicSampling(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``algorithm.dynamic_sampling`` (DAPO's dynamic sampling): keep rolling out groups (one
+    task's ``group_size`` rollouts) until the step holds ``tasks_per_step`` groups that carry a
+    learning signal (rewards not all equal: the test ``filter_zero_variance`` applies), at most
+    ``max_extra_groups`` more than ``tasks_per_step`` (None: ``tasks_per_step`` more). Run by the
+    engine's training loops (rllm.engine.training.dynamic_sampling), so every backend honours it;
+    the groups without signal stay in the batch unless ``filter_zero_variance`` drops them."""
+
+    enabled: bool = False
+    max_extra_groups: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_extra_groups is not None and self.max_extra_groups < 0:
+            raise InvariantError(
+                f"max_extra_groups must be >= 0 (None: tasks_per_step), got {self.max_extra_groups}",
+                "max_extra_groups",
+            )
+
+
 class AlgorithmConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Advantage estimation, filtering and policy-loss options.
 
@@ -59,6 +78,8 @@ class AlgorithmConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # "#35 round 11"). With several updates a batch the local backend leaves zero-advantage
     # sequences out of the updates' passes and still takes exactly the whole batch's update.
     filter_zero_variance: bool = False
+    # Roll out more groups until the batch holds tasks_per_step with a learning signal (DAPO).
+    dynamic_sampling: DynamicSampling = msgspec.field(default_factory=DynamicSampling)
     min_group_size: int = 1
     mask_terminations: list[str] = msgspec.field(default_factory=list)
     # policy loss

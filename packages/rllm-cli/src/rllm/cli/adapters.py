@@ -22,6 +22,7 @@ KNOWN = {
     "reasoning-gym": "rllm-adapter-reasoning-gym",
     "verifiers": "rllm-adapter-verifiers",
     "mcp": "rllm-adapter-mcp",
+    "openenv": "rllm-adapter-openenv",
 }
 
 

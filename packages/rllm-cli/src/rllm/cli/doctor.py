@@ -8,11 +8,11 @@ its end-of-turn token, so every check exercises the template and the gateway, no
 Each check is pass, fail or warn. A template that makes every turn a new segment (it re-renders
 an earlier reply differently from the tokens the sampler produced) is a warning with its reason
 and its cost in re-prefilled tokens per turn: training stays token-true (the gateway starts a
-segment), but the run pays for it. Exit 0 unless a check fails.
+segment), but the run pays for it. Exit 0 unless a check fails (``--strict``: or warns).
 
 This module runs the checks (``Doctor``) and holds the command; the scripted upstream is
 ``doctor_upstream.py``, the report and its table ``doctor_report.py``, the image check
-``doctor_images.py``.
+``doctor_images.py``; ``rllm doctor run RUN_DIR`` (a training run's health) is ``doctor_run.py``.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import click
 from rich.console import Console
 
 from rllm.cli.doctor_report import Check, Report, first_diff, print_report
+from rllm.cli.doctor_run import run_command
 from rllm.cli.doctor_upstream import ScriptedUpstream
 from rllm.cli.errors import FAILED, CliError
 
@@ -227,16 +228,50 @@ class Doctor:
                 "('assistant to=functions.NAME<|channel|>commentary json') where the model writes "
                 "it after the channel ('<|channel|>commentary to=functions.NAME <|constrain|>json')"
             )
-        elif in_reply:  # the ids part inside the sampled reply, not at a template boundary
+        elif in_reply and not self._canonical(k, prev):
             cause = (
                 "the sampler's tokens for its reply are not the tokenizer's own tokenization of "
                 "that text (a non-canonical tokenization), so re-rendering changes them"
             )
-        elif done[i : i + 1].isspace() or text[i : i + 1].isspace():
-            cause = "the chat template adds or drops whitespace (a separator) around the reply"
+        elif done[i : i + 1].isspace() != text[i : i + 1].isspace():
+            cause = self._whitespace_cause(done[i:], text[i:])
+        elif in_reply:  # canonical tokens, yet the template writes the reply's text differently
+            cause = "the chat template renders an earlier reply differently from the text the model sampled"
         else:
             cause = reason
         return f"{cause}: the sampled text reads {sampled!r}, the template renders {rendered!r}"
+
+    def _canonical(self, k: int, prev: Any) -> bool:
+        """Whether turn ``k``'s previous reply, as the agent got it back, tokenizes to the ids the
+        sampler produced (less its end-of-turn token): a sampler may emit others for the same text.
+        A reply that is not plain text cannot be told, and is not blamed on the sampler."""
+        before, after = self.sent[k - 1][0], self.sent[k][0]
+        reply = after[len(before)] if len(after) > len(before) else {}
+        content = reply.get("content") if isinstance(reply, dict) else None
+        if not isinstance(content, str):
+            return True
+        ids = list(prev.completion_ids)
+        if ids and ids[-1] == getattr(self.tok, "eos_token_id", None):
+            ids = ids[:-1]
+        return list(self.tok.encode(content, add_special_tokens=False)) == ids
+
+    def _whitespace_cause(self, sampled: str, rendered: str) -> str:
+        """The template's own whitespace change where the sampled and the re-rendered text part
+        (one side has whitespace there, the other not), named with what it comes before."""
+        added = rendered[:1].isspace()
+        longer, other = (rendered, sampled) if added else (sampled, rendered)
+        space = longer[: len(longer) - len(longer.lstrip())]
+        ends = [t for t in (getattr(self.tok, "eos_token", None), "<|im_end|>", "<|eot_id|>", "<|end|>") if t]
+        end = next((t for t in ends if other.startswith(t)), None)
+        where = (
+            f"before the end-of-turn token {end} of earlier assistant turns"
+            if end is not None
+            else "around an earlier reply"
+        )
+        return (
+            f"the chat template {'adds' if added else 'drops'} whitespace ({space!r}) {where}: the "
+            "template changes the text, the sampler's tokens are the tokenizer's own"
+        )
 
     async def streaming(self) -> Check:
         plain = await self.conversation(2)
@@ -336,7 +371,7 @@ def run_doctor(model: str, tokenizer: str | None, tool_format: str | None, upstr
 
 @click.group("doctor")
 def doctor_group() -> None:
-    """Check a model before training on it."""
+    """Check a model before training on it (tokens), or a training run's health (run)."""
 
 
 @doctor_group.command("tokens")
@@ -350,20 +385,28 @@ def doctor_group() -> None:
 )
 @click.option("--upstream", default=None, help="a real OpenAI-compatible /v1 URL instead of the scripted one")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON (for CI)")
+@click.option("--strict", is_flag=True, help="exit 1 on a warning too (a CI gate)")
 def tokens_command(
-    model: str, tokenizer: str | None, tool_format: str | None, upstream: str | None, as_json: bool
+    model: str,
+    tokenizer: str | None,
+    tool_format: str | None,
+    upstream: str | None,
+    as_json: bool,
+    strict: bool,
 ) -> int:
     """Token faithfulness of MODEL's tokenizer and chat template through the gateway.
 
     MODEL is what a training config's `model` takes (`tiny`, a folder, a hub name). Checks
     multi-turn extension, streaming against non-streaming ids, and tool calls (one, parallel,
     a result, a malformed call) in the template's format. Exit 0 unless a check fails;
-    a template that starts a new segment every turn is a warning with its cause and cost.
+    a template that starts a new segment every turn is a warning with its cause and cost
+    (with --strict a warning exits 1 as well).
 
     \b
     Example:
       rllm doctor tokens tiny
       rllm doctor tokens Qwen/Qwen2.5-0.5B-Instruct --json
+      rllm doctor tokens ./my-model --strict
     """
     if upstream is not None and not upstream.startswith(("http://", "https://")):
         raise CliError(f"--upstream must be an http(s) URL ending in /v1, got {upstream!r}")
@@ -372,4 +415,8 @@ def tokens_command(
         click.echo(json.dumps(report.as_json(), indent=2))
     else:
         print_report(report, Console(highlight=False))
-    return 0 if report.ok else FAILED
+    warned = any(c.status == "warn" for c in report.checks)
+    return 0 if report.ok and not (strict and warned) else FAILED
+
+
+doctor_group.add_command(run_command)

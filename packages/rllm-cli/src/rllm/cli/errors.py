@@ -1,8 +1,9 @@
 """How every `rllm` command fails: one line naming what is wrong, a hint, a meaningful exit code.
 
 Exit codes: 0 success, 1 the work itself failed (a run crashed, a server died), 2 bad input
-(usage, config key, file, column, unknown cookbook or backend), 130 interrupted. The traceback
-is printed only under ``rllm --debug``.
+(usage, config key, file, column, unknown cookbook or backend), 3 a training run stopped by a
+health check it names in ``health.stop_on`` (``rllm.engine.training.health``), 130 interrupted.
+The traceback is printed only under ``rllm --debug``.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ import click
 from rich.console import Console
 
 from rllm.engine.plugins import PluginNotFoundError
+from rllm.engine.training.health import HEALTH_STOP_EXIT, HealthStop
 from rllm.types import ConfigError, RLLMError, SchemaError
 
 BAD_INPUT = 2
 FAILED = 1
+HEALTH_STOPPED = HEALTH_STOP_EXIT  # 3
 INTERRUPTED = 130
 
 # Errors that mean "the input is wrong" rather than "the work broke".
@@ -55,6 +58,8 @@ class CliError(RLLMError, click.ClickException):
 
 def as_cli_error(exc: BaseException) -> CliError:
     """Turn an exception from the work into the one-line error the user sees."""
+    if isinstance(exc, HealthStop):  # its line already names the check, the evidence and the cause
+        return CliError(str(exc), "`rllm doctor run RUN_DIR` shows every check over the run", HEALTH_STOPPED)
     hint = next((h for t, h in HINTS.items() if isinstance(exc, t)), None)
     if isinstance(exc, ConfigError) and not exc.key:
         hint = None  # about a file as a whole ("does not exist", "not valid TOML"): the keys do not help

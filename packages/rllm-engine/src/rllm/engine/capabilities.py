@@ -15,6 +15,10 @@ Execution flows (regular, sandboxed, command) and the executors built into the e
 ray: :mod:`rllm.engine.rollout.executors`, read from its registry) run in front of the gateway,
 so every backend that trains on the gateway's traces honours them; an executor this build does
 not have registered reads "no" everywhere.
+
+Task selection (``rollout.curriculum``, its ``promote``, ``algorithm.dynamic_sampling``) is the
+training loop's, before any backend sees a batch: a backend honours it wherever it runs RL, which
+the row asks of its ``validate`` (with ``dynamic_sampling`` on, for the algorithm option).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-from rllm.algos.config import AlgorithmConfig
+from rllm.algos.config import AlgorithmConfig, DynamicSampling
 from rllm.algos.registry import BUILTIN_LOSSES, available_estimators, get_estimator
 from rllm.engine.modality import trains_on_images
 from rllm.engine.plugins import BACKENDS_GROUP, available, backend_class
@@ -132,6 +136,15 @@ def probes() -> list[tuple[str, str, Probe]]:
         ("algorithm", "tis = sequence", _validates(tis="sequence")),
         ("algorithm", "tis = trust_region", _validates(tis="trust_region")),
         ("algorithm", "max_mismatch", _validates(max_mismatch=0.05)),
+    ]
+    rows += [
+        ("task selection", "rollout.curriculum (tasks drawn by pass rate)", _validates()),
+        ("task selection", "rollout.curriculum.promote (difficulty levels)", _validates()),
+        (
+            "task selection",
+            "algorithm.dynamic_sampling (groups with signal)",
+            _validates(dynamic_sampling=DynamicSampling(enabled=True)),
+        ),
     ]
     rows += [("execution flow", name, _flow(name)) for name in (*ENGINE_FLOWS, *executor_rows())]
     rows += [("modality", "text", _validates()), ("modality", "images", trains_on_images)]

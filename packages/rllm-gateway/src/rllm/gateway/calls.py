@@ -61,6 +61,7 @@ class CallLedger:
         "_admit",
         "_drained",
         "_held",
+        "call_listeners",
         "default_sampling",
         "hold_listeners",
         "inflight",
@@ -97,6 +98,10 @@ class CallLedger:
         # when the gateway resumes: an engine in this process stops its rollouts' deadlines
         # meanwhile, since that wait is the trainer's (rllm.engine.rollout.flow_runner.DeadlineClock).
         self.hold_listeners: list[Callable[[bool], None]] = []
+        # Told (session_id, None) when a call's trace opens and (session_id, status) when it is
+        # finished: an engine in this process counts a rollout's deadline only while it is stalled,
+        # not while its call waits behind others that the sampler is answering (DeadlineClock.call).
+        self.call_listeners: list[Callable[[str, str | None], None]] = []
         self._held = False
 
     # ------------------------------------------------------------------ admission
@@ -196,7 +201,12 @@ class CallLedger:
             store_raw=self.store_raw,
         )
         self.inflight += 1
+        self._tell(trace.session_id, None)
         return trace
+
+    def _tell(self, session_id: str, status: str | None) -> None:
+        for listener in self.call_listeners:
+            listener(session_id, status)
 
     def call_ended(self) -> None:
         self.inflight -= 1
@@ -213,6 +223,7 @@ class CallLedger:
         # else the session was deleted (finished) while this call was in flight: nobody can read
         # the trace any more, and storing it would leak it.
         self.metrics.observe(trace)
+        self._tell(trace.session_id, status)
 
     def fail(self, trace: TraceRecord, t0: float, why: str) -> None:
         """Finish the trace as an ``error`` saying why."""
@@ -241,6 +252,7 @@ class CallLedger:
         trace.status = "error"
         trace.latency_s = time.perf_counter() - t0
         self.metrics.observe(trace)
+        self._tell(trace.session_id, "error")
 
 
 __all__ = ["CallLedger", "ParsedCall", "ProxyCall"]

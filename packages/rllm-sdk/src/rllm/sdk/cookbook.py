@@ -16,10 +16,30 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from rllm.types import Task
 from rllm.types.errors import InputError
+
+
+@runtime_checkable
+class DifficultyLevels(Protocol):
+    """A task generator with levels of difficulty, 0 the easiest (e.g. the math cookbook's
+    ``math-arith``: one-, two- and three-digit operands).
+
+    ``rllm train`` with ``rollout.curriculum.promote`` set trains on ``load_level(train_split, 0)``
+    first and moves up one level each time the run's recent pass rate reaches that threshold (the
+    engine calls this, never the other way round); without it the cookbook's ``load_tasks`` is used
+    as always. Task ids must differ between levels (a run's per-task record spans them).
+    """
+
+    def level_count(self) -> int:
+        """How many levels there are (>= 1)."""
+        ...
+
+    def load_level(self, split: str, level: int) -> list[Task]:
+        """The tasks of ``split`` at ``level`` (0 <= level < level_count()); ValueError otherwise."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -30,7 +50,8 @@ class Cookbook:
     ``train_defaults`` is a TrainerConfig-shaped mapping that a user's config file and CLI
     overrides are layered on. ``configure(options)``, when given, returns the cookbook set up with
     the user's options (a training config's ``cookbook_options``, ``rllm eval --option``), e.g. an
-    evaluator's judge; it raises ValueError naming an option it does not take.
+    evaluator's judge; it raises ValueError naming an option it does not take. ``levels``, when
+    given, is the cookbook's tasks by difficulty (:class:`DifficultyLevels`).
     """
 
     name: str
@@ -41,6 +62,7 @@ class Cookbook:
     splits: tuple[str, ...] = ("train", "test")
     train_defaults: dict[str, Any] = field(default_factory=dict)
     configure: Callable[[dict[str, Any]], Cookbook] | None = None
+    levels: DifficultyLevels | None = None
 
     def with_options(self, options: dict[str, Any]) -> Cookbook:
         """This cookbook set up with ``options`` (itself when there are none)."""

@@ -75,7 +75,12 @@ class TinkerBackendConfig(AdamWSettings, kw_only=True, forbid_unknown_fields=Tru
     served_model_name: str = ""  # defaults to the model path's last component
     sampler_host: str = "127.0.0.1"
     sampler_port: int = 0  # 0 = any free port
-    sampler_max_batch: int = 64  # most sequences generated together
+    sampler_max_batch: int = 64  # most sequences generated together (their KV cache is the sampler's memory)
+    # Most requests waiting for a place in the running batch; one more is refused at once (503,
+    # naming this key) instead of held without bound. A request whose client goes away (an HTTP
+    # client that disconnects, a call cancelled at its rollout's deadline) stops decoding at the
+    # next step and frees its place.
+    sampler_max_queued: int = 1024
     sampler_max_tokens: int = 256  # default max_tokens when a request sets none
     # A batch keeps collecting requests while they arrive less than this apart (0 = take only
     # what is already queued).
@@ -124,6 +129,7 @@ class TinkerBackendConfig(AdamWSettings, kw_only=True, forbid_unknown_fields=Tru
             (self.lora.rank >= 0, "lora.rank", "must be >= 0"),
             (self.sampler_max_batch >= 1, "sampler_max_batch", "must be >= 1"),
             (self.sampler_max_tokens >= 1, "sampler_max_tokens", "must be >= 1"),
+            (self.sampler_max_queued >= 1, "sampler_max_queued", "must be >= 1"),
             (self.torch_threads >= 0, "torch_threads", "must be >= 0"),
         ]
         for ok, key, message in checks:

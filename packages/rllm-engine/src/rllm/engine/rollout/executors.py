@@ -61,12 +61,19 @@ class RaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     cluster (e.g. ``sandbox``). Workers are spread over the nodes (Ray's SPREAD strategy).
     ``runtime_env`` is the workers' Ray runtime environment (``env_vars``, ``pip``,
     ``working_dir``, ...), for a flow the cluster's Python does not have installed.
+    ``uv_runtime_env`` lets Ray's own ``uv run`` hook rebuild the driver's uv project on every
+    worker (off by default: it builds a virtualenv per node, several GB, in Ray's session folder;
+    workers then run in the driver's own interpreter, which a local cluster and nodes sharing the
+    driver's environment have). ``connect_timeout_s`` bounds the wait for ``address`` to answer
+    (Ray alone would retry an address nobody answers at without end).
     """
 
     address: str | None = None
     num_workers: int | None = None
     resources_per_worker: dict[str, float] = msgspec.field(default_factory=lambda: {"CPU": 1.0})
     runtime_env: dict[str, Any] | None = None
+    uv_runtime_env: bool = False
+    connect_timeout_s: float = 30.0
     start_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
@@ -77,6 +84,10 @@ class RaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 raise InvariantError(
                     f"resources_per_worker[{name!r}] must be >= 0, got {amount}", "resources_per_worker"
                 )
+        if self.connect_timeout_s <= 0:
+            raise InvariantError(
+                f"connect_timeout_s must be > 0, got {self.connect_timeout_s}", "connect_timeout_s"
+            )
         if self.start_timeout_s <= 0:
             raise InvariantError(
                 f"start_timeout_s must be > 0, got {self.start_timeout_s}", "start_timeout_s"

@@ -71,11 +71,21 @@ class RayWorkerDied(FlowProcessDied):
 
 
 ADDRESS_KEY = "rollout.ray.address"
+UV_HOOK_ENV = "RAY_ENABLE_UV_RUN_RUNTIME_ENV"
 
 
-def connect_ray(address: str | None) -> bool:
+def connect_ray(
+    address: str | None, *, uv_runtime_env: bool = False, connect_timeout_s: float = 30.0
+) -> bool:
     """Connect this process to Ray: the instance it already has, the cluster at ``address``, or
     a new local instance. True when this call connected (the caller then shuts it down).
+
+    Ray's own uv hook (on by default when the driver runs under ``uv run``) would start every
+    worker with ``uv run`` in a copy of the working directory: a new virtualenv per node in Ray's
+    session folder (gigabytes), and workers without Ray when uv resolves another environment, which
+    the driver sees only as workers that never start. Unless ``uv_runtime_env``
+    (``rollout.ray.uv_runtime_env``) asks for it, the hook is off and the workers run in this
+    process's interpreter and environment.
 
     When Ray is already initialised here (e.g. by the verl backend), it is reused if ``address``
     is unset, ``auto`` or names the same cluster; another address is refused (ConfigError naming
@@ -90,6 +100,10 @@ def connect_ray(address: str | None) -> bool:
                 "unset to share that cluster",
             )
         return False
+    if address not in (None, "auto"):
+        check_address_answers(address, connect_timeout_s)
+    if not uv_runtime_env:
+        _disable_ray_uv_hook()
     for attempt in range(1, RAY_START_TRIES + 1):
         try:
             ray.init(address=address, include_dashboard=False, log_to_driver=True)
@@ -99,6 +113,34 @@ def connect_ray(address: str | None) -> bool:
                 raise
             ray.shutdown()
     return False  # not reached: the last attempt returns or raises
+
+
+def check_address_answers(address: str, timeout_s: float) -> None:
+    """StateError naming ``address`` unless something accepts a connection at its host and port
+    within ``timeout_s``. Ray itself, given an address nobody answers at, rewrites it and retries
+    without end (and Ctrl-C does not stop it), so the address is tried here first."""
+    _, _, rest = address.rpartition("://")
+    host, _, port = rest.rpartition(":")
+    if not port.isdigit():
+        return  # no port: Ray resolves it (e.g. from a cluster's address file); nothing to try
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or type(exc).__name__).lower()
+        raise StateError(
+            f"{ADDRESS_KEY} {address!r} does not answer ({why} within {timeout_s:g} s): is the "
+            "Ray cluster up there? (`ray status` on its head node)"
+        ) from None
+
+
+def _disable_ray_uv_hook() -> None:
+    """Turn off Ray's ``uv run`` runtime-env hook for this process. Ray reads the switch from its
+    environment variable once, at import, into ``ray_constants`` (read again at each ``ray.init``),
+    so both are set: the variable for processes started from here, the constant for this one."""
+    os.environ[UV_HOOK_ENV] = "0"
+    from ray._private import ray_constants  # the switch has no public setter
+
+    ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = False
 
 
 def current_ray_address() -> str:
@@ -309,7 +351,12 @@ class RayFlowPool(SlottedPool[_Handle]):
         return options
 
     async def start(self) -> RayFlowPool:
-        self._connected = await asyncio.to_thread(connect_ray, self.settings.address)
+        self._connected = await asyncio.to_thread(
+            connect_ray,
+            self.settings.address,
+            uv_runtime_env=self.settings.uv_runtime_env,
+            connect_timeout_s=self.settings.connect_timeout_s,
+        )
         try:
             actor_cls = ray.remote(FlowWorker).options(**self._actor_options())
             for i in range(self.n):

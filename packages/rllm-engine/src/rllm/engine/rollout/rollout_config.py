@@ -22,7 +22,10 @@ from rllm.types.errors import LookupFailed
 class RolloutSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """How the rollouts of a :class:`~rllm.engine.rollout.rollout_engine.RolloutEngine` run.
 
-    ``deadline_s`` bounds one attempt of one rollout (None: no deadline). ``max_retries`` counts
+    ``deadline_s`` bounds the time one attempt of one rollout is stalled (None: no deadline): its
+    own code's time and the time a model call waits while the sampler answers nobody, not time
+    queued behind other rollouts' calls that the sampler is answering
+    (:mod:`rllm.engine.rollout.flow_runner`). ``max_retries`` counts
     extra attempts after an infrastructure failure (gateway/upstream), each on a fresh session;
     agent errors and timeouts are never retried, since running the same failing agent again
     would only waste compute. Retry ``k`` waits ``retry_backoff_s * 2**(k-1)``: long enough for
@@ -107,14 +110,16 @@ class RolloutSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         except LookupFailed:
             known = ", ".join(map(repr, sorted(available_executors())))
             raise InvariantError(f"executor must be one of {known}, got {name!r}", "executor") from None
+        # The executor's own needs first: a remote run without its URLs is refused for the URLs
+        # (what the user must add), not for `workers`, which a cookbook may have set.
+        if spec.check is not None:
+            spec.check(self)
         if spec.in_process and self.workers > 1:
             raise InvariantError(
                 f"executor {name!r} runs rollouts from this process: workers must be 1, got "
-                f"{self.workers} (use executor 'processes' or 'ray', or drop workers)",
+                f"{self.workers} (add rollout.workers=1, or use executor 'processes' or 'ray')",
                 "workers",
             )
-        if spec.check is not None:
-            spec.check(self)
 
     def sampling_for(self, is_validation: bool) -> SamplingParams:
         return self.val_sampling if is_validation and self.val_sampling is not None else self.sampling

@@ -170,6 +170,9 @@ class RolloutEngine:
             # A call held at the door (a weight sync; the train step a prefetched rollout waits
             # for) is the trainer's time, not the flow's: its deadline waits too.
             self._server.ledger.hold_listeners.append(self._runner.deadlines.hold)
+            # A call waiting behind others the sampler answers is queued, not stalled: the time
+            # it waited does not count against its rollout's deadline (flow_runner.py).
+            self._server.ledger.call_listeners.append(self._runner.deadlines.call)
             self._unserve = serve_in_process(
                 self._server.url, functools.partial(inprocess.answer, self._server)
             )

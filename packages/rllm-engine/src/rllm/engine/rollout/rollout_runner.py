@@ -246,6 +246,7 @@ class RolloutRunner:
             deadline_s=self.config.deadline_s,
             executor=self.threads,
             clock=self.deadlines,
+            session_id=config.session_id,
         )
 
     async def drain_deletions(self) -> None:

@@ -2,7 +2,11 @@
 while the backend trains and syncs.
 
 Each step consumes ``tasks_per_step`` finished groups, as the synchronous loop does (groups the
-filters drop count, so the reward curve means the same in both modes), in dispatch order. A
+filters drop count, so the reward curve means the same in both modes), in dispatch order; with
+``algorithm.dynamic_sampling`` it takes more, until that many of them carry a learning signal or
+the cap is reached (rllm.engine.training.dynamic_sampling). Tasks come from the run's sampler
+(``rllm.engine.training.task_sampler``: the seeded order or ``rollout.curriculum``), one at a
+time as slots free, and each group taken is recorded there at once, so the next draw knows it. A
 group whose oldest model call is older than ``v - K`` (``v``: the weights this update starts
 from) is never trained on: it is re-queued or dropped (``rollout.stale_policy``) and counted.
 Weight syncs pause the gateway, which lets calls in flight finish (drain) and holds new ones, so
@@ -28,7 +32,7 @@ import msgspec
 
 from rllm.engine.training.async_rollouts import AsyncRollouts, FinishedGroup
 from rllm.engine.training.checkpoint import TrainerState
-from rllm.engine.training.data_order import next_batch
+from rllm.engine.training.dynamic_sampling import SignalCount, max_extra_groups
 from rllm.engine.training.staleness import continued_calls, episode_versions, is_stale
 from rllm.types import Episode, Task
 from rllm.types.errors import StateError
@@ -36,6 +40,7 @@ from rllm.types.errors import StateError
 if TYPE_CHECKING:
     from rllm.engine.backend import Backend
     from rllm.engine.rollout.rollout_engine import RolloutEngine
+    from rllm.engine.training.task_sampler import TaskSampler
     from rllm.engine.training.train_step import TrainStep
     from rllm.engine.training.trainer_config import TrainerConfig
 
@@ -45,7 +50,7 @@ class StepperTrainer(Protocol):
 
     config: TrainerConfig
     backend: Backend
-    train_tasks: list[Task]
+    sampler: TaskSampler  # the run's task draw (rllm.engine.training.task_sampler)
     train_step: TrainStep
 
 
@@ -56,25 +61,20 @@ class AsyncStepper:
         cfg = trainer.config
         self.trainer, self.engine, self.state = trainer, engine, state
         self.k = cfg.rollout.max_staleness
-        by_id = {t.id: t for t in trainer.train_tasks}
-        missing = [i for i in state.unconsumed_task_ids if i not in by_id]
-        if missing:
-            raise StateError(
-                f"the checkpoint's unconsumed tasks {missing[:3]} are not in the training split; "
-                "resume with the split the run was started with"
-            )
+        try:
+            pending = trainer.sampler.find(state.unconsumed_task_ids)
+        except ValueError as exc:
+            raise StateError(str(exc)) from None
         # Every group of the window starts at once and its rollouts share ``concurrency`` one
         # rollout at a time (first come, first served, so in dispatch order), as the synchronous
         # loop's rollouts do: a group waiting on its slowest rollout holds one slot, not
         # ``group_size`` of them, and the sampler is kept busy by the next groups meanwhile.
         self._slots = asyncio.Semaphore(max(1, cfg.rollout.concurrency))
-        window = (self.k + 1) * cfg.tasks_per_step
+        # A step holds its groups until its sync: dynamic sampling's extra groups need room too
+        # (the staleness bound is still checked on every group, whatever the window).
+        window = (self.k + 1) * cfg.tasks_per_step + max_extra_groups(cfg.algorithm, cfg.tasks_per_step)
         self.rollouts = AsyncRollouts(
-            self._run_group,
-            self._next_task,
-            window=window,
-            parallel=window,
-            pending=[by_id[i] for i in state.unconsumed_task_ids],
+            self._run_group, self._next_task, window=window, parallel=window, pending=pending
         )
         self._last_step_end = time.perf_counter()
         self._busy_at_last_step = 0.0
@@ -84,8 +84,7 @@ class AsyncStepper:
         return self
 
     def _next_task(self) -> Task:
-        cfg = self.trainer.config
-        (task,), self.state.data = next_batch(self.trainer.train_tasks, 1, cfg.seed, self.state.data)
+        (task,), self.state.data = self.trainer.sampler.next_batch(1, self.state.data)
         return task
 
     async def _run_group(self, task: Task) -> list[Episode]:
@@ -107,14 +106,18 @@ class AsyncStepper:
         await self.rollouts.close()
 
     async def step(self) -> dict[str, Any]:
-        """Take ``tasks_per_step`` finished groups within the bound, then the shared step
-        (rllm.engine.training.train_step) with this loop's sync; its metrics plus the staleness ones."""
-        cfg, state = self.trainer.config, self.state
+        """Take ``tasks_per_step`` finished groups within the bound (with dynamic sampling, until
+        that many carry a signal or the cap is reached), recording each in the sampler, then the
+        shared step (rllm.engine.training.train_step) with this loop's sync; its metrics plus the
+        staleness ones."""
+        cfg, state, sampler = self.trainer.config, self.state, self.trainer.sampler
         started = time.perf_counter()
         batch: list[FinishedGroup] = []
         dropped = requeued = 0
         waited = 0.0
-        while len(batch) < cfg.tasks_per_step:
+        count = SignalCount(cfg.algorithm, cfg.tasks_per_step)
+        sampled: dict[str, float] = {}
+        while count.missing() > 0:
             t = time.perf_counter()
             group = await self.rollouts.next_group()
             waited += time.perf_counter() - t
@@ -125,8 +128,12 @@ class AsyncStepper:
                 dropped += not requeue
                 continue
             batch.append(group)
+            sampled = sampler.observe(group.episodes)
+            count.add(group.episodes)
         batch.sort(key=lambda g: g.seq)
         episodes = [e for g in batch for e in g.episodes]
+        sampled.update(count.metrics())
+        sampled.update(sampler.end_step(episodes))
         t1 = time.perf_counter()
         staleness = self._staleness_metrics(episodes, state.weight_version)
         sync_s = 0.0
@@ -144,6 +151,7 @@ class AsyncStepper:
         state.step += 1
         return {
             **metrics,
+            **sampled,
             **staleness,
             "async/dropped_groups": dropped,
             "async/requeued_groups": requeued,

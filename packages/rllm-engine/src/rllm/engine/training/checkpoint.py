@@ -16,6 +16,7 @@ from pathlib import Path
 import msgspec
 
 from rllm.engine.training.data_order import DataCursor
+from rllm.engine.training.task_sampler import SamplerState
 
 
 class TrainerState(msgspec.Struct, kw_only=True):
@@ -26,6 +27,9 @@ class TrainerState(msgspec.Struct, kw_only=True):
     # Asynchronous runs: tasks handed out (data cursor past them) but not yet trained on; a
     # resumed run runs them first, so no task is skipped or trained twice.
     unconsumed_task_ids: list[str] = msgspec.field(default_factory=list)
+    # Each task's recent outcomes and the difficulty level (rllm.engine.training.task_sampler):
+    # with the cursor, all a resumed run needs to draw the tasks the uninterrupted run would.
+    sampler: SamplerState = msgspec.field(default_factory=SamplerState)
 
     def capture_rng(self) -> None:
         version, internal, gauss = random.getstate()
@@ -41,10 +45,23 @@ def checkpoint_dir(out_dir: Path, step: int) -> Path:
     return out_dir / "checkpoints" / f"step_{step:06d}"
 
 
+KEEP_CHECKPOINTS = 2  # TrainerConfig.keep_checkpoints' default
+
+
+def removed_line(path: Path, keep: int) -> str:
+    """The run's line when ``save_checkpoint`` removes an older checkpoint."""
+    return f"checkpoint {path} removed (keep_checkpoints={keep} keeps the newest {keep})"
+
+
 async def save_checkpoint(
-    out_dir: Path, state: TrainerState, save_backend: Callable[[Path], Awaitable[None]], keep: int = 2
+    out_dir: Path,
+    state: TrainerState,
+    save_backend: Callable[[Path], Awaitable[None]],
+    keep: int = KEEP_CHECKPOINTS,
+    removed: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Write backend + trainer state for ``state.step``; keep only the newest ``keep`` checkpoints."""
+    """Write backend + trainer state for ``state.step``; keep only the newest ``keep`` checkpoints
+    (each older one removed is passed to ``removed``, which says so in the run's output)."""
     final = checkpoint_dir(out_dir, state.step)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -58,6 +75,8 @@ async def save_checkpoint(
     _fsync_dir(final.parent)
     for old in _complete_checkpoints(out_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
+        if removed is not None:
+            removed(old)
     return final
 
 

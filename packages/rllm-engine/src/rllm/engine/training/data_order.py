@@ -2,6 +2,8 @@
 
 The order is a pure function of (seed, epoch): a resumed run that restores (epoch, cursor)
 sees exactly the batch it would have seen without the interruption; no RNG state to carry.
+(``rollout.curriculum`` draws by pass rate instead, with the same property:
+rllm.engine.training.task_sampler.)
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from rllm.types.errors import InputError
 class DataCursor(msgspec.Struct, kw_only=True):
     epoch: int = 0
     cursor: int = 0  # index into the epoch's permutation of the next task to hand out
+    draws: int = 0  # rollout.curriculum: tasks drawn so far (each draw is seeded by its number)
+    level: int = 0  # rollout.curriculum.promote: the difficulty level epoch and cursor refer to
 
 
 def epoch_order(n_tasks: int, seed: int, epoch: int) -> list[int]:
@@ -42,4 +46,4 @@ def next_batch(
         take = order[cursor : cursor + size - len(batch)]
         batch.extend(tasks[i] for i in take)
         cursor += len(take)
-    return batch, DataCursor(epoch=epoch, cursor=cursor)
+    return batch, msgspec.structs.replace(position, epoch=epoch, cursor=cursor)

@@ -17,6 +17,7 @@ from typing import Any
 from rllm.engine.plugins import backend_class, load_cookbook
 from rllm.engine.rollout.early_flow_processes import start_early_for
 from rllm.engine.training.run_folder import check_run_folder
+from rllm.engine.training.task_sampler import check_curriculum
 from rllm.engine.training.trainer import Trainer, validate_algorithm
 from rllm.engine.training.trainer_config import TrainerConfig, load_config
 from rllm.sdk.cookbook import Cookbook
@@ -71,6 +72,7 @@ def load_train_config(
     except ValueError as exc:
         raise ConfigError(f"config key `cookbook_options`: {exc}", key="cookbook_options") from None
     check_splits(config, cookbook)
+    check_curriculum(config, cookbook)  # rollout.curriculum.promote needs difficulty levels
     return config, cookbook
 
 

@@ -15,6 +15,7 @@ import msgspec
 
 from rllm.algos.registry import get_loss
 from rllm.engine.rollout.rollout_config import RolloutSettings
+from rllm.engine.training.curriculum import CurriculumSettings
 from rllm.types import Episode, Step
 from rllm.types.errors import ConfigError, InvariantError
 
@@ -35,6 +36,7 @@ class TrainRolloutSettings(RolloutSettings, kw_only=True, forbid_unknown_fields=
     (the gateway then aborts at each pause: ``rllm.gateway.partial``). ``prefetch`` (K = 0):
     start step N+1's rollouts while step N trains; their calls wait at the gateway's door and
     are sampled on step N's new weights (``rllm.engine.training.trainer``; no effect when K > 0).
+    ``curriculum``: which tasks are drawn (``rllm.engine.training.curriculum``), in both loops.
     """
 
     max_staleness: int = 0
@@ -43,6 +45,7 @@ class TrainRolloutSettings(RolloutSettings, kw_only=True, forbid_unknown_fields=
     sync_timeout_s: float = 600.0
     partial: bool = False
     prefetch: bool = False
+    curriculum: CurriculumSettings = msgspec.field(default_factory=CurriculumSettings)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -77,6 +80,7 @@ ASYNC_KEYS: tuple[str, ...] = (
     "sync_timeout_s",
     "partial",
     "prefetch",
+    "curriculum",
 )
 
 

@@ -59,6 +59,13 @@ class TrainProgress:
         else:
             print(f"warning: {message}", file=sys.stderr, flush=True)
 
+    def say(self, message: str) -> None:
+        """A line of the run's output that is not a warning (a checkpoint removed), shown the same way."""
+        if self._bar is not None:
+            self._bar.console.print(message, highlight=False, soft_wrap=True)
+        else:
+            print(message, file=sys.stderr, flush=True)
+
     def __exit__(self, *exc: object) -> None:
         if self._bar is not None:
             self._bar.stop()

@@ -1,8 +1,9 @@
 """One training step, the same in the synchronous and the asynchronous loop.
 
-    finished episodes -> group -> filters -> advantages -> TrainSequences -> distillation ->
-    backend.train_step -> train/sampler mismatch measured -> the step's sample written ->
-    mismatch checked (algorithm.max_mismatch) -> new weights published -> metrics
+    finished episodes -> group -> filters -> advantages -> health figures -> TrainSequences ->
+    distillation -> backend.train_step -> train/sampler mismatch measured -> the step's sample
+    written -> mismatch checked (algorithm.max_mismatch) -> new weights published -> the probe
+    set re-scored (health: weights_stale) -> metrics
 
 The loops differ only around it: where the episodes come from (the synchronous loop,
 ``rllm.engine.training.trainer``, rolls out one batch, maybe prefetched; the asynchronous one,
@@ -11,6 +12,9 @@ reach the sampler (each passes its own ``publish``: a pause, or a held prefetch,
 a drain under a watchdog). Everything between lives here once, so whatever the step measures or
 enforces holds in both modes, as the capability matrix (docs/capabilities.md) promises.
 
+The health checks (``rllm.engine.training.health``) judge the step's metrics in the Trainer's loop,
+after validation; what they need beyond the metrics is measured here, in both modes alike.
+
 The sample is written before the mismatch is checked (the viewer shows where a stopped run
 drifted), and the check comes before ``publish``: weights trained on tokens that were not the
 tokens sampled never reach the sampler.
@@ -18,6 +22,7 @@ tokens sampled never reach the sampler.
 
 from __future__ import annotations
 
+import logging
 import statistics
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -25,11 +30,13 @@ from typing import TYPE_CHECKING, Any
 
 from rllm.algos import compute_advantages, filter_groups, group_trajectories
 from rllm.engine.rollout.worker_metrics import sandbox_step_metrics
-from rllm.engine.training.learning_watch import UnrewardedTaskWatch
+from rllm.engine.training.health import HealthMonitor
+from rllm.engine.training.health_measure import step_health_metrics
 from rllm.engine.training.metrics_log import write_episode_sample
 from rllm.engine.training.mismatch import check_mismatch, measure_mismatch
 from rllm.engine.training.sequences import sequences_from_groups, signal_sequences
-from rllm.types import Episode
+from rllm.engine.training.weight_probe import ProbeUnavailable, WeightProbe
+from rllm.types import ConfigError, Episode, TerminationReason
 
 if TYPE_CHECKING:
     from rllm.engine.backend import Backend
@@ -38,19 +45,34 @@ if TYPE_CHECKING:
 
 Publish = Callable[[], Awaitable[None]]
 
+log = logging.getLogger(__name__)
+
+# A batch where at least this share of the rollouts ended at their deadline says so in one
+# warning line: those rollouts train as failures (reward 0), so the run learns from the deadline.
+TIMEOUT_WARN_FRACTION = 0.1
+
 
 class TrainStep:
     """Trains on a batch of finished episodes and publishes the new weights (``run``).
 
-    One per run: ``unrewarded`` counts across its steps (the run's end names the tasks it never
-    rewarded)."""
+    What the run saw of each task is recorded as the episodes come in, before this step
+    (rllm.engine.training.task_sampler), so the next draw and a prefetch know it. One per run:
+    ``health`` judges its steps (the Trainer's loop calls it) and ``probe`` holds the probe set of
+    ``weights_stale``."""
 
     def __init__(
         self, config: TrainerConfig, backend: Backend, out_dir: Path, *, distiller: Distiller | None = None
     ) -> None:
         self.config, self.backend, self.out_dir = config, backend, out_dir
         self.distiller = distiller
-        self.unrewarded = UnrewardedTaskWatch()
+        self.health = HealthMonitor(config.health, max_mismatch=config.algorithm.max_mismatch)
+        self.probe: WeightProbe | None = None
+        if config.health.runs("weights_stale"):
+            self.probe = WeightProbe(
+                config.health.probe_sequences,
+                url=lambda: backend.inference_urls()[0],
+                model=lambda: backend.served_model_name(),
+            )
 
     async def run(
         self, episodes: Sequence[Episode], step: int, publish: Publish, weight_version: int | None = None
@@ -62,13 +84,15 @@ class TrainStep:
         token fault). Returns the step's metrics; the caller adds its own (timings, weight
         version, staleness)."""
         cfg, algo = self.config, self.config.algorithm
+        warn_cut_off(episodes, f"step {step}", cfg.rollout.deadline_s)
         groups = group_trajectories(episodes, algo)
-        unrewarded_metrics = self.unrewarded.observe(groups)
         kept, filter_metrics = filter_groups(groups, algo)
         advantage_metrics = compute_advantages(kept, algo)
+        health_metrics = step_health_metrics(episodes, groups, cfg.health)
         sequences = sequences_from_groups(kept)
         distill_metrics = await self.distiller.apply(sequences) if self.distiller and sequences else {}
         train_metrics: dict[str, float] = {}
+        probing = bool(sequences) and await self._probe_start(episodes)
         if sequences:
             train_metrics = await self.backend.train_step(sequences, algo)
         # Token truth: trainer vs sampler logprobs onto the steps (the samples show them), then enforced.
@@ -79,17 +103,75 @@ class TrainStep:
         if sequences:
             check_mismatch(mismatch, algo.max_mismatch, step, self.backend.name)
             await publish()
+        if probing and (change := await self._probe_measure()) is not None:
+            health_metrics["probe/logprob_change"] = change
         return {
             **episode_metrics(episodes),
             **{f"filter/{k}": v for k, v in filter_metrics.items()},
-            **unrewarded_metrics,
             **{f"advantage/{k}": v for k, v in advantage_metrics.items()},
             **distill_metrics,
             **{f"train/{k}": v for k, v in train_metrics.items()},
             **mismatch.metrics,
             "train/sequences": len(sequences),
             "train/signal_sequences": signal_sequences(sequences),
+            **health_metrics,
         }
+
+    async def _probe_start(self, episodes: Sequence[Episode]) -> bool:
+        """Whether this step re-scores the probe set after its update: fixes and scores the set
+        first (before the first update) when there is none yet."""
+        probe = self.probe
+        if probe is None:
+            return False
+        if probe.chosen:
+            return True
+        try:
+            return await probe.start(episodes)
+        except ProbeUnavailable as exc:
+            self._probe_failed(exc)
+            return False
+
+    async def _probe_measure(self) -> float | None:
+        assert self.probe is not None
+        try:
+            return await self.probe.measure()
+        except ProbeUnavailable as exc:
+            self._probe_failed(exc)
+            return None
+
+    def _probe_failed(self, exc: ProbeUnavailable) -> None:
+        """A sampler that cannot score the probe set: the check is off, said once; refused where
+        ``health.stop_on`` counts on it."""
+        self.probe = None
+        if "weights_stale" in self.config.health.stop_on:
+            raise ConfigError.for_key(
+                "health.stop_on", f"weights_stale cannot run with backend {self.backend.name!r}: {exc}"
+            ) from None
+        self.health.turn_off("weights_stale", str(exc))
+
+
+def timeout_fraction(episodes: Sequence[Episode]) -> float:
+    """The share of ``episodes`` cut off at their deadline (0 for none)."""
+    if not episodes:
+        return 0.0
+    return sum(e.termination_reason == TerminationReason.TIMEOUT for e in episodes) / len(episodes)
+
+
+def warn_cut_off(episodes: Sequence[Episode], where: str, deadline_s: float | None) -> str | None:
+    """One warning line when at least ``TIMEOUT_WARN_FRACTION`` of ``episodes`` were cut off at
+    their deadline (returned too; None when fewer were)."""
+    fraction = timeout_fraction(episodes)
+    if not episodes or fraction < TIMEOUT_WARN_FRACTION:
+        return None
+    cut = round(fraction * len(episodes))
+    limit = "no deadline" if deadline_s is None else f"rollout.deadline_s={deadline_s:g} s of being stalled"
+    line = (
+        f"{where}: {fraction:.0%} of rollouts ({cut}/{len(episodes)}) were cut off at their deadline "
+        f"({limit}); they count as failures (reward 0): raise rollout.deadline_s, or lower "
+        f"rollout.concurrency or the sampling length if the sampler is overloaded"
+    )
+    log.warning(line)
+    return line
 
 
 def episode_reward(episode: Episode) -> float:
@@ -104,14 +186,19 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     """Rewards, terminations, response lengths and rollout health of a batch of episodes (a
     training step's, or validation's under ``val/``)."""
     if not episodes:
-        return {"reward/mean": 0.0, "episodes": 0}
+        return {"reward/mean": 0.0, "episodes": 0, "rollout/timeout_frac": 0.0}
     rewards = [episode_reward(e) for e in episodes]
     out: dict[str, float] = {
         "reward/mean": statistics.fmean(rewards),
         "reward/max": max(rewards),
         "reward/min": min(rewards),
+        # Each task's mean, averaged: the draw's weights left out (rollout.curriculum draws some
+        # tasks more often, dynamic sampling adds groups), so runs that draw differently compare.
+        "reward/task_mean": statistics.fmean(statistics.fmean(r) for r in _by_task(episodes, rewards)),
         "correct/fraction": statistics.fmean(1.0 if e.is_correct else 0.0 for e in episodes),
         "episodes": len(episodes),
+        # Always present (0 when none), so a curve shows when the deadline starts to bite.
+        "rollout/timeout_frac": timeout_fraction(episodes),
     }
     for reason in {e.termination_reason for e in episodes}:
         out[f"termination/{reason}"] = sum(e.termination_reason == reason for e in episodes) / len(episodes)
@@ -137,3 +224,10 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
                 signals.setdefault(name, []).append(value)
     out.update({name: statistics.fmean(values) for name, values in signals.items()})
     return out
+
+
+def _by_task(episodes: Sequence[Episode], rewards: Sequence[float]) -> list[list[float]]:
+    by_task: dict[str, list[float]] = {}
+    for episode, reward in zip(episodes, rewards, strict=True):
+        by_task.setdefault(episode.task_id, []).append(reward)
+    return list(by_task.values())

@@ -2,7 +2,7 @@
 
     tasks (seeded order) -> RolloutEngine (n per task, through the gateway) -> group, filter,
     advantages (rllm.algos) -> TrainSequences -> backend.train_step -> backend.sync_weights ->
-    gateway weight version -> validation / checkpoint every k steps
+    gateway weight version -> validation -> health checks -> checkpoint every k steps
 
 Scheduling, grouping, advantages, filtering, logging, validation and checkpoint cadence live
 here once; a backend only trains, syncs and saves.
@@ -24,16 +24,19 @@ from rllm.engine.data.distill_launch import build_distiller
 from rllm.engine.rollout.early_flow_processes import EarlyFlowProcesses, start_early_for
 from rllm.engine.rollout.rollout_engine import RolloutEngine
 from rllm.engine.training.async_loop import AsyncStepper
-from rllm.engine.training.checkpoint import TrainerState, load_trainer_state, save_checkpoint
-from rllm.engine.training.data_order import DataCursor, next_batch
+from rllm.engine.training.checkpoint import TrainerState, load_trainer_state, removed_line, save_checkpoint
+from rllm.engine.training.data_order import DataCursor
+from rllm.engine.training.dynamic_sampling import CapWatch, fill_step
+from rllm.engine.training.health import Firing, HealthMonitor
 from rllm.engine.training.init_from import init_weights, resolve_init_checkpoint
-from rllm.engine.training.learning_watch import NoLearningWatch
 from rllm.engine.training.metrics_log import MetricsLogger, plot_reward_curve, truncate_history
 from rllm.engine.training.prefetch import Prefetched, prefetch_allowed
 from rllm.engine.training.run_folder import prepare_run_folder
+from rllm.engine.training.seeding import seed_process, step_sampling
 from rllm.engine.training.staleness import check_backend
+from rllm.engine.training.task_sampler import sampler_for
 from rllm.engine.training.train_progress import TrainProgress
-from rllm.engine.training.train_step import TrainStep, episode_metrics
+from rllm.engine.training.train_step import TrainStep, episode_metrics, warn_cut_off
 from rllm.engine.training.trainer_config import TrainerConfig
 from rllm.gateway import GatewayConfig
 from rllm.sdk.cookbook import Cookbook
@@ -65,16 +68,16 @@ class Trainer:
         validate_algorithm(config, backend)
         self.init_checkpoint = resolve_init_checkpoint(config.init_from) if config.init_from else None
         self.distiller = build_distiller(config, backend)
-        self.train_tasks = cookbook.load_tasks(config.train_split)
-        self.val_tasks = self._load_val_tasks()
+        # The train split's tasks and their draw (the seeded order, or rollout.curriculum's).
+        self.sampler = sampler_for(config, cookbook)
+        self.val_tasks = load_val_tasks(config, cookbook)
         # Flow processes started before fit (build_trainer, while it builds the tiny model); fit adopts them.
         self.early_workers: EarlyFlowProcesses | None = None
 
-    def _load_val_tasks(self) -> list[Task]:
-        if not self.config.val_split:
-            return []
-        tasks = self.cookbook.load_tasks(self.config.val_split)
-        return tasks[: self.config.val_tasks] if self.config.val_tasks else tasks
+    @property
+    def train_tasks(self) -> list[Task]:
+        """The tasks the run draws from (at its current difficulty level, with promotion)."""
+        return self.sampler.tasks
 
     async def fit(self, resume: bool = False, overwrite: bool = False) -> TrainResult:
         """Train for ``total_steps`` optimizer steps (continuing from the latest checkpoint on resume).
@@ -93,6 +96,7 @@ class Trainer:
         self.last_checkpoint: Path | None = None
         self._prefetch: Prefetched | None = None  # the next step's rollouts, started early
         self._prefetch_renames = False  # the backend renames its model at each sync: no prefetch
+        self._progress: TrainProgress | None = None
         # Flow processes start now, importing while the backend loads the model; the engine adopts them.
         early, self.early_workers = self.early_workers or start_early_for(cfg, self.cookbook), None
         try:
@@ -107,17 +111,21 @@ class Trainer:
                 self.cookbook.flow,
                 self.cookbook.evaluator,
                 cfg.engine_rollout(self.backend.served_model_name()),
-                gateway_config=self._gateway_config(),
+                gateway_config=gateway_config(cfg, self.backend),
                 early_workers=early,
             )
+            self._base_sampling = engine.config.sampling  # each synchronous step seeds its own
             await engine.start()
             if ckpt is not None:
                 state = load_trainer_state(ckpt)
                 state.restore_rng()
+                self.sampler.restore(state.sampler)
                 await self.backend.load_checkpoint(ckpt / "backend")
                 state.weight_version = await self.backend.sync_weights()
                 log.info("resumed from %s at step %d", ckpt, state.step)
-            elif self.init_checkpoint is not None:
+            else:
+                seed_process(cfg.seed)
+            if ckpt is None and self.init_checkpoint is not None:
                 state.weight_version = await init_weights(self.backend, self.init_checkpoint)
             # One history per run: rows and samples past the restored step are redone, not kept twice.
             truncate_history(self.out_dir, state.step)
@@ -127,7 +135,8 @@ class Trainer:
             if engine is not None:
                 await engine.close()
             await self.backend.close()
-        if (summary := self.train_step.unrewarded.summary()) is not None:
+        self.warnings.extend(self.train_step.health.summary())
+        if (summary := self.sampler.outcomes.summary()) is not None:
             self.warnings.append(summary)
         plot = (
             plot_reward_curve(self.out_dir / "metrics.jsonl", self.out_dir / "reward.png")
@@ -153,7 +162,8 @@ class Trainer:
         )
         validating = bool(self.val_tasks and cfg.val_every)
         saved_step = state.step  # a resumed run starts from a checkpoint of this step
-        idle = NoLearningWatch()
+        health = self.train_step.health
+        capped = CapWatch(cfg.algorithm, cfg.tasks_per_step)
         # True while the backend's weights, ``state`` and the metrics rows all stand at
         # ``state.step`` (between steps, and during the next step's rollouts): the only time an
         # interrupted run can be checkpointed truthfully.
@@ -161,8 +171,11 @@ class Trainer:
         stepper = self._async_stepper(engine, state)
         try:
             with TrainProgress(cfg.total_steps, start=state.step, enabled=cfg.progress) as progress:
+                self._progress = progress
                 if validating and state.step == 0:
-                    metrics_log.log(0, await self._validate(engine))
+                    first = await _validate(engine, self.val_tasks)
+                    health.observe(0, first)
+                    metrics_log.log(0, first)
                 while state.step < cfg.total_steps:
                     _stop_if_cancel_requested()
                     if stepper is not None:
@@ -171,20 +184,19 @@ class Trainer:
                         metrics = await self._train_one_step(engine, state)
                     rewards.append(metrics["reward/mean"])
                     if validating and state.step % cfg.val_every == 0:
-                        metrics.update(await self._validate(engine))
-                    if (warning := idle.observe(metrics["train/signal_sequences"])) is not None:
-                        metrics["warning/no_trainable_sequences"] = warning
-                        self.warnings.append(warning)
-                        progress.warn(warning)
+                        metrics.update(await _validate(engine, self.val_tasks))
+                    firings = _judge_step(health, capped, progress, state.step, metrics)
                     metrics_log.log(state.step, metrics)
+                    if (stop := health.stop_for(firings)) is not None:
+                        raise stop  # after the row: `rllm doctor run` and `rllm view` show the step
                     self._between_steps = True
                     progress.update(state.step, metrics)
                     if cfg.ckpt_every and state.step % cfg.ckpt_every == 0:
-                        await self._checkpoint(self._snapshot(stepper, state))
+                        await self._checkpoint(_snapshot(stepper, state))
                         saved_step = state.step
                 # A short run (or ckpt_every = 0) must still leave something to resume and serve.
                 if state.step != saved_step:
-                    await self._checkpoint(self._snapshot(stepper, state))
+                    await self._checkpoint(_snapshot(stepper, state))
         except (asyncio.CancelledError, KeyboardInterrupt):
             await self._cancel_prefetch()  # nothing runs during the save below
             # Ctrl-C: keep the steps done since the last checkpoint when that is truthful (not in
@@ -205,29 +217,25 @@ class Trainer:
             if stepper is not None:
                 await stepper.close()
             metrics_log.close()
+            if (summary := capped.summary()) is not None:
+                self.warnings.append(summary)
         return rewards
 
     async def _checkpoint(self, state: TrainerState) -> None:
         # A save cut short by Ctrl-C is still running in its thread: no second save over it.
         between, self._between_steps = self._between_steps, False
-        self.last_checkpoint = await save_checkpoint(self.out_dir, state, self.backend.save_checkpoint)
+        state.sampler = self.sampler.state()
+        self.last_checkpoint = await save_checkpoint(
+            self.out_dir,
+            state,
+            self.backend.save_checkpoint,
+            keep=self.config.keep_checkpoints,
+            removed=lambda path: _say(self._progress, removed_line(path, self.config.keep_checkpoints)),
+        )
         self._between_steps = between
 
-    @staticmethod
-    def _snapshot(stepper: AsyncStepper | None, state: TrainerState) -> TrainerState:
-        # Async: rollouts go on during the save; keep the state of this instant.
-        return stepper.snapshot() if stepper is not None else state
-
     def _async_stepper(self, engine: RolloutEngine, state: TrainerState) -> AsyncStepper | None:
-        """K > 0: the asynchronous step (rllm.engine.training.async_loop); K = 0: the synchronous one."""
-        if self.config.rollout.max_staleness == 0:
-            if state.unconsumed_task_ids:
-                raise StateError(
-                    f"the checkpoint holds {len(state.unconsumed_task_ids)} tasks an asynchronous run "
-                    "handed out but did not train on; resume with its rollout.max_staleness > 0"
-                )
-            return None
-        return AsyncStepper(self, engine, state).start()
+        return async_stepper(self, engine, state)  # a method: a test takes it at K = 0
 
     async def _train_one_step(self, engine: RolloutEngine, state: TrainerState) -> dict[str, Any]:
         """The synchronous step: this step's rollouts (maybe prefetched), the shared step
@@ -235,7 +243,7 @@ class Trainer:
         meanwhile where ``rollout.prefetch`` allows."""
         t0 = time.perf_counter()
         # The cursor moves with the step count, at the end: a step cut short is redone whole.
-        tasks, next_data, episodes, prefetched = await self._step_rollouts(engine, state)
+        tasks, next_data, episodes, prefetched, sampled = await self._step_rollouts(engine, state)
         self._between_steps = False  # from here the weights may move ahead of ``state``
         t1 = time.perf_counter()
         # rollout.prefetch: step N+1's rollouts start now, their calls held at the door until
@@ -256,6 +264,7 @@ class Trainer:
         state.data = next_data
         return {
             **metrics,
+            **sampled,
             "weight_version": state.weight_version,
             # Prefetched: the rollouts started during the previous step's training, and
             # time/rollout_s is only what was left of them when this step began.
@@ -280,16 +289,33 @@ class Trainer:
 
     async def _step_rollouts(
         self, engine: RolloutEngine, state: TrainerState
-    ) -> tuple[list[Task], DataCursor, list[Episode], bool]:
-        """This step's batch, the cursor after it, its episodes, and whether they were prefetched."""
+    ) -> tuple[list[Task], DataCursor, list[Episode], bool, dict[str, float]]:
+        """This step's batch, the cursor after it, its episodes, whether they were prefetched, and
+        the metrics of their draw (topped up by ``algorithm.dynamic_sampling``: ``fill_step``)."""
         cfg = self.config
         prefetch, self._prefetch = self._prefetch, None
         if prefetch is not None and prefetch.data == state.data:
-            return prefetch.tasks, prefetch.next_data, await prefetch.rollouts, True
-        if prefetch is not None:  # started for another cursor: never trained on
-            await prefetch.cancel()
-        tasks, next_data = next_batch(self.train_tasks, cfg.tasks_per_step, cfg.seed, state.data)
-        return tasks, next_data, await engine.run(tasks, n=cfg.group_size), False
+            tasks, next_data, prefetched = prefetch.tasks, prefetch.next_data, True
+            episodes = await prefetch.rollouts
+        else:
+            if prefetch is not None:  # started for another cursor: never trained on
+                await prefetch.cancel()
+            tasks, next_data = self.sampler.next_batch(cfg.tasks_per_step, state.data)
+            self._seed_sampling(engine, state.step + 1)
+            episodes, prefetched = await engine.run(tasks, n=cfg.group_size), False
+        drawn = await fill_step(
+            self.sampler,
+            lambda more: engine.run(more, n=cfg.group_size),
+            cfg.algorithm,
+            (cfg.tasks_per_step, cfg.group_size),
+            (tasks, next_data, episodes),
+        )
+        return (*drawn[:3], prefetched, drawn[3])
+
+    def _seed_sampling(self, engine: RolloutEngine, step: int) -> None:
+        """Step ``step``'s rollouts sample with their own seed (rllm.engine.training.seeding);
+        validation keeps its own sampling."""
+        engine.config.sampling = step_sampling(self._base_sampling, step)
 
     async def _start_prefetch(self, engine: RolloutEngine, state: TrainerState, data: DataCursor) -> bool:
         """Pause the gateway and start the next step's rollouts (``data``: the cursor after this
@@ -306,7 +332,8 @@ class Trainer:
             return False
         # Nothing is in flight (this step's rollouts are all in): the pause holds at once.
         await engine.client.pause()
-        tasks, next_data = next_batch(self.train_tasks, cfg.tasks_per_step, cfg.seed, data)
+        tasks, next_data = self.sampler.next_batch(cfg.tasks_per_step, data)
+        self._seed_sampling(engine, state.step + 2)  # the step after this one
         rollouts = asyncio.create_task(engine.run(tasks, n=cfg.group_size))
         self._prefetch = Prefetched(data, tasks, next_data, rollouts)
         return True
@@ -330,24 +357,64 @@ class Trainer:
             self._prefetch_renames = True
             log.info("rollout.prefetch: the backend renames its model at every sync; not prefetching")
 
-    async def _validate(self, engine: RolloutEngine) -> dict[str, float]:
-        episodes = await engine.run(self.val_tasks, n=1, is_validation=True)
-        return {f"val/{k}": v for k, v in episode_metrics(episodes).items()}
 
-    def _gateway_config(self) -> GatewayConfig:
-        cfg = self.config.gateway
-        tokenizer = self.backend.tokenizer_path() if cfg.mode == "cumulative" else None
-        mode = cfg.mode if tokenizer else "plain"
-        # No auto-created sessions: a flow still running past its deadline gets a fast 410 (its session ended).
-        return GatewayConfig(
-            upstreams=self.backend.inference_urls(),
-            store=cfg.store,
-            tokenizer_mode=mode,
-            tokenizer_path=tokenizer,
-            auto_create_sessions=False,
-            health_interval_s=1.0,
-            partial_rollouts=self.config.rollout.partial,  # a sync aborts and continues calls
-        )
+def gateway_config(config: TrainerConfig, backend: Backend) -> GatewayConfig:
+    """The run's gateway: in front of the backend's inference servers, cumulative where the
+    backend has a tokenizer for it."""
+    cfg = config.gateway
+    tokenizer = backend.tokenizer_path() if cfg.mode == "cumulative" else None
+    mode = cfg.mode if tokenizer else "plain"
+    # No auto-created sessions: a flow still running past its deadline gets a fast 410 (its session ended).
+    return GatewayConfig(
+        upstreams=backend.inference_urls(),
+        store=cfg.store,
+        tokenizer_mode=mode,
+        tokenizer_path=tokenizer,
+        auto_create_sessions=False,
+        health_interval_s=1.0,
+        partial_rollouts=config.rollout.partial,  # a sync aborts and continues calls
+    )
+
+
+def async_stepper(trainer: Trainer, engine: RolloutEngine, state: TrainerState) -> AsyncStepper | None:
+    """K > 0: the asynchronous step (rllm.engine.training.async_loop); K = 0: the synchronous one."""
+    if trainer.config.rollout.max_staleness == 0:
+        if state.unconsumed_task_ids:
+            raise StateError(
+                f"the checkpoint holds {len(state.unconsumed_task_ids)} tasks an asynchronous run "
+                "handed out but did not train on; resume with its rollout.max_staleness > 0"
+            )
+        return None
+    return AsyncStepper(trainer, engine, state).start()
+
+
+def _judge_step(
+    health: HealthMonitor, capped: CapWatch, progress: TrainProgress, step: int, metrics: dict[str, Any]
+) -> list[Firing]:
+    """The step's row judged before it is logged: the health checks (``health/*`` and the lines
+    of those that fire) and dynamic sampling's cap; returns the checks that fired."""
+    for note in health.take_notes():
+        progress.warn(note)
+    firings = health.observe(step, metrics)  # writes health/* into the row
+    for firing in firings:
+        progress.warn(firing.line)
+    if (warning := capped.observe(step, metrics)) is not None:
+        metrics["warning/dynamic_sampling_capped"] = warning
+        progress.warn(warning)
+    return firings
+
+
+def _say(progress: TrainProgress | None, line: str) -> None:
+    """A line for the user: above the progress bar while it is drawn, else on stderr."""
+    progress.say(line) if progress is not None else print(line, file=sys.stderr, flush=True)
+
+
+def load_val_tasks(config: TrainerConfig, cookbook: Cookbook) -> list[Task]:
+    """The validation tasks (``val_split``, the first ``val_tasks`` of them)."""
+    if not config.val_split:
+        return []
+    tasks = cookbook.load_tasks(config.val_split)
+    return tasks[: config.val_tasks] if config.val_tasks else tasks
 
 
 def validate_algorithm(config: TrainerConfig, backend: Backend) -> None:
@@ -361,6 +428,17 @@ def validate_algorithm(config: TrainerConfig, backend: Backend) -> None:
         raise ConfigError(
             f"backend {config.backend.name!r} cannot run this algorithm config: {exc}"
         ) from None
+
+
+def _snapshot(stepper: AsyncStepper | None, state: TrainerState) -> TrainerState:
+    # Async: rollouts go on during the save; keep the state of this instant.
+    return stepper.snapshot() if stepper is not None else state
+
+
+async def _validate(engine: RolloutEngine, tasks: list[Task]) -> dict[str, float]:
+    episodes = await engine.run(tasks, n=1, is_validation=True)
+    warn_cut_off(episodes, "validation", engine.config.deadline_s)
+    return {f"val/{k}": v for k, v in episode_metrics(episodes).items()}
 
 
 def _stop_if_cancel_requested() -> None:

@@ -15,7 +15,11 @@ import msgspec
 
 from rllm.algos.config import AlgorithmConfig
 from rllm.engine.data.distill import DistillSection, check_distill_loss
+from rllm.engine.rollout.executors import get_executor, resolve_executor
 from rllm.engine.rollout.rollout_config import RolloutConfig
+from rllm.engine.training.checkpoint import KEEP_CHECKPOINTS
+from rllm.engine.training.health_config import HealthSection
+from rllm.engine.training.seeding import seeded
 from rllm.engine.training.staleness import (
     TrainRolloutSettings,
     check_correction,
@@ -24,9 +28,11 @@ from rllm.engine.training.staleness import (
 )
 from rllm.types import ConfigError
 from rllm.types.config_file import apply_overrides, convert_config, merge_config, read_config_file
+from rllm.types.errors import LookupFailed
 
 # The trainer's own rollout defaults, kept apart from RolloutEngine's on purpose: a training step
-# waits for its slowest rollout, so a stuck one is cut off sooner (120 s, not 600 s) and retried
+# waits for its slowest rollout, so a stuck one is cut off sooner (120 s of being stalled, not
+# 600 s; time queued behind the batch at a shared sampler does not count) and retried
 # once, not twice; rollouts sample from the policy itself (temperature 1) and validation is
 # greedy (temperature 0). Any key a config gives replaces its default here (``rollout.sampling``
 # as a whole, as for every other key of the section).
@@ -86,6 +92,8 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     val_every: int = 0
     val_tasks: int | None = None
     ckpt_every: int = 0
+    # The newest checkpoints kept in OUT/checkpoints/; each older one removed is said in the output.
+    keep_checkpoints: int = KEEP_CHECKPOINTS
     # Start from another run's checkpoint (RUN/checkpoints/step_N, or RUN for its latest): rllm.engine.training.init_from.
     init_from: str | None = None
     out_dir: str = "runs/default"
@@ -102,19 +110,37 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     sandbox: SandboxSection = msgspec.field(default_factory=SandboxSection)
     # On-policy distillation (`rllm distill`): a teacher's per-token advantages (rllm.engine.data.distill).
     distill: DistillSection | None = None
+    # Training-health checks run every step (rllm.engine.training.health).
+    health: HealthSection = msgspec.field(default_factory=HealthSection)
 
     def engine_rollout(self, model: str) -> RolloutConfig:
         """The RolloutConfig of this run's engine: the ``rollout`` settings, the backend's served
-        ``model`` name, and no engine progress bar (the trainer draws its own)."""
+        ``model`` name, and no engine progress bar (the trainer draws its own).
+
+        Where flows run in this process, sampling is seeded from ``seed`` unless the config seeds
+        it (rllm.engine.training.seeding; each step then moves the seed on). Flow processes keep
+        the sampling they were started with for the whole run, so there a default seed would give
+        a task's rollouts the same random draws in every epoch: they sample unseeded."""
+        settings = engine_settings(self.rollout)
+        if self.flows_in_process():
+            settings["sampling"] = seeded(self.rollout.sampling, self.seed)
+            settings["val_sampling"] = seeded(self.rollout.val_sampling, self.seed)
         return RolloutConfig(
-            **engine_settings(self.rollout),
+            **settings,
             model=model,
             progress=False,
             sandbox_allow_task_network=self.sandbox.allow_task_network,
         )
 
+    def flows_in_process(self) -> bool:
+        """Whether the engine runs every rollout from the trainer's process (no worker pool)."""
+        try:
+            return get_executor(resolve_executor(self.rollout.executor, self.rollout.workers)).in_process
+        except LookupFailed:  # an unknown executor: RolloutConfig refuses it, naming the key
+            return False
+
     def __post_init__(self) -> None:
-        for name in ("total_steps", "tasks_per_step", "group_size"):
+        for name in ("total_steps", "tasks_per_step", "group_size", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ConfigError.for_key(name, f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("val_every", "ckpt_every", "sample_groups"):
@@ -136,10 +162,30 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         # distill.loss = "topk" trains with its own loss (set on the algorithm here).
         check_distill_loss(self.distill, self.algorithm)
         check_correction(self.rollout, self.algorithm.tis, get_loss(self.algorithm.loss).supervised)
+        if self.algorithm.dynamic_sampling.enabled:
+            check_dynamic_sampling(self)
         if self.val_every and not self.val_split:
             raise ConfigError.for_key(
                 "val_split", "val_every is set but val_split is not: name the split to validate on"
             )
+
+
+def check_dynamic_sampling(config: TrainerConfig) -> None:
+    """``algorithm.dynamic_sampling`` counts groups whose rewards differ: refused where none can
+    (one rollout a task) or where the rewards are not what trains (distillation)."""
+    key = "algorithm.dynamic_sampling.enabled"
+    if config.group_size < 2:
+        raise ConfigError.for_key(
+            key,
+            f"group_size={config.group_size}: a group of one rollout never has rewards that differ, "
+            "so every step would reach its cap; set group_size >= 2 or turn dynamic sampling off",
+        )
+    if config.distill is not None:
+        raise ConfigError.for_key(
+            key,
+            "distillation trains on the teacher's per-token advantages, not on the rewards' "
+            "differences within a group; turn dynamic sampling off",
+        )
 
 
 def load_config(

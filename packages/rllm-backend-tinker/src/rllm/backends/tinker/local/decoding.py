@@ -65,7 +65,7 @@ class BatchDecode:
         while True:
             sampled = self.sample()
             keep = self.record(sampled)
-            if self.requests.aborts:
+            if self.requests.aborts or self.requests.cancels:
                 keep = self.abort_rows(keep)
             self.answers.flush()  # every request that ended in this step: one wake-up per loop
             if not keep:
@@ -161,7 +161,8 @@ class BatchDecode:
         return keep
 
     def abort_rows(self, keep: list[int]) -> list[int]:
-        """``keep`` less the rows of aborted requests, each ended now with its tokens so far."""
+        """``keep`` less the rows of aborted requests (``abort_all``, or a caller gone), each
+        ended now with its tokens so far."""
         still: list[int] = []
         for pos in keep:
             row = self.rows[self.active[pos]]

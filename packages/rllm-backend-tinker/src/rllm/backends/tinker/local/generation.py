@@ -13,7 +13,12 @@ sequence mixes two weight versions; a waiting swap stops new requests from joini
 for the rows already running only.
 ``abort_all`` (partial rollouts, ``rollout.partial``) ends every request submitted before it at
 its next decode step with ``finish_reason = "abort"`` and the tokens sampled so far, each stamped
-with the version that sampled it, so a weight swap need not wait for long completions.
+with the version that sampled it, so a weight swap need not wait for long completions. A request
+whose caller goes away (``submit_async``'s future cancelled: an HTTP client that disconnected, a
+gateway call cancelled at its rollout's deadline) ends the same way at the next step, freeing its
+rows. Working memory is bounded: at most ``max_batch`` sequences decode together (their KV cache),
+and at most ``max_queued`` requests wait for a place; one more is refused at once
+(:class:`SamplerBusy`, a 503 over HTTP) rather than held without limit.
 
 This module is the engine's front: submitting, aborting, weight swaps and the worker thread's
 loop. The parts it runs are beside it: the queue and who joins (``scheduling.py``), one batch
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -45,9 +51,13 @@ from rllm.types.errors import StateError
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["GeneratedSequence", "GenerationRequest", "SamplerEngine"]
+__all__ = ["GeneratedSequence", "GenerationRequest", "SamplerBusy", "SamplerEngine"]
 
 logger = logging.getLogger(__name__)
+
+
+class SamplerBusy(StateError):
+    """The sampler's queue is full: the request was refused, nothing of it was kept."""
 
 
 class SamplerEngine:
@@ -60,8 +70,10 @@ class SamplerEngine:
         device: torch.device,
         max_batch: int,
         batch_window_s: float = 0.001,
+        max_queued: int = 1024,
     ) -> None:
         self.model = model
+        self.max_queued = max_queued
         self.batch_window_s = batch_window_s
         self.tokenizer = tokenizer
         self.device = device
@@ -100,20 +112,33 @@ class SamplerEngine:
             self._answers.settle(p, error=StateError("sampler engine stopped before this request ran"))
         self._answers.flush()
 
+    def _check_room(self) -> None:
+        """Refuse a request when ``max_queued`` already wait (the sampler's memory stays bounded)."""
+        waiting = self._requests.waiting()
+        if waiting >= self.max_queued:
+            raise SamplerBusy(
+                f"local sampler is full: {waiting} requests already wait behind {self.max_batch} "
+                f"decoding sequences (backend.options.sampler_max_queued={self.max_queued}); "
+                f"lower rollout.concurrency or raise sampler_max_queued"
+            )
+
     def submit(self, request: GenerationRequest) -> Future[list[GeneratedSequence]]:
-        """Queue ``request``; the future (settled from the engine's thread) gets its sequences."""
+        """Queue ``request``; the future (settled from the engine's thread) gets its sequences.
+        Raises SamplerBusy when ``max_queued`` requests already wait."""
         future: Future[list[GeneratedSequence]] = Future()
         if self._requests.closed:
             future.set_exception(StateError("sampler engine is stopped"))
             return future
+        self._check_room()
         self._requests.put(Pending(request, future, self._requests.aborts))
         return future
 
     def submit_async(self, request: GenerationRequest) -> asyncio.Future[list[GeneratedSequence]]:
         """``submit`` for a caller on a running event loop: the returned future is settled on
         that loop, together with every other request of the loop that ended in the same decode
-        step (one wake-up of the loop per step, not one per request). Cancelling it only drops
-        the answer.
+        step (one wake-up of the loop per step, not one per request). Cancelling it (its caller
+        went away) ends the request at the next decode step, or before it starts, and frees its
+        rows. Raises SamplerBusy when ``max_queued`` requests already wait.
 
         The requests a loop submits in one iteration reach the engine together when that
         iteration ends: a gateway in this process runs a step's flows side by side on one loop
@@ -125,8 +150,15 @@ class SamplerEngine:
         if self._requests.closed:
             waiter.set_exception(StateError("sampler engine is stopped"))
             return waiter
-        self._requests.put_from_loop(Pending(request, None, self._requests.aborts, waiter, loop), loop)
+        self._check_room()
+        pending = Pending(request, None, self._requests.aborts, waiter, loop)
+        waiter.add_done_callback(functools.partial(self._cancelled, pending))
+        self._requests.put_from_loop(pending, loop)
         return waiter
+
+    def _cancelled(self, pending: Pending, waiter: asyncio.Future[list[GeneratedSequence]]) -> None:
+        if waiter.cancelled():
+            self._requests.cancel(pending)
 
     def abort_all(self) -> None:
         """End every request submitted before now at its next decode step (or at once, if it

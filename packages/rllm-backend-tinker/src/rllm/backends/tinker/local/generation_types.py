@@ -51,6 +51,9 @@ class Pending:
     waiter: asyncio.Future[list[GeneratedSequence]] | None = None
     loop: asyncio.AbstractEventLoop | None = None
     settled: bool = False  # answered or failed (only ever once)
+    # Its caller went away (an HTTP client that disconnected, a cancelled in-process call):
+    # it ends at the next decode step like an aborted request, freeing its rows.
+    cancelled: bool = False
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """The local sampler's queue: which requests start a batch, which join the running one, and which
-an ``abort_all`` ends.
+an ``abort_all`` or its caller's going away (``cancel``) ends.
 
 Requests wait in a thread-safe queue; the engine's thread takes the next batch from it
 (:meth:`RequestQueue.next_batch`) and, at each decode step of that batch, the text requests that
@@ -30,6 +30,7 @@ class RequestQueue:
         self._loop_buffers: dict[asyncio.AbstractEventLoop, list[Pending]] = {}
         self.closed = False
         self.aborts = 0  # abort_all calls so far; the engine reads it at each decode step
+        self.cancels = 0  # requests whose caller went away, so far (read there too)
         self._abort_lock = threading.Lock()
 
     # submitting --------------------------------------------------------------------------------
@@ -57,6 +58,15 @@ class RequestQueue:
         """Requests in the queue (not counting those already taken from it)."""
         return self._queue.qsize()
 
+    def waiting(self) -> int:
+        """Requests submitted, not yet decoding and still wanted: the queue, the head of the line,
+        and what the callers' loops hand over at the end of their iteration (approximate off the
+        engine thread). A request whose caller went away no longer counts."""
+        with self._queue.mutex:
+            queued = sum(1 for p in self._queue.queue if p is not None and not p.cancelled)
+        others = [*self._carry, *(p for b in list(self._loop_buffers.values()) for p in b)]
+        return queued + sum(1 for p in others if not p.cancelled)
+
     def close(self) -> None:
         """Refuse new requests; the engine's thread stops after its running batch."""
         self.closed = True
@@ -78,8 +88,15 @@ class RequestQueue:
         with self._abort_lock:
             self.aborts += 1
 
+    def cancel(self, p: Pending) -> None:
+        """``p``'s caller went away: it ends at the next decode step (or before it starts)."""
+        if not p.settled and not p.cancelled:
+            p.cancelled = True
+            with self._abort_lock:
+                self.cancels += 1
+
     def aborted(self, p: Pending) -> bool:
-        return p.epoch < self.aborts
+        return p.epoch < self.aborts or p.cancelled
 
     # taking (engine thread) --------------------------------------------------------------------
     def next_batch(self, max_batch: int, window_s: float) -> list[Pending] | None:

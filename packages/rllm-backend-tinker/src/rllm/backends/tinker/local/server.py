@@ -23,15 +23,17 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 from aiohttp import web
 
 from rllm.backends.tinker.local.calls import Call, CallReader
-from rllm.backends.tinker.local.generation import SamplerEngine
+from rllm.backends.tinker.local.generation import SamplerBusy, SamplerEngine
 from rllm.backends.tinker.local.protocol import RequestError, chat_response, completion_response
 from rllm.backends.tinker.local.streaming import send_stream, stream_chunks
 from rllm.runtime.background import BackgroundLoop
 from rllm.runtime.inprocess_upstreams import serve_upstream
 from rllm.types.errors import StateError
+from rllm.types.openai import error_body
 
 log = logging.getLogger(__name__)
 # What aiohttp answers for a handler's unexpected exception (its text/plain form), so a gateway
@@ -42,7 +44,11 @@ _INTERNAL_ERROR = b"500 Internal Server Error\n\nServer got itself in trouble"
 class SamplerServer:
     """Serves ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, ``/health`` and
     ``POST /v1/abort`` (every request in flight ends now with ``finish_reason = "abort"`` and its
-    tokens so far: the gateway's partial rollouts abort at a weight sync and continue later)."""
+    tokens so far: the gateway's partial rollouts abort at a weight sync and continue later).
+
+    A client that disconnects cancels its handler (``handler_cancellation``), and with it its
+    request in the engine: decoding it stops at the next step and its rows are freed. A request
+    the engine's full queue refuses (``SamplerBusy``) is answered 503 with the reason."""
 
     def __init__(
         self,
@@ -94,7 +100,8 @@ class SamplerServer:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/abort", self._abort)
-        self._runner = web.AppRunner(app, access_log=None)
+        # A client gone is a request nobody will read: cancel its handler, and so its decoding.
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
@@ -132,6 +139,8 @@ class SamplerServer:
                 answer = await self._completions_answer(body, call)
             else:
                 return 404, b"404: Not Found"
+        except SamplerBusy as exc:
+            return 503, _dumps(_busy_body(exc))
         except Exception:
             log.exception("internal error on %s (in process)", path)
             return 500, _INTERNAL_ERROR
@@ -165,7 +174,10 @@ class SamplerServer:
             call = await self.calls.chat(body)
         except RequestError as exc:
             return web.json_response(exc.body(), status=400)
-        answer = await self._chat_answer(call)
+        try:
+            answer = await self._chat_answer(call)
+        except SamplerBusy as exc:
+            return web.json_response(_busy_body(exc), status=503)
         if body.get("stream"):
             return await send_stream(request, stream_chunks(answer, chat=True, usage=call.usage))
         return web.json_response(answer)
@@ -187,7 +199,10 @@ class SamplerServer:
             call = await self.calls.completions(body)
         except RequestError as exc:
             return web.json_response(exc.body(), status=400)
-        answer = await self._completions_answer(body, call)
+        try:
+            answer = await self._completions_answer(body, call)
+        except SamplerBusy as exc:
+            return web.json_response(_busy_body(exc), status=503)
         if body.get("stream"):
             return await send_stream(request, stream_chunks(answer, chat=False, usage=call.usage))
         return web.json_response(answer)
@@ -250,6 +265,11 @@ class SamplerServer:
     @functools.lru_cache(maxsize=65536)  # noqa: B019 - the server lives as long as its tokenizer
     def _decode_token(self, token_id: int) -> str:
         return self.engine.decode([token_id])
+
+
+def _busy_body(exc: SamplerBusy) -> dict[str, Any]:
+    """OpenAI's error shape for a request the full queue refused."""
+    return msgspec.to_builtins(error_body(503, str(exc), code="sampler_full"))
 
 
 def _dumps(data: Any) -> bytes:

@@ -103,6 +103,7 @@ class LocalService:
             self.device,
             cfg.sampler_max_batch,
             batch_window_s=cfg.sampler_batch_window_ms / 1000.0,
+            max_queued=cfg.sampler_max_queued,
         )
         self.engine.start()
         self.server = SamplerServer(
