@@ -49,7 +49,10 @@ async def test_eval_command_in_worker_processes_writes_results_and_resumes(tmp_p
         chats = upstream.stats.by_path
         assert chats["/v1/chat/completions"] == 16 * 2  # two turns per task, each answered once
 
-        again = await _eval(out, upstream.url)  # same directory: nothing left to run
+        # The same command with --resume: nothing left to run.
+        again = await _eval(
+            out, upstream.url, "--workers", "2", "--concurrency", "4", "--max-tokens", "16", "--resume"
+        )
         assert again["resumed_tasks"] == 16 and again["accuracy"] == summary["accuracy"]
         assert chats["/v1/chat/completions"] == 16 * 2
     finally:

@@ -50,7 +50,7 @@ def test_sft_lowers_held_out_loss_checkpoints_and_resumes(tmp_path: Path) -> Non
     assert all(r["train/num_sequences"] >= 2 for r in rows if "train/loss" in r)
     # --resume with more steps continues at step 6 with the same batch plan; history stays one curve.
     more = build_sft(str(train), out_dir=str(out), overrides=[*args[:-1], "total_steps=8"])
-    resumed = asyncio.run(more.fit(resume=True))
+    resumed = asyncio.run(more.fit(resume=True, allow_changes=["total_steps"]))
     assert resumed.steps == 8
     steps = [r["step"] for r in read_metrics(out / "metrics.jsonl") if "train/loss" in r]
     assert steps == list(range(1, 9))

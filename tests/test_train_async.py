@@ -148,7 +148,7 @@ def test_staleness_one_trains_within_its_bound_and_resumes_every_task_once(tmp_p
     pending = load_trainer_state(ckpt).unconsumed_task_ids
     assert len(pending) == 4  # K = 1: one step's worth of groups was running on at the checkpoint
     resumed = build_trainer("say-single", out_dir=str(tmp_path), overrides=[*overrides, "total_steps=4"])
-    asyncio.run(resumed.fit(resume=True))
+    asyncio.run(resumed.fit(resume=True, allow_changes=["total_steps"]))
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert [row["step"] for row in rows] == [1, 2, 3, 4]
     for row in rows:

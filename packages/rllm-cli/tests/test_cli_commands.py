@@ -176,7 +176,7 @@ def test_eval_a_cookbook_prints_a_summary_and_resumes(model_server: MockUpstream
     for label in ("accuracy", "pass@1", "pass@2", "latency s (p50 / p95 / max)", "termination: done"):
         assert label in stdout
     assert "0.875" in stdout
-    code, stdout, err = invoke(*args, "--attempts", "2")
+    code, stdout, err = invoke(*args, "--attempts", "2", "--resume")
     assert code == 0 and "8 resumed" in stdout
     assert len((out / "results.jsonl").read_text().splitlines()) == 8
 

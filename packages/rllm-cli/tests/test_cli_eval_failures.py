@@ -61,13 +61,16 @@ def test_a_resumed_eval_retries_the_infra_failures(
 ) -> None:
     out = tmp_path / "eval"
     assert _eval(out, "--base-url", dead_url)[0] == 1
-    code, stdout, err = _eval(out, "--base-url", model_server.url)
+    # The endpoint came back elsewhere: --resume takes another address only when asked.
+    code, _, err = _eval(out, "--base-url", model_server.url, "--resume")
+    assert code == 2 and "base_url" in err and "--allow-changes base_url" in err
+    code, stdout, err = _eval(out, "--base-url", model_server.url, "--resume", "--allow-changes", "base_url")
     assert code == 0, err
     assert " resumed)" not in stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["termination"] == {"done": 2} and summary["infra_errors"] == 0
     # Then they are results: a third run has nothing left to do.
-    code, stdout, _ = _eval(out, "--base-url", model_server.url)
+    code, stdout, _ = _eval(out, "--base-url", model_server.url, "--resume")
     assert code == 0 and "2 resumed" in stdout
 
 

@@ -147,3 +147,46 @@ def test_an_exported_checkpoint_loads_in_transformers_with_the_trainers_logprobs
     else:
         code, err = invoke("export", str(run), "--to", str(tmp_path / "a"), "--adapter-only")
         assert code == 2 and "drop --adapter-only" in err
+
+
+def test_export_over_an_adapter_only_export_leaves_no_adapter_behind(tmp_path: Path) -> None:
+    """--overwrite (and --force, its deprecated name) replaces the earlier export whole: an
+    adapter left beside merged weights would make loaders apply it twice."""
+    from transformers import AutoModelForCausalLM
+
+    from rllm.tiny import init_tiny_model
+
+    base = init_tiny_model(tmp_path / "base", vocab_words=WORDS, seed=0)
+    run = tmp_path / "say"
+    asyncio.run(_train_and_checkpoint(base, run, lora_rank=4))
+    out = tmp_path / "exported"
+    assert invoke("export", str(run), "--to", str(out), "--adapter-only")[0] == 0
+    assert (out / "adapter_config.json").is_file()
+    code, err = invoke("export", str(run), "--to", str(out))
+    assert code == 2 and "already holds an exported model" in err and "--overwrite" in err
+    code, err = invoke("export", str(run), "--to", str(out), "--force")
+    assert code == 0, err
+    assert "--force is deprecated" in err
+    left = sorted(p.name for p in out.iterdir())
+    assert not [name for name in left if name.startswith("adapter_")], left
+    clean = tmp_path / "clean"
+    assert invoke("export", str(run), "--to", str(clean))[0] == 0
+    assert left == sorted(p.name for p in clean.iterdir())  # the same files as a fresh export
+    tokens = [3, 4, 5, 6]
+    model = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    fresh = AutoModelForCausalLM.from_pretrained(str(clean), dtype=torch.float32).eval()
+    torch.testing.assert_close(_logprobs(model, tokens), _logprobs(fresh, tokens))
+    # --overwrite, back to the adapter alone: no merged weights left beside it either.
+    assert invoke("export", str(run), "--to", str(out), "--adapter-only", "--overwrite")[0] == 0
+    assert not (out / "config.json").exists() and not (out / "model.safetensors").exists()
+
+
+def test_export_overwrite_never_empties_a_folder_of_the_users_files(tmp_path: Path) -> None:
+    run = tmp_path / "say"
+    _checkpoint(run, 1)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    code, err = invoke("export", str(run), "--to", str(mine), "--overwrite")
+    assert code == 2 and "files no rLLM command wrote" in err
+    assert (mine / "notes.txt").read_text() == "keep"

@@ -146,7 +146,8 @@ def test_ctrl_c_exits_130_with_one_line_and_the_run_resumes(tmp_path: Path) -> N
     assert after[0].startswith("interrupted: saving a checkpoint of step 2"), after
     # The folder resumes (one worker: what is checked here is the folder, not the workers' start),
     # with the same agent, not held this time.
-    resume = ["--resume", "--agent", AGENT, "total_steps=3", *ARGS, "rollout.workers=1"]
+    resume = ["--resume", "--allow-changes", "total_steps,rollout.workers", "--agent", AGENT, "total_steps=3"]
+    resume += [*ARGS, "rollout.workers=1"]
     resumed = subprocess.run(
         _cli("train", "say", "--out", str(out), *resume),
         capture_output=True,

@@ -66,7 +66,7 @@ def test_an_earlier_run_is_not_silently_replaced(tmp_path: Path, capsys: pytest.
     (out / "metrics.jsonl").write_text('{"step": 1}\n')
     assert main(["train", "say", "--out", str(out)]) == 2
     err = _err(capsys)
-    assert "already holds a run" in err and "--resume" in err and "--overwrite" in err
+    assert "already holds a training run" in err and "--resume" in err and "--overwrite" in err
     assert (out / "samples" / "step_000001.msgpack").read_bytes() == b"earlier"
 
 
@@ -86,9 +86,11 @@ def test_a_missing_config_file_has_no_unrelated_hint(
 
 
 def test_a_complete_checkpoint_is_what_resume_finds(tmp_path: Path) -> None:
-    from rllm.engine.training.run_folder import check_run_folder
+    from rllm.engine.training.checkpoint import latest_checkpoint
+    from rllm.engine.training.run_folder import RunFolder
 
     ckpt = checkpoint_dir(tmp_path, 3)
     ckpt.mkdir(parents=True)
     (ckpt / "trainer_state.json").write_bytes(b'{"step": 3}')
-    assert check_run_folder(tmp_path, resume=True) == ckpt
+    RunFolder(tmp_path, "train").check(resume=True)
+    assert latest_checkpoint(tmp_path) == ckpt

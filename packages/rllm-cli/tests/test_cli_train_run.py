@@ -51,11 +51,15 @@ def test_a_run_that_cannot_learn_warns_checkpoints_and_resumes(
     assert "warning/health/zero_advantage" in rows[2] and rows[2]["health/zero_advantage"] == 1.0
 
     assert main(["train", "say-single", "--out", str(out), "total_steps=3", *QUICK]) == 2
-    assert "already holds a run" in capsys.readouterr().err
+    assert "already holds a training run" in capsys.readouterr().err
 
+    # More steps, fewer checkpoints kept: changes --resume takes only when asked (--allow-changes).
     # keep_checkpoints=1: the step-3 checkpoint goes when step 4's is written, and the run says so.
     resumed = ["--resume", "total_steps=4", "keep_checkpoints=1", *QUICK]
-    assert main(["train", "say-single", "--out", str(out), *resumed]) == 0
+    assert main(["train", "say-single", "--out", str(out), *resumed]) == 2
+    assert "total_steps (run: 3, now: 4)" in capsys.readouterr().err
+    allowed = ["--allow-changes", "total_steps,keep_checkpoints"]
+    assert main(["train", "say-single", "--out", str(out), *resumed, *allowed]) == 0
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3, 4]
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["step_000004"]
     err = capsys.readouterr().err

@@ -121,9 +121,9 @@ def test_resume_does_not_redo_a_finished_sft_phase_and_continues_an_unfinished_o
     capsys.readouterr()
 
     assert main([*args, "total_steps=1"]) == 2  # a second fresh run into the folder
-    assert "already holds a run" in capsys.readouterr().err
+    assert "already holds a training run" in capsys.readouterr().err
 
-    assert main([*args, "--resume", "total_steps=2"]) == 0
+    assert main([*args, "--resume", "--allow-changes", "total_steps", "total_steps=2"]) == 0
     assert "not redone" in capsys.readouterr().err
     assert (out / "sft" / "metrics.jsonl").read_bytes() == sft_rows
     assert (sft_ckpt / "trainer_state.json").stat().st_mtime_ns == stamp
@@ -139,7 +139,7 @@ def test_resume_does_not_redo_a_finished_sft_phase_and_continues_an_unfinished_o
     shutil.rmtree(out / "sft" / "checkpoints" / "step_000003")
     for name in ("checkpoints", "samples"):
         shutil.rmtree(out / name)
-    assert main([*args, "--resume", "total_steps=1"]) == 0
+    assert main([*args, "--resume", "--allow-changes", "total_steps", "total_steps=1"]) == 0
     assert "sft done: 3 steps" in capsys.readouterr().err
     assert [r["step"] for r in read_metrics(out / "sft" / "metrics.jsonl")] == [1, 2, 3]
     assert (out / "sft" / "done.json").is_file()
@@ -163,6 +163,7 @@ def test_resume_does_not_redo_a_finished_sft_phase_and_continues_an_unfinished_o
         (["--init-from", "runs/x"], "--sft and --init-from both set the starting weights"),
         (["init_from=runs/x"], "config key `init_from`: --sft trains the starting weights itself"),
         (["--resume"], "--resume: run folder"),
+        (["--allow-changes", "total_steps"], "--allow-changes applies to --resume only"),
     ],
 )
 def test_refusals_before_any_work(

@@ -123,11 +123,19 @@ class RecordingEngine(RolloutEngine):
     running = 0
 
     async def run_one(
-        self, task: Task, rollout_index: int = 0, is_validation: bool = False, *, model: str | None = None
+        self,
+        task: Task,
+        rollout_index: int = 0,
+        is_validation: bool = False,
+        *,
+        model: str | None = None,
+        sampling: Any = None,
     ) -> Episode:
         self.running += 1
         try:
-            episode = await super().run_one(task, rollout_index, is_validation, model=model)
+            episode = await super().run_one(
+                task, rollout_index, is_validation, model=model, sampling=sampling
+            )
             self.finished.append(episode)
         finally:
             self.running -= 1

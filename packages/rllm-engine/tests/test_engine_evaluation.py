@@ -68,7 +68,14 @@ async def test_evaluate_writes_results_summary_and_resumes(tmp_path):
         kept = [ln for ln in lines if '"task-3"' not in ln]
         (tmp_path / "results.jsonl").write_text("".join(kept) + '{"task_id": "task-3", "att')
         again = await evaluate(
-            DATASET, sync_solver, math_eval, upstream.url, attempts=3, output_dir=tmp_path, progress=False
+            DATASET,
+            sync_solver,
+            math_eval,
+            upstream.url,
+            attempts=3,
+            output_dir=tmp_path,
+            progress=False,
+            resume=True,
         )
         assert upstream.stats.by_path["/v1/chat/completions"] == calls + 3  # only task-3 re-ran
         assert again.resumed_tasks == 3

@@ -145,9 +145,13 @@ class InlinePool(SlottedPool[WorkerHandle]):
             self.slots.workers.append(worker)
         return self
 
-    async def run_one(self, task: Task, rollout_index: int, is_validation: bool, model: str) -> Episode:
+    async def run_one(
+        self, task: Task, rollout_index: int, is_validation: bool, model: str, sampling: Any = None
+    ) -> Episode:
         w, job_id, fut = self.slots.take(lambda: FlowProcessDied("no inline worker left"))
-        episode = await self.engines[w.index].run_one(task, rollout_index, is_validation, model=model)
+        episode = await self.engines[w.index].run_one(
+            task, rollout_index, is_validation, model=model, sampling=sampling
+        )
         episode.metadata["rollout_worker"] = f"inline-{w.index}"
         w.resolve(job_id, episode)
         return await fut

@@ -18,20 +18,20 @@ from rllm.algos.reward_batch import RewardBatch
 WHITEN_EPS = 1e-8
 
 
-@register_estimator("grpo")
+@register_estimator("grpo", group_baseline=True)
 def grpo(batch: RewardBatch, config: AlgorithmConfig) -> np.ndarray:
     """(r - group mean) / (group std + epsilon), with the unbiased (n-1) std as in GRPO/verl."""
     centred = batch.rewards - batch.group_mean()
     return centred / (batch.group_std(ddof=1) + config.epsilon)
 
 
-@register_estimator("drgrpo")
+@register_estimator("drgrpo", group_baseline=True)
 def drgrpo(batch: RewardBatch, config: AlgorithmConfig) -> np.ndarray:
     """r - group mean: Dr.GRPO drops the std division, which favours easy/hard prompts' noise."""
     return batch.rewards - batch.group_mean()
 
 
-@register_estimator("rloo")
+@register_estimator("rloo", group_baseline=True)
 def rloo(batch: RewardBatch, config: AlgorithmConfig) -> np.ndarray:
     """r - mean of the *other* rewards of the group (leave-one-out baseline, unbiased)."""
     sizes = batch.group_sizes()[batch.group]
@@ -46,7 +46,7 @@ def reinforce(batch: RewardBatch, config: AlgorithmConfig) -> np.ndarray:
     return batch.rewards.copy()
 
 
-@register_estimator("reinforce_pp_baseline")
+@register_estimator("reinforce_pp_baseline", group_baseline=True)
 def reinforce_pp_baseline(batch: RewardBatch, config: AlgorithmConfig) -> np.ndarray:
     """REINFORCE++-baseline: subtract the group mean, then whiten over the whole batch.
 
@@ -65,7 +65,7 @@ def batch_norm(batch: RewardBatch, config: AlgorithmConfig) -> np.ndarray:
 
 
 # "turn" is GRPO's normalisation applied per turn to discounted returns-to-go (see step_credit).
-register_estimator("turn", step_credit="turn")(grpo)
+register_estimator("turn", step_credit="turn", group_baseline=True)(grpo)
 
 
 def whiten(values: np.ndarray, weights: np.ndarray) -> np.ndarray:

@@ -56,6 +56,8 @@ class EstimatorSpec:
     name: str
     fn: EstimatorFn
     step_credit: str | None = None
+    # The baseline is the task's own group: a group of one (group_size = 1) gets advantage 0.
+    group_baseline: bool = False
 
 
 @dataclass(frozen=True)
@@ -143,9 +145,10 @@ _PLUGINS: dict[str, dict[str, EntryPoint]] = {}
 
 
 def register_estimator(
-    name: str, *, step_credit: str | None = None, replace: bool = False
+    name: str, *, step_credit: str | None = None, group_baseline: bool = False, replace: bool = False
 ) -> Callable[[EstimatorFn], EstimatorFn]:
-    """Decorator: make ``fn`` available as estimator ``name``.
+    """Decorator: make ``fn`` available as estimator ``name``. ``group_baseline``: its baseline
+    is the other rollouts of the same task, so a run with one rollout per task is refused.
 
     Registering an existing name is an error unless ``replace=True``, so two plugins cannot
     silently shadow each other.
@@ -157,7 +160,9 @@ def register_estimator(
     def decorate(fn: EstimatorFn) -> EstimatorFn:
         if name in _ESTIMATORS and not replace:
             raise InputError(f"estimator {name!r} is already registered (pass replace=True to override it)")
-        _ESTIMATORS[name] = EstimatorSpec(name=name, fn=fn, step_credit=step_credit)
+        _ESTIMATORS[name] = EstimatorSpec(
+            name=name, fn=fn, step_credit=step_credit, group_baseline=group_baseline
+        )
         return fn
 
     return decorate

@@ -12,12 +12,16 @@ from rich.table import Table
 
 from rllm.cli.errors import CliError
 from rllm.cli.registry import (
+    SFT_SET_FILE,
     ColumnMap,
     DatasetRegistry,
     hub_cache,
+    legacy_sft_dataset_path,
     quiet_datasets,
     read_local_file,
     sft_dataset_path,
+    sft_set_dir,
+    sft_sets,
 )
 
 out = Console()
@@ -76,7 +80,32 @@ def list_datasets() -> int:
         sources = dict.fromkeys(info.split_source(s) for s in info.splits)
         table.add_row(name, splits, ", ".join(sources))
     out.print(table)
+    sets = sft_sets()
+    if sets:
+        from rllm.engine.training.run_folder import read_record
+
+        table = Table(title="SFT sets (rllm dataset from-eval; train with `rllm sft NAME`)")
+        for column in ("name", "sequences", "token ids of", "path"):
+            table.add_column(column)
+        for name, path in sets.items():
+            record = read_record(path.parent) if path.name == SFT_SET_FILE else None
+            model = str(record.config.get("tokenizer_source", "?")) if record else "unrecorded"
+            with path.open("rb") as lines:
+                count = sum(1 for line in lines if line.strip())
+            table.add_row(name, str(count), model, str(path))
+        out.print(table)
     return 0
+
+
+def check_not_a_cookbook(name: str) -> None:
+    """A dataset named like a cookbook would never be used: `rllm train/eval NAME` runs the cookbook."""
+    from rllm.engine.plugins import COOKBOOKS_GROUP, available
+
+    if name in available(COOKBOOKS_GROUP):
+        raise CliError(
+            f"{name!r} is a cookbook: `rllm train {name}` and `rllm eval {name}` would run it, never "
+            "this dataset: register it under another name"
+        )
 
 
 @dataset_group.command("register")
@@ -102,6 +131,7 @@ def register(
       rllm dataset register mymath test.jsonl --split test
     """
     columns = _column_map(instruction_column, ground_truth_column, id_column)
+    check_not_a_cookbook(name)
     registry = DatasetRegistry()
     if not force:
         registry.check_new_split(name, split)  # before reading the file
@@ -134,6 +164,7 @@ def pull(
       rllm dataset pull openai/gsm8k --config main --split test --answer-column answer
     """
     local = name or hub_name.rsplit("/", 1)[-1]
+    check_not_a_cookbook(local)
     registry = DatasetRegistry()
     if not force:
         registry.check_new_split(local, split)  # before the download
@@ -206,28 +237,89 @@ def remove(name: str) -> int:
     type=click.IntRange(min=0),
     help="a training run: only the samples of this step and later",
 )
-def from_eval(run_dir: Path, name: str, min_reward: float, max_per_task: int, from_step: int | None) -> int:
+@click.option(
+    "--tokenizer",
+    "tokenizer_model",
+    default=None,
+    metavar="MODEL",
+    help="the model (folder or hub name) that answered, whose tokenizer made the ids (default: a "
+    "training run's own model; an eval run must name it)",
+)
+@click.option("--overwrite", is_flag=True, help="replace the set NAME")
+def from_eval(
+    run_dir: Path,
+    name: str,
+    min_reward: float,
+    max_per_task: int,
+    from_step: int | None,
+    tokenizer_model: str | None,
+    overwrite: bool,
+) -> int:
     """Turn an `rllm eval` run's good episodes, or the per-step samples an `rllm train` run kept
     (RUN_DIR/samples), into an SFT set (the sampler's token ids, unchanged).
+
+    The set records the tokenizer its ids are of (a hash of vocabulary and chat template), and
+    `rllm sft` trains it only with a model that tokenizes the same way. A set NAME that exists is
+    refused unless --overwrite.
 
     \b
     Example:
       rllm eval say --base-url http://127.0.0.1:8000/v1 --out runs/eval-say
-      rllm dataset from-eval runs/eval-say --min-reward 1.0 --name say-good --max-per-task 2
-      rllm sft say-good --model PATH
+      rllm dataset from-eval runs/eval-say --tokenizer runs/say/tiny-model --min-reward 1.0 --name say-good
+      rllm sft say-good --model runs/say/tiny-model
       rllm dataset from-eval runs/train-say --from-step 100 --min-reward 1.0 --name say-late
     """
-    from rllm.engine.data.trace_data import read_run_episodes, sft_records, write_records
+    from rllm.engine.data.trace_data import (
+        check_ids_fit,
+        ids_tokenizer,
+        read_run_episodes,
+        sft_records,
+        write_records,
+    )
+    from rllm.engine.training.model_check import load_tokenizer, model_config, tokenizer_fingerprint
+    from rllm.engine.training.run_folder import RunFolder
 
-    records, stats = sft_records(read_run_episodes(run_dir, from_step), min_reward, max_per_task)
+    folder = RunFolder(sft_set_dir(name), "dataset from-eval", flag="--name")
+    legacy = legacy_sft_dataset_path(name)
+    folder.check(overwrite=overwrite)
+    if legacy.is_file() and not overwrite:
+        raise CliError(
+            f"set {name!r} already exists ({legacy}): pass --overwrite to replace it, or another --name"
+        )
+    model = ids_tokenizer(run_dir, tokenizer_model)
+    episodes = read_run_episodes(run_dir, from_step)
+    try:
+        tokenizer = load_tokenizer(model)
+    except (OSError, ValueError) as exc:
+        raise CliError(f"--tokenizer {model}: cannot load its tokenizer ({exc})") from None
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    records, stats = sft_records(
+        episodes, min_reward, max_per_task, tokenizer=fingerprint, tokenizer_source=model
+    )
     if not records:
         raise CliError(
             f"{run_dir}: no episode with reward >= {min_reward} and token ids "
             f"({stats.episodes} episodes, {stats.above_threshold} above the threshold)"
         )
+    # A model's embedding table may be larger than its tokenizer (padded): its ids are still its own.
+    vocab = (model_config(model) or {}).get("vocab_size")
+    check_ids_fit(records, max(len(tokenizer), vocab if isinstance(vocab, int) else 0), model)
+    settings = {
+        "source": str(run_dir.resolve()),
+        "min_reward": min_reward,
+        "max_per_task": max_per_task,
+        "from_step": from_step,
+        "tokenizer": fingerprint,
+        "tokenizer_source": model,
+    }
+    RunFolder(folder.path, "dataset from-eval", settings, flag="--name").begin(overwrite=overwrite)
+    legacy.unlink(missing_ok=True)
     path = write_records(sft_dataset_path(name), records)
     err.print(
         f"wrote {stats.records} sequences to {path} from {stats.above_threshold} of {stats.episodes} episodes "
-        f"(reward >= {min_reward}; {stats.capped} over the per-task cap, {stats.duplicates} duplicates dropped)"
+        f"(reward >= {min_reward}; {stats.capped} over the per-task cap, {stats.duplicates} duplicates dropped; "
+        f"ids of {model}'s tokenizer {fingerprint})",
+        highlight=False,
+        soft_wrap=True,
     )
     return 0

@@ -12,19 +12,23 @@ from typing import IO, Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from rllm.engine.plugins import PluginNotFoundError
 from rllm.engine.training.health import HEALTH_STOP_EXIT, HealthStop
 from rllm.types import ConfigError, RLLMError, SchemaError
+from rllm.types.errors import MissingExtraError
 
 BAD_INPUT = 2
 FAILED = 1
 HEALTH_STOPPED = HEALTH_STOP_EXIT  # 3
 INTERRUPTED = 130
 
-# Errors that mean "the input is wrong" rather than "the work broke".
+# Errors that mean "the input is wrong" rather than "the work broke" (a missing extra: the
+# command asked for something this install cannot do).
 INPUT_ERRORS: tuple[type[BaseException], ...] = (
     ConfigError,
+    MissingExtraError,
     PluginNotFoundError,
     SchemaError,
     ValueError,
@@ -51,9 +55,10 @@ class CliError(RLLMError, click.ClickException):
 
     def show(self, file: IO[Any] | None = None) -> None:
         console = Console(stderr=file is None, file=file, highlight=False, soft_wrap=True)
-        console.print(f"[red]error:[/red] {self.format_message()}", markup=True)
+        # Escaped: a message is text ("pip install 'pkg[extra]'"), never Rich markup.
+        console.print(f"[red]error:[/red] {escape(self.format_message())}", markup=True)
         if self.hint:
-            console.print(f"[dim]hint: {self.hint}[/dim]")
+            console.print(f"[dim]hint: {escape(self.hint)}[/dim]")
 
 
 def as_cli_error(exc: BaseException) -> CliError:

@@ -23,7 +23,7 @@ from rllm.engine.plugins import COOKBOOKS_GROUP, PluginNotFoundError, available,
 from rllm.runtime.event_loop import run
 from rllm.sdk.cookbook import Cookbook
 from rllm.types import ConfigError, SamplingParams, Task
-from rllm.types.config_file import apply_overrides
+from rllm.types.config_file import apply_overrides, base_url_problem
 
 if TYPE_CHECKING:
     from rllm.engine.evaluation import EvalSummary
@@ -52,7 +52,19 @@ if TYPE_CHECKING:
     "--out",
     type=click.Path(path_type=Path),
     default=None,
-    help="results directory (default runs/eval-NAME); re-running resumes",
+    help="results directory (default runs/eval-NAME); one that holds results needs --resume or --overwrite",
+)
+@click.option(
+    "--resume", is_flag=True, help="finish the evaluation in --out (the same settings): its missing tasks"
+)
+@click.option("--overwrite", is_flag=True, help="replace the evaluation in --out")
+@click.option(
+    "--allow-changes",
+    "allow_changes",
+    multiple=True,
+    metavar="KEY[,KEY]",
+    help="with --resume: let these settings differ from the evaluation's record (attempts, "
+    "max_examples, concurrency, workers, max_infra_errors, base_url, api_base, remote)",
 )
 @click.option(
     "--option",
@@ -91,6 +103,9 @@ def eval_command(
     agent: str | None,
     evaluator: str | None,
     out: Path | None,
+    resume: bool,
+    overwrite: bool,
+    allow_changes: tuple[str, ...],
     options: tuple[str, ...],
     max_infra_errors: float,
     remote_urls: tuple[str, ...],
@@ -98,10 +113,12 @@ def eval_command(
 ) -> int:
     """Evaluate cookbook NAME (or registered dataset NAME with --agent) and print a summary.
 
-    Writes OUT/results.jsonl (one line per task), episodes.jsonl and summary.json; re-running
-    with the same --out skips finished tasks and retries those that failed for infrastructure
-    reasons. The first errors are printed; more than --max-infra-errors of the rollouts failing
-    for infrastructure reasons (dead endpoint, missing credentials) exits 1.
+    Writes OUT/results.jsonl (one line per task), episodes.jsonl and summary.json. An --out that
+    holds an evaluation is refused unless --resume (the same settings: it skips finished tasks
+    and retries those that failed for infrastructure reasons) or --overwrite (replaces it); a
+    resume with another endpoint, model, sampling or cookbook is refused naming what differs.
+    The first errors are printed; more than --max-infra-errors of the rollouts failing for
+    infrastructure reasons (dead endpoint, missing credentials) exits 1.
 
     \b
     Example:
@@ -109,9 +126,36 @@ def eval_command(
       rllm eval gsm8k --agent my_agent:flow --evaluator math --model openai/gpt-4o-mini
       rllm eval say --base-url http://127.0.0.1:8000/v1 --remote http://10.0.0.5:8700
     """
+    from rllm.engine.training.run_folder import RunFolder
+
     sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens)
     if max_examples is not None and max_examples < 1:
         raise CliError(f"--max-examples must be >= 1, got {max_examples}")
+    if base_url is not None and (problem := base_url_problem(base_url)) is not None:
+        raise CliError(f"--base-url {problem}")
+    out_dir = out or Path("runs") / f"eval-{name}"
+    settings = {
+        "name": name,
+        "split": split,
+        "base_url": base_url,
+        "model": model,
+        "api_base": api_base,
+        "attempts": attempts,
+        "max_examples": max_examples,
+        "temperature": temperature,
+        "max_tokens": max_tokens,
+        "agent": agent,
+        "evaluator": evaluator,
+        "options": parse_options(options),
+        "remote": list(remote_urls),
+        "concurrency": concurrency,
+        "workers": workers,
+        "max_infra_errors": max_infra_errors,
+    }
+    # Before the tasks are loaded or an endpoint is started: the folder fits, or nothing happens.
+    RunFolder(out_dir, "eval", settings).check(
+        resume=resume, overwrite=overwrite, allow_changes=allow_changes
+    )
     tasks, flow, grader = resolve_eval_target(name, split, agent, evaluator, parse_options(options))
     if max_examples is not None:
         tasks = tasks[:max_examples]
@@ -120,7 +164,6 @@ def eval_command(
             "no model endpoint: pass --base-url URL/v1, or --model provider/name for a hosted model",
             hint="e.g. `rllm serve MODEL_PATH` prints a base URL to use",
         )
-    out_dir = out or Path("runs") / f"eval-{name}"
 
     # Loaded here, not at the top: it pulls in the rollout engine and the gateway, which every
     # other `rllm` command would pay for at start-up.
@@ -143,6 +186,10 @@ def eval_command(
                 sampling=sampling,
                 progress=progress,
                 remote_urls=list(remote_urls),
+                settings=settings,
+                resume=resume,
+                overwrite=overwrite,
+                allow_changes=allow_changes,
             )
 
     summary = run(go(), uvloop_default=False)
@@ -167,7 +214,7 @@ def report_errors(summary: EvalSummary, max_infra_errors: float) -> None:
             f"{summary.infra_errors} of {n} rollouts failed for infrastructure reasons "
             f"(more than --max-infra-errors {max_infra_errors:g}): "
             f"{root_cause(first_infra.removeprefix('infra_error: '))[:500]}",
-            hint="fix the endpoint or credentials; re-running with the same --out retries only those",
+            hint="fix the endpoint or credentials; the same command with --resume retries only those",
             exit_code=FAILED,
         )
 

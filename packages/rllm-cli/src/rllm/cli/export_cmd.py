@@ -15,6 +15,7 @@ from rich.console import Console
 
 from rllm.cli.errors import CliError
 from rllm.cli.run_model import resolve_run_model
+from rllm.engine.training.run_folder import RunFolder
 
 EXPORT_GROUP = "rllm.export"
 
@@ -37,21 +38,34 @@ def export_checkpoint(weights: Path, to: Path, *, adapter_only: bool = False) ->
 )
 @click.option("--step", type=int, default=None, help="the checkpoint's step (default: the latest)")
 @click.option("--adapter-only", is_flag=True, help="LoRA runs: write the adapter alone (PEFT format)")
-@click.option("--force", is_flag=True, help="write into a folder that is not empty")
-def export_command(run_dir: Path, to: Path, step: int | None, adapter_only: bool, force: bool) -> int:
+@click.option("--overwrite", is_flag=True, help="replace the model --to holds (every file of it)")
+@click.option("--force", is_flag=True, hidden=True, help="deprecated: --overwrite")
+def export_command(
+    run_dir: Path, to: Path, step: int | None, adapter_only: bool, overwrite: bool, force: bool
+) -> int:
     """Export a run's checkpoint (RUN_DIR, or one checkpoint folder) as a Hugging Face model folder.
 
     LoRA adapters are merged into the base model unless --adapter-only. transformers
     (`AutoModelForCausalLM.from_pretrained(DIR)`) and vLLM (`vllm serve DIR`) load the result.
+    A --to that holds anything is refused unless --overwrite, which replaces the model there
+    whole (no file of the earlier export is left beside the new one); --force is its old name.
 
     \b
     Example:
       rllm export runs/say --to models/say
       rllm export runs/say --step 20 --to models/say-20 --adapter-only
+      rllm export runs/say --step 20 --to models/say-20 --overwrite
     """
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    if force:
+        err.print("[yellow]warning:[/yellow] --force is deprecated: it means --overwrite (use that)")
+        overwrite = True
     model = resolve_run_model(run_dir, step)
-    if to.exists() and any(to.iterdir()) and not force:
-        raise CliError(f"{to} exists and is not empty", hint="pass --force to write into it, or another --to")
+    settings = {"source": str(model.path.resolve()), "step": model.step, "adapter_only": adapter_only}
+    if to.resolve() == model.path.resolve() or to.resolve() in model.path.resolve().parents:
+        raise CliError(f"--to {to} is the checkpoint's own folder (or holds it): pick another")
+    folder = RunFolder(to, "export", settings, flag="--to")
+    folder.begin(overwrite=overwrite)  # checked first: nothing is removed from a folder that does not fit
     backend, written = export_checkpoint(model.path, to, adapter_only=adapter_only)
-    Console(stderr=True, highlight=False).print(f"exported {model.name} ({backend} checkpoint) to {written}")
+    err.print(f"exported {model.name} ({backend} checkpoint) to {written}")
     return 0

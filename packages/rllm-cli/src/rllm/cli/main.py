@@ -34,12 +34,13 @@ from rllm.cli.export_cmd import export_command
 from rllm.cli.model_import_cmd import import_command
 from rllm.cli.quiet import QUIET_LOGGERS, quiet_third_party
 from rllm.cli.serve import serve_command
+from rllm.cli.sft_cmd import folder_options, resolve_sft_dataset, sft_command, sft_summary
 from rllm.cli.view_cmd import view_command
 from rllm.engine.plugins import BACKENDS_GROUP, COOKBOOKS_GROUP, available, load_cookbook
 from rllm.runtime.event_loop import run
+from rllm.types.errors import NothingToDo
 
 if TYPE_CHECKING:
-    from rllm.engine.data.sft import SFTResult
     from rllm.engine.training.trainer import Trainer, TrainResult
 
 console = Console(stderr=True)
@@ -58,6 +59,9 @@ class RllmGroup(click.Group):
             raise
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
+        except NothingToDo as exc:
+            console.print(str(exc), highlight=False, soft_wrap=True)
+            return 0
         except KeyboardInterrupt:
             raise click.Abort() from None
         except Exception as exc:
@@ -93,8 +97,7 @@ def cli(debug: bool) -> None:
     "--config", type=click.Path(path_type=Path), default=None, help="TrainerConfig file (TOML, YAML or JSON)"
 )
 @click.option("--out", default=None, help="run directory (default runs/NAME)")
-@click.option("--resume", is_flag=True, help="continue from the run directory's latest checkpoint")
-@click.option("--overwrite", is_flag=True, help="replace an earlier run in the run directory")
+@folder_options
 @click.option("--agent", default=None, help="cookbook name or module:attr whose flow trains (datasets)")
 @click.option("--evaluator", default=None, help="cookbook name or module:attr that grades (datasets)")
 @click.option(
@@ -116,6 +119,7 @@ def train(
     out: str | None,
     resume: bool,
     overwrite: bool,
+    allow_changes: tuple[str, ...],
     agent: str | None,
     evaluator: str | None,
     init_from: str | None,
@@ -133,7 +137,9 @@ def train(
       rllm train mymath --agent math
       rllm train say-single --sft chats.jsonl --out runs/warm sft.epochs=30 sft.backend.options.learning_rate=3e-3
 
-    A run directory that holds an earlier run is refused unless --resume or --overwrite.
+    A run directory that holds an earlier run is refused unless --resume or --overwrite;
+    --resume with other settings is refused unless --allow-changes names them (total_steps, ...:
+    docs/run-folders.md), and --init-from only starts a run (never with --resume).
 
     --sft DATASET fine-tunes first, in the same process (one start-up): a normal SFT run in
     OUT/sft, on this run's backend, model, backend options and seed, then RL from its final
@@ -149,6 +155,11 @@ def train(
             logging.getLogger(quieted).setLevel(logging.NOTSET)
     if sft_dataset is not None and init_from:
         raise CliError("--sft and --init-from both set the starting weights: pass one")
+    if sft_dataset is None and (stray := next((o for o in overrides if o.startswith("sft.")), None)):
+        key = stray.partition("=")[0]
+        raise CliError(
+            f"{key} sets a key of the SFT phase, which only --sft DATASET runs: pass --sft, or drop it"
+        )
     cookbook = train_cookbook(name, agent, evaluator)
     if sft_dataset is not None:
         from rllm.engine.training.warm_start import build_warm_start
@@ -163,6 +174,7 @@ def train(
             out_dir=out,
             resume=resume,
             overwrite=overwrite,
+            allow_changes=allow_changes,
         )
         sft_result = run(job.run_sft(), uvloop_default=False)
         if sft_result is None:
@@ -170,8 +182,9 @@ def train(
                 f"sft: finished earlier in {job.sft_dir}; not redone", highlight=False, soft_wrap=True
             )
         else:
-            console.print(f"[bold green]sft done[/bold green]: {_sft_summary(sft_result)}", soft_wrap=True)
+            console.print(f"[bold green]sft done[/bold green]: {sft_summary(sft_result)}", soft_wrap=True)
         trainer, resume, overwrite = job.rl_trainer(), job.rl_resume, job.rl_overwrite
+        allow_changes = tuple(job.rl_allow_changes) if resume else ()
     else:
         flags = [f"init_from={init_from}"] if init_from else []
         trainer = build_trainer(
@@ -183,8 +196,9 @@ def train(
             out_dir=out,
             resume=resume,
             overwrite=overwrite,
+            allow_changes=allow_changes,
         )
-    result = _fit(trainer, resume=resume, overwrite=overwrite)
+    result = _fit(trainer, resume=resume, overwrite=overwrite, allow_changes=allow_changes)
     reward = (
         f"reward {result.first_reward:.3f} -> {result.final_reward:.3f}; "
         if result.first_reward is not None and result.final_reward is not None
@@ -205,74 +219,6 @@ def train(
 
 
 @cli.command(context_settings=PASS_THROUGH)
-@click.argument("dataset")
-@click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
-@click.option("--model", "model_name", default=None, help="model path or hub name (default: tiny)")
-@click.option("--backend", default=None, help="training backend (default: tinker)")
-@click.option(
-    "--config", type=click.Path(path_type=Path), default=None, help="SFTConfig file (TOML, YAML or JSON)"
-)
-@click.option("--out", default=None, help="run directory (default runs/sft-DATASET)")
-@click.option("--resume", is_flag=True, help="continue from the run directory's latest checkpoint")
-def sft(
-    dataset: str,
-    overrides: tuple[str, ...],
-    model_name: str | None,
-    backend: str | None,
-    config: Path | None,
-    out: str | None,
-    resume: bool,
-) -> int:
-    """Supervised fine-tuning on DATASET: an OpenAI chat JSONL (assistant tokens trained only),
-    hf:NAME[:SPLIT] (a Hugging Face dataset; map columns with columns.messages=, columns.prompt=
-    columns.response=), a datasets save_to_disk folder, or the NAME of a set `rllm dataset
-    from-eval` wrote.
-
-    \b
-    Example:
-      rllm sft chats.jsonl --model Qwen/Qwen3-0.6B --out runs/sft epochs=2 val_dataset=held.jsonl val_every=10
-      rllm train math --init-from runs/sft/checkpoints/step_000040
-      rllm sft hf:openai/gsm8k --model Qwen/Qwen3-0.6B columns.subset=main columns.prompt=question columns.response=answer
-    """
-    from rllm.engine.data.sft_launch import build_sft
-
-    runner = build_sft(
-        resolve_sft_dataset(dataset),
-        model=model_name,
-        backend=backend,
-        config_path=config,
-        overrides=list(overrides),
-        out_dir=out,
-    )
-    result = run(runner.fit(resume=resume), uvloop_default=False)
-    console.print(f"[bold green]done[/bold green]: {_sft_summary(result)}")
-    return 0
-
-
-def resolve_sft_dataset(dataset: str) -> str:
-    """DATASET as given, or the file of the set `rllm dataset from-eval --name DATASET` wrote."""
-    from rllm.cli.registry import sft_dataset_path
-
-    if not Path(dataset).exists() and "/" not in dataset and sft_dataset_path(dataset).is_file():
-        return str(sft_dataset_path(dataset))
-    return dataset
-
-
-def _sft_summary(result: SFTResult) -> str:
-    loss = (
-        f"loss {result.first_loss:.3f} -> {result.final_loss:.3f}; "
-        if result.first_loss is not None and result.final_loss is not None
-        else ""
-    )
-    val = f"best held-out loss {result.best_val_loss:.3f}; " if result.best_val_loss is not None else ""
-    return (
-        f"{result.steps} steps in {result.wall_s:.0f} s"
-        + (" (stopped early)" if result.stopped_early else "")
-        + f"; {loss}{val}checkpoint {result.checkpoint}"
-    )
-
-
-@cli.command(context_settings=PASS_THROUGH)
 @click.argument("name")
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
 @click.option(
@@ -284,7 +230,7 @@ def _sft_summary(result: SFTResult) -> str:
     "--config", type=click.Path(path_type=Path), default=None, help="TrainerConfig file (TOML, YAML or JSON)"
 )
 @click.option("--out", default=None, help="run directory (default runs/NAME)")
-@click.option("--resume", is_flag=True, help="continue from the run directory's latest checkpoint")
+@folder_options
 @click.option("--init-from", default=None, help="start from this checkpoint's weights")
 def distill(
     name: str,
@@ -295,6 +241,8 @@ def distill(
     config: Path | None,
     out: str | None,
     resume: bool,
+    overwrite: bool,
+    allow_changes: tuple[str, ...],
     init_from: str | None,
 ) -> int:
     """On-policy distillation: the student samples cookbook NAME's tasks, the teacher scores its
@@ -327,8 +275,11 @@ def distill(
         overrides=[*flags, *overrides],
         backend=backend,
         out_dir=out,
+        resume=resume,
+        overwrite=overwrite,
+        allow_changes=allow_changes,
     )
-    result = _fit(trainer, resume=resume)
+    result = _fit(trainer, resume=resume, overwrite=overwrite, allow_changes=allow_changes)
     console.print(
         f"[bold green]done[/bold green]: {result.steps} steps in {result.wall_s:.0f} s; run dir {result.out_dir}"
     )
@@ -344,17 +295,29 @@ def model() -> None:
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--cookbook", default="say", show_default=True, help="whose task texts train the tokenizer")
 @click.option("--backend", default="tinker", show_default=True)
-def init_tiny(path: Path, cookbook: str, backend: str) -> int:
+@click.option("--overwrite", is_flag=True, help="replace the model PATH holds")
+def init_tiny(path: Path, cookbook: str, backend: str, overwrite: bool) -> int:
     """Build a tiny random model and a locally trained tokenizer at PATH.
+
+    A PATH that holds anything (a model, another command's folder) is refused unless
+    --overwrite, which replaces a model folder whole.
 
     \b
     Example:
       rllm model init-tiny models/tiny --cookbook say
     """
-    from rllm.engine.training.launch import init_tiny_model
+    from rllm.engine.plugins import backend_class
+    from rllm.engine.training.launch import task_vocabulary
+    from rllm.engine.training.run_folder import RunFolder
 
-    written = init_tiny_model(path, cookbook=load_cookbook(cookbook), backend=backend)
-    console.print(f"tiny model written to {written}")
+    settings = {"cookbook": cookbook, "backend": backend, "seed": 0}
+    folder = RunFolder(path, "model init-tiny", settings, flag="PATH")
+    folder.check(overwrite=overwrite)  # before the cookbook's tasks are read
+    words = task_vocabulary(load_cookbook(cookbook))
+    cls = backend_class(backend)
+    folder.begin(overwrite=overwrite)
+    written = cls.init_tiny_model(path, vocab_words=words, seed=0)
+    console.print(f"tiny model written to {written}", highlight=False, soft_wrap=True)
     return 0
 
 
@@ -414,6 +377,7 @@ def gateway(args: tuple[str, ...]) -> int:
 
 
 cli.add_command(eval_command)
+cli.add_command(sft_command)
 cli.add_command(agent_group)
 cli.add_command(capabilities_command)
 cli.add_command(view_command)
@@ -424,13 +388,16 @@ cli.add_command(export_command)
 cli.add_command(doctor_group)
 
 
-def _fit(trainer: Trainer, *, resume: bool, overwrite: bool = False) -> TrainResult:
+def _fit(
+    trainer: Trainer, *, resume: bool, overwrite: bool = False, allow_changes: tuple[str, ...] = ()
+) -> TrainResult:
     """Run the trainer; Ctrl-C exits 130 with one line: the trainer's own when it saved a
     checkpoint on the way out, else main's "interrupted"."""
     try:
         # uvloop: the same rewards step for step, less CPU
         # (benchmarks/history/issue-35.md, "#35 round 9").
-        return run(trainer.fit(resume=resume, overwrite=overwrite), uvloop_default=True)
+        fit = trainer.fit(resume=resume, overwrite=overwrite, allow_changes=allow_changes)
+        return run(fit, uvloop_default=True)
     except KeyboardInterrupt:
         if trainer.interrupt_reported:
             raise click.exceptions.Exit(INTERRUPTED) from None

@@ -66,6 +66,11 @@ def import_command(source: Path, out: Path, dtype: str, overwrite: bool, chat_te
     backend.options.model may also name a .gguf file: it is imported once into
     ~/.cache/rllm/models (RLLM_CACHE_DIR moves it) and used from there.
     """
+    from rllm.engine.training.run_folder import RunFolder
+
+    settings = {"source": str(source.resolve()), "dtype": dtype, "chat_template": str(chat_template or "")}
+    folder = RunFolder(out, "model import", settings, flag="--out")
+    folder.check(overwrite=overwrite)  # another command's folder, or the user's own files: refused first
     template = None
     if chat_template is not None:
         try:
@@ -74,6 +79,7 @@ def import_command(source: Path, out: Path, dtype: str, overwrite: bool, chat_te
             raise CliError(f"--chat-template {chat_template}: {exc.strerror or exc}") from None
     importer = load_importer("gguf")
     result = importer(source, out, dtype=dtype, overwrite=overwrite, chat_template=template)
+    folder.write_record(folder.new_record())  # the import replaced the folder whole: record it now
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     for line in result.summary():
         console.print(line, markup=False)

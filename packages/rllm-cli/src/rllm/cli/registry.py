@@ -58,10 +58,44 @@ def rllm_home() -> Path:
     return Path(os.environ.get("RLLM_HOME") or Path.home() / ".rllm")
 
 
+SFT_SET_FILE = "sft.jsonl"
+
+
+def sft_set_dir(name: str) -> Path:
+    """The folder `rllm dataset from-eval --name NAME` writes: its set (token-level JSONL) and
+    the record of the command (rllm.engine.training.run_folder)."""
+    _check_name(name)
+    return rllm_home() / "sft" / name
+
+
 def sft_dataset_path(name: str) -> Path:
-    """Where `rllm dataset from-eval --name NAME` writes its SFT set (token-level JSONL)."""
+    """Where `rllm dataset from-eval --name NAME` writes its SFT set."""
+    return sft_set_dir(name) / SFT_SET_FILE
+
+
+def legacy_sft_dataset_path(name: str) -> Path:
+    """Where sets were written before each had a folder of its own (read still; replaced by --overwrite)."""
     _check_name(name)
     return rllm_home() / "sft" / f"{name}.jsonl"
+
+
+def find_sft_dataset(name: str) -> Path | None:
+    """The file of set NAME, in its folder or (older sets) beside it; None when there is none."""
+    try:
+        candidates = (sft_dataset_path(name), legacy_sft_dataset_path(name))
+    except CliError:  # not a set name at all
+        return None
+    return next((path for path in candidates if path.is_file()), None)
+
+
+def sft_sets() -> dict[str, Path]:
+    """Every set `rllm dataset from-eval` wrote, by name: its file (in its folder, or beside it)."""
+    root = rllm_home() / "sft"
+    if not root.is_dir():
+        return {}
+    found = {p.stem: p for p in root.glob("*.jsonl") if p.is_file()}  # older sets
+    found |= {p.parent.name: p for p in root.glob(f"*/{SFT_SET_FILE}") if p.is_file()}
+    return dict(sorted(found.items()))
 
 
 def hub_cache() -> Path:

@@ -8,11 +8,12 @@ the running service says so the same way when ``start`` has not run.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping
 from typing import Any, ClassVar, Generic, TypeVar
 
 from rllm.types.config_file import parse_options
-from rllm.types.errors import StateError
+from rllm.types.errors import MissingExtraError, StateError
 
 OPTIONS_PREFIX = "backend.options"
 
@@ -26,6 +27,19 @@ class BackendBase(Generic[C]):
 
     name: ClassVar[str]
     options_type: ClassVar[type[Any]]
+    # Modules ``start`` imports that an extra installs, and the install that brings them: a
+    # launcher calls ``check_installed`` before anything starts (not 30 s in, at the import).
+    requires: ClassVar[tuple[str, ...]] = ()
+    install: ClassVar[str] = ""
+
+    @classmethod
+    def check_installed(cls) -> None:
+        """MissingExtraError naming the install when a module of ``requires`` is missing."""
+        missing = [module for module in cls.requires if importlib.util.find_spec(module) is None]
+        if missing:
+            raise MissingExtraError(
+                f"backend {cls.name!r} needs {', '.join(missing)}, not installed: pip install '{cls.install}'"
+            )
 
     def __init__(self, options: C | Mapping[str, Any] | None = None, **overrides: Any) -> None:
         self.config: C = self.parse_options(options, **overrides)

@@ -4,11 +4,15 @@
 attaches to ``gateway_url``, runs ``attempts`` rollouts per task through the RolloutEngine, and
 appends one JSON line per finished task to ``<output_dir>/results.jsonl`` as soon as the task's
 attempts are done (with ``episodes.jsonl`` holding the full episodes when ``save_episodes``).
-Re-running with the same ``output_dir`` skips tasks that already have a line with enough
-attempts, so an interrupted evaluation resumes where it stopped; a task with an attempt that
-failed for infrastructure reasons (a dead endpoint, missing credentials) is not a result and is
-run again. ``summary.json`` is rewritten
-at the end from every line in results.jsonl.
+The folder is under the run-folder contract (rllm.engine.training.run_folder): it records the
+evaluation's settings (``settings``: the cookbook, split, endpoint, model, sampling, ...), an
+earlier evaluation there is refused unless ``resume`` or ``overwrite`` (which removes its files
+first), and ``resume`` with other settings is refused naming them, so results of another model,
+endpoint or cookbook are never mixed in, nor shown as new. ``resume`` skips tasks that already
+have a line with enough attempts, so an interrupted evaluation goes on where it stopped; a task
+with an attempt that failed for infrastructure reasons (a dead endpoint, missing credentials) is
+not a result and is run again. ``summary.json`` is rewritten at the end from every line in
+results.jsonl.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from rllm.engine.rollout.failures import FAILED
 from rllm.engine.rollout.remote_executor import RemoteSettings
 from rllm.engine.rollout.rollout_config import RolloutConfig
 from rllm.engine.rollout.rollout_engine import RolloutEngine, as_tasks
+from rllm.engine.training.run_folder import RunFolder, object_name
 from rllm.sdk.answer import final_answer
 from rllm.types import Episode, SamplingParams, SchemaError, Task, to_json
 from rllm.types.errors import InputError
@@ -247,21 +252,29 @@ async def evaluate(
     save_episodes: bool = True,
     progress: bool = True,
     remote_urls: list[str] | None = None,
+    settings: dict[str, Any] | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    allow_changes: Iterable[str] = (),
 ) -> EvalSummary:
     """Run ``attempts`` rollouts of ``flow`` per task, grade them, write results and a summary.
 
     ``concurrency`` rollouts run at once, in ``workers`` processes (``RolloutConfig.workers``:
     for more agent traffic than one core carries; the flow must then be importable).
     ``remote_urls``: agent services run the rollouts instead of ``flow``
-    (``rollout.executor = "remote"``, :mod:`rllm.engine.rollout.remote_executor`)."""
+    (``rollout.executor = "remote"``, :mod:`rllm.engine.rollout.remote_executor`).
+    ``settings`` is what the folder records and ``resume`` compares (default:
+    :func:`eval_settings` of these arguments); ``allow_changes``: keys that may differ."""
     if attempts < 1:
         raise InputError(f"attempts must be >= 1, got {attempts}")
     if (endpoint is None) == (gateway_url is None):
         raise InputError("evaluate needs exactly one of endpoint (a model server's /v1 URL) or gateway_url")
     started = time.monotonic()
     tasks = load_dataset(dataset)
+    if settings is None:
+        settings = eval_settings(flow, evaluator, endpoint, model, attempts, sampling)
     out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    RunFolder(out, "eval", settings).begin(resume=resume, overwrite=overwrite, allow_changes=allow_changes)
     results_path = out / "results.jsonl"
     previous = read_results(results_path)
     done_ids = {tid for tid, row in previous.items() if is_finished(row, attempts)}
@@ -312,6 +325,26 @@ async def evaluate(
     )
     (out / "summary.json").write_bytes(msgspec.json.format(msgspec.json.encode(summary), indent=2) + b"\n")
     return summary
+
+
+def eval_settings(
+    flow: Any,
+    evaluator: Any,
+    endpoint: str | None,
+    model: str,
+    attempts: int,
+    sampling: SamplingParams | None,
+) -> dict[str, Any]:
+    """What an evaluation run from code records (the CLI records its own flags instead); a
+    gateway's address is not recorded (a hosted model's gateway is started anew each run)."""
+    return {
+        "agent": object_name(flow),
+        "evaluator": object_name(evaluator),
+        "base_url": endpoint,
+        "model": model,
+        "attempts": attempts,
+        "sampling": msgspec.to_builtins(sampling or SamplingParams()),
+    }
 
 
 def _drop_torn_tail(path: Path) -> None:

@@ -149,7 +149,57 @@ def _blame(doc: Mapping[str, Any], type_: type, error: str) -> tuple[str, str]:
     key = _join(segments)
     if inner:
         key = f"{key}.{inner}" if key and not inner.startswith("[") else f"{key}{inner}"
+    elif message.startswith("Invalid enum value") and (allowed := _allowed_values(type_, segments)):
+        message += f"; allowed: {', '.join(repr(v) for v in allowed)}"
     return key, message
+
+
+def _allowed_values(type_: type, segments: list[str | int]) -> list[Any] | None:
+    """The values a Literal or Enum field at ``segments`` of ``type_`` takes (None: not one)."""
+    import msgspec.inspect as mi
+
+    def unwrap(node: Any) -> Any:  # `X | None`: X
+        if isinstance(node, mi.UnionType):
+            rest = [t for t in node.types if not isinstance(t, mi.NoneType)]
+            return rest[0] if len(rest) == 1 else node
+        return node
+
+    node: Any = mi.type_info(type_)
+    for segment in segments:
+        node = unwrap(node)
+        if isinstance(node, mi.StructType):
+            node = next((f.type for f in node.fields if f.encode_name == segment), None)
+        elif isinstance(node, mi.DictType):
+            node = node.value_type
+        elif isinstance(node, (mi.ListType, mi.SetType, mi.FrozenSetType, mi.VarTupleType)):
+            node = node.item_type
+        else:
+            return None
+    node = unwrap(node)
+    if isinstance(node, mi.LiteralType):
+        return list(node.values)
+    if isinstance(node, mi.EnumType):
+        return [member.value for member in node.cls]
+    return None
+
+
+def base_url_problem(url: str) -> str | None:
+    """What is wrong with ``url`` as an OpenAI-compatible base URL (``http://HOST:PORT/v1``),
+    naming the URL to pass instead, or None: a bare host, or an endpoint's own path
+    (``.../v1/chat/completions``), gets a 404 for every call once the run has started."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        return f"{url!r} is not an http(s) URL (e.g. http://127.0.0.1:8000/v1)"
+    path = parts.path.rstrip("/")
+    base = url.split("?")[0].rstrip("/")
+    if not path:
+        return f"{url} has no path: OpenAI-compatible servers answer under /v1: pass {base}/v1"
+    for endpoint in ("/chat/completions", "/completions"):
+        if path.endswith(endpoint):
+            return f"{url} is an endpoint, not a base URL: pass {base.removesuffix(endpoint)}"
+    return None
 
 
 def _segments(path: str) -> list[str | int]:

@@ -96,3 +96,8 @@ class DeadlineError(RLLMError, TimeoutError):
 
 class MissingExtraError(RLLMError, ImportError):
     """An optional package is not installed; the message gives the ``pip install`` that adds it."""
+
+
+class NothingToDo(RLLMError):
+    """What was asked is already done (``--resume`` of a finished run): the message says so, and
+    the command exits 0 without starting anything."""

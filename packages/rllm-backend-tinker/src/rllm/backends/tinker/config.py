@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -131,6 +132,12 @@ class TinkerBackendConfig(AdamWSettings, kw_only=True, forbid_unknown_fields=Tru
             (self.sampler_max_tokens >= 1, "sampler_max_tokens", "must be >= 1"),
             (self.sampler_max_queued >= 1, "sampler_max_queued", "must be >= 1"),
             (self.torch_threads >= 0, "torch_threads", "must be >= 0"),
+            # Checked here, not by torch once the model is loading (seconds later).
+            (
+                re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device) is not None,
+                "device",
+                f"{self.device!r} is not a device: auto, cpu, cuda or cuda:N",
+            ),
         ]
         for ok, key, message in checks:
             if not ok:

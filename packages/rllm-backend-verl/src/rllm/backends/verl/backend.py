@@ -30,6 +30,8 @@ class VerlBackend(BackendBase[VerlBackendConfig]):
 
     name = "verl"
     options_type = VerlBackendConfig
+    requires = ("verl", "tensordict")  # the `verl` extra
+    install = "rllm-backend-verl[verl]"
 
     def __init__(
         self, options: VerlBackendConfig | Mapping[str, Any] | None = None, **overrides: Any

@@ -42,9 +42,13 @@ class ChatExample(msgspec.Struct, kw_only=True):
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None = None
     id: str = ""
-    # Already tokenized (``rllm dataset from-eval``: the sampler's own ids): used as they are.
+    # Already tokenized (``rllm dataset from-eval``: the sampler's own ids): used as they are,
+    # once the tokenizer that made them (its fingerprint, and the model it came from) is the
+    # run's (rllm.engine.data.stored_ids).
     input_ids: list[int] | None = None
     loss_mask: list[float] | None = None
+    tokenizer: str | None = None
+    tokenizer_source: str = ""
 
 
 def check_example(example: ChatExample, where: str) -> None:
@@ -87,12 +91,17 @@ def read_chat_jsonl(path: str | Path) -> list[ChatExample]:
         tools = row.get("tools")
         if tools is not None and not isinstance(tools, list):
             raise InputError(f"{where}: `tools` must be a list")
+        tokenizer, source = row.get("tokenizer"), row.get("tokenizer_source", "")
+        if tokenizer is not None and not (isinstance(tokenizer, str) and isinstance(source, str)):
+            raise InputError(f"{where}: `tokenizer` and `tokenizer_source` must be text")
         example = ChatExample(
             messages=row["messages"],
             tools=tools,
             id=str(row.get("id", number)),
             input_ids=row.get("input_ids"),
             loss_mask=row.get("loss_mask"),
+            tokenizer=tokenizer,
+            tokenizer_source=source,
         )
         check_example(example, where)
         examples.append(example)

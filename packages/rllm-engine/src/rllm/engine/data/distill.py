@@ -42,6 +42,7 @@ import msgspec
 from rllm.engine.data.distill_topk import parse_prompt_logprobs
 from rllm.types import ConfigError, TrainSequence
 from rllm.types.arrays import FloatArray
+from rllm.types.config_file import base_url_problem
 from rllm.types.errors import InputError, RLLMError
 from rllm.types.sequence import TeacherTopK
 
@@ -74,6 +75,8 @@ class DistillSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     kl: Literal["forward", "reverse"] = "forward"
 
     def __post_init__(self) -> None:
+        if (problem := base_url_problem(self.teacher)) is not None:
+            raise ConfigError.for_key("distill.teacher", problem)
         if self.topk < 1:
             raise ConfigError.for_key("distill.topk", f"distill.topk must be >= 1, got {self.topk}")
 

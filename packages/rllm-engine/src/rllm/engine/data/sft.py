@@ -12,11 +12,14 @@ The last step always writes a checkpoint: that is what an RL run's ``init_from``
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
+import sys
 import time
+from collections.abc import Awaitable, Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
@@ -24,6 +27,7 @@ from rllm.algos.config import AlgorithmConfig
 from rllm.engine.backend import Backend
 from rllm.engine.data.chat_data import ChatExample, ChatTokenizer, tokenize_all
 from rllm.engine.data.chat_sources import ChatColumns, read_chat_source
+from rllm.engine.data.stored_ids import check_stored_ids
 from rllm.engine.training.checkpoint import (
     TrainerState,
     latest_checkpoint,
@@ -31,12 +35,14 @@ from rllm.engine.training.checkpoint import (
     save_checkpoint,
 )
 from rllm.engine.training.metrics_log import MetricsLogger, truncate_history
+from rllm.engine.training.run_folder import RunFolder
 from rllm.engine.training.train_progress import TrainProgress
 from rllm.engine.training.trainer_config import BackendSection
 from rllm.types import ConfigError, TrainSequence
 from rllm.types.config_file import apply_overrides, convert_config, merge_config, read_config_file
 
 SFT_ALGORITHM = AlgorithmConfig(loss="cross_entropy", tis="none")
+T = TypeVar("T")
 
 
 class SFTConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -59,6 +65,9 @@ class SFTConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tensorboard: bool = False
     wandb: bool = False
     progress: bool = True
+    # Stored ids of another tokenizer (or of an unknown one): tokenize the messages again, with a
+    # warning, instead of refusing the set (rllm.engine.data.stored_ids).
+    retokenize: bool = False
     backend: BackendSection = msgspec.field(default_factory=BackendSection)
 
     def __post_init__(self) -> None:
@@ -158,85 +167,143 @@ def check_backend(config: SFTConfig, backend: Backend) -> None:
             raise ConfigError.for_key(key, f"backend {config.backend.name!r} cannot do this: {why}")
 
 
+class _Progress:
+    """What a run has done so far (the step, losses, best held-out loss, last checkpoint)."""
+
+    def __init__(self) -> None:
+        self.state = TrainerState()
+        self.losses: list[float] = []
+        self.best: float | None = None
+        self.stale = 0
+        self.stopped = False
+        self.checkpoint: Path | None = None
+
+
 class SFTRunner:
-    """One SFT job: chat data tokenized with the backend's tokenizer, trained with cross entropy."""
+    """One SFT job: chat data tokenized with the backend's tokenizer, trained with cross entropy.
+
+    Stored ids (a set ``rllm dataset from-eval`` wrote) are trained as they are only when they
+    were made with this tokenizer (rllm.engine.data.stored_ids); ``retokenize`` tokenizes their
+    messages again instead, with a warning in ``warnings``."""
 
     def __init__(self, config: SFTConfig, backend: Backend, tokenizer: ChatTokenizer) -> None:
         self.config = config
         self.backend = backend
         self.out_dir = Path(config.out_dir)
+        self.interrupted = False
+        self.interrupt_reported = False  # Ctrl-C: its line is printed (the CLI adds none)
+        self.warnings: list[str] = []
         check_backend(config, backend)
-        self.train = tokenize_all(
-            tokenizer, read_chat_source(config.dataset, config.columns), config.max_tokens
-        )
-        self.val = (
-            tokenize_all(tokenizer, read_chat_source(config.val_dataset, config.columns), config.max_tokens)
-            if config.val_dataset
-            else []
-        )
+        self.train = self._tokenized(tokenizer, config.dataset)
+        self.val = self._tokenized(tokenizer, config.val_dataset) if config.val_dataset else []
         self.plan = plan_batches(
             [len(s.input_ids) for s in self.train], config.batch_tokens, config.epochs, config.seed
         )
         if config.total_steps:
             self.plan = self.plan[: config.total_steps]
 
-    async def fit(self, resume: bool = False) -> SFTResult:
+    async def fit(
+        self, resume: bool = False, overwrite: bool = False, allow_changes: Iterable[str] = ()
+    ) -> SFTResult:
+        """Train the plan (from the latest checkpoint on ``resume``), under the run-folder
+        contract (:mod:`rllm.engine.training.run_folder`). Ctrl-C finishes the step in flight and
+        checkpoints it (a second Ctrl-C skips that), so ``--resume`` goes on from there."""
         cfg = self.config
         started = time.perf_counter()
-        state = TrainerState()
-        losses: list[float] = []
-        best: float | None = None
-        stale = 0
-        stopped = False
-        ckpt: Path | None = None
+        sft_folder(cfg).begin(resume=resume, overwrite=overwrite, allow_changes=allow_changes)
+        found = latest_checkpoint(self.out_dir) if resume else None
+        run = _Progress()
         await self.backend.start()
         metrics_log: MetricsLogger | None = None
         try:
-            if resume and (found := latest_checkpoint(self.out_dir)) is not None:
-                state = load_trainer_state(found)
+            if found is not None:
+                run.state = load_trainer_state(found)
                 await self.backend.load_checkpoint(found / "backend")
-            truncate_history(self.out_dir, state.step)
+            truncate_history(self.out_dir, run.state.step)
             metrics_log = MetricsLogger(
                 self.out_dir, tensorboard=cfg.tensorboard, wandb=cfg.wandb, config=msgspec.to_builtins(cfg)
             )
-            total = len(self.plan)
-            with TrainProgress(total, start=state.step, enabled=cfg.progress) as progress:
-                if cfg.val_every and state.step == 0:
-                    best = await self._held_out_loss()
-                    metrics_log.log(0, {"val/loss": best})
-                while state.step < total:
-                    metrics = await self._train_one_step(state.step, total)
-                    state.step += 1
-                    losses.append(metrics["train/loss"])
-                    if cfg.val_every and state.step % cfg.val_every == 0:
-                        val = await self._held_out_loss()
-                        metrics["val/loss"] = val
-                        if best is None or val < best:
-                            best, stale = val, 0
-                        else:
-                            stale += 1
-                        stopped = bool(cfg.early_stop_patience) and stale >= cfg.early_stop_patience
-                    metrics_log.log(state.step, metrics)
-                    progress.update(state.step, metrics)
-                    last = state.step == total or stopped
-                    if last or (cfg.ckpt_every and state.step % cfg.ckpt_every == 0):
-                        ckpt = await save_checkpoint(self.out_dir, state, self.backend.save_checkpoint)
-                    if stopped:
-                        break
+            await self._steps(run, metrics_log)
         finally:
             if metrics_log is not None:
                 metrics_log.close()
             await self.backend.close()
         return SFTResult(
-            steps=state.step,
+            steps=run.state.step,
             out_dir=str(self.out_dir),
-            first_loss=losses[0] if losses else None,
-            final_loss=losses[-1] if losses else None,
-            best_val_loss=best,
-            stopped_early=stopped,
-            checkpoint=str(ckpt) if ckpt else None,
+            first_loss=run.losses[0] if run.losses else None,
+            final_loss=run.losses[-1] if run.losses else None,
+            best_val_loss=run.best,
+            stopped_early=run.stopped,
+            checkpoint=str(run.checkpoint) if run.checkpoint else None,
             wall_s=time.perf_counter() - started,
         )
+
+    async def _steps(self, run: _Progress, metrics_log: MetricsLogger) -> None:
+        cfg, state, total = self.config, run.state, len(self.plan)
+        saved = state.step  # a resumed run starts from a checkpoint of this step
+        with TrainProgress(total, start=state.step, enabled=cfg.progress) as progress:
+            if cfg.val_every and state.step == 0 and not self.interrupted:
+                run.best = await self._finish(self._held_out_loss(), "the held-out loss")
+                metrics_log.log(0, {"val/loss": run.best})
+            while state.step < total and not self.interrupted:
+                metrics = await self._finish(
+                    self._train_one_step(state.step, total), f"step {state.step + 1}"
+                )
+                state.step += 1
+                run.losses.append(metrics["train/loss"])
+                if cfg.val_every and state.step % cfg.val_every == 0 and not self.interrupted:
+                    val = await self._finish(self._held_out_loss(), "the held-out loss")
+                    metrics["val/loss"] = val
+                    if run.best is None or val < run.best:
+                        run.best, run.stale = val, 0
+                    else:
+                        run.stale += 1
+                    run.stopped = bool(cfg.early_stop_patience) and run.stale >= cfg.early_stop_patience
+                metrics_log.log(state.step, metrics)
+                progress.update(state.step, metrics)
+                if (
+                    state.step == total
+                    or run.stopped
+                    or (cfg.ckpt_every and state.step % cfg.ckpt_every == 0)
+                ):
+                    run.checkpoint = await self._finish(
+                        save_checkpoint(self.out_dir, state, self.backend.save_checkpoint), "the checkpoint"
+                    )
+                    saved = state.step
+                if run.stopped:
+                    break
+        if self.interrupted:
+            if state.step != saved:
+                await save_checkpoint(self.out_dir, state, self.backend.save_checkpoint)
+            if state.step:
+                print(f"checkpoint of step {state.step} saved: --resume goes on from it", file=sys.stderr)
+            raise asyncio.CancelledError
+
+    async def _finish(self, work: Awaitable[T], what: str) -> T:
+        """``work``, run to its end even when Ctrl-C (the task's cancellation) comes meanwhile: a
+        step cut in the middle would leave weights no checkpoint can name. The first Ctrl-C says
+        so and stops the run after it; a second one (KeyboardInterrupt) abandons everything."""
+        task = asyncio.ensure_future(work)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if self.interrupted:
+                task.cancel()
+                raise
+            self.interrupted = self.interrupt_reported = True
+            print(
+                f"interrupted: finishing {what}, then saving a checkpoint (Ctrl-C again to skip)",
+                file=sys.stderr,
+                flush=True,
+            )
+            return await task
+
+    def _tokenized(self, tokenizer: ChatTokenizer, source: str) -> list[TrainSequence]:
+        examples = read_chat_source(source, self.config.columns)
+        examples, warnings = check_stored_ids(examples, tokenizer, source, retokenize=self.config.retokenize)
+        self.warnings += warnings
+        return tokenize_all(tokenizer, examples, self.config.max_tokens)
 
     async def _train_one_step(self, step: int, total: int) -> dict[str, Any]:
         cfg = self.config
@@ -267,6 +334,11 @@ class SFTRunner:
         return total / count
 
 
+def sft_folder(config: SFTConfig) -> RunFolder:
+    """The run folder of an SFT run, recording its resolved config."""
+    return RunFolder(config.out_dir, "sft", msgspec.to_builtins(config))
+
+
 def trained_tokens(batch: list[TrainSequence]) -> int:
     return int(sum(sum(s.loss_mask[1:]) for s in batch))
 
@@ -294,4 +366,5 @@ __all__ = [
     "load_sft_config",
     "lr_scale",
     "plan_batches",
+    "sft_folder",
 ]

@@ -2,19 +2,31 @@
 
 Config precedence (lowest first): defaults, the config file, then ``--backend``, ``--model``,
 ``--out`` and ``key.sub=value`` overrides. ``model = "tiny"`` builds a tiny random model whose
-tokenizer covers the dataset's words (tests, toy runs).
+tokenizer covers the dataset's words (tests, toy runs). The run folder is checked first
+(``--resume`` / ``--overwrite``, rllm.engine.training.run_folder), before any model is built.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from rllm.engine.backend import Backend
 from rllm.engine.data.chat_sources import read_chat_source, source_stem
-from rllm.engine.data.sft import SFTConfig, SFTRunner, chat_vocabulary, check_backend, load_sft_config
+from rllm.engine.data.sft import (
+    SFTConfig,
+    SFTRunner,
+    chat_vocabulary,
+    check_backend,
+    load_sft_config,
+    sft_folder,
+)
+from rllm.engine.data.stored_ids import RETOKENIZE, made_by, stored_by
 from rllm.engine.plugins import backend_class
-from rllm.engine.training.launch import TINY_MODEL, make_backend
+from rllm.engine.training.launch import TINY_MODEL, make_backend, refuse_flag_conflicts
+from rllm.engine.training.model_check import check_model_path
+from rllm.engine.training.train_folder import ensure_tiny_model
 from rllm.types import ConfigError
 
 
@@ -26,12 +38,28 @@ def build_sft(
     config_path: str | Path | None = None,
     overrides: list[str] | tuple[str, ...] = (),
     out_dir: str | None = None,
+    resume: bool | None = None,
+    overwrite: bool = False,
+    allow_changes: Iterable[str] = (),
 ) -> SFTRunner:
+    """The runner for ``rllm sft``; given ``resume`` (True or False), its run folder is checked
+    first (pass the same ``resume``/``overwrite``/``allow_changes`` to its ``fit``)."""
     base: dict[str, Any] = {"dataset": dataset, "out_dir": f"runs/sft-{source_stem(dataset)}"}
+    refuse_flag_conflicts(
+        {
+            "--backend": ("backend.name", backend),
+            "--model": ("backend.options.model", model),
+            "--out": ("out_dir", out_dir),
+        },
+        overrides,
+    )
     flags = [f"backend.name={backend}"] if backend else []
     flags += [f"backend.options.model={model}"] if model else []
     flags += [f"out_dir={out_dir}"] if out_dir else []
-    return sft_runner(load_sft_config(config_path, [*flags, *overrides], base=base))
+    config = load_sft_config(config_path, [*flags, *overrides], base=base)
+    if resume is not None:
+        sft_folder(config).check(resume=resume, overwrite=overwrite, allow_changes=allow_changes)
+    return sft_runner(config)
 
 
 def sft_runner(config: SFTConfig) -> SFTRunner:
@@ -47,17 +75,26 @@ def sft_model(config: SFTConfig) -> str:
     (once) in the run folder."""
     model = str(config.backend.options.get("model", TINY_MODEL))
     if model != TINY_MODEL:
+        check_model_path(model)
         return model
     cls = backend_class(config.backend.name)
     if not hasattr(cls, "init_tiny_model"):
         raise ConfigError(f"backend {config.backend.name!r} cannot build a tiny model: pass --model")
+    examples = read_chat_source(config.dataset, config.columns)
+    if config.val_dataset:
+        examples += read_chat_source(config.val_dataset, config.columns)
+    if not config.retokenize and (stored := stored_by(examples)) is not None:
+        # Its tokenizer is built from the set's words: never the one that made stored ids.
+        raise ConfigError(
+            f"{config.dataset}: its token ids were made by {made_by(stored)}, and the tiny model's "
+            f"tokenizer is built from the set's words: pass --model "
+            f"{stored.tokenizer_source or 'MODEL'} (the model that made them), or {RETOKENIZE}"
+        )
     target = Path(config.out_dir) / "tiny-model"
-    if not (target / "config.json").is_file():
-        examples = read_chat_source(config.dataset, config.columns)
-        if config.val_dataset:
-            examples += read_chat_source(config.val_dataset, config.columns)
-        cls.init_tiny_model(target, vocab_words=chat_vocabulary(examples), seed=config.seed)
-    return str(target)
+    words = chat_vocabulary(examples)
+    return str(
+        ensure_tiny_model(target, words, backend=config.backend.name, backend_cls=cls, seed=config.seed)
+    )
 
 
 def sft_backend(config: SFTConfig, model: str) -> Backend:

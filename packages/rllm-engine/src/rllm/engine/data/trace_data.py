@@ -7,7 +7,9 @@ prompts, tool outputs and user turns are context. Exact duplicates (same token i
 once, and at most ``max_per_task`` episodes of a task are kept (the first ones in the file), so a
 task the model always solves does not crowd out the rest. Records are JSON lines that
 ``rllm.engine.data.chat_data.read_chat_jsonl`` reads back (``input_ids`` + ``loss_mask``, with the
-conversation's ``messages`` and the role for people).
+conversation's ``messages`` and the role for people), each naming the tokenizer its ids are of
+(``tokenizer``: a fingerprint of vocabulary and chat template; ``tokenizer_source``: the model),
+so that `rllm sft` refuses to train them with another (rllm.engine.data.stored_ids).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import msgspec
 
 from rllm.engine.training.metrics_log import read_episode_sample, sample_path, sample_steps
+from rllm.engine.training.model_check import run_model
 from rllm.engine.training.sequences import sequences_from_trajectory
 from rllm.engine.training.train_step import episode_reward
 from rllm.types import Episode, from_json, to_builtins
@@ -90,9 +93,17 @@ def read_run_episodes(run_dir: str | Path, from_step: int | None = None) -> list
 
 
 def sft_records(
-    episodes: list[Episode], min_reward: float, max_per_task: int = 0
+    episodes: list[Episode],
+    min_reward: float,
+    max_per_task: int = 0,
+    *,
+    tokenizer: str | None = None,
+    tokenizer_source: str = "",
 ) -> tuple[list[dict[str, Any]], FromEvalStats]:
-    """JSON-ready SFT records of the episodes whose reward is >= ``min_reward``."""
+    """JSON-ready SFT records of the episodes whose reward is >= ``min_reward``; each names the
+    tokenizer its ids are of (``tokenizer``: its fingerprint, of the model ``tokenizer_source``)
+    when given, which `rllm sft` checks (rllm.engine.data.stored_ids)."""
+    named = {"tokenizer": tokenizer, "tokenizer_source": tokenizer_source} if tokenizer else {}
     stats = FromEvalStats(episodes=len(episodes))
     per_task: Counter[str] = Counter()
     seen: set[bytes] = set()
@@ -132,10 +143,38 @@ def sft_records(
                         "messages": messages,
                         "input_ids": list(sequence.input_ids),
                         "loss_mask": list(sequence.loss_mask),
+                        **named,
                     }
                 )
     stats.records = len(records)
     return records, stats
+
+
+def ids_tokenizer(run_dir: str | Path, tokenizer: str | None) -> str:
+    """The model whose tokenizer made a run's stored ids: ``tokenizer`` when given, else a
+    training run's own model (its record); an eval run's endpoint does not say, so it must be named."""
+    if tokenizer:
+        return tokenizer
+    root = Path(run_dir)
+    if (model := run_model(root)) is not None:
+        return model
+    what = (
+        "an `rllm eval` run" if (root / "episodes.jsonl").is_file() else "a run without a record of its model"
+    )
+    raise InputError(
+        f"{run_dir} is {what}: its token ids are the ids of the model that answered, which it does "
+        "not name; pass --tokenizer MODEL (the folder or hub name of that model)"
+    )
+
+
+def check_ids_fit(records: list[dict[str, Any]], vocab_size: int, model: str) -> None:
+    """Ids past ``model``'s vocabulary are not its ids: refused, naming the largest."""
+    largest = max((max(r["input_ids"]) for r in records if r["input_ids"]), default=-1)
+    if largest >= vocab_size:
+        raise InputError(
+            f"the run's token ids go up to {largest}, past {model}'s {vocab_size} tokens: they were "
+            "made by another tokenizer; name the model that answered with --tokenizer"
+        )
 
 
 def write_records(path: str | Path, records: list[dict[str, Any]]) -> Path:
@@ -149,6 +188,8 @@ def write_records(path: str | Path, records: list[dict[str, Any]]) -> Path:
 
 __all__ = [
     "FromEvalStats",
+    "check_ids_fit",
+    "ids_tokenizer",
     "read_eval_episodes",
     "read_run_episodes",
     "read_training_samples",

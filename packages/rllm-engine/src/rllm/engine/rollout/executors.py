@@ -44,7 +44,7 @@ from rllm.engine.rollout.episode_builder import failed_episode
 from rllm.engine.rollout.remote_executor import RemoteFlow, RemoteSettings
 from rllm.engine.rollout.scoring import apply_eval_output
 from rllm.engine.rollout.worker_pool import EngineFactory, FlowProcessDied
-from rllm.types import Episode, ErrorInfo, EvalOutput, InvariantError, Task, TerminationReason
+from rllm.types import Episode, ErrorInfo, EvalOutput, InvariantError, SamplingParams, Task, TerminationReason
 from rllm.types.errors import InputError, LookupFailed, UsageError
 
 EXECUTORS_GROUP = "rllm.executors"
@@ -119,7 +119,14 @@ class WorkerPool(Protocol):
         """Every worker's embedded gateway (for the engine's GatewayGroup admin)."""
         ...
 
-    async def run_one(self, task: Task, rollout_index: int, is_validation: bool, model: str) -> Episode: ...
+    async def run_one(
+        self,
+        task: Task,
+        rollout_index: int,
+        is_validation: bool,
+        model: str,
+        sampling: SamplingParams | None = None,
+    ) -> Episode: ...
 
     async def close(self) -> None: ...
 
@@ -271,7 +278,13 @@ async def start_pool(spec: ExecutorSpec, request: PoolRequest) -> WorkerPool:
 
 
 async def run_on_pool(
-    pool: WorkerPool, task: Task, rollout_index: int, is_validation: bool, model: str, max_retries: int
+    pool: WorkerPool,
+    task: Task,
+    rollout_index: int,
+    is_validation: bool,
+    model: str,
+    max_retries: int,
+    sampling: SamplingParams | None = None,
 ) -> Episode:
     """One rollout on a worker pool. A worker that dies with it (FlowProcessDied) has it run again
     on another one, up to ``max_retries`` times (``metrics["worker_lost"]`` counts them); past
@@ -279,7 +292,12 @@ async def run_on_pool(
     died: FlowProcessDied | None = None
     for lost in range(max_retries + 1):
         try:
-            episode = await pool.run_one(task, rollout_index, is_validation, model)
+            # ``sampling`` only when chosen: a pool written before it existed still runs the rest
+            episode = await (
+                pool.run_one(task, rollout_index, is_validation, model, sampling)
+                if sampling is not None
+                else pool.run_one(task, rollout_index, is_validation, model)
+            )
         except FlowProcessDied as exc:  # its worker died: run it again on another one
             died = exc
             continue

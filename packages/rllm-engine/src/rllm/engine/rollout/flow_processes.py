@@ -38,7 +38,7 @@ from rllm.engine.rollout.worker_pool import (
     encode_done,
     quiet_loggers_from_env,
 )
-from rllm.types import Episode, Task, from_msgpack, to_msgpack
+from rllm.types import Episode, SamplingParams, Task, from_msgpack, to_msgpack
 from rllm.types.errors import InputError, StateError
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ async def _serve(sock: socket.socket, engine_factory: EngineFactory, engine_kwar
                 # The model name travels with the job, not through the shared config: rollouts
                 # from before and after a rename can be in flight together.
                 episode = await engine.run_one(
-                    job.task, job.rollout_index, job.is_validation, model=job.model
+                    job.task, job.rollout_index, job.is_validation, model=job.model, sampling=job.sampling
                 )
                 episode.metrics["slot_wait_s"] = waited
                 with contextlib.suppress(ConnectionResetError):  # the parent is gone: nobody to tell
@@ -227,13 +227,20 @@ class FlowProcessPool(SlottedPool[_Worker]):
             child_sock.close()
         return proc, parent_sock
 
-    async def run_one(self, task: Task, rollout_index: int, is_validation: bool, model: str) -> Episode:
+    async def run_one(
+        self,
+        task: Task,
+        rollout_index: int,
+        is_validation: bool,
+        model: str,
+        sampling: SamplingParams | None = None,
+    ) -> Episode:
         """Run one rollout on the live worker with the most room; raises FlowProcessDied if it exits
         first."""
         w, job_id, fut = self.slots.take(lambda: FlowProcessDied("every rollout worker has exited"))
         assert w.pipe is not None
         try:
-            w.pipe.send(to_msgpack(Job(job_id, task, rollout_index, is_validation, model)))
+            w.pipe.send(to_msgpack(Job(job_id, task, rollout_index, is_validation, model, sampling)))
         except ConnectionResetError:
             w.pending.pop(job_id, None)
             raise FlowProcessDied(f"rollout worker {w.index} exited (code {w.process.exitcode})") from None

@@ -48,7 +48,7 @@ from rllm.engine.rollout.worker_pool import (
     encode_done,
     quiet_loggers_from_env,
 )
-from rllm.types import Episode, Task, from_msgpack, to_msgpack
+from rllm.types import Episode, SamplingParams, Task, from_msgpack, to_msgpack
 from rllm.types.errors import ConfigError, MissingExtraError, StateError
 
 try:
@@ -237,7 +237,7 @@ class FlowWorker:
             async with self._free:
                 waited = time.monotonic() - t0
                 episode = await self._engine.run_one(
-                    job.task, job.rollout_index, job.is_validation, model=job.model
+                    job.task, job.rollout_index, job.is_validation, model=job.model, sampling=job.sampling
                 )
             episode.metrics["slot_wait_s"] = waited
             self._out.append(encode_done(job, episode))
@@ -380,11 +380,18 @@ class RayFlowPool(SlottedPool[_Handle]):
             raise
         return self
 
-    async def run_one(self, task: Task, rollout_index: int, is_validation: bool, model: str) -> Episode:
+    async def run_one(
+        self,
+        task: Task,
+        rollout_index: int,
+        is_validation: bool,
+        model: str,
+        sampling: SamplingParams | None = None,
+    ) -> Episode:
         w, job_id, fut = self.slots.take(lambda: RayWorkerDied("every Ray rollout worker has died"))
         if not w.unsent and not w.cancels:
             self._flush_soon(w)
-        w.unsent[job_id] = Job(job_id, task, rollout_index, is_validation, model)
+        w.unsent[job_id] = Job(job_id, task, rollout_index, is_validation, model, sampling)
         try:
             episode = await fut
         except asyncio.CancelledError:

@@ -31,7 +31,7 @@ from rllm.runtime.gc_threshold import raise_gc_threshold, restore_gc_threshold
 from rllm.sdk.evaluator import EvaluatorFn, as_evaluator
 from rllm.sdk.flow import RolloutFlow, as_flow
 from rllm.sdk.sandbox import declares_sandbox
-from rllm.types import Episode, Task, convert
+from rllm.types import Episode, SamplingParams, Task, convert
 from rllm.types.errors import ConfigError, InputError, StateError
 
 if TYPE_CHECKING:
@@ -257,15 +257,18 @@ class RolloutEngine:
         is_validation: bool = False,
         *,
         slots: asyncio.Semaphore | None = None,
+        sampling: SamplingParams | None = None,
     ) -> list[Episode]:
         """All episodes, ordered by task then ``rollout_index`` (0..n-1).
 
         ``slots``: a limit shared with other ``run`` calls, taken by each rollout while it runs
-        (the asynchronous trainer runs one call per group and shares ``concurrency`` this way)."""
+        (the asynchronous trainer runs one call per group and shares ``concurrency`` this way).
+        ``sampling``: these rollouts' sampling instead of the configured one (a training step's
+        own seed); it travels with each rollout, so calls with different ones may overlap."""
         task_list = as_tasks(tasks)
         by_task: dict[int, list[Episode]] = {}
         async for index, episodes in self.stream_indexed(
-            task_list, n=n, is_validation=is_validation, slots=slots
+            task_list, n=n, is_validation=is_validation, slots=slots, sampling=sampling
         ):
             by_task[index] = episodes
         return [ep for i in range(len(task_list)) for ep in by_task[i]]
@@ -284,8 +287,10 @@ class RolloutEngine:
         is_validation: bool = False,
         *,
         slots: asyncio.Semaphore | None = None,
+        sampling: SamplingParams | None = None,
     ) -> AsyncIterator[tuple[int, list[Episode]]]:
-        """Like :meth:`stream`, with each group's position in ``tasks`` (``slots``: see :meth:`run`)."""
+        """Like :meth:`stream`, with each group's position in ``tasks`` (``slots``, ``sampling``:
+        see :meth:`run`)."""
         await self.start()
         n = self.config.n if n is None else n
         if n < 1:
@@ -301,7 +306,7 @@ class RolloutEngine:
         # jobs more (see WorkerSlots): keep that many in flight from here.
         width = self._pool.capacity if self._pool is not None else self.config.concurrency
         groups = stream_groups(
-            lambda task, ri: self.run_one(task, ri, is_validation=is_validation),
+            lambda task, ri: self.run_one(task, ri, is_validation=is_validation, sampling=sampling),
             tasks,
             n,
             width=width,
@@ -319,17 +324,24 @@ class RolloutEngine:
 
     # ------------------------------------------------------------------ one rollout
     async def run_one(
-        self, task: Task, rollout_index: int = 0, is_validation: bool = False, *, model: str | None = None
+        self,
+        task: Task,
+        rollout_index: int = 0,
+        is_validation: bool = False,
+        *,
+        model: str | None = None,
+        sampling: SamplingParams | None = None,
     ) -> Episode:
         """One rollout with retries and scoring. Never raises (except on cancellation).
 
-        ``model`` (default ``config.model``) is the name the flow is given for this rollout."""
+        ``model`` (default ``config.model``) is the name the flow is given for this rollout;
+        ``sampling`` (default the configured one) its sampling."""
         model = self.config.model if model is None else model
         if self._pool is not None:
             return await run_on_pool(
-                self._pool, task, rollout_index, is_validation, model, self.config.max_retries
+                self._pool, task, rollout_index, is_validation, model, self.config.max_retries, sampling
             )
-        return await self._runner.run(task, rollout_index, is_validation, model)
+        return await self._runner.run(task, rollout_index, is_validation, model, sampling)
 
     def prepare_sandboxes(self, tasks: Iterable[Task]) -> None:
         """Start preparing the sandboxes of rollouts about to run here (a flow worker calls this as

@@ -34,6 +34,7 @@ from rllm.types import (
     Episode,
     ErrorInfo,
     EvalOutput,
+    SamplingParams,
     Task,
     TerminationReason,
     TraceRecord,
@@ -88,15 +89,24 @@ class RolloutRunner:
             self.threads.shutdown(wait=False, cancel_futures=True)
             self.threads = None
 
-    async def run(self, task: Task, rollout_index: int, is_validation: bool, model: str) -> Episode:
+    async def run(
+        self,
+        task: Task,
+        rollout_index: int,
+        is_validation: bool,
+        model: str,
+        sampling: SamplingParams | None = None,
+    ) -> Episode:
         """One rollout with retries and scoring."""
         self.running += 1
         try:
-            return await self._run(task, rollout_index, is_validation, model)
+            return await self._run(task, rollout_index, is_validation, model, sampling)
         finally:
             self.running -= 1
 
-    async def _run(self, task: Task, rollout_index: int, is_validation: bool, model: str) -> Episode:
+    async def _run(
+        self, task: Task, rollout_index: int, is_validation: bool, model: str, sampling: SamplingParams | None
+    ) -> Episode:
         started = time.monotonic()
         retried: list[dict[str, Any]] = []
         attempt = 0
@@ -104,7 +114,7 @@ class RolloutRunner:
             try:
                 # Scored within the attempt: a verifier may use the rollout's sandbox, and one
                 # that fails for a host reason makes the attempt an infra error, retried.
-                episode = await self._attempt(task, rollout_index, is_validation, attempt, model)
+                episode = await self._attempt(task, rollout_index, is_validation, attempt, model, sampling)
             except Exception as exc:  # an engine/gateway-side bug must not sink the batch
                 episode = failed_episode(
                     task.id, rollout_index, TerminationReason.INFRA_ERROR, ErrorInfo.from_exception(exc)
@@ -123,9 +133,16 @@ class RolloutRunner:
         return episode
 
     async def _attempt(
-        self, task: Task, rollout_index: int, is_validation: bool, attempt: int, model: str
+        self,
+        task: Task,
+        rollout_index: int,
+        is_validation: bool,
+        attempt: int,
+        model: str,
+        chosen: SamplingParams | None = None,
     ) -> Episode:
-        sampling = rollout_sampling(self.config.sampling_for(is_validation), task.id, rollout_index)
+        base = chosen if chosen is not None else self.config.sampling_for(is_validation)
+        sampling = rollout_sampling(base, task.id, rollout_index)
         meta = {"task_id": task.id, "rollout_index": rollout_index, "attempt": attempt}
         try:
             session = await self._admin().create_session(sampling=sampling, metadata=meta)

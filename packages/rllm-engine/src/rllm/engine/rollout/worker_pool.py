@@ -29,7 +29,7 @@ import msgspec
 
 from rllm.engine.rollout.episode_builder import failed_episode
 from rllm.engine.rollout.scoring import apply_eval_output
-from rllm.types import Episode, ErrorInfo, EvalOutput, Task, TerminationReason, to_msgpack
+from rllm.types import Episode, ErrorInfo, EvalOutput, SamplingParams, Task, TerminationReason, to_msgpack
 from rllm.types.errors import RLLMError
 from rllm.types.images import pack_episode_images
 
@@ -50,7 +50,13 @@ class WorkerEngine(Protocol):
     async def close(self) -> None: ...
 
     async def run_one(
-        self, task: Task, rollout_index: int = 0, is_validation: bool = False, *, model: str | None = None
+        self,
+        task: Task,
+        rollout_index: int = 0,
+        is_validation: bool = False,
+        *,
+        model: str | None = None,
+        sampling: SamplingParams | None = None,
     ) -> Episode: ...
 
     def prepare_sandboxes(self, tasks: Iterable[Task]) -> None: ...
@@ -69,6 +75,9 @@ class Job(msgspec.Struct, array_like=True):
     rollout_index: int
     is_validation: bool
     model: str  # the driver's current model name: a trainer renames it after remote weight syncs
+    # The sampling of this rollout when its caller chose one (a training step's own seed), else
+    # the worker's configured sampling.
+    sampling: SamplingParams | None = None
 
 
 class Done(msgspec.Struct, array_like=True):

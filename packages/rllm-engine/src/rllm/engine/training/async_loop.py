@@ -33,6 +33,7 @@ import msgspec
 from rllm.engine.training.async_rollouts import AsyncRollouts, FinishedGroup
 from rllm.engine.training.checkpoint import TrainerState
 from rllm.engine.training.dynamic_sampling import SignalCount, max_extra_groups
+from rllm.engine.training.seeding import step_sampling
 from rllm.engine.training.staleness import continued_calls, episode_versions, is_stale
 from rllm.types import Episode, Task
 from rllm.types.errors import StateError
@@ -73,6 +74,10 @@ class AsyncStepper:
         # A step holds its groups until its sync: dynamic sampling's extra groups need room too
         # (the staleness bound is still checked on every group, whatever the window).
         window = (self.k + 1) * cfg.tasks_per_step + max_extra_groups(cfg.algorithm, cfg.tasks_per_step)
+        # Group ``seq`` of this run belongs to the step the synchronous loop would draw it for:
+        # its rollouts sample with that step's seed (rllm.engine.training.seeding).
+        self._first_step = state.step + 1
+        self._base_sampling = engine.config.sampling
         self.rollouts = AsyncRollouts(
             self._run_group, self._next_task, window=window, parallel=window, pending=pending
         )
@@ -87,8 +92,10 @@ class AsyncStepper:
         (task,), self.state.data = self.trainer.sampler.next_batch(1, self.state.data)
         return task
 
-    async def _run_group(self, task: Task) -> list[Episode]:
-        episodes = await self.engine.run([task], n=self.trainer.config.group_size, slots=self._slots)
+    async def _run_group(self, seq: int, task: Task) -> list[Episode]:
+        cfg = self.trainer.config
+        sampling = step_sampling(self._base_sampling, self._first_step + seq // cfg.tasks_per_step)
+        episodes = await self.engine.run([task], n=cfg.group_size, slots=self._slots, sampling=sampling)
         for episode in episodes:  # a multi-turn episode may span versions: keep both ends
             if (versions := episode_versions(episode)) is not None:
                 episode.metrics["weight_version_min"] = float(versions[0])

@@ -26,12 +26,13 @@ class FinishedGroup(NamedTuple):
 
 
 class AsyncRollouts:
-    """Runs ``run_group(task)`` for tasks from ``next_task`` (after ``pending``, e.g. the tasks a
-    checkpoint left unconsumed), ``parallel`` groups at a time, ``window`` outstanding at most."""
+    """Runs ``run_group(seq, task)`` for tasks from ``next_task`` (after ``pending``, e.g. the tasks
+    a checkpoint left unconsumed), ``parallel`` groups at a time, ``window`` outstanding at most;
+    ``seq`` numbers the groups in the order they were handed out, from 0."""
 
     def __init__(
         self,
-        run_group: Callable[[Task], Awaitable[list[Episode]]],
+        run_group: Callable[[int, Task], Awaitable[list[Episode]]],
         next_task: Callable[[], Task],
         *,
         window: int,
@@ -78,7 +79,7 @@ class AsyncRollouts:
             async with self._parallel:
                 self._mark_busy(+1)
                 try:
-                    episodes = await self._run_group(task)
+                    episodes = await self._run_group(seq, task)
                 finally:
                     self._mark_busy(-1)
         except asyncio.CancelledError:

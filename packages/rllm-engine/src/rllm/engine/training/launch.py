@@ -11,13 +11,16 @@ and the algorithm against the backend. Only then is the tiny model built and the
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from rllm.engine.plugins import backend_class, load_cookbook
 from rllm.engine.rollout.early_flow_processes import start_early_for
-from rllm.engine.training.run_folder import check_run_folder
+from rllm.engine.training.init_from import check_init_model, resolve_init_checkpoint
+from rllm.engine.training.model_check import check_model_path
 from rllm.engine.training.task_sampler import check_curriculum
+from rllm.engine.training.train_folder import check_train_folder, ensure_tiny_model
 from rllm.engine.training.trainer import Trainer, validate_algorithm
 from rllm.engine.training.trainer_config import TrainerConfig, load_config
 from rllm.sdk.cookbook import Cookbook
@@ -35,12 +38,13 @@ def build_trainer(
     out_dir: str | None = None,
     resume: bool | None = None,
     overwrite: bool = False,
+    allow_changes: tuple[str, ...] | list[str] = (),
     cookbook: Cookbook | None = None,
 ) -> Trainer:
     """The Trainer for cookbook ``name`` (or for ``cookbook`` itself, named ``name``, e.g. a
-    registered dataset with another cookbook's agent); pass the same ``resume``/``overwrite``
-    to its ``fit``. Given ``resume`` (True or False), the run folder is checked here, before
-    anything is built; left None, only ``fit`` checks it."""
+    registered dataset with another cookbook's agent); pass the same ``resume``/``overwrite``/
+    ``allow_changes`` to its ``fit``. Given ``resume`` (True or False), the run folder is checked
+    here, before anything is built; left None, only ``fit`` checks it."""
     config, cookbook = load_train_config(
         name,
         cookbook=cookbook,
@@ -49,7 +53,7 @@ def build_trainer(
         backend=backend,
         out_dir=out_dir,
     )
-    return assemble_trainer(config, cookbook, resume=resume, overwrite=overwrite)
+    return assemble_trainer(config, cookbook, resume=resume, overwrite=overwrite, allow_changes=allow_changes)
 
 
 def load_train_config(
@@ -64,6 +68,7 @@ def load_train_config(
     """The layered, checked TrainerConfig and the cookbook with its options; nothing built."""
     cookbook = cookbook or load_cookbook(name)
     base: dict[str, Any] = {"out_dir": f"runs/{name}", **cookbook.train_defaults, "cookbook": name}
+    refuse_flag_conflicts({"--backend": ("backend.name", backend), "--out": ("out_dir", out_dir)}, overrides)
     flags = [f"backend.name={backend}"] if backend else []
     flags += [f"out_dir={out_dir}"] if out_dir else []
     config = load_config(config_path, [*flags, *overrides], base=base)
@@ -76,17 +81,37 @@ def load_train_config(
     return config, cookbook
 
 
+def refuse_flag_conflicts(flags: Mapping[str, tuple[str, str | None]], overrides: Iterable[str]) -> None:
+    """A flag (``--backend tinker``) and a ``key=value`` override of the key it sets
+    (``backend.name=verl``) that disagree: refused naming both, never one silently winning."""
+    for flag, (key, value) in flags.items():
+        if value is None:
+            continue
+        for item in overrides:
+            name, sep, given = item.partition("=")
+            if sep and name.strip() == key and given.strip().strip("'\"") != str(value):
+                raise ConfigError.for_key(key, f"{flag} {value} and {key}={given} disagree: pass one of them")
+
+
 def assemble_trainer(
-    config: TrainerConfig, cookbook: Cookbook, *, resume: bool | None = None, overwrite: bool = False
+    config: TrainerConfig,
+    cookbook: Cookbook,
+    *,
+    resume: bool | None = None,
+    overwrite: bool = False,
+    allow_changes: tuple[str, ...] | list[str] = (),
 ) -> Trainer:
     """:func:`build_trainer` after its config: the run folder (given ``resume``), the backend's
-    options and the algorithm checked, then the tiny model built (``model = "tiny"``)."""
+    options and the algorithm checked, then the tiny model built (``model = "tiny"``), then
+    ``init_from``'s model checked against the run's (tokenizer, vocab and hidden size), all before
+    the backend loads anything."""
     if resume is not None:
-        check_run_folder(Path(config.out_dir), resume=resume, overwrite=overwrite)
+        check_train_folder(config, cookbook, resume=resume, overwrite=overwrite, allow_changes=allow_changes)
     cls = backend_class(config.backend.name)
     options = dict(config.backend.options)
     options.setdefault("seed", config.seed)
     tiny = options.get("model", TINY_MODEL) == TINY_MODEL
+    check_model_path(str(options.get("model", TINY_MODEL)))
     if tiny and not hasattr(cls, "init_tiny_model"):
         raise ConfigError(
             f"backend {config.backend.name!r} cannot build a tiny model: set backend.options.model"
@@ -103,8 +128,12 @@ def assemble_trainer(
                 # processes start first and import theirs meanwhile (Trainer.fit adopts them).
                 early = start_early_for(config, cookbook)
             options["model"] = str(
-                init_tiny_model(target, cookbook=cookbook, backend_cls=cls, seed=config.seed)
+                init_tiny_model(
+                    target, cookbook=cookbook, backend=config.backend.name, backend_cls=cls, seed=config.seed
+                )
             )
+        if config.init_from:
+            check_init_model(resolve_init_checkpoint(config.init_from), str(options.get("model")))
         trainer = Trainer(config, cookbook, make_backend(cls, config.backend.name, options))
     except BaseException:
         if early is not None:
@@ -136,7 +165,10 @@ def check_splits(config: TrainerConfig, cookbook: Cookbook) -> None:
 
 
 def make_backend(cls: Any, name: str, options: dict[str, Any]) -> Any:
-    """``cls(options)``; its option errors become ConfigErrors under ``backend.options``."""
+    """``cls(options)``, its extra checked installed first; its option errors become
+    ConfigErrors under ``backend.options``."""
+    if (check := getattr(cls, "check_installed", None)) is not None:
+        check()
     try:
         return cls(options)
     except ConfigError as exc:
@@ -152,11 +184,13 @@ def make_backend(cls: Any, name: str, options: dict[str, Any]) -> Any:
 def init_tiny_model(
     path: Path, *, cookbook: Cookbook, backend: str = "tinker", backend_cls: Any = None, seed: int = 0
 ) -> Path:
-    """Build (once) a tiny random model whose tokenizer covers the cookbook's task vocabulary."""
-    if (path / "config.json").is_file():
-        return path
+    """A tiny random model whose tokenizer covers the cookbook's task vocabulary: the one at
+    ``path`` when it was built from the same words and seed, else built there
+    (:func:`rllm.engine.training.train_folder.ensure_tiny_model`)."""
     cls = backend_cls or backend_class(backend)
-    return cls.init_tiny_model(path, vocab_words=task_vocabulary(cookbook), seed=seed)
+    return ensure_tiny_model(
+        Path(path), task_vocabulary(cookbook), backend=backend, backend_cls=cls, seed=seed
+    )
 
 
 def task_vocabulary(cookbook: Cookbook) -> list[str]:

