@@ -56,10 +56,13 @@ class TinkerBackendConfig(AdamWSettings, kw_only=True, forbid_unknown_fields=Tru
     lora: LoraConfig = msgspec.field(default_factory=LoraConfig)
     # How one train_step is cut: the batch is split into ``mini_batches`` optimizer steps, repeated
     # ``ppo_epochs`` times. Each mini-batch is further cut into micro-batches of at most
-    # ``micro_batch_tokens`` padded tokens for gradient accumulation (0 = no cut).
+    # ``micro_batch_tokens`` padded tokens for gradient accumulation: "auto" (local service) picks
+    # them from the step's memory estimate (local/memory.py; about 1024 on CPU, the whole
+    # mini-batch on a GPU with room), a number is a ceiling (lowered, with one warning line, when
+    # the estimate says it cannot fit), 0 = no cut.
     mini_batches: int = 1
     ppo_epochs: int = 1
-    micro_batch_tokens: int = 0
+    micro_batch_tokens: int | Literal["auto"] = "auto"
     # Local service: lay sequences end to end in rows of at most this many tokens for the forward
     # pass (attention stays inside each sequence: block-diagonal causal mask, positions restart),
     # so short sequences stop paying for padding. 0 = one sequence a row.
@@ -94,7 +97,16 @@ class TinkerBackendConfig(AdamWSettings, kw_only=True, forbid_unknown_fields=Tru
     # "none": no sampler at all, only training, checkpoints and held-out loss (`rllm sft`'s
     # default: no second copy of the weights, no sampler thread or HTTP server to start).
     sampler_weights: Literal["copy", "shared", "none"] = "copy"
-    gradient_checkpointing: bool = False
+    # Local service: decoder layers keep only their input for backward and recompute the rest
+    # (about a third more compute, a fraction of the activation memory). "auto": on when the
+    # memory estimate says the micro-batch would otherwise have to shrink below its target.
+    gradient_checkpointing: bool | Literal["auto"] = "auto"
+    # Local service: the loss's logprobs take the full-vocabulary logits this many positions at a
+    # time (local/logprobs.py); "auto": about 64 MiB of float32 logits on CPU, 512 MiB on CUDA.
+    logits_chunk_tokens: int | Literal["auto"] = "auto"
+    # Local service: the most memory (GiB) a training step may plan for (resident on CPU, torch's
+    # allocations on CUDA); 0 = what the process holds plus 90% of what is free at the first step.
+    memory_limit_gb: float = 0.0
     # remote service
     remote: RemoteConfig = msgspec.field(default_factory=RemoteConfig)
 
@@ -102,7 +114,17 @@ class TinkerBackendConfig(AdamWSettings, kw_only=True, forbid_unknown_fields=Tru
         checks = [
             (self.mini_batches >= 1, "mini_batches", "must be >= 1"),
             (self.ppo_epochs >= 1, "ppo_epochs", "must be >= 1"),
-            (self.micro_batch_tokens >= 0, "micro_batch_tokens", "must be >= 0"),
+            (
+                self.micro_batch_tokens == "auto" or self.micro_batch_tokens >= 0,
+                "micro_batch_tokens",
+                'must be >= 0 or "auto"',
+            ),
+            (
+                self.logits_chunk_tokens == "auto" or self.logits_chunk_tokens >= 1,
+                "logits_chunk_tokens",
+                'must be >= 1 or "auto"',
+            ),
+            (self.memory_limit_gb >= 0, "memory_limit_gb", "must be >= 0 (0 = what the machine has free)"),
             (self.pack_tokens >= 0, "pack_tokens", "must be >= 0"),
             *((False, key, message) for key, message in self.adamw_problems()),
             (self.lora.rank >= 0, "lora.rank", "must be >= 0"),

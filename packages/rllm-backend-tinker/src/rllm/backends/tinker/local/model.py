@@ -103,9 +103,6 @@ def load_policy(config: TinkerBackendConfig, device: torch.device, dtype: torch.
             task_type="CAUSAL_LM",
         )
         model = get_peft_model(model, lora)
-    if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-        model.train()
-    else:
-        model.eval()
+    # Gradient checkpointing is the trainer's (local/recompute.py): it needs no training mode.
+    model.eval()
     return model

@@ -37,6 +37,16 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+def sampler_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """The sampler's own copy of the policy. Weights that never train (LoRA's frozen base) are the
+    same tensors in both: only the trainable ones, which sync_weights copies, are duplicated."""
+    frozen = {id(p): p for p in model.parameters() if not p.requires_grad}
+    copied = copy.deepcopy(model, memo=dict(frozen)).eval()
+    for p in copied.parameters():
+        p.requires_grad_(False)
+    return copied
+
+
 class LocalService:
     """Trains with torch in-process and serves the synced weights over OpenAI-compatible HTTP."""
 
@@ -86,12 +96,7 @@ class LocalService:
             logger.info("local tinker service: %s on %s (%s, %d threads), no sampler", cfg.model,
                         self.device, self.dtype, threads)  # fmt: skip
             return
-        if cfg.sampler_weights == "copy":
-            sampler_model = copy.deepcopy(model).eval()
-            for p in sampler_model.parameters():
-                p.requires_grad_(False)
-        else:
-            sampler_model = model
+        sampler_model = sampler_copy(model) if cfg.sampler_weights == "copy" else model
         self.engine = SamplerEngine(
             sampler_model,
             tokenizer,

@@ -2,8 +2,8 @@
 the student's logprobs of the teacher's top-k tokens at every position, from the same forward
 pass that gives its per-token logprobs, then rllm.algos' ``compute_topk_distill_loss``.
 
-Padded and packed micro-batches give the same values: a packed pass gathers each sequence's
-positions back to one sequence a row, the top-k included (see local/packing.py).
+Padded and packed micro-batches give the same values: the logits are taken (local/logprobs.py)
+only at each sequence's trained positions, wherever a packed row holds them (local/packing.py).
 """
 
 from __future__ import annotations
@@ -12,72 +12,41 @@ import torch
 
 from rllm.algos.config import AlgorithmConfig
 from rllm.backends.tinker.local.batching import PaddedBatch
+from rllm.backends.tinker.local.logprobs import LogitHead, token_stats
 from rllm.types.errors import InputError
 
 
 def student_topk_logprobs(
-    model: torch.nn.Module, batch: PaddedBatch
+    model: torch.nn.Module, head: LogitHead, batch: PaddedBatch, *, chunk: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token logprobs of ``batch.targets`` [B, L-1], the student's logprobs of the teacher's
-    top-k tokens [B, L-1, k] and its log mass outside them [B, L-1], all with gradient."""
-    from rllm.algos.losses.distill import topk_and_tail
-
+    top-k tokens [B, L-1, k] and its log mass outside them [B, L-1], all with gradient, at the
+    trained positions (0 elsewhere), the logits taken ``chunk`` positions at a time."""
     ids = batch.teacher_ids
     if ids is None:
         raise InputError(
             "the top-k distillation loss got sequences without the teacher's top-k (TrainSequence."
             "teacher_topk); run it through `rllm distill` with distill.loss=topk"
         )
-    packed = batch.packed
-    if packed is None:
-        logits = (
-            model(
-                input_ids=batch.input_ids,
-                attention_mask=batch.attention_mask,
-                use_cache=False,
-                **batch.model_inputs,
-            )
-            .logits[:, :-1, :]
-            .float()
-        )
-        top, tail = topk_and_tail(logits, ids)
-        logprobs = logits.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
-        return logprobs, top, tail
-    logits = (
-        model(
-            input_ids=packed.input_ids,
-            attention_mask=packed.attention_mask,
-            position_ids=packed.position_ids,
-            use_cache=False,
-        )
-        .logits[:, :-1, :]
-        .float()
-    )
-    targets = packed.input_ids[:, 1:]
-    logprobs = packed.gather(
-        logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
-    )
-    # The teacher's ids laid out like the packed rows (0 on padding), then each sequence's
-    # positions gathered back to one sequence a row.
-    packed_ids = torch.zeros((*logits.shape[:2], ids.shape[-1]), dtype=ids.dtype, device=ids.device)
-    packed_ids[packed.rows[packed.valid], packed.cols[packed.valid]] = ids[packed.valid]
-    top, tail = topk_and_tail(logits, packed_ids)
-    valid = packed.valid
-    top = top[packed.rows, packed.cols]
-    return logprobs, torch.where(valid.unsqueeze(-1), top, torch.zeros_like(top)), packed.gather(tail)
+    stats = token_stats(model, head, batch, chunk=chunk, teacher_ids=ids)
+    assert stats.topk is not None and stats.tail is not None  # asked for with teacher_ids
+    return stats.logprobs, stats.topk, stats.tail
 
 
 def topk_distill_loss(
     model: torch.nn.Module,
+    head: LogitHead,
     batch: PaddedBatch,
     algo: AlgorithmConfig,
     num_tokens: float,
     num_sequences: float,
+    *,
+    chunk: int,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """(per-token logprobs, scalar loss, metrics) of one micro-batch under a top-k loss."""
     from rllm.algos.losses.distill import compute_topk_distill_loss
 
-    logprobs, student, tail = student_topk_logprobs(model, batch)
+    logprobs, student, tail = student_topk_logprobs(model, head, batch, chunk=chunk)
     assert batch.teacher_logprobs is not None  # set with teacher_ids (batching.teacher_topk_tensors)
     loss, metrics = compute_topk_distill_loss(
         student,

@@ -13,7 +13,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -22,6 +22,7 @@ from rllm.algos.config import AlgorithmConfig
 from rllm.algos.losses import zero_advantage_rows_inert
 from rllm.algos.registry import get_loss
 from rllm.backends.tinker.config import TinkerBackendConfig
+from rllm.backends.tinker.local import recompute
 from rllm.backends.tinker.local.batching import (
     PaddedBatch,
     check_sequences,
@@ -29,8 +30,12 @@ from rllm.backends.tinker.local.batching import (
     split_inert_rows,
     split_micro_batches,
 )
+from rllm.backends.tinker.local.host_memory import release_free_memory
+from rllm.backends.tinker.local.logprobs import LogitHead, check_head, token_stats
 from rllm.backends.tinker.local.loss import policy_loss
+from rllm.backends.tinker.local.memory import MemoryPlan, StepPlanner
 from rllm.backends.tinker.local.packing import pack_layout, plan_packed_micro_batches
+from rllm.backends.tinker.local.reference import ReferencePolicy
 from rllm.backends.tinker.local.topk import topk_distill_loss
 from rllm.backends.tinker.local.vision import VisionInputs
 from rllm.tinker_api.batching import split_mini_batches
@@ -38,52 +43,10 @@ from rllm.types import FloatArray, TrainSequence
 from rllm.types.errors import InputError
 
 if TYPE_CHECKING:
-    from peft import PeftModel
-
     from rllm.backends.tinker.local.model import PolicyModel
 
 # Loss metrics that micro-batches add up (global denominators); the rest are token-weighted means.
 _SUMMED_METRICS = {"loss", "policy_loss", "num_tokens"}
-
-
-def token_logprobs_and_entropy(
-    model: torch.nn.Module, batch: PaddedBatch, *, with_entropy: bool = True, entropy_grad: bool = False
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-token logprobs of ``batch.targets`` ([B, L-1], float32) and, optionally, the policy's
-    entropy at each position — with gradient only when it is a loss term (``entropy_coef``),
-    otherwise it is a metric and costs no backward memory. A packed batch runs its packed rows
-    and gathers the values back to one sequence a row."""
-    packed = batch.packed
-    if packed is None:
-        logits = model(
-            input_ids=batch.input_ids,
-            attention_mask=batch.attention_mask,
-            use_cache=False,
-            **batch.model_inputs,
-        ).logits
-        return _logprobs_and_entropy(logits, batch.targets, with_entropy, entropy_grad)
-    logits = model(
-        input_ids=packed.input_ids,
-        attention_mask=packed.attention_mask,
-        position_ids=packed.position_ids,
-        use_cache=False,
-    ).logits
-    logprobs, entropy = _logprobs_and_entropy(logits, packed.input_ids[:, 1:], with_entropy, entropy_grad)
-    return packed.gather(logprobs), None if entropy is None else packed.gather(entropy)
-
-
-def _logprobs_and_entropy(
-    logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool, entropy_grad: bool
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    logits = logits[:, :-1, :].float()
-    log_norm = torch.logsumexp(logits, dim=-1)
-    logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm
-    entropy = None
-    if with_entropy or entropy_grad:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            probs = torch.softmax(logits, dim=-1)
-            entropy = log_norm - (probs * logits).sum(-1)
-    return logprobs, entropy
 
 
 class LocalTrainer:
@@ -117,27 +80,37 @@ class LocalTrainer:
         head = model.get_output_embeddings()
         assert head is not None  # causal and image-text-to-text LMs have an output head
         self.vocab_size = int(head.weight.shape[0])
+        # Logprobs from the final hidden states, the head applied a chunk at a time (local/logprobs.py).
+        self.head = check_head(model, LogitHead(model), self.vocab_size)
         self.optimizer_steps = 0
+        checkpointable = recompute.install(model) > 0
+        if config.gradient_checkpointing is True and not checkpointable:
+            raise InputError(
+                f"gradient_checkpointing=true, but {type(model).__name__} has no decoder layers that can "
+                'recompute (transformers\' GradientCheckpointingLayer); set it to false or "auto"'
+            )
+        # Micro-batch, checkpointing and logits chunk from the step's memory estimate (local/memory.py).
+        self.memory = StepPlanner(model, config, device, checkpointable)
         # What a packed micro-batch's attention mask is built for (see local/packing.py).
         self._attention = str(getattr(model.config, "_attn_implementation", None) or "eager")
         self._dtype = next(model.parameters()).dtype
-        self._reference_loader = reference_loader
-        self._reference: torch.nn.Module | None = None
+        self.reference = ReferencePolicy(model, self.head, self.vocab_size, reference_loader)
 
-    # reference policy (KL) -------------------------------------------------------------------
-    def reference_logprobs(self, batch: PaddedBatch) -> torch.Tensor:
-        """Logprobs under the initial weights: the base model with adapters off (LoRA) or a frozen
-        copy loaded from the model path (full fine-tuning), loaded on first use."""
-        with torch.no_grad():
-            if hasattr(self.model, "disable_adapter"):
-                # hasattr does not narrow the type: the model is the peft wrapper (LoRA).
-                with cast("PeftModel", self.model).disable_adapter():
-                    return token_logprobs_and_entropy(self.model, batch, with_entropy=False)[0]
-            if self._reference is None:
-                if self._reference_loader is None:
-                    raise InputError("kl_coef > 0 needs a reference model, but none can be loaded")
-                self._reference = self._reference_loader()
-            return token_logprobs_and_entropy(self._reference, batch, with_entropy=False)[0]
+    def plan_memory(
+        self, batch: list[TrainSequence], groups: list[list[int]], algo: AlgorithmConfig | None = None
+    ) -> MemoryPlan:
+        """The memory plan covering ``batch`` cut into ``groups`` (made before the first step;
+        InputError when a step cannot fit, see local/memory.py)."""
+        reference = self.reference.bytes_to_load() if algo is not None and algo.kl_coef > 0 else 0
+        optimizer_allocated = bool(self.optimizer.state)
+        return self.memory.plan_for(
+            batch, groups, optimizer_allocated=optimizer_allocated, reference_bytes=reference
+        )
+
+    def _plan(self) -> MemoryPlan:
+        plan = self.memory.plan
+        assert plan is not None  # every entry point plans before its first forward pass
+        return plan
 
     # the Tinker-style primitives -------------------------------------------------------------
     def forward_backward(
@@ -161,6 +134,7 @@ class LocalTrainer:
         the policy's logprobs onto each computed sequence's ``trainer_logprobs`` (token truth:
         the engine compares them with the sampler's).
         """
+        plan = self.plan_memory(batch, [indices], algo)
         rows, inert_tokens, inert_sequences = indices, 0.0, 0.0
         # Token truth wants every row's trainer logprobs: rows are left out only where they were
         # taken already (several updates a batch record them in a snapshot first).
@@ -182,44 +156,64 @@ class LocalTrainer:
         # Distillation toward the teacher's top-k (local/topk.py) instead of a policy loss.
         topk = get_loss(algo.loss).teacher_topk
         for piece in padded:
-            share = piece.num_tokens / computed_tokens  # for averaging per-token metrics
-            if topk:
-                logprobs, loss, metrics = topk_distill_loss(
-                    self.model, piece, algo, num_tokens, num_sequences
+            with recompute.recomputing(plan.checkpointing):
+                logprobs, metrics = self._piece_backward(
+                    piece, algo, old_logprobs, num_tokens, num_sequences, topk=topk, entropy_grad=entropy_grad
                 )
-            else:
-                logprobs, entropy = token_logprobs_and_entropy(self.model, piece, entropy_grad=entropy_grad)
-                if old_logprobs is None:
-                    old = logprobs.detach()
-                else:
-                    old = _stack_rows(
-                        [old_logprobs[i] for i in piece.indices], logprobs.shape[1], self.device
-                    )
-                ref = self.reference_logprobs(piece) if algo.kl_coef > 0 else None
-                loss, metrics = policy_loss(
-                    logprobs,
-                    old,
-                    piece.advantages,
-                    piece.mask,
-                    algo,
-                    sampler_logprobs=piece.sampler_logprobs,
-                    ref_logprobs=ref,
-                    entropy=entropy,
-                    num_tokens=num_tokens,
-                    num_sequences=num_sequences,
-                )
-            loss.backward()
             if record_logprobs:
-                record_trainer_logprobs(batch, piece.indices, logprobs.detach())
+                record_trainer_logprobs(batch, piece.indices, logprobs)
+            share = piece.num_tokens / computed_tokens  # for averaging per-token metrics
             for key, value in metrics.items():
                 sums[key] += float(value) * (1.0 if key in _SUMMED_METRICS else share)
-            gap = (logprobs.detach() - piece.sampler_logprobs).abs()
+            gap = (logprobs - piece.sampler_logprobs).abs()
             diff = torch.where(piece.mask > 0, gap, torch.zeros_like(gap)).sum() / piece.num_tokens
             sums["sampler_logprob_abs_diff"] += float(diff) * share
         sums["num_sequences"] = num_sequences
         sums["num_tokens"] = num_tokens
         sums["inert_sequences"] = inert_sequences
         return dict(sums)
+
+    def _piece_backward(
+        self,
+        piece: PaddedBatch,
+        algo: AlgorithmConfig,
+        old_logprobs: dict[int, torch.Tensor] | None,
+        num_tokens: float,
+        num_sequences: float,
+        *,
+        topk: bool,
+        entropy_grad: bool,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """One micro-batch's forward and backward; (its detached logprobs, its loss metrics)."""
+        chunk = self._plan().logits_chunk
+        if topk:
+            logprobs, loss, metrics = topk_distill_loss(
+                self.model, self.head, piece, algo, num_tokens, num_sequences, chunk=chunk
+            )
+        else:
+            stats = token_stats(
+                self.model, self.head, piece, chunk=chunk, with_entropy=True, entropy_grad=entropy_grad
+            )
+            logprobs, entropy = stats.logprobs, stats.entropy
+            if old_logprobs is None:
+                old = logprobs.detach()
+            else:
+                old = _stack_rows([old_logprobs[i] for i in piece.indices], logprobs.shape[1], self.device)
+            ref = self.reference.logprobs(piece, chunk=chunk) if algo.kl_coef > 0 else None
+            loss, metrics = policy_loss(
+                logprobs,
+                old,
+                piece.advantages,
+                piece.mask,
+                algo,
+                sampler_logprobs=piece.sampler_logprobs,
+                ref_logprobs=ref,
+                entropy=entropy,
+                num_tokens=num_tokens,
+                num_sequences=num_sequences,
+            )
+        loss.backward()
+        return logprobs.detach(), metrics
 
     def optim_step(self, guard: Callable[[], AbstractContextManager[None]] | None = None) -> float:
         """Clip the global grad norm, apply AdamW, clear gradients; returns the pre-clip norm.
@@ -253,6 +247,7 @@ class LocalTrainer:
             )
         cfg = self.config
         groups = split_mini_batches(len(batch), cfg.mini_batches, cfg.shuffle_seed)
+        plan = self.plan_memory(batch, groups, algo)  # before any work: refuses a step that cannot fit
         old = None
         if len(groups) * cfg.ppo_epochs > 1:  # later updates need the pre-update policy's logprobs
             old = self._snapshot_logprobs(batch, groups)
@@ -281,18 +276,27 @@ class LocalTrainer:
         out["grad_norm_max"] = max(grad_norms)
         out["optimizer_steps"] = float(steps)
         out["lr"] = float(self.optimizer.param_groups[0]["lr"])
+        out["micro_batch_tokens"] = float(plan.micro_batch_tokens)
+        out["memory_estimate_gb"] = plan.estimate.total / 1e9
         out["train_step_s"] = time.perf_counter() - started
+        # The step's working memory is free now: give it back (the next phase may run elsewhere).
+        release_free_memory()
         return out
 
     def eval_loss(self, batch: list[TrainSequence]) -> dict[str, float]:
         """Held-out negative log-likelihood of the loss-mask tokens (mean per token), no update."""
         check_sequences(batch, self.vocab_size)
+        everything = list(range(len(batch)))
+        self.plan_memory(batch, [everything])
         total, count = 0.0, 0.0
         with torch.no_grad():
-            for padded in self._pieces(batch, list(range(len(batch)))):
-                logprobs, _ = token_logprobs_and_entropy(self.model, padded, with_entropy=False)
+            for padded in self._pieces(batch, everything):
+                logprobs = token_stats(
+                    self.model, self.head, padded, chunk=self._plan().logits_chunk
+                ).logprobs
                 total += float(-(logprobs * padded.mask).sum())
                 count += padded.num_tokens
+        release_free_memory()
         if count == 0:
             raise InputError("eval_loss got a batch without a trained token (every loss_mask is 0)")
         return {"loss": total / count, "num_tokens": count}
@@ -307,13 +311,11 @@ class LocalTrainer:
     def _pieces(self, batch: list[TrainSequence], indices: list[int]) -> list[PaddedBatch]:
         """``batch[indices]`` as micro-batches: padded one sequence a row, or packed (``pack_tokens``)."""
         cfg = self.config
+        micro = self._plan().micro_batch_tokens
         if not cfg.pack_tokens:
-            return [
-                self._pad(batch, piece)
-                for piece in split_micro_batches(batch, indices, cfg.micro_batch_tokens)
-            ]
+            return [self._pad(batch, piece) for piece in split_micro_batches(batch, indices, micro)]
         pieces: list[PaddedBatch] = []
-        for rows in plan_packed_micro_batches(batch, indices, cfg.pack_tokens, cfg.micro_batch_tokens):
+        for rows in plan_packed_micro_batches(batch, indices, cfg.pack_tokens, micro):
             padded = pad(batch, [i for row in rows for i in row], self.pad_id, self.device)
             padded.packed = pack_layout(batch, rows, self.pad_id, self.device, self._attention, self._dtype)
             pieces.append(padded)
@@ -338,7 +340,9 @@ class LocalTrainer:
         with torch.no_grad():
             for indices in groups:
                 for padded in self._pieces(batch, indices):
-                    logprobs, _ = token_logprobs_and_entropy(self.model, padded, with_entropy=False)
+                    logprobs = token_stats(
+                        self.model, self.head, padded, chunk=self._plan().logits_chunk
+                    ).logprobs
                     for row, i in enumerate(padded.indices):
                         snapshot[i] = logprobs[row, : len(batch[i].input_ids) - 1]
         return snapshot

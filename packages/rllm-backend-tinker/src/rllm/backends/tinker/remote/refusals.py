@@ -20,8 +20,8 @@ def check_supported(algo: AlgorithmConfig, config: TinkerBackendConfig) -> None:
         problems.append(
             "`lora.target_modules`: Tinker chooses its LoRA targets itself; leave it 'all-linear'"
         )
-    if config.micro_batch_tokens:
-        problems.append("`micro_batch_tokens`: Tinker splits requests itself; leave it 0")
+    if config.micro_batch_tokens not in ("auto", 0):
+        problems.append('`micro_batch_tokens`: Tinker splits requests itself; leave it "auto"')
     if config.pack_tokens:
         problems.append("`pack_tokens`: packing is done by the local service only; leave it 0")
     if problems:
