@@ -163,7 +163,10 @@ def _config(k: int, tasks_per_step: int, group_size: int, policy: str, steps: in
         group_size=group_size,
         sample_groups=0,
         progress=False,
-        algorithm=AlgorithmConfig(filter_zero_variance=False, tis="token"),
+        # A group of one has no group baseline: REINFORCE then (GRPO at group_size 1 is refused).
+        algorithm=AlgorithmConfig(
+            filter_zero_variance=False, tis="token", estimator="grpo" if group_size > 1 else "reinforce"
+        ),
         health=HealthSection(probe_sequences=0),  # the stand-in backend has no sampler to probe
         rollout=training_rollout(max_staleness=k, stale_policy=policy),
     )

@@ -210,7 +210,14 @@ async def test_the_cap_stops_a_step_that_finds_no_signal() -> None:
 
 def test_dynamic_sampling_is_refused_where_no_group_can_carry_a_signal() -> None:
     with pytest.raises(ConfigError) as caught:
-        load_train_config("say-single", overrides=["algorithm.dynamic_sampling.enabled=true", "group_size=1"])
+        load_train_config(
+            "say-single",
+            overrides=[
+                "algorithm.dynamic_sampling.enabled=true",
+                "group_size=1",
+                "algorithm.estimator=reinforce",
+            ],
+        )
     assert caught.value.key == "algorithm.dynamic_sampling.enabled" and "group_size=1" in str(caught.value)
     with pytest.raises(ConfigError) as caught:
         load_train_config(
