@@ -70,6 +70,28 @@ def test_turn_credit_discounts_and_compares_same_turns() -> None:
     assert c.trajectories[0].steps[0].advantage == pytest.approx(0.5 - mean0)
 
 
+def test_turn_credit_skips_a_trajectory_with_no_turn_and_trains_the_rest() -> None:
+    """A rollout cut off before its first model call has no turn: it takes no cell (nothing to
+    credit), the group's other turns are compared as if it were absent, and the step goes on."""
+
+    def traj(outcome, turns):
+        return Trajectory(
+            role="solver", steps=[Step(completion_ids=[1]) for _ in range(turns)], reward=outcome
+        )
+
+    timed_out = Episode(task_id="t", rollout_index=2, trajectories=[traj(0.0, 0)])
+    a = Episode(task_id="t", trajectories=[traj(1.0, 1)])
+    b = Episode(task_id="t", rollout_index=1, trajectories=[traj(0.0, 1)])
+    config = AlgorithmConfig(estimator="drgrpo", step_credit="turn")
+    metrics = compute_advantages(group_trajectories([a, b, timed_out]), config)
+    assert a.trajectories[0].steps[0].advantage == pytest.approx(0.5)
+    assert b.trajectories[0].steps[0].advantage == pytest.approx(-0.5)
+    assert metrics["max"] == pytest.approx(0.5)
+    # A group none of whose rollouts got a turn: nothing to credit, no error.
+    nothing = [Episode(task_id="u", rollout_index=i, trajectories=[traj(0.0, 0)]) for i in range(2)]
+    assert compute_advantages(group_trajectories(nothing), config)["mean"] == 0.0
+
+
 def test_turn_estimator_name_forces_turn_credit() -> None:
     episodes = [episode("t", {"solver": float(i)}, index=i, steps=2) for i in range(3)]
     compute_advantages(group_trajectories(episodes), AlgorithmConfig(estimator="turn", gamma=0.5))

@@ -53,9 +53,11 @@ def compute_advantages(groups: Sequence[TrajectoryGroup], config: AlgorithmConfi
         else:
             adv = _broadcast_credit(role_groups, spec, config)
         all_adv.append(adv)
-        metrics[f"{role}/mean"] = float(adv.mean())
-        metrics[f"{role}/std"] = float(adv.std())
+        metrics[f"{role}/mean"] = float(adv.mean()) if adv.size else 0.0
+        metrics[f"{role}/std"] = float(adv.std()) if adv.size else 0.0
     flat = np.concatenate(all_adv)
+    if not flat.size:  # turn-level credit over trajectories none of which has a turn
+        return {**metrics, "mean": 0.0, "std": 0.0, "min": 0.0, "max": 0.0}
     metrics.update(
         {
             "mean": float(flat.mean()),
@@ -89,16 +91,17 @@ def _turn_credit(groups: list[TrajectoryGroup], spec: EstimatorSpec, config: Alg
     outcome, traj_group = group_rewards(groups)
     trajectories = [t for g in groups for t in g.trajectories]
     lengths = np.fromiter((len(t.steps) for t in trajectories), dtype=np.int64, count=len(trajectories))
-    if (lengths == 0).any():
-        bad = int(np.flatnonzero(lengths == 0)[0])
-        raise AlgorithmInputError(
-            f"turn-level credit needs steps, but trajectory {trajectories[bad].id!r} has none"
-        )
+    # A trajectory with no turn (e.g. a rollout cut off before its first model call) has nothing to
+    # credit and no turn to compare: it takes no cell, and its group's other turns still train.
+    if not lengths.any():
+        return np.zeros(0)
     n, width = len(trajectories), int(lengths.max())
     valid = np.arange(width)[None, :] < lengths[:, None]
     step_rewards = np.zeros((n, width))
     step_tokens = np.zeros((n, width))
     for i, trajectory in enumerate(trajectories):
+        if not trajectory.steps:
+            continue
         for t, step in enumerate(trajectory.steps[:-1]):
             if step.reward is not None:
                 step_rewards[i, t] = step.reward
@@ -108,7 +111,8 @@ def _turn_credit(groups: list[TrajectoryGroup], spec: EstimatorSpec, config: Alg
     if not np.isfinite(step_rewards).all():
         i, t = (int(v) for v in np.argwhere(~np.isfinite(step_rewards))[0])
         raise RewardError(f"step {t} of trajectory {trajectories[i].id!r} has reward {step_rewards[i, t]}")
-    step_rewards[np.arange(n), lengths - 1] = outcome
+    with_turns = np.flatnonzero(lengths)
+    step_rewards[with_turns, lengths[with_turns] - 1] = outcome[with_turns]
     # Returns-to-go: one vectorised pass per turn index (turns are few; groups may be many).
     returns = np.zeros_like(step_rewards)
     running = np.zeros(n)
