@@ -31,6 +31,9 @@ class BackendBase(Generic[C]):
     # launcher calls ``check_installed`` before anything starts (not 30 s in, at the import).
     requires: ClassVar[tuple[str, ...]] = ()
     install: ClassVar[str] = ""
+    # Whether its sampler scores given token ids (vLLM's ``prompt_logprobs``): the training-health
+    # probe of ``weights_stale`` needs it; a backend without it has that check off, said once.
+    scores_prompts: ClassVar[bool] = True
 
     @classmethod
     def check_installed(cls) -> None:

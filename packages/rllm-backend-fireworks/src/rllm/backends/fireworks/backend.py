@@ -33,6 +33,7 @@ class FireworksBackend(BackendBase[FireworksBackendConfig]):
     """Implements rllm.engine's Backend protocol on Fireworks (see README.md)."""
 
     name = "fireworks"
+    scores_prompts = False  # a deployment's completions take no prompt_logprobs batch
     options_type = FireworksBackendConfig
 
     def __init__(

@@ -24,7 +24,12 @@ from rllm.engine.data.sft import (
 )
 from rllm.engine.data.stored_ids import RETOKENIZE, made_by, stored_by
 from rllm.engine.plugins import backend_class
-from rllm.engine.training.launch import TINY_MODEL, make_backend, refuse_flag_conflicts
+from rllm.engine.training.launch import (
+    TINY_MODEL,
+    check_backend_installed,
+    make_backend,
+    refuse_flag_conflicts,
+)
 from rllm.engine.training.model_check import check_model_path
 from rllm.engine.training.train_folder import ensure_tiny_model
 from rllm.types import ConfigError
@@ -109,6 +114,7 @@ def sft_backend(config: SFTConfig, model: str) -> Backend:
         options.setdefault(key, value)
     instance = make_backend(cls, config.backend.name, options)
     check_backend(config, instance)  # before loading anything
+    check_backend_installed(cls)
     return instance
 
 

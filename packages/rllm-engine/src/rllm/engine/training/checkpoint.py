@@ -16,7 +16,7 @@ from pathlib import Path
 import msgspec
 
 from rllm.engine.training.data_order import DataCursor
-from rllm.engine.training.task_sampler import SamplerState
+from rllm.engine.training.sampler_state import SamplerState
 
 
 class TrainerState(msgspec.Struct, kw_only=True):

@@ -119,6 +119,7 @@ def assemble_trainer(
     # A backend's constructor only parses its options: make one now, so that a typo in them or an
     # algorithm option it refuses stops the run in milliseconds, not after the tiny model is built.
     validate_algorithm(config, make_backend(cls, config.backend.name, options))
+    check_backend_installed(cls)
     early = None
     try:
         if tiny:
@@ -164,11 +165,17 @@ def check_splits(config: TrainerConfig, cookbook: Cookbook) -> None:
             raise ConfigError.for_key(key, message) from None
 
 
-def make_backend(cls: Any, name: str, options: dict[str, Any]) -> Any:
-    """``cls(options)``, its extra checked installed first; its option errors become
-    ConfigErrors under ``backend.options``."""
+def check_backend_installed(cls: Any) -> None:
+    """MissingExtraError naming the install when the backend's extra is missing. Called once its
+    options and the algorithm are checked (those need only the config, and a mistake there is the
+    first thing to say) and before anything is built or loaded."""
     if (check := getattr(cls, "check_installed", None)) is not None:
         check()
+
+
+def make_backend(cls: Any, name: str, options: dict[str, Any]) -> Any:
+    """``cls(options)``: its options parsed (nothing imported or loaded); its option errors become
+    ConfigErrors under ``backend.options``."""
     try:
         return cls(options)
     except ConfigError as exc:

@@ -22,24 +22,13 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 
-import msgspec
-
 from rllm.algos.grouping import trajectory_reward
+from rllm.engine.training.sampler_state import TaskRecord
 from rllm.types import TrajectoryGroup
 
 UNREWARDED_APPEARANCES = 5  # a task's groups in a row with no rewarded rollout before it counts
 UNREWARDED_NAMED = 5  # tasks named in the end-of-run warning; the rest are counted
 RECENT_ROLLOUTS = 16  # rewards kept per task (rollout.curriculum.window sets it for a run)
-
-
-class TaskRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """One task's outcomes so far (a checkpoint holds one per task seen)."""
-
-    # The rewards of its last ``window`` trajectories (rollouts, of every role), oldest first.
-    recent: list[float] = msgspec.field(default_factory=list)
-    # Appearances in a row with no rewarded rollout, and the rollouts over that streak.
-    unrewarded_groups: int = 0
-    unrewarded_rollouts: int = 0
 
 
 class TaskOutcomes:

@@ -29,7 +29,8 @@ from rllm.engine.training.curriculum import (
     task_weight,
 )
 from rllm.engine.training.data_order import DataCursor, next_batch
-from rllm.engine.training.learning_watch import TaskOutcomes, TaskRecord
+from rllm.engine.training.learning_watch import TaskOutcomes
+from rllm.engine.training.sampler_state import SamplerState
 from rllm.types import ConfigError, Episode, Task
 from rllm.types.errors import InputError
 
@@ -38,13 +39,6 @@ if TYPE_CHECKING:
     from rllm.sdk.cookbook import Cookbook, DifficultyLevels
 
 log = logging.getLogger(__name__)
-
-
-class SamplerState(msgspec.Struct, kw_only=True):
-    """What a checkpoint keeps of the sampler: the per-task record and the difficulty level."""
-
-    tasks: dict[str, TaskRecord] = msgspec.field(default_factory=dict)
-    level: LevelState = msgspec.field(default_factory=LevelState)
 
 
 class TaskSampler:

@@ -67,7 +67,9 @@ class TrainStep:
         self.distiller = distiller
         self.health = HealthMonitor(config.health, max_mismatch=config.algorithm.max_mismatch)
         self.probe: WeightProbe | None = None
-        if config.health.runs("weights_stale"):
+        if config.health.runs("weights_stale") and not getattr(backend, "scores_prompts", True):
+            self._probe_failed(ProbeUnavailable(f"backend {backend.name!r}'s sampler does not score prompts"))
+        elif config.health.runs("weights_stale"):
             self.probe = WeightProbe(
                 config.health.probe_sequences,
                 url=lambda: backend.inference_urls()[0],
