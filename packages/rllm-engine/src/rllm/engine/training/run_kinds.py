@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from rllm.types.errors import InputError
+
 RECORD_FILE = "rllm-run.json"  # the command and the resolved config a folder was written with
 
 # Where a run of the same config would differ only in how it is shown, logged or paced.
@@ -158,7 +160,7 @@ def kind_named(name: str) -> FolderKind:
     try:
         return KINDS[name]
     except KeyError:
-        raise ValueError(f"no folder kind {name!r} (kinds: {', '.join(KINDS)})") from None
+        raise InputError(f"no folder kind {name!r} (kinds: {', '.join(KINDS)})") from None
 
 
 __all__ = ["FAMILY", "KINDS", "LEGACY_SIGNS", "RECORD_FILE", "FolderKind", "kind_named"]

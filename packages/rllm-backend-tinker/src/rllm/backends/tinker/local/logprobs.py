@@ -30,6 +30,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from rllm.backends.tinker.local.batching import PaddedBatch
+from rllm.types.errors import InputError, StateError, UsageError
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ class LogitHead:
     def __init__(self, model: torch.nn.Module) -> None:
         head = model.get_output_embeddings()  # pyright: ignore[reportCallIssue]
         if not isinstance(head, torch.nn.Module):
-            raise TypeError(f"{type(model).__name__} has no output head")
+            raise UsageError(f"{type(model).__name__} has no output head")
         self.head = head
         self.exact = True
         config: Any = getattr(model, "config", None)
@@ -123,7 +124,7 @@ def model_hidden(model: torch.nn.Module, head: LogitHead, **inputs: Any) -> torc
     with _head_skipped(head.head) as seen:
         model(**inputs, use_cache=False)
     if len(seen) != 1:
-        raise RuntimeError(f"{type(model).__name__}'s forward called its output head {len(seen)} times")
+        raise StateError(f"{type(model).__name__}'s forward called its output head {len(seen)} times")
     return seen[0]
 
 
@@ -196,7 +197,7 @@ def chunked_stats(
     """(logprobs [N], entropy [N] | None, top-k [N, k] | None, tail [N] | None) of ``positions``
     [N, H] whose logits are ``to_logits(positions)``, ``chunk`` positions at a time."""
     if chunk < 1:
-        raise ValueError(f"chunk must be >= 1, got {chunk}")
+        raise InputError(f"chunk must be >= 1, got {chunk}")
     grad = torch.is_grad_enabled() and positions.requires_grad
     pieces: list[tuple[torch.Tensor | None, ...]] = []
     for start in range(0, positions.shape[0], chunk):
