@@ -53,8 +53,12 @@ class AsyncAtZero(Trainer):
 
 
 def _per_step(rows: list[dict[str, Any]], prefixes: tuple[str, ...]) -> list[dict[str, Any]]:
-    # Everything but wall-clock timings (e.g. train/train_step_s).
-    return [{k: v for k, v in row.items() if k.startswith(prefixes) and not k.endswith("_s")} for row in rows]
+    # Everything but wall-clock timings (e.g. train/train_step_s) and the memory the process
+    # happens to hold (train/memory_estimate_gb).
+    return [
+        {k: v for k, v in row.items() if k.startswith(prefixes) and not k.endswith(("_s", "_gb"))}
+        for row in rows
+    ]
 
 
 def test_staleness_zero_async_step_reproduces_the_synchronous_loop(tmp_path: Path) -> None:

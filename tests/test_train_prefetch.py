@@ -91,7 +91,9 @@ def test_prefetch_on_and_off_train_identically(tmp_path: Path) -> None:
     keys = ("batch/", "advantage/", "train/", "reward/", "weight_version", "mismatch/tokens")
 
     def per_step(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [{k: v for k, v in r.items() if k.startswith(keys) and not k.endswith("_s")} for r in rows]
+        return [
+            {k: v for k, v in r.items() if k.startswith(keys) and not k.endswith(("_s", "_gb"))} for r in rows
+        ]
 
     assert len(runs["on"]) == 3
     assert per_step(runs["on"]) == per_step(runs["off"])

@@ -38,7 +38,9 @@ SAMPLER_ROUNDING = ("mismatch/", "train/sampler_logprob_abs_diff", "tokens/entro
 
 
 def timing(key: str) -> bool:
-    return key.startswith(("time/", "val/time/")) or key.endswith("_s")
+    """Wall-clock timings and the machine's memory (the trainer's estimate counts what the process
+    holds): measurements of the machine, not of the run."""
+    return key.startswith(("time/", "val/time/")) or key.endswith(("_s", "_gb"))
 
 
 def comparable(row: dict[str, Any]) -> dict[str, Any]:

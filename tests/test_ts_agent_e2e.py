@@ -67,20 +67,21 @@ def test_typescript_agent_trains_two_steps(ts_agent: str, tmp_path: Path) -> Non
         f"rollout.remote.urls={json.dumps([ts_agent])}",
     ]
     # The agent sends `tools`: the tiny model gets the hermes tool-call chat template, which the
-    # gateway's cumulative mode parses (built where the trainer looks for its tiny model).
-    init_tiny_model(
-        tmp_path / "tiny-model", vocab_words=task_vocabulary(load_cookbook("say")), tool_calls=True
-    )
-    trainer = build_trainer("say", out_dir=str(tmp_path), overrides=overrides)
+    # gateway's cumulative mode parses (given as the run's model: a run's own tiny model is the
+    # trainer's to build, from its words and seed).
+    model = tmp_path / "tool-call-model"
+    init_tiny_model(model, vocab_words=task_vocabulary(load_cookbook("say")), tool_calls=True)
+    run = tmp_path / "run"
+    trainer = build_trainer("say", out_dir=str(run), overrides=[*overrides, f"backend.options.model={model}"])
     asyncio.run(trainer.fit())
-    rows = read_metrics(tmp_path / "metrics.jsonl")
+    rows = read_metrics(run / "metrics.jsonl")
     assert len(rows) == 2
     for row in rows:
         assert row["termination/done"] == 1.0, row
         assert row["train/sequences"] >= 8  # a tool call's turn may start a new sequence
         assert row["mismatch/tokens"] > 0 and row["mismatch/mean_abs"] < 1e-3, row
     assert rows[-1]["weight_version"] >= 1
-    sample = read_episode_sample(sample_path(tmp_path, 2))
+    sample = read_episode_sample(sample_path(run, 2))
     for episode in sample.episodes:
         # The TypeScript agent's own answer (a reply per word, its tool-call counter) and every
         # model call of its loop as a step (one per word, more when it called tools).

@@ -61,6 +61,8 @@ async def answer_then_block(task, config):
 async def test_episodes_carry_the_lag_and_a_blocking_flow_gets_one_warning(gateway, caplog):
     config = RolloutConfig(concurrency=2, progress=False)
     caplog.set_level(logging.WARNING, logger="rllm.engine")
+    # `rllm` commands run in this process by earlier tests quiet this logger (rllm.cli.quiet): hear it.
+    caplog.set_level(logging.WARNING, logger="rllm.engine.rollout.loop_lag")
     async with async_openai(AgentConfig(base_url=gateway.url)):
         pass  # the clients' shared SSL context is built once (it blocks the loop), before timing
     async with RolloutEngine(answer_then_block, None, config, gateway_url=gateway.url) as engine:
