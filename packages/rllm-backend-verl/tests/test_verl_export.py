@@ -118,7 +118,12 @@ def test_a_verl_lora_run_exports_merged_and_as_a_peft_adapter(tiny_model_path: P
         cli, ["export", str(run), "--to", str(adapter), "--adapter-only"], catch_exceptions=False
     )
     assert result.exit_code == 0, result.stderr
-    assert sorted(p.name for p in adapter.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    # The adapter's two files, and the record every writing command leaves (docs/run-folders.md).
+    assert sorted(p.name for p in adapter.iterdir()) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "rllm-run.json",
+    ]
     config = json.loads((adapter / "adapter_config.json").read_text())
     assert (config["peft_type"], config["r"], config["lora_alpha"]) == ("LORA", 4, 8)
     # PEFT loads it onto the base model, and it gives the trainer's log-probs.
