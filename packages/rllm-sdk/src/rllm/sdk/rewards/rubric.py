@@ -89,6 +89,14 @@ def mark_judge_failure(episode: Episode, exc: Exception, usage: CallUsage | None
     return EvalOutput(reward=0.0, is_correct=None, signals=signals, metadata={"judge_error": details})
 
 
+def _check_judge(kind: str, scale: int, prompt_template: str, placeholder: str) -> None:
+    """InputError unless ``scale`` is a scale and the template has the place for what is judged."""
+    if scale < 1:
+        raise InputError(f"a {kind}'s scale must be >= 1, got {scale}")
+    if placeholder not in prompt_template:
+        raise InputError(f"a {kind}'s prompt_template must contain {placeholder}")
+
+
 class RubricJudge:
     """A pointwise rubric judge: an evaluator that scores each episode alone, reward ``s / scale``.
 
@@ -106,16 +114,9 @@ class RubricJudge:
         answer_role: str | None = None,
         correct_at: float | None = None,
     ) -> None:
-        if scale < 1:
-            raise InputError(f"a rubric judge's scale must be >= 1, got {scale}")
-        if "{answer}" not in prompt_template:
-            raise InputError("a rubric judge's prompt_template must contain {answer}")
-        self.endpoint = endpoint
-        self.rubric = rubric
-        self.scale = scale
-        self.prompt_template = prompt_template
-        self.answer_role = answer_role
-        self.correct_at = correct_at
+        _check_judge("rubric judge", scale, prompt_template, "{answer}")
+        self.endpoint, self.rubric, self.scale = endpoint, rubric, scale
+        self.prompt_template, self.answer_role, self.correct_at = prompt_template, answer_role, correct_at
 
     def messages(self, task: Task, episode: Episode) -> list[dict[str, str]]:
         prompt = self.prompt_template.format(
@@ -162,16 +163,9 @@ class GroupJudge:
         correct_at: float | None = None,
         max_chars_per_reply: int = 2000,
     ) -> None:
-        if scale < 1:
-            raise InputError(f"a group judge's scale must be >= 1, got {scale}")
-        if "{replies}" not in prompt_template:
-            raise InputError("a group judge's prompt_template must contain {replies}")
-        self.endpoint = endpoint
-        self.rubric = rubric
-        self.scale = scale
-        self.prompt_template = prompt_template
-        self.answer_role = answer_role
-        self.correct_at = correct_at
+        _check_judge("group judge", scale, prompt_template, "{replies}")
+        self.endpoint, self.rubric, self.scale = endpoint, rubric, scale
+        self.prompt_template, self.answer_role, self.correct_at = prompt_template, answer_role, correct_at
         self.max_chars_per_reply = max_chars_per_reply
 
     def messages(self, task: Task, episodes: Sequence[Episode]) -> list[dict[str, str]]:
