@@ -126,9 +126,12 @@ def check_address_answers(address: str, timeout_s: float) -> None:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
     except OSError as exc:
-        why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or type(exc).__name__).lower()
+        if isinstance(exc, TimeoutError):
+            why = f"no answer within {timeout_s:g} s"
+        else:
+            why = (exc.strerror or type(exc).__name__).lower()
         raise StateError(
-            f"{ADDRESS_KEY} {address!r} does not answer ({why} within {timeout_s:g} s): is the "
+            f"{ADDRESS_KEY} {address!r} does not answer ({why}): is the "
             "Ray cluster up there? (`ray status` on its head node)"
         ) from None
 
