@@ -236,7 +236,7 @@ def test_the_capability_matrix_reads_the_registry(monkeypatch) -> None:
 
 def test_a_ray_address_nobody_answers_at_is_refused_naming_it() -> None:
     """Ray alone retries such an address without end; the executor tries it first, with a deadline."""
-    from rllm.engine.rollout.ray_executor import check_address_answers
+    from rllm.engine.rollout.ray_connect import check_address_answers
 
     with socket.socket() as probe:  # a port bound but not listening: a connection is refused
         probe.bind(("127.0.0.1", 0))
@@ -254,7 +254,7 @@ def test_a_ray_address_nobody_answers_at_is_refused_naming_it() -> None:
 _UV_HOOK_PROBE = """
 import ray._private.worker as worker
 before = worker._maybe_modify_runtime_env(None, False)
-from rllm.engine.rollout.ray_executor import _disable_ray_uv_hook
+from rllm.engine.rollout.ray_connect import _disable_ray_uv_hook
 _disable_ray_uv_hook()
 after = worker._maybe_modify_runtime_env(None, False)
 print("hooked" if "py_executable" in (before or {}) else "not-hooked", sorted(after or {}))

@@ -6,6 +6,7 @@ agent config (any AgentConfig crosses the wire whole)."""
 from __future__ import annotations
 
 import json
+import math
 
 import msgspec
 import pytest
@@ -25,12 +26,20 @@ from rllm.engine.rollout.agent_protocol import (
 )
 from rllm.sdk.command import fill
 from rllm.types import AgentConfig, Episode, SamplingParams, Task
+from rllm.types.errors import SchemaError
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
-    max_leaves=20,
-)
+
+def _json_like(floats: st.SearchStrategy[float]) -> st.SearchStrategy[object]:
+    return st.recursive(
+        st.none() | st.booleans() | st.integers() | floats | st.text(),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+        max_leaves=20,
+    )
+
+
+# What a service may send (Python's json writes infinities too) and what JSON holds.
+json_values = _json_like(st.floats(allow_nan=False))
+finite_json_values = _json_like(st.floats(allow_nan=False, allow_infinity=False))
 keys = st.sampled_from(
     [
         "answer",
@@ -114,7 +123,7 @@ agent_configs = st.builds(
         seed=st.none() | st.integers(0, 2**31 - 1),
     ),
     is_validation=st.booleans(),
-    metadata=st.dictionaries(st.text(max_size=8), json_values, max_size=3),
+    metadata=st.dictionaries(st.text(max_size=8), finite_json_values, max_size=3),
 )
 
 
@@ -124,6 +133,15 @@ def test_an_agent_config_crosses_the_wire_whole(config: AgentConfig) -> None:
     step): what the engine sends is what the service's flow is called with."""
     body = msgspec.json.encode(RolloutRequest(task=Task(id="t", instruction="i"), config=to_wire(config)))
     assert from_wire(msgspec.json.decode(body, type=RolloutRequest).config) == config
+
+
+@given(st.sampled_from([math.inf, -math.inf, math.nan]), st.booleans())
+def test_a_value_json_cannot_hold_is_refused_naming_its_key(value: float, nested: bool) -> None:
+    """msgspec would send a non-finite float as ``null``: the agent would get a value it never had."""
+    metadata = {"run": {"scores": [1.0, value]}} if nested else {"score": value}
+    with pytest.raises(SchemaError) as caught:
+        to_wire(AgentConfig(base_url="http://x/v1", metadata=metadata))
+    assert caught.value.path == ("config.metadata.run.scores[1]" if nested else "config.metadata.score")
 
 
 def test_the_wire_config_is_agent_config_with_the_engine_s_fields_required() -> None:

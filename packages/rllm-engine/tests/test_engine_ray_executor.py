@@ -446,7 +446,7 @@ async def test_a_ray_address_other_than_the_connected_one_is_refused(cluster, up
     reused and left connected."""
     import rllm_ray_flows as flows  # type: ignore[import-not-found]
 
-    from rllm.engine.rollout.ray_executor import current_ray_address
+    from rllm.engine.rollout.ray_connect import current_ray_address
 
     ray.init(address=cluster, log_to_driver=False)
     try:

@@ -15,12 +15,13 @@ docs/remote-agents.schema.json (checked against these structs by the tests).
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from rllm.types import AgentConfig, Episode, Task, TerminationReason, Trajectory, convert, to_json
-from rllm.types.errors import RLLMError
+from rllm.types.errors import RLLMError, SchemaError
 
 PROTOCOL_VERSION = 1
 
@@ -57,8 +58,22 @@ else:
 
 
 def to_wire(config: AgentConfig) -> RemoteConfig:
-    """The engine's side: the AgentConfig of a rollout as the request's ``config``."""
+    """The engine's side: the AgentConfig of a rollout as the request's ``config``. SchemaError
+    naming the key for a non-finite float in ``metadata``: JSON has none, and the encoder would
+    send it as ``null``, a value the agent never had."""
+    _check_finite(config.metadata, "config.metadata")
     return RemoteConfig(**{name: getattr(config, name) for name in AgentConfig.__struct_fields__})
+
+
+def _check_finite(value: Any, path: str) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SchemaError(f"{value!r} has no JSON form", path)
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_finite(item, f"{path}.{key}")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_finite(item, f"{path}[{i}]")
 
 
 def from_wire(config: RemoteConfig) -> AgentConfig:
