@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from rllm.cli.main import main
+from rllm.engine.training.health_checks import STALE_UPDATES
 
 sys.path.insert(0, str(Path(__file__).parent))  # importlib mode: the helper beside this file
 import health_failures as failures
@@ -37,6 +38,9 @@ def test_an_injected_failure_is_named_within_its_bound(name: str, tmp_path: Path
     if failure.check == "weights_stale":
         # What the double does: a version bump each step, no weights moved, none of it hidden.
         assert last["weight_version"] == step and last["probe/logprob_change"] == 0.0
+        # The first updates are probed whatever the timings (weight_probe.ProbeSchedule): a run
+        # whose weights never take effect is named at the second update.
+        assert step == STALE_UPDATES
 
 
 def test_the_healthy_run_fires_nothing(tmp_path: Path) -> None:

@@ -43,8 +43,18 @@ def timing(key: str) -> bool:
     return key.startswith(("time/", "val/time/")) or key.endswith(("_s", "_gb"))
 
 
+# The weight probe re-scores after the first two updates, then at an interval set from its cost
+# against the step's (rllm.engine.training.weight_probe.ProbeSchedule): which later steps carry
+# its figure is a timing; where both runs probed, the figure is equal.
+PROBED = ("probe/", "health/weights_stale")
+
+
 def comparable(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in row.items() if not timing(k) and not k.startswith(SAMPLER_ROUNDING)}
+    return {
+        k: v
+        for k, v in row.items()
+        if not timing(k) and not k.startswith(SAMPLER_ROUNDING) and not k.startswith(PROBED)
+    }
 
 
 def test_the_same_seed_and_config_give_the_same_metrics(tmp_path: Path) -> None:
@@ -64,3 +74,7 @@ def test_the_same_seed_and_config_give_the_same_metrics(tmp_path: Path) -> None:
         assert rounded == [k for k in b if k.startswith(SAMPLER_ROUNDING)]
         for key in rounded:
             assert math.isclose(a[key], b[key], rel_tol=1e-4, abs_tol=1e-6), (a["step"], key)
+        probed = [k for k in a if k.startswith(PROBED)]
+        if a["step"] in (1, 2):  # always probed
+            assert "probe/logprob_change" in probed, a["step"]
+        assert all(a[k] == b[k] for k in probed if k in b), a["step"]

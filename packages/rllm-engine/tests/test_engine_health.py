@@ -56,6 +56,7 @@ def test_an_unknown_check_name_is_refused_listing_the_known_ones(key: str) -> No
         ({"stop_on": ["no_signal"], "off": ["no_signal"]}, "cannot stop the run"),
         ({"stop_on": ["weights_stale"], "probe_sequences": 0}, "probe_sequences is 0"),
         ({"window": 1}, "window must be >= 2"),
+        ({"probe_max_interval": 0}, "probe_max_interval must be >= 1"),
         ({"reward_floor": 1.0, "reward_ceiling": 1.0}, "must be below reward_ceiling"),
         ({"no_signal_share": 0.0}, "no_signal_share must be in (0, 1]"),
     ],

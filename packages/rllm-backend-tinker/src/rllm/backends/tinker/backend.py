@@ -97,6 +97,16 @@ class TinkerBackend(BackendBase[TinkerBackendConfig]):
                 "token; set rollout.partial=false"
             )
 
+    async def check_step_memory(self, rows: int, max_tokens: int | None, algo: AlgorithmConfig) -> str | None:
+        """Before the first rollout (the engine's Trainer asks): the local service plans a step of
+        ``rows`` sequences of ``max_tokens`` + 1 tokens (None: ``sampler_max_tokens``) and returns
+        its memory line, or refuses one that cannot fit (InputError: the estimate, the memory
+        available, the knobs); None on the remote service, whose trainer's memory is its own."""
+        check = getattr(self._started(), "check_step_memory", None)
+        if check is None:
+            return None
+        return await check(rows, (max_tokens or self.config.sampler_max_tokens) + 1, algo)
+
     def _get_service(self) -> _Service:
         if self._service is None:
             if self.config.service == "local":

@@ -23,7 +23,7 @@ from typing import Any, ClassVar, NamedTuple
 from rllm.engine.training.health_config import HealthSection
 
 PROBE_EPSILON = 1e-5  # nats: a probe logprob that moved less than this did not move
-STALE_UPDATES = 2  # updates in a row that leave the probe set unchanged
+STALE_UPDATES = 2  # updates in a row that leave the probe set unchanged (probed or not)
 LR_ZERO_STEPS = 2  # a warmup may start at 0 for one step
 NO_LEARNING_STEPS = 3  # consecutive steps without a learning signal
 GRAD_ZERO_STEPS = 2
@@ -88,6 +88,12 @@ class Streak:
 
 
 class WeightsStale(Check):
+    """Updates that moved the trainer's weights and left the probe set unchanged, counted in a row.
+
+    A probe covers every update since the one before it (``weight_probe.ProbeSchedule`` skips
+    steps when the probe would cost more than its share of a step), so the updates that moved the
+    weights are counted on every row and charged to the next probed row."""
+
     name = "weights_stale"
     cause = (
         "the sampler is not serving the trained weights: its weight sync does not load them (an "
@@ -97,27 +103,41 @@ class WeightsStale(Check):
 
     def __init__(self, section: HealthSection, max_mismatch: float | None = None) -> None:
         super().__init__(section, max_mismatch)
-        self.streak = Streak()
+        self.streak = Streak()  # the probes in a row that saw no change
+        self.stale = 0  # the updates they cover
+        self.moved = 0  # updates that moved the weights since the last probe
+        self.moved_first = 0  # the first of them
+        self.last_detail = ""
 
     def observe(self, step: int, row: Mapping[str, Any]) -> Verdict | None:
+        lr, grad = number(row, "train/lr"), number(row, "train/grad_norm")
+        if (number(row, "train/signal_sequences") or 0) > 0 and lr != 0 and grad != 0:
+            if not self.moved:
+                self.moved_first = step
+            self.moved += 1
+            self.last_detail = f"lr {lr:g}, " if lr is not None else ""
+            self.last_detail += f"grad norm {grad:.3g}" if grad is not None else "nonzero advantages"
         change = number(row, "probe/logprob_change")
         if change is None:
             return None
-        lr, grad = number(row, "train/lr"), number(row, "train/grad_norm")
-        moved_weights = (number(row, "train/signal_sequences") or 0) > 0 and lr != 0 and grad != 0
-        if not moved_weights:  # nothing should have changed: neither evidence for nor against
+        covered, self.moved = self.moved, 0
+        if not covered:  # nothing should have changed: neither evidence for nor against
             return Verdict(False)
         if change > PROBE_EPSILON:
             self.streak.reset()
+            self.stale = 0
             return Verdict(False)
-        if self.streak.hold(step, change) < STALE_UPDATES:
+        if not self.streak.values:
+            self.streak.hold(self.moved_first, change)
+        else:
+            self.streak.hold(step, change)
+        self.stale += covered
+        if self.stale < STALE_UPDATES:
             return Verdict(False)
-        detail = f"lr {lr:g}, " if lr is not None else ""
-        detail += f"grad norm {grad:.3g}" if grad is not None else "nonzero advantages"
         return Verdict(
             True,
             f"the sampler's logprobs of the probe set moved at most {max(self.streak.values):.1e} nats "
-            f"over the {len(self.streak.values)} updates of {_span(self.streak.first, step)} ({detail})",
+            f"over the {self.stale} updates of {_span(self.streak.first, step)} ({self.last_detail})",
         )
 
 

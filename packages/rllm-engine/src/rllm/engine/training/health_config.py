@@ -33,8 +33,11 @@ class HealthSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ``stop_on`` stops the run (exit 3) the step it fires.
 
     ``window``: steps a trend is judged over. ``probe_sequences``: how many (prompt, completion)
-    pairs of the first step the sampler re-scores after each update for ``weights_stale`` (one
-    ``prompt_logprobs`` request a step; 0 turns the check off). ``reward_floor`` and
+    pairs of the first step the sampler re-scores after updates for ``weights_stale`` (one
+    ``prompt_logprobs`` request each time; 0 turns the check off). ``probe_max_interval``: the
+    most updates between two re-scorings; the probe runs after each of the first two updates, then
+    as seldom as keeps it within 2% of a step, up to this (``weight_probe.ProbeSchedule``; 1: after
+    every update). A sync that stops working is named within ``2 * probe_max_interval`` updates. ``reward_floor`` and
     ``reward_ceiling`` bound the evaluator's reward (rLLM's evaluators pay 0 to 1): a group all at
     the floor is unrewarded, all at the ceiling is solved, and neither is a ``no_signal`` group.
     ``entropy_floor``: nats per token under which the policy counts as collapsed.
@@ -49,6 +52,7 @@ class HealthSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     off: list[str] = msgspec.field(default_factory=list)
     window: int = 10
     probe_sequences: int = 4
+    probe_max_interval: int = 8
     reward_floor: float = 0.0
     reward_ceiling: float = 1.0
     entropy_floor: float = 0.05
@@ -78,6 +82,10 @@ class HealthSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if self.probe_sequences < 0:
             raise InvariantError(
                 f"probe_sequences must be >= 0, got {self.probe_sequences}", "probe_sequences"
+            )
+        if self.probe_max_interval < 1:
+            raise InvariantError(
+                f"probe_max_interval must be >= 1 update, got {self.probe_max_interval}", "probe_max_interval"
             )
         if not (math.isfinite(self.reward_floor) and math.isfinite(self.reward_ceiling)) or (
             self.reward_floor >= self.reward_ceiling

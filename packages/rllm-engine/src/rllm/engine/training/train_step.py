@@ -3,7 +3,7 @@
     finished episodes -> group -> filters -> advantages -> health figures -> TrainSequences ->
     distillation -> backend.train_step -> train/sampler mismatch measured -> the step's sample
     written -> mismatch checked (algorithm.max_mismatch) -> new weights published -> the probe
-    set re-scored (health: weights_stale) -> metrics
+    set re-scored when due (health: weights_stale, weight_probe.ProbeSchedule) -> metrics
 
 The loops differ only around it: where the episodes come from (the synchronous loop,
 ``rllm.engine.training.trainer``, rolls out one batch, maybe prefetched; the asynchronous one,
@@ -74,6 +74,7 @@ class TrainStep:
                 config.health.probe_sequences,
                 url=lambda: backend.inference_urls()[0],
                 model=lambda: backend.served_model_name(),
+                max_interval=config.health.probe_max_interval,
             )
 
     async def run(
@@ -86,6 +87,8 @@ class TrainStep:
         token fault). Returns the step's metrics; the caller adds its own (timings, weight
         version, staleness)."""
         cfg, algo = self.config, self.config.algorithm
+        if self.probe is not None:
+            self.probe.step_began()
         warn_cut_off(episodes, f"step {step}", cfg.rollout.deadline_s)
         groups = group_trajectories(episodes, algo)
         kept, filter_metrics = filter_groups(groups, algo)
@@ -105,8 +108,10 @@ class TrainStep:
         if sequences:
             check_mismatch(mismatch, algo.max_mismatch, step, self.backend.name)
             await publish()
-        if probing and (change := await self._probe_measure()) is not None:
-            health_metrics["probe/logprob_change"] = change
+        if probing and self.probe is not None:
+            health_metrics["time/probe_interval"] = self.probe.schedule.interval
+            if self.probe.due() and (change := await self._probe_measure()) is not None:
+                health_metrics["probe/logprob_change"] = change
         return {
             **episode_metrics(episodes),
             **{f"filter/{k}": v for k, v in filter_metrics.items()},

@@ -106,6 +106,13 @@ class Trainer:
             if early is not None:
                 early.close()
             raise
+        try:
+            await check_memory_at_start(self.backend, cfg)
+        except BaseException:
+            if early is not None:
+                early.close()
+            await self.backend.close()
+            raise
         engine: RolloutEngine | None = None
         try:
             engine = RolloutEngine(
@@ -444,3 +451,19 @@ def _stop_if_cancel_requested() -> None:
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError
+
+
+async def check_memory_at_start(backend: Backend, cfg: TrainerConfig) -> None:
+    """Before the first rollout, a backend that plans its training memory (the local tinker
+    trainer: ``check_step_memory``) plans a step of the run's shape: ``tasks_per_step *
+    group_size`` sequences of ``rollout.sampling.max_tokens`` + 1 tokens (the least a rollout
+    trains; None: the backend's own default), and refuses one that cannot fit now, not after the
+    first rollouts. The first step plans again from its real rows."""
+    check = getattr(backend, "check_step_memory", None)
+    if check is None:
+        return
+    sampling = cfg.rollout.sampling
+    max_tokens = sampling.max_tokens if sampling is not None else None
+    line = await check(cfg.tasks_per_step * cfg.group_size, max_tokens, cfg.algorithm)
+    if line:
+        log.info("before the first rollout: %s", line)

@@ -374,6 +374,15 @@ class StepPlanner:
         reference_bytes: int = 0,
     ) -> MemoryPlan:
         longest, batch_tokens = self._sizes(batch, groups)
+        return self.plan_for_sizes(
+            longest, batch_tokens, optimizer_allocated=optimizer_allocated, reference_bytes=reference_bytes
+        )
+
+    def plan_for_sizes(
+        self, longest: int, batch_tokens: int, *, optimizer_allocated: bool, reference_bytes: int = 0
+    ) -> MemoryPlan:
+        """``plan_for`` a batch whose longest row is ``longest`` tokens and whose largest
+        mini-batch pads to ``batch_tokens`` (before the first step: the run's expected shape)."""
         need = (longest, batch_tokens, reference_bytes)
         if self.plan is not None and all(n <= c for n, c in zip(need, self._covers, strict=True)):
             return self.plan

@@ -180,6 +180,18 @@ class LocalService:
 
         return await asyncio.to_thread(work)
 
+    async def check_step_memory(self, rows: int, row_tokens: int, algo: AlgorithmConfig) -> str:
+        """Plan a step of ``rows`` sequences of ``row_tokens`` tokens before the first rollout:
+        its line (InputError naming the estimate, the memory available and the knobs when it
+        cannot fit)."""
+        trainer, _ = self._require_trainer()
+
+        def work() -> str:
+            with self._work_lock:
+                return trainer.plan_memory_at_start(rows, row_tokens, algo).line()
+
+        return await asyncio.to_thread(work)
+
     async def eval_loss(self, batch: list[TrainSequence]) -> dict[str, float]:
         trainer, _ = self._require_trainer()
 
