@@ -241,6 +241,23 @@ def test_the_trainer_refuses_a_step_over_its_memory_limit_before_any_work(tiny_m
     assert all(torch.equal(a, b) for a, b in zip(before, small.params, strict=True))
 
 
+def test_the_plan_at_start_refuses_what_cannot_fit_and_leaves_the_first_step_its_own_plan(
+    tiny_model_path: Path,
+) -> None:
+    """The check when a run starts (before any rollout, from the run's shape) refuses as the first
+    step would, and keeps neither its plan nor the memory it measured: the first step plans from
+    its real rows and what the process holds by then."""
+    small = trainer(tiny_model_path, memory_limit_gb=0.01)
+    with pytest.raises(InputError, match=r"0\.010? GiB is available") as refused:
+        small.plan_memory_at_start(8, 3, AlgorithmConfig())
+    assert "\n" not in str(refused.value) and "one 3-token row per micro-batch" in str(refused.value)
+    roomy = trainer(tiny_model_path)
+    at_start = roomy.plan_memory_at_start(8, 3, AlgorithmConfig())
+    assert at_start.micro_batch_tokens >= 3 and roomy.memory.plan is None
+    roomy.train_step(batch(), AlgorithmConfig())
+    assert roomy.memory.plan is not None and roomy.memory.plan is not at_start
+
+
 def test_the_trainer_lowers_its_micro_batch_under_a_limit_and_trains_the_same(
     tiny_model_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

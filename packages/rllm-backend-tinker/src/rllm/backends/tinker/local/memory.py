@@ -379,15 +379,26 @@ class StepPlanner:
         )
 
     def plan_for_sizes(
-        self, longest: int, batch_tokens: int, *, optimizer_allocated: bool, reference_bytes: int = 0
+        self,
+        longest: int,
+        batch_tokens: int,
+        *,
+        optimizer_allocated: bool,
+        reference_bytes: int = 0,
+        keep: bool = True,
     ) -> MemoryPlan:
         """``plan_for`` a batch whose longest row is ``longest`` tokens and whose largest
-        mini-batch pads to ``batch_tokens`` (before the first step: the run's expected shape)."""
+        mini-batch pads to ``batch_tokens``. ``keep=False`` (the check when the run starts, from
+        the run's expected shape): the plan and the memory available are not kept, so the first
+        step plans from its own rows and what the process holds then."""
         need = (longest, batch_tokens, reference_bytes)
-        if self.plan is not None and all(n <= c for n, c in zip(need, self._covers, strict=True)):
+        if keep and self.plan is not None and all(n <= c for n, c in zip(need, self._covers, strict=True)):
             return self.plan
-        if self._budget is None:
-            self._budget = budget_bytes(self.device, self.config.memory_limit_gb)
+        budget = self._budget
+        if budget is None:
+            budget = budget_bytes(self.device, self.config.memory_limit_gb)
+            if keep:
+                self._budget = budget
         cfg = self.config
         request = StepRequest(
             micro_batch_tokens=cfg.micro_batch_tokens,
@@ -401,7 +412,7 @@ class StepPlanner:
             self.shape,
             request,
             resident=resident_bytes(self.device) + reference_bytes,
-            budget=self._budget,
+            budget=budget,
             device_type=self.device.type,
             can_checkpoint=self.can_checkpoint,
             optimizer_allocated=optimizer_allocated,
@@ -409,8 +420,9 @@ class StepPlanner:
         if plan.warning:
             logger.warning(plan.warning)
         logger.info(plan.line())
-        self.plan = plan
-        self._covers = tuple(max(n, c) for n, c in zip(need, self._covers, strict=True))  # pyright: ignore[reportAttributeAccessIssue]
+        if keep:
+            self.plan = plan
+            self._covers = tuple(max(n, c) for n, c in zip(need, self._covers, strict=True))  # pyright: ignore[reportAttributeAccessIssue]
         return plan
 
     def _sizes(self, batch: list[TrainSequence], groups: list[list[int]]) -> tuple[int, int]:

@@ -109,12 +109,13 @@ class LocalTrainer:
 
     def plan_memory_at_start(self, rows: int, row_tokens: int, algo: AlgorithmConfig) -> MemoryPlan:
         """The memory plan for a step of ``rows`` sequences of ``row_tokens`` tokens, cut into the
-        configured mini-batches, before the first rollout (InputError when it cannot fit)."""
+        configured mini-batches, before the first rollout (InputError when it cannot fit); not
+        kept: the first step plans again from its real rows."""
         groups = split_mini_batches(max(1, rows), self.config.mini_batches, None)
         largest = max(len(group) for group in groups)
         reference = self.reference.bytes_to_load() if algo.kl_coef > 0 else 0
         return self.memory.plan_for_sizes(
-            row_tokens, largest * row_tokens, optimizer_allocated=False, reference_bytes=reference
+            row_tokens, largest * row_tokens, optimizer_allocated=False, reference_bytes=reference, keep=False
         )
 
     def _plan(self) -> MemoryPlan:
