@@ -31,10 +31,12 @@ from rllm.algos.adapters import LoraConfig
 from rllm.algos.config import AlgorithmConfig
 from rllm.engine.training.sequences import sequences_from_groups
 from rllm.types import ConfigError, TrainSequence, TrajectoryGroup
+from rllm.types.errors import InputError
 from rllm.types.config_file import merge_config, parse_options
 
 if TYPE_CHECKING:
     from rllm.engine.backend import Backend
+    from rllm.engine.training.trainer_config import TrainerConfig
 
 DEFAULT_POLICY = "default"
 # A policy's name is a metric prefix, a checkpoint folder and a served model name.
@@ -126,11 +128,26 @@ class PolicyMap:
         return self.roles.get(role, DEFAULT_POLICY)
 
     def split(self, groups: Sequence[TrajectoryGroup]) -> dict[str, list[TrajectoryGroup]]:
-        """``groups`` (one per task and role) by the policy their role trains, in policy order."""
+        """``groups`` (one per task and role) by the policy that answered their calls (each
+        step records it), else the one their role trains; in policy order."""
         out: dict[str, list[TrajectoryGroup]] = {}
         for group in groups:
-            out.setdefault(self.policy_of(group.role), []).append(group)
+            out.setdefault(self.group_policy(group), []).append(group)
         return {name: out[name] for name in self.names if name in out}
+
+    def group_policy(self, group: TrajectoryGroup) -> str:
+        answered = {
+            s.metadata["policy"] for t in group.trajectories for s in t.steps if "policy" in s.metadata
+        }
+        if len(answered) > 1:
+            raise InputError(
+                f"role {group.role!r} of task {group.task_id!r} was answered by policies "
+                f"{', '.join(sorted(answered))}: one trajectory trains one policy, so give each its own role"
+            )
+        policy = answered.pop() if answered else self.policy_of(group.role)
+        if policy not in self.algorithms:
+            raise InputError(f"role {group.role!r} was answered by unknown policy {policy!r}")
+        return policy
 
 
 async def train_policies(
@@ -172,15 +189,32 @@ def policy_trainer(backend: Backend) -> Any:
     return train
 
 
-def use_policies(backend: Backend, policies: Mapping[str, PolicySection]) -> None:
-    """Hand the backend the run's policies before it starts; a ConfigError with the backend's
-    reason where it cannot train several (BackendBase.use_policies refuses by default)."""
+def use_policies(config: TrainerConfig, backend: Backend) -> None:
+    """Hand the backend the run's policies before it starts, and check each policy's algorithm
+    against it; a ConfigError with the backend's reason where it cannot train several
+    (BackendBase.use_policies refuses by default)."""
+    if not config.policies:
+        return
     use = getattr(backend, "use_policies", None)
     if use is None:
         raise ConfigError.for_key(
             "policies", f"backend {backend.name!r} trains one policy: remove `policies` and `roles`"
         )
-    use(dict(policies))
+    use(dict(config.policies))
+    for name, section in config.policies.items():
+        try:
+            backend.validate(policy_algorithm(config.algorithm, name, section))
+        except ValueError as exc:
+            raise ConfigError.for_key(
+                f"policies.{name}.algorithm", f"backend {backend.name!r} cannot run it: {exc}"
+            ) from None
+
+
+def gateway_routes(config: TrainerConfig, backend: Backend) -> dict[str, Any]:
+    """The gateway's ``policies`` and ``roles`` (rllm.gateway.policy_routes) for this run."""
+    if not config.policies:
+        return {}
+    return {"policies": backend.policy_model_names(), "roles": dict(config.roles)}  # pyright: ignore[reportAttributeAccessIssue]
 
 
 __all__ = [
@@ -188,6 +222,7 @@ __all__ = [
     "PolicyMap",
     "PolicySection",
     "check_policies",
+    "gateway_routes",
     "policy_algorithm",
     "train_policies",
     "use_policies",
