@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from rllm.cli.main import main
 from rllm.engine.plugins import load_cookbook
 from rllm.engine.training.checkpoint import checkpoint_dir
 from rllm.engine.training.launch import build_trainer
@@ -57,9 +58,25 @@ def test_two_policies_train_in_one_run(tmp_path: Path, staleness: int) -> None:
         (t.role, s.metadata.get("policy")) for e in sample.episodes for t in e.trajectories for s in t.steps
     }
     assert answered == {("judge", "judge"), ("solver_0", "default"), ("solver_1", "default")}
+    # The judge's calls were sampled by the judge's adapter (the sampler answers under its name).
+    models = {(t.role, s.metadata["model"]) for e in sample.episodes for t in e.trajectories for s in t.steps}
+    assert {m for r, m in models if r == "judge"} == {"judge"}
+    assert "judge" not in {m for r, m in models if r != "judge"}
     checkpoint = checkpoint_dir(tmp_path, 2) / "backend"
     assert (checkpoint / "policies" / "judge" / "adapter_model.safetensors").is_file()
     if staleness == 0:
+        # `rllm export --policy NAME`: that policy's adapter; an unknown policy is refused by name.
+        exported = tmp_path / "judge"
+        assert (
+            main(["export", str(tmp_path), "--policy", "judge", "--adapter-only", "--to", str(exported)]) == 0
+        )
+        weights = "adapter_model.safetensors"
+        assert (exported / weights).read_bytes() == (checkpoint / "policies" / "judge" / weights).read_bytes()
+        assert not (exported / "optimizer.pt").exists()
+        merged = tmp_path / "judge-merged"
+        assert main(["export", str(tmp_path), "--policy", "judge", "--to", str(merged)]) == 0
+        assert (merged / "config.json").is_file()
+        assert main(["export", str(tmp_path), "--policy", "jduge", "--to", str(tmp_path / "x")]) != 0
         # --resume: every adapter back from the checkpoint (bitwise: test_tinker_policies.py), one more step.
         resumed = build_trainer(
             "solver-judge",

@@ -10,7 +10,7 @@ from pathlib import Path
 import openai
 import pytest
 import torch
-from tinker_helpers import contrast_batch, cpu_params, prompt_ids, start_backend
+from tinker_helpers import contrast_batch, cpu_params, prompt_ids
 
 from rllm.algos.config import AlgorithmConfig
 from rllm.backends.tinker import TinkerBackend
@@ -26,8 +26,14 @@ def _policies(**sections: PolicySection) -> dict[str, PolicySection]:
 
 async def _two_policy_backend(model: Path, **options: object) -> TinkerBackend:
     backend = TinkerBackend(
-        {"model": str(model), "torch_threads": 2, "dtype": "float32", "learning_rate": 5e-2,
-         "lora": {"rank": 4}, **options}  # fmt: skip
+        {
+            "model": str(model),
+            "torch_threads": 2,
+            "dtype": "float32",
+            "learning_rate": 5e-2,
+            "lora": {"rank": 4},
+            **options,
+        }
     )
     backend.use_policies(_policies())
     await backend.start()

@@ -32,24 +32,33 @@ async def test_each_call_goes_to_its_roles_policy_or_the_one_it_names() -> None:
             calls = [("judge", "base-model"), ("solver_0", "base-model"), ("solver_0", "judge")]
             for role, model in calls:
                 client = openai.AsyncOpenAI(base_url=f"{gateway.url}/sessions/s/roles/{role}/v1", api_key="x")
-                await client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}])
+                await client.chat.completions.create(
+                    model=model, messages=[{"role": "user", "content": "hi"}]
+                )
                 await client.close()
             traces = sorted(await admin.get_traces("s"), key=lambda t: t.seq)
     # The judge role's call and the call naming model "judge" went to the judge's adapter.
     assert sent == ["judge", "base-model", "judge"]
-    assert [(t.role, t.policy) for t in traces] == [("judge", "judge"), ("solver_0", "default"), ("solver_0", "judge")]
+    assert [(t.role, t.policy) for t in traces] == [
+        ("judge", "judge"),
+        ("solver_0", "default"),
+        ("solver_0", "judge"),
+    ]
     assert all(t.weight_version == 0 for t in traces)
 
 
 async def test_a_gateway_without_policies_records_none() -> None:
     # As before policies: the upstream's own model name replaces one it does not serve.
     sent: list[str] = []
-    async with MockUpstream(responder=lambda body: sent.append(body["model"]) or "ok") as upstream:
-        async with GatewayServer(GatewayConfig(upstreams=[upstream.url], health_interval_s=0)) as gateway:
-            client = openai.AsyncOpenAI(base_url=f"{gateway.url}/sessions/s/roles/judge/v1", api_key="x")
-            await client.chat.completions.create(model="judge", messages=[{"role": "user", "content": "hi"}])
-            await client.close()
-            (trace,) = await gateway.local_client().get_traces("s")
+    upstream = MockUpstream(responder=lambda body: sent.append(body["model"]) or "ok")
+    async with (
+        upstream,
+        GatewayServer(GatewayConfig(upstreams=[upstream.url], health_interval_s=0)) as gateway,
+    ):
+        client = openai.AsyncOpenAI(base_url=f"{gateway.url}/sessions/s/roles/judge/v1", api_key="x")
+        await client.chat.completions.create(model="judge", messages=[{"role": "user", "content": "hi"}])
+        await client.close()
+        (trace,) = await gateway.local_client().get_traces("s")
     assert sent == ["mock-model"] and trace.policy is None
 
 
@@ -60,7 +69,10 @@ def test_a_role_mapped_to_an_unknown_policy_is_refused() -> None:
         GatewayConfig(upstreams=["http://127.0.0.1:1/v1"], policies={"judge": "judge"}, roles=ROLES)
 
 
-@given(role=st.text(max_size=8), model=st.one_of(st.none(), st.text(max_size=8), st.sampled_from(["judge", "default"])))
+@given(
+    role=st.text(max_size=8),
+    model=st.one_of(st.none(), st.text(max_size=8), st.sampled_from(["judge", "default"])),
+)
 def test_route_policy_always_sends_a_served_name(role: str, model: str | None) -> None:
     body = {} if model is None else {"model": model}
     policy = route_policy(POLICIES, ROLES, role, body)

@@ -8,8 +8,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from rllm.types import InvariantError, SamplingParams
 from rllm.gateway.policy_routes import policy_problems
+from rllm.types import InvariantError, SamplingParams
 from rllm.types.config_file import convert_config, read_config_file
 from rllm.types.images import ImageLimits
 
@@ -138,7 +138,9 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         for key, message in policy_problems(self.policies, self.roles):
             raise InvariantError(message, key)
         if self.policies and self.model_name:
-            raise InvariantError("policies name each call's model; model_name would override them", "model_name")
+            raise InvariantError(
+                "policies name each call's model; model_name would override them", "model_name"
+            )
         if self.gc_gen0_threshold is not None and self.gc_gen0_threshold < 1:
             raise InvariantError(
                 f"gc_gen0_threshold must be >= 1 or None, got {self.gc_gen0_threshold}",

@@ -42,7 +42,10 @@ def policy_problems(policies: Mapping[str, str], roles: Mapping[str, str]) -> li
     for role, policy in roles.items():
         if policy not in policies:
             problems.append(
-                (f"roles.{role}", f"role {role!r} maps to unknown policy {policy!r} (policies: {', '.join(policies)})")
+                (
+                    f"roles.{role}",
+                    f"role {role!r} maps to unknown policy {policy!r} (policies: {', '.join(policies)})",
+                )
             )
     return problems
 

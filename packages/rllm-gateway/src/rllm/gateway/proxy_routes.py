@@ -16,8 +16,8 @@ from collections.abc import Awaitable
 from rllm.gateway.auth import bearer, same_secret, session_denied
 from rllm.gateway.calls import CallLedger, ParsedCall
 from rllm.gateway.config import GatewayConfig
-from rllm.gateway.policy_routes import route_policy
 from rllm.gateway.errors import GatewayError, answer_or_error, gateway_error_response
+from rllm.gateway.policy_routes import route_policy
 from rllm.gateway.proxy import Proxy
 from rllm.gateway.proxy_lane import start_exchange
 from rllm.gateway.sessions import Session, SessionRegistry

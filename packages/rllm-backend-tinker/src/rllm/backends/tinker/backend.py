@@ -76,6 +76,11 @@ class TinkerBackend(BackendBase[TinkerBackendConfig]):
             )
         from rllm.backends.tinker.local.policies import policy_specs
 
+        if self.served_model_name() in policies:
+            raise ConfigError.for_key(
+                f"policies.{self.served_model_name()}",
+                "a policy is served under its name, and this one is the default policy's model name",
+            )
         self._policies = policy_specs(self.config, dict(policies))
 
     def policy_model_names(self) -> dict[str, str]:

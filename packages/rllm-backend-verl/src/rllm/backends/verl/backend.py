@@ -28,7 +28,9 @@ STATE_FILE = "rllm_verl_state.json"
 class VerlBackend(BackendBase[VerlBackendConfig]):
     """Implements rllm.engine's Backend protocol on verl (Ray, FSDP/Megatron, vLLM/SGLang)."""
 
-    policies_refusal = "its actor workers hold one model and one optimizer (an adapter per policy is not built)"
+    policies_refusal = (
+        "its actor workers hold one model and one optimizer (an adapter per policy is not built)"
+    )
 
     name = "verl"
     options_type = VerlBackendConfig

@@ -31,8 +31,8 @@ from rllm.algos.adapters import LoraConfig
 from rllm.algos.config import AlgorithmConfig
 from rllm.engine.training.sequences import sequences_from_groups
 from rllm.types import ConfigError, TrainSequence, TrajectoryGroup
-from rllm.types.errors import InputError
 from rllm.types.config_file import merge_config, parse_options
+from rllm.types.errors import InputError
 
 if TYPE_CHECKING:
     from rllm.engine.backend import Backend
@@ -79,7 +79,7 @@ def check_policies(
                 f"policies.{name}.lora.rank", "a policy is a LoRA adapter: rank must be >= 1"
             )
         policy_algorithm(algorithm, name, section)  # refuses unknown or run-wide keys
-    known = sorted(policies) + [DEFAULT_POLICY]
+    known = [*sorted(policies), DEFAULT_POLICY]
     for role, policy in roles.items():
         if policy not in known:
             raise ConfigError.for_key(
@@ -177,7 +177,9 @@ async def train_policies(
             run_level.setdefault(key, []).append(value)
         kept_all += kept
         sequences_all += sequences
-    metrics |= {key: statistics.fmean(values) for key, values in run_level.items() if key != "train/sequences"}
+    metrics |= {
+        key: statistics.fmean(values) for key, values in run_level.items() if key != "train/sequences"
+    }
     return kept_all, sequences_all, metrics
 
 

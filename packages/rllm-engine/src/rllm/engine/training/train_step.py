@@ -69,7 +69,9 @@ class TrainStep:
         self.health = HealthMonitor(config.health, max_mismatch=config.algorithm.max_mismatch)
         self.probe: WeightProbe | None = None
         # Several policies: each trains on its own groups (rllm.engine.training.policies).
-        self.policies = PolicyMap(config.policies, config.roles, config.algorithm) if config.policies else None
+        self.policies = (
+            PolicyMap(config.policies, config.roles, config.algorithm) if config.policies else None
+        )
         if config.health.runs("weights_stale") and not getattr(backend, "scores_prompts", True):
             self._probe_failed(ProbeUnavailable(f"backend {backend.name!r}'s sampler does not score prompts"))
         elif config.health.runs("weights_stale"):

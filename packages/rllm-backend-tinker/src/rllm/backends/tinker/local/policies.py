@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 import torch
@@ -27,6 +27,8 @@ from rllm.backends.tinker.local.checkpoint import ADAPTER_WEIGHTS, OPTIMIZER_FIL
 from rllm.types.errors import ConfigError, InputError, NotFoundError
 
 if TYPE_CHECKING:
+    from peft import PeftModel
+
     from rllm.backends.tinker.local.model import PolicyModel
 
 DEFAULT_POLICY = "default"  # peft's name for the first adapter, and the run's default policy
@@ -87,7 +89,7 @@ def add_adapters(model: PolicyModel, specs: list[PolicySpec]) -> dict[str, list[
             target_modules=spec.lora.target_modules,
             task_type="CAUSAL_LM",
         )
-        model.add_adapter(spec.name, lora)  # pyright: ignore[reportCallIssue]
+        cast("PeftModel", model).add_adapter(spec.name, lora)
     names: dict[str, list[str]] = {}
     for spec in specs:
         activate(model, spec.name)
