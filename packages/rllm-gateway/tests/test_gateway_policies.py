@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import openai
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rllm.gateway import GatewayClient, GatewayConfig, GatewayServer
@@ -69,6 +69,7 @@ def test_a_role_mapped_to_an_unknown_policy_is_refused() -> None:
         GatewayConfig(upstreams=["http://127.0.0.1:1/v1"], policies={"judge": "judge"}, roles=ROLES)
 
 
+@settings(deadline=None)  # a loaded machine's pauses are no failure of routing
 @given(
     role=st.text(max_size=8),
     model=st.one_of(st.none(), st.text(max_size=8), st.sampled_from(["judge", "default"])),

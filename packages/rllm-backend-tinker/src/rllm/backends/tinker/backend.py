@@ -11,6 +11,7 @@ from rllm.backends.tinker.config import TinkerBackendConfig
 from rllm.engine.backend_base import BackendBase
 from rllm.engine.modality import refuse_images
 from rllm.types import ConfigError, TrainSequence
+from rllm.types.errors import StateError
 
 
 class _Service(Protocol):
@@ -81,7 +82,10 @@ class TinkerBackend(BackendBase[TinkerBackendConfig]):
                 f"policies.{self.served_model_name()}",
                 "a policy is served under its name, and this one is the default policy's model name",
             )
+        if self._service is not None and getattr(self._service, "trainer", None) is not None:
+            raise StateError("use_policies comes before start: the service is built with its policies")
         self._policies = policy_specs(self.config, dict(policies))
+        self._service = None  # built again, with the policies, by start (served_model_name built one)
 
     def policy_model_names(self) -> dict[str, str]:
         """The model name each policy is sampled under: the default under the served model
