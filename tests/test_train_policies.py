@@ -5,6 +5,11 @@ LoRA adapter, the solvers on the default one; synchronous and asynchronous (K = 
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
+import subprocess
+import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -77,6 +82,9 @@ def test_two_policies_train_in_one_run(tmp_path: Path, staleness: int) -> None:
         assert main(["export", str(tmp_path), "--policy", "judge", "--to", str(merged)]) == 0
         assert (merged / "config.json").is_file()
         assert main(["export", str(tmp_path), "--policy", "jduge", "--to", str(tmp_path / "x")]) != 0
+        # `rllm serve RUN`: every adapter, each under its policy's name.
+        served, answered_as = _serve_and_ask(tmp_path, "judge")
+        assert "judge" in served and len(served) == 2 and answered_as == "judge"
         # --resume: every adapter back from the checkpoint (bitwise: test_tinker_policies.py), one more step.
         resumed = build_trainer(
             "solver-judge",
@@ -88,6 +96,34 @@ def test_two_policies_train_in_one_run(tmp_path: Path, staleness: int) -> None:
         asyncio.run(resumed.fit(resume=True, allow_changes=("total_steps",)))
         last = read_metrics(tmp_path / "metrics.jsonl")[-1]
         assert last["step"] == 3 and last["policy/judge/train/sequences"] == last["episodes"]
+
+
+def _serve_and_ask(run: Path, model: str) -> tuple[list[str], str]:
+    """`rllm serve RUN --port 0` as a user runs it: the models it lists, and the model a
+    completion asking for ``model`` was answered as. Waits for its "serving ... at URL" line."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rllm.cli.main", "serve", str(run), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("serving "), line
+        url = line.split(" at ")[-1].strip()
+        with urllib.request.urlopen(f"{url}/models") as response:
+            listed = [card["id"] for card in json.loads(response.read())["data"]]
+        body = {"model": model, "prompt": "say: apple", "max_tokens": 1, "temperature": 0}
+        request = urllib.request.Request(
+            f"{url}/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request) as response:
+            answer = json.loads(response.read())
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=120)
+    return listed, answer["model"]
 
 
 def test_a_role_mapped_to_an_unknown_policy_is_refused_before_start(tmp_path: Path) -> None:
