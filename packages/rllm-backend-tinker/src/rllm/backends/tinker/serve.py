@@ -18,13 +18,14 @@ import signal
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Literal
 
 from rllm.algos.adapters import LoraConfig
 from rllm.backends.tinker.config import TinkerBackendConfig
 from rllm.backends.tinker.local.checkpoint import STATE_FILE
 from rllm.backends.tinker.local.policies import POLICIES_DIR, POLICIES_FILE, policy_specs
 from rllm.backends.tinker.local.service import LocalService
-from rllm.types.errors import NotFoundError
+from rllm.types.errors import InputError, NotFoundError
 
 
 def serve(
@@ -58,11 +59,17 @@ def _adapter_lora(folder: Path) -> LoraConfig:
     """The LoRA shape a saved peft adapter was trained with."""
     saved = json.loads((folder / "adapter_config.json").read_text())
     modules = saved.get("target_modules") or "all-linear"
+    if isinstance(modules, list):
+        target: list[str] | Literal["all-linear"] = sorted(modules)
+    elif modules == "all-linear":
+        target = "all-linear"
+    else:  # a regex: peft's, not a shape this backend's config can say
+        raise InputError(f"{folder}: target_modules {modules!r} is not a list of module names")
     return LoraConfig(
         rank=int(saved["r"]),
         alpha=float(saved.get("lora_alpha", 16.0)),
         dropout=float(saved.get("lora_dropout", 0.0)),
-        target_modules=modules if isinstance(modules, str) else sorted(modules),
+        target_modules=target,
     )
 
 
