@@ -129,6 +129,14 @@ def test_the_switch_between_tool_calls_and_text_is_checked() -> None:
         cookbook_for("example", {"size": "many"})
 
 
+async def test_a_task_naming_no_action_mode_fails_loud_naming_it() -> None:
+    (task,) = cookbook_for("example", {"test_size": 1}).load_tasks("test")
+    task.metadata["openenv"]["actions"] = "json"  # a task file of one's own, written by hand
+    (episode,) = await run([task], bisecting_tools())
+    assert episode.termination_reason != TerminationReason.DONE and episode.error is not None
+    assert "openenv actions is one of tools, text, not 'json'" in episode.error.message
+
+
 FIELD = st.text(alphabet=st.characters(categories=("L",), max_codepoint=0x7F), min_size=1, max_size=6)
 
 

@@ -29,6 +29,7 @@ from rllm.sdk import rollout, sampling_kwargs
 from rllm.sdk.clients import async_openai
 from rllm.sdk.tool_loop import Toolbox, ToolError, run_tool_loop
 from rllm.types import AgentConfig, Episode, Task, TerminationReason
+from rllm.types.errors import InputError
 from rllm_adapter_openenv.environments import (
     ACTION_TOOL,
     EnvAddress,
@@ -60,7 +61,11 @@ async def openenv_flow(task: Task, config: AgentConfig) -> Episode:
     meta = task.metadata["openenv"]
     address = msgspec.convert(meta["address"], EnvAddress)
     max_turns = int(meta.get("max_turns", 8))
-    mode = str(meta.get("actions", "tools"))
+    mode = meta.get("actions", "tools")
+    if mode not in ACTION_MODES:
+        raise InputError(
+            f"task {task.id!r}: openenv actions is one of {', '.join(ACTION_MODES)}, not {mode!r}"
+        )
     # openenv-core's first import in a process (gradio comes with it) and starting a served app
     # take seconds: off the event loop, which other rollouts share.
     client_class, url = await asyncio.to_thread(_session, address)
