@@ -20,6 +20,7 @@ nox.options.default_venv_backend = "uv"
 nox.options.sessions = ["lint", "layers", "typecheck", "tests", "wheels", "packages"]
 
 PYTEST = ["pytest", "-q", "-p", "no:cacheprovider", "--durations=15"]
+XDIST = ["-n", "2", "--dist", "loadfile"]
 COLLECT = ["python", "scripts/collect_tests.py"]
 # Bytecode for the libraries each `rllm train` process and rollout worker imports (the tiny model,
 # the cumulative gateway's tokenizer), written once before the tests. Under PYTHONDONTWRITEBYTECODE
@@ -102,7 +103,17 @@ def packages(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """All CPU tests of every package and the cross-package end-to-end runs."""
     session.run("python", "-c", PRECOMPILE)
-    session.run(*PYTEST, "-m", "not browser and not ray", *session.posargs, env={"PYTHONHASHSEED": "0"})
+    # Two pytest workers (pytest-xdist), a test file each at a time so module fixtures stay whole:
+    # much of a test's time is waiting on the processes it starts (rllm train, flow workers,
+    # sandboxes), so one worker leaves the second core idle. Not more: CI has 2 cores.
+    session.run(
+        *PYTEST,
+        *XDIST,
+        "-m",
+        "not browser and not ray",
+        *session.posargs,
+        env={"PYTHONHASHSEED": "0"},
+    )
 
 
 @nox.session(venv_backend="none")
