@@ -63,6 +63,15 @@ def test_sft_refuses_a_second_run_overwrites_whole_and_resumes_only_as_recorded(
     assert main([*args, "total_steps=3", "ckpt_every=1", "--resume", "--allow-changes", "total_steps"]) == 0
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3]
 
+    # --resume of the finished run: nothing to do, said (exit 0), nothing started or written.
+    capsys.readouterr()
+    record = (out / "rllm-run.json").read_bytes()
+    assert main([*args, "total_steps=3", "ckpt_every=1", "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "finished at step 3 (3 steps planned): nothing to resume" in err, err
+    assert "done" not in err and (out / "rllm-run.json").read_bytes() == record
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3]
+
     # --overwrite: a run of one step, and nothing of the earlier one left (no step 2 or 3 checkpoint).
     assert main([*args, "total_steps=1", "--overwrite"]) == 0
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1]

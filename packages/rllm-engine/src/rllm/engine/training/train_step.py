@@ -35,6 +35,7 @@ from rllm.engine.training.health_measure import step_health_metrics
 from rllm.engine.training.metrics_log import write_episode_sample
 from rllm.engine.training.mismatch import check_mismatch, measure_mismatch
 from rllm.engine.training.sequences import sequences_from_groups, signal_sequences
+from rllm.engine.training.task_repeats import mark_task_repeats
 from rllm.engine.training.weight_probe import ProbeUnavailable, WeightProbe
 from rllm.types import ConfigError, Episode, TerminationReason
 
@@ -87,6 +88,7 @@ class TrainStep:
         version, staleness)."""
         cfg, algo = self.config, self.config.algorithm
         warn_cut_off(episodes, f"step {step}", cfg.rollout.deadline_s)
+        mark_task_repeats(episodes)  # a task drawn twice this step: two groups, not one
         groups = group_trajectories(episodes, algo)
         kept, filter_metrics = filter_groups(groups, algo)
         advantage_metrics = compute_advantages(kept, algo)

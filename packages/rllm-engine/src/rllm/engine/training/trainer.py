@@ -33,6 +33,7 @@ from rllm.engine.training.metrics_log import MetricsLogger, plot_reward_curve, t
 from rllm.engine.training.prefetch import Prefetched, prefetch_allowed
 from rllm.engine.training.seeding import seed_process, step_sampling
 from rllm.engine.training.staleness import check_backend
+from rllm.engine.training.task_repeats import repeats_note
 from rllm.engine.training.task_sampler import sampler_for
 from rllm.engine.training.train_folder import begin_train_folder
 from rllm.engine.training.train_progress import TrainProgress
@@ -92,6 +93,9 @@ class Trainer:
         )
         state = TrainerState()
         self.warnings: list[str] = []
+        note = repeats_note(cfg.tasks_per_step, len(self.sampler.tasks), cfg.train_split, cfg.group_size)
+        if note is not None:
+            _say(None, note)
         self.train_step = TrainStep(cfg, self.backend, self.out_dir, distiller=self.distiller)
         self.interrupt_reported = False  # Ctrl-C: its one line is printed (the CLI adds none)
         self.last_checkpoint: Path | None = None
