@@ -45,11 +45,13 @@ def test_sft_refuses_a_second_run_overwrites_whole_and_resumes_only_as_recorded(
     chats = write_chats(tmp_path / "chats.jsonl")
     out = tmp_path / "run"
     args = ["sft", str(chats), "--out", str(out), *FAST]
-    assert main([*args, "total_steps=2", "ckpt_every=1"]) == 0
+    assert main([*args, "total_steps=2", "ckpt_every=1", "progress=true"]) == 0
     checkpoint = latest_checkpoint(out)
     assert checkpoint is not None and checkpoint.name == "step_000002"
     saved = (checkpoint / "trainer_state.json").read_bytes()
-    capsys.readouterr()
+    # Its progress shows the loss it trains down (it used to say "reward 0.000" at every step).
+    progress = [line for line in capsys.readouterr().err.splitlines() if line.startswith("step ")]
+    assert [line.split()[:3] for line in progress] == [["step", "1/2", "loss"], ["step", "2/2", "loss"]]
 
     # The same command again: refused, the checkpoint untouched.
     assert main([*args, "total_steps=2", "ckpt_every=1"]) == 2

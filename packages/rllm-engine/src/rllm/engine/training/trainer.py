@@ -29,6 +29,7 @@ from rllm.engine.training.data_order import DataCursor
 from rllm.engine.training.dynamic_sampling import CapWatch, fill_step
 from rllm.engine.training.health import Firing, HealthMonitor
 from rllm.engine.training.init_from import init_weights, resolve_init_checkpoint
+from rllm.engine.training.learning_watch import reward_still_rising
 from rllm.engine.training.metrics_log import MetricsLogger, plot_reward_curve, truncate_history
 from rllm.engine.training.prefetch import Prefetched, prefetch_allowed
 from rllm.engine.training.seeding import seed_process, step_sampling
@@ -140,7 +141,8 @@ class Trainer:
                 await engine.close()
             await self.backend.close()
         self.warnings.extend(self.train_step.health.summary())
-        if (summary := self.sampler.outcomes.summary()) is not None:
+        # Not while the reward still rises: tasks unrewarded so far may well be learnt later.
+        if (summary := self.sampler.outcomes.summary()) is not None and not reward_still_rising(rewards):
             self.warnings.append(summary)
         plot = (
             plot_reward_curve(self.out_dir / "metrics.jsonl", self.out_dir / "reward.png")
