@@ -2,7 +2,9 @@
 
 PATH is a run folder (its latest checkpoint, or ``--step N``), one checkpoint folder or a model
 folder (:mod:`rllm.cli.run_model`); a checkpoint is served as ``RUN-stepN``. A LoRA checkpoint
-is first merged into its base model (through ``rllm export``) in a temporary folder.
+is first merged into its base model (through ``rllm export``) in a temporary folder, unless the
+backend's serve takes checkpoints itself (``checkpoints=True``: the tinker backend serves a run
+with several policies so, every adapter under its policy's name).
 
 Found through the ``rllm.serve`` entry point group (a backend registers a callable
 ``serve(model_path, host=..., port=..., model_name=...)`` that blocks until interrupted), so the
@@ -11,6 +13,7 @@ CLI never imports a backend package.
 
 from __future__ import annotations
 
+import inspect
 import tempfile
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -55,6 +58,10 @@ def serve_command(
     name = model_name or model.name
     if (model.path / "config.json").is_file():
         return serve(str(model.path), host=host, port=port, model_name=name) or 0
+    if "checkpoints" in inspect.signature(serve).parameters:
+        served = serve(str(model.path), host=host, port=port, model_name=name, checkpoints=True)
+        if served is not None:
+            return served
     with tempfile.TemporaryDirectory(prefix="rllm-serve-") as merged:  # a LoRA adapter: merge it first
         export_checkpoint(model.path, Path(merged))
         return serve(merged, host=host, port=port, model_name=name) or 0

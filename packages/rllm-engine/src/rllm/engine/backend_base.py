@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Generic, TypeVar
 
 from rllm.types.config_file import parse_options
-from rllm.types.errors import MissingExtraError, StateError
+from rllm.types.errors import ConfigError, MissingExtraError, StateError
 
 OPTIONS_PREFIX = "backend.options"
 
@@ -34,6 +34,9 @@ class BackendBase(Generic[C]):
     # Whether its sampler scores given token ids (vLLM's ``prompt_logprobs``): the training-health
     # probe of ``weights_stale`` needs it; a backend without it has that check off, said once.
     scores_prompts: ClassVar[bool] = True
+    # Why it cannot train several policies (a run's ``policies`` and ``roles``,
+    # rllm.engine.training.policies); a backend that can overrides ``use_policies``.
+    policies_refusal: ClassVar[str] = "it trains one policy"
 
     @classmethod
     def check_installed(cls) -> None:
@@ -52,6 +55,13 @@ class BackendBase(Generic[C]):
         """The checked options, without building or starting anything; a ConfigError reading
         ``backend.options.KEY: MESSAGE`` otherwise."""
         return parse_options(options, cls.options_type, prefix=OPTIONS_PREFIX, overrides=overrides)
+
+    def use_policies(self, policies: Mapping[str, Any]) -> None:
+        """Take a run's policies (``policies.NAME`` sections) before ``start``; refused (a
+        ConfigError with the reason) by a backend that trains one policy."""
+        raise ConfigError.for_key(
+            "policies", f"backend {self.name!r} cannot train several policies: {self.policies_refusal}"
+        )
 
     def require_started(self, handle: H | None) -> H:
         """``handle`` (the running service, cluster, client...), or the error that names the fix."""

@@ -37,6 +37,7 @@ class ParsedCall(NamedTuple):
     role: str
     body: dict[str, Any]
     messages: list[Message]
+    policy: str | None = None  # the policy that answers it (rllm.gateway.policy_routes)
 
 
 @dataclass(slots=True)
@@ -189,7 +190,7 @@ class CallLedger:
     def open_trace(self, parsed: ParsedCall, chat: bool) -> TraceRecord:
         """Apply the session's sampling and start the call's trace; the call is in flight until
         ``call_ended``."""
-        session, role, body, messages = parsed
+        session, role, body, messages = parsed.session, parsed.role, parsed.body, parsed.messages
         apply_sampling(body, session.sampling or self.default_sampling, call_index=session.next_seq)
         trace = start_trace(
             session,
@@ -199,6 +200,7 @@ class CallLedger:
             chat=chat,
             weight_version=self.weight_version,
             store_raw=self.store_raw,
+            policy=parsed.policy,
         )
         self.inflight += 1
         self._tell(trace.session_id, None)

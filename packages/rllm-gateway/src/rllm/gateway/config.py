@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from rllm.gateway.policy_routes import policy_problems
 from rllm.types import InvariantError, SamplingParams
 from rllm.types.config_file import convert_config, read_config_file
 from rllm.types.images import ImageLimits
@@ -59,6 +60,10 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     hosted_api_key: str | None = None
     hosted_api_base: str | None = None
     model_name: str | None = None
+    # Several policies (rllm.gateway.policy_routes): each policy's served model name, and the
+    # policy each role trains (unmapped roles: "default").
+    policies: dict[str, str] = msgspec.field(default_factory=dict)
+    roles: dict[str, str] = msgspec.field(default_factory=dict)
     log_level: str = "warning"
     shutdown_timeout_s: float = 5.0
     fast_http: bool = True  # lean keep-alive client for non-streaming plain-http upstream calls
@@ -129,6 +134,12 @@ class GatewayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 "partial_rollouts aborts and continues calls on the upstreams' sampler; a hosted "
                 "model cannot be aborted and continued token for token",
                 "partial_rollouts",
+            )
+        for key, message in policy_problems(self.policies, self.roles):
+            raise InvariantError(message, key)
+        if self.policies and self.model_name:
+            raise InvariantError(
+                "policies name each call's model; model_name would override them", "model_name"
             )
         if self.gc_gen0_threshold is not None and self.gc_gen0_threshold < 1:
             raise InvariantError(

@@ -96,7 +96,7 @@ class Proxy:
         self, request: Request, parsed: ParsedCall, trace: TraceRecord, chat: bool, t0: float
     ) -> ProxyCall:
         """Turn the agent's body into what the upstream gets (token bridge, capture fields)."""
-        session, role, body, messages = parsed
+        session, role, body, messages = parsed.session, parsed.role, parsed.body, parsed.messages
         bridge = None
         if chat and self.bridge is not None:
             bridge = self.bridge.prepare(session, role, body, messages, trace)

@@ -17,6 +17,7 @@ from rllm.gateway.auth import bearer, same_secret, session_denied
 from rllm.gateway.calls import CallLedger, ParsedCall
 from rllm.gateway.config import GatewayConfig
 from rllm.gateway.errors import GatewayError, answer_or_error, gateway_error_response
+from rllm.gateway.policy_routes import route_policy
 from rllm.gateway.proxy import Proxy
 from rllm.gateway.proxy_lane import start_exchange
 from rllm.gateway.sessions import Session, SessionRegistry
@@ -102,7 +103,9 @@ class ProxyRoutes:
         session = self.session_for(request, match.get("sid"))
         role = match.get("role") or request.headers.get("X-RLLM-Role") or "default"
         body = self.validator.decode(request.body)
-        return ParsedCall(session, role, body, self.validator.validate_call(body, chat))
+        messages = self.validator.validate_call(body, chat)
+        policy = route_policy(self.config.policies, self.config.roles, role, body)
+        return ParsedCall(session, role, body, messages, policy)
 
     def session_for(self, request: Request, sid: str | None) -> Session:
         """The call's session (path, else ``X-RLLM-Session``), its token checked with

@@ -85,6 +85,8 @@ class UpstreamSender:
         the model name it serves put into ``body``. Raises NoHealthyUpstream."""
         w = self.pool.pick(session.upstream, exclude)
         session.upstream = w.url
+        if self.config.policies:  # the call's policy named its model (rllm.gateway.policy_routes)
+            return w
         # Agents often send a placeholder model name; the upstream serves what it serves.
         want = self.config.model_name
         if want is None and w.models and body.get("model") not in w.models:

@@ -27,6 +27,7 @@ def start_trace(
     chat: bool,
     weight_version: int,
     store_raw: bool,
+    policy: str | None = None,
 ) -> TraceRecord:
     """The trace of an accepted call before it is sent: takes the session's next ``seq`` and
     keeps the request's parts a trace holds (messages with images by content address, tools,
@@ -44,6 +45,7 @@ def start_trace(
         weight_version=weight_version,
         model=body.get("model") or "",
         images=images,
+        policy=policy,
     )
     if chat and body.get("tools"):
         trace.metadata["tools"] = body["tools"]

@@ -46,6 +46,8 @@ class TraceRecord(msgspec.Struct, omit_defaults=True, repr_omit_defaults=True):
     completion_logprobs: FloatArray | None = None
     finish_reason: str | None = None
     weight_version: int | None = None
+    # The policy that answered, where a run trains several (rllm.gateway.policy_routes).
+    policy: str | None = None
     segment: int = 0
     status: TraceStatus = "ok"
     latency_s: float = 0.0

@@ -32,6 +32,8 @@ CUSTOM = LossPlan("custom", None)
 class FireworksBackend(BackendBase[FireworksBackendConfig]):
     """Implements rllm.engine's Backend protocol on Fireworks (see README.md)."""
 
+    policies_refusal = "a run holds one training client and one deployment (one per policy is not built)"
+
     name = "fireworks"
     scores_prompts = False  # a deployment's completions take no prompt_logprobs batch
     options_type = FireworksBackendConfig

@@ -11,6 +11,7 @@ from rllm.backends.tinker.config import TinkerBackendConfig
 from rllm.engine.backend_base import BackendBase
 from rllm.engine.modality import refuse_images
 from rllm.types import ConfigError, TrainSequence
+from rllm.types.errors import StateError
 
 
 class _Service(Protocol):
@@ -44,6 +45,7 @@ class TinkerBackend(BackendBase[TinkerBackendConfig]):
     ) -> None:
         super().__init__(options, **overrides)
         self._service: _Service | None = None
+        self._policies: list[Any] = []  # local/policies.py's PolicySpecs (use_policies)
 
     @staticmethod
     def init_tiny_model(path: str | Path, vocab_words: Iterable[str] = (), seed: int = 0) -> Path:
@@ -64,6 +66,42 @@ class TinkerBackend(BackendBase[TinkerBackendConfig]):
                 "'none' starts no sampler, and RL samples from one: use 'copy' (or 'shared')",
             )
         # The local service honours every option: it runs rllm.algos' own loss on its own logprobs.
+
+    def use_policies(self, policies: Mapping[str, Any]) -> None:
+        """Several policies, one LoRA adapter each on the local service (local/policies.py)."""
+        if self.config.service == "remote":
+            raise ConfigError.for_key(
+                "policies",
+                "backend 'tinker' with service='remote' cannot train several policies yet "
+                "(one training client per policy is not built); use service='local'",
+            )
+        from rllm.backends.tinker.local.policies import policy_specs
+
+        if self.served_model_name() in policies:
+            raise ConfigError.for_key(
+                f"policies.{self.served_model_name()}",
+                "a policy is served under its name, and this one is the default policy's model name",
+            )
+        if self._service is not None and getattr(self._service, "trainer", None) is not None:
+            raise StateError("use_policies comes before start: the service is built with its policies")
+        self._policies = policy_specs(self.config, dict(policies))
+        self._service = None  # built again, with the policies, by start (served_model_name built one)
+
+    def policy_model_names(self) -> dict[str, str]:
+        """The model name each policy is sampled under: the default under the served model
+        name, every other under its own name."""
+        return {spec.name: spec.name for spec in self._policies} | {"default": self.served_model_name()}
+
+    async def train_policy_step(
+        self, policy: str, batch: list[TrainSequence], algo: AlgorithmConfig
+    ) -> dict[str, float]:
+        """One policy's update: its adapter, its optimizer (the local service)."""
+        refuse_images(self, batch)
+        from rllm.backends.tinker.local.service import LocalService
+
+        service = self._started()
+        assert isinstance(service, LocalService)  # use_policies refused the remote service
+        return await service.train_policy_step(policy, batch, algo)
 
     def validate_images(self) -> None:
         """Images train on the local service (its vision path puts their pixels beside the
@@ -102,7 +140,7 @@ class TinkerBackend(BackendBase[TinkerBackendConfig]):
             if self.config.service == "local":
                 from rllm.backends.tinker.local.service import LocalService
 
-                self._service = LocalService(self.config)
+                self._service = LocalService(self.config, self._policies)
             else:
                 from rllm.backends.tinker.remote.service import RemoteService
 

@@ -9,21 +9,14 @@ from typing import Any, Literal
 
 import msgspec
 
+from rllm.algos.adapters import LoraConfig
 from rllm.algos.optim import AdamWSettings
 from rllm.types.config_file import parse_options
 from rllm.types.errors import ConfigError
 
 OPTIONS = "backend.options"
 
-
-class LoraConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """LoRA adapter shape. ``rank = 0`` means full fine-tuning (every weight trains)."""
-
-    rank: int = 0
-    alpha: float = 16.0
-    dropout: float = 0.0
-    # "all-linear" lets peft pick every linear layer except the output head.
-    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+__all__ = ["LoraConfig", "RemoteConfig", "TinkerBackendConfig", "parse_config"]
 
 
 class RemoteConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -15,15 +15,19 @@ import shutil
 from pathlib import Path
 
 from rllm.backends.tinker.local.checkpoint import ADAPTER_WEIGHTS, OPTIMIZER_FILE, STATE_FILE
+from rllm.backends.tinker.local.policies import DEFAULT_POLICY, POLICIES_DIR, POLICIES_FILE
 from rllm.types import ConfigError
 
-# What a checkpoint holds for resuming only: never part of an exported model.
-TRAINING_ONLY = {OPTIMIZER_FILE, STATE_FILE}
+# What a checkpoint holds for resuming only, or for the other policies: never part of an exported model.
+TRAINING_ONLY = {OPTIMIZER_FILE, STATE_FILE, POLICIES_DIR, POLICIES_FILE}
 
 
-def export(checkpoint: Path, to: Path, *, adapter_only: bool = False) -> Path | None:
+def export(
+    checkpoint: Path, to: Path, *, adapter_only: bool = False, policy: str | None = None
+) -> Path | None:
     """Write ``checkpoint`` (a step's ``backend/`` folder) to ``to``; None when it is not this
-    backend's (no ``rllm_backend_state.json``), so the caller can ask another backend."""
+    backend's (no ``rllm_backend_state.json``), so the caller can ask another backend. ``policy``:
+    that policy's adapter of a run with several (local/policies.py); the default one otherwise."""
     state_file = checkpoint / STATE_FILE
     if not state_file.is_file():
         return None
@@ -33,16 +37,31 @@ def export(checkpoint: Path, to: Path, *, adapter_only: bool = False) -> Path | 
         raise ConfigError(
             f"checkpoint {checkpoint} holds full weights, not a LoRA adapter: drop --adapter-only"
         )
+    source = policy_folder(checkpoint, policy)
     to.mkdir(parents=True, exist_ok=True)
     if not lora or adapter_only:
-        for item in checkpoint.iterdir():
+        for item in source.iterdir():
             if item.name not in TRAINING_ONLY:
                 (shutil.copytree if item.is_dir() else shutil.copy2)(item, to / item.name)
         if adapter_only:
             _point_adapter_at(to, str(state.get("model", "")))
         return to
-    _merge(checkpoint, str(state["model"]), to)
+    _merge(source, str(state["model"]), to)
     return to
+
+
+def policy_folder(checkpoint: Path, policy: str | None) -> Path:
+    """Where policy ``policy``'s adapter lies in ``checkpoint`` (ConfigError naming those it has)."""
+    if policy is None or policy == DEFAULT_POLICY:
+        return checkpoint
+    listed = checkpoint / POLICIES_FILE
+    saved = json.loads(listed.read_text()) if listed.is_file() else []
+    if policy not in saved:
+        raise ConfigError(
+            f"checkpoint {checkpoint} has no policy {policy!r} (policies: {', '.join([DEFAULT_POLICY, *saved])})",
+            "--policy",
+        )
+    return checkpoint / POLICIES_DIR / policy
 
 
 def _point_adapter_at(folder: Path, base: str) -> None:

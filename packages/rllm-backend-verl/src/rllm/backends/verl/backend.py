@@ -28,6 +28,10 @@ STATE_FILE = "rllm_verl_state.json"
 class VerlBackend(BackendBase[VerlBackendConfig]):
     """Implements rllm.engine's Backend protocol on verl (Ray, FSDP/Megatron, vLLM/SGLang)."""
 
+    policies_refusal = (
+        "its actor workers hold one model and one optimizer (an adapter per policy is not built)"
+    )
+
     name = "verl"
     options_type = VerlBackendConfig
     requires = ("verl", "tensordict")  # the `verl` extra

@@ -31,6 +31,8 @@ def step_from_trace(trace: TraceRecord, shared_images: dict[str, str] | None = N
     }
     if "segment_reason" in trace.metadata:  # why the gateway started a new token segment here
         metadata["segment_reason"] = trace.metadata["segment_reason"]
+    if trace.policy is not None:  # the policy that answered (several policies train)
+        metadata["policy"] = trace.policy
     if "version_spans" in trace.metadata:  # a partial rollout's call: which version sampled which tokens
         metadata["version_spans"] = trace.metadata["version_spans"]
     return Step(

@@ -34,6 +34,7 @@ from rllm.engine.training.health import HealthMonitor
 from rllm.engine.training.health_measure import step_health_metrics
 from rllm.engine.training.metrics_log import write_episode_sample
 from rllm.engine.training.mismatch import check_mismatch, measure_mismatch
+from rllm.engine.training.policies import PolicyMap, train_policies
 from rllm.engine.training.sequences import sequences_from_groups, signal_sequences
 from rllm.engine.training.task_repeats import mark_task_repeats
 from rllm.engine.training.weight_probe import ProbeUnavailable, WeightProbe
@@ -68,6 +69,10 @@ class TrainStep:
         self.distiller = distiller
         self.health = HealthMonitor(config.health, max_mismatch=config.algorithm.max_mismatch)
         self.probe: WeightProbe | None = None
+        # Several policies: each trains on its own groups (rllm.engine.training.policies).
+        self.policies = (
+            PolicyMap(config.policies, config.roles, config.algorithm) if config.policies else None
+        )
         if config.health.runs("weights_stale") and not getattr(backend, "scores_prompts", True):
             self._probe_failed(ProbeUnavailable(f"backend {backend.name!r}'s sampler does not score prompts"))
         elif config.health.runs("weights_stale"):
@@ -90,15 +95,21 @@ class TrainStep:
         warn_cut_off(episodes, f"step {step}", cfg.rollout.deadline_s)
         mark_task_repeats(episodes)  # a task drawn twice this step: two groups, not one
         groups = group_trajectories(episodes, algo)
-        kept, filter_metrics = filter_groups(groups, algo)
-        advantage_metrics = compute_advantages(kept, algo)
         health_metrics = step_health_metrics(episodes, groups, cfg.health)
-        sequences = sequences_from_groups(kept)
-        distill_metrics = await self.distiller.apply(sequences) if self.distiller and sequences else {}
-        train_metrics: dict[str, float] = {}
-        probing = bool(sequences) and await self._probe_start(episodes)
-        if sequences:
-            train_metrics = await self.backend.train_step(sequences, algo)
+        if self.policies is not None:
+            probing = await self._probe_start(episodes)
+            kept, sequences, policy_metrics = await train_policies(self.policies, groups, self.backend)
+            filter_metrics = advantage_metrics = distill_metrics = train_metrics = {}
+        else:
+            kept, filter_metrics = filter_groups(groups, algo)
+            advantage_metrics = compute_advantages(kept, algo)
+            sequences = sequences_from_groups(kept)
+            distill_metrics = await self.distiller.apply(sequences) if self.distiller and sequences else {}
+            train_metrics: dict[str, float] = {}
+            policy_metrics: dict[str, float] = {}
+            probing = bool(sequences) and await self._probe_start(episodes)
+            if sequences:
+                train_metrics = await self.backend.train_step(sequences, algo)
         # Token truth: trainer vs sampler logprobs onto the steps (the samples show them), then enforced.
         mismatch = measure_mismatch(sequences, episodes, weight_version)
         if cfg.sample_groups:
@@ -115,6 +126,7 @@ class TrainStep:
             **{f"advantage/{k}": v for k, v in advantage_metrics.items()},
             **distill_metrics,
             **{f"train/{k}": v for k, v in train_metrics.items()},
+            **policy_metrics,  # several policies: policy/NAME/..., and the run-level means
             **mismatch.metrics,
             "train/sequences": len(sequences),
             "train/signal_sequences": signal_sequences(sequences),

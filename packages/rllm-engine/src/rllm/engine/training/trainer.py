@@ -31,6 +31,7 @@ from rllm.engine.training.health import Firing, HealthMonitor
 from rllm.engine.training.init_from import init_weights, resolve_init_checkpoint
 from rllm.engine.training.learning_watch import reward_still_rising
 from rllm.engine.training.metrics_log import MetricsLogger, plot_reward_curve, truncate_history
+from rllm.engine.training.policies import gateway_routes, use_policies
 from rllm.engine.training.prefetch import Prefetched, prefetch_allowed
 from rllm.engine.training.seeding import seed_process, step_sampling
 from rllm.engine.training.staleness import check_backend
@@ -374,6 +375,7 @@ def gateway_config(config: TrainerConfig, backend: Backend) -> GatewayConfig:
         auto_create_sessions=False,
         health_interval_s=1.0,
         partial_rollouts=config.rollout.partial,  # a sync aborts and continues calls
+        **gateway_routes(config, backend),  # several policies: each call to its role's
     )
 
 
@@ -429,6 +431,7 @@ def validate_algorithm(config: TrainerConfig, backend: Backend) -> None:
         raise ConfigError(
             f"backend {config.backend.name!r} cannot run this algorithm config: {exc}"
         ) from None
+    use_policies(config, backend)  # several policies: refused here where the backend cannot
 
 
 def _snapshot(stepper: AsyncStepper | None, state: TrainerState) -> TrainerState:

@@ -19,6 +19,7 @@ from rllm.engine.rollout.executors import get_executor, resolve_executor
 from rllm.engine.rollout.rollout_config import RolloutConfig
 from rllm.engine.training.checkpoint import KEEP_CHECKPOINTS
 from rllm.engine.training.health_config import HealthSection
+from rllm.engine.training.policies import PolicySection, check_policies
 from rllm.engine.training.seeding import seeded
 from rllm.engine.training.staleness import (
     TrainRolloutSettings,
@@ -112,6 +113,10 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     distill: DistillSection | None = None
     # Training-health checks run every step (rllm.engine.training.health).
     health: HealthSection = msgspec.field(default_factory=HealthSection)
+    # Several policies on one base model, one LoRA adapter each, and the policy each agent role
+    # trains (unmapped roles: the default policy, the run's own): rllm.engine.training.policies.
+    policies: dict[str, PolicySection] = msgspec.field(default_factory=dict)
+    roles: dict[str, str] = msgspec.field(default_factory=dict)
 
     def engine_rollout(self, model: str) -> RolloutConfig:
         """The RolloutConfig of this run's engine: the ``rollout`` settings, the backend's served
@@ -160,6 +165,11 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 "is not supported with distill (set it to 0)",
             )
         check_group_baseline(self)
+        check_policies(self.policies, self.roles, self.algorithm)
+        if self.distill is not None and self.policies:
+            raise ConfigError.for_key(
+                "policies", "on-policy distillation trains one policy; remove `policies` or `distill`"
+            )
         # distill.loss = "topk" trains with its own loss (set on the algorithm here).
         check_distill_loss(self.distill, self.algorithm)
         check_correction(self.rollout, self.algorithm.tis, get_loss(self.algorithm.loss).supervised)

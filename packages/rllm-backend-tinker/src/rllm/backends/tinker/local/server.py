@@ -60,8 +60,12 @@ class SamplerServer:
         default_max_tokens: int = 256,
         image_processor: Any = None,
         in_process: bool = False,
+        policy_engines: dict[str, SamplerEngine] | None = None,
     ) -> None:
         self.engine = engine
+        # Several policies (local/policies.py): a request naming a policy as its ``model`` is
+        # sampled by that policy's engine; any other name by ``engine``, as with one policy.
+        self.policy_engines = dict(policy_engines or {})
         self.in_process = in_process
         self.calls = CallReader(engine, default_max_tokens, image_processor)  # requests checked
         self.model_name = model_name
@@ -130,7 +134,7 @@ class SamplerServer:
                     call = await self.calls.chat(body)
                 except RequestError as exc:
                     return 400, _dumps(exc.body())
-                answer = await self._chat_answer(call)
+                answer = await self._chat_answer(call, body)
             elif path == "/completions":
                 try:
                     call = await self.calls.completions(body)
@@ -148,14 +152,26 @@ class SamplerServer:
 
     def abort(self) -> None:
         """``POST /v1/abort`` in process."""
+        self._abort_all()
+
+    def _abort_all(self) -> None:
         self.engine.abort_all()
+        for engine in self.policy_engines.values():
+            engine.abort_all()
+
+    def _engine_for(self, body: dict[str, Any]) -> tuple[SamplerEngine, str]:
+        """The engine a request's ``model`` names, and the name its answer carries."""
+        model = body.get("model")
+        if isinstance(model, str) and model in self.policy_engines:
+            return self.policy_engines[model], model
+        return self.engine, self.model_name
 
     # handlers --------------------------------------------------------------------------------
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "weight_version": self.engine.weight_version})
 
     async def _abort(self, request: web.Request) -> web.Response:
-        self.engine.abort_all()
+        self._abort_all()
         return web.json_response({"aborted": True, "weight_version": self.engine.weight_version})
 
     async def _models(self, request: web.Request) -> web.Response:
@@ -166,7 +182,8 @@ class SamplerServer:
             "owned_by": "rllm",
             "max_model_len": self.engine.max_positions,
         }
-        return web.json_response({"object": "list", "data": [card]})
+        cards = [card] + [{**card, "id": name} for name in self.policy_engines]
+        return web.json_response({"object": "list", "data": cards})
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -175,17 +192,18 @@ class SamplerServer:
         except RequestError as exc:
             return web.json_response(exc.body(), status=400)
         try:
-            answer = await self._chat_answer(call)
+            answer = await self._chat_answer(call, body)
         except SamplerBusy as exc:
             return web.json_response(_busy_body(exc), status=503)
         if body.get("stream"):
             return await send_stream(request, stream_chunks(answer, chat=True, usage=call.usage))
         return web.json_response(answer)
 
-    async def _chat_answer(self, call: Call) -> dict[str, Any]:
-        seqs = await self.engine.submit_async(call.gens[0])
+    async def _chat_answer(self, call: Call, body: dict[str, Any]) -> dict[str, Any]:
+        engine, name = self._engine_for(body)
+        seqs = await engine.submit_async(call.gens[0])
         return chat_response(
-            self.model_name,
+            name,
             call.prompts[0],
             seqs,
             self._decode_token,
@@ -209,17 +227,16 @@ class SamplerServer:
 
     async def _completions_answer(self, body: dict[str, Any], call: Call) -> dict[str, Any]:
         prompts, logprobs = call.prompts, call.logprobs
-        results = await asyncio.gather(*(self.engine.submit_async(g) for g in call.gens))
+        engine, name = self._engine_for(body)
+        results = await asyncio.gather(*(engine.submit_async(g) for g in call.gens))
         # All prompts in one batched pass (a distillation step sends its sequences together).
         prompt_scores: list[list[Any]] | None = None
         if call.prompt_logprobs == 0:
-            prompt_scores = await asyncio.to_thread(self.engine.prompt_logprobs_batch, prompts)
+            prompt_scores = await asyncio.to_thread(engine.prompt_logprobs_batch, prompts)
         elif call.prompt_logprobs is not None:  # top k: a distillation teacher's dense loss
-            prompt_scores = await asyncio.to_thread(
-                self.engine.prompt_topk_batch, prompts, call.prompt_logprobs
-            )
+            prompt_scores = await asyncio.to_thread(engine.prompt_topk_batch, prompts, call.prompt_logprobs)
         answer = completion_response(
-            self.model_name,
+            name,
             prompts,
             list(results),
             self._decode_token,

@@ -15,6 +15,7 @@ import torch
 from rllm.algos.config import AlgorithmConfig
 from rllm.backends.tinker.config import TinkerBackendConfig
 from rllm.backends.tinker.local import checkpoint
+from rllm.backends.tinker.local import policies as multi
 from rllm.backends.tinker.local.generation import SamplerEngine
 from rllm.backends.tinker.local.model import (
     configure_threads,
@@ -50,8 +51,13 @@ def sampler_copy(model: torch.nn.Module) -> torch.nn.Module:
 class LocalService:
     """Trains with torch in-process and serves the synced weights over OpenAI-compatible HTTP."""
 
-    def __init__(self, config: TinkerBackendConfig) -> None:
+    def __init__(self, config: TinkerBackendConfig, policies: list[multi.PolicySpec] | None = None) -> None:
         self.config = config
+        # Several policies (local/policies.py): the default first; empty for a one-policy run.
+        self.specs = list(policies or [])
+        self.trainers: dict[str, LocalTrainer] = {}
+        self.engines: dict[str, SamplerEngine] = {}
+        self._adapter_names: dict[str, list[str]] = {}
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.tokenizer: PreTrainedTokenizerBase | None = None
@@ -82,30 +88,43 @@ class LocalService:
         # load_tokenizer falls back to the eos token; a tokenizer with neither pads with 0, as the
         # sampler does (padded positions are masked out, so any id works).
         pad_id = tokenizer.pad_token_id
-        self.trainer = LocalTrainer(
-            model,
-            cfg,
-            self.device,
-            pad_id if isinstance(pad_id, int) else 0,
-            self._load_reference,
-            vision=vision,
-        )
+        if self.specs:
+            self._adapter_names = multi.add_adapters(model, self.specs)
+        for spec in self.specs or [multi.PolicySpec(name=multi.DEFAULT_POLICY, lora=cfg.lora, config=cfg)]:
+            if self.specs:
+                multi.activate(model, spec.name)  # its trainer's parameters: its adapter's
+            self.trainers[spec.name] = LocalTrainer(
+                model,
+                spec.config,
+                self.device,
+                pad_id if isinstance(pad_id, int) else 0,
+                self._load_reference,
+                vision=vision,
+            )
+        if self.specs:
+            multi.activate(model, multi.DEFAULT_POLICY)
+        self.trainer = self.trainers[multi.DEFAULT_POLICY]
         if cfg.sampler_weights == "none":
             # Supervised training samples nothing: no second copy of the weights, no sampler
             # thread, no HTTP server (what `rllm sft` asks for; it used to start all three).
             logger.info("local tinker service: %s on %s (%s, %d threads), no sampler", cfg.model,
                         self.device, self.dtype, threads)  # fmt: skip
             return
-        sampler_model = sampler_copy(model) if cfg.sampler_weights == "copy" else model
-        self.engine = SamplerEngine(
-            sampler_model,
-            tokenizer,
-            self.device,
-            cfg.sampler_max_batch,
-            batch_window_s=cfg.sampler_batch_window_ms / 1000.0,
-            max_queued=cfg.sampler_max_queued,
-        )
-        self.engine.start()
+        if self.specs:
+            copies = multi.sampler_copies(model, [s.name for s in self.specs], self._adapter_names)
+        else:
+            copies = {multi.DEFAULT_POLICY: sampler_copy(model) if cfg.sampler_weights == "copy" else model}
+        for name, sampler_model in copies.items():
+            self.engines[name] = SamplerEngine(
+                sampler_model,
+                tokenizer,
+                self.device,
+                cfg.sampler_max_batch,
+                batch_window_s=cfg.sampler_batch_window_ms / 1000.0,
+                max_queued=cfg.sampler_max_queued,
+            )
+            self.engines[name].start()
+        self.engine = self.engines[multi.DEFAULT_POLICY]
         self.server = SamplerServer(
             self.engine,
             self.served_model_name(),
@@ -114,6 +133,7 @@ class LocalService:
             default_max_tokens=cfg.sampler_max_tokens,
             image_processor=vision.image_processor if vision is not None else None,
             in_process=cfg.sampler_in_process,
+            policy_engines={n: e for n, e in self.engines.items() if n != multi.DEFAULT_POLICY},
         )
         self._url = self.server.start()
         logger.info(
@@ -136,10 +156,12 @@ class LocalService:
         if self.server is not None:
             await asyncio.to_thread(self.server.stop)
             self.server = None
-        if self.engine is not None:
-            await asyncio.to_thread(self.engine.stop)
-            self.engine = None
+        for engine in self.engines.values():
+            await asyncio.to_thread(engine.stop)
+        self.engines = {}
+        self.engine = None
         self.trainer = None  # drop the model and optimizer state
+        self.trainers = {}
 
     # endpoints -------------------------------------------------------------------------------
     def inference_urls(self) -> list[str]:
@@ -180,6 +202,27 @@ class LocalService:
 
         return await asyncio.to_thread(work)
 
+    async def train_policy_step(
+        self, policy: str, batch: list[TrainSequence], algo: AlgorithmConfig
+    ) -> dict[str, float]:
+        """One policy's update (local/policies.py): its adapter active, its own optimizer."""
+        trainer, _ = self._require_trainer()
+        if policy not in self.trainers:
+            raise InputError(f"unknown policy {policy!r} (policies: {', '.join(self.trainers)})")
+        if not self.specs:
+            return await self.train_step(batch, algo)
+        chosen = self.trainers[policy]
+
+        def work() -> dict[str, float]:
+            with self._work_lock:
+                multi.activate(trainer.model, policy)
+                try:
+                    return chosen.train_step(batch, algo)
+                finally:
+                    multi.activate(trainer.model, multi.DEFAULT_POLICY)
+
+        return await asyncio.to_thread(work)
+
     async def eval_loss(self, batch: list[TrainSequence]) -> dict[str, float]:
         trainer, _ = self._require_trainer()
 
@@ -202,6 +245,8 @@ class LocalService:
 
         def work() -> int:
             with self._work_lock:
+                if self.specs:
+                    return self._sync_policies()
                 return engine.update_weights(self._copy_weights_to_sampler)
 
         return await asyncio.to_thread(work)
@@ -217,6 +262,21 @@ class LocalService:
                 if param.requires_grad:
                     target[name].copy_(param)
 
+    def _sync_policies(self, version: int | None = None) -> int:
+        """Every policy's adapter into its sampler copy, all at one version (``version``: that
+        one, else the next); returns it."""
+        trainer, _ = self._require_started()
+        for name, engine in self.engines.items():
+            sampler = engine
+
+            def apply(sampler: SamplerEngine = sampler, name: str = name) -> None:
+                multi.copy_adapter(trainer.model, sampler.model, self._adapter_names[name])
+                if version is not None:
+                    sampler.weight_version = version - 1  # update_weights adds one
+
+            engine.update_weights(apply)
+        return self.engines[multi.DEFAULT_POLICY].weight_version
+
     async def save_checkpoint(self, path: Path) -> None:
         trainer, engine = self._require_trainer()
 
@@ -231,6 +291,8 @@ class LocalService:
                 checkpoint.save(
                     Path(path), trainer.model, trainer.optimizer, self.tokenizer, state, processor
                 )
+                if self.specs:
+                    multi.save_policies(Path(path), trainer.model, self._policy_optimizers())
 
         await asyncio.to_thread(work)
 
@@ -242,6 +304,10 @@ class LocalService:
                 state = checkpoint.load(Path(path), trainer.model, trainer.optimizer)
                 trainer.optimizer_steps = int(state.get("optimizer_steps", 0))
                 version = int(state.get("weight_version", 0))
+                if self.specs:
+                    multi.load_policies(Path(path), trainer.model, self._policy_optimizers())
+                    self._sync_policies(version)
+                    return
                 if engine is None:
                     self._weight_version = version
                     return
@@ -254,3 +320,6 @@ class LocalService:
                 sampler.update_weights(apply)
 
         await asyncio.to_thread(work)
+
+    def _policy_optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {n: t.optimizer for n, t in self.trainers.items() if n != multi.DEFAULT_POLICY}

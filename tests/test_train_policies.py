@@ -1,0 +1,142 @@
+"""Two policies in one training run, end to end on CPU: the solver-judge cookbook (unchanged)
+through the real gateway, rollout engine, local sampler and trainer, its judge role on its own
+LoRA adapter, the solvers on the default one; synchronous and asynchronous (K = 1)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from rllm.cli.main import main
+from rllm.engine.plugins import load_cookbook
+from rllm.engine.training.checkpoint import checkpoint_dir
+from rllm.engine.training.launch import build_trainer
+from rllm.engine.training.metrics_log import read_episode_sample, read_metrics, sample_path
+from rllm.engine.training.trainer_config import load_config
+from rllm.types import ConfigError
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+TWO_POLICIES = ["backend.options.lora.rank=4", "policies.judge.learning_rate=0.02", "roles.judge=judge"]
+FAST = [
+    "progress=false",
+    "plot=false",
+    "tensorboard=false",
+    "total_steps=2",
+    "tasks_per_step=2",
+    "group_size=2",
+    "val_every=0",
+    "rollout.sampling.max_tokens=6",
+    "sample_groups=2",
+    "algorithm.filter_zero_variance=false",
+]
+
+
+def _run(out: Path, *overrides: str) -> list[dict]:
+    trainer = build_trainer("solver-judge", out_dir=str(out), overrides=[*FAST, *TWO_POLICIES, *overrides])
+    asyncio.run(trainer.fit())
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [row["step"] for row in rows] == [1, 2]
+    return rows
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_two_policies_train_in_one_run(tmp_path: Path, staleness: int) -> None:
+    rows = _run(tmp_path, f"rollout.max_staleness={staleness}")
+    for row in rows:
+        # Every step updated both policies, each from its own roles' sequences.
+        assert row["policy/judge/train/sequences"] == row["episodes"]
+        assert row["policy/default/train/sequences"] == 2 * row["episodes"]
+        assert row["policy/judge/train/lr"] == pytest.approx(0.02)
+        assert row["policy/default/train/lr"] != pytest.approx(0.02)
+        assert "policy/judge/advantage/judge/mean" in row and "policy/default/advantage/solver_0/mean" in row
+    sample = read_episode_sample(sample_path(tmp_path, 2))
+    answered = {
+        (t.role, s.metadata.get("policy")) for e in sample.episodes for t in e.trajectories for s in t.steps
+    }
+    assert answered == {("judge", "judge"), ("solver_0", "default"), ("solver_1", "default")}
+    # The judge's calls were sampled by the judge's adapter (the sampler answers under its name).
+    models = {(t.role, s.metadata["model"]) for e in sample.episodes for t in e.trajectories for s in t.steps}
+    assert {m for r, m in models if r == "judge"} == {"judge"}
+    assert "judge" not in {m for r, m in models if r != "judge"}
+    checkpoint = checkpoint_dir(tmp_path, 2) / "backend"
+    assert (checkpoint / "policies" / "judge" / "adapter_model.safetensors").is_file()
+    if staleness == 0:
+        # `rllm export --policy NAME`: that policy's adapter; an unknown policy is refused by name.
+        exported = tmp_path / "judge"
+        assert (
+            main(["export", str(tmp_path), "--policy", "judge", "--adapter-only", "--to", str(exported)]) == 0
+        )
+        weights = "adapter_model.safetensors"
+        assert (exported / weights).read_bytes() == (checkpoint / "policies" / "judge" / weights).read_bytes()
+        assert not (exported / "optimizer.pt").exists()
+        merged = tmp_path / "judge-merged"
+        assert main(["export", str(tmp_path), "--policy", "judge", "--to", str(merged)]) == 0
+        assert (merged / "config.json").is_file()
+        assert main(["export", str(tmp_path), "--policy", "jduge", "--to", str(tmp_path / "x")]) != 0
+        # `rllm serve RUN`: every adapter, each under its policy's name.
+        served, answered_as = _serve_and_ask(tmp_path, "judge")
+        assert "judge" in served and len(served) == 2 and answered_as == "judge"
+        # --resume: every adapter back from the checkpoint (bitwise: test_tinker_policies.py), one more step.
+        resumed = build_trainer(
+            "solver-judge",
+            out_dir=str(tmp_path),
+            overrides=[*FAST, *TWO_POLICIES, "total_steps=3"],
+            resume=True,
+            allow_changes=("total_steps",),
+        )
+        asyncio.run(resumed.fit(resume=True, allow_changes=("total_steps",)))
+        last = read_metrics(tmp_path / "metrics.jsonl")[-1]
+        assert last["step"] == 3 and last["policy/judge/train/sequences"] == last["episodes"]
+
+
+def _serve_and_ask(run: Path, model: str) -> tuple[list[str], str]:
+    """`rllm serve RUN --port 0` as a user runs it: the models it lists, and the model a
+    completion asking for ``model`` was answered as. Waits for its "serving ... at URL" line."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rllm.cli.main", "serve", str(run), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("serving "), line
+        url = line.split(" at ")[-1].strip()
+        with urllib.request.urlopen(f"{url}/models") as response:
+            listed = [card["id"] for card in json.loads(response.read())["data"]]
+        body = {"model": model, "prompt": "say: apple", "max_tokens": 1, "temperature": 0}
+        request = urllib.request.Request(
+            f"{url}/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request) as response:
+            answer = json.loads(response.read())
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=120)
+    return listed, answer["model"]
+
+
+def test_a_role_mapped_to_an_unknown_policy_is_refused_before_start(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="role 'judge' maps to unknown policy 'jduge'"):
+        build_trainer(
+            "solver-judge", out_dir=str(tmp_path), overrides=[*FAST, *TWO_POLICIES, "roles.judge=jduge"]
+        )
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_the_cookbooks_two_policy_config_loads() -> None:
+    cookbook = load_cookbook("solver-judge")
+    base = {**cookbook.train_defaults, "cookbook": "solver-judge"}
+    config = load_config(ROOT / "cookbooks" / "solver_judge" / "configs" / "two_policies.yaml", base=base)
+    assert config.roles == {"judge": "judge"}
+    assert config.policies["judge"].lora is not None and config.policies["judge"].lora.rank == 16
