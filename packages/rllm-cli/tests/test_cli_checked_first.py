@@ -177,3 +177,16 @@ def test_a_device_that_is_not_one_is_refused_by_its_key(tmp_path: Path) -> None:
     out = tmp_path / "run"
     err = refused(out, "train", "say-single", "--out", str(out), *QUICK, "backend.options.device=cdua")
     assert "backend.options.device" in err and "'cdua' is not a device" in err
+
+
+def test_a_ray_address_nobody_answers_at_is_refused_before_the_run_folder(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as probe:  # a port that was free a moment ago: nobody listens there now
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out = tmp_path / "run"
+    address = f"127.0.0.1:{port}"
+    ray = ["rollout.executor=ray", f"rollout.ray.address={address}", "rollout.ray.num_workers=1"]
+    err = refused(out, "train", "say-single", "--out", str(out), *QUICK, *ray)
+    assert f"rollout.ray.address '{address}' does not answer" in err, err

@@ -179,6 +179,10 @@ def test_eval_a_cookbook_prints_a_summary_and_resumes(model_server: MockUpstream
     code, stdout, err = invoke(*args, "--attempts", "2", "--resume")
     assert code == 0 and "8 resumed" in stdout
     assert len((out / "results.jsonl").read_text().splitlines()) == 8
+    # `rllm view --table` on the eval folder prints its summary (it used to find no metrics.jsonl).
+    code, stdout, err = invoke("view", str(out), "--table")
+    assert code == 0, err
+    assert "accuracy" in stdout and "0.875" in stdout and "pass@2" in stdout
 
 
 def test_eval_max_examples(model_server: MockUpstream, tmp_path: Path) -> None:

@@ -45,11 +45,13 @@ def test_sft_refuses_a_second_run_overwrites_whole_and_resumes_only_as_recorded(
     chats = write_chats(tmp_path / "chats.jsonl")
     out = tmp_path / "run"
     args = ["sft", str(chats), "--out", str(out), *FAST]
-    assert main([*args, "total_steps=2", "ckpt_every=1"]) == 0
+    assert main([*args, "total_steps=2", "ckpt_every=1", "progress=true"]) == 0
     checkpoint = latest_checkpoint(out)
     assert checkpoint is not None and checkpoint.name == "step_000002"
     saved = (checkpoint / "trainer_state.json").read_bytes()
-    capsys.readouterr()
+    # Its progress shows the loss it trains down (it used to say "reward 0.000" at every step).
+    progress = [line for line in capsys.readouterr().err.splitlines() if line.startswith("step ")]
+    assert [line.split()[:3] for line in progress] == [["step", "1/2", "loss"], ["step", "2/2", "loss"]]
 
     # The same command again: refused, the checkpoint untouched.
     assert main([*args, "total_steps=2", "ckpt_every=1"]) == 2
@@ -61,6 +63,15 @@ def test_sft_refuses_a_second_run_overwrites_whole_and_resumes_only_as_recorded(
     err = capsys.readouterr().err
     assert "total_steps (run: 2, now: 3)" in err and "--allow-changes total_steps" in err
     assert main([*args, "total_steps=3", "ckpt_every=1", "--resume", "--allow-changes", "total_steps"]) == 0
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3]
+
+    # --resume of the finished run: nothing to do, said (exit 0), nothing started or written.
+    capsys.readouterr()
+    record = (out / "rllm-run.json").read_bytes()
+    assert main([*args, "total_steps=3", "ckpt_every=1", "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "finished at step 3 (3 steps planned): nothing to resume" in err, err
+    assert "done" not in err and (out / "rllm-run.json").read_bytes() == record
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3]
 
     # --overwrite: a run of one step, and nothing of the earlier one left (no step 2 or 3 checkpoint).

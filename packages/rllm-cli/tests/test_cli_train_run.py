@@ -99,3 +99,18 @@ def test_an_interrupted_run_keeps_its_finished_steps(tmp_path: Path) -> None:
     state = (out / "checkpoints" / "step_000002" / "trainer_state.json").read_text()
     assert '"step":2' in state.replace(" ", "")
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2]
+
+
+def test_a_task_drawn_twice_in_a_step_makes_two_groups_of_group_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """say-single has 8 tasks: 16 a step draws each twice. Each drawing is its own group of
+    group_size=2 (16 groups), said once at the start; they used to be merged into 8 groups of 4."""
+    out = tmp_path / "run"
+    args = ["train", "say-single", "--out", str(out), "total_steps=1", *QUICK, "tasks_per_step=16"]
+    assert main([*args, "algorithm.min_group_size=2"]) == 0
+    err = capsys.readouterr().err
+    note = "note: tasks_per_step=16 is more than the 8 tasks of split 'train'"
+    assert err.count(note) == 1 and "each drawing its own group of group_size=2" in err, err
+    (row,) = read_metrics(out / "metrics.jsonl")
+    assert row["filter/groups_in"] == 16 and row["episodes"] == 32, row

@@ -45,6 +45,9 @@ import asyncio
 import os
 from pathlib import Path
 
+if os.environ.get("RLLM_TEST_BREAK_IMPORT"):  # a worker started with a runtime_env that sets it
+    raise ImportError("rllm_ray_flows cannot be imported on this worker")
+
 import openai
 
 from rllm.sdk import rollout
@@ -468,6 +471,33 @@ async def test_a_ray_address_other_than_the_connected_one_is_refused(cluster, up
         assert ray.is_initialized()  # not shut down: the pool did not connect it
     finally:
         ray.shutdown()
+
+
+async def test_a_worker_that_fails_to_start_fails_the_pool_at_once_with_its_own_line(cluster, upstream):
+    """A worker whose flow module cannot be imported there (as when Ray's uv hook started the
+    workers in an environment without the project) fails the pool at once, with that worker's
+    error in one line: not Ray's page of traceback, not "did not all start" after
+    ``start_timeout_s`` (an hour here)."""
+    import rllm_ray_flows as flows  # type: ignore[import-not-found]
+
+    from rllm.types.errors import StateError
+
+    broken = RaySettings(
+        address=cluster,
+        num_workers=2,
+        resources_per_worker={"CPU": 1.0},
+        runtime_env={"env_vars": {"RLLM_TEST_BREAK_IMPORT": "1"}},
+        start_timeout_s=3600,
+    )
+    config = RolloutConfig(n=1, concurrency=2, progress=False, executor="ray", ray=broken)
+    engine = RolloutEngine(flows.two_turns, None, config, upstreams=[upstream.url])
+    with pytest.raises(StateError) as err:
+        await asyncio.wait_for(engine.start(), 600)
+    await engine.close()
+    message = str(err.value)
+    assert message.startswith("a Ray rollout worker failed to start: "), message
+    assert "ImportError: rllm_ray_flows cannot be imported on this worker" in message and "\n" not in message
+    assert not ray.is_initialized()  # the Ray the pool connected is shut down with it
 
 
 def _shell_call(name: str, **args: str) -> MockReply:

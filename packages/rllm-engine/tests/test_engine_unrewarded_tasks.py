@@ -71,3 +71,26 @@ def test_the_count_is_the_tasks_whose_last_k_appearances_had_no_reward(
             history.setdefault(task, []).append(hit)
         expected = sum(1 for h in history.values() if len(h) >= 2 and not any(h[-2:]))
         assert got == {"filter/tasks_unrewarded": float(expected)}
+
+
+def test_a_run_whose_reward_still_rises_is_not_told_its_tasks_are_unlearnable() -> None:
+    """The end-of-run warning waits for the reward to stop rising: a 40-step run of a config that
+    reaches 1.0 by step 200 still has tasks not rewarded yet (say-single's first 40 steps climb
+    from about 0.1 to 0.6), which is no sign that they never will be."""
+    from rllm.engine.training.learning_watch import reward_still_rising
+
+    climbing = [0.1 + 0.5 * step / 40 for step in range(40)]
+    assert reward_still_rising(climbing)
+    levelled_off = [0.1 + 0.5 * min(step, 10) / 10 for step in range(40)]  # 0.6 from step 10 on
+    assert not reward_still_rising(levelled_off)
+    assert not reward_still_rising([0.0, 0.5, 1.0])  # too short to tell: the warning stands
+
+
+@given(
+    st.lists(st.floats(min_value=0.0, max_value=1.0), max_size=60), st.floats(min_value=0.0, max_value=1.0)
+)
+def test_a_reward_that_never_goes_up_is_never_rising(rewards: list[float], start: float) -> None:
+    from rllm.engine.training.learning_watch import reward_still_rising
+
+    falling = sorted(rewards, reverse=True)
+    assert not reward_still_rising(falling) and not reward_still_rising([start] * len(rewards))

@@ -389,9 +389,51 @@ async def test_a_worker_that_dies_while_starting_is_reported(tmp_path, monkeypat
     module = importlib.import_module("rllm_flows_broken_in_workers")
     config = RolloutConfig(workers=2, progress=False)
     engine = RolloutEngine(module.flow, None, config, upstreams=[upstream.url])
-    with pytest.raises(RuntimeError, match="did not start"):
+    with pytest.raises(RuntimeError, match="failed to start") as err:
         await asyncio.wait_for(engine.start(), 60)
+    # The worker's own error, in one line: not "did not start" after start_timeout_s.
+    assert "ImportError: this module cannot be imported in a worker process" in str(err.value)
+    assert "\n" not in str(err.value)
     assert engine._pool is None or engine._pool.workers == []
+
+
+async def test_a_worker_whose_engine_fails_to_start_fails_the_pool_at_once_with_its_error(
+    tmp_path, monkeypatch
+):
+    """A worker whose engine raises on start fails the pool with the worker's own line, without
+    waiting out ``start_timeout_s`` (an hour here) for the other worker, which never starts."""
+    from rllm.engine.rollout.flow_processes import FlowProcessPool
+
+    (tmp_path / "rllm_engines_failing_to_start.py").write_text(
+        textwrap.dedent(
+            """
+            import asyncio
+
+
+            class Engine:
+                def __init__(self, *, index, **kwargs):
+                    self.index = index
+
+                async def start(self):
+                    if self.index == 1:
+                        raise RuntimeError("no GPU on this node\\nsecond line")
+                    await asyncio.Event().wait()  # worker 0 never gets there
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("rllm_engines_failing_to_start")
+
+    class PerWorker(FlowProcessPool):  # each worker is told its index (a pickled, module-level class)
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.slots.engine_kwargs = lambda kwargs, i: {**kwargs, "index": i}
+
+    pool = PerWorker(2, {}, engine=module.Engine, concurrency=2, start_timeout_s=3600)
+    with pytest.raises(RuntimeError) as err:
+        await asyncio.wait_for(pool.start(), 120)
+    assert str(err.value) == "rollout worker 1 failed to start: RuntimeError: no GPU on this node"
+    assert pool.workers == []  # both closed, the one still starting too
 
 
 async def test_a_worker_still_starting_at_the_timeout_is_not_called_broken(flows, upstream, monkeypatch):

@@ -15,21 +15,28 @@ from rllm.algos.config import AlgorithmConfig
 from rllm.algos.errors import AlgorithmInputError, RewardError
 from rllm.types import Episode, Trajectory, TrajectoryGroup
 
+# Episode metadata: which drawing of its task, within one training step, an episode belongs to
+# (absent: the first). A task drawn twice in a step (``tasks_per_step`` beyond the split) makes
+# two groups of ``group_size``, not one of twice that (rllm.engine.training.task_repeats).
+REPEAT_KEY = "task_repeat"
+
 
 def group_trajectories(
     episodes: Iterable[Episode], config: AlgorithmConfig | None = None
 ) -> list[TrajectoryGroup]:
-    """Group every trajectory by (task_id, trajectory name), in order of first appearance.
+    """Group every trajectory by (task_id, drawing, trajectory name), in order of first
+    appearance; the drawing is ``metadata[REPEAT_KEY]`` (0 when absent).
 
     Each group records the episode id and termination reason of every member, so filters can
     mask by termination later. ``config`` is accepted for symmetry with the other transforms.
     """
-    buckets: dict[tuple[str, str], TrajectoryGroup] = {}
+    buckets: dict[tuple[str, int, str], TrajectoryGroup] = {}
     for episode in episodes:
         if not isinstance(episode, Episode):
             raise AlgorithmInputError(f"expected Episode objects, got {type(episode).__name__}")
+        repeat = episode.metadata.get(REPEAT_KEY, 0)
         for trajectory in episode.trajectories:
-            key = (episode.task_id, trajectory.role)
+            key = (episode.task_id, repeat if isinstance(repeat, int) else 0, trajectory.role)
             group = buckets.get(key)
             if group is None:
                 group = buckets[key] = TrajectoryGroup(task_id=episode.task_id, role=trajectory.role)

@@ -14,6 +14,8 @@ from rllm.cli.viewer.data import RunNotFoundError, RunView
 from rllm.cli.viewer.server import ViewerServer
 from rllm.engine.training.metrics_log import read_metrics
 
+EVAL_SUMMARY = "summary.json"  # what `rllm eval` writes at its end, beside results.jsonl
+EVAL_RESULTS = "results.jsonl"
 TABLE_COLUMNS = {
     "step": "step",
     "reward/mean": "reward",
@@ -30,7 +32,11 @@ TABLE_COLUMNS = {
     "--host", default="127.0.0.1", show_default=True, help="address to listen on (loopback by default)"
 )
 @click.option("--port", default=8765, show_default=True, help="port (0: any free port)")
-@click.option("--table", is_flag=True, help="print the metrics table and exit instead of serving the page")
+@click.option(
+    "--table",
+    is_flag=True,
+    help="print the metrics table (an eval folder: its summary) and exit instead of serving the page",
+)
 @click.option("--open/--no-open", "open_browser", default=False, help="open the page in a browser")
 @click.option(
     "--tokenizer",
@@ -48,6 +54,7 @@ def view_command(
     Example:
       rllm view runs/say-single            # then open http://127.0.0.1:8765/
       rllm view runs/say-single --table    # the metrics as a table in the shell
+      rllm view runs/eval --table          # an eval folder's summary, as `rllm eval` printed it
     """
     if table:
         return print_table(run_dir)
@@ -77,8 +84,13 @@ def view_command(
 
 
 def print_table(run_dir: Path) -> int:
-    """The argparse-era `rllm view`: up to ~20 evenly spaced metric rows as a table."""
+    """Up to ~20 evenly spaced metric rows of a training run as a table; an eval folder's
+    summary (as `rllm eval` printed it)."""
+    if not run_dir.is_dir():
+        raise CliError(f"{run_dir} does not exist" if not run_dir.exists() else f"{run_dir} is not a folder")
     rows = read_metrics(run_dir / "metrics.jsonl")
+    if not rows and ((run_dir / EVAL_SUMMARY).is_file() or (run_dir / EVAL_RESULTS).is_file()):
+        return print_eval_summary(run_dir)
     if not rows:
         raise CliError(f"no metrics.jsonl with rows in {run_dir}")
     table = Table(title=str(run_dir))
@@ -89,6 +101,27 @@ def print_table(run_dir: Path) -> int:
     for row in rows[::stride] + ([rows[-1]] if (len(rows) - 1) % stride else []):
         table.add_row(*(_fmt(row.get(k)) for k in keys))
     Console().print(table)
+    return 0
+
+
+def print_eval_summary(run_dir: Path) -> int:
+    """An eval folder's summary.json as the table `rllm eval` printed at its end."""
+    import msgspec
+
+    from rllm.cli.eval_cmd import summary_table
+    from rllm.engine.evaluation import EvalSummary
+
+    path = run_dir / EVAL_SUMMARY
+    if not path.is_file():
+        raise CliError(
+            f"{run_dir} holds an evaluation that did not finish (no {EVAL_SUMMARY})",
+            hint="`rllm eval ... --out DIR --resume` finishes it and writes the summary",
+        )
+    try:
+        summary = msgspec.json.decode(path.read_bytes(), type=EvalSummary)
+    except msgspec.DecodeError as exc:
+        raise CliError(f"{path} is not an evaluation summary: {exc}") from None
+    Console().print(summary_table(summary, title=str(run_dir)))
     return 0
 
 

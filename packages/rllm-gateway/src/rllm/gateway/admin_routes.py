@@ -80,7 +80,13 @@ class AdminRoutes:
 
     # ----------------------------------------------------------- open routes
     async def health(self, request: Request) -> Response:
-        return _json(self.server.health_info())
+        """200 when model calls can reach something; 503 (the same body, with its ``reason``)
+        when no upstream is healthy, so a load balancer's probe sees it too."""
+        info = self.server.health_info()
+        response = _json(info)
+        if info["status"] != "ok":
+            response.status = 503
+        return response
 
     async def metrics(self, request: Request) -> Response:
         body, ctype = self.server.metrics.render()

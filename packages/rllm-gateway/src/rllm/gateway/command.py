@@ -120,6 +120,16 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
             flush=True,
         )
+    for url in config.upstreams:
+        if not url.rstrip("/").endswith("/v1"):
+            # Model calls go to URL/chat/completions: an OpenAI-compatible server's base URL ends
+            # in /v1, and without it every call is a 404 from the upstream, seen only then.
+            print(
+                f"rllm-gateway: warning: upstream {url} does not end in /v1: model calls go to "
+                f"{url.rstrip('/')}/chat/completions (did you mean {url.rstrip('/')}/v1?)",
+                file=sys.stderr,
+                flush=True,
+            )
     if config.admin_key is None:
         # Refused above on any address but loopback (unless --insecure-no-admin-key): still, any
         # local process, a flow's or an agent's, may drive the gateway. Say so, in one line.

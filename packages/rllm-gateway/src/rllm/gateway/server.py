@@ -226,10 +226,21 @@ class GatewayServer:
         self.ledger.resume()
 
     def health_info(self) -> dict[str, Any]:
+        """Liveness and what model calls can reach: ``status`` is "ok" only when some upstream
+        is healthy (or a hosted model serves the calls); otherwise "unavailable", with the
+        ``reason`` (``GET /health`` then answers 503)."""
+        total, healthy = len(self.pool.upstreams), self.pool.healthy_count()
+        reason = None
+        if not self.config.hosted_model:
+            if not total:
+                reason = "no upstream: model calls answer 503 until one is added (POST /admin/upstreams)"
+            elif not healthy:
+                reason = f"0 of {total} upstreams healthy: model calls answer 503 until one answers"
         return {
-            "status": "ok",
-            "upstreams": len(self.pool.upstreams),
-            "healthy_upstreams": self.pool.healthy_count(),
+            "status": "ok" if reason is None else "unavailable",
+            **({"reason": reason} if reason else {}),
+            "upstreams": total,
+            "healthy_upstreams": healthy,
             "paused": not self.ledger.admitting,
             "inflight": self.ledger.inflight,
             "waiting": self.ledger.waiting,

@@ -36,7 +36,7 @@ from rllm.engine.training.checkpoint import (
 )
 from rllm.engine.training.metrics_log import MetricsLogger, truncate_history
 from rllm.engine.training.run_folder import RunFolder
-from rllm.engine.training.train_progress import TrainProgress
+from rllm.engine.training.train_progress import LOSS, TrainProgress
 from rllm.engine.training.trainer_config import BackendSection
 from rllm.types import ConfigError, TrainSequence
 from rllm.types.config_file import apply_overrides, convert_config, merge_config, read_config_file
@@ -242,7 +242,7 @@ class SFTRunner:
     async def _steps(self, run: _Progress, metrics_log: MetricsLogger) -> None:
         cfg, state, total = self.config, run.state, len(self.plan)
         saved = state.step  # a resumed run starts from a checkpoint of this step
-        with TrainProgress(total, start=state.step, enabled=cfg.progress) as progress:
+        with TrainProgress(total, start=state.step, enabled=cfg.progress, shown=LOSS) as progress:
             if cfg.val_every and state.step == 0 and not self.interrupted:
                 run.best = await self._finish(self._held_out_loss(), "the held-out loss")
                 metrics_log.log(0, {"val/loss": run.best})

@@ -24,6 +24,7 @@ from rllm.engine.data.sft import (
 )
 from rllm.engine.data.stored_ids import RETOKENIZE, made_by, stored_by
 from rllm.engine.plugins import backend_class
+from rllm.engine.training.checkpoint import latest_checkpoint, load_trainer_state
 from rllm.engine.training.launch import (
     TINY_MODEL,
     check_backend_installed,
@@ -33,6 +34,7 @@ from rllm.engine.training.launch import (
 from rllm.engine.training.model_check import check_model_path
 from rllm.engine.training.train_folder import ensure_tiny_model
 from rllm.types import ConfigError
+from rllm.types.errors import NothingToDo
 
 
 def build_sft(
@@ -64,7 +66,26 @@ def build_sft(
     config = load_sft_config(config_path, [*flags, *overrides], base=base)
     if resume is not None:
         sft_folder(config).check(resume=resume, overwrite=overwrite, allow_changes=allow_changes)
-    return sft_runner(config)
+    runner = sft_runner(config)
+    if resume:
+        refuse_finished(config, len(runner.plan))
+    return runner
+
+
+class SFTFinished(NothingToDo):
+    """``--resume`` of an SFT run whose checkpoint is already at the end of its plan: nothing to
+    do (the CLI says so and exits 0, without starting the backend)."""
+
+
+def refuse_finished(config: SFTConfig, planned: int) -> None:
+    """SFTFinished when the run's latest checkpoint has every planned step (the plan is known
+    once the data is tokenized; nothing is loaded or started yet)."""
+    found = latest_checkpoint(Path(config.out_dir))
+    if found is not None and (step := load_trainer_state(found).step) >= planned:
+        raise SFTFinished(
+            f"{config.out_dir} finished at step {step} ({planned} steps planned): nothing to resume; "
+            "more steps: --resume --allow-changes epochs epochs=N (or total_steps)"
+        )
 
 
 def sft_runner(config: SFTConfig) -> SFTRunner:
@@ -125,4 +146,12 @@ def load_chat_tokenizer(path: str) -> Any:
     return TokenBridge.load(path).tokenizer
 
 
-__all__ = ["build_sft", "load_chat_tokenizer", "sft_backend", "sft_model", "sft_runner"]
+__all__ = [
+    "SFTFinished",
+    "build_sft",
+    "load_chat_tokenizer",
+    "refuse_finished",
+    "sft_backend",
+    "sft_model",
+    "sft_runner",
+]

@@ -9,7 +9,9 @@ imports the modules it will need, then waits for its engine arguments on its soc
 (:meth:`EarlyFlowProcesses.take`) and sends the entry point and arguments a spawn would have
 carried (one pickled frame, :mod:`rllm.engine.rollout.frames`); from there a worker runs exactly
 as a freshly spawned one. A module that fails to import early is imported again from the
-arguments, where the failure is reported as before.
+arguments; a failure there is sent to the driver as the worker's one error line
+(:func:`~rllm.engine.rollout.flow_processes.send_start_failure`). A pool with no processes
+started early starts its own this way (with nothing to import first), for that same line.
 
 ``RLLM_NO_EARLY_WORKERS=1`` turns it off (to measure the two against each other).
 """
@@ -24,6 +26,7 @@ import os
 import pickle
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -47,7 +50,13 @@ def _early_main(sock: socket.socket, modules: list[str]) -> None:
     payload = read_frame(sock)
     if not payload:
         return  # the parent closed the socket: nothing to run
-    target, args = pickle.loads(payload)  # as multiprocessing's spawn reads its arguments
+    try:
+        target, args = pickle.loads(payload)  # as multiprocessing's spawn reads its arguments
+    except Exception as exc:  # a flow module that fails to import here: the driver says why
+        from rllm.engine.rollout.flow_processes import send_start_failure
+
+        send_start_failure(sock, exc)
+        sys.exit(1)
     target(sock, *args)
 
 
@@ -68,7 +77,7 @@ def _module_of(obj: Any) -> str | None:
 class EarlyFlowProcesses:
     """Spawned flow processes waiting for their engine arguments (see the module docstring)."""
 
-    def __init__(self, n: int, modules: list[str]) -> None:
+    def __init__(self, n: int, modules: list[str], *, first_index: int = 0) -> None:
         ctx = multiprocessing.get_context("spawn")
         self._waiting: list[tuple[Any, socket.socket]] = []
         # Ctrl-C is likeliest during start-up, when these processes are still importing: they
@@ -79,7 +88,10 @@ class EarlyFlowProcesses:
             for i in range(n):
                 parent_sock, child_sock = socket.socketpair()
                 proc = ctx.Process(
-                    target=_early_main, args=(child_sock, modules), name=f"rllm-rollout-{i}", daemon=True
+                    target=_early_main,
+                    args=(child_sock, modules),
+                    name=f"rllm-rollout-{first_index + i}",
+                    daemon=True,
                 )
                 try:
                     proc.start()

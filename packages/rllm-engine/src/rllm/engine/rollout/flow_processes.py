@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import multiprocessing
 import pickle
 import signal
 import socket
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from rllm.engine.rollout.frames import Frames
+from rllm.engine.rollout.frames import HEADER, Frames
 from rllm.engine.rollout.worker_metrics import WORKER_KEY
 from rllm.engine.rollout.worker_pool import (
     Done,
@@ -36,6 +36,7 @@ from rllm.engine.rollout.worker_pool import (
     WorkerHandle,
     WorkerSlots,
     encode_done,
+    error_line,
     quiet_loggers_from_env,
 )
 from rllm.types import Episode, SamplingParams, Task, from_msgpack, to_msgpack
@@ -47,7 +48,18 @@ if TYPE_CHECKING:
 
 
 class _Ready(msgspec.Struct, array_like=True):
+    """A worker's first frame: its gateway's URL once its engine is up, or (``gateway_url`` "")
+    the one line of the error that stopped it starting."""
+
     gateway_url: str
+    error: str = ""
+
+
+def send_start_failure(sock: socket.socket, exc: BaseException) -> None:
+    """Tell the driver (blocking, before any other frame) why this worker could not start."""
+    payload = to_msgpack(_Ready("", error_line(exc)))
+    with contextlib.suppress(OSError):  # the driver is gone: nobody to tell
+        sock.sendall(HEADER.pack(len(payload)) + payload)
 
 
 # ----------------------------------------------------------------------------- worker side
@@ -61,14 +73,21 @@ def _worker_main(sock: socket.socket, engine: EngineFactory, engine_kwargs: dict
     # which shuts this worker down; a KeyboardInterrupt here would only print tracebacks.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-    run(_serve(sock, engine, engine_kwargs))
+    if not run(_serve(sock, engine, engine_kwargs)):
+        sys.exit(1)  # its error line went to the driver, which reports it: no traceback here
 
 
-async def _serve(sock: socket.socket, engine_factory: EngineFactory, engine_kwargs: dict[str, Any]) -> None:
+async def _serve(sock: socket.socket, engine_factory: EngineFactory, engine_kwargs: dict[str, Any]) -> bool:
+    """Serve the parent's jobs until it closes the pipe; False (the parent told why) when the
+    engine did not start."""
     loop = asyncio.get_running_loop()
     jobs: asyncio.Queue[Job] = asyncio.Queue()
     closed = asyncio.Event()
-    engine = await engine_factory(**engine_kwargs).start()
+    try:
+        engine = await engine_factory(**engine_kwargs).start()
+    except Exception as exc:
+        send_start_failure(sock, exc)
+        return False
     try:
 
         async def runner() -> None:
@@ -110,6 +129,7 @@ async def _serve(sock: socket.socket, engine_factory: EngineFactory, engine_kwar
             await asyncio.gather(*runners, return_exceptions=True)
     finally:
         await engine.close()
+    return True
 
 
 # ----------------------------------------------------------------------------- parent side
@@ -118,12 +138,15 @@ class _Worker(WorkerHandle):
         super().__init__(index, capacity)
         self.process = process
         self.pipe: Frames | None = None
-        # Its gateway's URL once it is up; "" if it exited first.
+        # Its gateway's URL once it is up; "" if it exited first (``start_error``: its own line).
         self.ready: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.start_error = ""
 
     def on_frame(self, frame: memoryview) -> None:
         if not self.ready.done():
-            self.ready.set_result(from_msgpack(frame, _Ready).gateway_url)
+            ready = from_msgpack(frame, _Ready)
+            self.start_error = ready.error
+            self.ready.set_result(ready.gateway_url)
             return
         done = from_msgpack(frame, Done)
         self.resolve(done.id, done.episode)
@@ -165,7 +188,11 @@ class FlowProcessPool(SlottedPool[_Worker]):
         self.slots: WorkerSlots[_Worker] = WorkerSlots(n, concurrency, prefetch)
 
     async def start(self) -> FlowProcessPool:
+        from rllm.engine.rollout.early_flow_processes import EarlyFlowProcesses
+
         loop = asyncio.get_running_loop()
+        if self.early is None:  # all started at once: each imports while the others do
+            self.early = EarlyFlowProcesses(self.n, [])
         try:
             for i in range(self.n):
                 kwargs = self.slots.engine_kwargs(self.engine_kwargs, i)
@@ -181,20 +208,7 @@ class FlowProcessPool(SlottedPool[_Worker]):
                 _, w.pipe = await loop.create_connection(
                     lambda w=w: Frames(w.on_frame, w.on_lost), sock=parent_sock
                 )
-            for w in self.workers:
-                with contextlib.suppress(TimeoutError):
-                    w.gateway_url = await asyncio.wait_for(w.ready, self.start_timeout_s)
-                if not w.gateway_url and w.process.exitcode is None:
-                    # Still running: slow, not broken (an overloaded machine), so no import hint.
-                    raise StateError(
-                        f"rollout worker {w.index} did not start within {self.start_timeout_s:.0f} s "
-                        "(it is still starting; is the machine overloaded?)"
-                    )
-                if not w.gateway_url:
-                    raise StateError(
-                        f"rollout worker {w.index} did not start (exit code {w.process.exitcode}); "
-                        "is the flow importable (defined at module level)?"
-                    )
+            await self._await_ready()
         except BaseException:
             await self.close()
             raise
@@ -203,29 +217,55 @@ class FlowProcessPool(SlottedPool[_Worker]):
                 self.early.close()  # any not taken (a pool of fewer workers than started early)
         return self
 
+    async def _await_ready(self) -> None:
+        """Every worker's gateway URL; the first worker that fails to start fails the pool at
+        once, with its own error line (not after ``start_timeout_s``, not behind a slower one)."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self.start_timeout_s
+        waiting = {w.ready: w for w in self.workers}
+        while waiting:
+            done, _ = await asyncio.wait(
+                waiting, timeout=max(0.0, end - loop.time()), return_when=asyncio.FIRST_COMPLETED
+            )
+            if not done:
+                # Still running: slow, not broken (an overloaded machine), so no import hint.
+                w = min(waiting.values(), key=lambda w: w.index)
+                raise StateError(
+                    f"rollout worker {w.index} did not start within {self.start_timeout_s:.0f} s "
+                    "(it is still starting; is the machine overloaded?)"
+                )
+            for fut in sorted(done, key=lambda f: waiting[f].index):
+                w = waiting.pop(fut)
+                w.gateway_url = fut.result()
+                if w.start_error:
+                    raise StateError(f"rollout worker {w.index} failed to start: {w.start_error}")
+                if not w.gateway_url:
+                    await asyncio.to_thread(w.process.join, 10)  # its exit code, once it is reaped
+                    raise StateError(
+                        f"rollout worker {w.index} did not start (exit code {w.process.exitcode}); "
+                        "is the flow importable (defined at module level)?"
+                    )
+
     async def _launch(self, index: int, kwargs: dict[str, Any]) -> tuple[Any, socket.socket]:
         """Worker ``index``'s process, running ``_worker_main(kwargs)``, and the parent's end of
-        its socket: an early-started one when one is waiting, else a fresh spawn."""
+        its socket: an early-started one when one is waiting, else a fresh one. Either gets its
+        entry point and arguments over its socket (not as a spawn's arguments), so a flow module
+        that fails to import there is reported to the driver in one line."""
+        from rllm.engine.rollout.early_flow_processes import EarlyFlowProcesses
+
         args = (self.engine, kwargs)
         # In a thread: arguments larger than the socket's buffer wait for the process to finish
         # its imports and read them.
-        if (
-            self.early is not None
-            and (taken := await asyncio.to_thread(self.early.take, _worker_main, args)) is not None
-        ):
+        if self.early is not None and (taken := await asyncio.to_thread(self.early.take, _worker_main, args)):
             return taken
-        parent_sock, child_sock = socket.socketpair()
-        proc = multiprocessing.get_context("spawn").Process(
-            target=_worker_main, args=(child_sock, *args), name=f"rllm-rollout-{index}", daemon=True
-        )
+        fresh = EarlyFlowProcesses(1, [], first_index=index)  # none started early is left
         try:
-            proc.start()
-        except BaseException:
-            parent_sock.close()
-            raise
+            taken = await asyncio.to_thread(fresh.take, _worker_main, args)
         finally:
-            child_sock.close()
-        return proc, parent_sock
+            fresh.close()  # one not taken (its arguments could not be pickled) ends here
+        if taken is None:
+            raise StateError(f"rollout worker {index} exited as soon as it was started")
+        return taken
 
     async def run_one(
         self,
@@ -254,6 +294,8 @@ class FlowProcessPool(SlottedPool[_Worker]):
             if w.pipe is not None and w.pipe.transport is not None:
                 w.pipe.transport.close()
         for w in self.workers:
+            if not w.gateway_url and w.process.is_alive():
+                w.process.terminate()  # never started (the pool failed): nothing of it to finish
             await asyncio.to_thread(w.process.join, 10)
             if w.process.is_alive():
                 w.process.kill()

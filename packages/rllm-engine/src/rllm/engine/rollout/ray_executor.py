@@ -28,6 +28,7 @@ import collections
 import contextlib
 import logging
 import os
+import re
 import time
 from typing import Any
 
@@ -47,6 +48,7 @@ from rllm.engine.rollout.worker_pool import (
     WorkerHandle,
     WorkerSlots,
     encode_done,
+    error_line,
     quiet_loggers_from_env,
 )
 from rllm.types import Episode, SamplingParams, Task, from_msgpack, to_msgpack
@@ -54,7 +56,7 @@ from rllm.types.errors import MissingExtraError, StateError
 
 try:
     import ray
-    from ray.exceptions import ActorUnavailableError, RayActorError
+    from ray.exceptions import ActorUnavailableError, RayActorError, RayError, RayTaskError
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise MissingExtraError("rollout.executor = 'ray' needs Ray: pip install 'rllm-engine[ray]'") from exc
 
@@ -63,6 +65,20 @@ log = logging.getLogger(__name__)
 
 class RayWorkerDied(FlowProcessDied):
     """The Ray actor (or its node) running a rollout died before answering."""
+
+
+def ray_error_line(exc: BaseException) -> str:
+    """The line that says why a Ray call failed: the worker's own exception (``Type: message``)
+    rather than Ray's wrapper, whose text is a page of traceback ending in that line."""
+    if (
+        isinstance(exc, RayTaskError)
+        and isinstance(exc.cause, Exception)
+        and not isinstance(exc.cause, RayError)
+    ):
+        return error_line(exc.cause)
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    raised = [line for line in lines if re.match(r"^[\w.]+(Error|Exception|Exit): ", line)]
+    return raised[-1] if raised else (lines[0] if lines else type(exc).__name__)
 
 
 class FlowWorker:
@@ -262,6 +278,8 @@ class RayFlowPool(SlottedPool[_Handle]):
                     f"does the cluster have {self.settings.resources_per_worker} free per worker "
                     "(rollout.ray.resources_per_worker)?"
                 ) from None
+            except RayError as exc:  # the first that fails, at once: its own line, not Ray's page
+                raise StateError(f"a Ray rollout worker failed to start: {ray_error_line(exc)}") from None
             for w, (url, node) in zip(self.workers, ready, strict=True):
                 w.gateway_url, w.node_id = url, node
                 w.collector = asyncio.get_running_loop().create_task(self._collect(w))

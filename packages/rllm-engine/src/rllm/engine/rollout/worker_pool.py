@@ -38,6 +38,13 @@ class FlowProcessDied(RLLMError, ConnectionError):
     """The flow worker (a process, a Ray actor) running a rollout exited before answering."""
 
 
+def error_line(exc: BaseException) -> str:
+    """``Type: message``, first line only: what the driver reports for a worker that failed to
+    start (its traceback stays in the worker's own log)."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
 class WorkerEngine(Protocol):
     """What a flow worker needs of the engine it builds (a RolloutEngine, attached to the
     driver's gateway or with one of its own)."""

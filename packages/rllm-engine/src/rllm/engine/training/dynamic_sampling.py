@@ -28,6 +28,7 @@ import msgspec
 from rllm.algos.config import AlgorithmConfig
 from rllm.algos.filters import filter_groups
 from rllm.algos.grouping import group_trajectories
+from rllm.engine.training.task_repeats import mark_task_repeats
 from rllm.types import Episode, Task
 
 if TYPE_CHECKING:
@@ -152,12 +153,14 @@ async def fill_step(
     batch's tasks, the cursor after them, their episodes and the metrics of the draw."""
     want, group_size = sizes
     tasks, next_data, episodes = drawn
+    mark_task_repeats(episodes)  # the sampler records each drawing of a task apart
     sampled = sampler.observe(episodes)
     count = SignalCount(algorithm, want)
     count.add_batch(episodes, group_size)
     while (missing := count.missing()) > 0:
         more, next_data = sampler.next_batch(missing, next_data)
         more_episodes = await run(more)
+        mark_task_repeats(more_episodes)
         sampled = sampler.observe(more_episodes)
         count.add_batch(more_episodes, group_size)
         tasks, episodes = [*tasks, *more], [*episodes, *more_episodes]

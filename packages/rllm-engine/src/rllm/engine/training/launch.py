@@ -5,7 +5,8 @@ Config precedence (lowest first): the cookbook's ``train_defaults``, the config 
 
 Everything that can be checked is checked before anything is built or written: the config,
 the cookbook's options, the run folder (``--resume``/``--overwrite``), the backend's own options
-and the algorithm against the backend. Only then is the tiny model built and the backend made.
+and the algorithm against the backend, and that a Ray cluster's address answers. Only then is
+the tiny model built and the backend made.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any
 
 from rllm.engine.plugins import backend_class, load_cookbook
 from rllm.engine.rollout.early_flow_processes import start_early_for
+from rllm.engine.rollout.executors import resolve_executor
+from rllm.engine.rollout.ray_connect import ADDRESS_KEY, check_address_answers
 from rllm.engine.training.init_from import check_init_model, resolve_init_checkpoint
 from rllm.engine.training.model_check import check_model_path
 from rllm.engine.training.task_sampler import check_curriculum
@@ -25,6 +28,7 @@ from rllm.engine.training.trainer import Trainer, validate_algorithm
 from rllm.engine.training.trainer_config import TrainerConfig, load_config
 from rllm.sdk.cookbook import Cookbook
 from rllm.types import ConfigError
+from rllm.types.errors import StateError
 
 TINY_MODEL = "tiny"  # backend.options.model = "tiny": build a tiny random model for the cookbook
 
@@ -120,6 +124,7 @@ def assemble_trainer(
     # algorithm option it refuses stops the run in milliseconds, not after the tiny model is built.
     validate_algorithm(config, make_backend(cls, config.backend.name, options))
     check_backend_installed(cls)
+    check_ray_address(config)
     early = None
     try:
         if tiny:
@@ -163,6 +168,19 @@ def check_splits(config: TrainerConfig, cookbook: Cookbook) -> None:
         except (ValueError, KeyError, LookupError) as exc:
             message = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
             raise ConfigError.for_key(key, message) from None
+
+
+def check_ray_address(config: TrainerConfig) -> None:
+    """A ``rollout.ray.address`` nobody answers at is refused now, naming it, not after the tiny
+    model and the backend are built (Ray itself would retry it without end)."""
+    rollout = config.rollout
+    address = rollout.ray.address
+    if resolve_executor(rollout.executor, rollout.workers) != "ray" or address in (None, "auto"):
+        return
+    try:
+        check_address_answers(address, rollout.ray.connect_timeout_s)
+    except StateError as exc:
+        raise ConfigError(str(exc), key=ADDRESS_KEY) from None
 
 
 def check_backend_installed(cls: Any) -> None:

@@ -10,7 +10,10 @@ the model could reach (RL from scratch on ``say-single`` levels off at 7/8 that 
 benchmarks/history/issue-31.md, "Issue #31 — `distill_vs_rl.py`, quiet machine").
 ``TaskOutcomes`` counts such tasks per step and names them at the end of the run; it does not
 warn mid-run, since early in training most tasks are unrewarded and that is no fault (for the same
-reason the ``no_signal`` health check leaves groups all at the reward floor out).
+reason the ``no_signal`` health check leaves groups all at the reward floor out). Nor does it warn
+at the end of a run whose reward is still rising (:func:`reward_still_rising`): a short run of a
+config that learns every task later (``say-single`` at step 40 of 200) has tasks not rewarded
+yet, which is no sign that they never will be.
 
 ``TaskOutcomes`` is the run's one per-task record: besides those streaks it keeps each task's
 last rewards, from which ``rollout.curriculum`` weighs the tasks it draws
@@ -26,6 +29,7 @@ from rllm.algos.grouping import trajectory_reward
 from rllm.engine.training.sampler_state import TaskRecord
 from rllm.types import TrajectoryGroup
 
+RISING_BY = 0.02  # the last third's mean reward above the middle third's by this much: rising
 UNREWARDED_APPEARANCES = 5  # a task's groups in a row with no rewarded rollout before it counts
 UNREWARDED_NAMED = 5  # tasks named in the end-of-run warning; the rest are counted
 RECENT_ROLLOUTS = 16  # rewards kept per task (rollout.curriculum.window sets it for a run)
@@ -96,3 +100,14 @@ class TaskOutcomes:
             "higher rollout.sampling.temperature, rollout.curriculum (draws them more often) or "
             "algorithm.dynamic_sampling, or SFT first (`rllm sft`); `rllm view` shows their episodes."
         )
+
+
+def reward_still_rising(rewards: Sequence[float]) -> bool:
+    """Whether a run's per-step mean rewards were still going up at its end: the mean of the last
+    third of the steps above the middle third's by more than ``RISING_BY`` (thirds of at least
+    two steps; a run too short to tell is not rising)."""
+    third = len(rewards) // 3
+    if third < 2:
+        return False
+    middle, last = rewards[-2 * third : -third], rewards[-third:]
+    return sum(last) / third > sum(middle) / third + RISING_BY

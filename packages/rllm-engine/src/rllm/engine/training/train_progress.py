@@ -14,13 +14,22 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+REWARD = ("reward", "reward/mean", "val/reward/mean")  # (label, metric, held-out metric): RL
+LOSS = ("loss", "train/loss", "val/loss")  # supervised fine-tuning
+
 
 class TrainProgress:
-    """Shows step, reward and timing; plain lines (about 10 per run) when stderr is not a TTY."""
+    """Shows step, the run's figure (``shown``: the reward for RL, the loss for SFT) and timing;
+    plain lines when stderr is not a TTY: the first step's (so a run says it is under way at
+    once), then about 10 per run."""
 
-    def __init__(self, total_steps: int, start: int = 0, enabled: bool = True) -> None:
+    def __init__(
+        self, total_steps: int, start: int = 0, enabled: bool = True, shown: tuple[str, str, str] = REWARD
+    ) -> None:
         self.enabled = enabled
         self.total = total_steps
+        self.start = start
+        self.label, self.key, self.val_key = shown
         self._every = max(1, total_steps // 10)
         self._bar: Progress | None = None
         if enabled and sys.stderr.isatty():
@@ -28,11 +37,11 @@ class TrainProgress:
                 TextColumn("[bold]train"),
                 BarColumn(),
                 MofNCompleteColumn(),
-                TextColumn("reward {task.fields[reward]:.3f}"),
+                TextColumn(self.label + " {task.fields[figure]}"),
                 TimeElapsedColumn(),
                 TimeRemainingColumn(),
             )
-            self._task = self._bar.add_task("train", total=total_steps, completed=start, reward=0.0)
+            self._task = self._bar.add_task("train", total=total_steps, completed=start, figure="-")
 
     def __enter__(self) -> TrainProgress:
         if self._bar is not None:
@@ -40,14 +49,15 @@ class TrainProgress:
         return self
 
     def update(self, step: int, metrics: dict[str, Any]) -> None:
-        reward = metrics.get("reward/mean", 0.0)
+        value = metrics.get(self.key)
+        figure = f"{value:.3f}" if isinstance(value, (int, float)) else "-"
         if self._bar is not None:
-            self._bar.update(self._task, completed=step, reward=reward)
-        elif self.enabled and (step % self._every == 0 or step == self.total):
+            self._bar.update(self._task, completed=step, figure=figure)
+        elif self.enabled and (step == self.start + 1 or step % self._every == 0 or step == self.total):
             seconds = metrics.get("time/rollout_s", 0.0) + metrics.get("time/train_s", 0.0)
-            val = f"  val {metrics['val/reward/mean']:.3f}" if "val/reward/mean" in metrics else ""
+            val = f"  val {metrics[self.val_key]:.3f}" if self.val_key in metrics else ""
             print(
-                f"step {step}/{self.total}  reward {reward:.3f}{val}  {seconds:.2f} s/step",
+                f"step {step}/{self.total}  {self.label} {figure}{val}  {seconds:.2f} s/step",
                 file=sys.stderr,
                 flush=True,
             )

@@ -36,6 +36,7 @@ from rllm.engine.training.metrics_log import write_episode_sample
 from rllm.engine.training.mismatch import check_mismatch, measure_mismatch
 from rllm.engine.training.policies import PolicyMap, train_policies
 from rllm.engine.training.sequences import sequences_from_groups, signal_sequences
+from rllm.engine.training.task_repeats import mark_task_repeats
 from rllm.engine.training.weight_probe import ProbeUnavailable, WeightProbe
 from rllm.types import ConfigError, Episode, TerminationReason
 
@@ -95,6 +96,7 @@ class TrainStep:
         if self.probe is not None:
             self.probe.step_began()
         warn_cut_off(episodes, f"step {step}", cfg.rollout.deadline_s)
+        mark_task_repeats(episodes)  # a task drawn twice this step: two groups, not one
         groups = group_trajectories(episodes, algo)
         health_metrics = step_health_metrics(episodes, groups, cfg.health)
         if self.policies is not None:

@@ -29,11 +29,13 @@ from rllm.engine.training.data_order import DataCursor
 from rllm.engine.training.dynamic_sampling import CapWatch, fill_step
 from rllm.engine.training.health import Firing, HealthMonitor
 from rllm.engine.training.init_from import init_weights, resolve_init_checkpoint
+from rllm.engine.training.learning_watch import reward_still_rising
 from rllm.engine.training.metrics_log import MetricsLogger, plot_reward_curve, truncate_history
 from rllm.engine.training.policies import gateway_routes, use_policies
 from rllm.engine.training.prefetch import Prefetched, prefetch_allowed
 from rllm.engine.training.seeding import seed_process, step_sampling
 from rllm.engine.training.staleness import check_backend
+from rllm.engine.training.task_repeats import repeats_note
 from rllm.engine.training.task_sampler import sampler_for
 from rllm.engine.training.train_folder import begin_train_folder
 from rllm.engine.training.train_progress import TrainProgress
@@ -93,6 +95,9 @@ class Trainer:
         )
         state = TrainerState()
         self.warnings: list[str] = []
+        note = repeats_note(cfg.tasks_per_step, len(self.sampler.tasks), cfg.train_split, cfg.group_size)
+        if note is not None:
+            _say(None, note)
         self.train_step = TrainStep(cfg, self.backend, self.out_dir, distiller=self.distiller)
         self.interrupt_reported = False  # Ctrl-C: its one line is printed (the CLI adds none)
         self.last_checkpoint: Path | None = None
@@ -144,7 +149,8 @@ class Trainer:
                 await engine.close()
             await self.backend.close()
         self.warnings.extend(self.train_step.health.summary())
-        if (summary := self.sampler.outcomes.summary()) is not None:
+        # Not while the reward still rises: tasks unrewarded so far may well be learnt later.
+        if (summary := self.sampler.outcomes.summary()) is not None and not reward_still_rising(rewards):
             self.warnings.append(summary)
         plot = (
             plot_reward_curve(self.out_dir / "metrics.jsonl", self.out_dir / "reward.png")
