@@ -106,19 +106,7 @@ class Trainer:
         self._progress: TrainProgress | None = None
         # Flow processes start now, importing while the backend loads the model; the engine adopts them.
         early, self.early_workers = self.early_workers or start_early_for(cfg, self.cookbook), None
-        try:
-            await self.backend.start()
-        except BaseException:
-            if early is not None:
-                early.close()
-            raise
-        try:
-            await check_memory_at_start(self.backend, cfg)
-        except BaseException:
-            if early is not None:
-                early.close()
-            await self.backend.close()
-            raise
+        await start_backend(self.backend, cfg, early)
         engine: RolloutEngine | None = None
         try:
             engine = RolloutEngine(
@@ -460,6 +448,24 @@ def _stop_if_cancel_requested() -> None:
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError
+
+
+async def start_backend(backend: Backend, cfg: TrainerConfig, early: EarlyFlowProcesses | None) -> None:
+    """The backend started and the run's memory checked before any rollout; on a failure the
+    early flow workers (and the backend, once started) are closed before it stands."""
+    try:
+        await backend.start()
+    except BaseException:
+        if early is not None:
+            early.close()
+        raise
+    try:
+        await check_memory_at_start(backend, cfg)
+    except BaseException:
+        if early is not None:
+            early.close()
+        await backend.close()
+        raise
 
 
 async def check_memory_at_start(backend: Backend, cfg: TrainerConfig) -> None:

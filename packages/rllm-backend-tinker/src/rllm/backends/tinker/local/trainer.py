@@ -49,6 +49,18 @@ if TYPE_CHECKING:
 _SUMMED_METRICS = {"loss", "policy_loss", "num_tokens"}
 
 
+def make_optimizer(params: list[torch.nn.Parameter], config: TinkerBackendConfig) -> torch.optim.AdamW:
+    """AdamW over ``params`` with the backend config's settings (each policy's trainer its own)."""
+    return torch.optim.AdamW(
+        params,
+        lr=config.learning_rate,
+        betas=config.betas,
+        eps=config.eps,
+        weight_decay=config.weight_decay,
+        foreach=True,
+    )
+
+
 class LocalTrainer:
     """Owns the optimizer of a (possibly LoRA-wrapped) causal LM."""
 
@@ -69,14 +81,7 @@ class LocalTrainer:
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise InputError("the model has no trainable parameters (check lora.target_modules)")
-        self.optimizer = torch.optim.AdamW(
-            self.params,
-            lr=config.learning_rate,
-            betas=config.betas,
-            eps=config.eps,
-            weight_decay=config.weight_decay,
-            foreach=True,
-        )
+        self.optimizer = make_optimizer(self.params, config)
         head = model.get_output_embeddings()
         assert head is not None  # causal and image-text-to-text LMs have an output head
         self.vocab_size = int(head.weight.shape[0])
@@ -102,9 +107,8 @@ class LocalTrainer:
         """The memory plan covering ``batch`` cut into ``groups`` (made before the first step;
         InputError when a step cannot fit, see local/memory.py)."""
         reference = self.reference.bytes_to_load() if algo is not None and algo.kl_coef > 0 else 0
-        optimizer_allocated = bool(self.optimizer.state)
         return self.memory.plan_for(
-            batch, groups, optimizer_allocated=optimizer_allocated, reference_bytes=reference
+            batch, groups, optimizer_allocated=bool(self.optimizer.state), reference_bytes=reference
         )
 
     def plan_memory_at_start(self, rows: int, row_tokens: int, algo: AlgorithmConfig) -> MemoryPlan:
