@@ -76,16 +76,31 @@ def test_mcp_tools_train_two_steps(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_an_openenv_environment_trains_two_steps(tmp_path: Path) -> None:
+def test_an_openenv_environment_trains_two_steps_with_turn_credit(tmp_path: Path) -> None:
     """The example environment (guess the number) served by openenv-core's own server on loopback
-    in each rollout process; the tiny model's replies are mostly not numbers, which the
-    environment refuses and the flow hands back, so episodes end at the turn limit or the game's."""
+    in each rollout process, its action offered as the native tool ``step`` to a tiny model whose
+    chat template renders tools and parses hermes tool calls; each step's reward from the
+    environment on its Step, trained with turn-level credit. A random model rarely writes a valid
+    call: the environment's refusals and the reminders go back to it (scored, never infra), so
+    episodes end at the turn limit or the game's."""
+    from rllm.engine.training.launch import task_vocabulary
+    from rllm.tiny import init_tiny_model
+
+    cookbook = adapter_cookbook("openenv:example")
+    assert cookbook is not None
+    schema_words = ["step", "guess", "name", "arguments", "type", "object", "integer", "properties"]
+    heard = ["guess", "the", "number", "from", "higher", "lower", "correct", "error", "call", "tool"]
+    words = [*task_vocabulary(cookbook), *schema_words, *heard]
+    model = init_tiny_model(tmp_path / "tiny-tools", vocab_words=words, tool_calls=True, max_positions=4096)
     rows = train_two_steps(
         "openenv:example",
         tmp_path / "run",
-        "rollout.sampling.max_tokens=4",
+        f"backend.options.model={model}",
+        "rollout.sampling.max_tokens=8",
         "cookbook_options.size=4",
         "cookbook_options.max_turns=3",
+        "algorithm.step_credit=turn",
     )
     assert all(row.get("termination/agent_error", 0.0) == 0.0 for row in rows), rows
+    assert all(row.get("termination/infra_error", 0.0) == 0.0 for row in rows), rows
     assert all("signal/openenv/turns" in row and "signal/openenv/invalid_actions" in row for row in rows)

@@ -100,4 +100,4 @@ def test_the_adapters_table_is_what_each_adapter_declares() -> None:
     assert rows["`verifiers:`"] == ["yes", "yes", "yes", "yes", "yes"]
     assert rows["`reasoning-gym:`"] == ["yes", "no", "no", "yes", "yes"]
     assert rows["`mcp:`"] == ["no", "yes", "yes", "yes", "yes"]
-    assert rows["`openenv:`"] == ["no", "yes", "no", "yes", "yes"]
+    assert rows["`openenv:`"] == ["no", "yes", "yes", "yes", "yes"]

@@ -1,9 +1,10 @@
 """The OpenEnv adapter against the real openenv-core: its own server (``create_app`` under
 uvicorn on loopback, in this process or a subprocess) and its own session client, played by a
-scripted loopback model (rllm.testing's MockUpstream) through rLLM's engine and gateway. The
-rewards are the environment's; a reply the environment refuses goes back to the model; a server
-that is down or dies mid-rollout is an infra error with the reason; bad names and versions are
-refused in one line."""
+scripted loopback model (rllm.testing's MockUpstream) through rLLM's engine and gateway, in text
+mode (``actions=text``; native tool calls: test_openenv_tools.py). The rewards are the
+environment's; a reply the environment refuses goes back to the model; a server that is down or
+dies mid-rollout is an infra error with the reason; bad names and versions are refused in one
+line."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
-from rllm_adapter_openenv import EXAMPLE_APP, cookbook_for, environments, openenv_flow, openenv_reward
+from openenv_helpers import bisecting, bisecting_tools, run
+from rllm_adapter_openenv import EXAMPLE_APP, cookbook_for, environments
 from rllm_adapter_openenv.environments import (
     EnvAddress,
     InvalidAction,
@@ -32,43 +34,10 @@ from rllm_adapter_openenv.environments import (
 )
 
 from rllm.cli.main import cli
-from rllm.engine.rollout.rollout_config import RolloutConfig
-from rllm.engine.rollout.rollout_engine import RolloutEngine
 from rllm.sdk import InfraError
 from rllm.testing import MockUpstream
-from rllm.types import Episode, SamplingParams, Task, TerminationReason
+from rllm.types import Task, TerminationReason
 from rllm.types.errors import MissingExtraError
-
-
-def bisecting(first: str | None = None):
-    """A player that halves 1..8 on the environment's "higher"/"lower" (after ``first``, if any)."""
-
-    def responder(body: dict[str, Any]) -> str:
-        messages = body["messages"]
-        if first is not None and len(messages) == 1:
-            return first
-        low, high = 1, 8
-        for said, heard in zip(messages[1::2], messages[2::2], strict=False):
-            if said["role"] == "assistant" and said["content"].isdigit():
-                guess = int(said["content"])
-                if heard["content"].startswith("higher"):
-                    low = guess + 1
-                elif heard["content"].startswith("lower"):
-                    high = guess - 1
-        return str((low + high) // 2)
-
-    return responder
-
-
-async def run(tasks: list[Task], responder) -> list[Episode]:
-    config = RolloutConfig(
-        n=1, concurrency=4, progress=False, max_retries=0, sampling=SamplingParams(max_tokens=16)
-    )
-    async with (
-        MockUpstream(responder=responder) as server,
-        RolloutEngine(openenv_flow, openenv_reward, config, upstreams=[server.url]) as engine,
-    ):
-        return await engine.run(tasks)
 
 
 @pytest.fixture
@@ -93,8 +62,11 @@ def closed_port() -> int:
         return sock.getsockname()[1]
 
 
+TEXT = {"actions": "text"}
+
+
 async def test_an_episode_is_played_over_the_environments_session_and_scored_by_its_rewards() -> None:
-    tasks = cookbook_for("example", {"test_size": 3}).load_tasks("test")
+    tasks = cookbook_for("example", {"test_size": 3, **TEXT}).load_tasks("test")
     episodes = await run(tasks, bisecting())
     for episode in episodes:
         assert episode.termination_reason == TerminationReason.DONE, episode.error
@@ -107,7 +79,7 @@ async def test_an_episode_is_played_over_the_environments_session_and_scored_by_
 
 
 async def test_a_lost_game_is_the_environments_zero_and_a_refused_reply_goes_back_to_the_model() -> None:
-    (task,) = cookbook_for("example", {"test_size": 1}).load_tasks("test")
+    (task,) = cookbook_for("example", {"test_size": 1, **TEXT}).load_tasks("test")
     (lost,) = await run([task], lambda body: "9")  # never right: four guesses, then done with 0
     assert lost.termination_reason == TerminationReason.DONE
     assert lost.artifacts["rewards"] == [0.0] * 4 and lost.metrics["reward"] == 0.0
@@ -116,11 +88,13 @@ async def test_a_lost_game_is_the_environments_zero_and_a_refused_reply_goes_bac
     assert episode.metrics["reward"] == 1.0 and episode.metrics["signal/openenv/invalid_actions"] == 1.0
     refusal = episode.trajectories[0].steps[1].input[-1].text
     assert refusal.startswith("error: invalid action: guess:") and "integer" in refusal
+    assert episode.artifacts["errors"][0].startswith("invalid action: guess:")  # the reason, recorded
+    assert episode.trajectories[0].steps[0].reward == 0.0 and episode.trajectories[0].steps[-1].reward == 1.0
 
 
 async def test_a_running_server_by_url(served: tuple[subprocess.Popen, str]) -> None:
     _, url = served
-    tasks = cookbook_for(url, {"size": 2}).load_tasks("train")
+    tasks = cookbook_for(url, {"size": 2, **TEXT}).load_tasks("train")
     episodes = await run(tasks, bisecting())
     assert [e.metrics["reward"] for e in episodes] == [1.0, 1.0]
 
@@ -129,7 +103,7 @@ async def test_a_server_that_dies_mid_rollout_is_an_infra_error_with_the_reason(
     served: tuple[subprocess.Popen, str],
 ) -> None:
     proc, url = served
-    (task,) = cookbook_for(url, {"size": 1}).load_tasks("train")
+    (task,) = cookbook_for(url, {"size": 1, **TEXT}).load_tasks("train")
 
     def responder(body: dict[str, Any]) -> str:
         if len(body["messages"]) == 3:  # the second reply: the server goes before it is played
@@ -158,13 +132,14 @@ async def test_a_server_that_is_down_is_an_infra_error_before_and_during_a_run()
 
 
 def test_rllm_eval_runs_an_openenv_environment_unchanged(tmp_path: Path) -> None:
-    """`rllm eval openenv:example` as a user types it, against a loopback model that bisects."""
-    model = MockUpstream(responder=bisecting()).start_in_thread()
+    """`rllm eval openenv:example` as a user types it, against a loopback model that bisects by
+    native tool calls (the default)."""
+    model = MockUpstream(responder=bisecting_tools()).start_in_thread()
     try:
         out = tmp_path / "eval"
         args = ["eval", "openenv:example", "--base-url", model.url, "--out", str(out), "--no-progress"]
         result = CliRunner().invoke(
-            cli, [*args, "--max-tokens", "16", "--option", "test_size=2"], catch_exceptions=False
+            cli, [*args, "--max-tokens", "64", "--option", "test_size=2"], catch_exceptions=False
         )
     finally:
         model.stop_in_thread()
@@ -205,7 +180,7 @@ def test_an_unsupported_version_is_named(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_unknown_options_are_refused() -> None:
-    with pytest.raises(Exception, match="has options size, test_size, max_turns, not turns"):
+    with pytest.raises(Exception, match="has options size, test_size, max_turns, actions, not turns"):
         cookbook_for("example", {"turns": 3})
 
 

@@ -70,6 +70,32 @@ def test_turn_credit_discounts_and_compares_same_turns() -> None:
     assert c.trajectories[0].steps[0].advantage == pytest.approx(0.5 - mean0)
 
 
+def test_turn_credit_takes_the_last_steps_own_reward_when_every_step_is_rewarded() -> None:
+    """An environment's step rewards on every step, the trajectory's reward their sum (its
+    return, what broadcast credit uses): under turn credit the last step is credited with its own
+    reward, not the sum a second time; a last step without a reward still takes the outcome."""
+
+    def traj(step_rewards):
+        steps = [Step(completion_ids=[1], reward=r) for r in step_rewards]
+        return Trajectory(role="solver", steps=steps, reward=sum(step_rewards))
+
+    a = Episode(task_id="t", trajectories=[traj([0.5, 1.0])])
+    b = Episode(task_id="t", rollout_index=1, trajectories=[traj([0.0, 0.0])])
+    compute_advantages(group_trajectories([a, b]), AlgorithmConfig(estimator="drgrpo", step_credit="turn"))
+    # returns-to-go: a [1.5, 1.0], b [0, 0]; drgrpo subtracts each turn's mean
+    assert [s.advantage for s in a.trajectories[0].steps] == pytest.approx([0.75, 0.5])
+    assert [s.advantage for s in b.trajectories[0].steps] == pytest.approx([-0.75, -0.5])
+    broadcast = [traj([0.5, 1.0]), traj([0.0, 0.0])]
+    episodes = [Episode(task_id="t", rollout_index=i, trajectories=[t]) for i, t in enumerate(broadcast)]
+    compute_advantages(group_trajectories(episodes), AlgorithmConfig(estimator="drgrpo"))
+    assert [s.advantage for s in broadcast[0].steps] == pytest.approx([0.75, 0.75])  # the return's
+
+    nan = Episode(task_id="t", trajectories=[traj([0.0, float("nan")])])
+    nan.trajectories[0].reward = 0.0
+    with pytest.raises(Exception, match=r"step 1 of trajectory .* has reward nan"):
+        compute_advantages(group_trajectories([nan, b]), AlgorithmConfig(step_credit="turn"))
+
+
 def test_turn_credit_skips_a_trajectory_with_no_turn_and_trains_the_rest() -> None:
     """A rollout cut off before its first model call has no turn: it takes no cell (nothing to
     credit), the group's other turns are compared as if it were absent, and the step goes on."""

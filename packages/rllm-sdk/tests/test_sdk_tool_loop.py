@@ -182,6 +182,17 @@ async def test_a_stop_tool_ends_the_loop_after_every_call_of_its_reply_ran() -> 
     ]
 
 
+async def test_until_ends_the_loop_after_the_turn_that_made_it_true() -> None:
+    """``until`` is the tools' own state (an environment's ``done``): read after every turn,
+    the loop ends once it holds, after every call of that turn ran."""
+    tools = Tools()
+    calls = [_call("add", {"a": 1, "b": 1}), _call("add", {"a": 2, "b": 2}, call_id="c2")]
+    model = Model(MockReply(tool_calls=calls[:1]), MockReply(tool_calls=calls), "never asked")
+    result = await _run(model, tools.toolbox(), max_turns=5, until=lambda: len(tools.calls) >= 2)
+    assert len(model.bodies) == 2 and len(tools.calls) == 3  # the second turn's calls all ran
+    assert (result.stopped_by, result.finished, len(result.turns)) == ("until", True, 2)
+
+
 async def test_the_turn_limit_ends_a_model_that_never_answers() -> None:
     model = Model(*[MockReply(tool_calls=[_call("add", {"a": i, "b": 0})]) for i in range(5)])
     result = await _run(model, Tools().toolbox(), max_turns=3, final_answer=_final)

@@ -3,86 +3,33 @@
 NAME is an OpenEnv environment (:mod:`rllm_adapter_openenv.environments` says which names): the
 adapter's ``example``, a running server's URL, an app ``module:attr`` or an installed environment
 package, served by openenv-core's own server on loopback. A task is one episode: ``reset(seed)``.
-The flow plays it over openenv-core's session client: each observation is the next user message,
-each reply the next action (``step``), until the environment says ``done`` or the turn limit
-(``max_turns``). The rewards are the environment's, from its step results, recorded in the
-episode; the evaluator sums them (the episode's return) and counts the episode correct when the
-environment ended it with a positive last reward.
+The flow (:mod:`rllm_adapter_openenv.flow`) plays it over openenv-core's session client, the
+model acting through a native tool call (``actions="tools"``) or its reply's text
+(``actions="text"``), until the environment says ``done`` or the turn limit (``max_turns``). The
+rewards are the environment's, from its step results, recorded in the episode one a model call;
+the evaluator writes each onto its call's Step (for ``algorithm.step_credit=turn``), sums them
+(the episode's return) and counts the episode correct when the environment ended it with a
+positive last reward.
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import msgspec
 
-from rllm.sdk import rollout, sampling_kwargs
-from rllm.sdk.clients import async_openai
 from rllm.sdk.cookbook import Adapter, Cookbook, train_defaults
-from rllm.types import AgentConfig, Episode, EvalOutput, Signal, Task, TerminationReason
+from rllm.types import Episode, EvalOutput, Signal, Task
 from rllm.types.errors import InputError
-from rllm_adapter_openenv.environments import (
-    EXAMPLE_APP,
-    EnvAddress,
-    InvalidAction,
-    UnsupportedVersion,
-    render,
-    resolve,
-    server_url,
-    to_action,
-)
+from rllm_adapter_openenv.environments import EXAMPLE_APP, EnvAddress, UnsupportedVersion, resolve
+from rllm_adapter_openenv.flow import ACTION_MODES, openenv_flow
 
 TEST_SEED_OFFSET = 1_000_000  # test episodes' seeds, apart from the train ones
 
 
-@rollout
-async def openenv_flow(task: Task, config: AgentConfig) -> Episode:
-    """One episode of the task's environment: reset with its seed, then reply/step until done."""
-    meta = task.metadata["openenv"]
-    address = msgspec.convert(meta["address"], EnvAddress)
-    max_turns = int(meta.get("max_turns", 8))
-    # openenv-core's first import in a process (gradio comes with it) and starting a served app
-    # take seconds: off the event loop, which other rollouts share.
-    client_class, url = await asyncio.to_thread(_session, address)
-    rewards: list[float] = []
-    invalid, turns, done = 0, 0, False
-    async with client_class(url) as env, async_openai(config) as client:
-        result = await env.reset(seed=int(meta["seed"]))
-        done = bool(result.done)
-        messages = [{"role": "user", "content": render(result.observation)}]
-        while not done and turns < max_turns:
-            reply = await client.chat.completions.create(
-                model=config.model, messages=messages, **{"max_tokens": 256, **sampling_kwargs(config)}
-            )
-            text = reply.choices[0].message.content or ""
-            messages.append({"role": "assistant", "content": text})
-            turns += 1
-            try:
-                result = await env.step(to_action(text, address))
-            except InvalidAction as exc:  # the model's mistake: it reads why and tries again
-                invalid += 1
-                messages.append({"role": "user", "content": f"error: {exc}"})
-                continue
-            rewards.append(float(result.reward or 0.0))
-            done = bool(result.done)
-            if not done:
-                messages.append({"role": "user", "content": render(result.observation)})
-    return Episode(
-        task_id=task.id,
-        artifacts={"rewards": rewards, "done": done, "turns": turns, "invalid_actions": invalid},
-        termination_reason=TerminationReason.DONE if done else TerminationReason.MAX_TURNS,
-    )
-
-
-def _session(address: EnvAddress) -> tuple[type[Any], str]:
-    from rllm_adapter_openenv.client import OpenEnvClient
-
-    return OpenEnvClient, server_url(address)
-
-
 class OpenEnvReward:
-    """The environment's rewards for the episode, summed (its return)."""
+    """The environment's rewards for the episode: each model call's on its Step (what turn-level
+    credit reads), and their sum (the episode's return) the trajectory's reward."""
 
     def evaluate(self, task: Task, episode: Episode) -> EvalOutput:
         artifacts = episode.artifacts
@@ -90,6 +37,14 @@ class OpenEnvReward:
             raise InputError(f"episode of {task.id!r} has no OpenEnv rewards: was it run by openenv_flow?")
         rewards = [float(r) for r in artifacts["rewards"]]
         done = bool(artifacts.get("done"))
+        steps = [step for trajectory in episode.trajectories for step in trajectory.steps]
+        if len(episode.trajectories) > 1 or len(steps) != len(rewards):
+            raise InputError(
+                f"episode of {task.id!r} has {len(steps)} model calls in {len(episode.trajectories)} "
+                f"trajectories for {len(rewards)} environment turns: openenv_flow makes one call a turn"
+            )
+        for step, reward in zip(steps, rewards, strict=True):
+            step.reward = reward
         return EvalOutput(
             reward=sum(rewards),
             is_correct=done and bool(rewards) and rewards[-1] > 0,
@@ -103,11 +58,11 @@ class OpenEnvReward:
 
 openenv_reward = OpenEnvReward()
 
-OPTIONS = {"size": 64, "test_size": 16, "max_turns": 8}
+OPTIONS: dict[str, Any] = {"size": 64, "test_size": 16, "max_turns": 8, "actions": "tools"}
 
 
 def episode_tasks(
-    address: EnvAddress, split: str, *, size: int, test_size: int, max_turns: int
+    address: EnvAddress, split: str, *, size: int, test_size: int, max_turns: int, actions: str = "tools"
 ) -> list[Task]:
     """``size`` (train) or ``test_size`` (test) episodes, seeds 0.. (test: from TEST_SEED_OFFSET)."""
     if split not in ("train", "test"):
@@ -118,20 +73,20 @@ def episode_tasks(
         Task(
             id=f"openenv-{split}-{offset + i}",
             instruction=f"an episode of the OpenEnv environment {address.name} (seed {offset + i})",
-            metadata={"openenv": {"address": wire, "seed": offset + i, "max_turns": max_turns}},
+            metadata={
+                "openenv": {"address": wire, "seed": offset + i, "max_turns": max_turns, "actions": actions}
+            },
         )
         for i in range(count)
     ]
 
 
 def cookbook_for(name: str, options: dict[str, Any] | None = None) -> Cookbook:
-    """The cookbook of environment ``name``; options ``size``, ``test_size``, ``max_turns``. The
-    environment is resolved and its server asked for its schema here, so a missing environment,
-    an unsupported version or a server that is down stops the run before anything starts."""
-    unknown = set(options or {}) - set(OPTIONS)
-    if unknown:
-        raise InputError(f"openenv:{name} has options {', '.join(OPTIONS)}, not {', '.join(sorted(unknown))}")
-    settings = {**OPTIONS, **{k: int(v) for k, v in (options or {}).items()}}
+    """The cookbook of environment ``name``; options ``size``, ``test_size``, ``max_turns`` and
+    ``actions`` (``tools``: native tool calls; ``text``: the reply's text). The environment is
+    resolved and its server asked for its schema here, so a missing environment, an unsupported
+    version or a server that is down stops the run before anything starts."""
+    settings = _settings(name, options or {})
     address = resolve(name)
 
     def load_tasks(split: str) -> list[Task]:
@@ -149,18 +104,41 @@ def cookbook_for(name: str, options: dict[str, Any] | None = None) -> Cookbook:
     )
 
 
+def _settings(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    unknown = set(options) - set(OPTIONS)
+    if unknown:
+        raise InputError(f"openenv:{name} has options {', '.join(OPTIONS)}, not {', '.join(sorted(unknown))}")
+    settings = {**OPTIONS, **options}
+    if settings["actions"] not in ACTION_MODES:
+        raise InputError(
+            f"openenv:{name} option actions is one of {', '.join(ACTION_MODES)}, not {settings['actions']!r}"
+        )
+    for key in ("size", "test_size", "max_turns"):
+        try:
+            settings[key] = int(settings[key])
+        except (TypeError, ValueError):
+            raise InputError(
+                f"openenv:{name} option {key} is a whole number, not {settings[key]!r}"
+            ) from None
+    return settings
+
+
 adapter = Adapter(
     prefix="openenv",
     package="rllm-adapter-openenv",
     library="openenv-core",
     cookbook=cookbook_for,
     names=lambda: ["example"],
-    flows=("multi-turn",),
+    flows=("multi-turn", "tools"),
     modes=("train", "eval"),
-    description="an OpenEnv environment (reset/step over openenv-core's server) as a multi-turn flow",
+    description=(
+        "an OpenEnv environment (reset/step over openenv-core's server) as a multi-turn flow, "
+        "its action a native tool call (or, for models without one, the reply's text)"
+    ),
 )
 
 __all__ = [
+    "ACTION_MODES",
     "EXAMPLE_APP",
     "OpenEnvReward",
     "UnsupportedVersion",

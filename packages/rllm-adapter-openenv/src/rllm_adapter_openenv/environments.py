@@ -10,8 +10,11 @@ NAME is one of
   openenv-core's own discovery; its manifest's ``spec_version`` is checked and its
   ``server.app:app`` served on loopback.
 
-An environment's action schema comes from the server's ``GET /schema``: an action with one field
-takes the model's reply as that field's value, any other action takes the reply as a JSON object.
+An environment's action schema comes from the server's ``GET /schema``. With native tool calls
+(``actions="tools"``) it is offered to the model as one OpenAI function tool, ``step``, whose
+parameters are the action's JSON schema; a call's arguments are the action. In text mode an action
+with one field takes the model's reply as that field's value, any other action takes the reply as
+a JSON object.
 """
 
 from __future__ import annotations
@@ -41,15 +44,20 @@ class UnsupportedVersion(InputError):
     """The installed openenv-core, or an environment's manifest, is a version rLLM does not support."""
 
 
+ACTION_TOOL = "step"  # the one tool a tool-calling model acts through
+
+
 class EnvAddress(msgspec.Struct, frozen=True):
     """Where an environment runs: ``url`` (a running server) or ``app`` (served here), and how
-    a reply becomes its action: ``action_field`` (one field) or None (a JSON object)."""
+    a reply becomes its action: ``action_field`` (one field) or None (a JSON object); the
+    action's JSON schema (``metadata`` left out: the model never sets it) for the tool."""
 
     name: str
     url: str | None = None
     app: str | None = None
     action_field: str | None = None
     action_fields: tuple[str, ...] = ()
+    action_schema: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
 def _key(text: str) -> tuple[int, ...]:
@@ -144,7 +152,45 @@ def with_schema(address: EnvAddress, url: str) -> EnvAddress:
         )
     fields = tuple(sorted(k for k in action.get("properties", {}) if k != "metadata"))
     single = fields[0] if len(fields) == 1 else None
-    return msgspec.structs.replace(address, action_field=single, action_fields=fields)
+    return msgspec.structs.replace(
+        address, action_field=single, action_fields=fields, action_schema=tool_parameters(action)
+    )
+
+
+def tool_parameters(action: dict[str, Any]) -> dict[str, Any]:
+    """The action's JSON schema as a tool's parameters: without ``metadata`` (openenv-core's
+    bookkeeping field on every action) and the pydantic class name."""
+    properties = {k: v for k, v in action.get("properties", {}).items() if k != "metadata"}
+    required = [k for k in action.get("required", ()) if k != "metadata"]
+    schema = {k: v for k, v in action.items() if k not in ("properties", "required", "title")}
+    return {**schema, "type": "object", "properties": properties, "required": required}
+
+
+def action_tool(address: EnvAddress) -> dict[str, Any]:
+    """The environment's action as an OpenAI function tool: calling it takes one step."""
+    description = str(address.action_schema.get("description") or "").strip()
+    return {
+        "type": "function",
+        "function": {
+            "name": ACTION_TOOL,
+            "description": (
+                f"Take one step in the environment {address.name}: the arguments are the action"
+                + (f" ({description})" if description else "")
+                + "; the result is what the environment observes next."
+            ),
+            "parameters": address.action_schema or {"type": "object", "properties": {}},
+        },
+    }
+
+
+def tool_action(arguments: dict[str, Any], address: EnvAddress) -> dict[str, Any]:
+    """A tool call's arguments as the action. A field the action does not have is the model's
+    mistake (InvalidAction); the types are the environment's to check (its pydantic model)."""
+    unknown = sorted(set(arguments) - set(address.action_fields))
+    if unknown:
+        fields = ", ".join(address.action_fields) or "none"
+        raise InvalidAction(f"invalid action: no field {', '.join(unknown)} (the action's fields: {fields})")
+    return arguments
 
 
 def to_action(reply: str, address: EnvAddress) -> dict[str, Any]:

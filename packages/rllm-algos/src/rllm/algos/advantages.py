@@ -9,7 +9,9 @@ Step credit:
 - ``turn``: step t gets the estimator applied to its discounted return-to-go
   ``G_t = r_t + gamma * G_{t+1}``, compared with the steps at the same turn index t of the other
   trajectories of its group ("comparable steps"). ``r_t`` is ``Step.reward`` (missing = 0) for
-  earlier steps; the last step's ``r_T`` is the trajectory's resolved outcome reward.
+  earlier steps; the last step's ``r_T`` is its own ``Step.reward`` when the flow set one (a flow
+  that rewards every step, as an environment's step rewards: the trajectory's reward is then the
+  return they add up to), else the trajectory's resolved outcome reward.
 """
 
 from __future__ import annotations
@@ -108,11 +110,13 @@ def _turn_credit(groups: list[TrajectoryGroup], spec: EstimatorSpec, config: Alg
             step_tokens[i, t] = 0 if step.completion_ids is None else len(step.completion_ids)
         last = trajectory.steps[-1]
         step_tokens[i, lengths[i] - 1] = 0 if last.completion_ids is None else len(last.completion_ids)
+        if last.reward is not None:  # every step rewarded: the last one by its own reward too
+            outcome[i] = last.reward
+    with_turns = np.flatnonzero(lengths)
+    step_rewards[with_turns, lengths[with_turns] - 1] = outcome[with_turns]
     if not np.isfinite(step_rewards).all():
         i, t = (int(v) for v in np.argwhere(~np.isfinite(step_rewards))[0])
         raise RewardError(f"step {t} of trajectory {trajectories[i].id!r} has reward {step_rewards[i, t]}")
-    with_turns = np.flatnonzero(lengths)
-    step_rewards[with_turns, lengths[with_turns] - 1] = outcome[with_turns]
     # Returns-to-go: one vectorised pass per turn index (turns are few; groups may be many).
     returns = np.zeros_like(step_rewards)
     running = np.zeros(n)

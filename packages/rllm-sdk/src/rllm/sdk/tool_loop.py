@@ -2,8 +2,9 @@
 
 ``run_tool_loop`` sends the conversation and a ``Toolbox``'s schemas to an OpenAI-compatible
 client, runs each tool call of the reply through the toolbox's handlers, appends the results as
-``tool`` messages and asks again, until a stop tool is called, a reply without tool calls holds
-a final answer, the turn limit or the deadline. Each model call goes through the flow's own
+``tool`` messages and asks again, until a stop tool is called, the flow's ``until`` holds (an
+environment the tools act on ended the episode), a reply without tool calls holds a final
+answer, the turn limit or the deadline. Each model call goes through the flow's own
 client, so the gateway records it as a Step (its tool calls on the Step's output) as it does
 for any flow; the result records what each turn's calls ran and returned.
 
@@ -32,7 +33,7 @@ from rllm.types import AgentConfig
 from rllm.types.errors import InputError, UsageError
 
 ToolHandler: TypeAlias = Callable[[dict[str, Any]], str | Awaitable[str]]
-StopReason: TypeAlias = Literal["stop_tool", "answer", "max_turns", "deadline"]
+StopReason: TypeAlias = Literal["stop_tool", "until", "answer", "max_turns", "deadline"]
 FollowUp: TypeAlias = Callable[["ToolTurn"], Awaitable[dict[str, Any] | None]]
 
 _now = time.monotonic  # the deadline's clock (a module name, so a test can move it)
@@ -74,8 +75,8 @@ class ToolLoopResult:
 
     @property
     def finished(self) -> bool:
-        """The model ended it (a stop tool, a final answer); not a limit."""
-        return self.stopped_by in ("stop_tool", "answer")
+        """The model ended it (a stop tool, ``until``, a final answer); not a limit."""
+        return self.stopped_by in ("stop_tool", "until", "answer")
 
     @property
     def tool_calls(self) -> int:
@@ -206,12 +207,14 @@ async def run_tool_loop(
     nudge: str | None = None,
     follow_up: FollowUp | None = None,
     deadline: float | None = None,
+    until: Callable[[], bool] | None = None,
 ) -> ToolLoopResult:
     """Run the loop on ``client.chat.completions.create`` (``config.model``, the rollout's
     sampling parameters; ``max_tokens`` unless the rollout sets one) from ``messages``.
 
     It ends after the turn where a stop tool was called (every call of that reply is still run),
-    where a reply without tool calls has a ``final_answer`` (not None), after ``max_turns``
+    after which ``until()`` is true (the tools' own state says the task is over: an environment
+    that ended its episode), where a reply without tool calls has a ``final_answer`` (not None), after ``max_turns``
     model calls, or once ``time.monotonic()`` is past ``deadline`` (checked before each call).
     Otherwise the next user message is ``follow_up(turn)``'s (None: none), or without one,
     ``nudge`` after a reply without tool calls.
@@ -237,6 +240,8 @@ async def run_tool_loop(
         stopped: StopReason | None = None
         if any(call.stop for call in turn.calls):
             stopped = "stop_tool"
+        elif until is not None and until():
+            stopped = "until"
         elif turn.answer is not None:
             stopped = "answer"
         elif len(turns) >= max_turns:

@@ -25,26 +25,7 @@ from rllm.backends.verl.config import NO_ROLLOUT, VerlBackendConfig
 from rllm.backends.verl.loss import RllmPolicyLoss
 from rllm.backends.verl.sft import no_sampler
 from rllm.backends.verl.trainer_config import compose_verl_config
-
-# Ray waits a fixed, unconfigurable 30 s for a new node's raylet to register; on a loaded
-# machine it misses that window now and then although nothing is wrong, so a local start is tried
-# again (a cluster at an address is never retried: its failure is the user's to see).
-RAY_START_TRIES = 3
-RAY_START_TIMEOUT_TEXT = "timed out during startup"
-
-
-def start_local_ray(ray: Any, *, address: str | None, **resources: Any) -> None:
-    """``ray.init`` for the backend; a local instance whose raylet missed Ray's start-up window
-    is shut down and started again, at most ``RAY_START_TRIES`` times, then the error stands."""
-    for attempt in range(1, RAY_START_TRIES + 1):
-        try:
-            ray.init(address=address, include_dashboard=False, **resources)
-            return
-        except Exception as exc:
-            if address is not None or RAY_START_TIMEOUT_TEXT not in str(exc) or attempt == RAY_START_TRIES:
-                raise
-            ray.shutdown()
-
+from rllm.engine.rollout.ray_connect import init_ray
 
 # verl's own trainer reserves 3 CPUs per GPU bundle (actor/ref, rollout, reward); a CPU worker
 # is one process on one CPU.
@@ -116,7 +97,7 @@ class RayCluster:
             use_cpu_platform()  # the driver sizes the placement groups through verl's platform too
             worker_env = {"VERL_PLATFORM": CPU_PLATFORM}
         if not ray.is_initialized():
-            start_local_ray(ray, address=c.ray_address or None, **self._local_resources())
+            init_ray(ray, address=c.ray_address or None, include_dashboard=False, **self._local_resources())
             self._started_ray = True
         role = "actor_rollout_ref" if self.algo.kl_coef > 0 else "actor_rollout"
         if self.no_rollout:

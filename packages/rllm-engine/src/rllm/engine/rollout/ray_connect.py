@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Any
 
 from rllm.types.errors import ConfigError, StateError
 
@@ -55,15 +56,22 @@ def connect_ray(
         check_address_answers(address, connect_timeout_s)
     if not uv_runtime_env:
         _disable_ray_uv_hook()
+    init_ray(ray, address=address, include_dashboard=False, log_to_driver=True)
+    return True
+
+
+def init_ray(ray: Any, *, address: str | None, **options: Any) -> None:
+    """``ray.init`` (of the ``ray`` module given: the executor's and the verl backend's start);
+    a local instance whose raylet missed Ray's start-up window is shut down and started again, at
+    most ``RAY_START_TRIES`` times, then the error stands."""
     for attempt in range(1, RAY_START_TRIES + 1):
         try:
-            ray.init(address=address, include_dashboard=False, log_to_driver=True)
-            return True
+            ray.init(address=address, **options)
+            return
         except Exception as exc:
             if address is not None or RAY_START_TIMEOUT_TEXT not in str(exc) or attempt == RAY_START_TRIES:
                 raise
             ray.shutdown()
-    return False  # not reached: the last attempt returns or raises
 
 
 def check_address_answers(address: str, timeout_s: float) -> None:

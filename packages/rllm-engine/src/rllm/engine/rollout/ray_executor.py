@@ -17,7 +17,8 @@ is left) and takes no more work. A rollout cancelled in the driver (its step can
 Ctrl-C, a dropped group) is cancelled in its actor too (a batched ``cancel`` call): its flow,
 sandbox and gateway session end there, not only the driver's wait for it.
 
-Ray is the ``rllm-engine[ray]`` extra; this is the one engine module that imports it.
+Ray is the ``rllm-engine[ray]`` extra; this module and :mod:`~rllm.engine.rollout.ray_connect` are the
+engine modules that import it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Starting a local Ray: a raylet that misses Ray's fixed 30 s start-up window is retried, any
 other failure (and any failure of a cluster at an address) stands. ``RayStartup`` below is a
-stand-in for the ``ray`` module's init/shutdown only (the real start-up is in test_verl_ray_cluster)."""
+stand-in for the ``ray`` module's init/shutdown only (real start-ups: test_engine_ray_executor, and the verl backend's test_verl_ray_cluster)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,7 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("verl")
-
-from rllm.backends.verl.ray_cluster import RAY_START_TRIES, start_local_ray
-
-pytestmark = pytest.mark.verl
+from rllm.engine.rollout.ray_connect import RAY_START_TRIES, init_ray
 
 TIMEOUT = Exception("The current node timed out during startup. This could happen because ...")
 
@@ -35,14 +31,14 @@ class RayStartup:
 
 def test_a_missed_startup_window_is_retried_after_a_shutdown() -> None:
     ray = RayStartup(TIMEOUT)
-    start_local_ray(ray, address=None, num_cpus=2)
+    init_ray(ray, address=None, num_cpus=2)
     assert ray.calls == ["init", "shutdown", "init"]
 
 
 def test_the_startup_error_stands_after_the_last_try() -> None:
     ray = RayStartup(*([TIMEOUT] * RAY_START_TRIES))
     with pytest.raises(Exception, match="timed out during startup"):
-        start_local_ray(ray, address=None)
+        init_ray(ray, address=None)
     assert ray.calls.count("init") == RAY_START_TRIES
 
 
@@ -52,5 +48,5 @@ def test_the_startup_error_stands_after_the_last_try() -> None:
 def test_other_failures_and_remote_clusters_are_not_retried(error: Exception, address: str | None) -> None:
     ray = RayStartup(error)
     with pytest.raises(type(error)):
-        start_local_ray(ray, address=address)
+        init_ray(ray, address=address)
     assert ray.calls == ["init"]
