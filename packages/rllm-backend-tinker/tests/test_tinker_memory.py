@@ -164,23 +164,71 @@ def plan(
     )
 
 
+# rllm.tiny's model (the main job's): 2 layers, hidden 128, 2 heads.
+TINY = {"layers": 2, "hidden": 128, "intermediate": 256, "heads": 2, "kv_heads": 2, "vocab": 300}
+
+
 def test_auto_takes_the_cpu_micro_batch_when_it_fits_and_says_nothing_more() -> None:
     chosen = plan(20, request())
-    assert chosen.micro_batch_tokens == memory.CPU_MICRO_BATCH_TOKENS
+    assert chosen.micro_batch_tokens == memory.cpu_micro_batch_tokens(smollm2())
     assert not chosen.checkpointing and not chosen.warning
     assert chosen.estimate.total <= 4 * GIB  # SmolLM2 + LoRA 16 in float32 on CPU
     assert plan(20, request(batch=300)).micro_batch_tokens == 300  # never more than the mini-batch
     assert plan(80, request(), device="cuda").micro_batch_tokens == 8192  # a GPU takes it all at once
 
 
+def test_the_cpu_micro_batch_keeps_a_real_models_activations_under_the_cap() -> None:
+    """Auto on CPU: at most CPU_MICRO_BATCH_TOKENS, and no more tokens than keep
+    CPU_ACTIVATION_BYTES of activations (SmolLM2-135M's 1.3 MiB a token: 398 tokens with LoRA,
+    which is 3 of the learning benchmark's 104-token rows); a tiny model takes the whole 1024."""
+    cap = memory.CPU_ACTIVATION_BYTES
+    for shape in (smollm2(), smollm2(lora_rank=0), smollm2(param_bytes=2)):
+        tokens = memory.cpu_micro_batch_tokens(shape)
+        assert tokens < memory.CPU_MICRO_BATCH_TOKENS
+        assert activation_bytes(shape, tokens, checkpointing=False) <= cap
+        assert activation_bytes(shape, tokens + 1, checkpointing=False) > cap
+        assert plan(20, request(), shape=shape).micro_batch_tokens == tokens
+    assert memory.cpu_micro_batch_tokens(smollm2()) == 398
+    tiny = ModelShape.llama_like(**TINY, param_bytes=4)
+    assert memory.cpu_micro_batch_tokens(tiny) == memory.CPU_MICRO_BATCH_TOKENS
+    assert plan(20, request(), shape=tiny).micro_batch_tokens == memory.CPU_MICRO_BATCH_TOKENS
+    # Eager attention's softmax grows with the row: longer rows, fewer tokens.
+    assert memory.cpu_micro_batch_tokens(smollm2(), attention_len=4096) < memory.cpu_micro_batch_tokens(
+        smollm2()
+    )
+    # A row whose activations alone exceed the cap is still one micro-batch (never refused for it).
+    long_rows = plan(20, request(longest=2048))
+    assert long_rows.micro_batch_tokens == 2048 and not long_rows.warning
+    assert plan(80, request(), device="cuda").micro_batch_tokens == 8192  # no cap on a GPU
+
+
+def test_the_learning_benchmarks_step_is_planned_under_4_gib_on_cpu() -> None:
+    """SmolLM2 + LoRA 16, 64 rows of 104 tokens, with what ``rllm train`` holds (the trainer's
+    weights, the sampler's LoRA copy, the runtime): the plan's estimate is well under 4 GiB."""
+    shape = smollm2()
+    resident = fresh_resident(shape, copies=1 + shape.trainable / shape.params, runtime=GIB // 2)
+    chosen = plan_step(
+        shape,
+        StepRequest("auto", "auto", "auto", batch_tokens=64 * 104, longest=104),
+        resident=resident,
+        budget=20 * GIB,
+        device_type="cpu",
+        can_checkpoint=True,
+    )
+    assert chosen.micro_batch_tokens == 398 and not chosen.checkpointing
+    assert chosen.estimate.activations <= memory.CPU_ACTIVATION_BYTES
+    assert chosen.estimate.total <= 2.5 * GIB
+
+
 def test_auto_turns_checkpointing_on_when_memory_would_shrink_the_micro_batch() -> None:
+    auto = memory.cpu_micro_batch_tokens(smollm2())
     roomy = plan(20, request())
     tight_budget = (roomy.estimate.total - roomy.estimate.activations // 2) / GIB
     tight = plan(tight_budget, request())
-    assert tight.checkpointing and tight.micro_batch_tokens == memory.CPU_MICRO_BATCH_TOKENS
+    assert tight.checkpointing and tight.micro_batch_tokens == auto
     assert tight.estimate.total <= tight_budget * GIB
     without = plan(tight_budget, request(ckpt=False))
-    assert not without.checkpointing and without.micro_batch_tokens < memory.CPU_MICRO_BATCH_TOKENS
+    assert not without.checkpointing and without.micro_batch_tokens < auto
 
 
 @pytest.mark.parametrize("micro", [4096, 0])

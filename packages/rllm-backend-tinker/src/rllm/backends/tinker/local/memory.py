@@ -34,10 +34,16 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 GIB = 1 << 30
-# CPU micro-batches of about this many padded tokens: a CPU's matmuls are as fast per token at
-# this size as at larger ones, and activations stay near a GiB for a 135M model. A GPU takes
-# the whole mini-batch at once when its memory allows (larger matmuls are faster there).
+# CPU micro-batches of at most this many padded tokens: a CPU's matmuls are as fast per token at
+# this size as at larger ones. A GPU takes the whole mini-batch at once when its memory allows
+# (larger matmuls are faster there).
 CPU_MICRO_BATCH_TOKENS = 1024
+# ... and at most as many as keep this many bytes of activations for backward (at least one
+# row): a real model's activations are large per token (SmolLM2-135M + LoRA in float32: 1.3 MiB
+# a token, so 1024 tokens kept 1.3 GiB and the process peaked at 4.3 GB), while the glibc heap
+# they live in keeps its high-water mark (fragmentation) above the estimate. Below this size a
+# CPU step is no slower: each micro-batch's matmuls still have hundreds of rows.
+CPU_ACTIVATION_BYTES = 512 << 20
 # Positions of one logits chunk (local/logprobs.py): their float32 logits in this many bytes.
 LOGITS_CHUNK_BYTES = {"cpu": 64 << 20, "cuda": 512 << 20}
 # On CPU, freed blocks the allocator has not handed back yet: a share of the working set.
@@ -259,6 +265,13 @@ class MemoryPlan:
         )
 
 
+def cpu_micro_batch_tokens(shape: ModelShape, attention_len: int = 0) -> int:
+    """The CPU's "auto" micro-batch: ``CPU_MICRO_BATCH_TOKENS``, or fewer where that many tokens
+    would keep more than ``CPU_ACTIVATION_BYTES`` of activations (without checkpointing)."""
+    per_token = activation_bytes(shape, 1, checkpointing=False, attention_len=attention_len)
+    return max(1, min(CPU_MICRO_BATCH_TOKENS, CPU_ACTIVATION_BYTES // max(1, per_token)))
+
+
 def plan_step(
     shape: ModelShape,
     request: StepRequest,
@@ -277,7 +290,11 @@ def plan_step(
     longest = max(1, request.longest)
     asked = request.micro_batch_tokens
     if asked == "auto":
-        target = CPU_MICRO_BATCH_TOKENS if device_type == "cpu" else request.batch_tokens
+        target = (
+            cpu_micro_batch_tokens(shape, request.attention_len)
+            if device_type == "cpu"
+            else request.batch_tokens
+        )
         target = min(target, request.batch_tokens)
     else:
         target = asked or request.batch_tokens
@@ -442,6 +459,8 @@ class StepPlanner:
 
 
 __all__ = [
+    "CPU_ACTIVATION_BYTES",
+    "CPU_MICRO_BATCH_TOKENS",
     "GIB",
     "MemoryPlan",
     "ModelShape",
@@ -449,6 +468,7 @@ __all__ = [
     "StepPlanner",
     "StepRequest",
     "activation_bytes",
+    "cpu_micro_batch_tokens",
     "estimate_step",
     "fresh_resident",
     "logits_bytes",
