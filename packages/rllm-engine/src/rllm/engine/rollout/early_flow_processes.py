@@ -10,7 +10,7 @@ imports the modules it will need, then waits for its engine arguments on its soc
 carried (one pickled frame, :mod:`rllm.engine.rollout.frames`); from there a worker runs exactly
 as a freshly spawned one. A module that fails to import early is imported again from the
 arguments; a failure there is sent to the driver as the worker's one error line
-(:func:`~rllm.engine.rollout.flow_processes.send_start_failure`). A pool with no processes
+(:func:`~rllm.engine.rollout.frames.send_start_failure`). A pool with no processes
 started early starts its own this way (with nothing to import first), for that same line.
 
 ``RLLM_NO_EARLY_WORKERS=1`` turns it off (to measure the two against each other).
@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rllm.engine.rollout.executors import resolve_executor
-from rllm.engine.rollout.frames import HEADER, read_frame
+from rllm.engine.rollout.frames import HEADER, read_frame, send_start_failure
 
 OFF_ENV = "RLLM_NO_EARLY_WORKERS"
 log = logging.getLogger(__name__)
@@ -53,8 +53,6 @@ def _early_main(sock: socket.socket, modules: list[str]) -> None:
     try:
         target, args = pickle.loads(payload)  # as multiprocessing's spawn reads its arguments
     except Exception as exc:  # a flow module that fails to import here: the driver says why
-        from rllm.engine.rollout.flow_processes import send_start_failure
-
         send_start_failure(sock, exc)
         sys.exit(1)
     target(sock, *args)

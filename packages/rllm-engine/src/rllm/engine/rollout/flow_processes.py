@@ -23,9 +23,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-import msgspec
-
-from rllm.engine.rollout.frames import HEADER, Frames
+from rllm.engine.rollout.frames import Frames, Ready, send_start_failure
 from rllm.engine.rollout.worker_metrics import WORKER_KEY
 from rllm.engine.rollout.worker_pool import (
     Done,
@@ -36,7 +34,6 @@ from rllm.engine.rollout.worker_pool import (
     WorkerHandle,
     WorkerSlots,
     encode_done,
-    error_line,
     quiet_loggers_from_env,
 )
 from rllm.types import Episode, SamplingParams, Task, from_msgpack, to_msgpack
@@ -45,21 +42,6 @@ from rllm.types.errors import InputError, StateError
 if TYPE_CHECKING:
     from rllm.engine.rollout.early_flow_processes import EarlyFlowProcesses
     from rllm.engine.rollout.executors import PoolRequest
-
-
-class _Ready(msgspec.Struct, array_like=True):
-    """A worker's first frame: its gateway's URL once its engine is up, or (``gateway_url`` "")
-    the one line of the error that stopped it starting."""
-
-    gateway_url: str
-    error: str = ""
-
-
-def send_start_failure(sock: socket.socket, exc: BaseException) -> None:
-    """Tell the driver (blocking, before any other frame) why this worker could not start."""
-    payload = to_msgpack(_Ready("", error_line(exc)))
-    with contextlib.suppress(OSError):  # the driver is gone: nobody to tell
-        sock.sendall(HEADER.pack(len(payload)) + payload)
 
 
 # ----------------------------------------------------------------------------- worker side
@@ -120,7 +102,7 @@ async def _serve(sock: socket.socket, engine_factory: EngineFactory, engine_kwar
         # Connected once the engine is up: jobs the parent sends meanwhile wait in the socket.
         _, pipe = await loop.create_connection(lambda: Frames(on_frame, closed.set), sock=sock)
         runners = [loop.create_task(runner()) for _ in range(engine_kwargs["config"].concurrency)]
-        pipe.send(to_msgpack(_Ready(engine.gateway_url)))
+        pipe.send(to_msgpack(Ready(engine.gateway_url)))
         try:
             await closed.wait()  # the parent closed the pipe: shut down
         finally:
@@ -144,7 +126,7 @@ class _Worker(WorkerHandle):
 
     def on_frame(self, frame: memoryview) -> None:
         if not self.ready.done():
-            ready = from_msgpack(frame, _Ready)
+            ready = from_msgpack(frame, Ready)
             self.start_error = ready.error
             self.ready.set_result(ready.gateway_url)
             return

@@ -10,13 +10,36 @@ frames of one loop pass written together); :func:`read_frame` the blocking one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import struct
 from collections.abc import Callable
 
+import msgspec
+
+from rllm.engine.rollout.worker_pool import error_line
+from rllm.types import to_msgpack
+
 HEADER = struct.Struct("<I")
 log = logging.getLogger(__name__)
+
+
+class Ready(msgspec.Struct, array_like=True):
+    """A flow process's first frame: its gateway's URL once its engine is up, or (``gateway_url``
+    "") the one line of the error that stopped it starting."""
+
+    gateway_url: str
+    error: str = ""
+
+
+def send_start_failure(sock: socket.socket, exc: BaseException) -> None:
+    """Tell the driver (blocking, before any other frame) why this worker could not start: from
+    the process itself (rllm.engine.rollout.flow_processes) or before it had its arguments
+    (rllm.engine.rollout.early_flow_processes)."""
+    payload = to_msgpack(Ready("", error_line(exc)))
+    with contextlib.suppress(OSError):  # the driver is gone: nobody to tell
+        sock.sendall(HEADER.pack(len(payload)) + payload)
 
 
 class Frames(asyncio.Protocol):

@@ -36,7 +36,6 @@ from rllm.types.errors import InputError
 
 if TYPE_CHECKING:
     from rllm.engine.backend import Backend
-    from rllm.engine.training.trainer_config import TrainerConfig
 
 DEFAULT_POLICY = "default"
 # A policy's name is a metric prefix, a checkpoint folder and a served model name.
@@ -191,32 +190,35 @@ def policy_trainer(backend: Backend) -> Any:
     return train
 
 
-def use_policies(config: TrainerConfig, backend: Backend) -> None:
-    """Hand the backend the run's policies before it starts, and check each policy's algorithm
-    against it; a ConfigError with the backend's reason where it cannot train several
-    (BackendBase.use_policies refuses by default)."""
-    if not config.policies:
+def use_policies(policies: Mapping[str, PolicySection], algorithm: AlgorithmConfig, backend: Backend) -> None:
+    """Hand the backend the run's ``policies`` before it starts, and check each policy's algorithm
+    (the run's ``algorithm`` with its overrides) against it; a ConfigError with the backend's
+    reason where it cannot train several (BackendBase.use_policies refuses by default)."""
+    if not policies:
         return
     use = getattr(backend, "use_policies", None)
     if use is None:
         raise ConfigError.for_key(
             "policies", f"backend {backend.name!r} trains one policy: remove `policies` and `roles`"
         )
-    use(dict(config.policies))
-    for name, section in config.policies.items():
+    use(dict(policies))
+    for name, section in policies.items():
         try:
-            backend.validate(policy_algorithm(config.algorithm, name, section))
+            backend.validate(policy_algorithm(algorithm, name, section))
         except ValueError as exc:
             raise ConfigError.for_key(
                 f"policies.{name}.algorithm", f"backend {backend.name!r} cannot run it: {exc}"
             ) from None
 
 
-def gateway_routes(config: TrainerConfig, backend: Backend) -> dict[str, Any]:
-    """The gateway's ``policies`` and ``roles`` (rllm.gateway.policy_routes) for this run."""
-    if not config.policies:
+def gateway_routes(
+    policies: Mapping[str, PolicySection], roles: Mapping[str, str], backend: Backend
+) -> dict[str, Any]:
+    """The gateway's ``policies`` and ``roles`` (rllm.gateway.policy_routes) for a run's
+    ``policies`` and ``roles``."""
+    if not policies:
         return {}
-    return {"policies": backend.policy_model_names(), "roles": dict(config.roles)}  # pyright: ignore[reportAttributeAccessIssue]
+    return {"policies": backend.policy_model_names(), "roles": dict(roles)}  # pyright: ignore[reportAttributeAccessIssue]
 
 
 __all__ = [

@@ -370,7 +370,7 @@ def gateway_config(config: TrainerConfig, backend: Backend) -> GatewayConfig:
         auto_create_sessions=False,
         health_interval_s=1.0,
         partial_rollouts=config.rollout.partial,  # a sync aborts and continues calls
-        **gateway_routes(config, backend),  # several policies: each call to its role's
+        **gateway_routes(config.policies, config.roles, backend),  # several policies: each call to its role's
     )
 
 
@@ -426,7 +426,8 @@ def validate_algorithm(config: TrainerConfig, backend: Backend) -> None:
         raise ConfigError(
             f"backend {config.backend.name!r} cannot run this algorithm config: {exc}"
         ) from None
-    use_policies(config, backend)  # several policies: refused here where the backend cannot
+    # Several policies: refused here where the backend cannot train them.
+    use_policies(config.policies, config.algorithm, backend)
 
 
 def _snapshot(stepper: AsyncStepper | None, state: TrainerState) -> TrainerState:
