@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
 
+from rllm.algos.adapters import LoraConfig
 from rllm.backends.tinker.config import TinkerBackendConfig
 from rllm.types.errors import InputError
 
@@ -82,6 +83,20 @@ def load_pretrained(source: str, dtype: torch.dtype, device: torch.device) -> Pr
     return model.to(device)  # pyright: ignore[reportArgumentType]
 
 
+def peft_lora_config(lora: LoraConfig) -> Any:
+    """peft's LoraConfig for an adapter of shape ``lora`` (the run's, or a policy's)."""
+    from peft import LoraConfig as PeftLoraConfig
+
+    return PeftLoraConfig(
+        r=lora.rank,
+        # peft annotates an int, but only ever divides by it (alpha / r): a float alpha works.
+        lora_alpha=lora.alpha,  # pyright: ignore[reportArgumentType]
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules,
+        task_type="CAUSAL_LM",
+    )
+
+
 def load_policy(config: TinkerBackendConfig, device: torch.device, dtype: torch.dtype) -> PolicyModel:
     """The trainable model: the base LM, wrapped with LoRA adapters when ``lora.rank > 0``.
 
@@ -92,16 +107,9 @@ def load_policy(config: TinkerBackendConfig, device: torch.device, dtype: torch.
     torch.manual_seed(config.seed)
     model: PolicyModel = load_pretrained(model_source(config.model), dtype, device)
     if config.lora.rank > 0:
-        from peft import LoraConfig, get_peft_model
+        from peft import get_peft_model
 
-        lora = LoraConfig(
-            r=config.lora.rank,
-            # peft annotates an int, but only ever divides by it (alpha / r): a float alpha works.
-            lora_alpha=config.lora.alpha,  # pyright: ignore[reportArgumentType]
-            lora_dropout=config.lora.dropout,
-            target_modules=config.lora.target_modules,
-            task_type="CAUSAL_LM",
-        )
+        lora = peft_lora_config(config.lora)
         model = get_peft_model(model, lora)
     # Gradient checkpointing is the trainer's (local/recompute.py): it needs no training mode.
     model.eval()

@@ -24,6 +24,7 @@ import torch
 from rllm.algos.adapters import LoraConfig
 from rllm.backends.tinker.config import TinkerBackendConfig
 from rllm.backends.tinker.local.checkpoint import ADAPTER_WEIGHTS, OPTIMIZER_FILE
+from rllm.backends.tinker.local.model import peft_lora_config
 from rllm.types.errors import ConfigError, InputError, NotFoundError
 
 if TYPE_CHECKING:
@@ -77,18 +78,10 @@ def policy_specs(config: TinkerBackendConfig, policies: dict[str, Any]) -> list[
 def add_adapters(model: PolicyModel, specs: list[PolicySpec]) -> dict[str, list[str]]:
     """Add every policy's adapter beside ``default`` (torch's seed decides their initial
     weights, as for the first); returns each policy's parameter names, the default active."""
-    from peft import LoraConfig as PeftLora
-
     if not hasattr(model, "peft_config"):
         raise InputError("several policies need a LoRA model (lora.rank >= 1)")
     for spec in specs[1:]:
-        lora = PeftLora(
-            r=spec.lora.rank,
-            lora_alpha=spec.lora.alpha,  # pyright: ignore[reportArgumentType]
-            lora_dropout=spec.lora.dropout,
-            target_modules=spec.lora.target_modules,
-            task_type="CAUSAL_LM",
-        )
+        lora = peft_lora_config(spec.lora)
         cast("PeftModel", model).add_adapter(spec.name, lora)
     names: dict[str, list[str]] = {}
     for spec in specs:
