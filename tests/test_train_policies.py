@@ -16,11 +16,16 @@ import pytest
 
 from rllm.cli.main import main
 from rllm.engine.plugins import load_cookbook
+from rllm.engine.training import launch
 from rllm.engine.training.checkpoint import checkpoint_dir
 from rllm.engine.training.launch import build_trainer
 from rllm.engine.training.metrics_log import read_episode_sample, read_metrics, sample_path
+from rllm.engine.training.mismatch import TokenMismatchError
 from rllm.engine.training.trainer_config import load_config
 from rllm.types import ConfigError
+
+sys.path.insert(0, str(Path(__file__).parent))  # importlib mode: the helper beside this file
+from corrupting_proxy import CorruptedSamplerBackend
 
 pytestmark = pytest.mark.slow
 
@@ -58,6 +63,15 @@ def test_two_policies_train_in_one_run(tmp_path: Path, staleness: int) -> None:
         assert row["policy/judge/train/lr"] == pytest.approx(0.02)
         assert row["policy/default/train/lr"] != pytest.approx(0.02)
         assert "policy/judge/advantage/judge/mean" in row and "policy/default/advantage/solver_0/mean" in row
+        # Train/sampler mismatch per policy: each over its own roles' tokens, together the run's.
+        tokens = {name: row.get(f"policy/{name}/mismatch/tokens", 0.0) for name in ("default", "judge")}
+        assert sum(tokens.values()) == row.get("mismatch/tokens", 0.0)
+        if staleness == 0:  # (K = 1 leaves out the tokens an older version sampled)
+            assert min(tokens.values()) > 0, row
+            assert (
+                row["policy/judge/mismatch/mean_abs"] < 1e-3
+                and row["policy/default/mismatch/mean_abs"] < 1e-3
+            )
     sample = read_episode_sample(sample_path(tmp_path, 2))
     answered = {
         (t.role, s.metadata.get("policy")) for e in sample.episodes for t in e.trajectories for s in t.steps
@@ -96,6 +110,28 @@ def test_two_policies_train_in_one_run(tmp_path: Path, staleness: int) -> None:
         asyncio.run(resumed.fit(resume=True, allow_changes=("total_steps",)))
         last = read_metrics(tmp_path / "metrics.jsonl")[-1]
         assert last["step"] == 3 and last["policy/judge/train/sequences"] == last["episodes"]
+
+
+def test_a_corrupted_policy_sampler_stops_the_run_naming_that_policy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The judge's sampler answers with wrong token ids (tests/corrupting_proxy.py), the solvers'
+    # (the default policy's) with true ones: algorithm.max_mismatch is checked for each policy on
+    # its own tokens, so the line names the judge's policy, not a mean over both.
+    monkeypatch.setattr(launch, "backend_class", lambda name: JudgeSamplerCorrupted)
+    overrides = [*FAST, *TWO_POLICIES, "algorithm.max_mismatch=0.05", "ckpt_every=0"]
+    code = main(["train", "solver-judge", "--out", str(tmp_path), *overrides])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    (line,) = [line for line in err.splitlines() if line.startswith("error:")]
+    prefix = f"error: {TokenMismatchError.__name__}: step 1: policy 'judge''s train/sampler mismatch "
+    assert line.startswith(prefix), line
+    assert "first drifting token: role 'judge'" in line
+    assert not (tmp_path / "metrics.jsonl").exists() or not read_metrics(tmp_path / "metrics.jsonl")
+
+
+class JudgeSamplerCorrupted(CorruptedSamplerBackend):
+    only = "judge"  # the judge policy's model name (its adapter is served under it)
 
 
 def _serve_and_ask(run: Path, model: str) -> tuple[list[str], str]:

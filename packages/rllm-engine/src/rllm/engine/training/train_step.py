@@ -33,7 +33,7 @@ from rllm.engine.rollout.worker_metrics import sandbox_step_metrics
 from rllm.engine.training.health import HealthMonitor
 from rllm.engine.training.health_measure import step_health_metrics
 from rllm.engine.training.metrics_log import write_episode_sample
-from rllm.engine.training.mismatch import check_mismatch, measure_mismatch
+from rllm.engine.training.mismatch import check_mismatch, measure_mismatch, measure_policy_mismatch
 from rllm.engine.training.policies import PolicyMap, train_policies
 from rllm.engine.training.sequences import sequences_from_groups, signal_sequences
 from rllm.engine.training.task_repeats import mark_task_repeats
@@ -115,11 +115,17 @@ class TrainStep:
                 train_metrics = await self.backend.train_step(sequences, algo)
         # Token truth: trainer vs sampler logprobs onto the steps (the samples show them), then enforced.
         mismatch = measure_mismatch(sequences, episodes, weight_version)
+        # Several policies: each policy's own figures, and each checked on its own (the line names it).
+        by_policy = measure_policy_mismatch(sequences, episodes, weight_version) if self.policies else {}
         if cfg.sample_groups:
             trained = [t.id for g in kept for t in g.trajectories]
             write_episode_sample(self.out_dir, step, episodes, trained, cfg.sample_groups)
         if sequences:
-            check_mismatch(mismatch, algo.max_mismatch, step, self.backend.name)
+            if by_policy:
+                for name, report in by_policy.items():
+                    check_mismatch(report, algo.max_mismatch, step, self.backend.name, policy=name)
+            else:
+                check_mismatch(mismatch, algo.max_mismatch, step, self.backend.name)
             await publish()
         if probing and self.probe is not None:
             health_metrics["time/probe_interval"] = self.probe.schedule.interval
@@ -133,6 +139,7 @@ class TrainStep:
             **{f"train/{k}": v for k, v in train_metrics.items()},
             **policy_metrics,  # several policies: policy/NAME/..., and the run-level means
             **mismatch.metrics,
+            **{key: value for report in by_policy.values() for key, value in report.metrics.items()},
             "train/sequences": len(sequences),
             "train/signal_sequences": signal_sequences(sequences),
             **health_metrics,
