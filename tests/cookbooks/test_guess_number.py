@@ -10,7 +10,6 @@ from rllm_cookbook_guess_number import (
     PICKER_ROLE,
     generate,
     guess_reward,
-    hint,
     load_tasks,
     parse_number,
 )
