@@ -11,7 +11,10 @@ vs two separate policies (the judge on its own adapter: configs/two_policies.yam
 same seed, tasks and steps; each step's reward (the judge's: the episode's) and each role's
 trajectory reward, then the final reward (the mean of the last ``--tail`` steps) of each. A
 short run on a random tiny model: it shows both setups train end to end on the same rollout
-budget, not which one learns the task better on a real model.
+budget, not which one learns the task better on a real model (a random word-level model never
+writes a ``\\boxed{}`` answer, so solver-judge's rewards stay 0 there). ``--cookbook
+guess-number`` draws the same curves for the self-play game (the guesser on its own adapter),
+whose rewards a tiny model does earn.
 """
 
 from __future__ import annotations
@@ -86,9 +89,9 @@ async def cost(args: argparse.Namespace) -> None:
     print(f"ratio two/one: {statistics.median(ratios):.2f}x (target <= 1.3x)")
 
 
-# The judge on its own adapter (cookbooks/solver_judge/configs/two_policies.yaml's mapping).
-SEPARATE = ["policies.judge.learning_rate=0.02", "roles.judge=judge"]
-ROLES = ("solver_0", "solver_1", "judge")
+# Each cookbook's roles, and the one given its own policy (its configs/two_policies.yaml's mapping).
+ROLES = {"solver-judge": ("solver_0", "solver_1", "judge"), "guess-number": ("picker", "guesser")}
+OWN_POLICY = {"solver-judge": "judge", "guess-number": "guesser"}
 
 
 def curve(out: Path, args: argparse.Namespace, separate: bool) -> list[dict]:
@@ -108,17 +111,19 @@ def curve(out: Path, args: argparse.Namespace, separate: bool) -> list[dict]:
         "backend.options.lora.rank=4",
         "backend.options.learning_rate=0.02",
         "algorithm.filter_zero_variance=false",
-        *(SEPARATE if separate else []),
     ]
-    trainer = build_trainer("solver-judge", out_dir=str(out), overrides=overrides)
+    if separate:
+        own = OWN_POLICY[args.cookbook]
+        overrides += [f"policies.{own}.learning_rate=0.02", f"roles.{own}={own}"]
+    trainer = build_trainer(args.cookbook, out_dir=str(out), overrides=overrides)
     asyncio.run(trainer.fit())
     rows = read_metrics(out / "metrics.jsonl")
     for row in rows:
-        row["roles"] = role_rewards(out, row["step"])
+        row["roles"] = role_rewards(out, row["step"], ROLES[args.cookbook])
     return rows
 
 
-def role_rewards(out: Path, step: int) -> str:
+def role_rewards(out: Path, step: int, roles: tuple[str, ...]) -> str:
     """Each role's mean trajectory reward on ``step``, from the step's sample (every group)."""
     sample = read_episode_sample(sample_path(out, step))
     rewards: dict[str, list[float]] = {}
@@ -126,7 +131,7 @@ def role_rewards(out: Path, step: int) -> str:
         for trajectory in episode.trajectories:
             if trajectory.reward is not None:
                 rewards.setdefault(trajectory.role, []).append(trajectory.reward)
-    return " ".join(f"{r}={statistics.fmean(rewards[r]):.2f}" for r in ROLES if r in rewards)
+    return " ".join(f"{r}={statistics.fmean(rewards[r]):.2f}" for r in roles if r in rewards)
 
 
 def curves(args: argparse.Namespace) -> None:
@@ -159,6 +164,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--tail", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cookbook", choices=sorted(ROLES), default="solver-judge")
     args = parser.parse_args()
     if args.part == "cost":
         asyncio.run(cost(args))

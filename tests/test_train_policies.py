@@ -11,13 +11,16 @@ import subprocess
 import sys
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from rllm.backends.tinker.local import policies as multi
 from rllm.cli.main import main
 from rllm.engine.plugins import load_cookbook
 from rllm.engine.training import launch
 from rllm.engine.training.checkpoint import checkpoint_dir
+from rllm.engine.training.health import HealthStop
 from rllm.engine.training.launch import build_trainer
 from rllm.engine.training.metrics_log import read_episode_sample, read_metrics, sample_path
 from rllm.engine.training.mismatch import TokenMismatchError
@@ -132,6 +135,46 @@ def test_a_corrupted_policy_sampler_stops_the_run_naming_that_policy(
 
 class JudgeSamplerCorrupted(CorruptedSamplerBackend):
     only = "judge"  # the judge policy's model name (its adapter is served under it)
+
+
+def test_an_adapter_whose_sync_never_loads_is_named_by_weights_stale(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # say-duo, its repeater on its own adapter; a test double of the weight sync copies every
+    # adapter into its sampler but the repeater's (the versions still advance). Each policy has
+    # its own probe set, scored under its own model name, so the repeater's is the one that stays.
+    copy = multi.copy_adapter
+
+    def all_but_the_repeaters(source: Any, target: Any, names: list[str]) -> None:
+        if not any(".repeater." in name for name in names):
+            copy(source, target, names)
+
+    monkeypatch.setattr(multi, "copy_adapter", all_but_the_repeaters)
+    overrides = [
+        *FAST[:4],
+        "total_steps=6",
+        "tasks_per_step=8",
+        "group_size=4",
+        "val_every=0",
+        "ckpt_every=0",
+        "rollout.sampling.max_tokens=2",
+        "backend.options.lora.rank=4",
+        "backend.options.learning_rate=5e-3",
+        "policies.repeater.learning_rate=5e-3",
+        "roles.repeater=repeater",
+        "health.stop_on=[weights_stale]",
+    ]
+    trainer = build_trainer("say-duo", out_dir=str(tmp_path), overrides=overrides)
+    with pytest.raises(HealthStop, match=r"weights_stale.*policy 'repeater': ") as stopped:
+        asyncio.run(trainer.fit())
+    assert "policy 'default'" not in str(stopped.value)
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    moved = [
+        row["policy/default/probe/logprob_change"]
+        for row in rows
+        if "policy/default/probe/logprob_change" in row
+    ]
+    assert moved and max(moved) > 1e-5  # the speaker's adapter reached its sampler
 
 
 def _serve_and_ask(run: Path, model: str) -> tuple[list[str], str]:
