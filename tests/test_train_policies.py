@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import statistics
 import subprocess
 import sys
 import urllib.request
@@ -25,7 +26,9 @@ from rllm.engine.training.launch import build_trainer
 from rllm.engine.training.metrics_log import read_episode_sample, read_metrics, sample_path
 from rllm.engine.training.mismatch import TokenMismatchError
 from rllm.engine.training.trainer_config import load_config
-from rllm.types import ConfigError
+from rllm.sdk.cookbook import Cookbook
+from rllm.sdk.evaluator import evaluator
+from rllm.types import ConfigError, Episode, EvalOutput, Task
 
 sys.path.insert(0, str(Path(__file__).parent))  # importlib mode: the helper beside this file
 from corrupting_proxy import CorruptedSamplerBackend
@@ -137,12 +140,20 @@ class JudgeSamplerCorrupted(CorruptedSamplerBackend):
     only = "judge"  # the judge policy's model name (its adapter is served under it)
 
 
+@evaluator
+def paid_for_odd_lengths(task: Task, episode: Episode) -> EvalOutput:
+    """Each role paid for an odd-length reply: about half of a random model's, so both roles'
+    groups carry a learning signal and both adapters move every step."""
+    rewards = {role: float(len(str(episode.artifacts.get(role, ""))) % 2) for role in ("speaker", "repeater")}
+    return EvalOutput(reward=statistics.fmean(rewards.values()), trajectory_rewards=rewards)
+
+
 def test_an_adapter_whose_sync_never_loads_is_named_by_weights_stale(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # say-duo, its repeater on its own adapter; a test double of the weight sync copies every
-    # adapter into its sampler but the repeater's (the versions still advance). Each policy has
-    # its own probe set, scored under its own model name, so the repeater's is the one that stays.
+    # say-duo's flow, its repeater on its own adapter; a test double of the weight sync copies
+    # every adapter into its sampler but the repeater's (the versions still advance). Each policy
+    # has its own probe set, scored under its own model name: the repeater's is the one that stays.
     copy = multi.copy_adapter
 
     def all_but_the_repeaters(source: Any, target: Any, names: list[str]) -> None:
@@ -150,10 +161,18 @@ def test_an_adapter_whose_sync_never_loads_is_named_by_weights_stale(
             copy(source, target, names)
 
     monkeypatch.setattr(multi, "copy_adapter", all_but_the_repeaters)
+    duo = load_cookbook("say-duo")
+    cookbook = Cookbook(
+        name="duo-parity",
+        flow=duo.flow,
+        evaluator=paid_for_odd_lengths,
+        load_tasks=duo.load_tasks,
+        train_defaults=duo.train_defaults,
+    )
     overrides = [
         *FAST[:4],
-        "total_steps=6",
-        "tasks_per_step=8",
+        "total_steps=4",
+        "tasks_per_step=4",
         "group_size=4",
         "val_every=0",
         "ckpt_every=0",
@@ -163,18 +182,19 @@ def test_an_adapter_whose_sync_never_loads_is_named_by_weights_stale(
         "policies.repeater.learning_rate=5e-3",
         "roles.repeater=repeater",
         "health.stop_on=[weights_stale]",
+        "rollout.workers=1",  # the flows in this process: the evaluator is defined here
     ]
-    trainer = build_trainer("say-duo", out_dir=str(tmp_path), overrides=overrides)
+    trainer = build_trainer("duo-parity", cookbook=cookbook, out_dir=str(tmp_path), overrides=overrides)
     with pytest.raises(HealthStop, match=r"weights_stale.*policy 'repeater': ") as stopped:
         asyncio.run(trainer.fit())
-    assert "policy 'default'" not in str(stopped.value)
+    assert "policy 'default'" not in str(stopped.value), stopped.value
     rows = read_metrics(tmp_path / "metrics.jsonl")
     moved = [
         row["policy/default/probe/logprob_change"]
         for row in rows
         if "policy/default/probe/logprob_change" in row
     ]
-    assert moved and max(moved) > 1e-5  # the speaker's adapter reached its sampler
+    assert moved and min(moved) > 1e-5, rows  # the speaker's adapter reached its sampler every time
 
 
 def _serve_and_ask(run: Path, model: str) -> tuple[list[str], str]:
