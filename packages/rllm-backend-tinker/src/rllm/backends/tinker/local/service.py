@@ -236,54 +236,25 @@ class LocalService:
         return await asyncio.to_thread(work)
 
     async def eval_loss(self, batch: list[TrainSequence]) -> dict[str, float]:
-        """Held-out loss; of several policies, each sequence under its own policy's adapter
-        (``metadata["policy"]``, the default where unset): ``policy/NAME/loss`` for each, and the
-        token-weighted mean as ``loss``."""
+        """Held-out loss; of several policies, each sequence with its policy's adapter
+        (local/policies.py, ``eval_loss_by_policy``)."""
         trainer, _ = self._require_trainer()
-        if not self.specs:
 
-            def work() -> dict[str, float]:
-                with self._work_lock:
-                    return trainer.eval_loss(batch)
-
-            return await asyncio.to_thread(work)
-        by_policy: dict[str, list[TrainSequence]] = {}
-        for sequence in batch:
-            by_policy.setdefault(str(sequence.metadata.get("policy", multi.DEFAULT_POLICY)), []).append(
-                sequence
-            )
-        unknown = sorted(set(by_policy) - set(self.trainers))
-        if unknown:
-            raise InputError(
-                f"eval_loss: unknown policy {unknown[0]!r} (policies: {', '.join(self.trainers)})"
-            )
-
-        def work_policies() -> dict[str, float]:
-            out: dict[str, float] = {}
-            total = tokens = 0.0
+        def work() -> dict[str, float]:
             with self._work_lock:
-                for policy, sequences in by_policy.items():
-                    multi.activate(trainer.model, policy)
-                    try:
-                        figures = self.trainers[policy].eval_loss(sequences)
-                    finally:
-                        multi.activate(trainer.model, multi.DEFAULT_POLICY)
-                    out |= {f"policy/{policy}/{key}": value for key, value in figures.items()}
-                    total += figures["loss"] * figures["num_tokens"]
-                    tokens += figures["num_tokens"]
-            return {"loss": total / tokens, "num_tokens": tokens, **out}
+                if self.specs:
+                    return multi.eval_loss_by_policy(trainer.model, self.trainers, batch)
+                return trainer.eval_loss(batch)
 
-        return await asyncio.to_thread(work_policies)
+        return await asyncio.to_thread(work)
 
     def set_learning_rate_scale(self, scale: float) -> float:
         """A schedule's factor: every policy's optimizer at its own learning rate times
         ``scale``; returns the default policy's LR."""
-        trainer, _ = self._require_trainer()
+        self._require_trainer()
         with self._work_lock:
-            for policy, other in self.trainers.items():
-                if policy != multi.DEFAULT_POLICY:
-                    other.set_learning_rate_scale(scale)
-            return trainer.set_learning_rate_scale(scale)
+            lrs = {name: t.set_learning_rate_scale(scale) for name, t in self.trainers.items()}
+        return lrs[multi.DEFAULT_POLICY]
 
     async def sync_weights(self) -> int:
         _, engine = self._require_trainer()
