@@ -102,6 +102,8 @@ def test_dataset_pull_of_a_name_the_hub_does_not_know(tmp_path: Path, empty_hub:
     url = f"http://127.0.0.1:{empty_hub.server_address[1]}"
     code, lines = _rllm(tmp_path, "dataset", "pull", "rllm-test/absent", "--split", "test", HF_ENDPOINT=url)
     assert code == 2, lines
-    assert len(lines) == 1 and lines[0].startswith(f"error: hub dataset 'rllm-test/absent': not found on {url}")
+    assert len(lines) == 1 and lines[0].startswith(
+        f"error: hub dataset 'rllm-test/absent': not found on {url}"
+    )
     assert empty_hub.paths == ["/api/datasets/rllm-test/absent"]  # asked once, no retries
     assert not (tmp_path / "rllm-home" / "datasets" / "absent").exists()

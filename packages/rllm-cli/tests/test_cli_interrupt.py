@@ -158,3 +158,60 @@ def test_ctrl_c_exits_130_with_one_line_and_the_run_resumes(tmp_path: Path) -> N
     )
     assert resumed.returncode == 0, resumed.stderr
     assert [row["step"] for row in read_metrics(metrics)] == [1, 2, 3]
+
+
+def test_ctrl_c_twice_exits_130_without_a_traceback_and_leaves_a_consistent_folder(tmp_path: Path) -> None:
+    """Ctrl-C, and Ctrl-C again as soon as the run says it is saving (the second may land in the
+    save or after it, as a user's does): exit 130, no traceback, and the folder is whole: it
+    resumes from the checkpoint the first Ctrl-C saved, or (the save skipped) `--resume` says in
+    one line that there is no checkpoint. Resumed with total_steps=1, the run needs no start-up
+    either way: it is finished, or refused."""
+    (tmp_path / "rllm_say_held.py").write_text(textwrap.dedent(HELD_FLOW))
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    out = tmp_path / "run"
+    metrics = out / "metrics.jsonl"
+    quick = [*ARGS, "tasks_per_step=2", "group_size=2", "rollout.workers=1"]
+    args = ["train", "say", "--agent", AGENT, "--out", str(out), "total_steps=100", *quick]
+    proc = subprocess.Popen(
+        _cli(*args),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=_ctrl_c_at_default,
+        env={**os.environ, "PYTHONPATH": path, "RLLM_TEST_HOLD_AFTER": f"{metrics}:1"},
+    )
+    try:
+        lines = read_until_line(proc, "held:", 600, "step 2's rollouts held after step 1")
+        os.killpg(proc.pid, signal.SIGINT)
+        lines += read_until_line(proc, "interrupted", 120, "the run's line saying it stops")
+        assert lines[-1].startswith("interrupted: saving a checkpoint of step 1"), lines
+        try:
+            os.killpg(proc.pid, signal.SIGINT)  # the second, at once
+        except ProcessLookupError:  # the save and the exit were quicker than this test
+            pass
+        _, rest = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = "\n".join(lines) + rest.decode(errors="replace")
+    assert proc.returncode == 130, text
+    assert "Traceback" not in text and "Exception ignored" not in text, text
+    after = [line for line in rest.decode(errors="replace").splitlines() if line.strip()]
+    assert all(line.startswith("interrupted") for line in after), after  # at most its own line
+    assert [row["step"] for row in read_metrics(metrics)] == [1]
+
+    resume = ["--resume", "--allow-changes", "total_steps", "--agent", AGENT, "total_steps=1", *quick]
+    resumed = subprocess.run(
+        _cli("train", "say", "--out", str(out), *resume),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "PYTHONPATH": path},
+    )
+    said = [line for line in resumed.stderr.splitlines() if line.strip()]
+    if (out / "checkpoints" / "step_000001" / "trainer_state.json").is_file():
+        assert resumed.returncode == 0 and len(said) == 1 and "nothing to resume" in said[0], said
+    else:
+        assert resumed.returncode == 2 and len(said) == 1 and "no complete checkpoint" in said[0], said

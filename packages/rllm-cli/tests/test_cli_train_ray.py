@@ -31,3 +31,46 @@ def test_rllm_train_say_on_a_local_ray(tmp_path: Path, monkeypatch: pytest.Monke
     assert all(r["termination/done"] == 1.0 and r["episodes"] == 4 for r in rows), rows
     assert all(r["rollout/worker_lost"] == 0 for r in rows)
     assert not ray.is_initialized()  # the Ray it started is shut down with the run
+
+
+def test_relative_paths_reach_the_ray_workers_resolved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the README runs it: the default relative run folder (`runs/say`) and a relative model
+    folder, from a working directory the Ray workers do not start in. The test starts the Ray
+    instance the run shares with a job-level working_dir (as Ray's uv hook does with the
+    project), so the workers start in a copy of another folder in Ray's session: every path must
+    leave the driver resolved, or a worker reads `runs/say/...` or `models/tiny` against its own
+    folder (or as a hub name)."""
+    ray = pytest.importorskip("ray")
+    monkeypatch.setenv("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    from ray._private import ray_constants
+
+    monkeypatch.setattr(ray_constants, "RAY_ENABLE_UV_RUN_RUNTIME_ENV", False)
+    driver, elsewhere = tmp_path / "driver", tmp_path / "workers-start-here"
+    driver.mkdir()
+    elsewhere.mkdir()
+    (elsewhere / "README").write_text("the Ray workers' working_dir")
+    monkeypatch.chdir(driver)
+    assert main(["model", "init-tiny", "models/tiny", "--cookbook", "say"]) == 0
+
+    @ray.remote
+    def where() -> str:
+        import os
+
+        return os.getcwd()
+
+    from rllm.engine.rollout.ray_connect import init_ray  # Ray's start, retried as the run's is
+
+    init_ray(ray, address=None, include_dashboard=False, runtime_env={"working_dir": str(elsewhere)})
+    try:
+        assert Path(ray.get(where.remote())).resolve() != driver.resolve()  # they start elsewhere
+        args = ["train", "say", "total_steps=2", "rollout.executor=ray", "backend.options.model=models/tiny"]
+        quick = ["rollout.ray.num_workers=1", "tasks_per_step=2", "group_size=2", "val_every=0"]
+        quick += ["progress=false", "plot=false", "tensorboard=false", "sample_groups=1"]
+        assert main([*args, *quick]) == 0
+    finally:
+        ray.shutdown()
+    rows = read_metrics(driver / "runs" / "say" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["termination/done"] == 1.0 and r["episodes"] == 4 for r in rows), rows

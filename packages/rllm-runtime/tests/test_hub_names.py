@@ -92,7 +92,9 @@ def test_offline_and_not_cached_is_refused_without_a_request(
 ) -> None:
     monkeypatch.setenv("HF_ENDPOINT", hub_200.url)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(HubNameError, match=r"hub model 'org/absent': the hub is offline \(HF_HUB_OFFLINE=1\)"):
+    with pytest.raises(
+        HubNameError, match=r"hub model 'org/absent': the hub is offline \(HF_HUB_OFFLINE=1\)"
+    ):
         check_hub_name("org/absent", "model")
     assert hub_200.paths == []
 
@@ -110,7 +112,9 @@ def test_a_cached_name_passes_offline(hub_env: Path, monkeypatch: pytest.MonkeyP
 
 def test_one_request_then_not_found(hub_env: Path, hub_404: _Hub, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_ENDPOINT", hub_404.url)
-    with pytest.raises(HubNameError, match=rf"hub dataset 'org/absent': not found on {hub_404.url} \(HTTP 404"):
+    with pytest.raises(
+        HubNameError, match=rf"hub dataset 'org/absent': not found on {hub_404.url} \(HTTP 404"
+    ):
         check_hub_name("org/absent", "dataset")
     assert hub_404.paths == ["/api/datasets/org/absent"]
 
@@ -153,6 +157,10 @@ def test_paths_and_urls_are_never_hub_names(text: str) -> None:
         assert not is_hub_name(name)
 
 
-@given(st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_-]{0,20}/[A-Za-z0-9][A-Za-z0-9_.-]{0,20}[A-Za-z0-9]", fullmatch=True))
+@given(
+    st.from_regex(
+        r"[A-Za-z0-9][A-Za-z0-9_-]{0,20}/[A-Za-z0-9][A-Za-z0-9_.-]{0,20}[A-Za-z0-9]", fullmatch=True
+    )
+)
 def test_org_slash_name_is_a_hub_name(name: str) -> None:
     assert is_hub_name(name) or Path(name).exists()

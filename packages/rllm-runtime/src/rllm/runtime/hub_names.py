@@ -116,7 +116,9 @@ def check_hub_name(name: str, kind: HubKind, *, cache_dirs: Sequence[Path] = ())
         raise HubNameError(f"{what}: {endpoint} is unreachable (HTTP {exc.code})") from None
     except (urllib.error.URLError, OSError) as exc:
         reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-        raise HubNameError(f"{what}: {endpoint} is unreachable ({reason}) and it is not in the local cache") from None
+        raise HubNameError(
+            f"{what}: {endpoint} is unreachable ({reason}) and it is not in the local cache"
+        ) from None
 
 
 def _cached_repo(name: str, kind: HubKind) -> Path:
