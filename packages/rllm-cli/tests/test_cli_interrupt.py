@@ -21,7 +21,10 @@ import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from rllm.cli.main import cli
+from rllm.engine.training.checkpoint import checkpoint_dir
 from rllm.engine.training.metrics_log import read_metrics
 from rllm.testing import read_until_line
 
@@ -160,7 +163,9 @@ def test_ctrl_c_exits_130_with_one_line_and_the_run_resumes(tmp_path: Path) -> N
     assert [row["step"] for row in read_metrics(metrics)] == [1, 2, 3]
 
 
-def test_ctrl_c_twice_exits_130_without_a_traceback_and_leaves_a_consistent_folder(tmp_path: Path) -> None:
+def test_ctrl_c_twice_exits_130_without_a_traceback_and_leaves_a_consistent_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Ctrl-C, and Ctrl-C again as soon as the run says it is saving (the second may land in the
     save or after it, as a user's does): exit 130, no traceback, and the folder is whole: it
     resumes from the checkpoint the first Ctrl-C saved, or (the save skipped) `--resume` says in
@@ -201,17 +206,13 @@ def test_ctrl_c_twice_exits_130_without_a_traceback_and_leaves_a_consistent_fold
     assert all(line.startswith("interrupted") for line in after), after  # at most its own line
     assert [row["step"] for row in read_metrics(metrics)] == [1]
 
+    # In-process (the folder is refused or found finished before anything is built): the
+    # agent's module is importable here too.
+    monkeypatch.syspath_prepend(str(tmp_path))
     resume = ["--resume", "--allow-changes", "total_steps", "--agent", AGENT, "total_steps=1", *quick]
-    resumed = subprocess.run(
-        _cli("train", "say", "--out", str(out), *resume),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env={**os.environ, "PYTHONPATH": path},
-    )
+    resumed = CliRunner().invoke(cli, ["train", "say", "--out", str(out), *resume], catch_exceptions=False)
     said = [line for line in resumed.stderr.splitlines() if line.strip()]
-    if (out / "checkpoints" / "step_000001" / "trainer_state.json").is_file():
-        assert resumed.returncode == 0 and len(said) == 1 and "nothing to resume" in said[0], said
+    if (checkpoint_dir(out, 1) / "trainer_state.json").is_file():
+        assert resumed.exit_code == 0 and len(said) == 1 and "nothing to resume" in said[0], said
     else:
-        assert resumed.returncode == 2 and len(said) == 1 and "no complete checkpoint" in said[0], said
+        assert resumed.exit_code == 2 and len(said) == 1 and "no complete checkpoint" in said[0], said

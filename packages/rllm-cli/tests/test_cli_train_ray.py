@@ -3,6 +3,8 @@ instance, runs its rollouts in Ray actors (each with its own gateway) and shuts 
 
 from __future__ import annotations
 
+import json
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -37,12 +39,12 @@ def test_relative_paths_reach_the_ray_workers_resolved(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """As the README runs it: the default relative run folder (`runs/say`) and a relative model
-    folder, from a working directory the Ray workers do not start in. The test starts the Ray
-    instance the run shares with a job-level working_dir (as Ray's uv hook does with the
-    project), so the workers start in a copy of another folder in Ray's session: every path must
-    leave the driver resolved, or a worker reads `runs/say/...` or `models/tiny` against its own
-    folder (or as a hub name)."""
-    ray = pytest.importorskip("ray")
+    folder, from a working directory the Ray workers do not start in. The run is given a
+    job-level working_dir as `ray job submit --working-dir` gives one (and Ray's uv hook gives
+    the project), so its workers start in a copy of another folder in Ray's session: every path
+    must leave the driver resolved, or a worker reads `runs/say/...` or `models/tiny` against its
+    own folder (or as a hub name)."""
+    pytest.importorskip("ray")
     monkeypatch.setenv("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     from ray._private import ray_constants
 
@@ -50,27 +52,21 @@ def test_relative_paths_reach_the_ray_workers_resolved(
     driver, elsewhere = tmp_path / "driver", tmp_path / "workers-start-here"
     driver.mkdir()
     elsewhere.mkdir()
-    (elsewhere / "README").write_text("the Ray workers' working_dir")
+    stamp = f"the Ray workers' working_dir for {tmp_path}"
+    (elsewhere / "README").write_text(stamp)
     monkeypatch.chdir(driver)
     assert main(["model", "init-tiny", "models/tiny", "--cookbook", "say"]) == 0
-
-    @ray.remote
-    def where() -> str:
-        import os
-
-        return os.getcwd()
-
-    from rllm.engine.rollout.ray_connect import init_ray  # Ray's start, retried as the run's is
-
-    init_ray(ray, address=None, include_dashboard=False, runtime_env={"working_dir": str(elsewhere)})
-    try:
-        assert Path(ray.get(where.remote())).resolve() != driver.resolve()  # they start elsewhere
-        args = ["train", "say", "total_steps=2", "rollout.executor=ray", "backend.options.model=models/tiny"]
-        quick = ["rollout.ray.num_workers=1", "tasks_per_step=2", "group_size=2", "val_every=0"]
-        quick += ["progress=false", "plot=false", "tensorboard=false", "sample_groups=1"]
-        assert main([*args, *quick]) == 0
-    finally:
-        ray.shutdown()
+    # What a Ray job submitted with --working-dir runs under (ray.init reads it).
+    monkeypatch.setenv(
+        "RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": {"working_dir": str(elsewhere)}})
+    )
+    args = ["train", "say", "total_steps=2", "rollout.executor=ray", "backend.options.model=models/tiny"]
+    quick = ["rollout.ray.num_workers=1", "tasks_per_step=2", "group_size=2", "val_every=0"]
+    assert main([*args, *quick, "progress=false", "plot=false", "tensorboard=false", "sample_groups=1"]) == 0
     rows = read_metrics(driver / "runs" / "say" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["termination/done"] == 1.0 and r["episodes"] == 4 for r in rows), rows
+    # The workers did start elsewhere: Ray unpacked the working_dir into its session for them.
+    sessions = Path(tempfile.gettempdir()) / "ray"
+    copies = sessions.glob("session_*/runtime_resources/working_dir_files/*/README")
+    assert any(p.read_text() == stamp for p in copies), "Ray did not start the workers in the working_dir"
