@@ -18,7 +18,7 @@ it (the warm path); bwrap itself is never skipped: when it cannot create its nam
 backend refuses with ``SandboxUnavailable`` and runs nothing.
 
 Here: the backend (the one-time check, the mode it runs in) and a sandbox's host side (its
-folder, uid, cgroup, files, desktop, harness bridge, close). The command line its bwraps run
+folder, uid, cgroup, files, desktop, harness bridge, piped processes, close). The command line its bwraps run
 under is :mod:`rllm.engine.sandbox.bwrap_command`; starting, waking, reading and killing them,
 :mod:`rllm.engine.sandbox.bwrap_exec`.
 """
@@ -43,6 +43,7 @@ from rllm.engine.sandbox import (
     network,
     outbound,
     parked,
+    piped,
     safe_delete,
     session_bridge,
     stale,
@@ -249,6 +250,14 @@ class BubblewrapSandbox:
         self._check_open()
         timeout = self.spec.limits.exec_timeout_s if timeout is None else timeout
         return await self._execs.run(cmd, timeout, env or {})
+
+    async def start_process(
+        self, argv: list[str], env: dict[str, str] | None = None, cwd: str | None = None
+    ) -> piped.SandboxProcess:
+        """``argv`` as a long-running process of this sandbox with its stdin and stdout piped to
+        the host (``rllm.engine.sandbox.piped``); killed at close if it has not ended before."""
+        self._check_open()
+        return await piped.start(self._execs, argv, env or {}, cwd)
 
     async def hook_up_harness(self, base_url: str, api_key: str, files: dict[str, bytes]) -> HarnessHookup:
         """Bridge a command harness in this sandbox to the session ``base_url`` and nothing else
