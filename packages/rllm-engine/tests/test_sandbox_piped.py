@@ -5,6 +5,9 @@ sandbox's close kills them. Runs as root and in the non-root sandbox suite alike
 
 from __future__ import annotations
 
+import asyncio
+import os
+import socket
 from collections.abc import AsyncIterator
 
 import pytest
@@ -12,7 +15,7 @@ from sandbox_helpers import needs_bwrap, within
 
 from rllm.engine.sandbox import BubblewrapBackend, BubblewrapSandbox
 from rllm.engine.sandbox.piped import STDERR_KEPT
-from rllm.sdk.sandbox import ProcessHost, SandboxError, SandboxSpec
+from rllm.sdk.sandbox import ProcessHost, SandboxAgentError, SandboxError, SandboxSpec
 
 pytestmark = [needs_bwrap, pytest.mark.timeout(120)]
 
@@ -81,3 +84,70 @@ async def test_a_process_in_a_cwd_and_a_refused_empty_argv(sandbox):
     await proc.close()
     with pytest.raises(SandboxError, match="non-empty argv"):
         await sandbox.start_process([])
+
+
+# A unix-socket server: answers each connection with "inside", prints "ready" once listening,
+# then (on a line from the host) swaps its socket's name for a link to the host's socket.
+SOCKET_SERVER = r"""
+import os, socket, sys, threading
+srv = socket.socket(socket.AF_UNIX)
+srv.bind("/tmp/.rllm-sockets/s")
+srv.listen(8)
+open("/tmp/.rllm-sockets/plain", "w").close()
+os.symlink(sys.argv[1], "/tmp/.rllm-sockets/link")
+def serve():
+    while True:
+        conn, _ = srv.accept()
+        conn.sendall(b"inside\n")
+        conn.close()
+threading.Thread(target=serve, daemon=True).start()
+print("ready", flush=True)
+sys.stdin.readline()
+os.rename("/tmp/.rllm-sockets/s", "/tmp/.rllm-sockets/old")
+os.symlink(sys.argv[1], "/tmp/.rllm-sockets/s")
+print("swapped", flush=True)
+sys.stdin.readline()
+"""
+
+needs_python3 = pytest.mark.skipif(
+    not os.path.exists("/usr/bin/python3"), reason="the sandbox's system has no /usr/bin/python3"
+)
+
+
+@needs_python3
+async def test_the_host_reaches_a_sandboxed_socket_and_never_follows_what_the_sandbox_swaps_in(sandbox, tmp_path):
+    # A host socket the sandbox names in its links: connecting there would reach the host.
+    host_socket = socket.socket(socket.AF_UNIX)
+    host_socket.bind(str(tmp_path / "host.sock"))
+    host_socket.listen(8)
+    host_socket.setblocking(False)
+    await sandbox.write_file("server.py", SOCKET_SERVER)
+    proc = await sandbox.start_process(
+        ["/usr/bin/python3", "server.py", str(tmp_path / "host.sock")], socket_dir="/tmp/.rllm-sockets"
+    )
+    async with within(60, "the socket server's start"):
+        assert await proc.stdout.readline() == b"ready\n", proc.stderr_tail()
+    path = proc.socket_path("s")
+
+    async def hello() -> bytes:
+        reader, writer = await asyncio.open_unix_connection(path)
+        line = await reader.readline()
+        writer.close()
+        return line
+
+    async with within(60, "the socket round trips"):
+        assert await hello() == b"inside\n"
+        proc.stdin.write(b"swap\n")
+        await proc.stdin.drain()
+        assert await proc.stdout.readline() == b"swapped\n"
+        assert await hello() == b"inside\n"  # the inode opened before the swap, not the link
+    # (O_PATH | O_NOFOLLOW opens a link itself, which is no socket.)
+    for name, why in (("s", "not a socket"), ("link", "not a socket"), ("plain", "not a socket"), ("none", "no socket")):
+        with pytest.raises(SandboxAgentError, match=why):
+            proc.socket_path(name)
+    with pytest.raises(SandboxError, match="one path component"):
+        proc.socket_path("../x")
+    with pytest.raises(BlockingIOError):
+        host_socket.accept()  # nothing reached the host's socket
+    host_socket.close()
+    await proc.close()

@@ -209,6 +209,11 @@ class PipedProcess(Protocol):
 
     def stderr_tail(self) -> str: ...
 
+    def socket_path(self, name: str) -> str:
+        """A host path to connect to the unix socket ``name`` the process made in its
+        ``socket_dir`` (checked to be a socket, never a link; a ``SandboxAgentError`` when not)."""
+        ...
+
     async def wait(self) -> int: ...
 
     async def close(self) -> None: ...
@@ -219,10 +224,17 @@ class ProcessHost(Protocol):
     """A sandbox that can start a long-running process with its stdin and stdout piped to the
     host (a tool server the host talks to over stdio); the local bubblewrap sandbox is one. The
     process runs as the sandbox's commands do (its files, its limits, its namespaces), and it is
-    killed when the sandbox closes if it has not ended before."""
+    killed when the sandbox closes if it has not ended before. ``socket_dir`` (a folder inside
+    the sandbox) gives it a folder of its own, bound from the host, for unix sockets the host
+    connects to (``PipedProcess.socket_path``): how the host reaches a server in a sandbox that
+    has no network, or whose network is not the host's."""
 
     async def start_process(
-        self, argv: list[str], env: dict[str, str] | None = None, cwd: str | None = None
+        self,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        socket_dir: str | None = None,
     ) -> PipedProcess: ...
 
 

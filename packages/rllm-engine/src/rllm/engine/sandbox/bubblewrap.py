@@ -252,12 +252,17 @@ class BubblewrapSandbox:
         return await self._execs.run(cmd, timeout, env or {})
 
     async def start_process(
-        self, argv: list[str], env: dict[str, str] | None = None, cwd: str | None = None
+        self,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        socket_dir: str | None = None,
     ) -> piped.SandboxProcess:
         """``argv`` as a long-running process of this sandbox with its stdin and stdout piped to
-        the host (``rllm.engine.sandbox.piped``); killed at close if it has not ended before."""
+        the host (``rllm.engine.sandbox.piped``), and, with ``socket_dir``, a folder of its own
+        there for unix sockets the host connects to; killed at close if it has not ended before."""
         self._check_open()
-        return await piped.start(self._execs, argv, env or {}, cwd)
+        return await piped.start(self._execs, argv, env or {}, cwd, socket_dir, self.uid)
 
     async def hook_up_harness(self, base_url: str, api_key: str, files: dict[str, bytes]) -> HarnessHookup:
         """Bridge a command harness in this sandbox to the session ``base_url`` and nothing else

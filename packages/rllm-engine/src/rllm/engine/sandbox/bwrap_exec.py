@@ -96,12 +96,14 @@ class BwrapExecs:
         _wake(wake)
         return proc
 
-    async def start_piped(self, cmd: str | list[str], env: dict[str, str]) -> asyncio.subprocess.Process:
-        """A fresh bwrap running ``cmd`` with its stdin, stdout and stderr piped to the host,
-        until it exits or the sandbox closes (a long-running server the host talks to). Never
-        the warm spare: its stdin is the wake pipe, not a pipe the host can write to."""
+    async def start_piped(
+        self, cmd: str | list[str], env: dict[str, str], extra: list[str] | None = None
+    ) -> asyncio.subprocess.Process:
+        """A fresh bwrap (with the ``extra`` arguments) running ``cmd`` with its stdin, stdout and
+        stderr piped to the host, until it exits or the sandbox closes (a long-running server the
+        host talks to). Never the warm spare: its stdin is the wake pipe, not the host's."""
         self._check_not_closed()
-        number, proc, _ = await self.spawn(piped=_script(cmd, env))
+        _, proc, _ = await self.spawn(extra=extra, piped=_script(cmd, env))
         self._running.add(proc)  # killed with the sandbox at close
         return proc
 

@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shlex
+import stat
+import tempfile
 from collections import deque
+from pathlib import Path
 
 from rllm.engine.sandbox.bwrap_exec import BwrapExecs
-from rllm.sdk.sandbox import SandboxError
+from rllm.sdk.sandbox import SandboxAgentError, SandboxError
 
 STDERR_KEPT = 8 * 1024  # bytes of a piped process's stderr kept (the last ones)
 
@@ -25,9 +29,11 @@ STDERR_KEPT = 8 * 1024  # bytes of a piped process's stderr kept (the last ones)
 class SandboxProcess:
     """One piped process of a local sandbox (the SDK's ``PipedProcess``)."""
 
-    def __init__(self, execs: BwrapExecs, proc: asyncio.subprocess.Process) -> None:
+    def __init__(self, execs: BwrapExecs, proc: asyncio.subprocess.Process, socket_dir: Path | None = None) -> None:
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         self._execs, self._proc = execs, proc
+        self._socket_dir = socket_dir
+        self._socket_fds: list[int] = []  # O_PATH descriptors behind the socket paths handed out
         self._tail: deque[bytes] = deque()
         self._tail_bytes = 0
         self._drain = asyncio.ensure_future(self._drain_stderr(proc.stderr))
@@ -52,6 +58,31 @@ class SandboxProcess:
     async def wait(self) -> int:
         return await self._proc.wait()
 
+    def socket_path(self, name: str) -> str:
+        """A path the host can connect to for the unix socket ``name`` the process made in its
+        ``socket_dir``. The folder is the sandbox's to fill, so the entry is hostile: it is opened
+        without following a link (``O_PATH | O_NOFOLLOW``, relative to the folder) and must be a
+        socket; the path returned names that very inode (``/proc/self/fd/N``), so swapping the
+        entry afterwards (for a link to a host socket, say) changes nothing. Valid until close."""
+        if self._socket_dir is None:
+            raise SandboxError("this process was started without a socket_dir")
+        if not name or "/" in name or name in (".", ".."):
+            raise SandboxError(f"a socket name is one path component, got {name!r}")
+        folder = os.open(self._socket_dir, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            fd = os.open(name, os.O_PATH | os.O_NOFOLLOW, dir_fd=folder)
+        except FileNotFoundError:
+            raise SandboxAgentError(f"the sandboxed process made no socket {name!r}") from None
+        except OSError as exc:
+            raise SandboxAgentError(f"the sandboxed process's socket {name!r} cannot be opened: {exc}") from None
+        finally:
+            os.close(folder)
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise SandboxAgentError(f"{name!r} in the sandboxed process's socket folder is not a socket")
+        self._socket_fds.append(fd)
+        return f"/proc/self/fd/{fd}"
+
     async def close(self) -> None:
         """Kill the process (its whole PID namespace) and wait for it; idempotent."""
         self._execs.forget(self._proc)
@@ -66,6 +97,8 @@ class SandboxProcess:
             while await self.stdout.read(65536):
                 pass
         await self._proc.wait()
+        while self._socket_fds:
+            os.close(self._socket_fds.pop())
         with contextlib.suppress(Exception):
             await asyncio.wait_for(asyncio.shield(self._drain), 10.0)
 
@@ -77,15 +110,30 @@ class SandboxProcess:
                 self._tail_bytes -= len(self._tail.popleft())
 
 
-async def start(execs: BwrapExecs, argv: list[str], env: dict[str, str], cwd: str | None) -> SandboxProcess:
+async def start(
+    execs: BwrapExecs,
+    argv: list[str],
+    env: dict[str, str],
+    cwd: str | None,
+    socket_dir: str | None = None,
+    uid: int | None = None,
+) -> SandboxProcess:
     """``argv`` started in a fresh bwrap of the sandbox whose bwraps ``execs`` runs (in ``cwd``,
-    default the workdir), its stdio piped to the host."""
+    default the workdir), its stdio piped to the host. ``socket_dir``: a folder inside the
+    sandbox, only this process's, where it may make unix sockets the host connects to (a fresh
+    host folder of the sandbox's, ``uid``'s, bound there; see :meth:`SandboxProcess.socket_path`)."""
     if not argv:
         raise SandboxError("start_process needs a non-empty argv")
-    command = shlex.join(argv)
+    extra, host_dir = [], None
+    if socket_dir is not None:
+        if not socket_dir.startswith("/") or ".." in socket_dir.split("/") or socket_dir.rstrip("/") in ("", "/proc"):
+            raise SandboxError(f"socket_dir must be an absolute folder of its own, got {socket_dir!r}")
+        host_dir = Path(tempfile.mkdtemp(prefix="sockets-", dir=execs.root))
+        if uid is not None:
+            os.chown(host_dir, uid, uid)
+        extra = ["--bind", str(host_dir), socket_dir]
+    command = f"exec {shlex.join(argv)}"
     if cwd is not None:
-        command = f"cd {shlex.quote(cwd)} && exec {command}"
-    else:
-        command = f"exec {command}"
-    proc = await execs.start_piped(command, env)
-    return SandboxProcess(execs, proc)
+        command = f"cd {shlex.quote(cwd)} && {command}"
+    proc = await execs.start_piped(command, env, extra)
+    return SandboxProcess(execs, proc, host_dir)
