@@ -195,5 +195,5 @@ def test_sandboxed_specs_are_checked_and_pick_the_sandboxed_flow(tmp_path: Path)
     path.write_text(
         json.dumps({"instruction": "x", "mcp_servers": [server()], "sandbox": {"workdir": "rel"}}) + "\n"
     )
-    with pytest.raises(InputError, match="line 1: .*sandbox"):
+    with pytest.raises(InputError, match=r"line 1: .*sandbox"):
         cookbook_for(str(path))

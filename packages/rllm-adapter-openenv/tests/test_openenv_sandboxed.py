@@ -34,7 +34,9 @@ pytestmark = [
 # The test's Python (its venv, the interpreter it links to) and this checkout (the workspace's
 # packages are installed editable from it), bound into the sandbox read-only.
 CHECKOUT = Path(rllm_adapter_openenv.__file__).resolve().parents[4]
-BINDS = tuple(sorted({sys.prefix, sys.base_prefix, str(Path(sys.executable).resolve().parents[1]), str(CHECKOUT)}))
+BINDS = tuple(
+    sorted({sys.prefix, sys.base_prefix, str(Path(sys.executable).resolve().parents[1]), str(CHECKOUT)})
+)
 # Not /work (the default workdir), under which this checkout may live; room for openenv-core's
 # imports (gradio) in the sandbox's limits.
 SPEC = {"workdir": "/home/agent", "limits": {"cpu_s": 240, "memory_mb": 4096}}
@@ -43,14 +45,18 @@ SPEC = {"workdir": "/home/agent", "limits": {"cpu_s": 240, "memory_mb": 4096}}
 async def run(tasks: list[Task], responder) -> list[Episode]:
     closed = [str(d) for b in BINDS for d in (Path(b), *Path(b).parents) if not d.stat().st_mode & 0o001]
     if closed:
-        pytest.skip(f"the test's Python or checkout is not reachable by a sandbox uid: {closed[0]} is not o+x")
+        pytest.skip(
+            f"the test's Python or checkout is not reachable by a sandbox uid: {closed[0]} is not o+x"
+        )
     config = RolloutConfig(
         n=1, concurrency=2, progress=False, max_retries=0, sampling=SamplingParams(max_tokens=512)
     )
     provider = SandboxProvider(BubblewrapBackend(ro_binds=BINDS))
     async with (
         MockUpstream(responder=responder) as upstream,
-        RolloutEngine(openenv_sandbox_flow, openenv_reward, config, upstreams=[upstream.url], sandboxes=provider) as engine,
+        RolloutEngine(
+            openenv_sandbox_flow, openenv_reward, config, upstreams=[upstream.url], sandboxes=provider
+        ) as engine,
     ):
         return await engine.run(tasks)
 
@@ -68,7 +74,9 @@ async def test_an_episode_is_played_against_the_environment_served_in_the_sandbo
 
 
 async def test_a_server_that_does_not_come_up_in_the_sandbox_is_infrastructure() -> None:
-    (task,) = cookbook_for("rllm_adapter_openenv.no_such_module:app", {"test_size": 1, "sandbox": SPEC}).load_tasks("test")
+    (task,) = cookbook_for(
+        "rllm_adapter_openenv.no_such_module:app", {"test_size": 1, "sandbox": SPEC}
+    ).load_tasks("test")
     (episode,) = await run([task], bisecting_tools())
     assert episode.termination_reason == TerminationReason.INFRA_ERROR, episode.error
     message = episode.error.message if episode.error else ""
@@ -84,6 +92,8 @@ async def test_a_server_that_does_not_come_up_in_the_sandbox_is_infrastructure()
         ("example", {"sandbox": {"workdir": "rel"}}, "sandbox: .*workdir"),
     ],
 )
-def test_a_bad_sandbox_option_is_refused_before_anything_runs(name: str, options: dict[str, Any], message: str) -> None:
+def test_a_bad_sandbox_option_is_refused_before_anything_runs(
+    name: str, options: dict[str, Any], message: str
+) -> None:
     with pytest.raises(InputError, match=message):
         cookbook_for(name, options)

@@ -115,7 +115,9 @@ needs_python3 = pytest.mark.skipif(
 
 
 @needs_python3
-async def test_the_host_reaches_a_sandboxed_socket_and_never_follows_what_the_sandbox_swaps_in(sandbox, tmp_path):
+async def test_the_host_reaches_a_sandboxed_socket_and_never_follows_what_the_sandbox_swaps_in(
+    sandbox, tmp_path
+):
     # A host socket the sandbox names in its links: connecting there would reach the host.
     host_socket = socket.socket(socket.AF_UNIX)
     host_socket.bind(str(tmp_path / "host.sock"))
@@ -142,7 +144,12 @@ async def test_the_host_reaches_a_sandboxed_socket_and_never_follows_what_the_sa
         assert await proc.stdout.readline() == b"swapped\n"
         assert await hello() == b"inside\n"  # the inode opened before the swap, not the link
     # (O_PATH | O_NOFOLLOW opens a link itself, which is no socket.)
-    for name, why in (("s", "not a socket"), ("link", "not a socket"), ("plain", "not a socket"), ("none", "no socket")):
+    for name, why in (
+        ("s", "not a socket"),
+        ("link", "not a socket"),
+        ("plain", "not a socket"),
+        ("none", "no socket"),
+    ):
         with pytest.raises(SandboxAgentError, match=why):
             proc.socket_path(name)
     with pytest.raises(SandboxError, match="one path component"):

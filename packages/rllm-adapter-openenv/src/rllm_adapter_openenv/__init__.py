@@ -167,6 +167,6 @@ __all__ = [
     "adapter",
     "cookbook_for",
     "openenv_flow",
-    "openenv_sandbox_flow",
     "openenv_reward",
+    "openenv_sandbox_flow",
 ]

@@ -70,7 +70,14 @@ async def served_in_sandbox(address: EnvAddress) -> AsyncIterator[tuple[EnvAddre
             f"the {type(sandbox).__name__} cannot start a server process for the OpenEnv environment "
             "(the local bubblewrap sandbox can)"
         )
-    argv = [sys.executable, "-m", "rllm_adapter_openenv.serving", address.app, "--uds", f"{SOCKET_DIR}/{SOCKET}"]
+    argv = [
+        sys.executable,
+        "-m",
+        "rllm_adapter_openenv.serving",
+        address.app,
+        "--uds",
+        f"{SOCKET_DIR}/{SOCKET}",
+    ]
     try:
         process = await sandbox.start_process(argv, socket_dir=SOCKET_DIR)
     except SandboxError:
@@ -134,6 +141,8 @@ def _schema(path: str) -> Any:
             )
         return json.loads(body)
     except (OSError, ValueError, http.client.HTTPException) as exc:
-        raise SandboxError(f"the OpenEnv server in the sandbox failed GET /schema: {type(exc).__name__}: {exc}") from exc
+        raise SandboxError(
+            f"the OpenEnv server in the sandbox failed GET /schema: {type(exc).__name__}: {exc}"
+        ) from exc
     finally:
         connection.close()

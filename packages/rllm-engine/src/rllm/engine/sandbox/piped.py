@@ -29,7 +29,9 @@ STDERR_KEPT = 8 * 1024  # bytes of a piped process's stderr kept (the last ones)
 class SandboxProcess:
     """One piped process of a local sandbox (the SDK's ``PipedProcess``)."""
 
-    def __init__(self, execs: BwrapExecs, proc: asyncio.subprocess.Process, socket_dir: Path | None = None) -> None:
+    def __init__(
+        self, execs: BwrapExecs, proc: asyncio.subprocess.Process, socket_dir: Path | None = None
+    ) -> None:
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         self._execs, self._proc = execs, proc
         self._socket_dir = socket_dir
@@ -74,7 +76,9 @@ class SandboxProcess:
         except FileNotFoundError:
             raise SandboxAgentError(f"the sandboxed process made no socket {name!r}") from None
         except OSError as exc:
-            raise SandboxAgentError(f"the sandboxed process's socket {name!r} cannot be opened: {exc}") from None
+            raise SandboxAgentError(
+                f"the sandboxed process's socket {name!r} cannot be opened: {exc}"
+            ) from None
         finally:
             os.close(folder)
         if not stat.S_ISSOCK(os.fstat(fd).st_mode):
@@ -126,7 +130,11 @@ async def start(
         raise SandboxError("start_process needs a non-empty argv")
     extra, host_dir = [], None
     if socket_dir is not None:
-        if not socket_dir.startswith("/") or ".." in socket_dir.split("/") or socket_dir.rstrip("/") in ("", "/proc"):
+        if (
+            not socket_dir.startswith("/")
+            or ".." in socket_dir.split("/")
+            or socket_dir.rstrip("/") in ("", "/proc")
+        ):
             raise SandboxError(f"socket_dir must be an absolute folder of its own, got {socket_dir!r}")
         host_dir = Path(tempfile.mkdtemp(prefix="sockets-", dir=execs.root))
         if uid is not None:
