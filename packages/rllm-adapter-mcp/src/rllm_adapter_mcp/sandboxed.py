@@ -31,6 +31,32 @@ from rllm.sdk.sandbox import PipedProcess, ProcessHost, SandboxError, SandboxUna
 READ_CHUNK = 65536
 
 
+class Oversized(Exception):
+    """A server's message past the bound (the reason is the message)."""
+
+
+class LineFramer:
+    """MCP's stdio framing (one message a line) over chunks read from an untrusted stream:
+    ``feed`` returns the complete lines so far, and raises ``Oversized`` as soon as one line is
+    longer than ``limit`` bytes, or more than that came without a newline (it never holds more)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._buffer = bytearray()
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        self._buffer += chunk
+        lines: list[bytes] = []
+        while (end := self._buffer.find(b"\n")) >= 0:
+            if end > self.limit:
+                raise Oversized(f"sent a message of {end} bytes, over max_message_bytes={self.limit}")
+            lines.append(bytes(self._buffer[:end]))
+            del self._buffer[: end + 1]
+        if len(self._buffer) > self.limit:
+            raise Oversized(f"sent over max_message_bytes={self.limit} bytes without ending a message")
+        return lines
+
+
 class SandboxedServer:
     """The host's view of one server process in the sandbox: the process, and why it was cut off."""
 
@@ -87,18 +113,14 @@ async def sandbox_stdio(
         await process.close()
 
     async def read_messages() -> None:
-        limit = server.max_message_bytes
+        framer = LineFramer(server.max_message_bytes)
         async with read_send:
-            buffer = bytearray()
             while chunk := await process.stdout.read(READ_CHUNK):
-                buffer += chunk
-                while (end := buffer.find(b"\n")) >= 0:
-                    line = bytes(buffer[:end])
-                    del buffer[: end + 1]
-                    if len(line) > limit:
-                        return await cut(
-                            f"sent a message of {len(line)} bytes, over max_message_bytes={limit}"
-                        )
+                try:
+                    lines = framer.feed(chunk)
+                except Oversized as exc:
+                    return await cut(str(exc))
+                for line in lines:
                     if not line.strip():
                         continue
                     try:
@@ -106,8 +128,6 @@ async def sandbox_stdio(
                     except Exception:
                         return await cut(f"wrote a line that is not a JSON-RPC message: {line[:200]!r}")
                     await read_send.send(SessionMessage(message))
-                if len(buffer) > limit:
-                    return await cut(f"sent over max_message_bytes={limit} bytes without ending a message")
 
     async def write_messages() -> None:
         async with write_recv:
