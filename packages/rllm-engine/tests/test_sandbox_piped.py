@@ -66,12 +66,19 @@ async def test_a_stderr_flood_is_drained_into_a_bounded_tail(sandbox):
 async def test_closing_the_sandbox_kills_its_piped_processes():
     sandbox = await BubblewrapBackend().create(SandboxSpec())
     proc = await sandbox.start_process(["/bin/sh", "-c", "echo up; exec sleep 100000"])
-    async with within(60, "the process's start"):
+    # One whose stdout nobody reads: 1 MiB fills the pipe and the host's buffer, and it blocks.
+    flooding = await sandbox.start_process(
+        ["/bin/sh", "-c", "echo up; head -c 1048576 /dev/zero; exec sleep 100000"]
+    )
+    async with within(60, "the processes' start"):
         assert await proc.stdout.readline() == b"up\n"
+        assert await flooding.stdout.readline() == b"up\n"
     assert proc.returncode is None
-    await sandbox.close()
-    async with within(30, "the process's end after the close"):
+    async with within(60, "the sandbox's close"):
+        await sandbox.close()
+    async with within(30, "the processes' end after the close"):
         await proc.wait()
+        await flooding.wait()
     with pytest.raises(SandboxError, match="closed"):
         await sandbox.start_process(["true"])
 

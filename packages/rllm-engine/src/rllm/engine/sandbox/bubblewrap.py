@@ -201,6 +201,7 @@ class BubblewrapSandbox:
         self._parked = None
         self._desktop: asyncio.subprocess.Process | None = None  # the desktop session's bwrap
         self._bridge: session_bridge.SessionBridge | None = None  # a command harness's gateway bridge
+        self._piped: list[piped.SandboxProcess] = []  # long-running processes piped to the host
         self.desktop_helper: HelperChannel | None = None  # the session's input/screenshot helper
 
     @property
@@ -262,7 +263,9 @@ class BubblewrapSandbox:
         the host (``rllm.engine.sandbox.piped``), and, with ``socket_dir``, a folder of its own
         there for unix sockets the host connects to; killed at close if it has not ended before."""
         self._check_open()
-        return await piped.start(self._execs, argv, env or {}, cwd, socket_dir, self.uid)
+        process = await piped.start(self._execs, argv, env or {}, cwd, socket_dir, self.uid)
+        self._piped.append(process)
+        return process
 
     async def hook_up_harness(self, base_url: str, api_key: str, files: dict[str, bytes]) -> HarnessHookup:
         """Bridge a command harness in this sandbox to the session ``base_url`` and nothing else
@@ -320,6 +323,10 @@ class BubblewrapSandbox:
             self.desktop_helper.close()
         procs = self._execs.kill_all()
         try:
+            # Killed above; closing each reads away what it left on stdout, without which a
+            # process whose stdout nobody read to the end is never seen to be gone.
+            for process in self._piped:
+                await asyncio.shield(process.close())
             if self._bridge is not None:  # after the kills: nothing in the sandbox uses it any more
                 await asyncio.shield(self._bridge.close())
             await self._execs.wait_gone(procs)
