@@ -11,10 +11,10 @@ from rich.table import Table
 
 from rllm.cli.errors import CliError
 from rllm.cli.viewer.data import RunNotFoundError, RunView
+from rllm.cli.viewer.eval_folder import EVAL_SUMMARY
 from rllm.cli.viewer.server import ViewerServer
 from rllm.engine.training.metrics_log import read_metrics
 
-EVAL_SUMMARY = "summary.json"  # what `rllm eval` writes at its end, beside results.jsonl
 EVAL_RESULTS = "results.jsonl"
 TABLE_COLUMNS = {
     "step": "step",
@@ -47,7 +47,7 @@ TABLE_COLUMNS = {
     "--tokenizer",
     type=click.Path(path_type=Path, dir_okay=False),
     default=None,
-    help="tokenizer.json for token texts (default: the run's tiny model's, if any)",
+    help="tokenizer.json for token texts (default: the run's tiny model's, or that of a local model folder the run's record names)",
 )
 def view_command(
     run_dir: Path, host: str, port: int, table: bool, open_browser: bool, tokenizer: Path | None
