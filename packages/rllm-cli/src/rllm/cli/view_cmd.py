@@ -37,7 +37,12 @@ TABLE_COLUMNS = {
     is_flag=True,
     help="print the metrics table (an eval folder: its summary) and exit instead of serving the page",
 )
-@click.option("--open/--no-open", "open_browser", default=False, help="open the page in a browser")
+@click.option(
+    "--open/--no-open",
+    "open_browser",
+    default=False,
+    help="also open the page in a browser ($BROWSER or the desktop's; default: only print its URL)",
+)
 @click.option(
     "--tokenizer",
     type=click.Path(path_type=Path, dir_okay=False),
@@ -48,11 +53,13 @@ def view_command(
     run_dir: Path, host: str, port: int, table: bool, open_browser: bool, tokenizer: Path | None
 ) -> int:
     """Browse RUN_DIR (a `rllm train` run or a `rllm eval` folder): episodes per step, messages,
-    tokens coloured by logprob, curves.
+    tokens coloured by logprob, curves. Serves the page on a loopback URL it prints; --open also
+    opens it in a browser.
 
     \b
     Example:
-      rllm view runs/say-single            # then open http://127.0.0.1:8765/
+      rllm view runs/say-single            # then open the URL it prints (http://127.0.0.1:8765/)
+      rllm view runs/say-single --open     # ... in a browser it opens
       rllm view runs/say-single --table    # the metrics as a table in the shell
       rllm view runs/eval --table          # an eval folder's summary, as `rllm eval` printed it
     """
@@ -71,7 +78,8 @@ def view_command(
     console = Console(stderr=True)
     if host not in ("127.0.0.1", "localhost", "::1"):
         console.print(f"[yellow]warning:[/yellow] serving {run_dir} beyond loopback ({host})")
-    console.print(f"viewing {run_dir} at [bold]{server.url}[/bold] (Ctrl-C stops)")
+    # One line, never wrapped at the terminal's width: the URL is copied (or read by a script).
+    console.print(f"viewing {run_dir} at [bold]{server.url}[/bold] (Ctrl-C stops)", soft_wrap=True)
     if open_browser:
         webbrowser.open(server.url)
     try:
