@@ -18,7 +18,7 @@ from rllm_cookbook_guess_number.data import generate, load_tasks
 
 PICKER_ROLE = "picker"
 GUESSER_ROLE = "guesser"
-_NUMBER = re.compile(r"-?\d+")
+_NUMBER = re.compile(r"-?[0-9]+")  # ASCII digits: int() would read "𝟏" as 1
 
 
 def parse_number(reply: str, high: int) -> int | None:
