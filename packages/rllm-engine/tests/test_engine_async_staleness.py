@@ -78,15 +78,23 @@ class FakeEngine:
         self.client = FakeGateway()
         self.config = type("Config", (), {"model": "m", "sampling": SamplingParams(seed=0)})()
         self.seeds: dict[str, int | None] = {}  # task id -> the seed its group was asked to sample with
+        self.drawings: dict[str, list[int] | None] = {}  # task id -> its group's drawing number
         self._durations = itertools.cycle(durations or [0.0])
         self._turns = turns
         self._hold = hold  # task id -> event its first rollout waits for after its first call
 
     async def run(
-        self, tasks: list[Task], n: int, *, slots: asyncio.Semaphore, sampling: SamplingParams | None = None
+        self,
+        tasks: list[Task],
+        n: int,
+        *,
+        slots: asyncio.Semaphore,
+        sampling: SamplingParams | None = None,
+        drawings: list[int] | None = None,
     ) -> list[Episode]:
         (task,) = tasks
         self.seeds[task.id] = sampling.seed if sampling is not None else None
+        self.drawings[task.id] = drawings
 
         async def one(index: int) -> Episode:
             async with slots:  # the stepper's concurrency, shared by the rollouts of every group
