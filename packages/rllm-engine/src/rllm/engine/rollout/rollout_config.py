@@ -17,7 +17,7 @@ import msgspec
 from rllm.engine.rollout.executors import RaySettings, available_executors, get_executor
 from rllm.engine.rollout.remote_executor import RemoteSettings
 from rllm.types import InvariantError, SamplingParams, Task
-from rllm.types.errors import LookupFailed
+from rllm.types.errors import InputError, LookupFailed
 
 
 class RolloutSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -182,3 +182,19 @@ def task_drawings(tasks: Sequence[Task], earlier: Sequence[Task] = ()) -> list[i
         out.append(seen.get(task.id, 0))
         seen[task.id] = out[-1] + 1
     return out
+
+
+def drawings_sampling(
+    tasks: Sequence[Task],
+    sampling: SamplingParams | None,
+    configured: SamplingParams,
+    drawings: Sequence[int] | None = None,
+) -> list[SamplingParams | None]:
+    """Each task's sampling in one batch: ``sampling`` (None: the ``configured`` one) for a first
+    drawing, ``drawing_sampling`` of it for a later one. ``drawings``: each task's drawing number
+    (a later round of a step continues the count); default: how often its id came before it."""
+    numbers = task_drawings(tasks) if drawings is None else list(drawings)
+    if len(numbers) != len(tasks):
+        raise InputError(f"drawings: {len(numbers)} numbers for {len(tasks)} tasks")
+    base = sampling if sampling is not None else configured
+    return [drawing_sampling(base, k) if k else sampling for k in numbers]

@@ -23,7 +23,7 @@ import msgspec
 from rllm.engine.rollout.batch import stream_groups
 from rllm.engine.rollout.executors import PoolRequest, WorkerPool, executor_for, run_on_pool, start_pool
 from rllm.engine.rollout.own_gateway import owned_gateway_config
-from rllm.engine.rollout.rollout_config import RolloutConfig, drawing_sampling, task_drawings
+from rllm.engine.rollout.rollout_config import RolloutConfig, drawings_sampling
 from rllm.engine.rollout.rollout_progress import RolloutProgress
 from rllm.engine.rollout.rollout_runner import RolloutRunner
 from rllm.engine.sandbox.provider import SandboxProvider, make_backend
@@ -265,9 +265,8 @@ class RolloutEngine:
         ``slots``: a limit shared with other ``run`` calls, taken by each rollout while it runs
         (the asynchronous trainer runs one call per group and shares ``concurrency`` this way).
         ``sampling``: these rollouts' sampling instead of the configured one (a training step's
-        own seed); it travels with each rollout, so calls with different ones may overlap.
-        ``drawings``: each task's drawing number in its step (``drawing_sampling``: a seed of
-        its own past the first); default: how often its id came before it in ``tasks``."""
+        own seed; ``drawings``: each task's drawing number in its step, ``drawings_sampling``); it
+        travels with each rollout, so calls with different ones may overlap."""
         task_list = as_tasks(tasks)
         by_task: dict[int, list[Episode]] = {}
         async for index, episodes in self.stream_indexed(
@@ -293,8 +292,7 @@ class RolloutEngine:
         sampling: SamplingParams | None = None,
         drawings: Sequence[int] | None = None,
     ) -> AsyncIterator[tuple[int, list[Episode]]]:
-        """Like :meth:`stream`, with each group's position in ``tasks`` (``slots``, ``sampling``,
-        ``drawings``: see :meth:`run`)."""
+        """:meth:`stream` with each group's position in ``tasks`` (other arguments: :meth:`run`)."""
         await self.start()
         n = self.config.n if n is None else n
         if n < 1:
@@ -309,12 +307,7 @@ class RolloutEngine:
         # With worker processes, each enforces its share of the concurrency and queues a few
         # jobs more (see WorkerSlots): keep that many in flight from here.
         width = self._pool.capacity if self._pool is not None else self.config.concurrency
-        base = sampling if sampling is not None else self.config.sampling_for(is_validation)
-        numbers = task_drawings(tasks) if drawings is None else list(drawings)
-        if len(numbers) != len(tasks):
-            raise InputError(f"drawings: {len(numbers)} numbers for {len(tasks)} tasks")
-        # A task's first drawing keeps the sampling as given (None: the configured one).
-        chosen = [drawing_sampling(base, k) if k else sampling for k in numbers]
+        chosen = drawings_sampling(tasks, sampling, self.config.sampling_for(is_validation), drawings)
         groups = stream_groups(
             lambda ti, ri: self.run_one(tasks[ti], ri, is_validation=is_validation, sampling=chosen[ti]),
             tasks,
