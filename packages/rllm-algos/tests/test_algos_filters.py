@@ -2,7 +2,6 @@ import pytest
 from algos_helpers import episode
 
 from rllm.algos import AlgorithmConfig, RewardError, filter_groups, group_trajectories
-from rllm.algos.config import DynamicSampling
 from rllm.types import TerminationReason
 
 
@@ -32,22 +31,6 @@ def test_zero_variance_groups_are_kept_by_default() -> None:
     kept, metrics = filter_groups(groups, AlgorithmConfig())
     assert len(kept) == 2
     assert metrics["frac_effective"] == pytest.approx(0.5)
-
-
-def test_dynamic_sampling_drops_the_groups_without_a_signal_unless_told_to_keep_them() -> None:
-    """DAPO's setting: a batch filled for its signal groups trains on them alone (their rewards
-    are the step's either way); ``keep_zero_signal`` trains the rest with zero advantages."""
-    groups = _groups({"right": [1, 1], "mixed": [1, 0], "wrong": [0, 0]})
-    on = AlgorithmConfig(dynamic_sampling=DynamicSampling(enabled=True))
-    kept, metrics = filter_groups(groups, on)
-    assert [g.task_id for g in kept] == ["mixed"] and on.drops_zero_variance()
-    assert metrics["groups_zero_variance"] == 2 and metrics["frac_effective"] == pytest.approx(1 / 3)
-    keep = AlgorithmConfig(dynamic_sampling=DynamicSampling(enabled=True, keep_zero_signal=True))
-    assert len(filter_groups(groups, keep)[0]) == 3 and not keep.drops_zero_variance()
-    both = AlgorithmConfig(
-        filter_zero_variance=True, dynamic_sampling=DynamicSampling(enabled=True, keep_zero_signal=True)
-    )
-    assert [g.task_id for g in filter_groups(groups, both)[0]] == ["mixed"]
 
 
 def test_mask_terminations_removes_members_before_size_and_reward_checks() -> None:

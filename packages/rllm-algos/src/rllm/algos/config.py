@@ -42,16 +42,11 @@ class DynamicSampling(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     task's ``group_size`` rollouts) until the step holds ``tasks_per_step`` groups that carry a
     learning signal (rewards not all equal: the test ``filter_zero_variance`` applies), at most
     ``max_extra_groups`` more than ``tasks_per_step`` (None: ``tasks_per_step`` more). Run by the
-    engine's training loops (rllm.engine.training.dynamic_sampling), so every backend honours it.
-    As in DAPO, the groups without a signal are then left out of the train batch (their rewards
-    still count in the step's reward metrics): under a group-relative estimator their advantages
-    are 0, so they add nothing to the gradient but their forward/backward passes (and, with a
-    token-mean loss, their tokens to its denominator). ``keep_zero_signal`` trains them anyway,
-    with zero advantages (as ``filter_zero_variance = false`` does without dynamic sampling)."""
+    engine's training loops (rllm.engine.training.dynamic_sampling), so every backend honours it;
+    the groups without signal stay in the batch unless ``filter_zero_variance`` drops them."""
 
     enabled: bool = False
     max_extra_groups: int | None = None
-    keep_zero_signal: bool = False
 
     def __post_init__(self) -> None:
         if self.max_extra_groups is not None and self.max_extra_groups < 0:
@@ -197,12 +192,6 @@ class AlgorithmConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def estimator_for(self, role: str) -> str:
         """The estimator name for trajectories of ``role`` (per-role map first, then the default)."""
         return self.estimator_by_role.get(role, self.estimator)
-
-    def drops_zero_variance(self) -> bool:
-        """Whether the filters drop groups whose rewards are all equal: ``filter_zero_variance``,
-        or ``dynamic_sampling`` on without its ``keep_zero_signal``."""
-        sampling = self.dynamic_sampling
-        return self.filter_zero_variance or (sampling.enabled and not sampling.keep_zero_signal)
 
     def masked_termination_reasons(self) -> frozenset[str]:
         """``mask_terminations`` with the "errors" alias expanded to concrete TerminationReason values."""

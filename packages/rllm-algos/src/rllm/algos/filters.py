@@ -1,8 +1,7 @@
 """Filters on TrajectoryGroups: mask failed rollouts, drop small and zero-variance groups.
 
 A group whose rewards are all equal gives every member advantage 0 under a group-relative
-estimator. With ``filter_zero_variance`` (off by default), or with ``dynamic_sampling`` on (whose
-batches are filled with groups that do differ), such groups are dropped, which changes
+estimator. With ``filter_zero_variance`` (off by default) such groups are dropped, which changes
 the update (see AlgorithmConfig); without it they are kept (the local backend, with several
 updates a batch, leaves their zero-advantage sequences out of the updates' passes, counting them
 in the loss's denominators only).
@@ -30,10 +29,8 @@ def filter_groups(
        (filled by ``group_trajectories``); a group without them is treated as all "done".
     2. Groups with fewer than ``min_group_size`` trajectories are dropped.
     3. Rewards are resolved (a clear RewardError when one is missing).
-    4. With ``filter_zero_variance`` (or ``dynamic_sampling`` on, unless its ``keep_zero_signal``:
-       ``AlgorithmConfig.drops_zero_variance``), groups whose rewards are all equal are dropped
-       (under turn credit only when their earlier steps' rewards and their lengths are all equal
-       too).
+    4. With ``filter_zero_variance``, groups whose rewards are all equal are dropped (under turn
+       credit only when their earlier steps' rewards and their lengths are all equal too).
 
     Metrics (fractions over the groups that reach step 3): ``frac_all_correct`` (every reward
     > 0), ``frac_all_wrong`` (every reward <= 0), ``frac_effective`` (rewards differ: the group
@@ -88,7 +85,7 @@ def filter_groups(
         if not varied[i] and step_credit_for(group.role, config) == "turn":
             varied[i] = _turns_differ(group)
     kept = (
-        [g for g, v in zip(sized, varied, strict=True) if v] if config.drops_zero_variance() else list(sized)
+        [g for g, v in zip(sized, varied, strict=True) if v] if config.filter_zero_variance else list(sized)
     )
     metrics.update(
         {

@@ -16,11 +16,12 @@ rollouts waits for its slowest, so one larger round costs less wall time than a 
 after the first; a step that still falls short tops up as before, and one that overshoots keeps
 every group it took (more signal groups than asked). The asynchronous step takes finished groups
 within the staleness bound until the count is met, so a stale group is never counted. Every group
-taken is in the step's reward metrics and ``batch/task_ids``; the groups without a signal are
-left out of the train batch (DAPO's setting) unless ``keep_zero_signal`` trains them with zero
-advantages (``AlgorithmConfig.drops_zero_variance``). A step that hits the cap short of its count
-says so: ``dynamic_sampling/capped`` in its metrics and, the first time, one warning line; the
-run's end repeats how many steps it was.
+taken is in the step's batch (its rewards in the step's reward metrics, its task in
+``batch/task_ids``); groups without a signal train with zero advantages, or are dropped with
+``filter_zero_variance`` (DAPO's setting; on say-single, one seed paired, it took 72 steps to 0.9
+against 67 and no less train time a step: the tiny model's update barely costs per row). A step that hits the cap short of its
+count says so: ``dynamic_sampling/capped`` in its metrics and, the first time, one warning line;
+the run's end repeats how many steps it was.
 """
 
 from __future__ import annotations
