@@ -180,7 +180,9 @@ def test_an_unsupported_version_is_named(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_unknown_options_are_refused() -> None:
-    with pytest.raises(Exception, match="has options size, test_size, max_turns, actions, not turns"):
+    with pytest.raises(
+        Exception, match="has options size, test_size, max_turns, actions, sandbox, not turns"
+    ):
         cookbook_for("example", {"turns": 3})
 
 

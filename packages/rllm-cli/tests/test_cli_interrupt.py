@@ -21,7 +21,10 @@ import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from rllm.cli.main import cli
+from rllm.engine.training.checkpoint import checkpoint_dir
 from rllm.engine.training.metrics_log import read_metrics
 from rllm.testing import read_until_line
 
@@ -158,3 +161,58 @@ def test_ctrl_c_exits_130_with_one_line_and_the_run_resumes(tmp_path: Path) -> N
     )
     assert resumed.returncode == 0, resumed.stderr
     assert [row["step"] for row in read_metrics(metrics)] == [1, 2, 3]
+
+
+def test_ctrl_c_twice_exits_130_without_a_traceback_and_leaves_a_consistent_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C, and Ctrl-C again as soon as the run says it is saving (the second may land in the
+    save or after it, as a user's does): exit 130, no traceback, and the folder is whole: it
+    resumes from the checkpoint the first Ctrl-C saved, or (the save skipped) `--resume` says in
+    one line that there is no checkpoint. Resumed with total_steps=1, the run needs no start-up
+    either way: it is finished, or refused."""
+    (tmp_path / "rllm_say_held.py").write_text(textwrap.dedent(HELD_FLOW))
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    out = tmp_path / "run"
+    metrics = out / "metrics.jsonl"
+    quick = [*ARGS, "tasks_per_step=2", "group_size=2", "rollout.workers=1"]
+    args = ["train", "say", "--agent", AGENT, "--out", str(out), "total_steps=100", *quick]
+    proc = subprocess.Popen(
+        _cli(*args),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=_ctrl_c_at_default,
+        env={**os.environ, "PYTHONPATH": path, "RLLM_TEST_HOLD_AFTER": f"{metrics}:1"},
+    )
+    try:
+        lines = read_until_line(proc, "held:", 600, "step 2's rollouts held after step 1")
+        os.killpg(proc.pid, signal.SIGINT)
+        lines += read_until_line(proc, "interrupted", 120, "the run's line saying it stops")
+        assert lines[-1].startswith("interrupted: saving a checkpoint of step 1"), lines
+        try:
+            os.killpg(proc.pid, signal.SIGINT)  # the second, at once
+        except ProcessLookupError:  # the save and the exit were quicker than this test
+            pass
+        _, rest = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = "\n".join(lines) + rest.decode(errors="replace")
+    assert proc.returncode == 130, text
+    assert "Traceback" not in text and "Exception ignored" not in text, text
+    after = [line for line in rest.decode(errors="replace").splitlines() if line.strip()]
+    assert all(line.startswith("interrupted") for line in after), after  # at most its own line
+    assert [row["step"] for row in read_metrics(metrics)] == [1]
+
+    # In-process (the folder is refused or found finished before anything is built): the
+    # agent's module is importable here too.
+    monkeypatch.syspath_prepend(str(tmp_path))
+    resume = ["--resume", "--allow-changes", "total_steps", "--agent", AGENT, "total_steps=1", *quick]
+    resumed = CliRunner().invoke(cli, ["train", "say", "--out", str(out), *resume], catch_exceptions=False)
+    said = [line for line in resumed.stderr.splitlines() if line.strip()]
+    if (checkpoint_dir(out, 1) / "trainer_state.json").is_file():
+        assert resumed.exit_code == 0 and len(said) == 1 and "nothing to resume" in said[0], said
+    else:
+        assert resumed.exit_code == 2 and len(said) == 1 and "no complete checkpoint" in said[0], said

@@ -283,3 +283,62 @@ def test_model_import_records_its_folder_and_other_commands_refuse_it(tmp_path: 
     code, _, err = invoke("model", "import", str(gguf), "--out", str(out), "--overwrite")
     assert code == 0, err
     assert json.loads((out / "rllm-run.json").read_text())["config"]["dtype"] == "bf16"
+
+
+def test_model_import_replaces_whole_and_never_calls_user_files_a_model(tmp_path: Path) -> None:
+    from rllm.testing.gguf_files import write_tiny_llama
+
+    gguf = write_tiny_llama(tmp_path / "tiny.gguf")
+    out = tmp_path / "model"
+    assert invoke("model", "import", str(gguf), "--out", str(out), "--dtype", "float32")[0] == 0
+    (out / "adapter_config.json").write_text("{}")  # an earlier writer's file beside the model
+    code, _, err = invoke("model", "import", str(gguf), "--out", str(out), "--resume")
+    assert code == 2 and "--resume" in err, err  # the table's "—": it cannot resume
+    code, _, err = invoke(
+        "model", "import", str(gguf), "--out", str(out), "--overwrite", "--dtype", "float32"
+    )
+    assert code == 0, err
+    assert not (out / "adapter_config.json").exists()  # replaced whole: nothing stale left
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    for flags in ([], ["--overwrite"]):
+        code, _, err = invoke("model", "import", str(gguf), "--out", str(mine), *flags)
+        assert code == 2 and "files no rLLM command wrote (notes.txt" in err, err
+        assert "already holds" not in err, err  # notes are not "an imported model"
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+
+
+def test_from_eval_set_follows_the_folder_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rllm dataset from-eval` as docs/run-folders.md's row says: a fresh name is written, an
+    existing set is refused, --resume is no option, --overwrite replaces the set whole, and a
+    folder another command wrote under the set's name is refused by name."""
+    from rllm.gateway.tokenizer_load import load_tokenizer
+    from rllm.testing import say_back
+    from rllm.tiny import init_tiny_model
+
+    monkeypatch.setenv("RLLM_HOME", str(tmp_path / "home"))
+    model = init_tiny_model(tmp_path / "model", vocab_words=["apple", "lemon"], seed=0)
+    upstream = MockUpstream(responder=say_back(), tokenizer=load_tokenizer(str(model))).start_in_thread()
+    try:
+        code, _, err = evaluate(tmp_path / "eval", upstream.url)
+    finally:
+        upstream.stop_in_thread()
+    assert code == 0, err
+    make = ["dataset", "from-eval", str(tmp_path / "eval"), "--tokenizer", str(model), "--name"]
+    sets = tmp_path / "home" / "sft"
+    code, _, err = invoke(*make, "good")
+    assert code == 0, err
+    assert sorted(p.name for p in (sets / "good").iterdir()) == ["rllm-run.json", "sft.jsonl"]
+    code, _, err = invoke(*make, "good")
+    assert code == 2 and "already holds an SFT set" in err and "--overwrite" in err, err
+    code, _, err = invoke(*make, "good", "--resume")
+    assert code == 2 and "--resume" in err, err
+    (sets / "good" / "stale.jsonl").write_text("{}\n")  # an earlier version's file in the set
+    code, _, err = invoke(*make, "good", "--overwrite")
+    assert code == 0, err
+    assert sorted(p.name for p in (sets / "good").iterdir()) == ["rllm-run.json", "sft.jsonl"]
+    _eval_folder(sets / "evals")
+    code, _, err = invoke(*make, "evals", "--overwrite")
+    assert code == 2 and "written by `rllm eval`" in err and "another command's folder" in err, err
+    assert sorted(p.name for p in (sets / "evals").iterdir()) == ["results.jsonl", "rllm-run.json"]

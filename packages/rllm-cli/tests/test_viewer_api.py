@@ -207,3 +207,136 @@ def test_the_no_learning_warning_reaches_the_page(tmp_path: Path) -> None:
     logger.close()
     run = RunView(tmp_path).run()
     assert run["warnings"] == ["no trainable sequence in 3 steps"]
+
+
+def _byte_tokenizer(folder: Path) -> Path:
+    """A model folder whose tokenizer.json reads the mock upstream's ids (bytes) as characters."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    folder.mkdir()
+    vocab = {chr(i): i for i in range(1, 128)} | {"<unk>": 0}
+    Tokenizer(WordLevel(vocab, unk_token="<unk>")).save(str(folder / "tokenizer.json"))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def resumed_eval(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`rllm eval` of one task against a dead endpoint (its attempt retried, then failed), then
+    `--resume` against a live one: episodes.jsonl holds the rollout twice, as eval writes it. The
+    model is named by a local folder with a tokenizer.json."""
+    import socket
+
+    from click.testing import CliRunner
+
+    from rllm.cli.main import cli
+    from rllm.testing import MockUpstream, say_back
+
+    root = tmp_path_factory.mktemp("eval")
+    model = _byte_tokenizer(root / "model")
+    out = root / "out"
+    flags = [
+        "--out",
+        str(out),
+        "--model",
+        str(model),
+        "--max-examples",
+        "1",
+        "--max-tokens",
+        "16",
+        "--no-progress",
+    ]
+    dead = socket.socket()  # bound, never listening: every connection is refused
+    dead.bind(("127.0.0.1", 0))
+    upstream = MockUpstream(responder=say_back()).start_in_thread()
+    try:
+        dead_url = f"http://127.0.0.1:{dead.getsockname()[1]}/v1"
+        first = CliRunner().invoke(cli, ["eval", "say-single", "--base-url", dead_url, *flags])
+        assert first.exit_code == 1, first.stderr  # every rollout failed for infrastructure reasons
+        resumed = CliRunner().invoke(
+            cli,
+            [
+                "eval",
+                "say-single",
+                "--base-url",
+                upstream.url,
+                *flags,
+                "--resume",
+                "--allow-changes",
+                "base_url",
+            ],
+        )
+        assert resumed.exit_code == 0, resumed.stderr
+    finally:
+        upstream.stop_in_thread()
+        dead.close()
+    return out
+
+
+def test_a_retried_eval_rollout_is_listed_once_with_its_retry_history(resumed_eval: Path) -> None:
+    assert len((resumed_eval / "episodes.jsonl").read_text().splitlines()) == 2  # the same rollout twice
+    with ViewerServer(RunView(resumed_eval)) as server:
+        _, listed = get(server.url + "api/steps/0/episodes")
+        assert [(e["rollout_index"], e["termination_reason"], e["reward"]) for e in listed] == [
+            (0, "done", 1.0)
+        ]
+        _, shown = get(server.url + "api/steps/0/episodes/0")
+    history = shown["retries"]
+    assert listed[0]["retries"] == len(history) == 3  # two retries at once, then the failed run
+    assert [h["termination_reason"] for h in history] == ["infra_error"] * 3
+    assert "run again by --resume" in history[-1]["when"]
+    assert all("Connect call failed" in h["error"] for h in history)
+
+
+def test_an_eval_folder_shows_its_summary_and_decodes_tokens_with_the_recorded_model(
+    resumed_eval: Path,
+) -> None:
+    view = RunView(resumed_eval)
+    run = view.run()
+    assert run["kind"] == "eval" and run["metrics"] == []
+    assert run["summary"]["accuracy"] == 1.0 and run["summary"]["num_tasks"] == 1  # what Curves shows
+    assert run["tokenizer"] == str(resumed_eval.parent / "model" / "tokenizer.json")
+    assert run["token_hint"] is None
+    step = view.episode(0, 0)["trajectories"][0]["steps"][0]
+    assert "".join(t["text"] for t in step["tokens"]) == step["output"]["content"]
+
+
+def test_without_a_tokenizer_the_page_is_told_why_tokens_have_no_text(tmp_path: Path) -> None:
+    from rllm.types import ErrorInfo, TerminationReason, to_json
+
+    failed = Episode(
+        task_id="lemon",
+        termination_reason=TerminationReason.AGENT_ERROR,
+        error=ErrorInfo(type="ValueError", message="the agent crashed before calling the model"),
+    )
+    lines = [to_json(_episode("apple", 0, 1.0)), to_json(failed)]
+    (tmp_path / "episodes.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    view = RunView(tmp_path)
+    assert "--tokenizer" in view.run()["token_hint"]
+    assert view.episode(0, 0)["text_hint"] is None
+    hint = view.episode(0, 1)["text_hint"]
+    assert "no model call" in hint and "ValueError: the agent crashed" in hint
+
+
+def test_an_sft_run_is_a_kind_of_its_own_with_its_loss(tmp_path: Path) -> None:
+    """An SFT folder (its record says sft) has metrics and no samples: the page opens on its loss."""
+    from rllm.engine.training.run_folder import RunFolder
+
+    RunFolder(tmp_path, "sft", {"dataset": "chats.jsonl"}).begin()
+    logger = MetricsLogger(tmp_path, tensorboard=False)
+    for step in (1, 2, 3):
+        logger.log(step, {"train/loss": 2.0 / step})
+    logger.close()
+    run = RunView(tmp_path).run()
+    assert run["kind"] == "sft" and run["steps"] == []
+    assert [r["train/loss"] for r in run["metrics"]] == pytest.approx([2.0, 1.0, 2.0 / 3])
+
+
+def test_steps_carry_the_policy_that_answered_them(tmp_path: Path) -> None:
+    solver, judge = _episode("apple", 0, 1.0), _episode("apple", 1, 0.5)
+    solver.trajectories[0].steps[0].metadata["policy"] = "solver"
+    judge.trajectories[0].steps[0].metadata["policy"] = "judge"
+    write_episode_sample(tmp_path, 1, [solver, judge], [], groups=1)
+    view = RunView(tmp_path)
+    assert [e["policies"] for e in view.episodes(1)] == [["solver"], ["judge"]]
+    assert view.episode(1, 1)["trajectories"][0]["steps"][0]["policy"] == "judge"

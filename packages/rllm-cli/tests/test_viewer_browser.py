@@ -286,3 +286,135 @@ def test_an_eval_folder_is_viewable(browser: object, tmp_path: Path) -> None:
         assert len(rows) == 3 and "filtered" not in rows[0].text
         wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, ".tokens .tok")))
         assert not driver.find_elements(By.CSS_SELECTOR, ".tok.masked")
+
+
+def _issue49_run(tmp_path: Path) -> Path:
+    """A two-policy run whose last step holds a partial reward, a failure with a long unbroken
+    error, and a pass; its reward curve tops out between round values (12/13)."""
+    from rllm.engine.training.metrics_log import MetricsLogger, write_episode_sample
+    from rllm.types import Episode, ErrorInfo, Step, TerminationReason, Trajectory
+
+    logger = MetricsLogger(tmp_path, tensorboard=False)
+    for step in range(1, 13):
+        logger.log(step, {"reward/mean": step / 13})
+    logger.close()
+
+    def episode(task: str, reward: float, policy: str, **fields: object) -> Episode:
+        step = Step(prompt_ids=[1], completion_ids=[5, 6, 7], completion_logprobs=[-0.1] * 3)
+        step.metadata["policy"] = policy
+        trajectory = Trajectory(steps=[step], reward=reward, role=policy)
+        return Episode(task_id=task, trajectories=[trajectory], metrics={"reward": reward}, **fields)  # type: ignore[arg-type]
+
+    error = ErrorInfo(type="RuntimeError", message="/very/long/path/" + "x" * 3000)
+    episodes = [
+        episode("partial", 0.5, "solver", is_correct=False),
+        episode(
+            "crashed",
+            0.0,
+            "judge",
+            is_correct=False,
+            error=error,
+            termination_reason=TerminationReason.AGENT_ERROR,
+        ),
+        episode("passed", 1.0, "solver", is_correct=True),
+    ]
+    write_episode_sample(tmp_path, 12, episodes, [t.id for e in episodes for t in e.trajectories], groups=3)
+    return tmp_path
+
+
+def _sft_and_eval_folders(tmp_path: Path) -> tuple[Path, Path]:
+    import msgspec
+
+    from rllm.engine.evaluation import summarize, task_result
+    from rllm.engine.training.metrics_log import MetricsLogger
+    from rllm.engine.training.run_folder import RunFolder
+    from rllm.types import Episode, Step, Trajectory, to_json
+
+    sft = tmp_path / "sft"
+    RunFolder(sft, "sft", {"dataset": "chats.jsonl"}).begin()
+    logger = MetricsLogger(sft, tensorboard=False)
+    for step in (1, 2, 3):
+        logger.log(step, {"train/loss": 2.0 / step})
+    logger.close()
+    evaluation = tmp_path / "eval"
+    evaluation.mkdir()
+    step = Step(prompt_ids=[1], completion_ids=[7, 8], completion_logprobs=[-0.2, -1.5])
+    episodes = [
+        Episode(
+            task_id="t", trajectories=[Trajectory(steps=[step])], metrics={"reward": 1.0}, is_correct=True
+        )
+    ]
+    (evaluation / "episodes.jsonl").write_bytes(b"".join(to_json(e) + b"\n" for e in episodes))
+    summary = summarize([task_result("t", episodes)], attempts=1)
+    (evaluation / "summary.json").write_bytes(msgspec.json.encode(summary))
+    return sft, evaluation
+
+
+def test_partial_rewards_errors_token_bounds_axis_top_policies_sft_loss_eval_summary(
+    browser: object, tmp_path: Path
+) -> None:
+    """Issue 49's viewer items and issue 53's policy colours, on one page load per folder."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = browser
+    wait = WebDriverWait(driver, WAIT_S)
+    with ViewerServer(RunView(_issue49_run(tmp_path / "run"))) as server:
+        driver.get(server.url)
+        rows = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".episode-row") or None)
+        assert len(rows) == 3
+        badges = [r.find_element(By.CSS_SELECTOR, ".badge.reward") for r in rows]
+        assert [b.get_attribute("class").split()[-1] for b in badges] == ["partial", "bad", "ok"]
+        colours = {b.value_of_css_property("background-color") for b in badges}
+        assert len(colours) == 3, colours  # a partial reward is painted neither as a pass nor a failure
+
+        # Token boundaries: neighbouring tokens of the same colour still differ in their marking.
+        wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, ".tokens .tok")))
+        marks = [t.value_of_css_property("box-shadow") for t in driver.find_elements(By.CSS_SELECTOR, ".tok")]
+        assert len(marks) == 3 and marks[0] != marks[1] and marks[0] == marks[2], marks
+
+        # Several policies: a legend names each, and each step is marked in its policy's colour.
+        legend = driver.find_element(By.ID, "policy-legend")
+        assert legend.is_displayed()
+        assert [p.text for p in legend.find_elements(By.CSS_SELECTOR, ".policy-name")] == ["judge", "solver"]
+        solver_colour = driver.find_element(By.CSS_SELECTOR, ".step[data-policy]").value_of_css_property(
+            "border-left-color"
+        )
+        assert "policy solver" in driver.find_element(By.CSS_SELECTOR, ".step .legend").text
+
+        # A long unbroken error wraps inside the window.
+        rows[1].click()
+        wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, "#episode h2"), "crashed"))
+        error = driver.find_element(By.CSS_SELECTOR, "#episode pre.error")
+        overflow = driver.execute_script(
+            "const m = document.querySelector('main'), e = arguments[0];"
+            "return [document.documentElement.scrollWidth - window.innerWidth,"
+            " m.scrollWidth - m.clientWidth, e.scrollWidth - e.clientWidth];",
+            error,
+        )
+        assert overflow == [0, 0, 0], overflow
+        judge = driver.find_element(By.CSS_SELECTOR, ".step[data-policy='judge']")
+        assert judge.value_of_css_property("border-left-color") != solver_colour
+
+        # The curve's y axis ends on a label at or above the curve's top (12/13).
+        driver.find_element(By.ID, "tab-curves").click()
+        wait.until(ec.visibility_of_element_located((By.CSS_SELECTOR, "#curves svg")))
+        ticks = driver.find_elements(By.CSS_SELECTOR, "#curves text.ytick")
+        top = min(ticks, key=lambda t: float(t.get_attribute("y")))
+        assert float(top.text) >= 12 / 13, [t.text for t in ticks]
+
+    sft, evaluation = _sft_and_eval_folders(tmp_path)
+    with ViewerServer(RunView(sft)) as server:
+        driver.get(server.url)  # an SFT run opens on its loss
+        wait.until(
+            ec.visibility_of_element_located((By.CSS_SELECTOR, "#curves polyline[data-metric='train/loss']"))
+        )
+        assert "SFT run" in driver.find_element(By.ID, "episode-empty").get_attribute("textContent")
+    with ViewerServer(RunView(evaluation)) as server:
+        driver.get(server.url)
+        wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, ".tokens .tok")))
+        assert "--tokenizer" in driver.find_element(By.ID, "token-hint").text  # why tokens show as #id
+        driver.find_element(By.ID, "tab-curves").click()
+        summary = wait.until(ec.visibility_of_element_located((By.ID, "eval-summary")))
+        assert "has no curve" in summary.text and "\naccuracy 1\n" in summary.text

@@ -7,6 +7,8 @@ flow starts (or connects to) the task's servers, offers their tools to the model
 session (``rllm.sdk.tool_loop``: each call run on its server, the result fed back), and ends on a
 reply without tool calls, whose text is the answer. The evaluator compares that answer with the
 task's ground truth (normalised text); a flow of your own can use ``mcp_toolbox`` the same way.
+Servers marked ``"sandbox": true`` run inside the rollout's sandbox (``mcp_sandbox_flow``, which
+the cookbook picks when a task has one; the task's ``sandbox`` key is its ``SandboxSpec``).
 """
 
 from __future__ import annotations
@@ -15,10 +17,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from rllm.sdk import rollout
 from rllm.sdk.clients import async_openai
 from rllm.sdk.cookbook import Adapter, Cookbook, train_defaults
 from rllm.sdk.rewards import normalized_match
+from rllm.sdk.sandbox import SandboxSpec, needs_sandbox
 from rllm.sdk.tool_loop import run_tool_loop
 from rllm.types import AgentConfig, Episode, EvalOutput, Signal, Task
 from rllm.types.errors import InputError, LookupFailed
@@ -31,6 +36,29 @@ EXAMPLE_WORDS = ("apple", "river", "stone", "cloud", "tiger", "lemon")
 @rollout
 async def mcp_flow(task: Task, config: AgentConfig) -> dict[str, Any]:
     """The task's MCP servers' tools, offered to the model until it answers without a call."""
+    return await _tool_loop(task, config)
+
+
+def task_sandbox(task: Task) -> SandboxSpec:
+    """The sandbox a task's sandboxed servers run in: its metadata's ``sandbox`` (a ``SandboxSpec``
+    as a mapping; hidden from the agent's view like every task's sandbox spec), else the default."""
+    raw = task.metadata.get("sandbox")
+    if raw is None:
+        return SandboxSpec()
+    try:
+        return msgspec.convert(raw, SandboxSpec)
+    except (msgspec.ValidationError, ValueError) as exc:
+        raise InputError(f"task {task.id!r}: sandbox: {exc}") from None
+
+
+@needs_sandbox(task_sandbox)
+@rollout
+async def mcp_sandbox_flow(task: Task, config: AgentConfig) -> dict[str, Any]:
+    """``mcp_flow`` in a sandbox of the task's spec, where its ``"sandbox": true`` servers run."""
+    return await _tool_loop(task, config)
+
+
+async def _tool_loop(task: Task, config: AgentConfig) -> dict[str, Any]:
     specs = server_specs(task.metadata)
     max_turns = int(task.metadata.get("max_turns", 4))
     messages = [{"role": "user", "content": str(task.instruction)}]
@@ -90,13 +118,17 @@ def file_tasks(path: Path) -> list[Task]:
             continue
         try:
             row = json.loads(line)
+            metadata = {**row.get("metadata", {}), "mcp_servers": row.get("mcp_servers")}
+            if "sandbox" in row:
+                metadata["sandbox"] = row["sandbox"]
             task = Task(
                 id=str(row.get("id", number)),
                 instruction=row["instruction"],
                 ground_truth=row.get("ground_truth"),
-                metadata={**row.get("metadata", {}), "mcp_servers": row.get("mcp_servers")},
+                metadata=metadata,
             )
             server_specs(task.metadata)
+            task_sandbox(task)
         except (json.JSONDecodeError, KeyError, InputError, TypeError) as exc:
             raise InputError(f"{path} line {number}: {exc}") from None
         tasks.append(task)
@@ -107,6 +139,7 @@ def file_tasks(path: Path) -> list[Task]:
 
 def cookbook_for(name: str) -> Cookbook:
     """``example``, or a JSONL file of tasks (its only split is ``train``; also used to validate)."""
+    inside = False
     if name == "example":
         load, splits = example_tasks, ("train", "test")
     else:
@@ -114,6 +147,8 @@ def cookbook_for(name: str) -> Cookbook:
         if not path.is_file():
             raise LookupFailed(f"mcp:{name}: no such task file (name a JSONL file of tasks, or 'example')")
         rows = file_tasks(path)
+        # One flow for the set: in a sandbox when any task runs a server there.
+        inside = any(spec.sandbox for row in rows for spec in server_specs(row.metadata))
 
         def load(split: str) -> list[Task]:
             if split != "train":
@@ -126,7 +161,7 @@ def cookbook_for(name: str) -> Cookbook:
         defaults = {k: v for k, v in defaults.items() if k not in ("val_split", "val_every")}
     return Cookbook(
         name=f"mcp:{name}",
-        flow=mcp_flow,
+        flow=mcp_sandbox_flow if inside else mcp_flow,
         evaluator=mcp_answer_reward,
         load_tasks=load,
         description="an agent using its tasks' MCP servers' tools as native tool calls",
@@ -153,6 +188,8 @@ __all__ = [
     "cookbook_for",
     "mcp_answer_reward",
     "mcp_flow",
+    "mcp_sandbox_flow",
     "mcp_toolbox",
     "server_specs",
+    "task_sandbox",
 ]

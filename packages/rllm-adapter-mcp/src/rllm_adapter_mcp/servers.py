@@ -3,14 +3,18 @@
 
 A task lists its servers in ``metadata["mcp_servers"]``: each ``{"name", "command": [argv...],
 "env", "cwd"}`` (stdio: started for the rollout, its process tree ended with it; ``"{python}"`` in
-the argv is this interpreter) or ``{"name", "url"}`` (streamable HTTP: a server already running).
+the argv is this interpreter; with ``"sandbox": true`` started inside the rollout's sandbox
+instead, :mod:`rllm_adapter_mcp.sandboxed`) or ``{"name", "url"}`` (streamable HTTP: a server
+already running).
 Their tools are offered to the model as native tool calls under their own names (two servers
 offering one name is refused); a call runs ``tools/call`` on the server that offers it.
 
 What goes wrong is classified as the rest of rLLM does: a tool result flagged ``isError`` is the
 model's to read (a ``ToolError``); a server that fails to start, stops answering or dies
 mid-rollout is an ``InfraError`` naming the server, with the tail of its stderr (stdio) —
-retried as infrastructure, never scored as the agent's mistake.
+retried as infrastructure, never scored as the agent's mistake. A server inside the agent's own
+sandbox is the exception once the rollout runs: what it does then is the agent's outcome
+(``SandboxAgentError``, scored), see :mod:`rllm_adapter_mcp.sandboxed`.
 """
 
 from __future__ import annotations
@@ -26,14 +30,19 @@ from typing import IO, Any, TextIO, cast
 import msgspec
 
 from rllm.sdk import InfraError
+from rllm.sdk.sandbox import SandboxAgentError, SandboxError
 from rllm.sdk.tool_loop import Toolbox, ToolError
 from rllm.types.errors import InputError
+from rllm_adapter_mcp.sandboxed import SandboxedServer, sandbox_stdio
 
 STDERR_TAIL = 2000  # characters of a server's stderr quoted in an error
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # the longest message a sandboxed server may send
 
 
 class McpServerSpec(msgspec.Struct, forbid_unknown_fields=True):
-    """One MCP server of a task: ``command`` (stdio) or ``url`` (streamable HTTP), not both."""
+    """One MCP server of a task: ``command`` (stdio) or ``url`` (streamable HTTP), not both.
+    ``sandbox``: start the command inside the rollout's sandbox (the flow must have one), whose
+    messages are bounded by ``max_message_bytes``."""
 
     name: str
     command: list[str] | None = None
@@ -42,12 +51,21 @@ class McpServerSpec(msgspec.Struct, forbid_unknown_fields=True):
     cwd: str | None = None
     startup_timeout_s: float = 30.0
     call_timeout_s: float = 60.0
+    sandbox: bool = False
+    max_message_bytes: int = MAX_MESSAGE_BYTES
 
     def __post_init__(self) -> None:
         if (self.command is None) == (self.url is None):
             raise InputError(f"MCP server {self.name!r} needs exactly one of command (stdio) or url (HTTP)")
         if self.command is not None and not self.command:
             raise InputError(f"MCP server {self.name!r} has an empty command")
+        if self.sandbox and self.url is not None:
+            raise InputError(
+                f"MCP server {self.name!r}: a server inside the sandbox is started by rLLM, so it needs a "
+                "command, not a url"
+            )
+        if self.max_message_bytes < 1024:
+            raise InputError(f"MCP server {self.name!r}: max_message_bytes must be >= 1024")
 
 
 def server_specs(metadata: dict[str, Any]) -> list[McpServerSpec]:
@@ -66,14 +84,20 @@ def server_specs(metadata: dict[str, Any]) -> list[McpServerSpec]:
 
 
 class McpConnection:
-    """A live session with one server, and (stdio) the file its stderr goes to."""
+    """A live session with one server, and (stdio) the file its stderr goes to, or (in the
+    sandbox) the host's view of its process."""
 
-    def __init__(self, spec: McpServerSpec, session: Any, stderr: IO[str] | None) -> None:
+    def __init__(
+        self, spec: McpServerSpec, session: Any, stderr: IO[str] | None, inside: SandboxedServer | None = None
+    ) -> None:
         self.spec = spec
         self.session = session
         self.stderr = stderr
+        self.inside = inside
 
     def stderr_tail(self) -> str:
+        if self.inside is not None:
+            return self.inside.stderr_tail()[-STDERR_TAIL:]
         if self.stderr is None:
             return ""
         with contextlib.suppress(OSError, ValueError):
@@ -82,10 +106,19 @@ class McpConnection:
             return self.stderr.read()[-STDERR_TAIL:]
         return ""
 
-    def failure(self, what: str, exc: BaseException) -> InfraError:
+    def failure(self, what: str, exc: BaseException, started: bool = False) -> InfraError:
+        """The error for ``exc`` during ``what``. ``started``: the rollout runs (the agent has
+        acted), which makes a sandboxed server's failure the agent's."""
         tail = self.stderr_tail().strip()
         where = f"; its stderr ends: {tail!r}" if tail else ""
-        return InfraError(f"MCP server {self.spec.name!r} {what}: {type(exc).__name__}: {exc}{where}")
+        if self.inside is None:
+            return InfraError(f"MCP server {self.spec.name!r} {what}: {type(exc).__name__}: {exc}{where}")
+        if isinstance(exc, SandboxError):  # the sandbox said whose it is
+            return exc
+        ended = self.inside.ended()
+        why = f"{type(exc).__name__}: {exc}" + (f" (the server {ended})" if ended else "")
+        message = f"MCP server {self.spec.name!r} in the sandbox {what}: {why}{where}"
+        return SandboxAgentError(message) if started else SandboxError(message)
 
     async def call(self, tool: str, arguments: dict[str, Any]) -> str:
         try:
@@ -95,19 +128,21 @@ class McpConnection:
                     tool, arguments, read_timeout_seconds=timedelta(seconds=self.spec.call_timeout_s)
                 )
         except Exception as exc:  # closed streams, a timeout, a dead process: the server's, not the model's
-            raise self.failure(f"failed during tools/call {tool}", exc) from exc
+            raise self.failure(f"failed during tools/call {tool}", exc, started=True) from exc
         text = "\n".join(getattr(block, "text", None) or str(block) for block in result.content)
         if result.isError:
             raise ToolError(text or f"{tool} failed")
         return text
 
 
-def _transport(spec: McpServerSpec, stderr: IO[str] | None) -> Any:
+def _transport(spec: McpServerSpec, stderr: IO[str] | None, inside: SandboxedServer | None) -> Any:
     if spec.command is not None:
         from mcp import StdioServerParameters
         from mcp.client.stdio import stdio_client
 
         argv = [sys.executable if part == "{python}" else part for part in spec.command]
+        if inside is not None:
+            return sandbox_stdio(inside, argv, spec.env or {}, spec.cwd)
         params = StdioServerParameters(command=argv[0], args=argv[1:], env=spec.env, cwd=spec.cwd)
         return stdio_client(params, errlog=cast(TextIO, stderr) if stderr is not None else sys.stderr)
     from mcp.client import streamable_http
@@ -125,21 +160,24 @@ async def connect(spec: McpServerSpec) -> AsyncIterator[McpConnection]:
     from mcp import ClientSession
 
     with contextlib.ExitStack() as files:
+        inside = SandboxedServer(spec.name, spec.max_message_bytes) if spec.sandbox else None
         stderr = (
-            files.enter_context(tempfile.TemporaryFile(mode="w+", encoding="utf-8")) if spec.command else None
+            files.enter_context(tempfile.TemporaryFile(mode="w+", encoding="utf-8"))
+            if spec.command and inside is None
+            else None
         )
-        probe = McpConnection(spec, None, stderr)
+        probe = McpConnection(spec, None, stderr, inside)
         async with _unwrapped(), contextlib.AsyncExitStack() as stack:
             try:
                 # The transport's and session's anyio task groups are entered and left in this
                 # task (asyncio.timeout, not wait_for, which would run them in another).
                 async with asyncio.timeout(spec.startup_timeout_s):
-                    streams = await stack.enter_async_context(_transport(spec, stderr))
+                    streams = await stack.enter_async_context(_transport(spec, stderr, inside))
                     session = await stack.enter_async_context(ClientSession(streams[0], streams[1]))
                     await session.initialize()
             except Exception as exc:
                 raise probe.failure("failed to start", exc) from exc
-            yield McpConnection(spec, session, stderr)
+            yield McpConnection(spec, session, stderr, inside)
 
 
 @contextlib.asynccontextmanager

@@ -22,7 +22,8 @@ from rllm.sdk.cookbook import Adapter, Cookbook, train_defaults
 from rllm.types import Episode, EvalOutput, Signal, Task
 from rllm.types.errors import InputError
 from rllm_adapter_openenv.environments import EXAMPLE_APP, EnvAddress, UnsupportedVersion, resolve
-from rllm_adapter_openenv.flow import ACTION_MODES, openenv_flow
+from rllm_adapter_openenv.flow import ACTION_MODES, openenv_flow, openenv_sandbox_flow
+from rllm_adapter_openenv.sandboxed import task_sandbox
 
 TEST_SEED_OFFSET = 1_000_000  # test episodes' seeds, apart from the train ones
 
@@ -58,11 +59,18 @@ class OpenEnvReward:
 
 openenv_reward = OpenEnvReward()
 
-OPTIONS: dict[str, Any] = {"size": 64, "test_size": 16, "max_turns": 8, "actions": "tools"}
+OPTIONS: dict[str, Any] = {"size": 64, "test_size": 16, "max_turns": 8, "actions": "tools", "sandbox": False}
 
 
 def episode_tasks(
-    address: EnvAddress, split: str, *, size: int, test_size: int, max_turns: int, actions: str = "tools"
+    address: EnvAddress,
+    split: str,
+    *,
+    size: int,
+    test_size: int,
+    max_turns: int,
+    actions: str = "tools",
+    sandbox: dict[str, Any] | None = None,
 ) -> list[Task]:
     """``size`` (train) or ``test_size`` (test) episodes, seeds 0.. (test: from TEST_SEED_OFFSET)."""
     if split not in ("train", "test"):
@@ -74,7 +82,8 @@ def episode_tasks(
             id=f"openenv-{split}-{offset + i}",
             instruction=f"an episode of the OpenEnv environment {address.name} (seed {offset + i})",
             metadata={
-                "openenv": {"address": wire, "seed": offset + i, "max_turns": max_turns, "actions": actions}
+                "openenv": {"address": wire, "seed": offset + i, "max_turns": max_turns, "actions": actions},
+                **({"sandbox": sandbox} if sandbox is not None else {}),
             },
         )
         for i in range(count)
@@ -87,14 +96,14 @@ def cookbook_for(name: str, options: dict[str, Any] | None = None) -> Cookbook:
     resolved and its server asked for its schema here, so a missing environment, an unsupported
     version or a server that is down stops the run before anything starts."""
     settings = _settings(name, options or {})
-    address = resolve(name)
+    address = resolve(name, sandbox=settings["sandbox"] is not None)
 
     def load_tasks(split: str) -> list[Task]:
         return episode_tasks(address, split, **settings)
 
     return Cookbook(
         name=f"openenv:{name}",
-        flow=openenv_flow,
+        flow=openenv_sandbox_flow if address.sandbox else openenv_flow,
         evaluator=openenv_reward,
         load_tasks=load_tasks,
         description=f"OpenEnv environment {name}, multi-turn over reset/step, rewarded by its step results",
@@ -113,6 +122,7 @@ def _settings(name: str, options: dict[str, Any]) -> dict[str, Any]:
         raise InputError(
             f"openenv:{name} option actions is one of {', '.join(ACTION_MODES)}, not {settings['actions']!r}"
         )
+    settings["sandbox"] = _sandbox_option(name, settings["sandbox"])
     for key in ("size", "test_size", "max_turns"):
         try:
             settings[key] = int(settings[key])
@@ -121,6 +131,18 @@ def _settings(name: str, options: dict[str, Any]) -> dict[str, Any]:
                 f"openenv:{name} option {key} is a whole number, not {settings[key]!r}"
             ) from None
     return settings
+
+
+def _sandbox_option(name: str, value: Any) -> dict[str, Any] | None:
+    """Option ``sandbox``: false (served here), true (in a default ``SandboxSpec``) or a
+    ``SandboxSpec`` as a mapping; checked now, before anything runs."""
+    if value in (False, "false", None):
+        return None
+    spec = {} if value in (True, "true") else value
+    if not isinstance(spec, dict):
+        raise InputError(f"openenv:{name} option sandbox is true, false or a sandbox spec, not {value!r}")
+    task_sandbox(Task(id="check", instruction="", metadata={"sandbox": spec}))
+    return spec
 
 
 adapter = Adapter(
@@ -146,4 +168,5 @@ __all__ = [
     "cookbook_for",
     "openenv_flow",
     "openenv_reward",
+    "openenv_sandbox_flow",
 ]

@@ -58,6 +58,7 @@ class EnvAddress(msgspec.Struct, frozen=True):
     action_field: str | None = None
     action_fields: tuple[str, ...] = ()
     action_schema: dict[str, Any] = msgspec.field(default_factory=dict)
+    sandbox: bool = False  # the app is served inside each rollout's sandbox (its schema asked there)
 
 
 def _key(text: str) -> tuple[int, ...]:
@@ -93,9 +94,20 @@ def check_manifest(name: str, manifest: dict[str, Any] | None) -> None:
         )
 
 
-def resolve(name: str) -> EnvAddress:
-    """The address of environment ``name`` with its action schema (its server asked once)."""
+def resolve(name: str, sandbox: bool = False) -> EnvAddress:
+    """The address of environment ``name`` with its action schema (its server asked once).
+    ``sandbox``: an app served inside each rollout's sandbox, never here: its schema is asked
+    there, by the rollout (``rllm_adapter_openenv.sandboxed``)."""
     library()
+    if sandbox:
+        if name.startswith(("http://", "https://")):
+            raise InputError(
+                f"openenv:{name}: option sandbox serves the environment's app inside each rollout's "
+                "sandbox; a running server (a URL) cannot be moved there: name its app (module:attr) "
+                "or its installed package"
+            )
+        app = EXAMPLE_APP if name == "example" else name if ":" in name else _installed_app(name)
+        return EnvAddress(name=name, app=app, sandbox=True)
     if name == "example":
         address = EnvAddress(name=name, app=EXAMPLE_APP)
     elif name.startswith(("http://", "https://")):
@@ -145,6 +157,12 @@ def with_schema(address: EnvAddress, url: str) -> EnvAddress:
         ) from None
     except (OSError, ValueError) as exc:
         raise InfraError(f"the OpenEnv server at {url} is down: {type(exc).__name__}: {exc}") from None
+    return schema_fields(address, schema, url)
+
+
+def schema_fields(address: EnvAddress, schema: Any, url: str) -> EnvAddress:
+    """``address`` with the action fields of ``schema`` (a server's ``GET /schema`` answer, at
+    ``url``); one that is not OpenEnv's is refused."""
     action = schema.get("action") if isinstance(schema, dict) else None
     if not isinstance(action, dict) or not isinstance(action.get("properties", {}), dict):
         raise UnsupportedVersion(

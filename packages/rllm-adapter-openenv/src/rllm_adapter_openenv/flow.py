@@ -20,6 +20,7 @@ that call took; 0 for a turn it took none), which the evaluator writes onto the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,7 @@ import msgspec
 
 from rllm.sdk import rollout, sampling_kwargs
 from rllm.sdk.clients import async_openai
+from rllm.sdk.sandbox import needs_sandbox
 from rllm.sdk.tool_loop import Toolbox, ToolError, run_tool_loop
 from rllm.types import AgentConfig, Episode, Task, TerminationReason
 from rllm.types.errors import InputError
@@ -40,6 +42,7 @@ from rllm_adapter_openenv.environments import (
     to_action,
     tool_action,
 )
+from rllm_adapter_openenv.sandboxed import served_in_sandbox, task_sandbox
 
 ACTION_MODES = ("tools", "text")
 MAX_TOKENS = 256
@@ -58,6 +61,18 @@ class Played:
 @rollout
 async def openenv_flow(task: Task, config: AgentConfig) -> Episode:
     """One episode of the task's environment: reset with its seed, then act until done."""
+    return await _episode(task, config)
+
+
+@needs_sandbox(task_sandbox)
+@rollout
+async def openenv_sandbox_flow(task: Task, config: AgentConfig) -> Episode:
+    """``openenv_flow`` with the environment's server inside the rollout's sandbox (option
+    ``sandbox``; ``rllm_adapter_openenv.sandboxed``)."""
+    return await _episode(task, config)
+
+
+async def _episode(task: Task, config: AgentConfig) -> Episode:
     meta = task.metadata["openenv"]
     address = msgspec.convert(meta["address"], EnvAddress)
     max_turns = int(meta.get("max_turns", 8))
@@ -68,8 +83,15 @@ async def openenv_flow(task: Task, config: AgentConfig) -> Episode:
         )
     # openenv-core's first import in a process (gradio comes with it) and starting a served app
     # take seconds: off the event loop, which other rollouts share.
-    client_class, url = await asyncio.to_thread(_session, address)
-    async with client_class(url) as env, async_openai(config) as client:
+    async with contextlib.AsyncExitStack() as stack:
+        if address.sandbox:
+            address, path = await stack.enter_async_context(served_in_sandbox(address))
+            client_class, _ = await asyncio.to_thread(_session, None)
+            env = await stack.enter_async_context(client_class("http://localhost", unix_path=path))
+        else:
+            client_class, url = await asyncio.to_thread(_session, address)
+            env = await stack.enter_async_context(client_class(url))
+        client = await stack.enter_async_context(async_openai(config))
         result = await env.reset(seed=int(meta["seed"]))
         first = render(result.observation)
         if result.done:
@@ -92,10 +114,10 @@ async def openenv_flow(task: Task, config: AgentConfig) -> Episode:
     )
 
 
-def _session(address: EnvAddress) -> tuple[type[Any], str]:
+def _session(address: EnvAddress | None) -> tuple[type[Any], str]:
     from rllm_adapter_openenv.client import OpenEnvClient
 
-    return OpenEnvClient, server_url(address)
+    return OpenEnvClient, server_url(address) if address is not None else ""
 
 
 async def _text_episode(

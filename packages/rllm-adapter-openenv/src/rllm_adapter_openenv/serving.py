@@ -6,6 +6,8 @@ connecting at once waits in the backlog: nothing polls for it). A forked worker 
 
 ``python -m rllm_adapter_openenv.serving pkg.module:attr [--port N]`` serves one in the foreground
 (printing ``ready http://127.0.0.1:PORT`` once listening): a shared server for ``openenv:URL``.
+``--uds PATH`` serves it on a unix socket instead (``ready unix:PATH``): how an environment runs
+inside a rollout's sandbox (:mod:`rllm_adapter_openenv.sandboxed`).
 """
 
 from __future__ import annotations
@@ -89,11 +91,17 @@ def serve(path: str) -> str:
 
 
 def main(argv: list[str]) -> None:
-    if not argv or len(argv) not in (1, 3) or (len(argv) == 3 and argv[1] != "--port"):
-        sys.exit("usage: python -m rllm_adapter_openenv.serving pkg.module:attr [--port N]")
-    sock = _listening_socket(int(argv[2]) if len(argv) == 3 else 0)
+    if not argv or len(argv) not in (1, 3) or (len(argv) == 3 and argv[1] not in ("--port", "--uds")):
+        sys.exit("usage: python -m rllm_adapter_openenv.serving pkg.module:attr [--port N | --uds PATH]")
     server = _server(load_app(argv[0]))
-    print(f"ready http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
+    if len(argv) == 3 and argv[1] == "--uds":  # inside a sandbox: a unix socket the host connects to
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(argv[2])
+        sock.listen(256)
+        print(f"ready unix:{argv[2]}", flush=True)
+    else:
+        sock = _listening_socket(int(argv[2]) if len(argv) == 3 else 0)
+        print(f"ready http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
     asyncio.run(server.serve(sockets=[sock]))
 
 

@@ -23,6 +23,7 @@ from rllm.cli.registry import (
     sft_set_dir,
     sft_sets,
 )
+from rllm.runtime.hub_names import check_hub_name
 
 out = Console()
 err = Console(stderr=True)
@@ -168,6 +169,7 @@ def pull(
     registry = DatasetRegistry()
     if not force:
         registry.check_new_split(local, split)  # before the download
+    check_hub_name(hub_name, "dataset", cache_dirs=[hub_cache()])  # one line when it cannot load
     data = quiet_datasets().load_dataset(
         hub_name, hub_config, split=hub_split or split, cache_dir=str(hub_cache())
     )

@@ -30,6 +30,7 @@ from rllm.cli.doctor_report import Check, Report, first_diff, print_report
 from rllm.cli.doctor_run import run_command
 from rllm.cli.doctor_upstream import ScriptedUpstream
 from rllm.cli.errors import FAILED, CliError
+from rllm.runtime.hub_names import HubNameError
 
 TINY = "tiny"
 
@@ -50,6 +51,8 @@ def load_tokenizer(model: str, tokenizer: str | None) -> tuple[Any, str, Any]:
         build_tokenizer().save_pretrained(path)
     try:
         bridge = TokenBridge.load(path)
+    except HubNameError as e:  # its line names the name and the cause: no hint to add
+        raise CliError(str(e)) from None
     except (OSError, ValueError) as e:
         raise CliError(f"cannot load a tokenizer from {path!r}: {e}", hint="pass --tokenizer PATH") from e
     return bridge.tokenizer, path, bridge.images

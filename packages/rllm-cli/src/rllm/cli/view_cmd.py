@@ -11,10 +11,10 @@ from rich.table import Table
 
 from rllm.cli.errors import CliError
 from rllm.cli.viewer.data import RunNotFoundError, RunView
+from rllm.cli.viewer.eval_folder import EVAL_SUMMARY
 from rllm.cli.viewer.server import ViewerServer
 from rllm.engine.training.metrics_log import read_metrics
 
-EVAL_SUMMARY = "summary.json"  # what `rllm eval` writes at its end, beside results.jsonl
 EVAL_RESULTS = "results.jsonl"
 TABLE_COLUMNS = {
     "step": "step",
@@ -37,22 +37,29 @@ TABLE_COLUMNS = {
     is_flag=True,
     help="print the metrics table (an eval folder: its summary) and exit instead of serving the page",
 )
-@click.option("--open/--no-open", "open_browser", default=False, help="open the page in a browser")
+@click.option(
+    "--open/--no-open",
+    "open_browser",
+    default=False,
+    help="also open the page in a browser ($BROWSER or the desktop's; default: only print its URL)",
+)
 @click.option(
     "--tokenizer",
     type=click.Path(path_type=Path, dir_okay=False),
     default=None,
-    help="tokenizer.json for token texts (default: the run's tiny model's, if any)",
+    help="tokenizer.json for token texts (default: the run's tiny model's, or that of a local model folder the run's record names)",
 )
 def view_command(
     run_dir: Path, host: str, port: int, table: bool, open_browser: bool, tokenizer: Path | None
 ) -> int:
     """Browse RUN_DIR (a `rllm train` run or a `rllm eval` folder): episodes per step, messages,
-    tokens coloured by logprob, curves.
+    tokens coloured by logprob, curves. Serves the page on a loopback URL it prints; --open also
+    opens it in a browser.
 
     \b
     Example:
-      rllm view runs/say-single            # then open http://127.0.0.1:8765/
+      rllm view runs/say-single            # then open the URL it prints (http://127.0.0.1:8765/)
+      rllm view runs/say-single --open     # ... in a browser it opens
       rllm view runs/say-single --table    # the metrics as a table in the shell
       rllm view runs/eval --table          # an eval folder's summary, as `rllm eval` printed it
     """
@@ -71,7 +78,8 @@ def view_command(
     console = Console(stderr=True)
     if host not in ("127.0.0.1", "localhost", "::1"):
         console.print(f"[yellow]warning:[/yellow] serving {run_dir} beyond loopback ({host})")
-    console.print(f"viewing {run_dir} at [bold]{server.url}[/bold] (Ctrl-C stops)")
+    # One line, never wrapped at the terminal's width: the URL is copied (or read by a script).
+    console.print(f"viewing {run_dir} at [bold]{server.url}[/bold] (Ctrl-C stops)", soft_wrap=True)
     if open_browser:
         webbrowser.open(server.url)
     try:

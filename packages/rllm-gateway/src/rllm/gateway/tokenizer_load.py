@@ -19,6 +19,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rllm.runtime.hub_names import check_hub_name
+
 AUTO_ONLY_ENV = "RLLM_AUTO_TOKENIZER"
 
 # Model types for which AutoTokenizer, given a tokenizer_config.json naming ``TokenizersBackend``
@@ -56,7 +58,10 @@ def direct_tokenizer_class(path: str) -> str | None:
 
 def load_tokenizer(path: str) -> Any:
     """``AutoTokenizer.from_pretrained(path)``'s tokenizer, without importing the auto classes
-    when :func:`direct_tokenizer_class` knows the class."""
+    when :func:`direct_tokenizer_class` knows the class. A hub name that cannot be loaded from
+    here (offline, hub unreachable, no such model) is refused first, in one line
+    (:class:`rllm.runtime.hub_names.HubNameError`), not after transformers' retries."""
+    check_hub_name(path, "model")
     if direct_tokenizer_class(path) == "TokenizersBackend":
         from transformers.tokenization_utils_tokenizers import TokenizersBackend
 

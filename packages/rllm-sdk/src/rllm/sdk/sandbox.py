@@ -9,6 +9,7 @@ hosted services) live in ``rllm.engine.sandbox``; a cookbook depends only on thi
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 from collections.abc import Callable, Iterator
@@ -189,6 +190,52 @@ class HarnessHost(Protocol):
     async def hook_up_harness(
         self, base_url: str, api_key: str, files: dict[str, bytes]
     ) -> HarnessHookup: ...
+
+
+class PipedProcess(Protocol):
+    """A long-running process inside a sandbox whose stdin and stdout are pipes to the host
+    (what ``ProcessHost.start_process`` answers). Everything it writes is the sandbox's, so
+    hostile: the host reads ``stdout`` in bounded pieces, and its stderr is drained by the
+    sandbox into a bounded tail (``stderr_tail``) so that it can never block on a full pipe."""
+
+    @property
+    def stdin(self) -> asyncio.StreamWriter: ...
+
+    @property
+    def stdout(self) -> asyncio.StreamReader: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def stderr_tail(self) -> str: ...
+
+    def socket_path(self, name: str) -> str:
+        """A host path to connect to the unix socket ``name`` the process made in its
+        ``socket_dir`` (checked to be a socket, never a link; a ``SandboxAgentError`` when not)."""
+        ...
+
+    async def wait(self) -> int: ...
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class ProcessHost(Protocol):
+    """A sandbox that can start a long-running process with its stdin and stdout piped to the
+    host (a tool server the host talks to over stdio); the local bubblewrap sandbox is one. The
+    process runs as the sandbox's commands do (its files, its limits, its namespaces), and it is
+    killed when the sandbox closes if it has not ended before. ``socket_dir`` (a folder inside
+    the sandbox) gives it a folder of its own, bound from the host, for unix sockets the host
+    connects to (``PipedProcess.socket_path``): how the host reaches a server in a sandbox that
+    has no network, or whose network is not the host's."""
+
+    async def start_process(
+        self,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        socket_dir: str | None = None,
+    ) -> PipedProcess: ...
 
 
 @runtime_checkable

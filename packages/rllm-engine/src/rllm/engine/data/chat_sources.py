@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 
 from rllm.engine.data.chat_data import ChatExample, check_example, read_chat_jsonl
+from rllm.runtime.hub_names import check_hub_name
 from rllm.types.errors import ConfigError, InputError, MissingExtraError
 
 HF_PREFIX = "hf:"
@@ -154,6 +155,12 @@ def _is_saved_dataset(path: Path) -> bool:
 
 
 def _load_rows(source: str, columns: ChatColumns) -> tuple[list[dict[str, Any]], str]:
+    name, _, split = source[len(HF_PREFIX) :].partition(":")
+    if source.startswith(HF_PREFIX):
+        if not name:
+            raise InputError(f"{source!r}: write hf:NAME or hf:NAME:SPLIT")
+        # One line, not datasets' retries, when it cannot load; before datasets' seconds of import.
+        check_hub_name(name, "dataset")
     try:
         import datasets
     except ImportError as exc:
@@ -161,10 +168,7 @@ def _load_rows(source: str, columns: ChatColumns) -> tuple[list[dict[str, Any]],
             f"reading {source!r} needs `datasets`: pip install 'rllm-engine[hf]'"
         ) from exc
     if source.startswith(HF_PREFIX):
-        name, _, split = source[len(HF_PREFIX) :].partition(":")
         split = split or columns.split
-        if not name:
-            raise InputError(f"{source!r}: write hf:NAME or hf:NAME:SPLIT")
         try:
             data = datasets.load_dataset(name, columns.subset or None, split=split)
         except (FileNotFoundError, ValueError) as exc:  # unknown name, split or subset

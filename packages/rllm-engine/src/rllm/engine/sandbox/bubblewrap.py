@@ -18,7 +18,7 @@ it (the warm path); bwrap itself is never skipped: when it cannot create its nam
 backend refuses with ``SandboxUnavailable`` and runs nothing.
 
 Here: the backend (the one-time check, the mode it runs in) and a sandbox's host side (its
-folder, uid, cgroup, files, desktop, harness bridge, close). The command line its bwraps run
+folder, uid, cgroup, files, desktop, harness bridge, piped processes, close). The command line its bwraps run
 under is :mod:`rllm.engine.sandbox.bwrap_command`; starting, waking, reading and killing them,
 :mod:`rllm.engine.sandbox.bwrap_exec`.
 """
@@ -43,6 +43,7 @@ from rllm.engine.sandbox import (
     network,
     outbound,
     parked,
+    piped,
     safe_delete,
     session_bridge,
     stale,
@@ -200,6 +201,7 @@ class BubblewrapSandbox:
         self._parked = None
         self._desktop: asyncio.subprocess.Process | None = None  # the desktop session's bwrap
         self._bridge: session_bridge.SessionBridge | None = None  # a command harness's gateway bridge
+        self._piped: list[piped.SandboxProcess] = []  # long-running processes piped to the host
         self.desktop_helper: HelperChannel | None = None  # the session's input/screenshot helper
 
     @property
@@ -249,6 +251,21 @@ class BubblewrapSandbox:
         self._check_open()
         timeout = self.spec.limits.exec_timeout_s if timeout is None else timeout
         return await self._execs.run(cmd, timeout, env or {})
+
+    async def start_process(
+        self,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        socket_dir: str | None = None,
+    ) -> piped.SandboxProcess:
+        """``argv`` as a long-running process of this sandbox with its stdin and stdout piped to
+        the host (``rllm.engine.sandbox.piped``), and, with ``socket_dir``, a folder of its own
+        there for unix sockets the host connects to; killed at close if it has not ended before."""
+        self._check_open()
+        process = await piped.start(self._execs, argv, env or {}, cwd, socket_dir, self.uid)
+        self._piped.append(process)
+        return process
 
     async def hook_up_harness(self, base_url: str, api_key: str, files: dict[str, bytes]) -> HarnessHookup:
         """Bridge a command harness in this sandbox to the session ``base_url`` and nothing else
@@ -306,6 +323,10 @@ class BubblewrapSandbox:
             self.desktop_helper.close()
         procs = self._execs.kill_all()
         try:
+            # Killed above; closing each reads away what it left on stdout, without which a
+            # process whose stdout nobody read to the end is never seen to be gone.
+            for process in self._piped:
+                await asyncio.shield(process.close())
             if self._bridge is not None:  # after the kills: nothing in the sandbox uses it any more
                 await asyncio.shield(self._bridge.close())
             await self._execs.wait_gone(procs)

@@ -96,6 +96,26 @@ class BwrapExecs:
         _wake(wake)
         return proc
 
+    async def start_piped(
+        self, cmd: str | list[str], env: dict[str, str], extra: list[str] | None = None
+    ) -> asyncio.subprocess.Process:
+        """A fresh bwrap (with the ``extra`` arguments) running ``cmd`` with its stdin, stdout and
+        stderr piped to the host, until it exits or the sandbox closes (a long-running server the
+        host talks to). Never the warm spare: its stdin is the wake pipe, not the host's."""
+        self._check_not_closed()
+        _, proc, _ = await self.spawn(extra=extra, piped=_script(cmd, env))
+        self._running.add(proc)  # killed with the sandbox at close
+        return proc
+
+    def forget(self, proc: asyncio.subprocess.Process) -> None:
+        """``proc`` (a piped process that has ended or was killed) is no longer the sandbox's to kill."""
+        self.killed(proc)
+        self._running.discard(proc)
+
+    def _check_not_closed(self) -> None:
+        if self.closed:
+            raise SandboxError("the sandbox is closed")
+
     async def ready(self) -> None:
         """Have a spare bwrap waiting for the first exec."""
         if self._refill is not None:
@@ -120,18 +140,25 @@ class BwrapExecs:
             return None
         return spawned
 
-    async def spawn(self, extra: list[str] | None = None) -> Spawned:
+    async def spawn(self, extra: list[str] | None = None, piped: str | None = None) -> Spawned:
         """Start a bwrap that waits (on its stdin pipe) for its exec script, then runs it
-        (``extra``: bwrap arguments for this one, e.g. the desktop session's own mounts)."""
+        (``extra``: bwrap arguments for this one, e.g. the desktop session's own mounts).
+        ``piped``: the script to run at once instead, with stdin a pipe from the host (the wake
+        fd returned is then -1)."""
         number = next(self._ids)
-        if self.command.inner_nproc is not None:
+        if piped is not None:
+            self._write_script(number, piped)
+            nproc = self.command.inner_nproc
+            limit = f"prlimit --nproc={nproc} -- " if nproc is not None else ""
+            inner = f"exec {limit}/bin/sh {CTL}/{number}.sh"
+        elif self.command.inner_nproc is not None:
             run = f"exec prlimit --nproc={self.command.inner_nproc} -- /bin/sh {CTL}/{number}.sh </dev/null"
+            inner = f"read _ || exit 111; {run}"
         else:  # the script is read by this shell itself: one exec fewer on the warm path
-            run = f"exec </dev/null; . {CTL}/{number}.sh"
-        inner = f"read _ || exit 111; {run}"
+            inner = f"read _ || exit 111; exec </dev/null; . {CTL}/{number}.sh"
         extra = extra or []
         argv, fds, net = [*self.command.argv, *extra], (), None
-        if self._parked is not None:
+        if self._parked is not None and piped is None:
             shell, self._parked = self._parked, None
             try:
                 adopted = await shell.adopt()
@@ -143,7 +170,7 @@ class BwrapExecs:
                 # Typed as asyncio's Process: AdoptedProcess has the part of it used here.
                 return number, cast(asyncio.subprocess.Process, adopted), shell.wake
             self.drop_parked(shell)
-        read_end, wake = os.pipe()
+        read_end, wake = os.pipe() if piped is None else (-1, -1)
         if self.spec.network:
             net = network.Wiring(self.root / f"slirp-{number}.log")
             argv += net.bwrap_args()
@@ -154,7 +181,7 @@ class BwrapExecs:
                 "/bin/sh",
                 "-c",
                 inner,
-                stdin=read_end,
+                stdin=read_end if piped is None else asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,
@@ -165,7 +192,8 @@ class BwrapExecs:
                 **spawn_as(self.command.user),
             )
         )
-        started.add_done_callback(lambda _: os.close(read_end))
+        if piped is None:
+            started.add_done_callback(lambda _: os.close(read_end))
         if net is not None:
             started.add_done_callback(lambda _: net.started())
         try:
@@ -177,7 +205,8 @@ class BwrapExecs:
         except BaseException:
             # Cancelled mid-creation, asyncio can wait forever for the half-made subprocess
             # (seen under load): the creation runs to its end and what it started is killed.
-            os.close(wake)
+            if wake >= 0:
+                os.close(wake)
             started.add_done_callback(_kill_if_started)
             if started.done() and not started.cancelled() and started.exception() is None:
                 self.killed(started.result())

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from rllm.engine.training.run_folder import read_record
+from rllm.runtime.hub_names import hub_cache_file
 from rllm.types import ConfigError
 
 CONFIG_FILE = "config.json"
@@ -46,22 +46,6 @@ def load_tokenizer(model: str) -> Any:
     from rllm.gateway.tokenizer_load import load_tokenizer as load
 
     return load(model)
-
-
-def hub_cache_file(name: str, filename: str) -> Path | None:
-    """``filename`` of hub model ``name`` in the local Hugging Face cache (its ``main`` snapshot,
-    or any), or None: nothing is downloaded here."""
-    root = os.environ.get("HF_HUB_CACHE") or os.path.join(
-        os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface"), "hub"
-    )
-    repo = Path(root) / ("models--" + name.replace("/", "--"))
-    ref = repo / "refs" / "main"
-    if ref.is_file():
-        candidate = repo / "snapshots" / ref.read_text().strip() / filename
-        if candidate.is_file():
-            return candidate
-    found = sorted((repo / "snapshots").glob(f"*/{filename}")) if (repo / "snapshots").is_dir() else []
-    return found[0] if found else None
 
 
 def check_model_path(model: str, key: str = "backend.options.model") -> None:

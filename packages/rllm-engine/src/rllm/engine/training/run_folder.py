@@ -223,14 +223,14 @@ class RunFolder:
         if resume:
             self._check_resume(record, allow_changes)
             return record
+        if self.kind.outputs is None and record is None and self.entries():
+            self._check_model_folder()  # a folder of the user's files is never called a model
         if self.holds_result() and not overwrite:
             again = "pass --resume to continue it, " if self.kind.resume else "pass "
             raise RunFolderError(
                 f"{self.flag} {where} already holds {self.kind.what} (`{cmd}`): {again}"
                 f"--overwrite to replace it, or another {self.flag}"
             )
-        if overwrite and self.kind.outputs is None and record is None and self.entries():
-            self._check_model_folder()
         return record
 
     def _check_resume(self, record: RunRecord | None, allow_changes: Iterable[str]) -> None:
@@ -272,14 +272,16 @@ class RunFolder:
         raise RunFolderError(f"--resume: {where} was started with another config: {shown}; {advice}")
 
     def _check_model_folder(self) -> None:
-        """--overwrite empties a model folder: only one that holds a model (a folder from before
-        records), never a folder of the user's own files."""
-        if not any((self.path / name).exists() for name in ("config.json", "adapter_config.json")):
+        """A folder that is replaced whole (a model, an SFT set) and has no record: it must hold
+        what such a command writes (a folder from before records), never only the user's own
+        files, which --overwrite would empty and which are no earlier result to name."""
+        signs = ("config.json", "adapter_config.json", *self.kind.markers)
+        if not any((self.path / name).exists() for name in signs):
             shown = ", ".join(p.name for p in self.entries()[:3])
             raise RunFolderError(
-                f"{self.flag} {self.path} holds files no rLLM command wrote ({shown}, ...): --overwrite "
-                f"replaces only a folder `{self.kind.command}` or another model writer wrote; pick an "
-                f"empty or new {self.flag}"
+                f"{self.flag} {self.path} holds files no rLLM command wrote ({shown}, ...): "
+                f"`{self.kind.command}` writes a new folder, and --overwrite replaces only one "
+                f"`{self.kind.command}` or another model writer wrote; pick an empty or new {self.flag}"
             )
 
     def begin(

@@ -132,7 +132,8 @@ KINDS: dict[str, FolderKind] = {
         FolderKind("export", "an exported model", markers=(), outputs=None),
         FolderKind("model init-tiny", "a tiny model", markers=(), outputs=None),
         FolderKind("model import", "an imported model", markers=(), outputs=None),
-        FolderKind("dataset from-eval", "an SFT set", markers=("sft.jsonl",), outputs=("sft.jsonl",)),
+        # A set's folder ($RLLM_HOME/sft/NAME) is the set: --overwrite replaces it whole.
+        FolderKind("dataset from-eval", "an SFT set", markers=("sft.jsonl",), outputs=None),
     )
 }
 FAMILY = {

@@ -360,6 +360,10 @@ def gateway_config(config: TrainerConfig, backend: Backend) -> GatewayConfig:
     backend has a tokenizer for it."""
     cfg = config.gateway
     tokenizer = backend.tokenizer_path() if cfg.mode == "cumulative" else None
+    if tokenizer and (local := Path(tokenizer).expanduser()).exists():
+        # Absolute before it leaves this process: rollout workers (Ray's above all) may start in
+        # another folder, where `runs/say/tiny-model` does not exist and would be read as a hub name.
+        tokenizer = str(local.resolve())
     mode = cfg.mode if tokenizer else "plain"
     # No auto-created sessions: a flow still running past its deadline gets a fast 410 (its session ended).
     return GatewayConfig(

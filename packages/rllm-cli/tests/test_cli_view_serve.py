@@ -1,0 +1,95 @@
+"""`rllm view RUN` as the README says it behaves: it serves the run on a loopback URL it prints
+on one line, opens a browser only with `--open` (the browser is $BROWSER, as Python's webbrowser
+picks it: here a script that writes the URL it was given to stderr), and Ctrl-C stops it with
+exit 0 and no traceback. A real subprocess; the page is fetched over loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from rllm.testing import read_until_line
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    # A long path: the URL line must not be wrapped at a terminal's width (stderr is a pipe here).
+    run = tmp_path / ("a-run-folder-with-a-long-name-" * 3) / "run"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.5}) + "\n")
+    return run
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Path:
+    script = tmp_path / "fake-browser"  # named as such: stands in for a desktop's browser
+    script.write_text('#!/bin/sh\necho "browser opened: $1" >&2\n')
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script
+
+
+def _ctrl_c_at_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # as a terminal starts a foreground command
+
+
+def _view(run: Path, browser: Path, *flags: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "rllm.cli.main", "view", str(run), "--port", "0", *flags],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        preexec_fn=_ctrl_c_at_default,
+        env={**os.environ, "BROWSER": str(browser), "COLUMNS": "80"},
+    )
+
+
+def _url(lines: list[str], run: Path) -> str:
+    line = lines[-1]
+    assert line.startswith(f"viewing {run} at http://127.0.0.1:") and line.endswith("/ (Ctrl-C stops)"), lines
+    return line.split(" at ", 1)[1].split(" ", 1)[0]
+
+
+def _fetch(url: str) -> None:
+    with urllib.request.urlopen(url, timeout=60) as page:
+        assert page.status == 200 and b"<html" in page.read().lower()
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> tuple[int, str]:
+    proc.send_signal(signal.SIGINT)
+    _, rest = proc.communicate(timeout=60)
+    return proc.returncode, rest.decode(errors="replace")
+
+
+def test_view_prints_the_url_and_opens_no_browser(run_dir: Path, browser: Path) -> None:
+    proc = _view(run_dir, browser)  # the default is --no-open
+    try:
+        url = _url(read_until_line(proc, "viewing", 120), run_dir)
+        _fetch(url)  # an answer: it serves, so any browser would have been opened by now
+        code, rest = _stop(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert code == 0 and "Traceback" not in rest, rest
+    assert "browser opened" not in rest, rest
+
+
+def test_view_open_opens_the_url_in_the_browser(run_dir: Path, browser: Path) -> None:
+    proc = _view(run_dir, browser, "--open")
+    try:
+        url = _url(read_until_line(proc, "viewing", 120), run_dir)
+        assert read_until_line(proc, "browser opened:", 60)[-1] == f"browser opened: {url}"
+        _fetch(url)  # serving (the browser call has returned): Ctrl-C now stops the server
+        code, rest = _stop(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert code == 0 and "Traceback" not in rest, rest
