@@ -1,9 +1,20 @@
-"""Per-step cost of two policies vs one on the same rollouts (local tinker service, tiny model);
-the peer is one policy, measured in the same run, steps alternating. Target (#53): ≤ 1.3×.
+"""Two policies vs one (#53), local tinker service, tiny model, CPU.
 
-One policy: train_step on the whole batch + sync_weights. Two policies: the batch's first half
-trains the default adapter, the second half the judge's (train_policy_step each) + sync_weights
-(every adapter). Steps alternate between the two backends; the median ratio is printed.
+``--part cost`` (default): per-step cost of two policies vs one on the same rollouts; the peer is
+one policy, measured in the same run, steps alternating. Target: ≤ 1.3×. One policy: train_step
+on the whole batch + sync_weights. Two policies: the batch's first half trains the default
+adapter, the second half the judge's (train_policy_step each) + sync_weights (every adapter).
+The median ratio is printed.
+
+``--part curves``: the solver-judge cookbook's learning curves, one policy shared by every role
+vs two separate policies (the judge on its own adapter: configs/two_policies.yaml's mapping),
+same seed, tasks and steps; each step's reward (the judge's: the episode's) and each role's
+trajectory reward, then the final reward (the mean of the last ``--tail`` steps) of each. A
+short run on a random tiny model: it shows both setups train end to end on the same rollout
+budget, not which one learns the task better on a real model (a random word-level model never
+writes a ``\\boxed{}`` answer, so solver-judge's rewards stay 0 there). ``--cookbook
+guess-number`` draws the same curves for the self-play game (the guesser on its own adapter),
+whose rewards a tiny model does earn.
 """
 
 from __future__ import annotations
@@ -18,6 +29,8 @@ from pathlib import Path
 
 from rllm.algos.config import AlgorithmConfig
 from rllm.backends.tinker import TinkerBackend
+from rllm.engine.training.launch import build_trainer
+from rllm.engine.training.metrics_log import read_episode_sample, read_metrics, sample_path
 from rllm.engine.training.policies import PolicySection
 from rllm.tiny import init_tiny_model
 from rllm.types import FloatArray, TokenArray, TrainSequence
@@ -40,13 +53,7 @@ def batch(n: int, length: int, vocab: int, seed: int) -> list[TrainSequence]:
     return out
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--sequences", type=int, default=32)
-    parser.add_argument("--length", type=int, default=96)
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--rank", type=int, default=8)
-    args = parser.parse_args()
+async def cost(args: argparse.Namespace) -> None:
     algo = AlgorithmConfig(loss="ppo_clip")
     with tempfile.TemporaryDirectory() as tmp:
         model = init_tiny_model(Path(tmp) / "m", seed=0)
@@ -82,5 +89,88 @@ async def main() -> None:
     print(f"ratio two/one: {statistics.median(ratios):.2f}x (target <= 1.3x)")
 
 
+# Each cookbook's roles, and the one given its own policy (its configs/two_policies.yaml's mapping).
+ROLES = {"solver-judge": ("solver_0", "solver_1", "judge"), "guess-number": ("picker", "guesser")}
+OWN_POLICY = {"solver-judge": "judge", "guess-number": "guesser"}
+
+
+def curve(out: Path, args: argparse.Namespace, separate: bool) -> list[dict]:
+    """One solver-judge run; its metrics rows."""
+    overrides = [
+        "progress=false",
+        "plot=false",
+        "tensorboard=false",
+        "val_every=0",
+        "ckpt_every=0",
+        f"sample_groups={args.tasks}",  # every group: each role's reward is read from the samples
+        f"seed={args.seed}",
+        f"total_steps={args.curve_steps}",
+        f"tasks_per_step={args.tasks}",
+        f"group_size={args.group}",
+        f"rollout.sampling.max_tokens={args.max_tokens}",
+        "backend.options.lora.rank=4",
+        "backend.options.learning_rate=0.02",
+        "algorithm.filter_zero_variance=false",
+    ]
+    if separate:
+        own = OWN_POLICY[args.cookbook]
+        overrides += [f"policies.{own}.learning_rate=0.02", f"roles.{own}={own}"]
+    trainer = build_trainer(args.cookbook, out_dir=str(out), overrides=overrides)
+    asyncio.run(trainer.fit())
+    rows = read_metrics(out / "metrics.jsonl")
+    for row in rows:
+        row["roles"] = role_rewards(out, row["step"], ROLES[args.cookbook])
+    return rows
+
+
+def role_rewards(out: Path, step: int, roles: tuple[str, ...]) -> str:
+    """Each role's mean trajectory reward on ``step``, from the step's sample (every group)."""
+    sample = read_episode_sample(sample_path(out, step))
+    rewards: dict[str, list[float]] = {}
+    for episode in sample.episodes:
+        for trajectory in episode.trajectories:
+            if trajectory.reward is not None:
+                rewards.setdefault(trajectory.role, []).append(trajectory.reward)
+    return " ".join(f"{r}={statistics.fmean(rewards[r]):.2f}" for r in roles if r in rewards)
+
+
+def curves(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = {}
+        for name, separate in (("one shared policy", False), ("two policies", True)):
+            started = time.perf_counter()
+            runs[name] = curve(Path(tmp) / name.replace(" ", "_"), args, separate)
+            print(f"{name}: {args.curve_steps} steps in {time.perf_counter() - started:.0f} s")
+    for name, rows in runs.items():
+        print(f"\n{name}: step reward/mean correct/fraction")
+        for row in rows:
+            print(f"  {row['step']:3d} {row['reward/mean']:.3f} {row['correct/fraction']:.3f} {row['roles']}")
+    for name, rows in runs.items():
+        tail = rows[-args.tail :]
+        final = statistics.fmean(row["reward/mean"] for row in tail)
+        print(f"final reward ({name}, mean of the last {len(tail)} steps): {final:.3f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--part", choices=["cost", "curves"], default="cost")
+    parser.add_argument("--sequences", type=int, default=32)
+    parser.add_argument("--length", type=int, default=96)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--rank", type=int, default=8)
+    parser.add_argument("--curve-steps", type=int, default=12)
+    parser.add_argument("--tasks", type=int, default=4)
+    parser.add_argument("--group", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--tail", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cookbook", choices=sorted(ROLES), default="solver-judge")
+    args = parser.parse_args()
+    if args.part == "cost":
+        asyncio.run(cost(args))
+    else:
+        curves(args)
+
+
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

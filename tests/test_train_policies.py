@@ -7,20 +7,31 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import statistics
 import subprocess
 import sys
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from rllm.backends.tinker.local import policies as multi
 from rllm.cli.main import main
 from rllm.engine.plugins import load_cookbook
+from rllm.engine.training import launch
 from rllm.engine.training.checkpoint import checkpoint_dir
+from rllm.engine.training.health import HealthStop
 from rllm.engine.training.launch import build_trainer
 from rllm.engine.training.metrics_log import read_episode_sample, read_metrics, sample_path
+from rllm.engine.training.mismatch import TokenMismatchError
 from rllm.engine.training.trainer_config import load_config
-from rllm.types import ConfigError
+from rllm.sdk.cookbook import Cookbook
+from rllm.sdk.evaluator import evaluator
+from rllm.types import ConfigError, Episode, EvalOutput, Task
+
+sys.path.insert(0, str(Path(__file__).parent))  # importlib mode: the helper beside this file
+from corrupting_proxy import CorruptedSamplerBackend
 
 pytestmark = pytest.mark.slow
 
@@ -58,6 +69,15 @@ def test_two_policies_train_in_one_run(tmp_path: Path, staleness: int) -> None:
         assert row["policy/judge/train/lr"] == pytest.approx(0.02)
         assert row["policy/default/train/lr"] != pytest.approx(0.02)
         assert "policy/judge/advantage/judge/mean" in row and "policy/default/advantage/solver_0/mean" in row
+        # Train/sampler mismatch per policy: each over its own roles' tokens, together the run's.
+        tokens = {name: row.get(f"policy/{name}/mismatch/tokens", 0.0) for name in ("default", "judge")}
+        assert sum(tokens.values()) == row.get("mismatch/tokens", 0.0)
+        if staleness == 0:  # (K = 1 leaves out the tokens an older version sampled)
+            assert min(tokens.values()) > 0, row
+            assert (
+                row["policy/judge/mismatch/mean_abs"] < 1e-3
+                and row["policy/default/mismatch/mean_abs"] < 1e-3
+            )
     sample = read_episode_sample(sample_path(tmp_path, 2))
     answered = {
         (t.role, s.metadata.get("policy")) for e in sample.episodes for t in e.trajectories for s in t.steps
@@ -96,6 +116,85 @@ def test_two_policies_train_in_one_run(tmp_path: Path, staleness: int) -> None:
         asyncio.run(resumed.fit(resume=True, allow_changes=("total_steps",)))
         last = read_metrics(tmp_path / "metrics.jsonl")[-1]
         assert last["step"] == 3 and last["policy/judge/train/sequences"] == last["episodes"]
+
+
+def test_a_corrupted_policy_sampler_stops_the_run_naming_that_policy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The judge's sampler answers with wrong token ids (tests/corrupting_proxy.py), the solvers'
+    # (the default policy's) with true ones: algorithm.max_mismatch is checked for each policy on
+    # its own tokens, so the line names the judge's policy, not a mean over both.
+    monkeypatch.setattr(launch, "backend_class", lambda name: JudgeSamplerCorrupted)
+    overrides = [*FAST, *TWO_POLICIES, "algorithm.max_mismatch=0.05", "ckpt_every=0"]
+    code = main(["train", "solver-judge", "--out", str(tmp_path), *overrides])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    (line,) = [line for line in err.splitlines() if line.startswith("error:")]
+    prefix = f"error: {TokenMismatchError.__name__}: step 1: policy 'judge''s train/sampler mismatch "
+    assert line.startswith(prefix), line
+    assert "first drifting token: role 'judge'" in line
+    assert not (tmp_path / "metrics.jsonl").exists() or not read_metrics(tmp_path / "metrics.jsonl")
+
+
+class JudgeSamplerCorrupted(CorruptedSamplerBackend):
+    only = "judge"  # the judge policy's model name (its adapter is served under it)
+
+
+@evaluator
+def paid_for_odd_lengths(task: Task, episode: Episode) -> EvalOutput:
+    """Each role paid for an odd-length reply: about half of a random model's, so both roles'
+    groups carry a learning signal and both adapters move every step."""
+    rewards = {role: float(len(str(episode.artifacts.get(role, ""))) % 2) for role in ("speaker", "repeater")}
+    return EvalOutput(reward=statistics.fmean(rewards.values()), trajectory_rewards=rewards)
+
+
+def test_an_adapter_whose_sync_never_loads_is_named_by_weights_stale(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # say-duo's flow, its repeater on its own adapter; a test double of the weight sync copies
+    # every adapter into its sampler but the repeater's (the versions still advance). Each policy
+    # has its own probe set, scored under its own model name: the repeater's is the one that stays.
+    copy = multi.copy_adapter
+
+    def all_but_the_repeaters(source: Any, target: Any, names: list[str]) -> None:
+        if not any(".repeater." in name for name in names):
+            copy(source, target, names)
+
+    monkeypatch.setattr(multi, "copy_adapter", all_but_the_repeaters)
+    duo = load_cookbook("say-duo")
+    cookbook = Cookbook(
+        name="duo-parity",
+        flow=duo.flow,
+        evaluator=paid_for_odd_lengths,
+        load_tasks=duo.load_tasks,
+        train_defaults=duo.train_defaults,
+    )
+    overrides = [
+        *FAST[:4],
+        "total_steps=4",
+        "tasks_per_step=4",
+        "group_size=4",
+        "val_every=0",
+        "ckpt_every=0",
+        "rollout.sampling.max_tokens=2",
+        "backend.options.lora.rank=4",
+        "backend.options.learning_rate=5e-3",
+        "policies.repeater.learning_rate=5e-3",
+        "roles.repeater=repeater",
+        "health.stop_on=[weights_stale]",
+        "rollout.workers=1",  # the flows in this process: the evaluator is defined here
+    ]
+    trainer = build_trainer("duo-parity", cookbook=cookbook, out_dir=str(tmp_path), overrides=overrides)
+    with pytest.raises(HealthStop, match=r"weights_stale.*policy 'repeater': ") as stopped:
+        asyncio.run(trainer.fit())
+    assert "policy 'default'" not in str(stopped.value), stopped.value
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    moved = [
+        row["policy/default/probe/logprob_change"]
+        for row in rows
+        if "policy/default/probe/logprob_change" in row
+    ]
+    assert moved and min(moved) > 1e-5, rows  # the speaker's adapter reached its sampler every time
 
 
 def _serve_and_ask(run: Path, model: str) -> tuple[list[str], str]:

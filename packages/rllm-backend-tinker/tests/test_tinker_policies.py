@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import openai
 import pytest
 import torch
@@ -15,7 +16,8 @@ from tinker_helpers import contrast_batch, cpu_params, prompt_ids
 from rllm.algos.config import AlgorithmConfig
 from rllm.backends.tinker import TinkerBackend
 from rllm.engine.training.policies import PolicySection
-from rllm.types import ConfigError
+from rllm.types import ConfigError, TrainSequence
+from rllm.types.errors import InputError
 
 ALGO = AlgorithmConfig(loss="ppo_clip")
 
@@ -124,6 +126,43 @@ async def test_a_checkpoint_restores_every_adapter_bitwise(tiny_model_path: Path
             assert _same(_adapter(cpu_params(engine.model), policy), _adapter(saved, policy)), policy
     finally:
         await resumed.close()
+
+
+async def test_the_lr_schedule_scales_each_policys_own_learning_rate(tiny_model_path: Path) -> None:
+    # `rllm sft`'s schedule sets a factor (set_learning_rate_scale): every policy's optimizer
+    # follows it from its own learning rate (default 1e-2, judge 5e-2), none from another's.
+    backend = await _two_policy_backend(tiny_model_path, learning_rate=1e-2)
+    try:
+        assert backend.set_learning_rate_scale(0.5) == pytest.approx(5e-3)
+        trainers = backend.service.trainers
+        assert [g["lr"] for g in trainers["default"].optimizer.param_groups] == pytest.approx([5e-3])
+        assert [g["lr"] for g in trainers["judge"].optimizer.param_groups] == pytest.approx([2.5e-2])
+        metrics = await backend.train_policy_step("judge", contrast_batch(backend), ALGO)
+        assert metrics["lr"] == pytest.approx(2.5e-2)
+    finally:
+        await backend.close()
+
+
+def _as(policy: str, batch: list[TrainSequence]) -> list[TrainSequence]:
+    return [msgspec.structs.replace(s, metadata={**s.metadata, "policy": policy}) for s in batch]
+
+
+async def test_the_held_out_loss_scores_each_sequence_with_its_policys_adapter(
+    two_policies: TinkerBackend,
+) -> None:
+    batch = contrast_batch(two_policies)
+    await two_policies.train_policy_step("judge", batch, ALGO)  # the judge's adapter moved, not the default's
+    as_default = await two_policies.eval_loss(_as("default", batch))
+    as_judge = await two_policies.eval_loss(_as("judge", batch))
+    untagged = await two_policies.eval_loss(contrast_batch(two_policies))
+    assert as_judge["policy/judge/loss"] == as_judge["loss"] != as_default["loss"]
+    assert untagged["loss"] == as_default["loss"] == as_default["policy/default/loss"]  # unset: the default
+    mixed = await two_policies.eval_loss(_as("default", batch[:2]) + _as("judge", batch[2:]))
+    assert {"policy/default/loss", "policy/judge/loss"} <= set(mixed)
+    weighted = sum(mixed[f"policy/{p}/loss"] * mixed[f"policy/{p}/num_tokens"] for p in ("default", "judge"))
+    assert mixed["loss"] == pytest.approx(weighted / mixed["num_tokens"])
+    with pytest.raises(InputError, match="unknown policy 'jduge'"):
+        await two_policies.eval_loss(_as("jduge", batch))
 
 
 @pytest.mark.parametrize(

@@ -78,15 +78,25 @@ class FakeEngine:
         self.client = FakeGateway()
         self.config = type("Config", (), {"model": "m", "sampling": SamplingParams(seed=0)})()
         self.seeds: dict[str, int | None] = {}  # task id -> the seed its group was asked to sample with
+        # (seed, task id, drawing numbers) of every group run: a task's groups of one step's seed
+        # must each be a drawing of their own (their own samples, not copies).
+        self.draws: list[tuple[int | None, str, list[int] | None]] = []
         self._durations = itertools.cycle(durations or [0.0])
         self._turns = turns
         self._hold = hold  # task id -> event its first rollout waits for after its first call
 
     async def run(
-        self, tasks: list[Task], n: int, *, slots: asyncio.Semaphore, sampling: SamplingParams | None = None
+        self,
+        tasks: list[Task],
+        n: int,
+        *,
+        slots: asyncio.Semaphore,
+        sampling: SamplingParams | None = None,
+        drawings: list[int] | None = None,
     ) -> list[Episode]:
         (task,) = tasks
         self.seeds[task.id] = sampling.seed if sampling is not None else None
+        self.draws.append((self.seeds[task.id], task.id, drawings))
 
         async def one(index: int) -> Episode:
             async with slots:  # the stepper's concurrency, shared by the rollouts of every group
@@ -356,5 +366,7 @@ def test_curriculum_and_dynamic_sampling_keep_the_staleness_bound(
             # Only the alternating tasks (id % 3 == 2) carry a signal.
             assert signal == sum(int(t[1:]) % 3 == 2 for t in row["batch/task_ids"])
             assert row["curriculum/effective_tasks"] > 0
+        keys = [(seed, task, tuple(d or ())) for seed, task, d in engine.draws]
+        assert all(d is not None for _, _, d in engine.draws) and len(set(keys)) == len(keys)
 
     asyncio.run(main())

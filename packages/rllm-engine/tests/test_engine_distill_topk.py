@@ -71,6 +71,8 @@ def _corrupt(kind: str, scores: list[Any], ids: list[int], k: int) -> tuple[list
         return scores, f"[{last}]"
     if kind == "own_token_missing":
         del entry[str(ids[last])]
+        if not entry:  # the token was the whole top-k: an empty entry, named as such
+            return scores, f"[{last}] must be a non-empty"
         return scores, f"[{last}] has no logprob for the prompt's token"
     if kind == "too_few":  # a server that ignores k and returns the token's own logprob only
         scores[last] = {str(ids[last]): entry[str(ids[last])]}

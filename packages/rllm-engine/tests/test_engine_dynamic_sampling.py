@@ -10,13 +10,20 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rllm.algos.config import AlgorithmConfig, DynamicSampling
 from rllm.engine.training.checkpoint import TrainerState
-from rllm.engine.training.dynamic_sampling import CapWatch, SignalCount, has_signal
+from rllm.engine.training.dynamic_sampling import (
+    CapWatch,
+    SignalCount,
+    first_round,
+    has_signal,
+    signal_rate,
+)
 from rllm.engine.training.launch import load_train_config
 from rllm.engine.training.seeding import step_sampling
 from rllm.engine.training.trainer import Trainer
@@ -91,6 +98,31 @@ def test_a_step_holds_the_groups_it_asked_for_unless_it_reached_its_cap(
     assert metrics["dynamic_sampling/extra_groups"] == count.groups - want
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    want=st.integers(1, 64),
+    cap=st.integers(0, 64),
+    rates=st.tuples(st.floats(0.0, 1.0), st.floats(0.0, 1.0)),
+)
+def test_the_first_round_is_the_shortfall_the_last_rate_predicts_within_the_cap(
+    want: int, cap: int, rates: tuple[float, float]
+) -> None:
+    """``want`` plus the fewest extra groups that, at the last step's signal rate, are expected to
+    hold ``want`` signal groups; never past the cap, never below ``want``, and a lower rate
+    never asks for fewer."""
+    algo = AlgorithmConfig(dynamic_sampling=DynamicSampling(enabled=True, max_extra_groups=cap))
+    low, high = sorted(rates)
+    first = first_round(algo, want, low)
+    assert want <= first <= want + cap
+    assert first >= first_round(algo, want, high)
+    if first < want + cap:  # not capped: enough expected, and no group more than that
+        assert first * low >= want - 1e-9
+        assert first == want or (first - 1) * low < want
+    assert first_round(algo, want, 0.0) == want + cap
+    assert first_round(algo, want, None) == want  # the first step: nothing to go by
+    assert first_round(AlgorithmConfig(), want, low) == want  # off: tasks_per_step
+
+
 def test_off_a_step_takes_tasks_per_step_groups_and_reports_nothing() -> None:
     count = SignalCount(AlgorithmConfig(), 3)
     count.add_batch(_group([1.0] * 6), group_size=2)
@@ -123,10 +155,18 @@ class ScriptedEngine:
         self.runs: list[list[str]] = []
         self.config = SimpleNamespace(sampling=SamplingParams(seed=0))
         self.seeds: list[int | None] = []  # the seed each run was asked to sample with
+        self.drawings: list[list[int]] = []  # each run's drawing numbers (None: its own count)
 
-    async def run(self, tasks: list[Task], n: int, sampling: SamplingParams | None = None) -> list[Episode]:
+    async def run(
+        self,
+        tasks: list[Task],
+        n: int,
+        sampling: SamplingParams | None = None,
+        drawings: list[int] | None = None,
+    ) -> list[Episode]:
         self.runs.append([t.id for t in tasks])
         self.seeds.append(sampling.seed if sampling is not None else None)
+        self.drawings.append(list(range(len(tasks))) if drawings is None else drawings)
         out = []
         for task in tasks:
             kind = int(task.id[1:]) % 3
@@ -189,10 +229,40 @@ async def test_the_synchronous_step_rolls_out_only_what_it_is_short_of(curriculu
     assert sum(signal) == 4 or (metrics["dynamic_sampling/capped"] == 1.0 and len(signal) == 16)
     # The extra groups are step 1's too: they sample with step 1's seed, as its first batch does.
     assert set(engine.seeds) == {step_sampling(engine.config.sampling, 1).seed}
+    # ... but a task drawn again in a later round is its next drawing (its own samples, not a
+    # copy of the first round's): each (task, drawing) once, numbered from 0 within the step.
+    if len(engine.runs) > 1:
+        drawn = [
+            (t, d)
+            for run, ds in zip(engine.runs[1:], engine.drawings[1:], strict=True)
+            for t, d in zip(run, ds, strict=True)
+        ]
+        firsts = [(t, sum(u == t for u in engine.runs[0][:i])) for i, t in enumerate(engine.runs[0])]
+        pairs = firsts + drawn
+        assert len(set(pairs)) == len(pairs)
+        assert all(d == sum(u == t for u, _ in pairs[:i]) for i, (t, d) in enumerate(pairs))
     assert len(episodes) == 2 * len(tasks)
     # The cursor moved past every draw, and the sampler recorded every group.
     assert cursor.draws == (len(tasks) if curriculum else 0)
     assert all(trainer.sampler.outcomes.recent(t.id) for t in tasks)
+
+
+async def test_the_synchronous_step_oversamples_its_first_round_by_the_last_signal_rate() -> None:
+    """A third of the scripted tasks carry a signal: after a step at that rate the next one
+    rolls out the groups it needs in one round (12 for 4 at 1/3), not 4 and then top-ups, and
+    the rate a checkpoint keeps for it is the step's own."""
+    trainer = _trainer(
+        "algorithm.dynamic_sampling.enabled=true", "algorithm.dynamic_sampling.max_extra_groups=12"
+    )
+    engine = ScriptedEngine()
+    state = msgspec.json.decode(msgspec.json.encode(TrainerState(signal_rate=1 / 3)), type=TrainerState)
+    tasks, _, _, _, metrics = await trainer._step_rollouts(engine, state)  # type: ignore[arg-type]
+    assert len(engine.runs[0]) == 12
+    signal = sum(int(t[1:]) % 3 == 2 for run in engine.runs for t in run)
+    assert metrics["dynamic_sampling/signal_groups"] == signal
+    assert signal >= 4 or metrics["dynamic_sampling/capped"] == 1.0  # short: topped up as before
+    assert signal_rate(metrics) == signal / len(tasks)
+    assert signal_rate({}) is None  # off: no rate, the next step takes tasks_per_step
 
 
 async def test_the_cap_stops_a_step_that_finds_no_signal() -> None:

@@ -19,6 +19,7 @@ from rllm.gateway import GatewayConfig
 from rllm.sdk import AgentConfig, EvalOutput, Task, evaluator, final_answer, role_url, rollout
 from rllm.testing import MockUpstream, wait_until
 from rllm.types import Episode, SamplingParams, TerminationReason, Trajectory
+from rllm.types.errors import InputError
 
 JUDGE_MARKER = "You are the judge."  # the scripted upstream (conftest) answers it with a verdict
 
@@ -244,6 +245,43 @@ async def test_a_seeded_config_gives_each_rollout_of_a_group_its_own_seed():
         await upstream.stop()
     assert len(set(first)) == 6  # 2 tasks x 3 rollouts, no two alike
     assert sorted(seeds) == first
+
+
+async def test_each_drawing_of_a_task_in_one_batch_samples_with_seeds_of_its_own():
+    """A step that draws a task more than once (tasks_per_step above the split's size, dynamic
+    sampling's extra groups) must get new samples from each drawing: with one seed per (task,
+    rollout index) every drawing repeated the first one's text, rollout for rollout. A later
+    round continues the count (``drawings``); the first drawing keeps the seeds it always had."""
+    seeds: list[int] = []
+
+    def record(body):
+        seeds.append(body["seed"])
+        return "4"
+
+    upstream = await MockUpstream(responder=record).start()
+    config = RolloutConfig(n=2, progress=False, sampling=SamplingParams(seed=5))
+    (task,) = tasks(1)
+    try:
+        async with RolloutEngine(single_turn, contains_four, config, upstreams=[upstream.url]) as engine:
+            await engine.run([task])
+            once = sorted(seeds)
+            seeds.clear()
+            await engine.run([task, task, task])  # one batch, three drawings
+            batch = list(seeds)
+            seeds.clear()
+            await engine.run([task], drawings=[3])  # a later round: the fourth drawing
+            later = list(seeds)
+            seeds.clear()
+            await engine.run([task], drawings=[1])  # the second drawing again: its seeds again
+            again = list(seeds)
+    finally:
+        await upstream.stop()
+    assert len(set(batch)) == 6 and set(once) <= set(batch)
+    assert len(set(later)) == 2 and not set(later) & set(batch)
+    assert set(again) <= set(batch) and not set(again) & set(once)
+    with pytest.raises(InputError, match="drawings: 2 numbers for 1 tasks"):
+        async with RolloutEngine(single_turn, contains_four, config, upstreams=[upstream.url]) as engine:
+            await engine.run([task], drawings=[0, 1])
 
 
 async def test_timed_out_rollout_releases_its_session(gateway, upstream):

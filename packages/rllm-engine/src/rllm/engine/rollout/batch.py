@@ -11,7 +11,7 @@ from rllm.types import Episode, Task
 
 
 async def stream_groups(
-    run_one: Callable[[Task, int], Awaitable[Episode]],
+    run_one: Callable[[int, int], Awaitable[Episode]],
     tasks: list[Task],
     n: int,
     *,
@@ -21,7 +21,7 @@ async def stream_groups(
 ) -> AsyncGenerator[tuple[int, list[Episode]], None]:
     """``(index in tasks, its n episodes by rollout_index)`` for each task as its group completes.
 
-    ``run_one(task, rollout_index)`` runs one rollout (it never raises); at most ``width`` run
+    ``run_one(index in tasks, rollout_index)`` runs one rollout (it never raises); at most ``width`` run
     at once, each also holding one of ``slots`` while it runs when given (a limit shared with
     other batches). Rollouts start in task-major order, so early tasks complete early (streamed
     eval results, resumability). Closing the generator cancels the rollouts still running."""
@@ -43,10 +43,10 @@ async def stream_groups(
             except asyncio.QueueEmpty:
                 return
             if slots is None:
-                episode = await run_one(tasks[ti], ri)
+                episode = await run_one(ti, ri)
             else:
                 async with slots:
-                    episode = await run_one(tasks[ti], ri)
+                    episode = await run_one(ti, ri)
             results[ti][ri] = episode
             progress.update(episode)
             remaining[ti] -= 1

@@ -9,14 +9,15 @@ progress display), so each setting is defined here once.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 
 from rllm.engine.rollout.executors import RaySettings, available_executors, get_executor
 from rllm.engine.rollout.remote_executor import RemoteSettings
-from rllm.types import InvariantError, SamplingParams
-from rllm.types.errors import LookupFailed
+from rllm.types import InvariantError, SamplingParams, Task
+from rllm.types.errors import InputError, LookupFailed
 
 
 class RolloutSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -155,3 +156,45 @@ def rollout_sampling(sampling: SamplingParams, task_id: str, rollout_index: int)
         return sampling
     offset = zlib.crc32(f"{task_id}\0{rollout_index}".encode())  # stable across processes
     return msgspec.structs.replace(sampling, seed=(sampling.seed + offset) % 2**31)
+
+
+def drawing_sampling(sampling: SamplingParams, drawing: int) -> SamplingParams:
+    """The sampling of a task's ``drawing``-th drawing in one batch (a training step that draws a
+    task more than once: ``tasks_per_step`` above the split's size, the curriculum, dynamic
+    sampling's extra groups): drawing 0 keeps ``sampling``, each later one a seed of its own.
+    ``rollout_sampling`` makes one seed per (task, rollout index), and each drawing's rollouts
+    are numbered 0..n-1, so without this every drawing of a task in a step would repeat the
+    first one's text, rollout for rollout: copies that add no signal."""
+    if drawing == 0 or sampling.seed is None:
+        return sampling
+    offset = zlib.crc32(f"drawing\0{drawing}".encode())
+    return msgspec.structs.replace(sampling, seed=(sampling.seed + offset) % 2**31)
+
+
+def task_drawings(tasks: Sequence[Task], earlier: Sequence[Task] = ()) -> list[int]:
+    """Each task's drawing number: how many times its id came before it, in ``earlier`` (a step's
+    earlier rounds) and then in ``tasks``."""
+    seen: dict[str, int] = {}
+    for task in earlier:
+        seen[task.id] = seen.get(task.id, 0) + 1
+    out: list[int] = []
+    for task in tasks:
+        out.append(seen.get(task.id, 0))
+        seen[task.id] = out[-1] + 1
+    return out
+
+
+def drawings_sampling(
+    tasks: Sequence[Task],
+    sampling: SamplingParams | None,
+    configured: SamplingParams,
+    drawings: Sequence[int] | None = None,
+) -> list[SamplingParams | None]:
+    """Each task's sampling in one batch: ``sampling`` (None: the ``configured`` one) for a first
+    drawing, ``drawing_sampling`` of it for a later one. ``drawings``: each task's drawing number
+    (a later round of a step continues the count); default: how often its id came before it."""
+    numbers = task_drawings(tasks) if drawings is None else list(drawings)
+    if len(numbers) != len(tasks):
+        raise InputError(f"drawings: {len(numbers)} numbers for {len(tasks)} tasks")
+    base = sampling if sampling is not None else configured
+    return [drawing_sampling(base, k) if k else sampling for k in numbers]

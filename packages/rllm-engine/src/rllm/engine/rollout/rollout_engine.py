@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -23,7 +23,7 @@ import msgspec
 from rllm.engine.rollout.batch import stream_groups
 from rllm.engine.rollout.executors import PoolRequest, WorkerPool, executor_for, run_on_pool, start_pool
 from rllm.engine.rollout.own_gateway import owned_gateway_config
-from rllm.engine.rollout.rollout_config import RolloutConfig
+from rllm.engine.rollout.rollout_config import RolloutConfig, drawings_sampling
 from rllm.engine.rollout.rollout_progress import RolloutProgress
 from rllm.engine.rollout.rollout_runner import RolloutRunner
 from rllm.engine.sandbox.provider import SandboxProvider, make_backend
@@ -258,17 +258,19 @@ class RolloutEngine:
         *,
         slots: asyncio.Semaphore | None = None,
         sampling: SamplingParams | None = None,
+        drawings: Sequence[int] | None = None,
     ) -> list[Episode]:
         """All episodes, ordered by task then ``rollout_index`` (0..n-1).
 
         ``slots``: a limit shared with other ``run`` calls, taken by each rollout while it runs
         (the asynchronous trainer runs one call per group and shares ``concurrency`` this way).
         ``sampling``: these rollouts' sampling instead of the configured one (a training step's
-        own seed); it travels with each rollout, so calls with different ones may overlap."""
+        own seed; ``drawings``: each task's drawing number in its step, ``drawings_sampling``); it
+        travels with each rollout, so calls with different ones may overlap."""
         task_list = as_tasks(tasks)
         by_task: dict[int, list[Episode]] = {}
         async for index, episodes in self.stream_indexed(
-            task_list, n=n, is_validation=is_validation, slots=slots, sampling=sampling
+            task_list, n=n, is_validation=is_validation, slots=slots, sampling=sampling, drawings=drawings
         ):
             by_task[index] = episodes
         return [ep for i in range(len(task_list)) for ep in by_task[i]]
@@ -288,9 +290,9 @@ class RolloutEngine:
         *,
         slots: asyncio.Semaphore | None = None,
         sampling: SamplingParams | None = None,
+        drawings: Sequence[int] | None = None,
     ) -> AsyncIterator[tuple[int, list[Episode]]]:
-        """Like :meth:`stream`, with each group's position in ``tasks`` (``slots``, ``sampling``:
-        see :meth:`run`)."""
+        """:meth:`stream` with each group's position in ``tasks`` (other arguments: :meth:`run`)."""
         await self.start()
         n = self.config.n if n is None else n
         if n < 1:
@@ -305,8 +307,9 @@ class RolloutEngine:
         # With worker processes, each enforces its share of the concurrency and queues a few
         # jobs more (see WorkerSlots): keep that many in flight from here.
         width = self._pool.capacity if self._pool is not None else self.config.concurrency
+        chosen = drawings_sampling(tasks, sampling, self.config.sampling_for(is_validation), drawings)
         groups = stream_groups(
-            lambda task, ri: self.run_one(task, ri, is_validation=is_validation, sampling=sampling),
+            lambda ti, ri: self.run_one(tasks[ti], ri, is_validation=is_validation, sampling=chosen[ti]),
             tasks,
             n,
             width=width,

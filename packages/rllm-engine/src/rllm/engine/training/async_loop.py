@@ -77,6 +77,9 @@ class AsyncStepper:
         # Group ``seq`` of this run belongs to the step the synchronous loop would draw it for:
         # its rollouts sample with that step's seed (rllm.engine.training.seeding).
         self._first_step = state.step + 1
+        # Each (step, task) drawn so far: a task's later drawings in a step sample with seeds of
+        # their own (rllm.engine.rollout.rollout_config.drawing_sampling), not copies of its first.
+        self._drawings: dict[tuple[int, str], int] = {}
         self.rollouts = AsyncRollouts(
             self._run_group, self._next_task, window=window, parallel=window, pending=pending
         )
@@ -93,8 +96,15 @@ class AsyncStepper:
 
     async def _run_group(self, seq: int, task: Task) -> list[Episode]:
         cfg = self.trainer.config
-        sampling = step_sampling(self.engine.config.sampling, self._first_step + seq // cfg.tasks_per_step)
-        episodes = await self.engine.run([task], n=cfg.group_size, slots=self._slots, sampling=sampling)
+        step = self._first_step + seq // cfg.tasks_per_step
+        sampling = step_sampling(self.engine.config.sampling, step)
+        drawing = self._drawings.get((step, task.id), 0)
+        self._drawings[(step, task.id)] = drawing + 1
+        if len(self._drawings) > 4 * (self.k + 2) * cfg.tasks_per_step:  # steps long gone
+            self._drawings = {key: n for key, n in self._drawings.items() if key[0] >= step - self.k - 2}
+        episodes = await self.engine.run(
+            [task], n=cfg.group_size, slots=self._slots, sampling=sampling, drawings=[drawing]
+        )
         for episode in episodes:  # a multi-turn episode may span versions: keep both ends
             if (versions := episode_versions(episode)) is not None:
                 episode.metrics["weight_version_min"] = float(versions[0])

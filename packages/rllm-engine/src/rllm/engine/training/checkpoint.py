@@ -30,6 +30,9 @@ class TrainerState(msgspec.Struct, kw_only=True):
     # Each task's recent outcomes and the difficulty level (rllm.engine.training.task_sampler):
     # with the cursor, all a resumed run needs to draw the tasks the uninterrupted run would.
     sampler: SamplerState = msgspec.field(default_factory=SamplerState)
+    # algorithm.dynamic_sampling: the last step's share of groups with a signal, which sizes the
+    # next step's first round (rllm.engine.training.dynamic_sampling.first_round).
+    signal_rate: float | None = None
 
     def capture_rng(self) -> None:
         version, internal, gauss = random.getstate()

@@ -134,9 +134,18 @@ class WeightsStale(Check):
         self.stale += covered
         if self.stale < STALE_UPDATES:
             return Verdict(False)
+        # Several policies: the ones whose probe set did not move (the row's least change is the run's).
+        stale = [
+            key.split("/")[1]
+            for key in row
+            if key.startswith("policy/")
+            and key.endswith("/probe/logprob_change")
+            and (number(row, key) or 0.0) <= PROBE_EPSILON
+        ]
+        whose = f"policy {', '.join(repr(name) for name in stale)}: " if stale else ""
         return Verdict(
             True,
-            f"the sampler's logprobs of the probe set moved at most {max(self.streak.values):.1e} nats "
+            f"{whose}the sampler's logprobs of the probe set moved at most {max(self.streak.values):.1e} nats "
             f"over the {self.stale} updates of {_span(self.streak.first, step)} ({self.last_detail})",
         )
 

@@ -89,12 +89,48 @@ def measure_mismatch(
                 trajectory_steps[index].metadata["train_logprobs"] = trainer[start:end].tolist()
     if not recorded:
         return MismatchReport(metrics=metrics, recorded=False)
+    report = _report(episodes, fresh_version, None)
+    report.metrics = metrics | report.metrics
+    return report
+
+
+def measure_policy_mismatch(
+    sequences: Sequence[TrainSequence], episodes: Sequence[Episode], fresh_version: int | None = None
+) -> dict[str, MismatchReport]:
+    """Several policies (rllm.engine.training.policies): each policy's mismatch over the
+    trajectories it trained (``TrainSequence.metadata["policy"]``), its figures under
+    ``policy/NAME/mismatch/...``; after ``measure_mismatch`` (which put the trainer's logprobs
+    onto the steps). A policy that trained nothing this step has no report; one whose backend
+    recorded no trainer logprobs has an empty one (``recorded`` False)."""
+    trained: dict[str, set[str]] = {}
+    recorded: dict[str, bool] = {}
+    for seq in sequences:
+        name = str(seq.metadata.get("policy", ""))
+        trained.setdefault(name, set()).add(str(seq.metadata.get("trajectory_id", "")))
+        recorded[name] = recorded.get(name, False) or seq.trainer_logprobs is not None
+    out: dict[str, MismatchReport] = {}
+    for name, trajectories in trained.items():
+        if not recorded[name]:
+            out[name] = MismatchReport(metrics={}, recorded=False)
+            continue
+        report = _report(episodes, fresh_version, trajectories)
+        report.metrics = {f"policy/{name}/{key}": value for key, value in report.metrics.items()}
+        out[name] = report
+    return out
+
+
+def _report(
+    episodes: Sequence[Episode], fresh_version: int | None, trajectories: set[str] | None
+) -> MismatchReport:
+    """The figures over the steps that carry trainer logprobs (of ``trajectories`` only, when
+    given; the run's figures, ``trajectories`` None, also go onto each episode's metrics)."""
+    metrics: dict[str, float] = {}
     all_gaps: list[float] = []
     lagged = 0
     worst: tuple[float, Episode] | None = None
     for episode in episodes:
         gaps = []
-        for _, _, step, step_gaps in _episode_gaps(episode):
+        for _, _, step, step_gaps in _episode_gaps(episode, trajectories):
             if _lagged(step, fresh_version):
                 lagged += len(step_gaps)
             else:
@@ -103,7 +139,8 @@ def measure_mismatch(
             continue
         all_gaps.extend(gaps)
         figures = _figures(gaps)
-        episode.metrics.update({f"mismatch/{k}": v for k, v in figures.items()})
+        if trajectories is None:
+            episode.metrics.update({f"mismatch/{k}": v for k, v in figures.items()})
         if worst is None or figures["mean_abs"] > worst[0]:
             worst = (figures["mean_abs"], episode)
     if fresh_version is not None:
@@ -117,7 +154,7 @@ def measure_mismatch(
         recorded=True,
         worst_episode=worst[1].id,
         worst_episode_mean=worst[0],
-        first_drift=first_drift(worst[1]),
+        first_drift=first_drift(worst[1], trajectories),
     )
 
 
@@ -126,10 +163,11 @@ def _lagged(step: Step, fresh_version: int | None) -> bool:
     return fresh_version is not None and any(v != fresh_version for v in step_versions(step))
 
 
-def first_drift(episode: Episode) -> TokenDrift | None:
-    """The episode's first token with |r| > DRIFT_NATS, else its largest |r| (None: nothing recorded)."""
+def first_drift(episode: Episode, trajectories: set[str] | None = None) -> TokenDrift | None:
+    """The episode's first token with |r| > DRIFT_NATS, else its largest |r| (None: nothing
+    recorded); of ``trajectories`` only, when given."""
     largest: tuple[float, TokenDrift] | None = None
-    for role, turn, step, gaps in _episode_gaps(episode):
+    for role, turn, step, gaps in _episode_gaps(episode, trajectories):
         for position, gap in enumerate(gaps):
             if abs(gap) > DRIFT_NATS or largest is None or abs(gap) > largest[0]:
                 assert step.completion_ids is not None and step.completion_logprobs is not None
@@ -149,16 +187,21 @@ def first_drift(episode: Episode) -> TokenDrift | None:
     return largest[1] if largest is not None else None
 
 
-def check_mismatch(report: MismatchReport, limit: float | None, step: int, backend: str) -> None:
-    """Stop the run when the step's mean |trainer - sampler| logprob exceeds ``limit``."""
+def check_mismatch(
+    report: MismatchReport, limit: float | None, step: int, backend: str, policy: str | None = None
+) -> None:
+    """Stop the run when the step's mean |trainer - sampler| logprob exceeds ``limit``
+    (``policy``: that policy's report, from ``measure_policy_mismatch``; the line names it)."""
     if limit is None:
         return
+    whose = f"policy {policy!r}'s " if policy is not None else ""
     if not report.recorded:
         raise StateError(
             f"step {step}: algorithm.max_mismatch is set, but backend {backend!r} recorded no trainer "
-            "logprobs (its validate should have refused the option)"
+            f"logprobs for {whose or 'the '}update (its validate should have refused the option)"
         )
-    mean = report.metrics.get("mismatch/mean_abs", 0.0)
+    key = f"policy/{policy}/mismatch/mean_abs" if policy is not None else "mismatch/mean_abs"
+    mean = report.metrics.get(key, 0.0)
     if mean <= limit:
         return
     drift = report.first_drift
@@ -171,7 +214,7 @@ def check_mismatch(report: MismatchReport, limit: float | None, step: int, backe
     )
     task = f" (task {drift.task_id})" if drift is not None else ""
     raise TokenMismatchError(
-        f"step {step}: train/sampler mismatch {mean:.4f} nats (mean |trainer - sampler| logprob over "
+        f"step {step}: {whose}train/sampler mismatch {mean:.4f} nats (mean |trainer - sampler| logprob over "
         f"sampled tokens) exceeds algorithm.max_mismatch={limit}; worst episode {report.worst_episode}"
         f"{task}, mean {report.worst_episode_mean:.4f}{where}. The tokens trained on are not the "
         "tokens sampled: see docs/token-truth.md"
@@ -215,10 +258,15 @@ def _steps_by_trajectory(episodes: Sequence[Episode]) -> dict[str, list[Step]]:
     return {t.id: t.steps for e in episodes for t in e.trajectories}
 
 
-def _episode_gaps(episode: Episode) -> list[tuple[str, int, Step, list[float]]]:
-    """(role, turn, step, trainer - sampler per completion token) of each step with trainer logprobs."""
+def _episode_gaps(
+    episode: Episode, trajectories: set[str] | None = None
+) -> list[tuple[str, int, Step, list[float]]]:
+    """(role, turn, step, trainer - sampler per completion token) of each step with trainer
+    logprobs (of ``trajectories`` only, when given)."""
     out = []
     for trajectory in episode.trajectories:
+        if trajectories is not None and trajectory.id not in trajectories:
+            continue
         for turn, step in enumerate(trajectory.steps):
             trainer = step.metadata.get("train_logprobs")
             if trainer is None or step.completion_logprobs is None or step.completion_ids is None:

@@ -30,7 +30,7 @@ from rllm.algos import compute_advantages, filter_groups
 from rllm.algos.adapters import LoraConfig
 from rllm.algos.config import AlgorithmConfig
 from rllm.engine.training.sequences import sequences_from_groups
-from rllm.types import ConfigError, TrainSequence, TrajectoryGroup
+from rllm.types import ConfigError, TrainSequence, Trajectory, TrajectoryGroup
 from rllm.types.config_file import merge_config, parse_options
 from rllm.types.errors import InputError
 
@@ -133,6 +133,11 @@ class PolicyMap:
         for group in groups:
             out.setdefault(self.group_policy(group), []).append(group)
         return {name: out[name] for name in self.names if name in out}
+
+    def trajectory_policy(self, trajectory: Trajectory) -> str:
+        """The policy that answered ``trajectory``'s calls (its steps record it), else its role's."""
+        answered = {s.metadata["policy"] for s in trajectory.steps if "policy" in s.metadata}
+        return answered.pop() if len(answered) == 1 else self.policy_of(trajectory.role)
 
     def group_policy(self, group: TrajectoryGroup) -> str:
         answered = {

@@ -9,7 +9,9 @@
   step's rollouts sample from ``seed + step * STEP_STRIDE`` (``step_sampling``; the asynchronous
   loop gives each group the step the synchronous loop would draw it for, and the seed travels
   with each rollout to whichever worker runs it), which the engine makes one seed per (task,
-  rollout) (``rllm.engine.rollout.rollout_config.rollout_sampling``) and the gateway one per call. So a task met again in a later epoch draws new samples, and
+  drawing, rollout) (``rllm.engine.rollout.rollout_config.rollout_sampling``; a task drawn again
+  in the step, in its batch or a later round, has its own: ``drawing_sampling``) and the gateway
+  one per call. So a task met again in a later epoch draws new samples, and
   validation draws the same ones every time. A sampler honours a request's seed with its own
   generator (the tinker local sampler), whatever else it batches the request with.
 

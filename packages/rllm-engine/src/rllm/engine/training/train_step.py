@@ -33,12 +33,12 @@ from rllm.engine.rollout.worker_metrics import sandbox_step_metrics
 from rllm.engine.training.health import HealthMonitor
 from rllm.engine.training.health_measure import step_health_metrics
 from rllm.engine.training.metrics_log import write_episode_sample
-from rllm.engine.training.mismatch import check_mismatch, measure_mismatch
-from rllm.engine.training.policies import PolicyMap, train_policies
+from rllm.engine.training.mismatch import check_mismatch, measure_mismatch, measure_policy_mismatch
+from rllm.engine.training.policies import DEFAULT_POLICY, PolicyMap, train_policies
 from rllm.engine.training.sequences import sequences_from_groups, signal_sequences
 from rllm.engine.training.task_repeats import mark_task_repeats
 from rllm.engine.training.weight_probe import ProbeUnavailable, WeightProbe
-from rllm.types import ConfigError, Episode, TerminationReason
+from rllm.types import ConfigError, Episode, TerminationReason, TrainSequence
 
 if TYPE_CHECKING:
     from rllm.engine.backend import Backend
@@ -59,8 +59,8 @@ class TrainStep:
 
     What the run saw of each task is recorded as the episodes come in, before this step
     (rllm.engine.training.task_sampler), so the next draw and a prefetch know it. One per run:
-    ``health`` judges its steps (the Trainer's loop calls it) and ``probe`` holds the probe set of
-    ``weights_stale``."""
+    ``health`` judges its steps (the Trainer's loop calls it) and ``probes`` hold the probe sets of
+    ``weights_stale`` (one per policy)."""
 
     def __init__(
         self, config: TrainerConfig, backend: Backend, out_dir: Path, *, distiller: Distiller | None = None
@@ -68,20 +68,28 @@ class TrainStep:
         self.config, self.backend, self.out_dir = config, backend, out_dir
         self.distiller = distiller
         self.health = HealthMonitor(config.health, max_mismatch=config.algorithm.max_mismatch)
-        self.probe: WeightProbe | None = None
         # Several policies: each trains on its own groups (rllm.engine.training.policies).
         self.policies = (
             PolicyMap(config.policies, config.roles, config.algorithm) if config.policies else None
         )
+        # weights_stale's probe sets: one per policy (the default alone in a one-policy run).
+        self.probes: dict[str, WeightProbe] = {}
         if config.health.runs("weights_stale") and not getattr(backend, "scores_prompts", True):
             self._probe_failed(ProbeUnavailable(f"backend {backend.name!r}'s sampler does not score prompts"))
         elif config.health.runs("weights_stale"):
-            self.probe = WeightProbe(
-                config.health.probe_sequences,
-                url=lambda: backend.inference_urls()[0],
-                model=lambda: backend.served_model_name(),
-                max_interval=config.health.probe_max_interval,
-            )
+            for name in self.policies.names if self.policies is not None else [DEFAULT_POLICY]:
+                self.probes[name] = WeightProbe(
+                    config.health.probe_sequences,
+                    url=lambda: backend.inference_urls()[0],
+                    model=self._probe_model(name),
+                    max_interval=config.health.probe_max_interval,
+                )
+
+    def _probe_model(self, policy: str) -> Callable[[], str]:
+        """The model name ``policy`` is sampled under (asked at each scoring)."""
+        if self.policies is None:
+            return self.backend.served_model_name
+        return lambda: self.backend.policy_model_names()[policy]  # pyright: ignore[reportAttributeAccessIssue]
 
     async def run(
         self, episodes: Sequence[Episode], step: int, publish: Publish, weight_version: int | None = None
@@ -93,8 +101,8 @@ class TrainStep:
         token fault). Returns the step's metrics; the caller adds its own (timings, weight
         version, staleness)."""
         cfg, algo = self.config, self.config.algorithm
-        if self.probe is not None:
-            self.probe.step_began()
+        for probe in self.probes.values():
+            probe.step_began()
         warn_cut_off(episodes, f"step {step}", cfg.rollout.deadline_s)
         mark_task_repeats(episodes)  # a task drawn twice this step: two groups, not one
         groups = group_trajectories(episodes, algo)
@@ -110,21 +118,24 @@ class TrainStep:
             distill_metrics = await self.distiller.apply(sequences) if self.distiller and sequences else {}
             train_metrics: dict[str, float] = {}
             policy_metrics: dict[str, float] = {}
-            probing = bool(sequences) and await self._probe_start(episodes)
+            probing = await self._probe_start(episodes) if sequences else set()
             if sequences:
                 train_metrics = await self.backend.train_step(sequences, algo)
         # Token truth: trainer vs sampler logprobs onto the steps (the samples show them), then enforced.
         mismatch = measure_mismatch(sequences, episodes, weight_version)
+        # Several policies: each policy's own figures, and each checked on its own (the line names it).
+        by_policy = measure_policy_mismatch(sequences, episodes, weight_version) if self.policies else {}
         if cfg.sample_groups:
             trained = [t.id for g in kept for t in g.trajectories]
             write_episode_sample(self.out_dir, step, episodes, trained, cfg.sample_groups)
         if sequences:
-            check_mismatch(mismatch, algo.max_mismatch, step, self.backend.name)
+            if by_policy:
+                for name, report in by_policy.items():
+                    check_mismatch(report, algo.max_mismatch, step, self.backend.name, policy=name)
+            else:
+                check_mismatch(mismatch, algo.max_mismatch, step, self.backend.name)
             await publish()
-        if probing and self.probe is not None:
-            health_metrics["time/probe_interval"] = self.probe.schedule.interval
-            if self.probe.due() and (change := await self._probe_measure()) is not None:
-                health_metrics["probe/logprob_change"] = change
+        health_metrics |= await self._probe_measure(probing, sequences)
         return {
             **episode_metrics(episodes),
             **{f"filter/{k}": v for k, v in filter_metrics.items()},
@@ -133,37 +144,64 @@ class TrainStep:
             **{f"train/{k}": v for k, v in train_metrics.items()},
             **policy_metrics,  # several policies: policy/NAME/..., and the run-level means
             **mismatch.metrics,
+            **{key: value for report in by_policy.values() for key, value in report.metrics.items()},
             "train/sequences": len(sequences),
             "train/signal_sequences": signal_sequences(sequences),
             **health_metrics,
         }
 
-    async def _probe_start(self, episodes: Sequence[Episode]) -> bool:
-        """Whether this step re-scores the probe set after its update: fixes and scores the set
-        first (before the first update) when there is none yet."""
-        probe = self.probe
-        if probe is None:
-            return False
-        if probe.chosen:
-            return True
-        try:
-            return await probe.start(episodes)
-        except ProbeUnavailable as exc:
-            self._probe_failed(exc)
-            return False
+    async def _probe_start(self, episodes: Sequence[Episode]) -> set[str]:
+        """The policies whose probe sets this step re-scores after its update: fixes and scores
+        each policy's set first (before the first update that has its calls) when it has none."""
+        started: set[str] = set()
+        policies = self.policies
+        for name, probe in list(self.probes.items()):
+            if probe.chosen:
+                started.add(name)
+                continue
+            keep = None if policies is None else (lambda t, name=name: policies.trajectory_policy(t) == name)
+            try:
+                if await probe.start(episodes, keep):
+                    started.add(name)
+            except ProbeUnavailable as exc:
+                self._probe_failed(exc)
+                return set()
+        return started
 
-    async def _probe_measure(self) -> float | None:
-        assert self.probe is not None
-        try:
-            return await self.probe.measure()
-        except ProbeUnavailable as exc:
-            self._probe_failed(exc)
-            return None
+    async def _probe_measure(self, probing: set[str], sequences: Sequence[TrainSequence]) -> dict[str, float]:
+        """After the update: re-score the probe sets of the policies it trained, where due; the
+        least change is the step's ``probe/logprob_change`` (one stale adapter is a stale run).
+        Of several policies, only those with a learning signal this step are probed: a policy
+        whose sequences all had zero advantage did not move, and its unchanged probe set must
+        not count against the run's weight sync."""
+        if self.policies is None:
+            trained = {DEFAULT_POLICY} if sequences else set()
+        else:
+            trained = {str(s.metadata.get("policy")) for s in sequences if signal_sequences([s])}
+        probed = [name for name in self.probes if name in probing and name in trained]
+        if not probed:
+            return {}
+        out: dict[str, float] = {"time/probe_interval": max(self.probes[n].schedule.interval for n in probed)}
+        changes: dict[str, float] = {}
+        for name in probed:
+            probe = self.probes.get(name)
+            if probe is None or not probe.due():
+                continue
+            try:
+                changes[name] = await probe.measure()
+            except ProbeUnavailable as exc:
+                self._probe_failed(exc)
+                return out
+        if changes:
+            out["probe/logprob_change"] = min(changes.values())
+            if self.policies is not None:
+                out |= {f"policy/{name}/probe/logprob_change": change for name, change in changes.items()}
+        return out
 
     def _probe_failed(self, exc: ProbeUnavailable) -> None:
         """A sampler that cannot score the probe set: the check is off, said once; refused where
         ``health.stop_on`` counts on it."""
-        self.probe = None
+        self.probes = {}
         if "weights_stale" in self.config.health.stop_on:
             raise ConfigError.for_key(
                 "health.stop_on", f"weights_stale cannot run with backend {self.backend.name!r}: {exc}"

@@ -26,7 +26,7 @@ from rllm.engine.rollout.rollout_engine import RolloutEngine
 from rllm.engine.training.async_loop import AsyncStepper
 from rllm.engine.training.checkpoint import TrainerState, load_trainer_state, removed_line, save_checkpoint
 from rllm.engine.training.data_order import DataCursor
-from rllm.engine.training.dynamic_sampling import CapWatch, fill_step
+from rllm.engine.training.dynamic_sampling import CapWatch, fill_step, first_round, signal_rate
 from rllm.engine.training.health import Firing, HealthMonitor
 from rllm.engine.training.init_from import init_weights, resolve_init_checkpoint
 from rllm.engine.training.learning_watch import reward_still_rising
@@ -247,6 +247,7 @@ class Trainer:
         # The cursor moves with the step count, at the end: a step cut short is redone whole.
         tasks, next_data, episodes, prefetched, sampled = await self._step_rollouts(engine, state)
         self._between_steps = False  # from here the weights may move ahead of ``state``
+        state.signal_rate = signal_rate(sampled)  # sizes the next step's first round
         t1 = time.perf_counter()
         # rollout.prefetch: step N+1's rollouts start now, their calls held at the door until
         # the new weights are in (rllm.engine.training.prefetch).
@@ -303,11 +304,12 @@ class Trainer:
         else:
             if prefetch is not None:  # started for another cursor: never trained on
                 await prefetch.cancel()
-            tasks, next_data = self.sampler.next_batch(cfg.tasks_per_step, state.data)
+            first = first_round(cfg.algorithm, cfg.tasks_per_step, state.signal_rate)
+            tasks, next_data = self.sampler.next_batch(first, state.data)
             episodes, prefetched = await engine.run(tasks, n=cfg.group_size, sampling=sampling), False
         drawn = await fill_step(
             self.sampler,
-            lambda more: engine.run(more, n=cfg.group_size, sampling=sampling),
+            lambda more, drawings: engine.run(more, n=cfg.group_size, sampling=sampling, drawings=drawings),
             cfg.algorithm,
             (cfg.tasks_per_step, cfg.group_size),
             (tasks, next_data, episodes),
@@ -329,7 +331,8 @@ class Trainer:
             return False
         # Nothing is in flight (this step's rollouts are all in): the pause holds at once.
         await engine.client.pause()
-        tasks, next_data = self.sampler.next_batch(cfg.tasks_per_step, data)
+        first = first_round(cfg.algorithm, cfg.tasks_per_step, state.signal_rate)
+        tasks, next_data = self.sampler.next_batch(first, data)
         sampling = step_sampling(engine.config.sampling, state.step + 2)  # the step after this one
         rollouts = asyncio.create_task(engine.run(tasks, n=cfg.group_size, sampling=sampling))
         self._prefetch = Prefetched(data, tasks, next_data, rollouts)

@@ -25,6 +25,12 @@ probe set's few hundred tokens, no generation, awaited after the weight sync: ab
 whole_system.py step, which the interval brings to about 2% (benchmarks/health_overhead.py);
 ``health.probe_sequences = 0`` turns it off. A sampler that does not answer ``prompt_logprobs``
 turns the check off for the run, said in one line.
+
+Several policies (rllm.engine.training.policies): each policy has its own probe set (its own
+roles' calls), scored under its own model name (its adapter's sampler), on its own schedule,
+after the updates that trained it; the step records ``policy/NAME/probe/logprob_change`` for
+each policy probed and, as ``probe/logprob_change``, the least of them, so one adapter whose sync
+does not load its weights is stale for the run (``weights_stale`` names the policy).
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from collections.abc import Callable, Sequence
 
 from rllm.engine.data.distill import TeacherClient
 from rllm.engine.training.health_checks import STALE_UPDATES
-from rllm.types import Episode
+from rllm.types import Episode, Trajectory
 from rllm.types.errors import RLLMError
 
 PROBE_MAX_TOKENS = 2048  # a longer call is never a probe (the probe must stay cheap)
@@ -51,12 +57,17 @@ class ProbeUnavailable(RLLMError):
     """The sampler cannot score the probe set (no ``prompt_logprobs``, or unreachable)."""
 
 
-def choose_probes(episodes: Sequence[Episode], count: int) -> list[list[int]]:
+def choose_probes(
+    episodes: Sequence[Episode], count: int, keep: Callable[[Trajectory], bool] | None = None
+) -> list[list[int]]:
     """Up to ``count`` token sequences (prompt + completion) of the step's calls: the shortest
-    call of each task, shortest first, each at most PROBE_MAX_TOKENS."""
+    call of each task, shortest first, each at most PROBE_MAX_TOKENS (of the trajectories
+    ``keep`` keeps, when given: one policy's, where several train)."""
     by_task: dict[str, list[int]] = {}
     for episode in episodes:
         for trajectory in episode.trajectories:
+            if keep is not None and not keep(trajectory):
+                continue
             for step in trajectory.steps:
                 if step.prompt_ids is None or step.completion_ids is None or not len(step.completion_ids):
                     continue
@@ -146,10 +157,12 @@ class WeightProbe:
     def chosen(self) -> bool:
         return bool(self.probes)
 
-    async def start(self, episodes: Sequence[Episode]) -> bool:
-        """Fix the probe set from the first step's episodes and score it (before the update);
-        False when the step holds no call to probe with."""
-        self.probes = choose_probes(episodes, self.count)
+    async def start(
+        self, episodes: Sequence[Episode], keep: Callable[[Trajectory], bool] | None = None
+    ) -> bool:
+        """Fix the probe set from the first step's episodes (their trajectories ``keep`` keeps)
+        and score it (before the update); False when the step holds no call to probe with."""
+        self.probes = choose_probes(episodes, self.count, keep)
         if not self.probes:
             return False
         self.last = await self._score()

@@ -3,9 +3,10 @@
 The trained model carries every policy's adapter (the backend's own is ``default``); each policy
 has its own LocalTrainer (optimizer, learning rate) over its adapter's parameters only, and a
 train step activates the policy's adapter before it trains, so the other adapters take no part
-in its forward pass and get no gradient. The sampler gets one copy of the model per policy
-(the frozen base weights are shared, only the adapters are copied) with that policy's adapter
-active, and its own SamplerEngine; the sampler server answers a request with the engine its
+in its forward pass and get no gradient (a held-out loss scores each sequence with its policy's
+adapter the same way; an LR schedule's factor scales each policy's own learning rate). The
+sampler gets one copy of the model per policy (the frozen base weights are shared, only the
+adapters are copied) with that policy's adapter active, and its own SamplerEngine; the sampler server answers a request with the engine its
 ``model`` names (rllm.backends.tinker.local.server). Checkpoints keep the default adapter where a
 single-policy run keeps it and each other policy's under ``policies/NAME/`` (a peft adapter
 folder with its optimizer state).
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
     from peft import PeftModel
 
     from rllm.backends.tinker.local.model import PolicyModel
+    from rllm.backends.tinker.local.trainer import LocalTrainer
+    from rllm.types import TrainSequence
 
 DEFAULT_POLICY = "default"  # peft's name for the first adapter, and the run's default policy
 POLICIES_DIR = "policies"
@@ -120,6 +123,32 @@ def copy_adapter(source: torch.nn.Module, target: torch.nn.Module, names: list[s
                 into[name].copy_(param)
 
 
+def eval_loss_by_policy(
+    model: Any, trainers: dict[str, LocalTrainer], batch: list[TrainSequence]
+) -> dict[str, float]:
+    """Held-out loss with each sequence under its policy's adapter (``metadata["policy"]``, the
+    default where unset): ``policy/NAME/loss`` and ``policy/NAME/num_tokens`` for each policy,
+    and the token-weighted mean as ``loss``. An unknown policy is an InputError, before any work."""
+    by_policy: dict[str, list[TrainSequence]] = {}
+    for sequence in batch:
+        by_policy.setdefault(str(sequence.metadata.get("policy", DEFAULT_POLICY)), []).append(sequence)
+    unknown = sorted(set(by_policy) - set(trainers))
+    if unknown:
+        raise InputError(f"eval_loss: unknown policy {unknown[0]!r} (policies: {', '.join(trainers)})")
+    out: dict[str, float] = {}
+    total = tokens = 0.0
+    for policy, sequences in by_policy.items():
+        activate(model, policy)
+        try:
+            figures = trainers[policy].eval_loss(sequences)
+        finally:
+            activate(model, DEFAULT_POLICY)
+        out |= {f"policy/{policy}/{key}": value for key, value in figures.items()}
+        total += figures["loss"] * figures["num_tokens"]
+        tokens += figures["num_tokens"]
+    return {"loss": total / tokens, "num_tokens": tokens, **out}
+
+
 def save_policies(path: Path, model: Any, optimizers: dict[str, torch.optim.Optimizer]) -> None:
     """Each non-default policy's adapter (a peft adapter folder) and optimizer under
     ``path/policies/NAME``; ``policies.json`` lists them."""
@@ -171,6 +200,7 @@ __all__ = [
     "activate",
     "add_adapters",
     "copy_adapter",
+    "eval_loss_by_policy",
     "load_policies",
     "policy_specs",
     "sampler_copies",

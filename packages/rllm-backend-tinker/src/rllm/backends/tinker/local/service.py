@@ -236,18 +236,25 @@ class LocalService:
         return await asyncio.to_thread(work)
 
     async def eval_loss(self, batch: list[TrainSequence]) -> dict[str, float]:
+        """Held-out loss; of several policies, each sequence with its policy's adapter
+        (local/policies.py, ``eval_loss_by_policy``)."""
         trainer, _ = self._require_trainer()
 
         def work() -> dict[str, float]:
             with self._work_lock:
+                if self.specs:
+                    return multi.eval_loss_by_policy(trainer.model, self.trainers, batch)
                 return trainer.eval_loss(batch)
 
         return await asyncio.to_thread(work)
 
     def set_learning_rate_scale(self, scale: float) -> float:
-        trainer, _ = self._require_trainer()
+        """A schedule's factor: every policy's optimizer at its own learning rate times
+        ``scale``; returns the default policy's LR."""
+        self._require_trainer()
         with self._work_lock:
-            return trainer.set_learning_rate_scale(scale)
+            lrs = {name: t.set_learning_rate_scale(scale) for name, t in self.trainers.items()}
+        return lrs[multi.DEFAULT_POLICY]
 
     async def sync_weights(self) -> int:
         _, engine = self._require_trainer()
