@@ -24,8 +24,10 @@ class _GatedModel:
         self.config = model.config
         self.prefill_started = threading.Event()
         self.release = threading.Event()
+        self.shapes: list[tuple[int, int]] = []  # each forward pass's input_ids shape
 
     def __call__(self, **kwargs: Any) -> Any:
+        self.shapes.append((kwargs["input_ids"].shape[0], kwargs["input_ids"].shape[1]))
         if not self.prefill_started.is_set():
             self.prefill_started.set()
             assert self.release.wait(30), "the test never released the first prefill"
@@ -85,6 +87,49 @@ def test_joined_requests_get_what_they_get_alone(engine: SamplerEngine, temperat
         forced = teacher_forced_logprobs(gate.model, prompt + b.completion_ids)[len(prompt) - 1 :]
         if temperature == 1.0:
             assert torch.allclose(torch.tensor(b.completion_logprobs), forced, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "joiner_text",
+    ["say: apple river stone cloud tiger lemon piano rocket apple river stone", "say: x"],
+    ids=["wider-than-the-cache", "narrower-than-the-cache"],
+)
+def test_a_joiner_beside_many_running_rows_gets_what_it_gets_alone(
+    engine: SamplerEngine, joiner_text: str
+) -> None:
+    """Beside four running rows a joiner's prompt is prefilled in a pass of its own (fused, the
+    running rows would each pay for its width) and its cache stacked under theirs, left-padded
+    to the wider of the two; every row still gets what it gets alone."""
+    running_prompt = _prompts(engine)[1]
+    joiner_prompt = list(engine.tokenizer(joiner_text, add_special_tokens=False)["input_ids"])
+    running_request = GenerationRequest(
+        prompt_ids=running_prompt, max_tokens=6, temperature=1.0, seed=3, n=4, ignore_eos=True
+    )
+    alone_running = engine.submit(running_request).result(timeout=60)
+    alone_joiner = engine.submit(_request(joiner_prompt, 1.0, 5, seed=5)).result(timeout=60)[0]
+
+    gate = _GatedModel(engine.model)
+    engine.model = cast(torch.nn.Module, gate)
+    running = engine.submit(running_request)
+    assert gate.prefill_started.wait(30)
+    joiner = engine.submit(_request(joiner_prompt, 1.0, 5, seed=5))
+    joined_before = engine.rows_joined
+    gate.release.set()
+    together_running = running.result(timeout=60)
+    together_joiner = joiner.result(timeout=60)[0]
+
+    assert engine.rows_joined - joined_before == 1
+    assert (1, len(joiner_prompt)) in gate.shapes  # the joiner's prefill, alone in its pass
+    assert all(rows <= 4 or width == 1 for rows, width in gate.shapes)  # no fused pass
+    for a, b in zip([*alone_running, alone_joiner], [*together_running, together_joiner], strict=True):
+        assert b.completion_ids == a.completion_ids
+        assert torch.allclose(
+            torch.tensor(b.completion_logprobs), torch.tensor(a.completion_logprobs), atol=1e-5
+        )
+    forced = teacher_forced_logprobs(gate.model, joiner_prompt + together_joiner.completion_ids)
+    assert torch.allclose(
+        torch.tensor(together_joiner.completion_logprobs), forced[len(joiner_prompt) - 1 :], atol=1e-4
+    )
 
 
 def test_a_request_is_answered_when_its_own_rows_end(engine: SamplerEngine) -> None:

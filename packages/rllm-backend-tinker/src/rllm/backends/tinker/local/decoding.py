@@ -15,8 +15,15 @@ import torch
 
 from rllm.backends.tinker.local.answering import Answers
 from rllm.backends.tinker.local.generation_types import Pending, Row, has_pixels
-from rllm.backends.tinker.local.joining import can_extend, extend_cache, joined_step
-from rllm.backends.tinker.local.prefill import left_padded, prefill_prompts, vision_inputs
+from rllm.backends.tinker.local.joining import (
+    can_extend,
+    extend_cache,
+    fuse_join,
+    joined_step,
+    left_pad,
+    merge_cache,
+)
+from rllm.backends.tinker.local.prefill import left_padded, prefill_prompts, unique_prompts, vision_inputs
 from rllm.backends.tinker.local.sampling import GREEDY_TEMPERATURE, RowSampling, SampledTokens, sample_next
 from rllm.backends.tinker.local.scheduling import RequestQueue
 
@@ -94,8 +101,18 @@ class BatchDecode:
     def prefill(self, rows: list[Row]) -> None:
         """The first forward pass, over each distinct prompt of ``rows``; then one cache row,
         mask, position and logits row per row."""
-        host = self.host
         self.rows = rows
+        self.active = list(range(len(rows)))
+        self.host.max_batch_seen = max(self.host.max_batch_seen, len(rows))
+        prefilled = self.prefilled(rows)
+        self.cache, self.attention, self.positions, self.logits = prefilled
+        # Holes of fused joins widen the cache: joins stop once it is 4x the first prompts'.
+        self.width_cap = 4 * self.attention.shape[1] + 64
+
+    def prefilled(self, rows: list[Row]) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One forward pass over each distinct prompt of ``rows``: the cache, mask, positions
+        and last logits, one row per row."""
+        host = self.host
         with_pixels = any(has_pixels(row.pending.request.vision) for row in rows)
         prompts, source = prefill_prompts(rows, with_pixels)
         input_ids, attention = left_padded(prompts, host.pad_id, host.device)
@@ -104,10 +121,6 @@ class BatchDecode:
             positions, vision = vision_inputs(host.model, host.device, rows, input_ids, attention)
         else:
             positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        self.active = list(range(len(rows)))
-        host.max_batch_seen = max(host.max_batch_seen, len(rows))
-        # Holes of joined steps widen the cache: joins stop once it is 4x the first prompts'.
-        self.width_cap = 4 * input_ids.shape[1] + 64
         host.forward_passes += 1
         out = host.model(
             input_ids=input_ids,
@@ -124,7 +137,7 @@ class BatchDecode:
             index = torch.tensor(source, device=host.device)
             cache.batch_select_indices(index)
             attention, positions, logits = attention[index], positions[index], logits[index]
-        self.cache, self.attention, self.positions, self.logits = cache, attention, positions, logits
+        return cache, attention, positions, logits
 
     def sample(self) -> SampledTokens:
         """One token per running row from the last logits (and the top logprobs asked for)."""
@@ -194,7 +207,8 @@ class BatchDecode:
     def step(self, next_tokens: torch.Tensor) -> None:
         """The next decode step of the running rows: one forward pass over their new tokens."""
         host = self.host
-        self.attention = torch.cat([self.attention, self.attention.new_ones((len(self.active), 1))], dim=-1)
+        rows = self.attention.shape[0]
+        self.attention = torch.cat([self.attention, self.attention.new_ones((rows, 1))], dim=-1)
         # After a prompt that ends in text, every M-RoPE axis advances by one per token too.
         self.positions = self.positions[..., -1:] + 1
         host.forward_passes += 1
@@ -209,22 +223,27 @@ class BatchDecode:
         self.logits = out.logits[:, -1, :]
 
     def join(self, joiners: list[Pending], next_tokens: torch.Tensor) -> None:
-        """The next decode step of the running rows fused with the joiners' prefill (joining.py);
-        the batch grows by the joiners' rows."""
+        """The next decode step of the running rows with the joiners' prefill, fused into one
+        forward pass or beside it (joining.py); the batch grows by the joiners' rows."""
         host = self.host
         new_rows = [row for p in joiners for row in self.open_rows(p)]
         host.rows_joined += len(new_rows)
-        step = joined_step(
-            next_tokens,
-            self.attention,
-            self.positions[..., -1:],
-            [row.pending.request.prompt_ids for row in new_rows],
-            host.pad_id,
-        )
-        extend_cache(self.cache, len(new_rows))
+        prompts = [row.pending.request.prompt_ids for row in new_rows]
+        running = len(self.active)
         self.active.extend(range(len(self.rows), len(self.rows) + len(new_rows)))
         self.rows.extend(new_rows)
         host.max_batch_seen = max(host.max_batch_seen, len(self.active))
+        if not fuse_join(running, len(unique_prompts(new_rows)[0]), max(len(p) for p in prompts)):
+            self.step(next_tokens)  # the running rows (``active`` counts the joiners already)
+            cache, attention, positions, logits = self.prefilled(new_rows)
+            merge_cache(self.cache, cache)
+            width = max(self.attention.shape[1], attention.shape[1])
+            self.attention = torch.cat([left_pad(self.attention, width), left_pad(attention, width)])
+            self.positions = torch.cat([self.positions, positions[:, -1:]])
+            self.logits = torch.cat([self.logits, logits])
+            return
+        step = joined_step(next_tokens, self.attention, self.positions[..., -1:], prompts, host.pad_id)
+        extend_cache(self.cache, len(new_rows))
         host.forward_passes += 1
         out = host.model(
             input_ids=step.input_ids,
