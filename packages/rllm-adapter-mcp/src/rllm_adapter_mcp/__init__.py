@@ -17,13 +17,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from rllm.sdk import rollout
 from rllm.sdk.clients import async_openai
 from rllm.sdk.cookbook import Adapter, Cookbook, train_defaults
 from rllm.sdk.rewards import normalized_match
-from rllm.sdk.sandbox import SandboxSpec, needs_sandbox
+from rllm.sdk.sandbox import needs_sandbox, task_sandbox
 from rllm.sdk.tool_loop import run_tool_loop
 from rllm.types import AgentConfig, Episode, EvalOutput, Signal, Task
 from rllm.types.errors import InputError, LookupFailed
@@ -37,18 +35,6 @@ EXAMPLE_WORDS = ("apple", "river", "stone", "cloud", "tiger", "lemon")
 async def mcp_flow(task: Task, config: AgentConfig) -> dict[str, Any]:
     """The task's MCP servers' tools, offered to the model until it answers without a call."""
     return await _tool_loop(task, config)
-
-
-def task_sandbox(task: Task) -> SandboxSpec:
-    """The sandbox a task's sandboxed servers run in: its metadata's ``sandbox`` (a ``SandboxSpec``
-    as a mapping; hidden from the agent's view like every task's sandbox spec), else the default."""
-    raw = task.metadata.get("sandbox")
-    if raw is None:
-        return SandboxSpec()
-    try:
-        return msgspec.convert(raw, SandboxSpec)
-    except (msgspec.ValidationError, ValueError) as exc:
-        raise InputError(f"task {task.id!r}: sandbox: {exc}") from None
 
 
 @needs_sandbox(task_sandbox)

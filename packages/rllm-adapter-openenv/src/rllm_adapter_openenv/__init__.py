@@ -19,11 +19,11 @@ from typing import Any
 import msgspec
 
 from rllm.sdk.cookbook import Adapter, Cookbook, train_defaults
+from rllm.sdk.sandbox import task_sandbox
 from rllm.types import Episode, EvalOutput, Signal, Task
 from rllm.types.errors import InputError
 from rllm_adapter_openenv.environments import EXAMPLE_APP, EnvAddress, UnsupportedVersion, resolve
 from rllm_adapter_openenv.flow import ACTION_MODES, openenv_flow, openenv_sandbox_flow
-from rllm_adapter_openenv.sandboxed import task_sandbox
 
 TEST_SEED_OFFSET = 1_000_000  # test episodes' seeds, apart from the train ones
 

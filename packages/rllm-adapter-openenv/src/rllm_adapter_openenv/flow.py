@@ -28,7 +28,7 @@ import msgspec
 
 from rllm.sdk import rollout, sampling_kwargs
 from rllm.sdk.clients import async_openai
-from rllm.sdk.sandbox import needs_sandbox
+from rllm.sdk.sandbox import needs_sandbox, task_sandbox
 from rllm.sdk.tool_loop import Toolbox, ToolError, run_tool_loop
 from rllm.types import AgentConfig, Episode, Task, TerminationReason
 from rllm.types.errors import InputError
@@ -42,7 +42,7 @@ from rllm_adapter_openenv.environments import (
     to_action,
     tool_action,
 )
-from rllm_adapter_openenv.sandboxed import served_in_sandbox, task_sandbox
+from rllm_adapter_openenv.sandboxed import served_in_sandbox
 
 ACTION_MODES = ("tools", "text")
 MAX_TOKENS = 256

@@ -27,18 +27,13 @@ import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
-import msgspec
-
 from rllm.sdk.sandbox import (
     PipedProcess,
     ProcessHost,
     SandboxError,
-    SandboxSpec,
     SandboxUnavailable,
     current_sandbox,
 )
-from rllm.types import Task
-from rllm.types.errors import InputError
 from rllm_adapter_openenv.environments import EnvAddress, schema_fields
 
 SOCKET_DIR = "/tmp/.rllm-openenv"  # inside the sandbox: the server's socket folder (only its own)
@@ -46,17 +41,6 @@ SOCKET = "env.sock"
 START_TIMEOUT_S = 180.0  # openenv-core's first import (gradio) takes seconds, more on a busy host
 SCHEMA_MAX_BYTES = 1024 * 1024  # the most of a /schema answer the host reads
 READY_MAX_BYTES = 4096
-
-
-def task_sandbox(task: Task) -> SandboxSpec:
-    """The sandbox an episode runs in: its task's ``sandbox`` (the option's spec), else the default."""
-    raw = task.metadata.get("sandbox")
-    if raw is None:
-        return SandboxSpec()
-    try:
-        return msgspec.convert(raw, SandboxSpec)
-    except (msgspec.ValidationError, ValueError) as exc:
-        raise InputError(f"task {task.id!r}: sandbox: {exc}") from None
 
 
 @contextlib.asynccontextmanager

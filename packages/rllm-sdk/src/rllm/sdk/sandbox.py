@@ -19,7 +19,7 @@ import msgspec
 
 from rllm.sdk.errors import InfraError
 from rllm.types import InvariantError, Task, TerminationReason
-from rllm.types.errors import UsageError
+from rllm.types.errors import InputError, UsageError
 
 TRUNCATION_MARKER = "\n[... output truncated by the sandbox: {dropped} more bytes ...]\n"
 
@@ -151,6 +151,19 @@ class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     def key(self) -> bytes:
         """Equal specs have equal keys: sandboxes prepared for one spec serve any rollout of it."""
         return msgspec.msgpack.encode(self)
+
+
+def task_sandbox(task: Task) -> SandboxSpec:
+    """The sandbox a task asks for in ``metadata["sandbox"]`` (a ``SandboxSpec`` as a mapping;
+    hidden from the agent's view like every task's sandbox spec), else the default spec; a
+    malformed spec is an InputError naming the task (use as ``@needs_sandbox(task_sandbox)``)."""
+    raw = task.metadata.get("sandbox")
+    if raw is None:
+        return SandboxSpec()
+    try:
+        return msgspec.convert(raw, SandboxSpec)
+    except (msgspec.ValidationError, ValueError) as exc:
+        raise InputError(f"task {task.id!r}: sandbox: {exc}") from None
 
 
 class ExecResult(msgspec.Struct, kw_only=True):
