@@ -170,7 +170,6 @@ async def test_the_held_out_loss_scores_each_sequence_with_its_policys_adapter(
     [
         ({"lora": {"rank": 0}}, "lora.rank >= 1"),
         ({"lora": {"rank": 4}, "sampler_weights": "shared"}, "sampler_weights='copy'"),
-        ({"service": "remote", "model": "x"}, "service='local'"),
     ],
 )
 def test_a_service_that_cannot_hold_several_adapters_refuses_them(options: dict, refused: str) -> None:

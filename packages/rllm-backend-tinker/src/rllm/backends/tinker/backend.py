@@ -68,13 +68,8 @@ class TinkerBackend(BackendBase[TinkerBackendConfig]):
         # The local service honours every option: it runs rllm.algos' own loss on its own logprobs.
 
     def use_policies(self, policies: Mapping[str, Any]) -> None:
-        """Several policies, one LoRA adapter each on the local service (local/policies.py)."""
-        if self.config.service == "remote":
-            raise ConfigError.for_key(
-                "policies",
-                "backend 'tinker' with service='remote' cannot train several policies yet "
-                "(one training client per policy is not built); use service='local'",
-            )
+        """Several policies: one LoRA adapter each on the local service (local/policies.py), one
+        Tinker training client each on the remote service (remote/service.py)."""
         from rllm.backends.tinker.local.policies import policy_specs
 
         if self.served_model_name() in policies:
@@ -85,22 +80,34 @@ class TinkerBackend(BackendBase[TinkerBackendConfig]):
         if self._service is not None and getattr(self._service, "trainer", None) is not None:
             raise StateError("use_policies comes before start: the service is built with its policies")
         self._policies = policy_specs(self.config, dict(policies))
+        if self.config.service == "remote":
+            for spec in self._policies:
+                if spec.lora.target_modules != "all-linear":
+                    raise ConfigError.for_key(
+                        f"policies.{spec.name}.lora.target_modules",
+                        "Tinker chooses its LoRA targets itself; leave it 'all-linear'",
+                    )
         self._service = None  # built again, with the policies, by start (served_model_name built one)
 
     def policy_model_names(self) -> dict[str, str]:
-        """The model name each policy is sampled under: the default under the served model
-        name, every other under its own name."""
+        """The model name each policy is sampled under: on the local service the default under
+        the served model name, every other under its own name; on the remote service each
+        policy's latest sampler checkpoint (they change at every sync)."""
+        names = getattr(self._get_service(), "policy_model_names", None)
+        if names is not None:
+            return names()
         return {spec.name: spec.name for spec in self._policies} | {"default": self.served_model_name()}
 
     async def train_policy_step(
         self, policy: str, batch: list[TrainSequence], algo: AlgorithmConfig
     ) -> dict[str, float]:
-        """One policy's update: its adapter, its optimizer (the local service)."""
+        """One policy's update: its adapter and optimizer (local), its training client (remote)."""
         refuse_images(self, batch)
         from rllm.backends.tinker.local.service import LocalService
+        from rllm.backends.tinker.remote.service import RemoteService
 
         service = self._started()
-        assert isinstance(service, LocalService)  # use_policies refused the remote service
+        assert isinstance(service, LocalService | RemoteService)
         return await service.train_policy_step(policy, batch, algo)
 
     def validate_images(self) -> None:
@@ -154,7 +161,7 @@ class TinkerBackend(BackendBase[TinkerBackendConfig]):
             else:
                 from rllm.backends.tinker.remote.service import RemoteService
 
-                self._service = RemoteService(self.config)
+                self._service = RemoteService(self.config, self._policies)
         return self._service
 
     def _started(self) -> _Service:

@@ -1,6 +1,13 @@
 """RemoteService: train on the Tinker API with the official SDK; agents sample through Tinker's
 OpenAI-compatible endpoint (``remote.inference_url``) with the latest sampler checkpoint as the
-model name."""
+model name.
+
+Several policies (rllm.engine.training.policies): one Tinker training client per policy (a LoRA
+run of its own rank on the one base model, stepped with its own learning rate and optimizer
+settings), each trained only on its policy's sequences and saving its own sampler checkpoint
+(``PREFIX-NAME-vN``; the default policy keeps ``PREFIX-vN``) at every sync, so each policy is
+sampled under its own model name. A checkpoint holds every policy's saved state.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +15,9 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
@@ -21,7 +29,12 @@ from rllm.tinker_api import adam_params, make_custom_loss, plan_loss, split_mini
 from rllm.types import TrainSequence
 from rllm.types.errors import DeadlineError, InputError, NotFoundError
 
+if TYPE_CHECKING:
+    from rllm.backends.tinker.local.policies import PolicySpec
+
 logger = logging.getLogger(__name__)
+
+DEFAULT_POLICY = "default"
 
 STATE_FILE = "tinker_remote_state.json"
 # Finishing the session is a courtesy to the service; a dead service must not hang close().
@@ -39,16 +52,37 @@ def make_service_client(config: TinkerBackendConfig) -> Any:
     return tinker.ServiceClient(base_url=config.remote.resolved_base_url(), api_key=api_key)
 
 
+@dataclass
+class PolicyRun:
+    """One policy's Tinker training run: its client, LoRA rank, optimizer settings (``config``)
+    and latest sampler checkpoint."""
+
+    name: str
+    rank: int
+    config: TinkerBackendConfig
+    training_client: Any = None
+    sampler_path: str = ""
+
+    def sampler_name(self, version: int) -> str:
+        prefix = self.config.remote.sampler_checkpoint_prefix
+        return f"{prefix}-v{version}" if self.name == DEFAULT_POLICY else f"{prefix}-{self.name}-v{version}"
+
+
 class RemoteService:
-    def __init__(self, config: TinkerBackendConfig) -> None:
+    def __init__(self, config: TinkerBackendConfig, policies: list[PolicySpec] | None = None) -> None:
         if not config.model:
             raise InputError("TinkerBackendConfig.model is empty: give the Tinker base model name")
         self.config = config
         self.service_client: Any = None
-        self.training_client: Any = None
+        # Every policy's run, the default first (local/policies.py's specs: the default alone
+        # in a one-policy run).
+        self.runs = {DEFAULT_POLICY: PolicyRun(DEFAULT_POLICY, config.lora.rank, config)} | {
+            spec.name: PolicyRun(spec.name, spec.lora.rank, spec.config)
+            for spec in policies or []
+            if spec.name != DEFAULT_POLICY
+        }
         self.weight_version = 0
         self.optimizer_steps = 0
-        self.sampler_path = ""
         self.lr_scale = 1.0  # set_learning_rate_scale (an SFT schedule); each optim_step sends it
         self._failed = False
 
@@ -79,21 +113,37 @@ class RemoteService:
                 "remote.inference_url is empty: set it to Tinker's OpenAI-compatible endpoint (ending in /v1)"
             )
         self.service_client = make_service_client(self.config)
-        self.training_client = await self._submit(
-            "create_lora_training_client",
-            self.service_client.create_lora_training_client,
-            base_model=self.config.model,
-            rank=self.config.lora.rank,
-            seed=self.config.seed,
-        )
+        for run in self.runs.values():
+            run.training_client = await self._submit(
+                "create_lora_training_client",
+                self.service_client.create_lora_training_client,
+                base_model=self.config.model,
+                rank=run.rank,
+                seed=self.config.seed,
+            )
         await self._save_for_sampler(self.weight_version)
 
+    @property
+    def training_client(self) -> Any:
+        """The default policy's training client."""
+        return self.runs[DEFAULT_POLICY].training_client
+
+    @property
+    def sampler_path(self) -> str:
+        return self.runs[DEFAULT_POLICY].sampler_path
+
     async def _save_for_sampler(self, version: int) -> None:
-        name = f"{self.config.remote.sampler_checkpoint_prefix}-v{version}"
-        result = await self._result(
-            "save_weights_for_sampler", self.training_client.save_weights_for_sampler(name)
-        )
-        self.sampler_path = result.path
+        """Every policy's sampler checkpoint at ``version`` (submitted together, then awaited)."""
+        futures = [
+            (run, run.training_client.save_weights_for_sampler(run.sampler_name(version)))
+            for run in self.runs.values()
+        ]
+        for run, future in futures:
+            run.sampler_path = (await self._result("save_weights_for_sampler", future)).path
+
+    def policy_model_names(self) -> dict[str, str]:
+        """The model name each policy is sampled under (its latest sampler checkpoint)."""
+        return {name: run.sampler_path or self.config.model for name, run in self.runs.items()}
 
     def inference_urls(self) -> list[str]:
         return [self.config.remote.inference_url]
@@ -111,40 +161,62 @@ class RemoteService:
                 return str(tokenizer_id)
         return self.config.model
 
-    def adam_params(self) -> Any:
+    def adam_params(self, policy: str = DEFAULT_POLICY) -> Any:
         from tinker import types
 
-        scaled = msgspec.structs.replace(self.config, learning_rate=self.config.learning_rate * self.lr_scale)
+        config = self.runs[policy].config
+        scaled = msgspec.structs.replace(config, learning_rate=config.learning_rate * self.lr_scale)
         return adam_params(types.AdamParams, scaled)
 
     def set_learning_rate_scale(self, scale: float) -> float:
-        """Later optim_steps use ``learning_rate * scale`` (Tinker takes the LR with every step)."""
+        """Later optim_steps use ``learning_rate * scale`` (Tinker takes the LR with every step),
+        each policy's own learning rate times ``scale``; returns the default policy's."""
         self.lr_scale = scale
         return self.config.learning_rate * scale
 
+    def _policy_run(self, policy: str) -> PolicyRun:
+        if policy not in self.runs:
+            raise InputError(f"unknown policy {policy!r} (policies: {', '.join(self.runs)})")
+        return self.runs[policy]
+
     async def eval_loss(self, batch: list[TrainSequence]) -> dict[str, float]:
-        """Held-out NLL of the loss-mask tokens (mean per token) from a forward-only pass."""
+        """Held-out NLL of the loss-mask tokens (mean per token) from a forward-only pass, each
+        sequence under its policy's run (``metadata["policy"]``, the default where unset)."""
         if not batch:
             raise InputError("eval_loss got an empty batch")
         from tinker import types
 
+        by_policy: dict[str, list[TrainSequence]] = {}
+        for seq in batch:
+            by_policy.setdefault(str(seq.metadata.get("policy", DEFAULT_POLICY)), []).append(seq)
+        runs = {policy: self._policy_run(policy) for policy in by_policy}  # unknown: before any work
         algo = AlgorithmConfig(loss="cross_entropy", tis="none")
-        datums = to_datums(batch, algo, plan_loss(algo), types)
-        output = await self._result("forward", self.training_client.forward(datums, "cross_entropy"))
         total, count = 0.0, 0.0
-        for seq, out in zip(batch, output.loss_fn_outputs, strict=True):
-            mask = np.frombuffer(seq.loss_mask, dtype=np.float32)[1:]  # datums are shifted by one
-            logprobs = np.asarray(out["logprobs"].to_numpy(), dtype=np.float64)[: len(mask)]
-            total -= float((logprobs * mask).sum())
-            count += float(mask.sum())
+        for policy, sequences in by_policy.items():
+            datums = to_datums(sequences, algo, plan_loss(algo), types)
+            client = runs[policy].training_client
+            output = await self._result("forward", client.forward(datums, "cross_entropy"))
+            for seq, out in zip(sequences, output.loss_fn_outputs, strict=True):
+                mask = np.frombuffer(seq.loss_mask, dtype=np.float32)[1:]  # datums are shifted by one
+                logprobs = np.asarray(out["logprobs"].to_numpy(), dtype=np.float64)[: len(mask)]
+                total -= float((logprobs * mask).sum())
+                count += float(mask.sum())
         if count == 0:
             raise InputError("eval_loss got a batch without a trained token (every loss_mask is 0)")
         return {"loss": total / count, "num_tokens": count}
 
     async def train_step(self, batch: list[TrainSequence], algo: AlgorithmConfig) -> dict[str, float]:
+        return await self.train_policy_step(DEFAULT_POLICY, batch, algo)
+
+    async def train_policy_step(
+        self, policy: str, batch: list[TrainSequence], algo: AlgorithmConfig
+    ) -> dict[str, float]:
+        """One policy's update: its own training client, its own optimizer settings."""
         check_supported(algo, self.config)
         if not batch:
             raise InputError("train_step got an empty batch")
+        run = self._policy_run(policy)
+        client = run.training_client
         from tinker import types
 
         plan = plan_loss(algo)
@@ -159,10 +231,10 @@ class RemoteService:
                     datums = to_datums(mini_batch, algo, plan, types)
                     if plan.loss_fn == "custom":
                         loss_fn = make_custom_loss(algo, mini_batch)
-                        fb = self.training_client.forward_backward_custom(datums, loss_fn)
+                        fb = client.forward_backward_custom(datums, loss_fn)
                     else:
-                        fb = self.training_client.forward_backward(datums, plan.loss_fn, plan.loss_fn_config)
-                    pending.append((fb, self.training_client.optim_step(self.adam_params())))
+                        fb = client.forward_backward(datums, plan.loss_fn, plan.loss_fn_config)
+                    pending.append((fb, client.optim_step(self.adam_params(policy))))
             outputs = [
                 (await self._result("forward_backward", fb), await self._result("optim_step", opt))
                 for fb, opt in pending
@@ -194,10 +266,12 @@ class RemoteService:
         # Checkpoint names are unique within a training run, so the name carries the step count.
         prefix = self.config.remote.sampler_checkpoint_prefix
         name = f"{prefix}-state-v{self.weight_version}-s{self.optimizer_steps}"
-        result = await self._result("save_state", self.training_client.save_state(name))
+        futures = {policy: run.training_client.save_state(name) for policy, run in self.runs.items()}
+        paths = {policy: (await self._result("save_state", f)).path for policy, f in futures.items()}
         path.mkdir(parents=True, exist_ok=True)
         state = {
-            "state_path": result.path,
+            "state_path": paths.pop(DEFAULT_POLICY),
+            "policies": paths,  # every other policy's saved state
             "weight_version": self.weight_version,
             "optimizer_steps": self.optimizer_steps,
             "model": self.config.model,
@@ -215,11 +289,17 @@ class RemoteService:
                 f"{state_file} was saved from base model {state.get('model')!r}, but this backend's "
                 f"model is {self.config.model!r}"
             )
-        self.training_client = await self._submit(
-            "create_training_client_from_state_with_optimizer",
-            self.service_client.create_training_client_from_state_with_optimizer,
-            state["state_path"],
-        )
+        saved = {DEFAULT_POLICY: state["state_path"], **state.get("policies", {})}
+        if sorted(saved) != sorted(self.runs):
+            raise InputError(
+                f"{state_file} holds policies {', '.join(sorted(saved))}, the run has {', '.join(sorted(self.runs))}"
+            )
+        for policy, run in self.runs.items():
+            run.training_client = await self._submit(
+                "create_training_client_from_state_with_optimizer",
+                self.service_client.create_training_client_from_state_with_optimizer,
+                saved[policy],
+            )
         self.optimizer_steps = int(state.get("optimizer_steps", 0))
         await self._save_for_sampler(int(state["weight_version"]))
         self.weight_version = int(state["weight_version"])
