@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -143,7 +142,9 @@ async def test_sync_saves_every_policys_sampler_under_its_own_name(
     assert names["judge"] == f"tinker://{ids['judge']}/sampler_weights/rllm-judge-v1"
     assert names["default"] == f"tinker://{ids['default']}/sampler_weights/rllm-v1"
     for policy, name in names.items():
-        assert torch.equal(fake_tinker.sampler_checkpoints[name], fake_tinker.models[ids[policy]].logits.detach())
+        assert torch.equal(
+            fake_tinker.sampler_checkpoints[name], fake_tinker.models[ids[policy]].logits.detach()
+        )
 
 
 async def test_checkpoint_restores_every_policys_state(
@@ -178,5 +179,10 @@ async def test_checkpoint_restores_every_policys_state(
 def test_a_policy_lora_target_tinker_cannot_honour_is_refused(fake_tinker: FakeTinkerServer) -> None:
     with pytest.raises(ConfigError, match=r"policies\.judge\.lora\.target_modules"):
         TinkerBackend(
-            {"service": "remote", "model": MODEL, "lora": {"rank": 8}, "remote": {"inference_url": INFERENCE_URL}}
+            {
+                "service": "remote",
+                "model": MODEL,
+                "lora": {"rank": 8},
+                "remote": {"inference_url": INFERENCE_URL},
+            }
         ).use_policies({"judge": PolicySection(lora=LoraConfig(rank=4, target_modules=["q_proj"]))})

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rllm.gateway import GatewayClient, GatewayConfig, GatewayServer
+from rllm.gateway.admin_api import GatewayAPIError
 from rllm.gateway.policy_routes import route_policy
 from rllm.testing import MockUpstream
 from rllm.types import InvariantError
@@ -80,3 +81,24 @@ def test_route_policy_always_sends_a_served_name(role: str, model: str | None) -
     assert policy in POLICIES and body["model"] == POLICIES[policy]
     expected = model if model in POLICIES else ROLES.get(role, "default")
     assert policy == expected
+
+
+async def test_renamed_policy_models_route_later_calls_and_another_set_is_refused() -> None:
+    """A backend that serves each synced checkpoint under a new name (remote Tinker) renames its
+    policies after a sync; calls from then on go upstream under the new names."""
+    sent: list[str] = []
+    async with MockUpstream(responder=lambda body: sent.append(body["model"]) or "ok") as upstream:
+        config = GatewayConfig(upstreams=[upstream.url], health_interval_s=0, policies=POLICIES, roles=ROLES)
+        async with GatewayServer(config) as gateway, GatewayClient(gateway.url) as admin:
+            await admin.create_session("s")
+            renamed = {"default": "base-v1", "judge": "judge-v1"}
+            await admin.set_policy_models(renamed)
+            for role in ("judge", "solver_0"):
+                client = openai.AsyncOpenAI(base_url=f"{gateway.url}/sessions/s/roles/{role}/v1", api_key="x")
+                await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+                await client.close()
+            with pytest.raises(GatewayAPIError, match="this gateway routes default, judge"):
+                await admin.set_policy_models({"default": "base-v2"})
+            with pytest.raises(GatewayAPIError, match="must map each policy"):
+                await gateway.local_client().set_policy_models({"default": "", "judge": "j"})
+    assert sent == ["judge-v1", "base-v1"]

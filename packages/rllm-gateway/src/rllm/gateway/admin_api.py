@@ -97,6 +97,10 @@ class GatewayAdmin(Protocol):
         """Stamp this version on every trace from now on."""
         ...
 
+    async def set_policy_models(self, models: dict[str, str]) -> None:
+        """Each policy's served model name from now on (a run that trains several)."""
+        ...
+
     async def pause(self, timeout_s: float = 600.0) -> None:
         """Stop admitting new requests (they wait) and return once in-flight ones have drained."""
         ...

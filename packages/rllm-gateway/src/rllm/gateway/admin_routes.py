@@ -66,6 +66,7 @@ class AdminRoutes:
             ("GET", "/admin/weight_version", self.get_weight_version),
             ("PUT", "/admin/weight_version", self.set_weight_version),
             ("POST", "/admin/weight_version", self.set_weight_version),
+            ("PUT", "/admin/policies", self.set_policy_models),
             ("POST", "/admin/pause", self.pause),
             ("POST", "/admin/resume", self.resume),
         ]
@@ -196,6 +197,12 @@ class AdminRoutes:
         v = self._body(request).get("weight_version")
         self.server.set_weight_version(v)  # type: ignore[arg-type] - validated there
         return _json({"weight_version": v})
+
+    async def set_policy_models(self, request: Request) -> Response:
+        self._admin(request)
+        models = self._body(request).get("policies")
+        self.server.set_policy_models(models)  # type: ignore[arg-type] - validated there
+        return _json({"policies": models})
 
     async def pause(self, request: Request) -> Response:
         """Stop admitting requests (they wait) and return once in-flight ones have finished."""

@@ -149,6 +149,9 @@ class GatewayClient:
     async def set_weight_version(self, version: int) -> None:
         await self._json("PUT", "/admin/weight_version", {"weight_version": version})
 
+    async def set_policy_models(self, models: dict[str, str]) -> None:
+        await self._json("PUT", "/admin/policies", {"policies": models})
+
     async def pause(self, timeout_s: float = 600.0) -> None:
         """Stop admitting new requests (they wait) and return once in-flight ones have drained."""
         await self._json("POST", f"/admin/pause?timeout={timeout_s}")

@@ -116,6 +116,9 @@ class GatewayGroup:
     async def set_weight_version(self, version: int) -> None:
         await self._all(lambda m: m.set_weight_version(version))
 
+    async def set_policy_models(self, models: dict[str, str]) -> None:
+        await self._all(lambda m: m.set_policy_models(models))
+
     async def pause(self, timeout_s: float = 600.0) -> None:
         """Pause every gateway; if any fails to drain in time, every one is resumed (as a single
         gateway whose pause times out keeps running) and the failure is raised."""

@@ -156,6 +156,9 @@ class LocalGatewayClient:
     async def set_weight_version(self, version: int) -> None:
         self._sync("PUT", "/admin/weight_version", lambda: self.server.set_weight_version(version))
 
+    async def set_policy_models(self, models: dict[str, str]) -> None:
+        self._sync("PUT", "/admin/policies", lambda: self.server.set_policy_models(models))
+
     async def pause(self, timeout_s: float = 600.0) -> None:
         """Stop admitting new requests (they wait) and return once in-flight ones have drained."""
         await self._run("POST", "/admin/pause", lambda: self.server.pause(timeout_s))

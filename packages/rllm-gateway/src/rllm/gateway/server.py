@@ -216,6 +216,23 @@ class GatewayServer:
         self.ledger.weight_version = version
         self.metrics.weight_version.set(version)
 
+    def set_policy_models(self, models: dict[str, str]) -> None:
+        """Each policy's served model name from now on (rllm.gateway.policy_routes): a backend
+        that serves every synced checkpoint under a new name (remote Tinker) renames them after
+        each sync. The policies are the gateway's own; another set is a 400 naming it."""
+        if not isinstance(models, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and v for k, v in models.items()
+        ):
+            raise GatewayError(400, "'policies' must map each policy to its model name", param="policies")
+        if sorted(models) != sorted(self.config.policies):
+            raise GatewayError(
+                400,
+                f"'policies' names {', '.join(sorted(models)) or 'none'}; this gateway routes "
+                f"{', '.join(sorted(self.config.policies)) or 'none'}",
+                param="policies",
+            )
+        self.config.policies = dict(models)  # the proxy routes by this config (the same object)
+
     async def pause(self, timeout_s: float = 600.0) -> None:
         """Stop admitting requests (they wait) and return once in-flight ones have finished (or,
         with ``partial_rollouts``, were aborted and parked with their tokens so far)."""

@@ -33,6 +33,7 @@ import msgspec
 from rllm.engine.training.async_rollouts import AsyncRollouts, FinishedGroup
 from rllm.engine.training.checkpoint import TrainerState
 from rllm.engine.training.dynamic_sampling import SignalCount, max_extra_groups
+from rllm.engine.training.policies import publish_policy_models
 from rllm.engine.training.seeding import step_sampling
 from rllm.engine.training.staleness import continued_calls, episode_versions, is_stale
 from rllm.types import Episode, Task
@@ -202,6 +203,7 @@ class AsyncStepper:
                 ) from None
             self.state.weight_version = version
             await client.set_weight_version(version)
+            await publish_policy_models(self.trainer.config.policies, self.trainer.backend, client)
             self.engine.config.model = self.trainer.backend.served_model_name()
         finally:
             await client.resume()

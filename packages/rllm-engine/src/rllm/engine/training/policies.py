@@ -226,6 +226,15 @@ def gateway_routes(
     return {"policies": backend.policy_model_names(), "roles": dict(roles)}  # pyright: ignore[reportAttributeAccessIssue]
 
 
+async def publish_policy_models(
+    policies: Mapping[str, PolicySection], backend: Backend, gateway: Any
+) -> None:
+    """After a sync (or a resume): each policy's served model name to the gateway, for a backend
+    that serves every synced checkpoint under a new name (remote Tinker's sampler paths)."""
+    if policies:
+        await gateway.set_policy_models(backend.policy_model_names())  # pyright: ignore[reportAttributeAccessIssue]
+
+
 __all__ = [
     "DEFAULT_POLICY",
     "PolicyMap",
@@ -233,6 +242,7 @@ __all__ = [
     "check_policies",
     "gateway_routes",
     "policy_algorithm",
+    "publish_policy_models",
     "train_policies",
     "use_policies",
 ]

@@ -31,7 +31,7 @@ from rllm.engine.training.health import Firing, HealthMonitor
 from rllm.engine.training.init_from import init_weights, resolve_init_checkpoint
 from rllm.engine.training.learning_watch import reward_still_rising
 from rllm.engine.training.metrics_log import MetricsLogger, plot_reward_curve, truncate_history
-from rllm.engine.training.policies import gateway_routes, use_policies
+from rllm.engine.training.policies import gateway_routes, publish_policy_models, use_policies
 from rllm.engine.training.prefetch import Prefetched, prefetch_allowed
 from rllm.engine.training.seeding import seed_process, step_sampling
 from rllm.engine.training.staleness import check_backend
@@ -131,6 +131,7 @@ class Trainer:
             # One history per run: rows and samples past the restored step are redone, not kept twice.
             truncate_history(self.out_dir, state.step)
             await engine.client.set_weight_version(state.weight_version)
+            await publish_policy_models(cfg.policies, self.backend, engine.client)  # a resume renames them
             rewards = await self._loop(engine, state)
         finally:
             if engine is not None:
@@ -285,6 +286,7 @@ class Trainer:
         try:
             state.weight_version = await self.backend.sync_weights()
             await engine.client.set_weight_version(state.weight_version)
+            await publish_policy_models(self.config.policies, self.backend, engine.client)
             await self._rename_model(engine)
         finally:
             if not holding:
