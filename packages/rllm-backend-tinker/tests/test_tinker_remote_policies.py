@@ -14,7 +14,9 @@ import torch
 from rllm.algos.adapters import LoraConfig
 from rllm.algos.config import AlgorithmConfig
 from rllm.backends.tinker import TinkerBackend
-from rllm.engine.training.policies import PolicySection
+from rllm.engine.training.policies import PolicySection, publish_policy_models
+from rllm.gateway import GatewayConfig, GatewayServer
+from rllm.gateway.policy_routes import route_policy
 from rllm.testing.tinker import FAKE_API_KEY, FakeTinkerServer
 from rllm.types import ConfigError, FloatArray, TokenArray, TrainSequence
 from rllm.types.errors import InputError
@@ -145,6 +147,27 @@ async def test_sync_saves_every_policys_sampler_under_its_own_name(
         assert torch.equal(
             fake_tinker.sampler_checkpoints[name], fake_tinker.models[ids[policy]].logits.detach()
         )
+
+
+async def test_after_a_sync_the_gateway_routes_each_role_to_its_policys_new_sampler(
+    backend: TinkerBackend,
+) -> None:
+    """The trainer's publish_policy_models after a sync: the real gateway's routes follow the
+    renamed sampler checkpoints (its config was built from the names before the sync)."""
+    config = GatewayConfig(
+        upstreams=["http://127.0.0.1:1/v1"],
+        health_interval_s=0,
+        policies=backend.policy_model_names(),
+        roles={"judge": "judge"},
+    )
+    async with GatewayServer(config) as gateway:
+        await backend.sync_weights()
+        await publish_policy_models({"judge": PolicySection()}, backend, gateway.local_client())
+        names = backend.policy_model_names()
+        for role, policy in (("judge", "judge"), ("solver", "default")):
+            body: dict[str, object] = {"model": "anything"}
+            assert route_policy(gateway.config.policies, gateway.config.roles, role, body) == policy
+            assert body["model"] == names[policy] and str(body["model"]).endswith("-v1")
 
 
 async def test_checkpoint_restores_every_policys_state(
