@@ -8,7 +8,7 @@ trains a tiny bigram model with the documented losses. A live test runs when TIN
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -35,17 +35,8 @@ AGGREGATIONS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def fake_tinker() -> Iterator[FakeTinkerServer]:
-    with FakeTinkerServer() as server:
-        yield server
-
-
-@pytest.fixture(autouse=True)
-def _no_tinker_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Only the config under test decides where the SDK connects and with which credential."""
-    for name in ("TINKER_BASE_URL", "TINKER_CREDENTIAL_CMD", "TINKER_PROJECT_ID", "TINKER_TAGS"):
-        monkeypatch.delenv(name, raising=False)
+# The fake Tinker service (fake_tinker) and a clean TINKER_* environment come from conftest.py.
+pytestmark = pytest.mark.usefixtures("no_tinker_env")
 
 
 def _remote(server: FakeTinkerServer, **overrides: Any) -> TinkerBackend:

@@ -4,7 +4,7 @@ loopback stand-in for the paid service that records what reaches it)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
@@ -25,16 +25,8 @@ MODEL = "Qwen/Qwen3-4B-Instruct-2507"
 INFERENCE_URL = "https://tinker.example/oai/api/v1"
 
 
-@pytest.fixture(scope="module")
-def fake_tinker() -> Iterator[FakeTinkerServer]:
-    with FakeTinkerServer() as server:
-        yield server
-
-
-@pytest.fixture(autouse=True)
-def _no_tinker_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("TINKER_BASE_URL", "TINKER_CREDENTIAL_CMD", "TINKER_PROJECT_ID", "TINKER_TAGS"):
-        monkeypatch.delenv(name, raising=False)
+# The fake Tinker service (fake_tinker) and a clean TINKER_* environment come from conftest.py.
+pytestmark = pytest.mark.usefixtures("no_tinker_env")
 
 
 def _remote(server: FakeTinkerServer) -> TinkerBackend:

@@ -5,7 +5,6 @@ optim_step's Adam parameters; `rllm sft`'s runner trains, validates and checkpoi
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +22,8 @@ MODEL = "Qwen/Qwen3-4B-Instruct-2507"
 FRUITS = ["apple", "banana", "cherry", "grape"]
 
 
-@pytest.fixture(scope="module")
-def fake_tinker() -> Iterator[FakeTinkerServer]:
-    with FakeTinkerServer() as server:
-        yield server
-
-
-@pytest.fixture(autouse=True)
-def _no_tinker_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("TINKER_BASE_URL", "TINKER_CREDENTIAL_CMD", "TINKER_PROJECT_ID", "TINKER_TAGS"):
-        monkeypatch.delenv(name, raising=False)
+# The fake Tinker service (fake_tinker) and a clean TINKER_* environment come from conftest.py.
+pytestmark = pytest.mark.usefixtures("no_tinker_env")
 
 
 def remote_options(server: FakeTinkerServer) -> dict[str, Any]:
