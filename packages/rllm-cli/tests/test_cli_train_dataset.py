@@ -53,3 +53,43 @@ def test_a_split_the_dataset_lacks_is_refused_before_building(
     assert main(["train", words, "--agent", "say-single", "--out", str(out), "train_split=dev"]) == 2
     assert "no split 'dev'" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_cookbook_options_set_up_the_agent_s_cookbook(words: str, tmp_path: Path) -> None:
+    """cookbook_options reach --agent's cookbook (its evaluator here), not dropped and not refused
+    because the dataset itself takes none."""
+    cookbook = train_cookbook(words, "math", None)
+    trainer = build_trainer(
+        words,
+        cookbook=cookbook,
+        out_dir=str(tmp_path / "run"),
+        overrides=["total_steps=1", "cookbook_options.format_coef=0.1"],
+    )
+    assert trainer.cookbook.evaluator.format_coef == 0.1
+
+
+@pytest.mark.parametrize(
+    ("agent", "option", "message"),
+    [
+        ("math", "cookbook_options.format_coeff=0.1", "unknown math option"),
+        ("rllm_cookbook_math:math_flow", "cookbook_options.format_coef=0.1", "a flow, which takes none"),
+    ],
+)
+def test_an_option_the_agent_does_not_take_is_refused_before_the_run_folder(
+    words: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], agent: str, option: str, message: str
+) -> None:
+    out = tmp_path / "run"
+    assert main(["train", words, "--agent", agent, "--out", str(out), option]) == 2
+    err = capsys.readouterr().err
+    assert "cookbook_options" in err and message in err, err
+    assert not out.exists()
+
+
+def test_eval_options_reach_the_agent_s_cookbook_and_a_flow_agent_refuses_them(words: str) -> None:
+    from rllm.cli.errors import CliError
+    from rllm.cli.eval_cmd import resolve_eval_target
+
+    tasks, _, grader = resolve_eval_target(words, "test", "math", None, {"format_coef": 0.25})
+    assert len(tasks) == 2 and grader.format_coef == 0.25
+    with pytest.raises(CliError, match="--option: .*a flow, which takes none"):
+        resolve_eval_target(words, "test", "rllm_cookbook_math:math_flow", None, {"format_coef": 0.25})

@@ -84,6 +84,34 @@ def test_math_reward_works_off_the_main_thread_and_reports_format():
     assert out.signals[0].name == "has_boxed" and out.signals[0].value == 1.0
 
 
+@pytest.mark.skipif(not HAS_MATH_VERIFY, reason="math-verify not installed (rllm-sdk[math])")
+@pytest.mark.parametrize(
+    ("response", "reward", "correct"),
+    [
+        ("so \\boxed{10}", 1.0, True),
+        ("so 10", 0.9, True),
+        ("so \\boxed{11}", 0.0, False),
+        ("so 11", -0.1, False),
+    ],
+)
+def test_math_reward_format_coef_takes_off_an_unboxed_reply_s_reward_not_its_grade(response, reward, correct):
+    from rllm.sdk.rewards import math_reward
+
+    assert math_reward(response, 10).reward == (1.0 if correct else 0.0)  # off by default
+    out = math_reward(response, 10, format_coef=0.1)
+    assert out.reward == pytest.approx(reward) and out.is_correct is correct
+
+
+@pytest.mark.skipif(not HAS_MATH_VERIFY, reason="math-verify not installed (rllm-sdk[math])")
+@pytest.mark.parametrize("coef", [-0.1, 1.5, float("nan")])
+def test_math_reward_refuses_a_format_coef_outside_0_to_1(coef):
+    from rllm.sdk.rewards import math_reward
+    from rllm.types.errors import InputError
+
+    with pytest.raises(InputError, match="format_coef must be between 0 and 1"):
+        math_reward("\\boxed{1}", 1, format_coef=coef)
+
+
 def test_parse_verdict():
     from rllm.sdk.rewards import parse_verdict
     from rllm.sdk.rewards.judge import JudgeParseError

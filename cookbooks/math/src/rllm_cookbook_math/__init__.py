@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 from rllm.sdk import rollout, sampling_kwargs
 from rllm.sdk.clients import async_openai
 from rllm.sdk.cookbook import Cookbook, train_defaults
-from rllm.sdk.evaluator import evaluator
 from rllm.sdk.rewards import math_reward
 from rllm.types import AgentConfig, Episode, EvalOutput, Task
+from rllm.types.errors import InputError
 from rllm_cookbook_math import arith
 from rllm_cookbook_math.data import generate, load_tasks
 
@@ -24,15 +27,57 @@ async def math_flow(task: Task, config: AgentConfig) -> dict:
     return {"answer": reply.choices[0].message.content or ""}
 
 
-@evaluator
-def math_evaluator(task: Task, episode: Episode) -> EvalOutput:
-    return math_reward(str(episode.artifacts.get("answer", "")), str(task.ground_truth))
+class MathEvaluator:
+    """math-verify's grade of the reply (``digits_joined``: the boxed digits joined first,
+    ``\\boxed{7 2}`` is 72, the arith tasks' worked form). ``format_coef`` (the cookbook option
+    ``format_coef``, 0 by default) is taken off the reward of a reply without a ``\\boxed{}``:
+    the grade also reads an unboxed final number, so RL is otherwise free to drop the box."""
+
+    def __init__(self, format_coef: float = 0.0, digits_joined: bool = False) -> None:
+        self.format_coef, self.digits_joined = format_coef, digits_joined
+
+    def evaluate(self, task: Task, episode: Episode) -> EvalOutput:
+        answer = str(episode.artifacts.get("answer", ""))
+        if self.digits_joined:
+            return arith.arith_reward(answer, str(task.ground_truth), self.format_coef)
+        return math_reward(answer, str(task.ground_truth), self.format_coef)
+
+    __call__ = evaluate  # callable like the @evaluator function it replaces
 
 
-@evaluator
-def arith_evaluator(task: Task, episode: Episode) -> EvalOutput:
-    """math-verify on the reply with the boxed digits joined (``\\boxed{7 2}`` is 72)."""
-    return arith.arith_reward(str(episode.artifacts.get("answer", "")), str(task.ground_truth))
+OPTIONS = ("format_coef",)
+
+
+def _format_coef(options: dict[str, Any]) -> float:
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise InputError(f"unknown math option(s) {unknown}; known: {list(OPTIONS)}")
+    value = options.get("format_coef", 0.0)
+    try:
+        coef = float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"math option format_coef must be a number, got {value!r}") from None
+    if not 0.0 <= coef <= 1.0:
+        raise InputError(f"math option format_coef must be between 0 and 1, got {value!r}")
+    return coef
+
+
+def _configured(base: Cookbook, options: dict[str, Any]) -> Cookbook:
+    """``base`` with its evaluator set up from ``cookbook_options`` (``rllm eval --option``)."""
+    evaluator = base.evaluator
+    return dataclasses.replace(base, evaluator=MathEvaluator(_format_coef(options), evaluator.digits_joined))
+
+
+def _configure_math(options: dict[str, Any]) -> Cookbook:
+    return _configured(cookbook, options)
+
+
+def _configure_arith(options: dict[str, Any]) -> Cookbook:
+    return _configured(arith_cookbook, options)
+
+
+math_evaluator = MathEvaluator()
+arith_evaluator = MathEvaluator(digits_joined=True)
 
 
 TRAIN_DEFAULTS = train_defaults(estimator="grpo")
@@ -42,8 +87,9 @@ cookbook = Cookbook(
     flow=math_flow,
     evaluator=math_evaluator,
     load_tasks=load_tasks,
-    description="Single-turn math; reward 1 when the \\boxed{} answer is equivalent (math-verify).",
+    description="Single-turn math; reward 1 when the final (\\boxed{}) answer is equivalent (math-verify).",
     train_defaults=TRAIN_DEFAULTS,
+    configure=_configure_math,
 )
 
 # The worked solutions are ~30 tokens; 64 leaves room without letting an untrained model ramble.
@@ -59,6 +105,15 @@ arith_cookbook = Cookbook(
     train_defaults=ARITH_TRAIN_DEFAULTS,
     # One-, two- and three-digit operands: rollout.curriculum.promote moves a run up as it learns.
     levels=arith.LEVELS,
+    configure=_configure_arith,
 )
 
-__all__ = ["arith_cookbook", "cookbook", "generate", "load_tasks", "math_evaluator", "math_flow"]
+__all__ = [
+    "MathEvaluator",
+    "arith_cookbook",
+    "cookbook",
+    "generate",
+    "load_tasks",
+    "math_evaluator",
+    "math_flow",
+]

@@ -86,9 +86,10 @@ def join_boxed_digits(text: str) -> str:
     return _BOX.sub(joined, text)
 
 
-def arith_reward(response: str, ground_truth: str) -> EvalOutput:
-    """math-verify's grade of the reply with its boxed digits joined (:func:`join_boxed_digits`)."""
-    return math_reward(join_boxed_digits(response), ground_truth)
+def arith_reward(response: str, ground_truth: str, format_coef: float = 0.0) -> EvalOutput:
+    """math-verify's grade of the reply with its boxed digits joined (:func:`join_boxed_digits`);
+    ``format_coef`` as in :func:`rllm.sdk.rewards.math_reward`."""
+    return math_reward(join_boxed_digits(response), ground_truth, format_coef)
 
 
 def _all_problems() -> list[tuple[int, str, int]]:

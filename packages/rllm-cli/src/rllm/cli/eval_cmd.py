@@ -24,6 +24,7 @@ from rllm.runtime.event_loop import run
 from rllm.sdk.cookbook import Cookbook
 from rllm.types import ConfigError, SamplingParams, Task
 from rllm.types.config_file import apply_overrides, base_url_problem
+from rllm.types.errors import InputError
 
 if TYPE_CHECKING:
     from rllm.engine.evaluation import EvalSummary
@@ -261,8 +262,10 @@ def resolve_eval_target(
     if registry.has(name):
         if not agent:
             raise CliError(f"dataset {name!r} needs --agent (a cookbook name or module:attr flow)")
-        flow = load_object(agent, "flow")
-        grader = load_object(evaluator or agent, "evaluator")
+        try:
+            flow, grader = agent_flow_and_grader(agent, evaluator, options or {})
+        except ValueError as exc:
+            raise CliError(f"--option: {exc}") from None
         return registry.load_tasks(name, split), flow, grader
     raise PluginNotFoundError(
         f"no cookbook or registered dataset named {name!r} "
@@ -300,15 +303,36 @@ def train_cookbook(name: str, agent: str | None, evaluator: str | None) -> Cookb
     defaults = dict(load_cookbook(agent).train_defaults) if ":" not in agent else {}
     if defaults.get("val_split") not in splits:  # the agent's cookbook validates on its own split
         defaults = {k: v for k, v in defaults.items() if k not in ("val_split", "val_every", "val_tasks")}
-    return Cookbook(
+    flow, grader = agent_flow_and_grader(agent, evaluator, {})
+    dataset = Cookbook(
         name=name,
-        flow=load_object(agent, "flow"),
-        evaluator=load_object(evaluator or agent, "evaluator"),
+        flow=flow,
+        evaluator=grader,
         load_tasks=lambda split: registry.load_tasks(name, split),
         description=f"registered dataset {name} with the {agent} agent",
         splits=splits,
         train_defaults=defaults,
     )
+
+    def configure(options: dict[str, Any]) -> Cookbook:  # cookbook_options set up --agent's cookbook
+        flow, grader = agent_flow_and_grader(agent, evaluator, options)
+        return dataclasses.replace(dataset, flow=flow, evaluator=grader)
+
+    return dataclasses.replace(dataset, configure=configure)
+
+
+def agent_flow_and_grader(agent: str, evaluator: str | None, options: dict[str, Any]) -> tuple[Any, Any]:
+    """--agent's flow and grader (--evaluator's when given) for a registered dataset, --agent's
+    cookbook set up with ``options`` (``cookbook_options``, ``rllm eval --option``) first: the
+    options of the cookbook whose parts run, never dropped. A ``module:attr`` agent takes none."""
+    if ":" in agent:
+        if options:
+            raise InputError(
+                f"options {sorted(options)} are a cookbook's; --agent {agent!r} is a flow, which takes none"
+            )
+        return load_object(agent, "flow"), load_object(evaluator or agent, "evaluator")
+    cookbook = load_cookbook(agent).with_options(options)
+    return cookbook.flow, load_object(evaluator, "evaluator") if evaluator else cookbook.evaluator
 
 
 def load_object(ref: str, part: str) -> Any:

@@ -62,6 +62,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 log = logging.getLogger(__name__)
 
+RAY_SHUTDOWN_TIMEOUT_S = 60.0  # how long a pool's close waits for ray.shutdown
+
 
 class RayWorkerDied(FlowProcessDied):
     """The Ray actor (or its node) running a rollout died before answering."""
@@ -391,7 +393,15 @@ class RayFlowPool(SlottedPool[_Handle]):
         self.workers.clear()
         if self._connected:
             self._connected = False
-            await asyncio.to_thread(ray.shutdown)
+            # Ray's shutdown waits on its own processes and threads without a bound; a run that
+            # has finished must not hang on it (the process's exit ends what is left).
+            try:
+                await asyncio.wait_for(asyncio.to_thread(ray.shutdown), RAY_SHUTDOWN_TIMEOUT_S)
+            except TimeoutError:
+                log.warning(
+                    "Ray did not shut down within %g s; what is left of it ends with this process",
+                    RAY_SHUTDOWN_TIMEOUT_S,
+                )
 
 
 async def start_ray_pool(request: PoolRequest) -> RayFlowPool:

@@ -70,12 +70,20 @@ def grade_math(response: str, ground_truth: str | float | int) -> bool:
     return bool(mv.verify(gold, pred, timeout_seconds=_timeout()))
 
 
-def math_reward(response: str, ground_truth: str | float | int) -> EvalOutput:
-    """An EvalOutput for math answers: reward 1/0, is_correct, and a ``has_boxed`` format signal."""
+def math_reward(response: str, ground_truth: str | float | int, format_coef: float = 0.0) -> EvalOutput:
+    """An EvalOutput for math answers: reward 1/0, is_correct, and a ``has_boxed`` format signal.
+
+    The grade reads an unboxed final answer too, so RL on it is free to drop the ``\\boxed{}`` it
+    was asked for (SmolLM2-135M did within 5 steps: boxed 9% -> 2%). ``format_coef`` (0 to 1) takes
+    that much off the reward of a reply without a box, right or wrong: the format term of
+    tinker-cookbook's math environments. ``is_correct`` stays the grade alone."""
+    if not 0.0 <= format_coef <= 1.0:
+        raise InputError(f"format_coef must be between 0 and 1, got {format_coef!r}")
     correct = grade_math(response, ground_truth)
     has_boxed = extract_boxed(response) is not None
+    penalty = 0.0 if has_boxed else format_coef
     return EvalOutput(
-        reward=1.0 if correct else 0.0,
+        reward=(1.0 if correct else 0.0) - penalty,
         is_correct=correct,
         signals=[Signal(name="has_boxed", value=1.0 if has_boxed else 0.0)],
     )
