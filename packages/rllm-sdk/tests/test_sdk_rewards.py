@@ -92,6 +92,9 @@ def test_math_reward_works_off_the_main_thread_and_reports_format():
         ("so 10", 0.9, True),
         ("so \\boxed{11}", 0.0, False),
         ("so 11", -0.1, False),
+        # The prompt's empty box echoed is no boxed answer (SmolLM2 learned that dodge in 5 steps).
+        ("10 + 0 = \\boxed{} = 10", 0.9, True),
+        ("so \\boxed{ }", -0.1, False),
     ],
 )
 def test_math_reward_format_coef_takes_off_an_unboxed_reply_s_reward_not_its_grade(response, reward, correct):

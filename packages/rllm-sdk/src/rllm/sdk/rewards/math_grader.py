@@ -57,10 +57,17 @@ def _as_latex(text: str) -> str:
     return text if ("$" in text or "\\(" in text or "\\[" in text) else f"${text}$"
 
 
+def _boxed_answer(response: str) -> str | None:
+    """The last ``\\boxed{}``'s content, or None when there is none or it is empty: an empty box
+    (the prompt's own ``\\boxed{}`` echoed) holds no answer."""
+    boxed = extract_boxed(response)
+    return boxed if boxed is not None and boxed.strip() else None
+
+
 def grade_math(response: str, ground_truth: str | float | int) -> bool:
     """True if the final answer in ``response`` is mathematically equivalent to ``ground_truth``."""
     mv = _math_verify()
-    boxed = extract_boxed(response)
+    boxed = _boxed_answer(response)
     gold = _parse(_as_latex(str(ground_truth)))
     if not gold:
         raise InputError(f"cannot parse the ground truth {ground_truth!r} as math")
@@ -71,7 +78,8 @@ def grade_math(response: str, ground_truth: str | float | int) -> bool:
 
 
 def math_reward(response: str, ground_truth: str | float | int, format_coef: float = 0.0) -> EvalOutput:
-    """An EvalOutput for math answers: reward 1/0, is_correct, and a ``has_boxed`` format signal.
+    """An EvalOutput for math answers: reward 1/0, is_correct, and a ``has_boxed`` format signal
+    (an answer in a box: an empty ``\\boxed{}`` is none).
 
     The grade reads an unboxed final answer too, so RL on it is free to drop the ``\\boxed{}`` it
     was asked for (SmolLM2-135M did within 5 steps: boxed 9% -> 2%). ``format_coef`` (0 to 1) takes
@@ -80,7 +88,7 @@ def math_reward(response: str, ground_truth: str | float | int, format_coef: flo
     if not 0.0 <= format_coef <= 1.0:
         raise InputError(f"format_coef must be between 0 and 1, got {format_coef!r}")
     correct = grade_math(response, ground_truth)
-    has_boxed = extract_boxed(response) is not None
+    has_boxed = _boxed_answer(response) is not None  # echoing the prompt's empty box is no dodge
     penalty = 0.0 if has_boxed else format_coef
     return EvalOutput(
         reward=(1.0 if correct else 0.0) - penalty,
