@@ -222,6 +222,7 @@ PUBLIC_API: dict[str, list[str]] = {
         "starts_with_word",
     ],
     "rllm_cookbook_math": [
+        "MathEvaluator",
         "arith_cookbook",
         "cookbook",
         "generate",
