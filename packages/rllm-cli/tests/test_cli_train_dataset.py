@@ -91,5 +91,5 @@ def test_eval_options_reach_the_agent_s_cookbook_and_a_flow_agent_refuses_them(w
 
     tasks, _, grader = resolve_eval_target(words, "test", "math", None, {"format_coef": 0.25})
     assert len(tasks) == 2 and grader.format_coef == 0.25
-    with pytest.raises(CliError, match="--option: .*a flow, which takes none"):
+    with pytest.raises(CliError, match=r"--option: .*a flow, which takes none"):
         resolve_eval_target(words, "test", "rllm_cookbook_math:math_flow", None, {"format_coef": 0.25})
