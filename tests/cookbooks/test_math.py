@@ -75,7 +75,9 @@ def test_rllm_train_refuses_a_bad_format_coef_before_any_work(tmp_path):
     from rllm.types import ConfigError
 
     with pytest.raises(ConfigError, match=r"cookbook_options.*format_coef must be between 0 and 1"):
-        load_train_config("math", overrides=["cookbook_options.format_coef=-1"], out_dir=str(tmp_path / "run"))
+        load_train_config(
+            "math", overrides=["cookbook_options.format_coef=-1"], out_dir=str(tmp_path / "run")
+        )
     assert not (tmp_path / "run").exists()
 
 
