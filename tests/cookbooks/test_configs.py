@@ -47,7 +47,8 @@ def test_the_real_model_cpu_preset_loads_with_its_documented_values() -> None:
     config = load_config(ROOT / "math" / "configs" / "smollm2_cpu.yaml", base=base)
     options = parse_config(config.backend.options)
     assert options.service == "local" and options.model.endswith(".gguf")
-    assert options.lora.rank == 16 and options.micro_batch_tokens == 1024
+    assert options.lora.rank == 16 and options.micro_batch_tokens == 256 and options.gradient_checkpointing
+    assert options.learning_rate == 1e-3
     assert options.sampler_max_batch == 16 < config.rollout.concurrency
     assert config.rollout.deadline_s == 300 and config.val_tasks == 10 and config.val_split == "test"
     # A key given replaces its default whole: sampling keeps the policy's temperature.
