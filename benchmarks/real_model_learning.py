@@ -228,7 +228,14 @@ def run_benchmark(args: argparse.Namespace) -> int:
     command = train_command(args, model, run)
     print("$ " + " ".join(command), flush=True)
     start, load0 = time.monotonic(), os.getloadavg()[0]
-    proc = subprocess.Popen(command, env=env, start_new_session=True)
+    # SIGINT back to its default in the child: a benchmark started in the background by a script
+    # inherits it ignored, and the time budget's stop (SIGINT: finish the step) would go unheard.
+    proc = subprocess.Popen(
+        command,
+        env=env,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     watch = MemoryWatch(proc.pid, run / "metrics.jsonl")
     watch.start()
     stopped = False
