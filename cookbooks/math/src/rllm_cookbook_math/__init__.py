@@ -9,6 +9,7 @@ from rllm.sdk import rollout, sampling_kwargs
 from rllm.sdk.clients import async_openai
 from rllm.sdk.cookbook import Cookbook, train_defaults
 from rllm.sdk.rewards import math_reward
+from rllm.sdk.rewards.math_grader import checked_format_coef
 from rllm.types import AgentConfig, Episode, EvalOutput, Task
 from rllm.types.errors import InputError
 from rllm_cookbook_math import arith
@@ -52,14 +53,7 @@ def _format_coef(options: dict[str, Any]) -> float:
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise InputError(f"unknown math option(s) {unknown}; known: {list(OPTIONS)}")
-    value = options.get("format_coef", 0.0)
-    try:
-        coef = float(value)
-    except (TypeError, ValueError):
-        raise InputError(f"math option format_coef must be a number, got {value!r}") from None
-    if not 0.0 <= coef <= 1.0:
-        raise InputError(f"math option format_coef must be between 0 and 1, got {value!r}")
-    return coef
+    return checked_format_coef(options.get("format_coef", 0.0))
 
 
 def _configured(base: Cookbook, options: dict[str, Any]) -> Cookbook:

@@ -77,6 +77,17 @@ def grade_math(response: str, ground_truth: str | float | int) -> bool:
     return bool(mv.verify(gold, pred, timeout_seconds=_timeout()))
 
 
+def checked_format_coef(value: object) -> float:
+    """``value`` as a format coefficient (a number from 0 to 1); InputError naming it otherwise."""
+    try:
+        coef = float(value)  # pyright: ignore[reportArgumentType]
+    except (TypeError, ValueError):
+        raise InputError(f"format_coef must be a number, got {value!r}") from None
+    if not 0.0 <= coef <= 1.0:
+        raise InputError(f"format_coef must be between 0 and 1, got {value!r}")
+    return coef
+
+
 def math_reward(response: str, ground_truth: str | float | int, format_coef: float = 0.0) -> EvalOutput:
     """An EvalOutput for math answers: reward 1/0, is_correct, and a ``has_boxed`` format signal
     (an answer in a box: an empty ``\\boxed{}`` is none).
@@ -85,8 +96,7 @@ def math_reward(response: str, ground_truth: str | float | int, format_coef: flo
     was asked for (SmolLM2-135M did within 5 steps: boxed 9% -> 2%). ``format_coef`` (0 to 1) takes
     that much off the reward of a reply without a box, right or wrong: the format term of
     tinker-cookbook's math environments. ``is_correct`` stays the grade alone."""
-    if not 0.0 <= format_coef <= 1.0:
-        raise InputError(f"format_coef must be between 0 and 1, got {format_coef!r}")
+    format_coef = checked_format_coef(format_coef)
     correct = grade_math(response, ground_truth)
     has_boxed = _boxed_answer(response) is not None  # echoing the prompt's empty box is no dodge
     penalty = 0.0 if has_boxed else format_coef
