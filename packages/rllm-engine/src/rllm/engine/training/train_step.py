@@ -39,6 +39,7 @@ from rllm.engine.training.sequences import sequences_from_groups, signal_sequenc
 from rllm.engine.training.task_repeats import mark_task_repeats
 from rllm.engine.training.weight_probe import ProbeUnavailable, WeightProbe
 from rllm.types import ConfigError, Episode, TerminationReason, TrainSequence
+from rllm.types.errors import StateError
 
 if TYPE_CHECKING:
     from rllm.engine.backend import Backend
@@ -103,6 +104,7 @@ class TrainStep:
         cfg, algo = self.config, self.config.algorithm
         for probe in self.probes.values():
             probe.step_began()
+        stop_if_infrastructure_down(episodes, f"step {step}")
         warn_cut_off(episodes, f"step {step}", cfg.rollout.deadline_s)
         mark_task_repeats(episodes)  # a task drawn twice this step: two groups, not one
         groups = group_trajectories(episodes, algo)
@@ -214,6 +216,23 @@ def timeout_fraction(episodes: Sequence[Episode]) -> float:
     if not episodes:
         return 0.0
     return sum(e.termination_reason == TerminationReason.TIMEOUT for e in episodes) / len(episodes)
+
+
+def stop_if_infrastructure_down(episodes: Sequence[Episode], where: str) -> None:
+    """End the run when every rollout of a batch failed for infrastructure reasons (after the
+    engine's retries): nothing is left to train on, and the cause (a sampler that died, an
+    upstream that went away) will not mend itself between steps, so going on would only log
+    empty steps with exit status 0. One line, naming the first rollout's error."""
+    if not episodes or any(e.termination_reason != TerminationReason.INFRA_ERROR for e in episodes):
+        return
+    first = next((e.error for e in episodes if e.error is not None), None)
+    cause = (
+        " ".join(f"{first.type}: {first.message}".split())[:400] if first is not None else "no error recorded"
+    )
+    raise StateError(
+        f"{where}: all {len(episodes)} rollouts failed for infrastructure reasons (nothing to train "
+        f"on; is the sampler or the gateway's upstream down?); the first: {cause}"
+    )
 
 
 def warn_cut_off(episodes: Sequence[Episode], where: str, deadline_s: float | None) -> str | None:
