@@ -11,7 +11,8 @@ curriculum draws some tasks more often and dynamic sampling adds groups, so ``re
 not compare across arms) reaches ``--target``, or after ``--max-steps``; its wall time to the
 target counts from the command's start (start-up included, reported beside it). The run prints
 steps and wall seconds to the target and the final reward (the last window's mean) per arm and
-seed, then per arm the seeds that reached the target and the median wall time to it over plain's.
+seed, then per arm the seeds that reached the target and the median wall time to it over plain's
+median, and the median of its per-seed ratio to plain's on the seeds plain reaches (paired).
 Target (issue #51): with the curriculum (or both) every seed reaches 0.9, and the median wall
 time to 0.9 is <= 0.7x plain's where plain gets there.
 
@@ -107,6 +108,14 @@ def summary(table: dict[int, dict[str, Any]], arms: list[str], target: float) ->
             line += f", median wall to {target} {statistics.median(hits):.1f} s"
         if hits and plain_hits and arm != "plain":
             line += f" ({statistics.median(hits) / statistics.median(plain_hits):.2f}x plain's median)"
+            # Where plain gets there: the same seeds, each arm's wall over plain's (paired).
+            paired = [
+                r[arm]["wall_to_target_s"] / r["plain"]["wall_to_target_s"]
+                for r in table.values()
+                if r["plain"]["wall_to_target_s"] is not None and r[arm]["wall_to_target_s"] is not None
+            ]
+            if paired:
+                line += f"; on the {len(paired)} seeds plain reaches: median {statistics.median(paired):.2f}x plain's"
         lines.append(line)
     return lines
 

@@ -69,6 +69,8 @@ def _register_additions(home: Path, data: Path) -> None:
         subprocess.run(register, env={**os.environ, "RLLM_HOME": str(home)}, check=True, capture_output=True)
 
 
+# Over the suite's 20-minute ceiling per test (pyproject): 4 steps took 23 minutes on 2 loaded cores.
+@pytest.mark.timeout(RUN_TIMEOUT_S + 900)
 def test_verl_trains_smollm2_on_additions_through_vllm_cpu(tmp_path: Path) -> None:
     from rllm.testing.real_model import smollm2_model
 
@@ -107,7 +109,7 @@ def test_verl_trains_smollm2_on_additions_through_vllm_cpu(tmp_path: Path) -> No
         before, after = (row["val/correct/fraction"] for row in validations)
         assert 0.0 < before < 0.6, before
         gaps = [row["mismatch/mean_abs"] for row in trained if "mismatch/mean_abs" in row]
-        assert gaps and max(gaps) < 0.02, gaps  # vLLM float32 vs FSDP float32 on one CPU
+        assert gaps and max(gaps) < 1e-3, gaps  # vLLM float32 vs FSDP float32 on one CPU: ~2e-5
         for row in steps:
             sampled = row["tokens/response_mean"] * row["episodes"]
             print(

@@ -29,7 +29,7 @@ pytest.importorskip("rllm_cookbook_say", reason="the say cookbook is not install
 pytest.importorskip("rllm.cli", reason="the rllm CLI is not installed in this environment")
 import torch
 from rllm_cookbook_say import WORDS, prompt_for
-from vllm_e2e import cli, prompt_log_probs, transformers_log_probs, verl_options, vllm_server
+from vllm_e2e import cli, prompt_log_probs, stop_group, transformers_log_probs, verl_options, vllm_server
 
 from rllm.engine.plugins import load_cookbook
 from rllm.engine.training.data_order import DataCursor, next_batch
@@ -105,12 +105,7 @@ def teacher_url(teacher_model: Path, tmp_path_factory: pytest.TempPathFactory) -
         assert " at http://127.0.0.1:" in line, (line, log.read_text()[-3000:])
         yield line.split(" at ", 1)[1].strip()
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc)
 
 
 def _run_killed_after_step_2_then_resumed(args: list[str], out: Path, label: str) -> None:

@@ -62,12 +62,17 @@ def vllm_server(model: Path, log: Path, label: str = "", extra: tuple[str, ...] 
         print(f"verl-e2e{label}: vLLM serving after {time.monotonic() - started:.0f} s")  # CI's log (-s)
         yield url
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        stop_group(server)
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to a server's process group (started with ``start_new_session``), SIGKILL after 60 s."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def cli(*args: str) -> list[str]:
