@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rllm.sdk.rewards import (
     exact_match,
@@ -70,6 +72,53 @@ def test_grade_math_symbolic_equivalence(response, truth, ok):
     from rllm.sdk.rewards import grade_math
 
     assert grade_math(response, truth) is ok
+
+
+@pytest.mark.parametrize(
+    ("response", "truth", "ok"),
+    [
+        ("47 + 25 = 72", "72", True),
+        ("The answer is \\boxed{72}.", "72", True),
+        ("\\boxed{1{,}234}", "1234", True),
+        ("\\boxed{72\\text{ apples}}", "72", True),
+        ("\\boxed{$-3.5$}", "-3.5", True),
+        ("Thus $x = 1/2$.", "0.5", True),
+        # The question restated is no answer (SmolLM2 learned these within 10 steps when
+        # math-verify evaluated them to the truth).
+        ("88 + 28<|im_end|>", "116", False),
+        ("79 + 57 = \\boxed{79 + 57}", "136", False),
+        ("What does 11 + 39 enter?", "50", False),
+        ("\\boxed{84/2}", "42", False),  # a fraction equal to an integer is the sum left undone
+        ("x = 1/0", "5", False),
+    ],
+)
+def test_a_numeric_truth_is_graded_by_the_final_number_only(response, truth, ok):
+    from rllm.sdk.rewards import grade_math
+
+    assert grade_math(response, truth) is ok
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    a=st.integers(0, 10**6),
+    b=st.integers(0, 10**6),
+    op=st.sampled_from(["+", "-", "*", "\\times", "/"]),
+    boxed=st.booleans(),
+)
+def test_restating_the_question_never_scores_and_its_value_does(a: int, b: int, op: str, boxed: bool) -> None:
+    """Property: for any two-number question, the expression itself (bare or boxed) is graded
+    wrong unless it happens to be the truth's own literal, and the computed value is graded right."""
+    from rllm.sdk.rewards import grade_math
+
+    values = {"+": a + b, "-": a - b, "*": a * b, "\\times": a * b, "/": a / b if b else None}
+    truth = values[op]
+    if truth is None or (op == "/" and truth != int(truth)):
+        return  # no integer truth to grade against
+    truth = int(truth)
+    expression = f"{a} {op} {b}"
+    wrap = (lambda text: f"\\boxed{{{text}}}") if boxed else (lambda text: text)
+    assert not grade_math(wrap(expression), truth) or (str(b) == str(truth) and not boxed)
+    assert grade_math(f"{expression} = {wrap(str(truth))}", truth)
 
 
 @pytest.mark.skipif(not HAS_MATH_VERIFY, reason="math-verify not installed (rllm-sdk[math])")

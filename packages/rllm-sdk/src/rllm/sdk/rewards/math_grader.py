@@ -3,12 +3,21 @@
 Extracts the model's final answer (the last ``\\boxed{}``; else math-verify's own LaTeX and
 expression extraction) and checks symbolic equivalence with the ground truth, so ``\\frac{1}{2}``,
 ``0.5`` and ``1/2`` all match.
+
+A ground truth that is a plain number (``72``, ``-3.5``, ``1,234``) is graded by value, and the
+answer must be a number too: the whole box, or without one the reply's last number (a decimal, or
+a fraction ``a/b`` / ``\\frac{a}{b}`` when the truth is not an integer). Symbolic equivalence
+there would accept the question restated: math-verify evaluates ``47 + 25`` to 72, and
+SmolLM2-135M learned within 10 steps to answer "What is 47 + 25?" with ``47 + 25`` (or
+``\\boxed{47 + 25}``) for full reward (benchmarks/history/issue-48.md, "the echo hack").
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
+from fractions import Fraction
 from typing import Any
 
 from rllm.sdk.rewards.boxed import extract_boxed
@@ -64,8 +73,54 @@ def _boxed_answer(response: str) -> str | None:
     return boxed if boxed is not None and boxed.strip() else None
 
 
+_INT = r"[-+]?\d+"
+_DECIMAL = r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
+_NUMERIC_TRUTH = re.compile(rf"{_DECIMAL}")
+# One numeric answer: \frac{a}{b} (or \dfrac, \tfrac), a/b, or a decimal; the first that fits at a
+# position, so "3/4" is one fraction, not 3 then 4.
+_ATOM = re.compile(rf"\\[dt]?frac\{{({_INT})\}}\{{({_INT})\}}|({_INT})\s*/\s*(\d+)|({_DECIMAL})")
+# What may surround a number in a box without changing it: math mode, spacing, a thousands brace,
+# a percent or unit word after it (``\boxed{72\text{ apples}}``), a final full stop.
+_BOX_NOISE = re.compile(r"\$|\\[,!;: ]|\\text\{[^{}]*\}|\\mathrm\{[^{}]*\}|\\%|%|\s+|\.$")
+
+
+def _atom_value(match: re.Match[str]) -> tuple[Fraction, bool] | None:
+    """The value of one ``_ATOM`` match, and whether it was written as a fraction."""
+    frac_num, frac_den, slash_num, slash_den, decimal = match.groups()
+    num, den = (frac_num, frac_den) if frac_num is not None else (slash_num, slash_den)
+    if num is not None:
+        return (Fraction(int(num), int(den)), True) if int(den) != 0 else None
+    return Fraction(decimal.replace(",", "")), False
+
+
+def _numeric_answer(response: str) -> tuple[Fraction, bool] | None:
+    """The reply's final numeric answer: the whole last box when there is one (None unless it
+    holds exactly one number: ``\\boxed{47 + 25}`` is no answer), else its last number."""
+    boxed = _boxed_answer(response)
+    if boxed is not None:
+        match = _ATOM.fullmatch(_BOX_NOISE.sub("", boxed.replace("{,}", ",")))
+        return _atom_value(match) if match else None
+    matches = list(_ATOM.finditer(response))
+    return _atom_value(matches[-1]) if matches else None
+
+
+def _grade_number(response: str, truth: str) -> bool:
+    answer = _numeric_answer(response)
+    if answer is None:
+        return False
+    value, as_fraction = answer
+    gold = Fraction(truth.replace(",", ""))
+    if as_fraction and gold.denominator == 1:
+        return False  # "84/2" for 42 is the sum left undone, not an answer
+    return value == gold
+
+
 def grade_math(response: str, ground_truth: str | float | int) -> bool:
-    """True if the final answer in ``response`` is mathematically equivalent to ``ground_truth``."""
+    """True if the final answer in ``response`` is mathematically equivalent to ``ground_truth``
+    (by value, and only a number, when the truth is a plain number: see the module's docstring)."""
+    truth = str(ground_truth).strip()
+    if _NUMERIC_TRUTH.fullmatch(truth):
+        return _grade_number(response, truth)
     mv = _math_verify()
     boxed = _boxed_answer(response)
     gold = _parse(_as_latex(str(ground_truth)))
