@@ -310,12 +310,41 @@ def summarise(
     return {
         "mode": args.mode,
         "lr": args.lr,
+        "replies": last_replies(run),
         "wall_s": round(wall, 1),
         "stopped_at_budget": stopped,
         "exit_status": code,
         "curve": curve,
         "steps": steps,
     }
+
+
+def last_replies(run: Path, count: int = 6) -> list[dict[str, Any]]:
+    """What the model wrote at the last logged step: one reply from each of the first ``count``
+    groups, decoded, with its reward. A curve alone cannot tell learning from a grader's hole
+    (round 3 of issue #48: the question's own "47 + 25" echoed back was graded right)."""
+    from transformers import AutoTokenizer
+
+    from rllm.engine.training.metrics_log import read_episode_sample
+
+    samples = sorted((run / "samples").glob("step_*.msgpack")) if (run / "samples").is_dir() else []
+    if not samples:
+        return []
+    record = json.loads((run / "rllm-run.json").read_text())
+    model = str(record.get("config", {}).get("backend", {}).get("options", {}).get("model", ""))
+    tokenizer = AutoTokenizer.from_pretrained(model) if model else None
+    out, seen = [], set()
+    for episode in read_episode_sample(samples[-1]).episodes:
+        if episode.task_id in seen or not episode.trajectories or not episode.trajectories[0].steps:
+            continue
+        seen.add(episode.task_id)
+        trajectory = episode.trajectories[0]
+        ids = list(trajectory.steps[-1].completion_ids)
+        text = tokenizer.decode(ids) if tokenizer is not None else str(ids)
+        out.append({"task": episode.task_id, "reward": trajectory.reward, "reply": text[:160]})
+        if len(out) == count:
+            break
+    return out
 
 
 def print_summary(s: dict[str, Any]) -> None:
@@ -338,6 +367,10 @@ def print_summary(s: dict[str, Any]) -> None:
             f" ({st['sampling_tokens_per_s']:.0f} tokens/s), train {st['train_s']:.0f} s"
             f" ({st['training_tokens_per_s']:.0f} tokens/s)"
         )
+    if s.get("replies"):
+        print("replies at the last logged step (reward: text):")
+        for r in s["replies"]:
+            print(f"  {r['reward']}: {r['reply']!r}")
     if s.get("exit_status") not in (0, None):
         killed = " (killed: SIGKILL, as the kernel's OOM killer sends)" if s["exit_status"] == -9 else ""
         print(f"rllm train ended with exit status {s['exit_status']}{killed}")
@@ -355,7 +388,9 @@ def main(argv: list[str] | None = None) -> int:
         fresh = summarise(
             folder / "run", args, wall=saved["wall_s"], stopped=saved["stopped_at_budget"], code=None
         )
-        print_summary({**saved, "curve": fresh["curve"], "steps": fresh["steps"]})
+        print_summary(
+            {**saved, "curve": fresh["curve"], "steps": fresh["steps"], "replies": fresh["replies"]}
+        )
         return 0
     return run_benchmark(args)
 

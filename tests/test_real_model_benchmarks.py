@@ -97,3 +97,31 @@ def test_learning_refuses_bad_arguments_before_any_work(argv: list[str]) -> None
     with pytest.raises(SystemExit) as exit_info:
         learning.parse_args(argv)
     assert exit_info.value.code == 2
+
+
+def test_the_learning_summary_shows_what_the_model_wrote(tmp_path: Path) -> None:
+    """The summary decodes one reply per group of the last logged step with the run's own
+    tokenizer: a curve alone could not show the echo hack of issue #48's round 3."""
+    from transformers import AutoTokenizer
+
+    from rllm.engine.training.metrics_log import write_episode_sample
+    from rllm.tiny import init_tiny_model
+    from rllm.types import Episode, Step, Trajectory
+
+    model = init_tiny_model(tmp_path / "model", vocab_words=["seventy", "two", "eleven"], seed=0)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    run = tmp_path / "run"
+    (run / "samples").mkdir(parents=True)
+    (run / "rllm-run.json").write_text(
+        json.dumps({"config": {"backend": {"options": {"model": str(model)}}}})
+    )
+    episodes = []
+    for task, text, reward in [("a", "seventy two", 1.0), ("a", "eleven", 0.0), ("b", "two", 0.0)]:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        step = Step(prompt_ids=[1], completion_ids=ids, completion_logprobs=[-0.5] * len(ids))
+        episodes.append(Episode(task_id=task, trajectories=[Trajectory(steps=[step], reward=reward)]))
+    for step_number in (1, 2):  # the last step's sample is the one read
+        write_episode_sample(run, step_number, episodes[: step_number + 1], [], groups=2)
+    replies = learning.last_replies(run)
+    assert [(r["task"], r["reward"]) for r in replies] == [("a", 1.0), ("b", 0.0)]
+    assert [r["reply"].strip() for r in replies] == ["seventy two", "two"]
