@@ -2,13 +2,13 @@
 
 The task: two-digit additions in ordinary notation (`What is 47 + 25?`), asked through the math
 cookbook's flow (`--agent math`: one chat turn, "Put the final answer in \\boxed{}"), graded by
-math-verify (`rllm.sdk.rewards.math_reward`: the last \\boxed{} if there is one, else math-verify's
-own extraction). Train and held-out splits are disjoint (a fixed shuffle of all 8100 problems;
-the first --val-tasks are held out). Why this task: SmolLM2-135M-Instruct adds two-digit numbers
-right some of the time but seldom boxes its answer or stops inside the token budget: measured
-held-out greedy accuracy at step 0 is 0.12 (2026-12-06, 100 problems, 48 tokens), so it starts
-above 0 but low; RL took it to 0.95 in 10 steps, writing the bare sum (the grade reads it; the box
-was dropped: benchmarks/RESULTS.md).
+value (`rllm.sdk.rewards.math_reward`: the whole last \\boxed{} if there is one, else the reply's
+last number, which must equal the sum; the question restated is no answer). Train and held-out
+splits are disjoint (a fixed shuffle of all 8100 problems; the first --val-tasks are held out).
+Why this task: SmolLM2-135M-Instruct adds two-digit numbers right some of the time but seldom
+boxes its answer or stops inside the token budget: held-out greedy accuracy at step 0 is 0.04
+(2026-12-06, 100 problems, 48 tokens), above 0 but low; RL took it to 0.57 in 10 steps, writing
+`a + b = c` (the box was dropped: benchmarks/RESULTS.md).
 
 The run is the real user path: the splits are written as jsonl, registered with
 `rllm dataset register` (in a private $RLLM_HOME under --out), and trained with
@@ -119,7 +119,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--val-every must be >= 0 and --minutes > 0")
     if args.lr is None:
         # tinker-cookbook's LoRA rule (5e-5 x 10 x (2000 / hidden)^0.781, Llama architectures)
-        # gives ~1.3e-3 for SmolLM2-135M; 1e-3 took it from 0.12 to 0.95 in 10 steps (RESULTS.md).
+        # gives ~1.3e-3 for SmolLM2-135M; 1e-3 took it from 0.04 to 0.57 in 10 steps (RESULTS.md).
         args.lr = 1e-3 if args.mode == "lora" else 1e-5
     return args
 

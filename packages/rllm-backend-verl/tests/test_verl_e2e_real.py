@@ -8,7 +8,7 @@ and checks the server ends up sampling the trainer's last weights.
 
 Opt-in because it costs minutes CI does not have (a 135M model's vLLM start, FSDP steps and
 full-weight syncs on 2 cores); it runs inside ``nox -s verl-e2e``, which provides
-``RLLM_VLLM_PYTHON``. Figures: benchmarks/RESULTS.md, "verl on the real model".
+``RLLM_VLLM_PYTHON``. Figures: benchmarks/RESULTS.md, "verl backend on the CPU".
 """
 
 from __future__ import annotations
