@@ -82,6 +82,8 @@ def test_grade_math_symbolic_equivalence(response, truth, ok):
         ("\\boxed{1{,}234}", "1234", True),
         ("\\boxed{72\\text{ apples}}", "72", True),
         ("\\boxed{$-3.5$}", "-3.5", True),
+        ("\\boxed{\\$72}", "72", True),
+        ("\\boxed{30^{\\circ}}", "30", True),
         ("Thus $x = 1/2$.", "0.5", True),
         # The question restated is no answer (SmolLM2 learned these within 10 steps when
         # math-verify evaluated them to the truth).

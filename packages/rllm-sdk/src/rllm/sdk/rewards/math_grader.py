@@ -79,9 +79,10 @@ _NUMERIC_TRUTH = re.compile(rf"{_DECIMAL}")
 # One numeric answer: \frac{a}{b} (or \dfrac, \tfrac), a/b, or a decimal; the first that fits at a
 # position, so "3/4" is one fraction, not 3 then 4.
 _ATOM = re.compile(rf"\\[dt]?frac\{{({_INT})\}}\{{({_INT})\}}|({_INT})\s*/\s*(\d+)|({_DECIMAL})")
-# What may surround a number in a box without changing it: math mode, spacing, a thousands brace,
-# a percent or unit word after it (``\boxed{72\text{ apples}}``), a final full stop.
-_BOX_NOISE = re.compile(r"\$|\\[,!;: ]|\\text\{[^{}]*\}|\\mathrm\{[^{}]*\}|\\%|%|\s+|\.$")
+# What may surround a number in a box without changing it: math mode, a currency sign, spacing, a
+# thousands brace, a percent, degree or unit word after it (``\boxed{72\text{ apples}}``), a
+# final full stop.
+_BOX_NOISE = re.compile(r"\\?\$|\\[,!;: ]|\\text\{[^{}]*\}|\\mathrm\{[^{}]*\}|\\%|%|\^\{?\\circ\}?|°|\s+|\.$")
 
 
 def _atom_value(match: re.Match[str]) -> tuple[Fraction, bool] | None:
