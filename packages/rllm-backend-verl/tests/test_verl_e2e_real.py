@@ -54,8 +54,8 @@ def _register_additions(home: Path, data: Path) -> None:
     ``VAL_TASKS`` held out), registered in a private ``RLLM_HOME`` as a user would."""
     import random
 
-    rng = random.Random(0)
-    pairs = [(rng.randint(10, 99), rng.randint(10, 99)) for _ in range(VAL_TASKS + 400)]
+    every = [(a, b) for a in range(10, 100) for b in range(10, 100)]
+    pairs = random.Random(0).sample(every, VAL_TASKS + 400)  # distinct: none held out is trained on
     data.mkdir(parents=True)
     for split, rows in (("test", pairs[:VAL_TASKS]), ("train", pairs[VAL_TASKS:])):
         path = data / f"{split}.jsonl"
