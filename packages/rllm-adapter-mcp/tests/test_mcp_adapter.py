@@ -125,3 +125,26 @@ def test_a_bad_task_file_is_refused_naming_its_line(rows: list[dict], message: s
         cli, ["eval", f"mcp:{tmp_path}/none.jsonl", "--base-url", "http://127.0.0.1:9/v1"]
     )
     assert missing.exit_code != 0 and "no such task file" in missing.output
+
+
+async def test_a_start_up_ended_by_the_transports_own_error_is_still_the_servers() -> None:
+    """The other way a dying server ends start-up (by timing, under load): the transport's task
+    group cancels initialize() and leaves only its reader's error in the group. While starting,
+    that is the server's failure too (an agent_error once, at load ~7 in CI); once started, an
+    error is classified as without MCP."""
+    import asyncio
+
+    import anyio
+    from rllm_adapter_mcp.servers import _unwrapped
+
+    from rllm.sdk.errors import InfraError
+
+    def while_starting(exc: BaseException) -> BaseException | None:
+        return InfraError(f"MCP server 'broken' failed to start: {type(exc).__name__}")
+
+    with pytest.raises(InfraError, match="failed to start: ClosedResourceError"):
+        async with _unwrapped(while_starting):
+            raise BaseExceptionGroup("transport", [anyio.ClosedResourceError(), asyncio.CancelledError()])
+    with pytest.raises(anyio.ClosedResourceError):
+        async with _unwrapped():  # started: not recast
+            raise BaseExceptionGroup("transport", [anyio.ClosedResourceError()])

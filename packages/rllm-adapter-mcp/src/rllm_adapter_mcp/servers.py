@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import timedelta
 from typing import IO, Any, TextIO, cast
 
@@ -167,7 +167,15 @@ async def connect(spec: McpServerSpec) -> AsyncIterator[McpConnection]:
             else None
         )
         probe = McpConnection(spec, None, stderr, inside)
-        async with _unwrapped(), contextlib.AsyncExitStack() as stack:
+        started = False
+
+        def while_starting(exc: BaseException) -> BaseException | None:
+            # A server that dies during start-up can end it two ways, by timing: initialize()
+            # fails (caught below), or the transport's task group cancels it and leaves only the
+            # reader's error (a closed stream) in the group. Either way the agent had not acted.
+            return None if started else probe.failure("failed to start", exc)
+
+        async with _unwrapped(while_starting), contextlib.AsyncExitStack() as stack:
             try:
                 # The transport's and session's anyio task groups are entered and left in this
                 # task (asyncio.timeout, not wait_for, which would run them in another).
@@ -177,14 +185,18 @@ async def connect(spec: McpServerSpec) -> AsyncIterator[McpConnection]:
                     await session.initialize()
             except Exception as exc:
                 raise probe.failure("failed to start", exc) from exc
+            started = True
             yield McpConnection(spec, session, stderr, inside)
 
 
 @contextlib.asynccontextmanager
-async def _unwrapped() -> AsyncIterator[None]:
+async def _unwrapped(
+    recast: Callable[[BaseException], BaseException | None] = lambda exc: None,
+) -> AsyncIterator[None]:
     """The one error that matters out of the exception group mcp's anyio task groups raise on the
     way out: our InfraError if there is one, else the first other error itself (the rollout's own,
-    classified as it would be without MCP: a bug stays the agent's)."""
+    classified as it would be without MCP: a bug stays the agent's) — or what ``recast`` makes of
+    it (the connection's start-up: the server's failure)."""
     try:
         yield
     except BaseExceptionGroup as group:
@@ -195,7 +207,17 @@ async def _unwrapped() -> AsyncIterator[None]:
         other = next((e for e in leaves if not isinstance(e, asyncio.CancelledError)), None)
         if other is None:
             raise
+        recast_as = recast(other)
+        if recast_as is not None:
+            raise recast_as from other
         raise other from None
+    except InfraError:
+        raise
+    except Exception as exc:  # one error, not grouped: the same rule
+        recast_as = recast(exc)
+        if recast_as is None:
+            raise
+        raise recast_as from exc
 
 
 def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
