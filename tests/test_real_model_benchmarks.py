@@ -33,7 +33,7 @@ learning = _script("real_model_learning")
 def test_sampling_defaults_are_the_issue_s_concurrencies_with_every_peer() -> None:
     args = sampling.parse_args([])
     assert args.concurrency == [1, 8, 32]
-    assert args.peers == ["local", "transformers", "vllm"]
+    assert args.peers == ["local", "transformers", "vllm", "ceiling"]
 
 
 @pytest.mark.parametrize(
@@ -53,6 +53,22 @@ def test_sampling_smoke_is_small_and_leaves_vllm_out() -> None:
     args = sampling.parse_args(["--smoke"])
     assert (args.concurrency, args.max_tokens, args.rounds) == ([1, 2], 4, 1)
     assert "vllm" not in args.peers
+
+
+def test_the_ceiling_runs_every_linear_layer_once_per_decode_step() -> None:
+    import asyncio
+
+    import torch
+
+    calls: list[tuple[int, ...]] = []
+    model = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.ReLU(), torch.nn.Linear(10, 3))
+    for layer in model:
+        layer.register_forward_hook(lambda _m, inputs, _o: calls.append(tuple(inputs[0].shape)))
+    args = sampling.parse_args(["--concurrency", "3", "--max-tokens", "8", "--rounds", "2"])
+    cells = asyncio.run(sampling.linears_cells(model, args))
+    tokens, seconds = cells[3]
+    assert tokens == 3 * 2 and seconds > 0  # 8 tokens // 4 = 2 decode steps of 3 rows a round
+    assert calls == [(3, 6), (3, 10)] * 2 * 3  # both layers, each step, warm-up + 2 rounds
 
 
 def test_an_absent_vllm_is_skipped_with_how_to_make_it(

@@ -54,5 +54,8 @@ def test_the_real_model_cpu_preset_loads_with_its_documented_values() -> None:
     # A key given replaces its default whole: sampling keeps the policy's temperature.
     assert config.rollout.sampling.temperature == 1.0 and config.rollout.sampling.max_tokens == 128
     assert config.rollout.val_sampling is not None and config.rollout.val_sampling.temperature == 0.0
+    # The answer format is part of the reward (measured: without it the box is dropped).
+    assert config.cookbook_options == {"format_coef": 1.0}
+    assert cookbook.with_options(config.cookbook_options).evaluator.format_coef == 1.0  # type: ignore[attr-defined]
     readme = (ROOT / "math" / "README.md").read_text()
-    assert "configs/smollm2_cpu.yaml" in readme
+    assert "configs/smollm2_cpu.yaml" in readme and "`cookbook_options.format_coef` | 1.0" in readme
