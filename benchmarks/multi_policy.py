@@ -123,20 +123,11 @@ OWN_POLICY = {"solver-judge": "judge", "guess-number": "guesser"}
 _NUMBER = re.compile(r"-?\d+")
 
 
-def additions(count: int, a_max: int, b_max: int, seed: str) -> list[tuple[int, int]]:
-    """``count`` distinct (a, b) pairs, 1 <= a <= ``a_max``, 1 <= b <= ``b_max``, in a fixed order per seed."""
-    pairs = [(a, b) for a in range(1, a_max + 1) for b in range(1, b_max + 1)]
-    random.Random(seed).shuffle(pairs)
-    if count > len(pairs):
-        raise SystemExit(
-            f"asked for {count} additions; --a-max {a_max} and --b-max {b_max} make {len(pairs)}"
-        )
-    return pairs[:count]
-
-
 def split_pairs(warm: int, a_max: int, b_max: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-    """Warm-start questions (the first ``warm``) and RL tasks (every other pair): disjoint."""
-    pairs = additions((a_max * b_max), a_max, b_max, "multi-policy-real")
+    """Every (a, b) with 1 <= a <= ``a_max`` and 1 <= b <= ``b_max``, in a fixed shuffled order:
+    the first ``warm`` are the warm-start questions, the rest the RL tasks (disjoint)."""
+    pairs = [(a, b) for a in range(1, a_max + 1) for b in range(1, b_max + 1)]
+    random.Random("multi-policy-real").shuffle(pairs)
     if not 0 < warm < len(pairs):
         raise SystemExit(f"--warm-questions must be between 1 and {len(pairs) - 1}, got {warm}")
     return pairs[:warm], pairs[warm:]
@@ -259,11 +250,10 @@ def addition_cookbook(pairs: list[tuple[int, int]]) -> Any:
 
 
 def real_overrides(model: Path, threads: int) -> list[str]:
-    """The real model's settings (the math cookbook's CPU preset: LoRA 16 at 1e-3, small micro-batches)."""
+    """The real model's settings (the math cookbook's CPU preset: LoRA 16, small micro-batches)."""
     return [
         f"backend.options.model={model}",
         "backend.options.lora.rank=16",
-        "backend.options.learning_rate=1e-3",
         "backend.options.micro_batch_tokens=256",
         "backend.options.gradient_checkpointing=true",
         f"backend.options.torch_threads={threads}",
@@ -297,12 +287,9 @@ def curve(
         f"rollout.sampling.max_tokens={args.max_tokens}",
         "algorithm.filter_zero_variance=false",
     ]
-    lr = 1e-3 if real else 0.02
-    overrides += (
-        real_overrides(real[0], 2)
-        if real
-        else ["backend.options.lora.rank=4", f"backend.options.learning_rate={lr}"]
-    )
+    lr = 1e-3 if real else 0.02  # the CPU preset's LoRA rate on the real model
+    overrides += real_overrides(real[0], 2) if real else ["backend.options.lora.rank=4"]
+    overrides.append(f"backend.options.learning_rate={lr}")
     if separate:
         own = OWN_POLICY[args.cookbook]
         overrides += [f"policies.{own}.learning_rate={lr}", f"roles.{own}={own}"]
@@ -337,12 +324,12 @@ def curves(args: argparse.Namespace) -> None:
         if args.real:
             if args.cookbook != "solver-judge":
                 raise SystemExit("--real draws the solver-judge curves only")
+            warm, tasks = split_pairs(args.warm_questions, args.a_max, args.b_max)  # refused before any write
             if folder.exists() and any(folder.iterdir()):
                 raise SystemExit(f"--out {folder} holds an earlier run: give an empty or new folder")
             folder.mkdir(parents=True, exist_ok=True)
             from rllm.testing.real_model import smollm2_model
 
-            warm, tasks = split_pairs(args.warm_questions, args.a_max, args.b_max)
             real = (warm_start(folder, smollm2_model(), warm, threads=2), tasks)
         runs = {}
         for name, separate in (("one shared policy", False), ("two policies", True)):
