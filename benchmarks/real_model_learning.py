@@ -44,6 +44,11 @@ from pathlib import Path
 from typing import Any
 
 DATASET = "arith-add"
+# additions: DATASET, registered from problems() (--val-tasks held out) and trained with the math
+# agent; math-arith: the cookbook in ordinary notation, with its own 200 held-out problems and its
+# difficulty levels (one-, two-, three-digit operands), so a run can start at level 0 with
+# rollout.curriculum.promote, which a registered dataset has no levels for.
+TASKS = ("additions", "math-arith")
 
 
 def problems() -> list[tuple[int, int]]:
@@ -103,6 +108,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--question", default=QUESTION, help="question template with {a} and {b} (default: %(default)s)"
     )
+    p.add_argument(
+        "--task",
+        choices=TASKS,
+        default="additions",
+        help="additions: the registered two-digit additions (default); math-arith: the math-arith"
+        " cookbook in plain notation (two-digit + and -, 200 held out), whose difficulty levels"
+        " rollout.curriculum.promote climbs",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true", help="replace an earlier run in --out")
     p.add_argument("--smoke", action="store_true", help="1 step, 2 tasks x 2, 8 tokens, 4 held out")
@@ -153,7 +166,11 @@ def train_command(args: argparse.Namespace, model: Path, run: Path) -> list[str]
     ]
     if args.threads:
         overrides.append(f"backend.options.torch_threads={args.threads}")
-    command = [sys.executable, "-m", "rllm.cli.main", "train", DATASET, "--agent", "math", "--out", str(run)]
+    target = [DATASET, "--agent", "math"]
+    if args.task == "math-arith":
+        target = ["math-arith"]
+        overrides.append("cookbook_options.notation=plain")
+    command = [sys.executable, "-m", "rllm.cli.main", "train", *target, "--out", str(run)]
     return [*command, *(["--overwrite"] if args.overwrite else []), *overrides, *args.overrides]
 
 
@@ -220,7 +237,8 @@ def run_benchmark(args: argparse.Namespace) -> int:
 
         model = smollm2_model()
     env = {**os.environ, "RLLM_HOME": str(out / "rllm-home")}
-    for split, path in write_splits(out / "data", args.val_tasks, args.question).items():
+    splits = write_splits(out / "data", args.val_tasks, args.question) if args.task == "additions" else {}
+    for split, path in splits.items():
         register = [sys.executable, "-m", "rllm.cli.main", "dataset", "register", DATASET, str(path)]
         subprocess.run(
             [*register, "--split", split, "--force"], env=env, check=True, stdout=subprocess.DEVNULL

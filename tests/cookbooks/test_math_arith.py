@@ -172,3 +172,51 @@ def test_difficulty_levels_are_the_sdk_protocol_and_level_one_is_the_standard_sp
     # rollout.curriculum.promote starts a run at level 0.
     config, cookbook = load_train_config("math-arith", overrides=["rollout.curriculum.promote=0.8"])
     assert [t.id for t in sampler_for(config, cookbook).tasks][:1] == ["train-L0-0000"]
+
+
+def test_plain_notation_writes_the_same_problems_as_a_real_tokenizer_reads_them():
+    """cookbook_options.notation=plain: ``What is 47 + 25?`` for every split and level, with the
+    spaced notation's ids and answers (a run on a real model trains and validates on the same
+    problems); the training config picks it up, promotion included."""
+    from rllm.engine.training.launch import load_train_config
+    from rllm.engine.training.task_sampler import sampler_for
+
+    plain = arith_cookbook.with_options({"notation": "plain"})
+    assert arith_cookbook.with_options({"notation": "spaced"}).load_tasks("test") == arith.load_tasks("test")
+    for split in ("train", "test"):
+        spaced_tasks, plain_tasks = arith.load_tasks(split), plain.load_tasks(split)
+        assert [(t.id, t.ground_truth) for t in plain_tasks] == [(t.id, t.ground_truth) for t in spaced_tasks]
+        for before, after in zip(spaced_tasks[:50], plain_tasks[:50], strict=True):
+            a, op, b = re.fullmatch(r"What is ([\d ]+) ([+-]) ([\d ]+) \?", before.instruction).groups()
+            assert after.instruction == f"What is {a.replace(' ', '')} {op} {b.replace(' ', '')}?"
+    assert plain.levels is not None and plain.levels.load_level("train", 1) == plain.load_tasks("train")
+    for level, digits in enumerate(arith.LEVEL_DIGITS):
+        for task in plain.levels.load_level("test", level):
+            a, op, b = re.fullmatch(r"What is (\d+) ([+-]) (\d+)\?", task.instruction).groups()
+            assert max(len(a), len(b)) == digits and task.ground_truth == str(
+                arith.answer(int(a), op, int(b))
+            )
+    config, cookbook = load_train_config(
+        "math-arith", overrides=["cookbook_options.notation=plain", "rollout.curriculum.promote=0.8"]
+    )
+    first = sampler_for(config, cookbook).tasks[0]
+    assert first.id == "train-L0-0000" and re.fullmatch(r"What is \d \S \d\?", first.instruction)
+
+
+@pytest.mark.parametrize(
+    ("cookbook", "options", "message"),
+    [
+        ("math-arith", {"notation": "words"}, r"notation must be one of \['spaced', 'plain'\], got 'words'"),
+        (
+            "math-arith",
+            {"notaton": "plain"},
+            r"unknown math option\(s\) \['notaton'\]; known: \['format_coef', 'notation'\]",
+        ),
+        ("math", {"notation": "plain"}, r"unknown math option\(s\) \['notation'\]; known: \['format_coef'\]"),
+    ],
+)
+def test_a_bad_notation_is_refused_naming_it(cookbook, options, message):
+    from rllm.engine.plugins import load_cookbook
+
+    with pytest.raises(ValueError, match=message):
+        load_cookbook(cookbook).with_options(options)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 from rllm.sdk import rollout, sampling_kwargs
@@ -47,19 +48,21 @@ class MathEvaluator:
 
 
 OPTIONS = ("format_coef",)
+ARITH_OPTIONS = (*OPTIONS, "notation")  # notation: arith.NOTATIONS, how the problems are written
 
 
-def _format_coef(options: dict[str, Any]) -> float:
-    unknown = sorted(set(options) - set(OPTIONS))
+def _format_coef(options: dict[str, Any], known: tuple[str, ...] = OPTIONS) -> float:
+    unknown = sorted(set(options) - set(known))
     if unknown:
-        raise InputError(f"unknown math option(s) {unknown}; known: {list(OPTIONS)}")
+        raise InputError(f"unknown math option(s) {unknown}; known: {list(known)}")
     return checked_format_coef(options.get("format_coef", 0.0))
 
 
-def _configured(base: Cookbook, options: dict[str, Any]) -> Cookbook:
+def _configured(base: Cookbook, options: dict[str, Any], known: tuple[str, ...] = OPTIONS) -> Cookbook:
     """``base`` with its evaluator set up from ``cookbook_options`` (``rllm eval --option``)."""
     evaluator = base.evaluator
-    return dataclasses.replace(base, evaluator=MathEvaluator(_format_coef(options), evaluator.digits_joined))
+    evaluator = MathEvaluator(_format_coef(options, known), evaluator.digits_joined)
+    return dataclasses.replace(base, evaluator=evaluator)
 
 
 def _configure_math(options: dict[str, Any]) -> Cookbook:
@@ -67,7 +70,19 @@ def _configure_math(options: dict[str, Any]) -> Cookbook:
 
 
 def _configure_arith(options: dict[str, Any]) -> Cookbook:
-    return _configured(arith_cookbook, options)
+    """``format_coef`` as for ``math``; ``notation`` (``spaced``, the default, or ``plain``: ``What
+    is 47 + 25?`` for a real model's tokenizer) rewrites every split and level's problems."""
+    configured = _configured(arith_cookbook, options, ARITH_OPTIONS)
+    notation = options.get("notation", "spaced")
+    if notation not in arith.NOTATIONS:
+        raise InputError(f"notation must be one of {list(arith.NOTATIONS)}, got {notation!r}")
+    if notation == "spaced":
+        return configured
+    return dataclasses.replace(
+        configured,
+        load_tasks=functools.partial(arith.load_tasks, notation=notation),
+        levels=arith.ArithLevels(notation),
+    )
 
 
 math_evaluator = MathEvaluator()

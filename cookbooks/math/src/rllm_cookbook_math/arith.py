@@ -14,6 +14,10 @@ Splits: ``train`` (2000 problems) and ``test`` (200, held out: no (a, op, b) of 
 Difficulty levels (``LEVELS``, an ``rllm.sdk.cookbook.DifficultyLevels``): operands of one digit
 (level 0), two (level 1: exactly the splits above) and three (level 2). ``rllm train math-arith
 rollout.curriculum.promote=0.8`` starts at level 0 and moves up as the run passes each level.
+
+Notation (the cookbook option ``notation``): ``spaced`` (the default, for the word-level tokenizer)
+or ``plain``, ``What is 47 + 25?``, as a real model's tokenizer reads numbers: the same problems,
+ids and answers either way.
 """
 
 from __future__ import annotations
@@ -33,8 +37,14 @@ OPS = ("+", "-")
 INSTRUCTIONS = "Solve the problem. Put the final answer in \\boxed{}."
 
 
-def problem_text(a: int, op: str, b: int) -> str:
-    """``What is 4 7 + 2 5 ?`` (digits spaced: one token each for the word-level tokenizer)."""
+NOTATIONS = ("spaced", "plain")
+
+
+def problem_text(a: int, op: str, b: int, notation: str = "spaced") -> str:
+    """``What is 4 7 + 2 5 ?`` (``spaced``: one token a digit for the word-level tokenizer) or
+    ``What is 47 + 25?`` (``plain``)."""
+    if notation == "plain":
+        return f"What is {a} {op} {b}?"
     return f"What is {' '.join(str(a))} {op} {' '.join(str(b))} ?"
 
 
@@ -105,19 +115,26 @@ def _split_problems() -> dict[str, list[tuple[int, str, int]]]:
     return {"test": test, "train": rest[: SPLIT_SIZES["train"]], "pool": rest}
 
 
-def generate(split: str) -> list[dict[str, Any]]:
+def generate(split: str, notation: str = "spaced") -> list[dict[str, Any]]:
     """The rows of ``split`` (``train`` or ``test``): id, question, answer."""
     splits = _split_problems()
     if split not in SPLIT_SIZES:
         raise InputError(f"the math-arith cookbook has splits 'train', 'test', not {split!r}")
     return [
-        {"id": f"{split}-{i:04d}", "question": problem_text(a, op, b), "answer": str(answer(a, op, b))}
+        {
+            "id": f"{split}-{i:04d}",
+            "question": problem_text(a, op, b, notation),
+            "answer": str(answer(a, op, b)),
+        }
         for i, (a, op, b) in enumerate(splits[split])
     ]
 
 
-def load_tasks(split: str) -> list[Task]:
-    return [Task(id=r["id"], instruction=r["question"], ground_truth=r["answer"]) for r in generate(split)]
+def load_tasks(split: str, notation: str = "spaced") -> list[Task]:
+    return [
+        Task(id=r["id"], instruction=r["question"], ground_truth=r["answer"])
+        for r in generate(split, notation)
+    ]
 
 
 LEVEL_DIGITS = (1, 2, 3)  # operand digits at each difficulty level; level 1 is the splits above
@@ -147,8 +164,11 @@ def _level_split(level: int) -> dict[str, list[tuple[int, str, int]]]:
 
 class ArithLevels:
     """``math-arith``'s tasks by difficulty (``rllm.sdk.cookbook.DifficultyLevels``): one-, two- and
-    three-digit operands. Level 1 is ``load_tasks`` itself (same ids); the others' ids name their
-    level (``train-L0-0007``)."""
+    three-digit operands, written in ``notation``. Level 1 is ``load_tasks`` itself (same ids); the
+    others' ids name their level (``train-L0-0007``)."""
+
+    def __init__(self, notation: str = "spaced") -> None:
+        self.notation = notation
 
     def level_count(self) -> int:
         return len(LEVEL_DIGITS)
@@ -159,11 +179,11 @@ class ArithLevels:
         if not 0 <= level < len(LEVEL_DIGITS):
             raise InputError(f"math-arith has difficulty levels 0 to {len(LEVEL_DIGITS) - 1}, not {level}")
         if level == 1:
-            return load_tasks(split)
+            return load_tasks(split, self.notation)
         return [
             Task(
                 id=f"{split}-L{level}-{i:04d}",
-                instruction=problem_text(a, op, b),
+                instruction=problem_text(a, op, b, self.notation),
                 ground_truth=str(answer(a, op, b)),
             )
             for i, (a, op, b) in enumerate(_level_split(level)[split])
