@@ -9,8 +9,9 @@ seed changes the sampling. Each arm's command is watched while it runs and stopp
 trailing ``--window``-step mean of ``reward/task_mean`` (each task's mean reward, averaged: the
 curriculum draws some tasks more often and dynamic sampling adds groups, so ``reward/mean`` would
 not compare across arms) reaches ``--target``, or after ``--max-steps``; its wall time to the
-target counts from the command's start (start-up included, reported beside it). The run prints
-steps and wall seconds to the target and the final reward (the last window's mean) per arm and
+target counts from the command's start (start-up included, reported beside it; one untimed
+2-step run first takes the machine's cold start, which would otherwise fall on the first arm).
+The run prints steps and wall seconds to the target and the final reward (the last window's mean) per arm and
 seed, then per arm the seeds that reached the target and the median wall time to it over plain's
 median, and the median of its per-seed ratio to plain's on the seeds plain reaches (paired).
 Target (issue #51): with the curriculum (or both) every seed reaches 0.9, and the median wall
@@ -26,14 +27,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from distill_vs_rl import QUIET, WORDS, run_to_target
+from distill_vs_rl import QUIET, WORDS, command, run_to_target
 
 METRIC = "reward/task_mean"
 ARMS: dict[str, list[str]] = {
@@ -83,6 +86,19 @@ def run_arm(arm: str, seed: int, opts: argparse.Namespace, work: Path, env: dict
         result["capped_steps"] = sum(int(r["dynamic_sampling/capped"]) for r in rows)
         result["rollouts"] = sum(int(r["episodes"]) for r in rows)
     return result
+
+
+def warm_up(opts: argparse.Namespace, work: Path, env: dict[str, str]) -> None:
+    """Two untimed steps of the plain command first: the first `rllm train` on a machine pays a
+    cold start (round 8: 9.3 s against 3.7–4.3 s for every later one), which would otherwise fall
+    on whichever arm runs first."""
+    args = arm_args("plain", opts, fresh_student(work), 0)
+    args[args.index("--out") + 1] = "warm-up"
+    args[args.index(f"total_steps={opts.max_steps}")] = "total_steps=2"
+    shutil.rmtree(work / "warm-up", ignore_errors=True)
+    subprocess.run(
+        command(args), cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, check=True
+    )
 
 
 def summary(table: dict[int, dict[str, Any]], arms: list[str], target: float) -> list[str]:
@@ -139,6 +155,7 @@ def main() -> None:
     env = {**os.environ, "RLLM_HOME": str(work / "home")}
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # as distill_vs_rl.py: compiled bytecode, as users have
     print(json.dumps({"settings": {arm: arm_args(arm, opts, work / "student", 0) for arm in opts.arms}}))
+    warm_up(opts, work, env)
     table: dict[int, dict[str, Any]] = {}
     for seed in opts.seeds:
         # The arms' order turns with the seed, so no arm always runs first (a cold page cache).
