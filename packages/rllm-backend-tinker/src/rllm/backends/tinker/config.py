@@ -90,6 +90,11 @@ class TinkerBackendConfig(AdamWSettings, kw_only=True, forbid_unknown_fields=Tru
     # "none": no sampler at all, only training, checkpoints and held-out loss (`rllm sft`'s
     # default: no second copy of the weights, no sampler thread or HTTP server to start).
     sampler_weights: Literal["copy", "shared", "none"] = "copy"
+    # The sampler copy's dtype ("same": the trainer's). "bfloat16" beside a float32 trainer samples
+    # faster where the hardware multiplies bf16 (CUDA, CPUs with AMX: 1.6x on SmolLM2, 2026-12-07)
+    # and costs a train/sampler logprob gap of ~0.06 nats a token, which the trainer's token truth
+    # reports (benchmarks/RESULTS.md, "real_model_sampling.py"). Needs sampler_weights = "copy".
+    sampler_dtype: Literal["same", "float32", "bfloat16", "float16"] = "same"
     # Local service: decoder layers keep only their input for backward and recompute the rest
     # (about a third more compute, a fraction of the activation memory). "auto": on when the
     # memory estimate says the micro-batch would otherwise have to shrink below its target.
@@ -125,6 +130,12 @@ class TinkerBackendConfig(AdamWSettings, kw_only=True, forbid_unknown_fields=Tru
             (self.sampler_max_tokens >= 1, "sampler_max_tokens", "must be >= 1"),
             (self.sampler_max_queued >= 1, "sampler_max_queued", "must be >= 1"),
             (self.torch_threads >= 0, "torch_threads", "must be >= 0"),
+            (
+                self.sampler_dtype == "same" or self.sampler_weights == "copy",
+                "sampler_dtype",
+                f'{self.sampler_dtype!r} needs the sampler\'s own weights (sampler_weights = "copy"),'
+                f" not {self.sampler_weights!r}",
+            ),
             # Checked here, not by torch once the model is loading (seconds later).
             (
                 re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device) is not None,

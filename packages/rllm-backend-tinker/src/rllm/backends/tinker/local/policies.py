@@ -99,17 +99,29 @@ def activate(model: Any, policy: str) -> None:
     model.set_adapter(policy)
 
 
-def sampler_copies(model: Any, policies: list[str], adapter_names: dict[str, list[str]]) -> dict[str, Any]:
+def sampler_copies(
+    model: Any, policies: list[str], adapter_names: dict[str, list[str]], dtype: torch.dtype | None = None
+) -> dict[str, Any]:
     """One sampler model per policy: the base weights shared with the trained model, every
-    adapter copied, the policy's adapter active."""
+    adapter copied, the policy's adapter active. With ``dtype`` (``sampler_dtype``) the base is
+    cast once, into weights the sampler copies share with each other, never the trainer's."""
     adapters = {name for names in adapter_names.values() for name in names}
     shared = {id(p): p for n, p in model.named_parameters() if n not in adapters}
+    if dtype is not None:
+        shared = {
+            key: torch.nn.Parameter(
+                p.detach().to(dtype) if p.is_floating_point() else p.detach(), requires_grad=False
+            )
+            for key, p in shared.items()
+        }
     copies: dict[str, Any] = {}
     for policy in policies:
         copied = copy.deepcopy(model, memo=dict(shared)).eval()
         copied.set_adapter(policy)
         for p in copied.parameters():
             p.requires_grad_(False)
+            if dtype is not None and p.is_floating_point() and p.dtype != dtype:
+                p.data = p.data.to(dtype)  # its adapters (the base is cast above)
         copies[policy] = copied
     return copies
 

@@ -38,14 +38,34 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def sampler_copy(model: torch.nn.Module) -> torch.nn.Module:
+def sampler_copy(model: torch.nn.Module, dtype: torch.dtype | None = None) -> torch.nn.Module:
     """The sampler's own copy of the policy. Weights that never train (LoRA's frozen base) are the
-    same tensors in both: only the trainable ones, which sync_weights copies, are duplicated."""
-    frozen = {id(p): p for p in model.parameters() if not p.requires_grad}
+    same tensors in both: only the trainable ones, which sync_weights copies, are duplicated. With
+    ``dtype`` (``sampler_dtype``) every weight is the copy's own, in that dtype."""
+    frozen = {} if dtype is not None else {id(p): p for p in model.parameters() if not p.requires_grad}
     copied = copy.deepcopy(model, memo=dict(frozen)).eval()
     for p in copied.parameters():
         p.requires_grad_(False)
+        if dtype is not None and p.is_floating_point():
+            # Parameters only: buffers such as RoPE's inverse frequencies keep their precision.
+            p.data = p.data.to(dtype)
     return copied
+
+
+def sampler_models(
+    model: torch.nn.Module,
+    config: TinkerBackendConfig,
+    specs: list[multi.PolicySpec],
+    adapter_names: dict[str, list[str]],
+    dtype: torch.dtype | None,
+    trainer_dtype: torch.dtype,
+) -> dict[str, torch.nn.Module]:
+    """Each policy's sampler model: its copy (in ``dtype``, ``sampler_dtype``, where that is not
+    the trainer's), or the trained module itself with ``sampler_weights = "shared"``."""
+    cast = dtype if dtype is not None and dtype != trainer_dtype else None
+    if specs:
+        return multi.sampler_copies(model, [s.name for s in specs], adapter_names, cast)
+    return {multi.DEFAULT_POLICY: sampler_copy(model, cast) if config.sampler_weights == "copy" else model}
 
 
 class LocalService:
@@ -110,10 +130,8 @@ class LocalService:
             logger.info("local tinker service: %s on %s (%s, %d threads), no sampler", cfg.model,
                         self.device, self.dtype, threads)  # fmt: skip
             return
-        if self.specs:
-            copies = multi.sampler_copies(model, [s.name for s in self.specs], self._adapter_names)
-        else:
-            copies = {multi.DEFAULT_POLICY: sampler_copy(model) if cfg.sampler_weights == "copy" else model}
+        sampler_dtype = resolve_dtype(cfg.sampler_dtype, self.device) if cfg.sampler_dtype != "same" else None
+        copies = sampler_models(model, cfg, self.specs, self._adapter_names, sampler_dtype, self.dtype)
         for name, sampler_model in copies.items():
             self.engines[name] = SamplerEngine(
                 sampler_model,
