@@ -122,6 +122,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--analyze", metavar="OUT", help="print the summary of a finished benchmark folder")
     p.add_argument("overrides", nargs="*", help="more `rllm train` key=value overrides")
     args = p.parse_args(argv)
+    if args.task == "math-arith":  # the cookbook's own held-out split and questions: never ignored silently
+        given = [
+            f"--{n.replace('_', '-')}"
+            for n in ("val_tasks", "question")
+            if getattr(args, n) != p.get_default(n)
+        ]
+        if given:
+            p.error(
+                f"only --task additions takes {', '.join(given)}: math-arith holds out its own 200"
+                " problems and writes its own questions"
+            )
     if args.smoke:
         args.steps, args.tasks_per_step, args.group_size, args.max_tokens = 1, 2, 2, 8
         args.val_tasks, args.val_every, args.micro_batch_tokens = 4, 1, 256

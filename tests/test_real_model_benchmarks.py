@@ -143,7 +143,15 @@ def test_the_math_arith_task_trains_the_cookbook_in_plain_notation_with_its_leve
 
 
 @pytest.mark.parametrize(
-    "argv", [["--steps", "0"], ["--mode", "qlora"], ["--minutes", "0"], ["--task", "sums"]]
+    "argv",
+    [
+        ["--steps", "0"],
+        ["--mode", "qlora"],
+        ["--minutes", "0"],
+        ["--task", "sums"],
+        ["--task", "math-arith", "--val-tasks", "50"],
+        ["--task", "math-arith", "--question", "Add {a} and {b}."],
+    ],
 )
 def test_learning_refuses_bad_arguments_before_any_work(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
