@@ -57,12 +57,13 @@ def sampler_models(
     config: TinkerBackendConfig,
     specs: list[multi.PolicySpec],
     adapter_names: dict[str, list[str]],
-    dtype: torch.dtype | None,
+    device: torch.device,
     trainer_dtype: torch.dtype,
 ) -> dict[str, torch.nn.Module]:
-    """Each policy's sampler model: its copy (in ``dtype``, ``sampler_dtype``, where that is not
-    the trainer's), or the trained module itself with ``sampler_weights = "shared"``."""
-    cast = dtype if dtype is not None and dtype != trainer_dtype else None
+    """Each policy's sampler model: its copy (in ``sampler_dtype`` where that is not the
+    trainer's), or the trained module itself with ``sampler_weights = "shared"``."""
+    wanted = trainer_dtype if config.sampler_dtype == "same" else resolve_dtype(config.sampler_dtype, device)
+    cast = wanted if wanted != trainer_dtype else None
     if specs:
         return multi.sampler_copies(model, [s.name for s in specs], adapter_names, cast)
     return {multi.DEFAULT_POLICY: sampler_copy(model, cast) if config.sampler_weights == "copy" else model}
@@ -130,8 +131,7 @@ class LocalService:
             logger.info("local tinker service: %s on %s (%s, %d threads), no sampler", cfg.model,
                         self.device, self.dtype, threads)  # fmt: skip
             return
-        sampler_dtype = resolve_dtype(cfg.sampler_dtype, self.device) if cfg.sampler_dtype != "same" else None
-        copies = sampler_models(model, cfg, self.specs, self._adapter_names, sampler_dtype, self.dtype)
+        copies = sampler_models(model, cfg, self.specs, self._adapter_names, self.device, self.dtype)
         for name, sampler_model in copies.items():
             self.engines[name] = SamplerEngine(
                 sampler_model,
