@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
 import os
+import select
 import shutil
 import signal
 from pathlib import Path
@@ -245,6 +247,10 @@ async def test_a_warm_docker_desktop_takes_clicks_and_text_through_its_helper(tm
     finally:
         await sandbox.close()
         await pool.close()
+    # close() kills the X server; the kernel ends it a moment later (CI saw it still listed once):
+    # wait on each one's exit itself (a pidfd), then nothing of that screen may be left.
+    for pid in x_servers("360x260x24"):
+        assert await asyncio.to_thread(exits_within, pid, 30.0), f"X server {pid} outlived close()"
     assert x_servers("360x260x24") == []
     assert not root.exists() and not await sandbox.is_alive()
 
@@ -257,11 +263,26 @@ def x_servers(screen: str) -> list[int]:
     for pid in host_processes_with(screen):
         try:
             with open(f"/proc/{pid}/comm") as f:
-                if f.read().strip() == "Xvfb":
-                    found.append(pid)
+                comm = f.read().strip()
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
+        if comm == "Xvfb" and state not in ("Z", "X"):  # an exited one not yet reaped is gone
+            found.append(pid)
     return found
+
+
+def exits_within(pid: int, seconds: float) -> bool:
+    """Whether process ``pid`` has exited or does within ``seconds`` (its pidfd turns readable)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], seconds)[0])
+    finally:
+        os.close(fd)
 
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="apt-get install bubblewrap")
