@@ -42,11 +42,13 @@ def test_training_improves_reward(tmp_path: Path) -> None:
     result = asyncio.run(trainer.fit())
     rewards = [row["reward/mean"] for row in read_metrics(tmp_path / "metrics.jsonl")]
     assert len(rewards) == 80 and result.steps == 80
-    # Sampling order varies with request batching, so the bar leaves room: a random policy
-    # scores close to 0 (benchmarks/history/issue-14.md, "Figures moved out of code comments"); the
-    # last ten steps must be far above it.
+    # A run is reproducible on one machine, not across CPUs (the sampler's kernels differ), and
+    # plain RL's speed on this game varies with the trajectory: the last ten steps' mean spread
+    # over 0.23-0.66 in eleven runs (benchmarks/history/checks.md, "test_training_improves_reward
+    # across seeds and CPUs"). A random policy scores about 0.01; the bar is far above it and far
+    # below the slowest run seen.
     assert mean(rewards[:5]) < 0.1
-    assert mean(rewards[-10:]) >= 0.3, rewards
+    assert mean(rewards[-10:]) >= 0.15, rewards
 
 
 def test_multi_role_flow_with_per_role_estimators(tmp_path: Path) -> None:
