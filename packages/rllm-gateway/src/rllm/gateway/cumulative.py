@@ -49,18 +49,12 @@ import msgspec
 
 from rllm.gateway.capture import Captured
 from rllm.gateway.errors import GatewayError
-from rllm.gateway.harmony import HarmonyParser, HarmonyStream
+from rllm.gateway.harmony import HarmonyStream
 from rllm.gateway.image_tokens import ImageTokens, PromptImage, prompt_images
+from rllm.gateway.tool_parser import ToolCallParser
 from rllm.gateway.toolcalls import (
     HARMONY,
-    HERMES,
-    LLAMA3_JSON,
-    SCHEMA,
     ParsedReply,
-    detect_format,
-    parse_hermes,
-    parse_llama3_json,
-    parse_with_schema,
     require_format,
     same_tool_calls,
     to_template_messages,
@@ -142,8 +136,7 @@ class TokenBridge:
             raise InputError("cumulative mode needs a tokenizer with a chat_template")
         self.tokenizer = tokenizer
         self.images = images  # None: a text-only model, whose image blocks are refused
-        self.tool_format = detect_format(tokenizer)
-        self._harmony: HarmonyParser | None = None
+        self.tool_calls = ToolCallParser(tokenizer)
         self._encode_cached = functools.lru_cache(maxsize=_ENCODE_CACHE_SIZE)(self._encode_uncached)
         self._render_cached = functools.lru_cache(maxsize=_ENCODE_CACHE_SIZE)(self._render_key)
 
@@ -333,20 +326,14 @@ class TokenBridge:
             image_count=len(plan.images),
         )
 
+    @property
+    def tool_format(self) -> str | None:
+        """This model's tool-call format (None: none we parse)."""
+        return self.tool_calls.format
+
     def parse_tools(self, cap: Captured) -> ParsedReply:
         """Split the completion into content and OpenAI tool_calls in this model's format."""
-        fmt = self.tool_format
-        if fmt == HERMES:
-            return parse_hermes(self.tokenizer, cap.text)
-        if fmt == LLAMA3_JSON:
-            return parse_llama3_json(cap.text)
-        if fmt == HARMONY:
-            if self._harmony is None:
-                self._harmony = HarmonyParser(self.tokenizer)
-            return self._harmony.parse(list(cap.completion_ids or ()), cap.text)
-        if fmt == SCHEMA:
-            return parse_with_schema(self.tokenizer, cap.text)
-        return ParsedReply(cap.text)
+        return self.tool_calls.parse(cap.text, cap.completion_ids or ())
 
 
 def _has_image(message: Message) -> bool:

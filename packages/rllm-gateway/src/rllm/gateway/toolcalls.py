@@ -80,16 +80,18 @@ def detect_format(tokenizer: Any) -> str | None:
     return None
 
 
+# Why a request with ``tools`` is refused for a model of no parsed family: the cumulative
+# gateway's 400 and the local sampler server's (``rllm serve``) say the same.
+UNSUPPORTED_TOOLS = (
+    "tools: this model's tool calls cannot be parsed (its chat template is not hermes "
+    "<tool_call>, Llama-3.1 JSON or gpt-oss harmony, and the tokenizer has no response_schema)"
+)
+
+
 def require_format(fmt: str | None) -> str:
     """The format, or a 400 saying that this model's tool calls cannot be parsed."""
     if fmt is None:
-        raise GatewayError(
-            400,
-            "tools: cumulative mode cannot parse this model's tool calls (its chat template is "
-            "not hermes <tool_call>, Llama-3.1 JSON or gpt-oss harmony, and the tokenizer has no "
-            "response_schema)",
-            code="unsupported_tool_format",
-        )
+        raise GatewayError(400, UNSUPPORTED_TOOLS, code="unsupported_tool_format")
     return fmt
 
 

@@ -22,6 +22,8 @@ from rllm.backends.tinker.local.protocol import (
     parse_sampling,
 )
 from rllm.backends.tinker.local.streaming import include_usage
+from rllm.gateway.tool_parser import ToolCallParser
+from rllm.gateway.toolcalls import UNSUPPORTED_TOOLS, to_template_messages
 
 
 @dataclass(slots=True)
@@ -34,6 +36,7 @@ class Call:
     logprobs: Any  # chat: whether to return them; completions: how many top ones (or None)
     return_token_ids: bool
     prompt_logprobs: int | None = None  # vLLM's: None (off), 0 (the tokens' own), k (and the top k)
+    tools: bool = False  # chat with ``tools``: each reply is split into content and tool_calls
 
 
 class CallReader:
@@ -48,6 +51,9 @@ class CallReader:
         # without one they are refused with a 400.
         self.image_processor = image_processor
         self.prompts = PromptCache()  # chat renders + token ids (a GRPO group repeats a prompt)
+        # The model's tool-call format, parsed as vLLM does with a tool-call parser (and as the
+        # cumulative gateway does): the same agent gets tool_calls in eval and in training.
+        self.tool_calls = ToolCallParser(engine.tokenizer)
 
     async def chat(self, body: dict[str, Any]) -> Call:
         """A chat request checked and turned into its generation (RequestError: a 400)."""
@@ -65,7 +71,10 @@ class CallReader:
             )
         gen.top_logprobs = top if want_logprobs else 0
         usage = include_usage(body)
-        return Call([prompt_ids], [gen], usage, want_logprobs, bool(body.get("return_token_ids", False)))
+        tools = bool(body.get("tools"))
+        return Call(
+            [prompt_ids], [gen], usage, want_logprobs, bool(body.get("return_token_ids", False)), tools=tools
+        )
 
     def chat_prompt(self, body: dict[str, Any], messages: list[dict[str, Any]]) -> list[int]:
         """The token ids of the rendered chat template (``prompt_cache``: a repeated prompt is
@@ -80,14 +89,19 @@ class CallReader:
                 raise RequestError("'tools' must be a list of objects", "tools")
             if "tools" in template_kwargs:
                 raise RequestError("'tools' is given twice (also in 'chat_template_kwargs')", "tools")
+            if tools and self.tool_calls.format is None:
+                # A template without tools would drop them silently and the agent would never
+                # get a call back: refused, as vLLM refuses tools without a tool-call parser.
+                raise RequestError(UNSUPPORTED_TOOLS, "tools")
             template_kwargs = {**template_kwargs, "tools": tools}
+        # Tool-call arguments go to the template as objects, not the API's JSON text.
+        messages = to_template_messages(messages)
         key = prompt_key(messages, add_generation_prompt, template_kwargs)
         cached = self.prompts.get(key) if key is not None else None
         if cached is not None:
             return cached
         try:
-            # tokenize=False renders one str (transformers' annotation covers every mode). The
-            # tools go to the template, as vLLM passes them (a template without tools ignores them).
+            # tokenize=False renders one str (transformers' annotation covers every mode).
             text = cast(
                 str,
                 self.engine.tokenizer.apply_chat_template(

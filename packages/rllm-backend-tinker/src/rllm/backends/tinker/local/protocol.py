@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from rllm.backends.tinker.local.generation import GeneratedSequence, GenerationRequest
+from rllm.gateway.tool_parser import ToolCallParser
 from rllm.types import openai
 from rllm.types.errors import RLLMError
 
@@ -164,15 +165,20 @@ def chat_response(
     *,
     logprobs: bool,
     return_token_ids: bool,
+    tool_calls: ToolCallParser | None = None,
 ) -> dict[str, Any]:
-    """The chat.completion body of ``seqs`` (one choice each), as JSON-ready builtins."""
+    """The chat.completion body of ``seqs`` (one choice each), as JSON-ready builtins. With
+    ``tool_calls`` (a request with tools) each reply is split into content and tool calls."""
     choices = []
     for i, s in enumerate(seqs):
-        choice = openai.ChatChoice(
-            index=i,
-            message=openai.AssistantMessage(content=s.text),
-            finish_reason=s.finish_reason,
-        )
+        message, finish = openai.AssistantMessage(content=s.text), s.finish_reason
+        if tool_calls is not None:
+            parsed = tool_calls.parse(s.text, s.completion_ids)
+            message.content = parsed.content
+            if parsed.tool_calls:
+                message.tool_calls = parsed.tool_calls
+                finish = "tool_calls" if finish == "stop" else finish  # as vLLM: a call, not a stop
+        choice = openai.ChatChoice(index=i, message=message, finish_reason=finish)
         if logprobs:
             content = [
                 openai.token_logprob(decode_token(tok), lp, [(decode_token(t), v) for t, v in top])

@@ -209,6 +209,7 @@ class SamplerServer:
             self._decode_token,
             logprobs=call.logprobs,
             return_token_ids=call.return_token_ids,
+            tool_calls=self.calls.tool_calls if call.tools else None,
         )
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:

@@ -46,7 +46,10 @@ def stream_chunks(answer: dict[str, Any], *, chat: bool, usage: bool) -> list[di
             body["token_ids"] = choice["token_ids"]
         if chat:
             chunks.append(chunk([{"index": index, "delta": {"role": "assistant", "content": ""}}]))
-            body["delta"] = {"content": choice["message"]["content"]}
+            message = choice["message"]
+            body["delta"] = {"content": message["content"]}
+            if message.get("tool_calls"):  # whole calls, one delta each, indexed as OpenAI's
+                body["delta"]["tool_calls"] = [{"index": k, **c} for k, c in enumerate(message["tool_calls"])]
         else:
             body["text"] = choice["text"]
             if "prompt_token_ids" in choice:
