@@ -22,6 +22,7 @@ import pytest
 from rllm.algos import AlgorithmConfig
 from rllm.backends.tinker import TinkerBackend
 from rllm.gateway.toolcalls import PROBE_TOOLS, UNSUPPORTED_TOOLS
+from rllm.tiny import write_random_llama
 from rllm.types import FloatArray, TokenArray, TrainSequence
 
 # A hermes-style template (Qwen's family: tools in the system turn, calls as <tool_call> JSON).
@@ -40,9 +41,8 @@ ASK = [{"role": "user", "content": "the weather in Paris"}]
 def _write_tool_model(path: Path) -> Path:
     """A random 2-layer Llama beside a byte-level BPE tokenizer with the hermes template (trained
     on text holding the call, so the call is a few tokens the tiny model learns in a few steps)."""
-    import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     specials = ["<|end|>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>", "<|pad|>"]
     core = Tokenizer(models.BPE())
@@ -55,22 +55,7 @@ def _write_tool_model(path: Path) -> Path:
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|end|>", pad_token="<|pad|>")
     tokenizer.add_tokens(["<tool_call>", "</tool_call>"])
     tokenizer.chat_template = HERMES_TEMPLATE
-    tokenizer.save_pretrained(path)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=64,
-        tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(path)
-    return path
+    return write_random_llama(path, tokenizer)
 
 
 async def _teach_the_call(backend: TinkerBackend) -> None:

@@ -4,7 +4,7 @@ What the training backends build for ``model = "tiny"`` and what tests train: no
 downloaded. Needs torch, transformers and tokenizers, imported when a model or tokenizer is built.
 """
 
-from rllm.tiny.model import init_tiny_model
+from rllm.tiny.model import init_tiny_model, write_random_llama
 from rllm.tiny.tokenizer import (
     CHAT_TEMPLATE,
     DEFAULT_WORDS,
@@ -24,4 +24,5 @@ __all__ = [
     "TOOL_CHAT_TEMPLATE",
     "build_tokenizer",
     "init_tiny_model",
+    "write_random_llama",
 ]
