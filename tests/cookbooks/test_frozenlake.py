@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 from rllm_cookbook_frozenlake import FIXED_MAP, load_tasks, task_for_map
+from rllm_cookbook_frozenlake.data import instruction
 from rllm_cookbook_frozenlake.env import cell_name, observation, parse_action
 
 from rllm.engine.plugins import load_cookbook
@@ -103,3 +104,48 @@ def test_potential_shaping_adds_up_to_the_final_cell():
     gains = [s.reward for s in steps[:-1]] + [out.trajectory_rewards["default"]]
     assert sum(gains) == pytest.approx(1.0) and all(g > 0 for g in gains)
     assert potential(FIXED_MAP, 5) == 0.0  # a hole
+
+
+def test_the_words_prompt_draws_the_grid_with_the_agent_and_names_its_row_and_column():
+    [task] = load_cookbook("frozenlake").with_options({"prompt": "words"}).load_tasks("fixed")
+    assert task.metadata["prompt"] == "words"
+    assert "P F F F\nF H F H\nF F F H\nH F F G\n" in task.instruction
+    assert "You are at row 1, column 1" in task.instruction
+    assert instruction(FIXED_MAP, 9, "words").split("\n")[3] == "F P F H"  # row 3, column 2
+    assert "row 3, column 2" in instruction(FIXED_MAP, 9, "words")
+    # The default is the compact prompt, with no prompt key in the task.
+    assert "prompt" not in load_cookbook("frozenlake").load_tasks("fixed")[0].metadata
+
+
+async def test_the_words_prompt_plays_through_the_flow_turn_by_turn(scripted):
+    cookbook = load_cookbook("frozenlake-progress").with_options({"prompt": "words"})
+    [task] = cookbook.load_tasks("fixed")
+    told: list[str] = []
+
+    def respond(body):
+        prompt = body["messages"][0]["content"]
+        told.append(prompt.split("You are at ")[1].split(" (")[0])
+        return f"I will go {PATH[len(told) - 1]}."
+
+    [episode] = await scripted(cookbook, [task], respond)
+    assert episode.artifacts["outcome"] == "goal" and episode.artifacts["invalid_moves"] == 0
+    assert told == [
+        "row 1, column 1",
+        "row 2, column 1",
+        "row 3, column 1",
+        "row 3, column 2",
+        "row 3, column 3",
+        "row 4, column 3",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"prompt": "prose"}, "prompt must be one of"),
+        ({"promt": "words"}, r"unknown frozenlake option\(s\) \['promt'\]"),
+    ],
+)
+def test_a_bad_frozenlake_option_is_refused_naming_it(options, error):
+    with pytest.raises(ValueError, match=error):
+        load_cookbook("frozenlake").with_options(options)

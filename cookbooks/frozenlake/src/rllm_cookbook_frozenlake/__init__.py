@@ -4,14 +4,18 @@ is played, until the goal, a hole or the turn limit. Reward 1 at the goal; with
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import itertools
+from typing import Any
 
 from rllm.sdk import rollout, sampling_kwargs
 from rllm.sdk.clients import async_openai
 from rllm.sdk.cookbook import Cookbook, train_defaults
 from rllm.sdk.evaluator import evaluator
 from rllm.types import AgentConfig, Episode, EvalOutput, Signal, Task, TerminationReason
-from rllm_cookbook_frozenlake.data import FIXED_MAP, generate, instruction, load_tasks, task_for_map
+from rllm.types.errors import InputError
+from rllm_cookbook_frozenlake.data import FIXED_MAP, PROMPTS, generate, instruction, load_tasks, task_for_map
 from rllm_cookbook_frozenlake.env import make_env, parse_action
 
 
@@ -29,7 +33,8 @@ async def frozenlake_flow(task: Task, config: AgentConfig) -> Episode:
             # Each turn is one fresh prompt showing where the agent is now (the game is Markov):
             # the prompt's length stays fixed and the cell is the only thing that changes, which a
             # model trained from scratch keys its move on far sooner than on a growing history.
-            messages = [{"role": "user", "content": instruction(desc, int(position))}]
+            prompt = str(task.metadata.get("prompt", "compact"))
+            messages = [{"role": "user", "content": instruction(desc, int(position), prompt)}]
             reply = await client.chat.completions.create(
                 model=config.model, messages=messages, **{"max_tokens": 64, **sampling_kwargs(config)}
             )
@@ -135,6 +140,19 @@ TRAIN_DEFAULTS = train_defaults(
     algorithm={"step_credit": "turn", "gamma": 0.9},
 )
 
+
+def _configure(base: Cookbook, options: dict[str, Any]) -> Cookbook:
+    """``prompt``: ``compact`` (the default, for the tiny model) or ``words`` (the game in
+    sentences, for a real instruct model), for every split's tasks and every turn."""
+    unknown = sorted(set(options) - {"prompt"})
+    if unknown:
+        raise InputError(f"unknown frozenlake option(s) {unknown}; known: ['prompt']")
+    prompt = options.get("prompt", "compact")
+    if prompt not in PROMPTS:
+        raise InputError(f"prompt must be one of {list(PROMPTS)}, got {prompt!r}")
+    return dataclasses.replace(base, load_tasks=functools.partial(load_tasks, prompt=prompt))
+
+
 cookbook = Cookbook(
     name="frozenlake",
     flow=frozenlake_flow,
@@ -142,6 +160,7 @@ cookbook = Cookbook(
     load_tasks=load_tasks,
     description="Multi-turn FrozenLake (gymnasium, 4x4, not slippery); reward 1 for reaching the goal.",
     train_defaults=TRAIN_DEFAULTS,
+    configure=lambda options: _configure(cookbook, options),
 )
 
 progress_cookbook = Cookbook(
@@ -154,6 +173,7 @@ progress_cookbook = Cookbook(
     # shortest safe walk, so the move that raises it is always a best move, and a move is not
     # blamed for later ones (with gamma 0.9 early moves took the blame of later mistakes).
     train_defaults={**TRAIN_DEFAULTS, "algorithm": {"step_credit": "turn", "gamma": 0.0}},
+    configure=lambda options: _configure(progress_cookbook, options),
 )
 
 __all__ = [
