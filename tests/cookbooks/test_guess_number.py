@@ -30,10 +30,35 @@ def test_shipped_sample_is_the_generators_output():
 
 @pytest.mark.parametrize(
     ("reply", "number"),
-    [("3", 3), ("I pick 7 then 2", 7), ("0", None), ("9", None), ("-2", None), ("none", None), ("", None)],
+    [
+        ("3", 3),
+        ("I pick 7.", 7),
+        ("7, my guess is 7", 7),
+        ("I pick 7 then 2", None),  # several numbers name none
+        ("1. First try: 2", None),  # a numbered list is not a guess of 1 (what SmolLM2 learned)
+        ("1. 12", None),
+        ("0", None),
+        ("9", None),
+        ("-2", None),
+        ("none", None),
+        ("", None),
+    ],
 )
 def test_parse_number(reply, number):
     assert parse_number(reply, 8) == number
+
+
+@given(
+    high=st.integers(1, 50),
+    data=st.data(),
+    words=st.lists(st.text(alphabet=st.characters(blacklist_categories=["Nd"]), max_size=8), max_size=4),
+)
+def test_a_reply_naming_one_number_in_range_is_read_as_it_and_two_numbers_as_none(high, data, words):
+    number = data.draw(st.integers(1, high))
+    text = f" {number} ".join(words) if len(words) > 1 else f"{''.join(words)} {number}"
+    assert parse_number(text, high) == number
+    other = data.draw(st.integers(0, 99).filter(lambda n: n != number))
+    assert parse_number(f"{text} {other}", high) is None
 
 
 @given(high=st.integers(1, 50), reply=st.text(max_size=30))

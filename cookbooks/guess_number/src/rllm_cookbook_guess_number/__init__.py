@@ -22,11 +22,14 @@ _NUMBER = re.compile(r"-?[0-9]+")  # ASCII digits: int() would read "𝟏" as 1
 
 
 def parse_number(reply: str, high: int) -> int | None:
-    """The first whole number in ``reply`` when it is from 1 to ``high``, else None."""
-    found = _NUMBER.search(reply)
-    if found is None:
+    """The number ``reply`` names, when every whole number written in it is that one and it is
+    from 1 to ``high``; else None. A reply with several numbers names none: read as its first,
+    SmolLM2-135M learned within three RL steps to answer in both roles with a numbered list
+    ("1. ..."), which read as a pick of 1 and a first guess of 1 (cookbook README)."""
+    numbers = {int(found) for found in _NUMBER.findall(reply)}
+    if len(numbers) != 1:
         return None
-    number = int(found.group())
+    (number,) = numbers
     return number if 1 <= number <= high else None
 
 
