@@ -181,6 +181,7 @@ PUBLIC_API: dict[str, list[str]] = {
         "TOOL_CHAT_TEMPLATE",
         "build_tokenizer",
         "init_tiny_model",
+        "write_random_llama",
     ],
     "rllm.backends.tinker": [
         "LoraConfig",
