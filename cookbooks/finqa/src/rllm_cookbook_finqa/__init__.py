@@ -15,7 +15,7 @@ from typing import Any
 
 from rllm.sdk import rollout
 from rllm.sdk.clients import async_openai
-from rllm.sdk.cookbook import Cookbook, train_defaults
+from rllm.sdk.cookbook import Cookbook, refuse_unknown_options, train_defaults
 from rllm.sdk.rewards import numeric_match
 from rllm.sdk.tool_loop import run_tool_loop
 from rllm.types import AgentConfig, Episode, EvalOutput, Signal, Task, TerminationReason
@@ -121,9 +121,7 @@ def evaluator_from_options(options: dict[str, Any]) -> FinQAEvaluator:
     """The evaluator for a run's ``cookbook_options`` (``rllm eval --option``), falling back to the
     ``FINQA_*`` environment variables: an LLM judge when a base URL and a model are given, its API
     key read from the environment variable ``judge_api_key_env`` names (keys stay out of configs)."""
-    unknown = sorted(set(options) - set(OPTIONS))
-    if unknown:
-        raise InputError(f"unknown finqa option(s) {unknown}; known: {list(OPTIONS)}")
+    refuse_unknown_options("finqa", options, OPTIONS)
     env = os.environ.get
     url = options.get("judge_base_url", env("FINQA_JUDGE_BASE_URL"))
     model = options.get("judge_model", env("FINQA_JUDGE_MODEL"))

@@ -11,7 +11,7 @@ from typing import Any
 
 from rllm.sdk import rollout, sampling_kwargs
 from rllm.sdk.clients import async_openai
-from rllm.sdk.cookbook import Cookbook, train_defaults
+from rllm.sdk.cookbook import Cookbook, refuse_unknown_options, train_defaults
 from rllm.sdk.evaluator import evaluator
 from rllm.types import AgentConfig, Episode, EvalOutput, Signal, Task, TerminationReason
 from rllm.types.errors import InputError
@@ -144,9 +144,7 @@ TRAIN_DEFAULTS = train_defaults(
 def _configure(base: Cookbook, options: dict[str, Any]) -> Cookbook:
     """``prompt``: ``compact`` (the default, for the tiny model) or ``words`` (the game in
     sentences, for a real instruct model), for every split's tasks and every turn."""
-    unknown = sorted(set(options) - {"prompt"})
-    if unknown:
-        raise InputError(f"unknown frozenlake option(s) {unknown}; known: ['prompt']")
+    refuse_unknown_options("frozenlake", options, ["prompt"])
     prompt = options.get("prompt", "compact")
     if prompt not in PROMPTS:
         raise InputError(f"prompt must be one of {list(PROMPTS)}, got {prompt!r}")

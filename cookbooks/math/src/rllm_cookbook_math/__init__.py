@@ -8,7 +8,7 @@ from typing import Any
 
 from rllm.sdk import rollout, sampling_kwargs
 from rllm.sdk.clients import async_openai
-from rllm.sdk.cookbook import Cookbook, train_defaults
+from rllm.sdk.cookbook import Cookbook, refuse_unknown_options, train_defaults
 from rllm.sdk.rewards import math_reward
 from rllm.sdk.rewards.math_grader import checked_format_coef
 from rllm.types import AgentConfig, Episode, EvalOutput, Task
@@ -52,9 +52,7 @@ ARITH_OPTIONS = (*OPTIONS, "notation")  # notation: arith.NOTATIONS, how the pro
 
 
 def _format_coef(options: dict[str, Any], known: tuple[str, ...] = OPTIONS) -> float:
-    unknown = sorted(set(options) - set(known))
-    if unknown:
-        raise InputError(f"unknown math option(s) {unknown}; known: {list(known)}")
+    refuse_unknown_options("math", options, known)
     return checked_format_coef(options.get("format_coef", 0.0))
 
 

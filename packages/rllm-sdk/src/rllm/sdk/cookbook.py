@@ -73,6 +73,14 @@ class Cookbook:
         return self.configure(dict(options))
 
 
+def refuse_unknown_options(cookbook: str, options: Mapping[str, Any], known: Sequence[str]) -> None:
+    """An ``InputError`` naming every key of ``options`` that ``known`` lacks (a typo'd
+    ``cookbook_options`` key or ``rllm eval --option``): a cookbook's ``configure`` calls it first."""
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise InputError(f"unknown {cookbook} option(s) {unknown}; known: {list(known)}")
+
+
 ADAPTERS_GROUP = "rllm.adapters"
 
 
