@@ -87,8 +87,14 @@ def test_ctrl_c_checkpoints_the_step_it_finishes_and_resume_goes_on_from_it(tmp_
     # ckpt_every=0: only the checkpoint Ctrl-C saves can be resumed from.
     args = ["sft", str(chats), "--out", str(out), *FAST, "epochs=2000", "ckpt_every=0"]
     cli = [sys.executable, "-m", "rllm.cli.main"]
+    # A shell starts a command with Ctrl-C at its default; a test process may have it ignored (a
+    # child inherits that, and asyncio.run then installs no handler): as test_cli_interrupt.py does.
     proc = subprocess.Popen(
-        [*cli, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        [*cli, *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     metrics = out / "metrics.jsonl"
     try:
