@@ -6,7 +6,8 @@ it was done before #35 round 6), in one run, alternating rounds:
   encode      cumulative mode's prompt tokenization for a group of 8 identical prompts:
               tokenizer.encode each time (peer) vs TokenBridge.encode (a repeated text once)
   sample      one decode step's token draw for 32 unseeded rows: torch.multinomial (peer) vs the
-              sampler's Gumbel-max (rllm.backends.tinker.local.sampling.sample_next)
+              sampler's draw (rllm.backends.tinker.local.sampling.sample_next: Gumbel-max in
+              #35 round 6, an inverse-CDF draw since #48 round 5)
   chat prompt the local sampler's chat render + tokenize per call, groups of 8 identical prompts:
               apply_chat_template + tokenizer each call (peer, before #35 round 7) vs
               CallReader.chat_prompt (local/calls.py, local/prompt_cache.py)
@@ -128,7 +129,7 @@ def sample_sides(calls: int, vocab: int) -> dict[str, Callable[[], float]]:
 
     return {
         "multinomial": lambda: cpu_per_call(multinomial_step, calls),
-        "gumbel-max": lambda: cpu_per_call(lambda: sample_next(logits, rows), calls),
+        "sample_next": lambda: cpu_per_call(lambda: sample_next(logits, rows), calls),
     }
 
 

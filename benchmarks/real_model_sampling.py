@@ -22,7 +22,9 @@ same work), at 1, 8 and 32 concurrent requests:
   bound for torch's dynamic int8 linear layers (fbgemm, weights per channel) is printed, with the
   error that quantisation puts into the model's logprobs of a fixed reply (the way past the float32
   bound, and what it costs in exactness); with `--bf16-probe` the same for a bfloat16 copy of the
-  model (fast only where the CPU multiplies bf16 in hardware: AMX or AVX512-BF16).
+  model (fast only where the CPU multiplies bf16 in hardware: AMX or AVX512-BF16), and for the
+  products the local sampler's bf16 decode step runs instead (`ceiling-bf16-packed`: q/k/v and
+  gate/up fused, weights packed once for oneDNN; local/fast_decode.py).
 
 The peers run one after another, never together, with the same torch thread count. Each cell is
 the best of --rounds timed rounds after one warm-up round. Printed: tokens/s per peer and
@@ -234,22 +236,46 @@ def linear_layers(lm: Any) -> list[Any]:
     return [m for m in lm.modules() if isinstance(m, (torch.nn.Linear, qdynamic.Linear))]
 
 
-async def linears_cells(lm: Any, args: argparse.Namespace, dtype: Any = None) -> dict[int, tuple[int, float]]:
-    """Per concurrency: rows = concurrent requests through every linear layer once = one decode
-    step (rows in ``dtype``, float32 by default: int8 dynamic layers take float32 in)."""
+def packed_products(lm: Any) -> list[tuple[int, Any]]:
+    """The products the local sampler's fast decode step runs (local/fast_decode.py: q/k/v as one,
+    gate/up as one, bf16 weights packed for oneDNN), each with its input width."""
     import torch
 
-    layers = linear_layers(lm)
+    from rllm.backends.tinker.local.fast_decode import FastDecoder
+
+    fast, reason = FastDecoder.build(lm, torch.device("cpu"), rows=32)
+    if fast is None:
+        raise SystemExit(f"--bf16-probe: no fast decode step for this model ({reason})")
+    config = lm.config
+    hidden, inner = config.hidden_size, config.intermediate_size
+    attention = config.num_attention_heads * (
+        getattr(config, "head_dim", None) or hidden // config.num_attention_heads
+    )
+    products = [(hidden, fast.head)]
+    for layer in fast.layers:
+        products += [(hidden, layer.qkv), (attention, layer.o), (hidden, layer.gate_up), (inner, layer.down)]
+    return products
+
+
+async def linears_cells(
+    lm: Any, args: argparse.Namespace, dtype: Any = None, products: list[tuple[int, Any]] | None = None
+) -> dict[int, tuple[int, float]]:
+    """Per concurrency: rows = concurrent requests through every linear layer once = one decode
+    step (rows in ``dtype``, float32 by default: int8 dynamic layers take float32 in); or through
+    ``products`` (input width, callable) instead of the model's own layers."""
+    import torch
+
+    layers = products or [(layer.in_features, layer) for layer in linear_layers(lm)]
     out: dict[int, tuple[int, float]] = {}
     for c in args.concurrency:
-        rows = {layer.in_features: torch.randn(c, layer.in_features, dtype=dtype) for layer in layers}
+        rows = {width: torch.randn(c, width, dtype=dtype) for width, _ in layers}
         steps = max(1, args.max_tokens // 4)  # enough steps per round to time
 
         async def cell(c: int = c, rows: dict[int, Any] = rows, steps: int = steps) -> int:
             with torch.inference_mode():
                 for _ in range(steps):
-                    for layer in layers:
-                        layer(rows[layer.in_features])
+                    for width, layer in layers:
+                        layer(rows[width])
             return c * steps
 
         out[c] = await timed(cell, args.rounds)
@@ -302,6 +328,9 @@ async def run_ceiling(model: Path, args: argparse.Namespace) -> dict[str, dict[i
         )
         print(f"{name}:", flush=True)
         results[name] = await linears_cells(probe, args, dtype)
+        if name == "ceiling-bf16":
+            print("ceiling-bf16-packed (the fast decode step's fused, packed products):", flush=True)
+            results["ceiling-bf16-packed"] = await linears_cells(probe, args, dtype, packed_products(probe))
     return results
 
 
@@ -371,7 +400,7 @@ async def run_vllm(model: Path, python: str, args: argparse.Namespace) -> dict[i
 
 
 def report(results: dict[str, dict[int, tuple[int, float]]], args: argparse.Namespace) -> None:
-    columns = [p for p in (*PEERS, "ceiling-int8", "ceiling-bf16") if p in results]
+    columns = [p for p in (*PEERS, "ceiling-int8", "ceiling-bf16", "ceiling-bf16-packed") if p in results]
     ratios = [
         (num, den)
         for num, den in (("local", "transformers"), ("local", "vllm"), ("ceiling", "transformers"))
@@ -383,12 +412,12 @@ def report(results: dict[str, dict[int, tuple[int, float]]], args: argparse.Name
     )
     print(
         "concurrent "
-        + "".join(f"{p:>14s}" for p in columns)
+        + "".join(f"{p:>{max(14, len(p) + 2)}s}" for p in columns)
         + "".join(f"{num + '/' + den:>22s}" for num, den in ratios)
     )
     for c in args.concurrency:
         rate = {p: results[p][c][0] / results[p][c][1] for p in columns}
-        row = f"{c:10d} " + "".join(f"{rate[p]:14.1f}" for p in columns)
+        row = f"{c:10d} " + "".join(f"{rate[p]:{max(14, len(p) + 2)}.1f}" for p in columns)
         row += "".join(f"{rate[num] / rate[den]:21.2f}x" for num, den in ratios)
         print(row)
     if "ceiling" in results:

@@ -1,6 +1,7 @@
 """Token truth on a real model: three turns of a chat with SmolLM2-135M-Instruct (its byte-level
 BPE tokenizer and ChatML template, as `rllm model import` wrote them) through the real gateway in
-cumulative mode, sampled by the local tinker backend's sampler. Each turn's prompt extends the
+cumulative mode, sampled by the local tinker backend's sampler (its own decode step for Llama
+models: local/fast_decode.py). Each turn's prompt extends the
 previous prompt and completion token for token, the last prompt is exactly the template's text,
 and every sampled token's logprob is transformers' forward pass over the same ids."""
 
@@ -22,9 +23,8 @@ QUESTIONS = ["What is 2 + 3?", "And 4 + 4?", "Thanks. Now name a colour."]
 
 
 async def test_three_turns_are_token_true_with_a_real_bpe_tokenizer(smollm2: Path) -> None:
-    backend = TinkerBackend(
-        {"model": str(smollm2), "dtype": "float32", "torch_threads": 2, "sampler_weights": "shared"}
-    )
+    # The sampler's own copy of the weights: its decode steps run the fast step (fast_decode.py).
+    backend = TinkerBackend({"model": str(smollm2), "dtype": "float32", "torch_threads": 2})
     await backend.start()
     try:
         config = GatewayConfig(
@@ -46,6 +46,8 @@ async def test_three_turns_are_token_true_with_a_real_bpe_tokenizer(smollm2: Pat
                 )
                 messages.append({"role": "assistant", "content": answer.choices[0].message.content or ""})
             traces = await client.get_traces("three")
+        engine = backend.service.engine
+        assert engine is not None and engine.fast is not None  # SmolLM2 (llama) decoded by the fast step
     finally:
         await backend.close()
 

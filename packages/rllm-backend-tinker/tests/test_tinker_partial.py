@@ -33,7 +33,8 @@ class _HoldAt:
     def __init__(self, model: torch.nn.Module, at: int) -> None:
         self.at, self.calls = at, 0
         self.reached, self.release = threading.Event(), threading.Event()
-        self.handle = model.register_forward_pre_hook(self._hook)
+        # The input embeddings run once per forward pass, transformers' or the fast decode step.
+        self.handle = model.get_input_embeddings().register_forward_pre_hook(self._hook)
 
     def _hook(self, module: torch.nn.Module, args: Any) -> None:
         self.calls += 1

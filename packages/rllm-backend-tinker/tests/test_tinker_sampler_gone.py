@@ -38,7 +38,8 @@ class Watch:
         self.ended: list[tuple[str, int]] = []  # (finish_reason, tokens) per ended row
         self.row_ended = threading.Event()
         self.queued = threading.Event()
-        engine.model.register_forward_hook(lambda *_: self.forward.set())
+        # The input embeddings run once per forward pass, transformers' or the fast decode step.
+        engine.model.get_input_embeddings().register_forward_hook(lambda *_: self.forward.set())
         answers = engine._answers  # pyright: ignore[reportPrivateUsage]
         finish = answers.finish
 

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rllm.backends.tinker.local.sampling import RowSampling, sample_next, sampling_logprobs
+from rllm.backends.tinker.local.sampling import RowSampling, inverse_cdf_draw, sample_next, sampling_logprobs
 
 DRAWS = 4000
 
@@ -76,3 +76,11 @@ def test_seeded_rows_repeat_and_mix_with_unseeded_rows() -> None:
     first, second = draw(), draw()
     assert first[0] == second[0]  # the seeded row
     assert first[2] == second[2] == int(logits[2].argmax())  # the greedy row
+
+
+def test_a_draw_at_the_very_top_of_the_cumulative_sum_takes_the_last_likely_token(monkeypatch) -> None:
+    """The inverse-CDF draw's edge: a uniform that lands on the row's total (float rounding makes
+    it possible) must not fall through to a trailing token of probability 0."""
+    logp = torch.log(torch.tensor([[0.5, 0.0, 0.5, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25, 0.0]]))
+    monkeypatch.setattr(torch, "rand", lambda shape, device=None: torch.ones(shape))
+    assert inverse_cdf_draw(logp).tolist() == [2, 3]

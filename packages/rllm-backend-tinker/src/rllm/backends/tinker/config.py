@@ -91,10 +91,15 @@ class TinkerBackendConfig(AdamWSettings, kw_only=True, forbid_unknown_fields=Tru
     # default: no second copy of the weights, no sampler thread or HTTP server to start).
     sampler_weights: Literal["copy", "shared", "none"] = "copy"
     # The sampler copy's dtype ("same": the trainer's). "bfloat16" beside a float32 trainer samples
-    # faster where the hardware multiplies bf16 (CUDA, CPUs with AMX: 1.6x on SmolLM2, 2026-12-07)
+    # faster where the hardware multiplies bf16 (CUDA, CPUs with AMX: 1.9x on SmolLM2, 2026-12-07)
     # and costs a train/sampler logprob gap of ~0.06 nats a token, which the trainer's token truth
     # reports (benchmarks/RESULTS.md, "real_model_sampling.py"). Needs sampler_weights = "copy".
     sampler_dtype: Literal["same", "float32", "bfloat16", "float16"] = "same"
+    # Decode steps of Llama-family text models (llama, mistral, qwen2, qwen3) on the CPU run
+    # rLLM's own step (local/fast_decode.py: fused projections, merged LoRA, pre-packed bf16
+    # weights) instead of transformers' forward; same tokens up to float rounding. It holds one
+    # more copy of the weights (merged, packed). False: transformers' forward for every step.
+    sampler_fast_decode: bool = True
     # Local service: decoder layers keep only their input for backward and recompute the rest
     # (about a third more compute, a fraction of the activation memory). "auto": on when the
     # memory estimate says the micro-batch would otherwise have to shrink below its target.

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import torch
 
 from rllm.backends.tinker.local.answering import Answers
+from rllm.backends.tinker.local.fast_decode import FastDecoder
 from rllm.backends.tinker.local.generation_types import Pending, Row, has_pixels
 from rllm.backends.tinker.local.joining import (
     can_extend,
@@ -23,7 +24,13 @@ from rllm.backends.tinker.local.joining import (
     left_pad,
     merge_cache,
 )
-from rllm.backends.tinker.local.prefill import left_padded, prefill_prompts, unique_prompts, vision_inputs
+from rllm.backends.tinker.local.prefill import (
+    left_padded,
+    prefill_prompts,
+    shared_prefix,
+    unique_prompts,
+    vision_inputs,
+)
 from rllm.backends.tinker.local.sampling import GREEDY_TEMPERATURE, RowSampling, SampledTokens, sample_next
 from rllm.backends.tinker.local.scheduling import RequestQueue
 
@@ -32,6 +39,7 @@ class DecodeHost(Protocol):
     """What a batch reads from its engine (the ``SamplerEngine``) and counts on it."""
 
     model: torch.nn.Module
+    fast: FastDecoder | None  # the model's own decode step where there is one (fast_decode.py)
     device: torch.device
     max_batch: int
     pad_id: int
@@ -39,6 +47,7 @@ class DecodeHost(Protocol):
     # observability, advanced as the batch runs
     forward_passes: int
     rows_shared: int
+    rows_prefix_shared: int
     rows_joined: int
     max_batch_seen: int
 
@@ -110,12 +119,19 @@ class BatchDecode:
         self.width_cap = 4 * self.attention.shape[1] + 64
 
     def prefilled(self, rows: list[Row]) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One forward pass over each distinct prompt of ``rows``: the cache, mask, positions
-        and last logits, one row per row."""
+        """One forward pass over each distinct prompt of ``rows`` (after one over their common
+        beginning, where they share one): the cache, mask, positions and last logits, one row
+        per row."""
         host = self.host
         with_pixels = any(has_pixels(row.pending.request.vision) for row in rows)
         prompts, source = prefill_prompts(rows, with_pixels)
-        input_ids, attention = left_padded(prompts, host.pad_id, host.device)
+        common = 0 if with_pixels else shared_prefix(prompts)
+        prefix = self.prefix_cache(prompts[0][:common], len(prompts)) if common else None
+        if prefix is not None:  # each prompt's remainder, left-padded after the shared beginning
+            input_ids, own = left_padded([p[common:] for p in prompts], host.pad_id, host.device)
+            attention = torch.cat([own.new_ones((len(prompts), common)), own], -1)
+        else:
+            input_ids, attention = left_padded(prompts, host.pad_id, host.device)
         vision: dict[str, torch.Tensor] = {}
         if with_pixels:
             positions, vision = vision_inputs(host.model, host.device, rows, input_ids, attention)
@@ -125,7 +141,8 @@ class BatchDecode:
         out = host.model(
             input_ids=input_ids,
             attention_mask=attention,
-            position_ids=positions,
+            position_ids=positions[..., attention.shape[1] - input_ids.shape[1] :],  # the new columns
+            past_key_values=prefix,
             use_cache=True,
             logits_to_keep=1,
             **vision,
@@ -138,6 +155,20 @@ class BatchDecode:
             cache.batch_select_indices(index)
             attention, positions, logits = attention[index], positions[index], logits[index]
         return cache, attention, positions, logits
+
+    def prefix_cache(self, prefix: list[int], rows: int) -> Any:
+        """The KV cache of ``prefix`` (the distinct prompts' common beginning: prefill.py's
+        ``shared_prefix``), computed once and copied to ``rows`` rows; None where the model's
+        cache cannot take rows after it (sliding windows): those prompts are prefilled whole."""
+        host = self.host
+        host.forward_passes += 1
+        ids = torch.tensor([prefix], dtype=torch.long, device=host.device)
+        cache = host.model(input_ids=ids, use_cache=True, logits_to_keep=1).past_key_values
+        if not can_extend(cache):
+            return None
+        cache.batch_repeat_interleave(rows)
+        host.rows_prefix_shared += rows
+        return cache
 
     def sample(self) -> SampledTokens:
         """One token per running row from the last logits (and the top logprobs asked for)."""
@@ -212,6 +243,9 @@ class BatchDecode:
         # After a prompt that ends in text, every M-RoPE axis advances by one per token too.
         self.positions = self.positions[..., -1:] + 1
         host.forward_passes += 1
+        if host.fast is not None and host.fast.usable(self.cache, self.positions):
+            self.logits = host.fast.step(next_tokens, self.attention, self.positions, self.cache)
+            return
         out = host.model(
             input_ids=next_tokens,
             attention_mask=self.attention,

@@ -44,6 +44,7 @@ import torch
 from rllm.backends.tinker.local import prompt_scoring
 from rllm.backends.tinker.local.answering import Answers
 from rllm.backends.tinker.local.decoding import BatchDecode
+from rllm.backends.tinker.local.fast_decode import FastDecoder
 from rllm.backends.tinker.local.generation_types import GeneratedSequence, GenerationRequest, Pending
 from rllm.backends.tinker.local.scheduling import RequestQueue
 from rllm.types.errors import StateError
@@ -71,8 +72,15 @@ class SamplerEngine:
         max_batch: int,
         batch_window_s: float = 0.001,
         max_queued: int = 1024,
+        fast_decode: bool = True,
     ) -> None:
         self.model = model
+        # Decode steps through rLLM's own step where it knows the model (fast_decode.py); it is
+        # rebuilt for each weight version, so only a sampler whose weights change through
+        # ``update_weights`` may use it (not sampler_weights = "shared").
+        self.fast_decode = fast_decode
+        self.fast: FastDecoder | None = None
+        self._fast_version = -1
         self.max_queued = max_queued
         self.batch_window_s = batch_window_s
         self.tokenizer = tokenizer
@@ -86,6 +94,7 @@ class SamplerEngine:
         self.rows_joined = 0  # rows that joined a running batch (observability)
         self.forward_passes = 0  # model calls, prefill and decode steps (observability)
         self.rows_shared = 0  # rows whose prompt another row of the batch prefilled (observability)
+        self.rows_prefix_shared = 0  # distinct prompts prefilled after a common beginning (observability)
         self._requests = RequestQueue()
         self._answers = Answers(lambda ids: self.decode(ids, skip_special_tokens=True))
         self._swaps_waiting = 0  # weight swaps / pauses waiting for the lock: no joins meanwhile
@@ -252,7 +261,19 @@ class SamplerEngine:
         if not batch:
             return
         self.batches_run += 1
+        self._refresh_fast()
         BatchDecode(self, self._answers, self._requests, self.weight_version).run(batch)
+
+    def _refresh_fast(self) -> None:
+        """The fast decode step for the current weights (built once per weight version)."""
+        if not self.fast_decode or self._fast_version == self.weight_version:
+            return
+        first = self._fast_version < 0
+        self._fast_version = self.weight_version
+        self.fast = None  # the old version's packed weights go before the new ones are built
+        self.fast, reason = FastDecoder.build(self.model, self.device, self.max_batch)
+        if reason and first:
+            logger.info("local sampler: decode steps through transformers' forward (%s)", reason)
 
     def take_joiners(self, room: int) -> list[Pending]:
         """Queued text requests that join the running batch in ``room`` more rows (its decode

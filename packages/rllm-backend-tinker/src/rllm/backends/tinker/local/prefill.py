@@ -4,8 +4,11 @@ tensor, each prompt once.
 Rows with the same text prompt (a request's n choices, a group's n=1 calls) are prefilled once
 and the prompt's cache row, mask, positions and logits copied to each (``decoding.py``): the
 same tokens and logprobs up to float rounding (a matmul over fewer rows may round otherwise, as
-for a joined row), for 1/n of the prefill. Rows with images are prefilled one each, with the
-M-RoPE positions the model computes for them.
+for a joined row), for 1/n of the prefill. Distinct prompts that begin alike (a shared system
+prompt and instructions) prefill that beginning once (``shared_prefix``), its cache copied to
+each, then their own remainders in a second pass, left-padded after it (masked holes, explicit
+positions, as for a joined row). Rows with images are prefilled one each, with the M-RoPE
+positions the model computes for them.
 """
 
 from __future__ import annotations
@@ -48,6 +51,24 @@ def unique_prompts(rows: list[Row]) -> tuple[list[list[int]], list[int] | None]:
             prompts.append(prompt)
         source.append(at)
     return prompts, (source if len(prompts) < len(rows) else None)
+
+
+# Distinct prompts that open alike (a system prompt, a task's instructions) prefill their common
+# beginning once when that saves at least this many positions (``shared_prefix``).
+MIN_SHARED_POSITIONS = 16
+
+
+def shared_prefix(prompts: list[list[int]]) -> int:
+    """How many leading tokens every one of ``prompts`` has in common, worth prefilling once for
+    all of them (0 when not): each keeps at least its last token for its own pass, which gives
+    its first logits."""
+    if len(prompts) < 2:
+        return 0
+    first, shortest = prompts[0], min(len(p) for p in prompts)
+    common = 0
+    while common < shortest - 1 and all(p[common] == first[common] for p in prompts):
+        common += 1
+    return common if common * (len(prompts) - 1) >= MIN_SHARED_POSITIONS else 0
 
 
 def all_prompts(rows: list[Row]) -> tuple[list[list[int]], None]:

@@ -37,8 +37,10 @@ class SampledTokens:
 def sampling_logprobs(logits: torch.Tensor, temperatures: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
     """Log-probabilities of the sampling distribution per row ([B, V] float32)."""
     greedy = temperatures < GREEDY_TEMPERATURE
-    scale = torch.where(greedy, torch.ones_like(temperatures), temperatures)
-    logp = torch.log_softmax(logits.float() / scale[:, None], dim=-1)
+    scaled = logits.float()  # log_softmax(bf16, dtype=float32) takes a path ~8x slower on CPU
+    if bool((~greedy & (temperatures != 1.0)).any()):
+        scaled = scaled / torch.where(greedy, torch.ones_like(temperatures), temperatures)[:, None]
+    logp = torch.log_softmax(scaled, dim=-1)
     nucleus_rows = (top_ps < 1.0) & ~greedy
     if bool(nucleus_rows.any()):
         rows = nucleus_rows.nonzero(as_tuple=True)[0]
@@ -53,6 +55,25 @@ def sampling_logprobs(logits: torch.Tensor, temperatures: torch.Tensor, top_ps: 
     return logp
 
 
+def inverse_cdf_draw(logp: torch.Tensor) -> torch.Tensor:
+    """One token per row drawn from softmax(``logp``) [B, V]: a uniform draw per row placed on
+    the row's cumulative probabilities. Exact up to float32 rounding of the running sum, and a
+    token of probability 0 (outside the nucleus) is never drawn. On a CPU this costs a cumulative
+    sum where the Gumbel-max trick draws B * V uniforms (the generator alone took 4 ms a step at
+    32 rows of a 49k vocabulary, ~10x more; torch.multinomial ~60x)."""
+    probs = logp.exp()
+    cdf = probs.cumsum(dim=-1)
+    # Scaled by each row's own total: the float32 sum need not end at exactly 1.
+    targets = torch.rand((logp.shape[0], 1), device=logp.device) * cdf[:, -1:]
+    tokens = torch.searchsorted(cdf, targets, right=True).squeeze(-1).clamp_(max=logp.shape[-1] - 1)
+    # Rounding may leave a target at the very top of a row, past its last likely token: take that one.
+    missed = probs.gather(-1, tokens[:, None]).squeeze(-1) == 0
+    if bool(missed.any()):
+        last = logp.shape[-1] - 1 - (probs[missed] > 0).flip(-1).int().argmax(dim=-1)
+        tokens[missed] = last
+    return tokens
+
+
 def sample_next(logits: torch.Tensor, rows: list[RowSampling], top_k: int = 0) -> SampledTokens:
     """Draw one token per row; ``top_k`` > 0 also returns the k most likely tokens per row."""
     device = logits.device
@@ -61,15 +82,11 @@ def sample_next(logits: torch.Tensor, rows: list[RowSampling], top_k: int = 0) -
     logp = sampling_logprobs(logits, temperatures, top_ps)
     greedy = temperatures < GREEDY_TEMPERATURE
     if any(r.temperature >= GREEDY_TEMPERATURE and r.generator is None for r in rows):
-        # Unseeded rows: Gumbel-max, argmax(logp + Gumbel noise), an exact draw from softmax(logp)
-        # in a few vectorised ops (torch.multinomial on CPU cost ~4x more per decode step). The
-        # noise is finite (u in (0, 1)), so a token outside the nucleus (logp -inf) is never drawn.
-        noise = torch.rand_like(logp).clamp_(min=torch.finfo(logp.dtype).tiny).log_().neg_().log_()
-        tokens = (logp - noise).argmax(dim=-1)
+        tokens = inverse_cdf_draw(logp)
         if any(r.temperature < GREEDY_TEMPERATURE for r in rows):
-            tokens = torch.where(greedy, logp.argmax(dim=-1), tokens)
+            tokens = torch.where(greedy, logp.max(dim=-1).indices, tokens)
     else:
-        tokens = logp.argmax(dim=-1)
+        tokens = logp.max(dim=-1).indices  # the first maximum, as argmax (max is ~2x faster on CPU)
     for i, r in enumerate(rows):
         if r.generator is not None and not bool(greedy[i]):
             tokens[i] = torch.multinomial(logp[i].exp(), 1, generator=r.generator)[0]

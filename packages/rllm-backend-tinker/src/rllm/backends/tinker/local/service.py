@@ -140,6 +140,8 @@ class LocalService:
                 cfg.sampler_max_batch,
                 batch_window_s=cfg.sampler_batch_window_ms / 1000.0,
                 max_queued=cfg.sampler_max_queued,
+                # Its packed weights are rebuilt per version: "shared" weights change in between.
+                fast_decode=cfg.sampler_fast_decode and cfg.sampler_weights == "copy",
             )
             self.engines[name].start()
         self.engine = self.engines[multi.DEFAULT_POLICY]
