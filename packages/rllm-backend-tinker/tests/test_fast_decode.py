@@ -7,6 +7,7 @@ must follow its weights across a weight update (the packed copy is rebuilt per v
 from __future__ import annotations
 
 import copy
+import logging
 from pathlib import Path
 
 import pytest
@@ -173,5 +174,27 @@ def test_the_engine_decodes_with_the_fast_step_and_follows_a_weight_update(tiny_
             assert scored == pytest.approx(logprobs, abs=1e-4), f"after {update} updates"
             before = engine.fast
             engine.update_weights(perturb)
+    finally:
+        engine.stop()
+
+
+def test_a_fast_step_that_cannot_be_built_leaves_transformers_forward_and_says_so(
+    tiny_model_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("no oneDNN kernel for this CPU")
+
+    monkeypatch.setattr(FastDecoder, "build", broken)
+    model = load_pretrained(str(tiny_model_path), torch.float32, CPU).eval()
+    engine = SamplerEngine(model, load_tokenizer(str(tiny_model_path)), CPU, max_batch=8)
+    engine.start()
+    try:
+        with caplog.at_level(logging.WARNING):
+            prompt = [1, 5, 6, 7]
+            tokens, logprobs = _greedy(engine, prompt)
+        assert engine.fast is None and not engine.fast_decode
+        assert engine.prompt_logprobs(prompt + tokens)[len(prompt) :] == pytest.approx(logprobs, abs=1e-4)
+        lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(lines) == 1 and "no oneDNN kernel" in lines[0] and "sampler_fast_decode=false" in lines[0]
     finally:
         engine.stop()

@@ -271,7 +271,19 @@ class SamplerEngine:
         first = self._fast_version < 0
         self._fast_version = self.weight_version
         self.fast = None  # the old version's packed weights go before the new ones are built
-        self.fast, reason = FastDecoder.build(self.model, self.device, self.max_batch)
+        try:
+            self.fast, reason = FastDecoder.build(self.model, self.device, self.max_batch)
+        except (RuntimeError, TypeError, ValueError) as exc:  # a kernel this torch build lacks
+            # An optimisation that cannot start must not stop sampling: the same tokens come from
+            # transformers' forward, said once with the switch that skips the attempt.
+            self.fast, self.fast_decode = None, False
+            logger.warning(
+                "local sampler: its fast decode step could not be built (%s: %s); decode steps run "
+                "through transformers' forward (backend.options.sampler_fast_decode=false skips it)",
+                type(exc).__name__,
+                exc,
+            )
+            return
         if reason and first:
             logger.info("local sampler: decode steps through transformers' forward (%s)", reason)
 
