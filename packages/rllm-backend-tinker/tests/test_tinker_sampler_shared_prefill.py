@@ -40,12 +40,14 @@ REQUESTS = [
 ]
 
 
-def _one_batch(engine: SamplerEngine) -> list[list[GeneratedSequence]]:
-    """REQUESTS submitted in one loop iteration: one batch."""
+def _one_batch(
+    engine: SamplerEngine, requests: list[GenerationRequest] = REQUESTS
+) -> list[list[GeneratedSequence]]:
+    """``requests`` submitted in one loop iteration: one batch."""
 
     async def main() -> list[list[GeneratedSequence]]:
         torch.manual_seed(0)
-        return list(await asyncio.gather(*(engine.submit_async(r) for r in REQUESTS)))
+        return list(await asyncio.gather(*(engine.submit_async(r) for r in requests)))
 
     batches = engine.batches_run
     answers = asyncio.run(main())
@@ -110,26 +112,16 @@ ALIKE = [
 ]
 
 
-def _alike_batch(engine: SamplerEngine) -> list[list[GeneratedSequence]]:
-    async def main() -> list[list[GeneratedSequence]]:
-        return list(await asyncio.gather(*(engine.submit_async(r) for r in ALIKE)))
-
-    batches = engine.batches_run
-    answers = asyncio.run(main())
-    assert engine.batches_run - batches == 1
-    return answers
-
-
 def test_distinct_prompts_that_begin_alike_prefill_the_beginning_once(
     engine: SamplerEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     before, passes = engine.rows_prefix_shared, engine.forward_passes
-    shared = _alike_batch(engine)
+    shared = _one_batch(engine, ALIKE)
     assert engine.rows_prefix_shared - before == 3  # three distinct prompts after one beginning
     assert engine.forward_passes - passes == 2 + 3  # the beginning, the endings, three decode steps
 
     monkeypatch.setattr(decoding, "shared_prefix", lambda prompts: 0)  # the reference: whole prompts
-    alone = _alike_batch(engine)
+    alone = _one_batch(engine, ALIKE)
     assert engine.rows_prefix_shared - before == 3
     for got, want in zip(shared, alone, strict=True):
         assert [s.completion_ids for s in got] == [s.completion_ids for s in want]
