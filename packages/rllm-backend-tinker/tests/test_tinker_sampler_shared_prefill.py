@@ -102,9 +102,9 @@ def test_completion_texts_are_the_tokenizers_and_short_ones_are_remembered(engin
     assert tuple(long[0].completion_ids) not in engine._answers.texts  # longer than the remembered ones
 
 
-# Distinct prompts with a 12-token beginning in common (a system prompt's worth) and endings of
+# Distinct prompts with a 36-token beginning in common (a system prompt's worth) and endings of
 # different lengths: the beginning is prefilled once (1 row), the endings after it (left-padded).
-BEGINNING = [5, 6, 7, 8, 9, 10, 11, 5, 6, 7, 8, 9]
+BEGINNING = [5, 6, 7, 8, 9, 10, 11, 5, 6, 7, 8, 9] * 3
 ALIKE = [
     GenerationRequest(prompt_ids=[*BEGINNING, 12], max_tokens=4, ignore_eos=True, temperature=0.0),
     GenerationRequest(prompt_ids=[*BEGINNING, 13, 14], max_tokens=4, n=2, seed=4, ignore_eos=True),

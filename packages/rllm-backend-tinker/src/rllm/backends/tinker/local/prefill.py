@@ -54,8 +54,10 @@ def unique_prompts(rows: list[Row]) -> tuple[list[list[int]], list[int] | None]:
 
 
 # Distinct prompts that open alike (a system prompt, a task's instructions) prefill their common
-# beginning once when that saves at least this many positions (``shared_prefix``).
-MIN_SHARED_POSITIONS = 16
+# beginning once when that saves at least this many positions (``shared_prefix``): the pass it
+# adds reads every weight once more, which on a CPU costs about as much as computing some tens of
+# positions (SmolLM2: ~20 ms a pass, ~0.3 ms a position in a large prefill).
+MIN_SHARED_POSITIONS = 64
 
 
 def shared_prefix(prompts: list[list[int]]) -> int:
