@@ -46,7 +46,12 @@ def _view(run: Path, browser: Path, *flags: str) -> subprocess.Popen[bytes]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         preexec_fn=_ctrl_c_at_default,
-        env={**os.environ, "BROWSER": str(browser), "COLUMNS": "80"},
+        # No display and no terminal: $BROWSER is the only browser Python's webbrowser may try.
+        env={
+            **{k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "TERM")},
+            "BROWSER": str(browser),
+            "COLUMNS": "80",
+        },
     )
 
 
@@ -85,8 +90,26 @@ def test_view_open_opens_the_url_in_the_browser(run_dir: Path, browser: Path) ->
     proc = _view(run_dir, browser, "--open")
     try:
         url = _url(read_until_line(proc, "viewing", 120), run_dir)
-        assert read_until_line(proc, "browser opened:", 60)[-1] == f"browser opened: {url}"
+        # The fake browser's line, or the warning that none could be opened (then it names why).
+        lines = read_until_line(proc, "browser opened:", 60)
+        assert lines[-1] == f"browser opened: {url}", lines
         _fetch(url)  # serving (the browser call has returned): Ctrl-C now stops the server
+        code, rest = _stop(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert code == 0 and "Traceback" not in rest, rest
+
+
+def test_view_open_without_a_browser_says_so(run_dir: Path, tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-browser"  # $BROWSER names nothing that runs
+    proc = _view(run_dir, missing, "--open")
+    try:
+        url = _url(read_until_line(proc, "viewing", 120), run_dir)
+        line = read_until_line(proc, "warning:", 60)[-1]
+        assert "no browser could be opened" in line, line
+        _fetch(url)  # still serving
         code, rest = _stop(proc)
     finally:
         if proc.poll() is None:

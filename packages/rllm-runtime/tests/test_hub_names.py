@@ -163,4 +163,7 @@ def test_paths_and_urls_are_never_hub_names(text: str) -> None:
     )
 )
 def test_org_slash_name_is_a_hub_name(name: str) -> None:
-    assert is_hub_name(name) or Path(name).exists()
+    if ".." in name:  # the hub's own rule: no ".." in a repo id (hypothesis found "0/0..0")
+        assert not is_hub_name(name)
+    else:
+        assert is_hub_name(name) or Path(name).exists()

@@ -80,8 +80,11 @@ def view_command(
         console.print(f"[yellow]warning:[/yellow] serving {run_dir} beyond loopback ({host})")
     # One line, never wrapped at the terminal's width: the URL is copied (or read by a script).
     console.print(f"viewing {run_dir} at [bold]{server.url}[/bold] (Ctrl-C stops)", soft_wrap=True)
-    if open_browser:
-        webbrowser.open(server.url)
+    if open_browser and not webbrowser.open(server.url):
+        # webbrowser says no more than False (no browser here, $BROWSER would not start).
+        console.print(
+            "[yellow]warning:[/yellow] no browser could be opened here: open the URL above yourself"
+        )
     try:
         server.serve_forever()
     except KeyboardInterrupt:
