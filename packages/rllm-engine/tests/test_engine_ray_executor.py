@@ -184,6 +184,11 @@ def cluster() -> Iterator[str]:
         # A raylet waits this long for its node's agent, which starts slowly on a loaded machine.
         "RAY_agent_register_timeout_ms": "180000",
         "RAY_raylet_start_wait_time_s": "120",
+        # The GCS marks a node dead after a few missed health checks (5 × 3 s, 10 s each by
+        # default); a raylet on a machine at load 10 missed them once in CI (stop 59's rerun) and
+        # took the test's actor with it. A busy node is alive: give it minutes, not seconds.
+        "RAY_health_check_failure_threshold": "40",
+        "RAY_health_check_timeout_ms": "30000",
     }
     # A loopback cluster without token authentication (`ray start --head` turns it on, and this
     # process's Ray reads its token once, at import). Workers run this venv's Python: under
