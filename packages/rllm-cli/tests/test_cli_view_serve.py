@@ -12,6 +12,8 @@ import stat
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -55,6 +57,18 @@ def _view(run: Path, browser: Path, *flags: str) -> subprocess.Popen[bytes]:
     )
 
 
+@contextmanager
+def _viewing(run: Path, browser: Path, *flags: str) -> Iterator[subprocess.Popen[bytes]]:
+    """``rllm view`` running for the block; killed after it if the block did not stop it."""
+    proc = _view(run, browser, *flags)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def _url(lines: list[str], run: Path) -> str:
     line = lines[-1]
     assert line.startswith(f"viewing {run} at http://127.0.0.1:") and line.endswith("/ (Ctrl-C stops)"), lines
@@ -73,46 +87,31 @@ def _stop(proc: subprocess.Popen[bytes]) -> tuple[int, str]:
 
 
 def test_view_prints_the_url_and_opens_no_browser(run_dir: Path, browser: Path) -> None:
-    proc = _view(run_dir, browser)  # the default is --no-open
-    try:
+    with _viewing(run_dir, browser) as proc:  # the default is --no-open
         url = _url(read_until_line(proc, "viewing", 120), run_dir)
         _fetch(url)  # an answer: it serves, so any browser would have been opened by now
         code, rest = _stop(proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert code == 0 and "Traceback" not in rest, rest
     assert "browser opened" not in rest, rest
 
 
 def test_view_open_opens_the_url_in_the_browser(run_dir: Path, browser: Path) -> None:
-    proc = _view(run_dir, browser, "--open")
-    try:
+    with _viewing(run_dir, browser, "--open") as proc:
         url = _url(read_until_line(proc, "viewing", 120), run_dir)
         # The fake browser's line, or the warning that none could be opened (then it names why).
         lines = read_until_line(proc, "browser opened:", 60)
         assert lines[-1] == f"browser opened: {url}", lines
         _fetch(url)  # serving (the browser call has returned): Ctrl-C now stops the server
         code, rest = _stop(proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert code == 0 and "Traceback" not in rest, rest
 
 
 def test_view_open_without_a_browser_says_so(run_dir: Path, tmp_path: Path) -> None:
     missing = tmp_path / "no-such-browser"  # $BROWSER names nothing that runs
-    proc = _view(run_dir, missing, "--open")
-    try:
+    with _viewing(run_dir, missing, "--open") as proc:
         url = _url(read_until_line(proc, "viewing", 120), run_dir)
         line = read_until_line(proc, "warning:", 60)[-1]
         assert "no browser could be opened" in line, line
         _fetch(url)  # still serving
         code, rest = _stop(proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert code == 0 and "Traceback" not in rest, rest
