@@ -2,7 +2,9 @@
 real torch on small models built here (random weights, nothing downloaded): Llama with grouped
 query heads, Qwen2 with q/k/v biases, Qwen3 with per-head q/k norms, a PEFT LoRA model; rows with
 left padding and masked holes; bfloat16's packed products; and the sampler engine, whose decode
-must follow its weights across a weight update (the packed copy is rebuilt per version)."""
+must follow its weights across a weight update (the packed copy is rebuilt per version). Each
+comparison runs twice: with the native kernels (decode_kernels.c, compiled here: CI installs a C
+compiler) and with the step's torch operations."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from transformers import (
     Qwen3Config,
 )
 
+from rllm.backends.tinker.local import native_kernels
 from rllm.backends.tinker.local.fast_decode import FastDecoder, pack_linear
 from rllm.backends.tinker.local.generation import SamplerEngine
 from rllm.backends.tinker.local.generation_types import GenerationRequest
@@ -88,16 +91,69 @@ def _decode_both(
     return pairs
 
 
-@pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_the_fast_step_gives_transformers_logprobs_in_float32(name: str) -> None:
-    model = _model(CONFIGS[name])
-    fast, reason = FastDecoder.build(model, CPU, rows=8)
+def _build(model: torch.nn.Module, native: bool) -> FastDecoder:
+    fast, reason = FastDecoder.build(model, CPU, rows=8, native=native)
     assert fast is not None, reason
+    assert (fast.kernels is not None) == native, native_kernels.build()[1]  # native: the kernels ran
+    return fast
+
+
+NATIVE = pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
+
+
+@NATIVE
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_the_fast_step_gives_transformers_logprobs_in_float32(name: str, native: bool) -> None:
+    model = _model(CONFIGS[name])
+    fast = _build(model, native)
     for got, want in _decode_both(model, fast):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
 
 
-def test_lora_adapters_are_merged_into_the_fast_step() -> None:
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_a_prefill_through_the_kernels_gives_transformers_logits_and_cache(name: str) -> None:
+    """The sampler's prefill of left-padded prompt endings after a shared beginning
+    (decoding.py): several tokens a row through ``FastDecoder.prefill``, against transformers'
+    forward from the same beginning; then a decode step from each cache."""
+    model = _model(CONFIGS[name])
+    fast = _build(model, native=True)
+    beginning, endings = [5, 9, 11], [[3, 7, 2], [8], [4, 6]]
+    width = max(map(len, endings))
+    ids = torch.tensor([[0] * (width - len(e)) + e for e in endings])
+    own = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in endings])
+    attention = torch.cat([own.new_ones((3, len(beginning))), own], -1)
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, len(beginning) :]
+    with torch.inference_mode():
+        prefix = model(input_ids=torch.tensor([beginning]), use_cache=True).past_key_values
+        prefix.batch_repeat_interleave(3)
+        theirs, ours = prefix, copy.deepcopy(prefix)
+        want = model(
+            input_ids=ids,
+            attention_mask=attention,
+            position_ids=positions,
+            past_key_values=theirs,
+            use_cache=True,
+        ).logits[:, -1]
+        got = fast.prefill(ids, attention, positions, ours)
+        assert got is not None
+        torch.testing.assert_close(got.log_softmax(-1), want.log_softmax(-1), atol=1e-5, rtol=0)
+        tokens = want.argmax(-1, keepdim=True)
+        attention = torch.cat([attention, attention.new_ones((3, 1))], -1)
+        positions = positions[:, -1:] + 1
+        want = model(
+            input_ids=tokens,
+            attention_mask=attention,
+            position_ids=positions,
+            past_key_values=theirs,
+            use_cache=True,
+        ).logits[:, -1]
+        got = fast.step(tokens, attention, positions, ours)
+        torch.testing.assert_close(got.log_softmax(-1), want.log_softmax(-1), atol=1e-5, rtol=0)
+    assert _build(model, native=False).prefill(ids, attention[:, :-1], positions, ours) is None  # torch: none
+
+
+@NATIVE
+def test_lora_adapters_are_merged_into_the_fast_step(native: bool) -> None:
     base = _model(CONFIGS["llama-gqa"])
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     # init_lora_weights=False: B is random too, so the adapters change every product.
@@ -105,16 +161,15 @@ def test_lora_adapters_are_merged_into_the_fast_step() -> None:
         base, LoraConfig(r=4, lora_alpha=8, target_modules=targets, init_lora_weights=False)
     )
     model.eval()
-    fast, reason = FastDecoder.build(model, CPU, rows=8)
-    assert fast is not None, reason
-    plain, _ = FastDecoder.build(_model(CONFIGS["llama-gqa"]), CPU, rows=8)
-    assert plain is not None
+    fast = _build(model, native)
+    plain = _build(_model(CONFIGS["llama-gqa"]), native)
     for (got, want), (unmerged, _) in zip(_decode_both(model, fast), _decode_both(model, plain), strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
         assert (unmerged - want).abs().max() > 1e-3  # the adapters matter: without them it differs
 
 
-def test_bfloat16_packed_products_equal_f_linear_and_the_step_stays_close() -> None:
+@NATIVE
+def test_bfloat16_packed_products_equal_f_linear_and_the_step_stays_close(native: bool) -> None:
     if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         pytest.skip("this CPU has no oneDNN bfloat16 kernels (the fast step uses F.linear there)")
     torch.manual_seed(1)
@@ -124,8 +179,7 @@ def test_bfloat16_packed_products_equal_f_linear_and_the_step_stays_close() -> N
         x = torch.randn(rows, 64).bfloat16()
         assert torch.equal(linear(x), torch.nn.functional.linear(x, weight, bias))
     model = _model(CONFIGS["qwen3-qk-norm"], torch.bfloat16)
-    fast, reason = FastDecoder.build(model, CPU, rows=8)
-    assert fast is not None, reason
+    fast = _build(model, native)
     for got, want in _decode_both(model, fast):
         # bf16 rounds differently in transformers' SDPA and here; both are bf16 (~3 digits).
         assert (got - want).abs().mean() < 0.02

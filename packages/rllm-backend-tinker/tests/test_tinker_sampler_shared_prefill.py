@@ -115,9 +115,10 @@ ALIKE = [
 def test_distinct_prompts_that_begin_alike_prefill_the_beginning_once(
     engine: SamplerEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    before, passes = engine.rows_prefix_shared, engine.forward_passes
+    before, passes, fast = engine.rows_prefix_shared, engine.forward_passes, engine.fast_prefills
     shared = _one_batch(engine, ALIKE)
     assert engine.rows_prefix_shared - before == 3  # three distinct prompts after one beginning
+    assert engine.fast_prefills - fast == 1  # the endings ran through the fast step's kernels
     assert engine.forward_passes - passes == 2 + 3  # the beginning, the endings, three decode steps
 
     monkeypatch.setattr(decoding, "shared_prefix", lambda prompts: 0)  # the reference: whole prompts

@@ -138,17 +138,23 @@ class BatchDecode:
         else:
             positions = (attention.cumsum(-1) - 1).clamp(min=0)
         host.forward_passes += 1
-        out = host.model(
-            input_ids=input_ids,
-            attention_mask=attention,
-            position_ids=positions[..., attention.shape[1] - input_ids.shape[1] :],  # the new columns
-            past_key_values=prefix,
-            use_cache=True,
-            logits_to_keep=1,
-            **vision,
-        )
-        cache = out.past_key_values
-        logits = out.logits[:, -1, :]
+        new_positions = positions[..., attention.shape[1] - input_ids.shape[1] :]  # the new columns
+        cache, logits = prefix, None
+        if prefix is not None and host.fast is not None and host.fast.usable(prefix, new_positions):
+            # the remainders through the fast step's kernels (None without them)
+            logits = host.fast.prefill(input_ids, attention, new_positions, prefix)
+            host.fast_prefills += logits is not None
+        if logits is None:
+            out = host.model(
+                input_ids=input_ids,
+                attention_mask=attention,
+                position_ids=new_positions,
+                past_key_values=prefix,
+                use_cache=True,
+                logits_to_keep=1,
+                **vision,
+            )
+            cache, logits = out.past_key_values, out.logits[:, -1, :]
         if source is not None:  # one cache row, mask, position and logits row per sampled row
             host.rows_shared += len(rows) - len(prompts)
             index = torch.tensor(source, device=host.device)

@@ -32,7 +32,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rllm.backends.tinker.local import native_kernels
 from rllm.backends.tinker.local.joining import can_extend
+from rllm.backends.tinker.local.native_kernels import DecodeKernels
 from rllm.types.errors import InputError
 
 logger = logging.getLogger(__name__)
@@ -104,12 +106,12 @@ def _joined(modules: list[Any], rows: int) -> Linear:
 ROOM = 32
 
 
-def _append(layer: object, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Append one column (``keys``, ``values``: [B, kv_heads, dim]) to a ``DynamicLayer``; return
-    its buffers [B, kv_heads, W, dim], whose first ``layer.keys.shape[-2]`` columns are the cache.
-    The layer's keys and values are views of these buffers (kept on it as ``rllm_buffers``);
-    whoever replaces them (dropped rows, joins) leaves tensors that are not, and the next append
-    moves them into fresh buffers."""
+def _reserve(layer: object, steps: int = 1) -> tuple[tuple[torch.Tensor, torch.Tensor], int]:
+    """Make room for ``steps`` more columns in a ``DynamicLayer``: its buffers [B, kv_heads, W,
+    dim] and the first column ``c`` the steps' keys and values go to (the caller writes them). The
+    layer's keys and values become views of the buffers' first ``c + steps`` columns (kept on it as
+    ``rllm_buffers``); whoever replaces them (dropped rows, joins) leaves tensors that are not, and
+    the next step moves them into fresh buffers."""
     old_keys, old_values = layer.keys, layer.values  # type: ignore[attr-defined]
     buffers = getattr(layer, "rllm_buffers", None)
     width = old_keys.shape[-2]
@@ -119,21 +121,20 @@ def _append(layer: object, keys: torch.Tensor, values: torch.Tensor) -> tuple[to
         and old_values.data_ptr() == buffers[1].data_ptr()
         and old_keys.shape[0] == buffers[0].shape[0]
         and old_keys.stride() == buffers[0].stride()
-        and width < buffers[0].shape[-2]
+        and width + steps <= buffers[0].shape[-2]
     ):
         rows, heads, _, dim = old_keys.shape
-        # Zeros, not garbage: masked columns still enter the product (0 * NaN would not vanish).
+        # Zeros, not garbage: masked columns still enter the torch step's product (0 * NaN would not vanish).
         buffers = (
-            old_keys.new_zeros((rows, heads, width + ROOM, dim)),
-            old_values.new_zeros((rows, heads, width + ROOM, dim)),
+            old_keys.new_zeros((rows, heads, width + steps + ROOM, dim)),
+            old_values.new_zeros((rows, heads, width + steps + ROOM, dim)),
         )
         buffers[0][:, :, :width] = old_keys
         buffers[1][:, :, :width] = old_values
         layer.rllm_buffers = buffers  # type: ignore[attr-defined]
-    buffers[0][:, :, width] = keys
-    buffers[1][:, :, width] = values
-    layer.keys, layer.values = buffers[0][:, :, : width + 1], buffers[1][:, :, : width + 1]  # type: ignore[attr-defined]
-    return buffers
+    end = width + steps
+    layer.keys, layer.values = buffers[0][:, :, :end], buffers[1][:, :, :end]  # type: ignore[attr-defined]
+    return buffers, width
 
 
 def _mask(attention: torch.Tensor, width: int) -> torch.Tensor:
@@ -181,7 +182,7 @@ class FastDecoder:
     """One decode step of a Llama-family model over transformers' ``DynamicCache`` (see the module
     docstring). Built per weight version: ``build`` again after the weights change."""
 
-    def __init__(self, model: Any, rows: int) -> None:
+    def __init__(self, model: Any, rows: int, kernels: DecodeKernels | None = None) -> None:
         # ``model``: a transformers causal LM of ARCHITECTURES (attributes read by name).
         config, inner = model.config, model.model
         self.heads: int = config.num_attention_heads
@@ -192,6 +193,11 @@ class FastDecoder:
         self.embed: nn.Module = inner.embed_tokens
         self.rotary: nn.Module = inner.rotary_emb
         self.final_norm: torch.Tensor = inner.norm.weight
+        # The native kernels where they take this dtype and head size (else torch operations).
+        supported = kernels is not None and kernels.supports(self.final_norm.dtype, self.head_dim)
+        self.kernels: DecodeKernels | None = (
+            kernels if supported and self.heads % self.kv_heads == 0 else None
+        )
         self.head = _joined([model.lm_head], rows)
         self.layers: list[_Layer] = []
         for layer in inner.layers:
@@ -211,15 +217,18 @@ class FastDecoder:
             )
 
     @classmethod
-    def build(cls, model: nn.Module, device: torch.device, rows: int) -> tuple[FastDecoder | None, str]:
-        """The decoder for ``model``'s current weights, or None and the reason it cannot run."""
+    def build(
+        cls, model: nn.Module, device: torch.device, rows: int, native: bool = True
+    ) -> tuple[FastDecoder | None, str]:
+        """The decoder for ``model``'s current weights, or None and the reason it cannot run; with
+        the native kernels (``native_kernels.py``) where they load and ``native`` holds."""
         get_base = getattr(model, "get_base_model", None)  # a PEFT model: its transformers model
         base: Any = get_base() if callable(get_base) else model
         reason = unsupported(base, device)
         if reason:
             return None, reason
         try:
-            return cls(base, rows), ""
+            return cls(base, rows, native_kernels.load() if native else None), ""
         except (InputError, AttributeError) as exc:
             return None, str(exc)
 
@@ -238,6 +247,8 @@ class FastDecoder:
         """The logits [B, vocab] after ``tokens`` [B, 1] at ``positions`` [B, 1], each row seeing
         the columns where ``attention`` [B, T] (the cache's width + 1) is 1; the cache grows by
         one column (the tokens' keys and values)."""
+        if self.kernels is not None:
+            return self._native_step(self.kernels, tokens, attention, positions, cache)
         rows, heads, kv_heads, dim = tokens.shape[0], self.heads, self.kv_heads, self.head_dim
         group = heads // kv_heads
         h = self.embed(tokens)[:, 0]  # [B, hidden]
@@ -259,7 +270,9 @@ class FastDecoder:
             else:
                 qk = qkv[:, : heads + kv_heads]
             qk = qk * cos + torch.cat([-qk[..., half:], qk[..., :half]], -1) * sin
-            keys, values = _append(cached, qk[:, heads:], qkv[:, heads + kv_heads :])  # [B, kv_heads, W, dim]
+            (keys, values), column = _reserve(cached)  # [B, kv_heads, W, dim]
+            keys[:, :, column] = qk[:, heads:]
+            values[:, :, column] = qkv[:, heads + kv_heads :]
             mask = masks.get(keys.shape[-2])
             if mask is None:
                 mask = masks[keys.shape[-2]] = _mask(attention, keys.shape[-2])
@@ -272,3 +285,54 @@ class FastDecoder:
             gate, up = gate_up[:, : self.intermediate], gate_up[:, self.intermediate :]
             h = h + layer.down(F.silu(gate) * up)
         return self.head(self._norm(h, self.final_norm))
+
+    def prefill(
+        self, tokens: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, cache: object
+    ) -> torch.Tensor | None:
+        """Like ``step`` for several tokens a row (``tokens`` and ``positions`` [B, S], each token
+        seeing the columns before it and itself where ``attention`` [B, T + S] is 1): the last
+        token's logits [B, vocab], the cache grown by S columns. None where only transformers'
+        forward can (no native kernels): the caller runs that instead."""
+        if self.kernels is None:
+            return None
+        return self._native_step(self.kernels, tokens, attention, positions, cache)
+
+    def _native_step(
+        self,
+        kernels: DecodeKernels,
+        tokens: torch.Tensor,
+        attention: torch.Tensor,
+        positions: torch.Tensor,
+        cache: object,
+    ) -> torch.Tensor:
+        """``step`` (and ``prefill``) with a layer's glue in three native calls: attend (head norms,
+        rotary, the cache columns, attention), add_norm (residual add + the next RMSNorm), silu_mul.
+        A row's S tokens are S rows of the products."""
+        rows, steps = tokens.shape
+        h = self.embed(tokens).reshape(rows * steps, -1).contiguous()  # a fresh tensor: updated in place
+        cos, sin = self.rotary(h.view(rows, steps, -1), positions)
+        rotary = (cos.reshape(rows * steps, -1).contiguous(), sin.reshape(rows * steps, -1).contiguous())
+        attention = attention.to(torch.int64).contiguous()
+        x = torch.empty_like(h)  # the current normed input
+        out = h.new_empty((rows * steps, self.heads * self.head_dim))
+        act = h.new_empty((rows * steps, self.intermediate))
+        kernels.add_norm(h, None, self.layers[0].input_norm, x, self.eps)
+        for index, (layer, cached) in enumerate(zip(self.layers, cache.layers, strict=True)):  # type: ignore[attr-defined]
+            buffers, column = _reserve(cached, steps)
+            kernels.attend(
+                layer.qkv(x),
+                rotary,
+                (layer.q_norm, layer.k_norm),
+                self.eps,
+                buffers,
+                column,
+                attention,
+                out,
+                self.heads,
+                steps,
+            )
+            kernels.add_norm(h, layer.o(out), layer.post_norm, x, self.eps)
+            kernels.silu_mul(layer.gate_up(x), act)
+            following = self.layers[index + 1].input_norm if index + 1 < len(self.layers) else self.final_norm
+            kernels.add_norm(h, layer.down(act), following, x, self.eps)
+        return self.head(x.view(rows, steps, -1)[:, -1].contiguous())  # the last token's logits

@@ -95,6 +95,7 @@ class SamplerEngine:
         self.forward_passes = 0  # model calls, prefill and decode steps (observability)
         self.rows_shared = 0  # rows whose prompt another row of the batch prefilled (observability)
         self.rows_prefix_shared = 0  # distinct prompts prefilled after a common beginning (observability)
+        self.fast_prefills = 0  # those prefills whose remainders ran through the fast step's kernels
         self._requests = RequestQueue()
         self._answers = Answers(lambda ids: self.decode(ids, skip_special_tokens=True))
         self._swaps_waiting = 0  # weight swaps / pauses waiting for the lock: no joins meanwhile
