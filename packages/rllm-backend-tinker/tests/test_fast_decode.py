@@ -60,14 +60,37 @@ def _model(config: PretrainedConfig, dtype: torch.dtype = torch.float32) -> torc
     return model.to(dtype).eval()
 
 
+def _left_padded(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ids and mask of ``prompts`` left-padded to the longest (pad id 0)."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    return ids, torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+
+
+def _forward(
+    model: torch.nn.Module,
+    tokens: torch.Tensor,
+    attention: torch.Tensor,
+    positions: torch.Tensor,
+    cache: object,
+) -> torch.Tensor:
+    """transformers' forward of ``tokens`` after ``cache`` (grown): the last token's logits."""
+    out = model(
+        input_ids=tokens,
+        attention_mask=attention,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+    )
+    return out.logits[:, -1]
+
+
 def _decode_both(
     model: torch.nn.Module, fast: FastDecoder, steps: int = 4
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Greedy decode of PROMPTS with transformers' forward and with ``fast`` from the same prefill;
     one row gets a masked hole (a fused join's) after the prefill. The two sides' logprobs per step."""
-    width = max(map(len, PROMPTS))
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in PROMPTS])
-    attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in PROMPTS])
+    ids, attention = _left_padded(PROMPTS)
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
     with torch.inference_mode():
         out = model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True)
@@ -78,13 +101,7 @@ def _decode_both(
         for _ in range(steps):
             attention = torch.cat([attention, attention.new_ones((len(PROMPTS), 1))], -1)
             positions = positions[:, -1:] + 1
-            want = model(
-                input_ids=tokens,
-                attention_mask=attention,
-                position_ids=positions,
-                past_key_values=theirs,
-                use_cache=True,
-            ).logits[:, -1]
+            want = _forward(model, tokens, attention, positions, theirs)
             got = fast.step(tokens, attention, positions, ours)
             pairs.append((got.float().log_softmax(-1), want.float().log_softmax(-1)))
             tokens = want.argmax(-1, keepdim=True)
@@ -117,39 +134,29 @@ def test_a_prefill_through_the_kernels_gives_transformers_logits_and_cache(name:
     forward from the same beginning; then a decode step from each cache."""
     model = _model(CONFIGS[name])
     fast = _build(model, native=True)
-    beginning, endings = [5, 9, 11], [[3, 7, 2], [8], [4, 6]]
-    width = max(map(len, endings))
-    ids = torch.tensor([[0] * (width - len(e)) + e for e in endings])
-    own = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in endings])
+    beginning = [5, 9, 11]
+    ids, own = _left_padded([[3, 7, 2], [8], [4, 6]])
     attention = torch.cat([own.new_ones((3, len(beginning))), own], -1)
     positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, len(beginning) :]
     with torch.inference_mode():
         prefix = model(input_ids=torch.tensor([beginning]), use_cache=True).past_key_values
         prefix.batch_repeat_interleave(3)
         theirs, ours = prefix, copy.deepcopy(prefix)
-        want = model(
-            input_ids=ids,
-            attention_mask=attention,
-            position_ids=positions,
-            past_key_values=theirs,
-            use_cache=True,
-        ).logits[:, -1]
+        want = _forward(model, ids, attention, positions, theirs)
         got = fast.prefill(ids, attention, positions, ours)
         assert got is not None
         torch.testing.assert_close(got.log_softmax(-1), want.log_softmax(-1), atol=1e-5, rtol=0)
         tokens = want.argmax(-1, keepdim=True)
         attention = torch.cat([attention, attention.new_ones((3, 1))], -1)
         positions = positions[:, -1:] + 1
-        want = model(
-            input_ids=tokens,
-            attention_mask=attention,
-            position_ids=positions,
-            past_key_values=theirs,
-            use_cache=True,
-        ).logits[:, -1]
-        got = fast.step(tokens, attention, positions, ours)
+        got, want = (
+            fast.step(tokens, attention, positions, ours),
+            _forward(model, tokens, attention, positions, theirs),
+        )
         torch.testing.assert_close(got.log_softmax(-1), want.log_softmax(-1), atol=1e-5, rtol=0)
-    assert _build(model, native=False).prefill(ids, attention[:, :-1], positions, ours) is None  # torch: none
+    assert (
+        _build(model, native=False).prefill(ids, attention, positions, ours) is None
+    )  # torch operations: none
 
 
 @NATIVE
