@@ -1,7 +1,8 @@
 """One batch of the local sampler, from its prefill to its last token (``BatchDecode``).
 
 The batch's prompts are prefilled together (``prefill.py``: a prompt shared by several rows
-once); then each decode step samples one token per running row (``sampling.py``), records it,
+once; distinct prompts' common beginning once, then their endings, through the fast step's
+native kernels where it has them: ``fast_decode.py``); then each decode step samples one token per running row (``sampling.py``), records it,
 ends the rows that stop (their requests are answered as soon as all of their rows have ended:
 ``answering.py``) and drops them from the batch and the KV cache, lets queued text requests join
 (``joining.py``) and runs the next forward pass. The batch ends when its last row does.
@@ -48,6 +49,7 @@ class DecodeHost(Protocol):
     forward_passes: int
     rows_shared: int
     rows_prefix_shared: int
+    fast_prefills: int
     rows_joined: int
     max_batch_seen: int
 
@@ -139,12 +141,16 @@ class BatchDecode:
             positions = (attention.cumsum(-1) - 1).clamp(min=0)
         host.forward_passes += 1
         new_positions = positions[..., attention.shape[1] - input_ids.shape[1] :]  # the new columns
-        cache, logits = prefix, None
+        fast_logits = None
         if prefix is not None and host.fast is not None and host.fast.usable(prefix, new_positions):
             # the remainders through the fast step's kernels (None without them)
-            logits = host.fast.prefill(input_ids, attention, new_positions, prefix)
-            host.fast_prefills += logits is not None
-        if logits is None:
+            fast_logits = host.fast.prefill(input_ids, attention, new_positions, prefix)
+        cache: Any
+        logits: torch.Tensor
+        if fast_logits is not None:
+            cache, logits = prefix, fast_logits
+            host.fast_prefills += 1
+        else:
             out = host.model(
                 input_ids=input_ids,
                 attention_mask=attention,

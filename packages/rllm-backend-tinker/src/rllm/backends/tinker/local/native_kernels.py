@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from rllm.types.errors import RLLMError, StateError
+
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("decode_kernels.c")
@@ -40,6 +42,10 @@ FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC")
 SUFFIXES = {torch.bfloat16: "bf16", torch.float32: "f32"}
 MAX_HEAD_DIM = 512  # attend keeps a head's values in stack arrays
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+
+
+class NoWorkingMemory(RLLMError, MemoryError):
+    """A kernel could not allocate its working memory."""
 
 
 class DecodeKernels:
@@ -116,7 +122,7 @@ class DecodeKernels:
             and qkv.shape == (rows * steps, (heads + 2 * kv_heads) * dim)
             and out.shape == (rows * steps, heads * dim)
         ):
-            raise RuntimeError(  # the caller's bug, not the user's: the buffers are ours
+            raise StateError(  # the caller's bug, not the user's: the buffers are ours
                 f"attend: buffers {tuple(keys.shape)}, qkv {tuple(qkv.shape)}, out {tuple(out.shape)}, "
                 f"attention {tuple(attention.shape)} {attention.dtype}, column {column}, steps {steps}"
             )
@@ -144,7 +150,7 @@ class DecodeKernels:
             torch.get_num_threads(),
         )
         if failed:
-            raise MemoryError(f"attend: no memory for {rows} rows x {column + steps} columns of scores")
+            raise NoWorkingMemory(f"attend: no memory for {rows} rows x {column + steps} columns of scores")
 
 
 def compiler() -> str | None:
