@@ -26,6 +26,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -210,9 +211,13 @@ def build() -> tuple[DecodeKernels | None, str]:
     path = cache_root() / "kernels" / f"decode-{key.hexdigest()[:20]}.so"
     try:
         if not path.is_file():
+            started = time.perf_counter()
             reason = _compile(cc, path)
             if reason:
                 return None, reason
+            logger.info(
+                "native decode kernels compiled into %s (%.1f s)", path, time.perf_counter() - started
+            )
         library = ctypes.CDLL(str(path))
         if library.rllm_decode_kernels_version() != VERSION:
             return None, f"{path} is version {library.rllm_decode_kernels_version()}, not {VERSION}"
