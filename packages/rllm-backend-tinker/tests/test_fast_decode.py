@@ -26,7 +26,7 @@ from transformers import (
 )
 
 from rllm.backends.tinker.local import native_kernels
-from rllm.backends.tinker.local.fast_decode import FastDecoder, pack_linear
+from rllm.backends.tinker.local.fast_decode import PREFILL_STEPS, FastDecoder, pack_linear
 from rllm.backends.tinker.local.generation import SamplerEngine
 from rllm.backends.tinker.local.generation_types import GenerationRequest
 from rllm.backends.tinker.local.model import load_pretrained, load_tokenizer
@@ -154,9 +154,10 @@ def test_a_prefill_through_the_kernels_gives_transformers_logits_and_cache(name:
             _forward(model, tokens, attention, positions, theirs),
         )
         torch.testing.assert_close(got.log_softmax(-1), want.log_softmax(-1), atol=1e-5, rtol=0)
-    assert (
-        _build(model, native=False).prefill(ids, attention, positions, ours) is None
-    )  # torch operations: none
+    torch_only = _build(model, native=False)
+    assert torch_only.prefill(ids, attention, positions, ours) is None  # torch operations: no prefill
+    long = torch.zeros((3, PREFILL_STEPS + 1), dtype=torch.long)  # long endings: transformers' attention
+    assert fast.prefill(long, torch.ones((3, attention.shape[1] + long.shape[1])), long, ours) is None
 
 
 @NATIVE

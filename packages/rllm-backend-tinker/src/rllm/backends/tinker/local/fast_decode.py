@@ -108,6 +108,11 @@ def _joined(modules: list[Any], rows: int) -> Linear:
 # rows and 60 columns). Attention runs over the whole buffer, spare columns masked: a product
 # over a contiguous buffer costs less than one over a narrower view (which torch copies first).
 ROOM = 32
+# The longest prompt endings ``prefill`` takes through the native kernels: their attention runs
+# query by query, which past this many tokens a row is slower than transformers' batched
+# attention (SmolLM2, 16 rows, bf16: 35 vs 61 ms at 8 tokens, 108 vs 120 at 32, 412 vs 370 at 128;
+# benchmarks/history/issue-48.md, "round 6").
+PREFILL_STEPS = 64
 
 
 def _reserve(layer: object, steps: int = 1) -> tuple[tuple[torch.Tensor, torch.Tensor], int]:
@@ -295,9 +300,9 @@ class FastDecoder:
     ) -> torch.Tensor | None:
         """Like ``step`` for several tokens a row (``tokens`` and ``positions`` [B, S], each token
         seeing the columns before it and itself where ``attention`` [B, T + S] is 1): the last
-        token's logits [B, vocab], the cache grown by S columns. None where only transformers'
-        forward can (no native kernels): the caller runs that instead."""
-        if self.kernels is None:
+        token's logits [B, vocab], the cache grown by S columns. None where transformers' forward
+        is the one to run (no native kernels, or S > PREFILL_STEPS): the caller runs that."""
+        if self.kernels is None or tokens.shape[1] > PREFILL_STEPS:
             return None
         return self._native_step(self.kernels, tokens, attention, positions, cache)
 
