@@ -4,9 +4,9 @@ on first use, cached, and called through ctypes.
 Why native: at 32 rows a decode step spent as long in ~25 small torch operations a layer (each a
 dispatch over a tensor of a few thousand values) and in attention's batched products of 3 x 64
 matrices as in its matrix products; three fused kernels a layer (``add_norm``, ``silu_mul``,
-``attend``) cut SmolLM2's bf16 step from 34 to ~22 ms (benchmarks/RESULTS.md,
+``attend``) cut SmolLM2's bf16 step from 34 to ~21 ms (benchmarks/RESULTS.md,
 "real_model_sampling.py"). No library on the package index ships such kernels for this torch
-(intel-extension-for-pytorch pins an older one), so they are ours, ~200 lines of C.
+(intel-extension-for-pytorch 2.8 pins torch 2.8), so they are ours, ~300 lines of C.
 
 The library is compiled once per source, compiler and CPU (``-march=native``: the key holds the
 CPU's flags, so a cache folder shared between machines never loads another CPU's build) into
