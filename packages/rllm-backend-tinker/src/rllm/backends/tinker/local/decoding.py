@@ -3,9 +3,10 @@
 The batch's prompts are prefilled together (``prefill.py``: a prompt shared by several rows
 once; distinct prompts' common beginning once, then their endings, through the fast step's
 native kernels where it has them: ``fast_decode.py``); then each decode step samples one token
-per running row (``sampling.py``), records it, ends the rows that stop (their requests are answered as soon as all of their rows have ended:
-``answering.py``) and drops them from the batch and the KV cache, lets queued text requests join
-(``joining.py``) and runs the next forward pass. The batch ends when its last row does.
+per running row (``sampling.py``), records it, ends the rows that stop (their requests are
+answered as soon as all of their rows have ended: ``answering.py``) and drops them from the batch
+and the KV cache, lets queued text requests join (``joining.py``) and runs the next forward pass.
+The batch ends when its last row does.
 """
 
 from __future__ import annotations
