@@ -183,6 +183,7 @@ def test_the_build_is_cached_per_source_compiler_and_cpu(
     ("env", "reason"),
     [
         ({"RLLM_NATIVE_KERNELS": "0"}, "RLLM_NATIVE_KERNELS=0"),
+        ({"RLLM_NATIVE_KERNELS": "flase"}, "must be 0 or 1, got 'flase'"),  # a typo: said, not read as on
         ({"CC": "/bin/false"}, "/bin/false failed"),  # a compiler that fails: its error, no library
     ],
 )

@@ -12,7 +12,8 @@ The library is compiled once per source, compiler and CPU (``-march=native``: th
 CPU's flags, so a cache folder shared between machines never loads another CPU's build) into
 ``$RLLM_CACHE_DIR/kernels`` (``~/.cache/rllm/kernels``), with OpenMP where the compiler has it
 (it then shares torch's runtime: the same ``libgomp.so.1``). Without a compiler, or with
-``RLLM_NATIVE_KERNELS=0``, ``load`` says why and the fast step keeps its torch operations.
+``RLLM_NATIVE_KERNELS=0`` (any value but 0/1 is refused the same way, naming it), ``load`` says
+why and the fast step keeps its torch operations.
 """
 
 from __future__ import annotations
@@ -188,8 +189,11 @@ def _compile(cc: str, target: Path) -> str:
 
 def build() -> tuple[DecodeKernels | None, str]:
     """The kernels, compiled if not cached yet; or None and why not."""
-    if os.environ.get("RLLM_NATIVE_KERNELS", "1") == "0":
-        return None, "RLLM_NATIVE_KERNELS=0"
+    switch = os.environ.get("RLLM_NATIVE_KERNELS", "1").strip().lower()
+    if switch in ("0", "false", "off", "no"):
+        return None, f"RLLM_NATIVE_KERNELS={switch}"
+    if switch not in ("1", "true", "on", "yes"):  # a typo must not read as "on" (or "off") silently
+        return None, f"RLLM_NATIVE_KERNELS must be 0 or 1, got {switch!r}"
     cc = compiler()
     if cc is None:
         return None, "no C compiler (cc, gcc or clang) on the PATH"
